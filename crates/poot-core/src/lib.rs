@@ -1,0 +1,9 @@
+//! poot-core: the vocabulary every other poot crate shares.
+//!
+//! Dtypes and packed block layouts (`dtype`), and the exact reference dequantizers (`quant`)
+//! that tests compare kernels against. Nothing here allocates without a caller-given bound, and
+//! nothing here knows about files, devices or Python.
+
+pub mod dtype;
+
+pub use dtype::DType;

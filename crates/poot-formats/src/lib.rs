@@ -1,0 +1,1 @@
+//! poot-formats (being written).
