@@ -5,5 +5,7 @@
 //! nothing here knows about files, devices or Python.
 
 pub mod dtype;
+pub mod quant;
 
 pub use dtype::DType;
+pub use quant::{dequantize, QuantError};
