@@ -65,3 +65,7 @@ class TokenizerError(PootError, ValueError):
 
 class ChatTemplateError(TokenizerError):
     """A chat template is missing or failed to render."""
+
+
+class ConfigError(PootError, ValueError):
+    """A setting (an environment variable poot reads) has an invalid value."""

@@ -1,0 +1,311 @@
+//! Python classes over poot-formats: `TensorInfo`, `GgufFile`, `SafetensorsFile`,
+//! `SafetensorsModel`.
+//!
+//! Invariants: opening a file maps and parses it with the GIL released; the Python objects own
+//! the mapped files, so nothing is copied until a caller asks for values. Metadata converts to
+//! plain Python values (ints, floats, bools, strs, nested lists) in file order; a large array
+//! (a 150k-token vocabulary) becomes one list built straight from the stored values.
+
+use std::path::{Path, PathBuf};
+
+use poot_formats::{
+    FormatError, GgufFile, MetaValue, SafetensorsFile, SafetensorsModel, TensorInfo,
+};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::IntoPyObjectExt;
+
+use crate::errors::format_error;
+use crate::gil::without_gil;
+
+/// Registers the classes of this module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyTensorInfo>()?;
+    m.add_class::<PyGgufFile>()?;
+    m.add_class::<PySafetensorsFile>()?;
+    m.add_class::<PySafetensorsModel>()?;
+    Ok(())
+}
+
+/// Opens with the GIL released and maps the error to `poot.errors`.
+fn open_with<T: Send>(
+    py: Python<'_>,
+    f: impl FnOnce() -> Result<T, FormatError> + Send,
+) -> PyResult<T> {
+    without_gil(py, f)?.map_err(|e| format_error(py, e))
+}
+
+fn path_str(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+/// One tensor of a checkpoint: where its stored bytes are and how to read them.
+#[pyclass(name = "TensorInfo", module = "poot._native", frozen)]
+#[derive(Debug)]
+pub struct PyTensorInfo {
+    #[pyo3(get)]
+    name: String,
+    #[pyo3(get)]
+    dtype: &'static str,
+    shape: Vec<u64>,
+    #[pyo3(get)]
+    offset: u64,
+    #[pyo3(get)]
+    nbytes: u64,
+    #[pyo3(get)]
+    n_elements: u64,
+    #[pyo3(get)]
+    file: String,
+}
+
+impl PyTensorInfo {
+    fn new(t: &TensorInfo, file: &Path) -> Self {
+        PyTensorInfo {
+            name: t.name.clone(),
+            dtype: t.dtype.name(),
+            shape: t.shape.clone(),
+            offset: t.offset,
+            nbytes: t.nbytes,
+            n_elements: t.n_elements(),
+            file: path_str(file),
+        }
+    }
+}
+
+#[pymethods]
+impl PyTensorInfo {
+    /// Row-major shape, outermost dimension first.
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, &self.shape)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "TensorInfo(name={:?}, dtype={:?}, shape={:?}, offset={}, nbytes={})",
+            self.name, self.dtype, self.shape, self.offset, self.nbytes
+        )
+    }
+}
+
+fn tensor_list<'py, 'a>(
+    py: Python<'py>,
+    items: impl Iterator<Item = (&'a Path, &'a TensorInfo)>,
+) -> PyResult<Bound<'py, PyList>> {
+    let infos: Vec<PyTensorInfo> = items.map(|(f, t)| PyTensorInfo::new(t, f)).collect();
+    PyList::new(py, infos)
+}
+
+/// A metadata value as a plain Python object.
+fn meta_to_py<'py>(py: Python<'py>, v: &MetaValue) -> PyResult<Bound<'py, PyAny>> {
+    match v {
+        MetaValue::U8(x) => x.into_bound_py_any(py),
+        MetaValue::I8(x) => x.into_bound_py_any(py),
+        MetaValue::U16(x) => x.into_bound_py_any(py),
+        MetaValue::I16(x) => x.into_bound_py_any(py),
+        MetaValue::U32(x) => x.into_bound_py_any(py),
+        MetaValue::I32(x) => x.into_bound_py_any(py),
+        MetaValue::U64(x) => x.into_bound_py_any(py),
+        MetaValue::I64(x) => x.into_bound_py_any(py),
+        MetaValue::F32(x) => f64::from(*x).into_bound_py_any(py),
+        MetaValue::F64(x) => x.into_bound_py_any(py),
+        MetaValue::Bool(x) => x.into_bound_py_any(py),
+        MetaValue::String(s) => Ok(PyString::new(py, s).into_any()),
+        MetaValue::Array(items) => {
+            let converted = items
+                .iter()
+                .map(|x| meta_to_py(py, x))
+                .collect::<PyResult<Vec<_>>>()?;
+            Ok(PyList::new(py, converted)?.into_any())
+        }
+    }
+}
+
+/// A GGUF file, mapped read-only; tensors are views into the map.
+#[pyclass(name = "GgufFile", module = "poot._native", frozen)]
+#[derive(Debug)]
+pub struct PyGgufFile {
+    inner: GgufFile,
+}
+
+#[pymethods]
+impl PyGgufFile {
+    #[new]
+    fn py_new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        let inner = open_with(py, move || GgufFile::open(path))?;
+        Ok(PyGgufFile { inner })
+    }
+
+    /// The path the file was opened with.
+    #[getter]
+    fn path(&self) -> String {
+        path_str(self.inner.path())
+    }
+
+    /// GGUF version (2 or 3).
+    #[getter]
+    fn version(&self) -> u32 {
+        self.inner.version()
+    }
+
+    /// Data alignment in bytes.
+    #[getter]
+    fn alignment(&self) -> u64 {
+        self.inner.alignment()
+    }
+
+    /// Absolute offset of the data section.
+    #[getter]
+    fn data_offset(&self) -> u64 {
+        self.inner.data_offset()
+    }
+
+    /// File size in bytes.
+    #[getter]
+    fn file_size(&self) -> u64 {
+        self.inner.file_size()
+    }
+
+    /// All metadata as a dict in file order.
+    fn metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (k, v) in self.inner.metadata() {
+            d.set_item(k, meta_to_py(py, v)?)?;
+        }
+        Ok(d)
+    }
+
+    /// The value for `key`, or None when absent.
+    fn get<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Bound<'py, PyAny>> {
+        match self.inner.get(key) {
+            Some(v) => meta_to_py(py, v),
+            None => Ok(py.None().into_bound(py)),
+        }
+    }
+
+    /// The tensors in file order.
+    fn tensors<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let f = self.inner.path();
+        tensor_list(py, self.inner.tensors().iter().map(|t| (f, t)))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "GgufFile({:?}, version={}, tensors={})",
+            self.path(),
+            self.version(),
+            self.inner.tensors().len()
+        )
+    }
+}
+
+fn string_dict<'py>(py: Python<'py>, items: &[(String, String)]) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    for (k, v) in items {
+        d.set_item(k, v)?;
+    }
+    Ok(d)
+}
+
+/// One safetensors file, mapped read-only; tensors are views into the map.
+#[pyclass(name = "SafetensorsFile", module = "poot._native", frozen)]
+#[derive(Debug)]
+pub struct PySafetensorsFile {
+    inner: SafetensorsFile,
+}
+
+#[pymethods]
+impl PySafetensorsFile {
+    #[new]
+    fn py_new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        let inner = open_with(py, move || SafetensorsFile::open(path))?;
+        Ok(PySafetensorsFile { inner })
+    }
+
+    /// The path the file was opened with.
+    #[getter]
+    fn path(&self) -> String {
+        path_str(self.inner.path())
+    }
+
+    /// File size in bytes.
+    #[getter]
+    fn file_size(&self) -> u64 {
+        self.inner.file_size()
+    }
+
+    /// Absolute offset of the data section (8 + header length).
+    #[getter]
+    fn data_offset(&self) -> u64 {
+        self.inner.data_offset()
+    }
+
+    /// `__metadata__` as a dict in header order.
+    fn metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        string_dict(py, self.inner.metadata())
+    }
+
+    /// The tensors in header order.
+    fn tensors<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let f = self.inner.path();
+        tensor_list(py, self.inner.tensors().iter().map(|t| (f, t)))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "SafetensorsFile({:?}, tensors={})",
+            self.path(),
+            self.inner.tensors().len()
+        )
+    }
+}
+
+/// A checkpoint of one or more safetensors files (a directory, an index JSON, or one file).
+#[pyclass(name = "SafetensorsModel", module = "poot._native", frozen)]
+#[derive(Debug)]
+pub struct PySafetensorsModel {
+    inner: SafetensorsModel,
+}
+
+#[pymethods]
+impl PySafetensorsModel {
+    #[new]
+    fn py_new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        let inner = open_with(py, move || SafetensorsModel::open(path))?;
+        Ok(PySafetensorsModel { inner })
+    }
+
+    /// The files' paths, in shard order.
+    #[getter]
+    fn files(&self) -> Vec<String> {
+        self.inner
+            .files()
+            .iter()
+            .map(|f| path_str(f.path()))
+            .collect()
+    }
+
+    /// The index file's path, when opened through one.
+    #[getter]
+    fn index_path(&self) -> Option<String> {
+        self.inner.index_path().map(path_str)
+    }
+
+    /// Every tensor, in file order then header order; `TensorInfo.file` names its shard.
+    fn tensors<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        tensor_list(py, self.inner.tensors().map(|(f, t)| (f.path(), t)))
+    }
+
+    /// `__metadata__` of all files merged; the first file to set a key wins.
+    fn metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        string_dict(py, &self.inner.metadata())
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "SafetensorsModel(files={}, tensors={})",
+            self.inner.files().len(),
+            self.inner.tensors().count()
+        )
+    }
+}

