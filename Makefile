@@ -48,7 +48,7 @@ lint: $(BIN)/python
 	$(BIN)/ruff format --check python tests benches
 	$(BIN)/mypy
 	$(BIN)/python -m mypy.stubtest poot._native
-	@command -v nix-instantiate >/dev/null || apt-get install -y -qq nix-bin
+	@command -v nix-instantiate >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nix-bin; }
 	nix-instantiate --parse flake.nix >/dev/null
 
 fmt: $(BIN)/python

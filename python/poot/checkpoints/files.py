@@ -139,11 +139,13 @@ def _read_json(path: Path) -> dict[str, Any]:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:
-        raise CheckpointFormatError(f"{path}: not valid JSON ({e})", kind="bad_json",
-                                    file=str(path)) from None
+        raise CheckpointFormatError(
+            f"{path}: not valid JSON ({e})", kind="bad_json", file=str(path)
+        ) from None
     if not isinstance(value, dict):
-        raise CheckpointFormatError(f"{path}: expected a JSON object", kind="bad_json",
-                                    file=str(path))
+        raise CheckpointFormatError(
+            f"{path}: expected a JSON object", kind="bad_json", file=str(path)
+        )
     return value
 
 
@@ -157,8 +159,9 @@ def open_gguf(path: Path, spec: str) -> ModelFiles:
     metadata = dict(gguf.metadata())
     names = {t.name for t in gguf.tensors()}
     hparams = hparams_from_gguf(metadata, names, source=str(path))
-    return ModelFiles(spec=spec, kind="gguf", path=path, hparams=hparams, gguf=gguf,
-                      metadata=metadata)
+    return ModelFiles(
+        spec=spec, kind="gguf", path=path, hparams=hparams, gguf=gguf, metadata=metadata
+    )
 
 
 def safetensors_source(directory: Path) -> Path:
@@ -172,19 +175,22 @@ def safetensors_source(directory: Path) -> Path:
         return index
     if any(directory.glob("*.safetensors")):
         return directory
-    others = sorted(p.name for p in directory.iterdir()
-                    if p.suffix in (".bin", ".pt", ".pth", ".ckpt", ".gguf"))
+    others = sorted(
+        p.name for p in directory.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt", ".gguf")
+    )
     hint = f" (found {', '.join(others)}; poot reads only safetensors here)" if others else ""
-    raise CheckpointFormatError(f"{directory}: no *.safetensors weights{hint}",
-                                kind="missing_weights", file=str(directory))
+    raise CheckpointFormatError(
+        f"{directory}: no *.safetensors weights{hint}", kind="missing_weights", file=str(directory)
+    )
 
 
 def open_hf_dir(directory: Path, spec: str) -> ModelFiles:
     """Open a Hugging Face model directory: config.json, safetensors, tokenizer files."""
     config = _read_json(directory / "config.json")
     generation_config = _read_optional_json(directory / "generation_config.json")
-    hparams = hparams_from_hf_config(config, generation_config,
-                                     source=str(directory / "config.json"))
+    hparams = hparams_from_hf_config(
+        config, generation_config, source=str(directory / "config.json")
+    )
     st = _native.SafetensorsModel(str(safetensors_source(directory)))
     tokenizer_json = directory / "tokenizer.json"
     return ModelFiles(

@@ -114,8 +114,9 @@ def f32_shortest(value: float) -> float:
 
 
 def _bad(source: str, key: str, why: str) -> CheckpointFormatError:
-    return CheckpointFormatError(f"{source}: {key} {why}", kind="bad_hparams", file=source,
-                                 field=key)
+    return CheckpointFormatError(
+        f"{source}: {key} {why}", kind="bad_hparams", file=source, field=key
+    )
 
 
 def _int(meta: Mapping[str, Any], key: str, source: str, default: int | None = None) -> int:
@@ -157,8 +158,11 @@ def _eos_ids(value: Any) -> tuple[int, ...]:
 
 def _check(h: ModelHParams, source: str) -> ModelHParams:
     if h.n_heads == 0 or h.n_kv_heads == 0 or h.n_heads % h.n_kv_heads != 0:
-        raise _bad(source, "head counts", f"n_heads={h.n_heads} is not a multiple of "
-                   f"n_kv_heads={h.n_kv_heads}")
+        raise _bad(
+            source,
+            "head counts",
+            f"n_heads={h.n_heads} is not a multiple of n_kv_heads={h.n_kv_heads}",
+        )
     for name in ("vocab_size", "hidden_size", "n_layers", "head_dim", "intermediate_size"):
         if getattr(h, name) <= 0:
             raise _bad(source, name, "must be positive")
@@ -183,8 +187,9 @@ def hparams_from_gguf(
     hidden = _int(metadata, p + "embedding_length", source)
     n_heads = _int(metadata, p + "attention.head_count", source)
     n_kv = _int(metadata, p + "attention.head_count_kv", source, default=n_heads)
-    head_dim = _int(metadata, p + "attention.key_length", source,
-                    default=hidden // n_heads if n_heads else 0)
+    head_dim = _int(
+        metadata, p + "attention.key_length", source, default=hidden // n_heads if n_heads else 0
+    )
     vocab = metadata.get(p + "vocab_size")
     if vocab is None:
         tokens = metadata.get("tokenizer.ggml.tokens")
@@ -197,9 +202,12 @@ def hparams_from_gguf(
         factor = metadata.get(p + "rope.scaling.factor")
         orig = metadata.get(p + "rope.scaling.original_context_length")
         prefix = p + "rope.scaling."
-        params = {k[len(prefix):]: v for k, v in metadata.items()
-                  if k.startswith(prefix) and k[len(prefix):] not in
-                  ("type", "factor", "original_context_length")}
+        params = {
+            k[len(prefix) :]: v
+            for k, v in metadata.items()
+            if k.startswith(prefix)
+            and k[len(prefix) :] not in ("type", "factor", "original_context_length")
+        }
         scaling = RopeScaling(
             type=stype,
             factor=f32_shortest(float(factor)) if isinstance(factor, int | float) else None,
@@ -220,7 +228,8 @@ def hparams_from_gguf(
         rope_theta=f32_shortest(_float(metadata, p + "rope.freq_base", source, 10000.0)),
         rope_dim=_int(metadata, p + "rope.dimension_count", source, default=head_dim),
         rms_norm_eps=f32_shortest(
-            _float(metadata, p + "attention.layer_norm_rms_epsilon", source, 1e-5)),
+            _float(metadata, p + "attention.layer_norm_rms_epsilon", source, 1e-5)
+        ),
         tie_word_embeddings="output.weight" not in tensor_names,
         rope_scaling=scaling,
         bos_token_id=bos if isinstance(bos, int) else None,
@@ -265,9 +274,18 @@ def hparams_from_hf_config(
                 type=stype,
                 factor=float(factor) if isinstance(factor, int | float) else None,
                 original_context_length=int(orig) if isinstance(orig, int) else None,
-                params={k: v for k, v in raw.items()
-                        if k not in ("rope_type", "type", "factor", "rope_theta",
-                                     "original_max_position_embeddings")},
+                params={
+                    k: v
+                    for k, v in raw.items()
+                    if k
+                    not in (
+                        "rope_type",
+                        "type",
+                        "factor",
+                        "rope_theta",
+                        "original_max_position_embeddings",
+                    )
+                },
             )
     gen = generation_config or {}
     bos = cfg.get("bos_token_id", gen.get("bos_token_id"))

@@ -33,9 +33,7 @@ ALLOW_PATTERNS = [
 # owner/name[@revision]; the hub's own rules for the two names (start and end with a letter,
 # digit or underscore; no "--" or ".."; not ending in ".git").
 _NAME = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
-HUB_ID = re.compile(
-    rf"^(?P<repo>{_NAME}/{_NAME})(?:@(?P<revision>[A-Za-z0-9_./-]+))?$"
-)
+HUB_ID = re.compile(rf"^(?P<repo>{_NAME}/{_NAME})(?:@(?P<revision>[A-Za-z0-9_./-]+))?$")
 
 _NET_MODULES = {"httpx", "httpx2", "httpcore", "requests", "urllib3", "aiohttp", "socket", "ssl"}
 
@@ -59,8 +57,17 @@ def _is_network_error(exc: BaseException) -> bool:
         root = type(cur).__module__.split(".", 1)[0]
         name = type(cur).__name__
         if root in _NET_MODULES and any(
-            w in name for w in ("Connect", "Timeout", "Network", "Transport", "Proxy", "Protocol",
-                                "SSL", "gaierror")
+            w in name
+            for w in (
+                "Connect",
+                "Timeout",
+                "Network",
+                "Transport",
+                "Proxy",
+                "Protocol",
+                "SSL",
+                "gaierror",
+            )
         ):
             return True
         cur = cur.__cause__ or cur.__context__
@@ -80,16 +87,20 @@ def _from_cache(repo_id: str, revision: str | None, settings: Settings) -> Path 
 
     try:
         path = snapshot_download(
-            repo_id, revision=revision, cache_dir=settings.hf_cache_dir,
-            allow_patterns=ALLOW_PATTERNS, local_files_only=True,
+            repo_id,
+            revision=revision,
+            cache_dir=settings.hf_cache_dir,
+            allow_patterns=ALLOW_PATTERNS,
+            local_files_only=True,
         )
     except (OSError, ValueError):  # LocalEntryNotFoundError is a FileNotFoundError
         return None
     return Path(str(path))
 
 
-def download_snapshot(repo_id: str, revision: str | None = None,
-                      settings: Settings | None = None) -> Path:
+def download_snapshot(
+    repo_id: str, revision: str | None = None, settings: Settings | None = None
+) -> Path:
     """Download (or find in the hub cache) a repo's model files; return the snapshot dir.
 
     Raises:
@@ -121,16 +132,17 @@ def download_snapshot(repo_id: str, revision: str | None = None,
 
     api = HfApi(endpoint=settings.hub_endpoint)
     try:
-        info: Any = api.model_info(repo_id, revision=revision,
-                                   timeout=settings.network_timeout_s)
+        info: Any = api.model_info(repo_id, revision=revision, timeout=settings.network_timeout_s)
     except GatedRepoError:
         raise CheckpointError(
             f"{repo_id} is gated on the Hugging Face hub: accept its terms on the hub and log in "
-            "(`hf auth login` or HF_TOKEN), or pass a local path") from None
+            "(`hf auth login` or HF_TOKEN), or pass a local path"
+        ) from None
     except RepositoryNotFoundError:
         raise ModelNotFoundError(
             f"the Hugging Face hub has no model {repo_id!r} (or it is private: log in with "
-            "`hf auth login` or set HF_TOKEN)") from None
+            "`hf auth login` or set HF_TOKEN)"
+        ) from None
     except RevisionNotFoundError:
         raise ModelNotFoundError(f"{repo_id} has no revision {revision!r} on the hub") from None
     except HFValidationError as e:
@@ -144,14 +156,18 @@ def download_snapshot(repo_id: str, revision: str | None = None,
         raise _offline(repo_id, f"{type(e).__name__}: {e}") from None
     try:
         path = snapshot_download(
-            repo_id, revision=info.sha or revision, cache_dir=settings.hf_cache_dir,
-            allow_patterns=ALLOW_PATTERNS, etag_timeout=settings.network_timeout_s,
+            repo_id,
+            revision=info.sha or revision,
+            cache_dir=settings.hf_cache_dir,
+            allow_patterns=ALLOW_PATTERNS,
+            etag_timeout=settings.network_timeout_s,
             endpoint=settings.hub_endpoint,
         )
     except Exception as e:
         if _is_network_error(e) or isinstance(e, HfHubHTTPError | OSError):
             raise OfflineError(
                 f"downloading {repo_id} from the Hugging Face hub failed: {type(e).__name__}: "
-                f"{e}. Retry when the network is back, or pass a local path") from None
+                f"{e}. Retry when the network is back, or pass a local path"
+            ) from None
         raise
     return Path(str(path))

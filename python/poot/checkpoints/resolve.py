@@ -84,8 +84,7 @@ def resolve_model_files(
             return open_gguf(path, text)
         if path.name == "config.json":
             return open_hf_dir(path.parent, text)
-        raise _not_found(text, "the file is not GGUF (for a Hugging Face model pass its "
-                         "directory)")
+        raise _not_found(text, "the file is not GGUF (for a Hugging Face model pass its directory)")
     if path.is_dir():
         if (path / "config.json").is_file():
             return open_hf_dir(path, text)
@@ -101,7 +100,14 @@ def resolve_model_files(
         if not (directory / "config.json").is_file():
             raise CheckpointFormatError(
                 f"hub repo {repo_id} has no config.json (a GGUF-only repo? download the .gguf "
-                "and pass its path)", kind="missing_config", file=str(directory))
+                "and pass its path)",
+                kind="missing_config",
+                file=str(directory),
+            )
         return open_hf_dir(directory, text)
-    raise _not_found(text, "no such file or directory" if _looks_like_path(text)
-                     else "not a path, a hub id or 'default'")
+    raise _not_found(
+        text,
+        "no such file or directory"
+        if _looks_like_path(text)
+        else "not a path, a hub id or 'default'",
+    )
