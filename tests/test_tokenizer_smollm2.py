@@ -53,7 +53,10 @@ def test_smollm2_properties(smollm2: Tokenizer) -> None:
 
 
 def test_smollm2_reference_prompt_and_text(smollm2: Tokenizer) -> None:
-    ref = json.loads((SHARED / "smollm2" / "reference.json").read_text())
+    ref_path = SHARED / "smollm2" / "reference.json"
+    if not ref_path.is_file():
+        pytest.skip(f"llama.cpp reference not found at {ref_path}")
+    ref = json.loads(ref_path.read_text())
     for run in ref["runs"]:
         assert smollm2.encode(run["prompt"]) == run["prompt_ids"]
         ids = run["prompt_ids"] + run["gen_ids"]
