@@ -1,0 +1,359 @@
+//! The graph IR: SSA values and the equations that define them.
+//!
+//! Invariants: a `Graph` is in definition order (every equation's operands are defined by an
+//! earlier equation), so the equation list is already a valid schedule; value `i` is defined by
+//! equation `i`. Shapes are static per traced step (a step shape is one graph). Weights are
+//! values too, but only as handles (`Op::Weight`, the stored dtype and shape): no weight data
+//! ever lives in a graph.
+
+use poot_core::DType;
+
+/// An SSA value: the index of the equation that defines it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ValueId(pub u32);
+
+impl ValueId {
+    /// The index into `Graph::values` and `Graph::equations`.
+    pub const fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// A value's static type: element dtype and row-major shape (outermost first).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValueInfo {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+}
+
+impl ValueInfo {
+    pub fn new(dtype: DType, shape: Vec<usize>) -> Self {
+        Self { dtype, shape }
+    }
+
+    /// Number of elements (1 for a scalar).
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// Rotary embedding pairing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// GPT-J / ggml "normal": rotates pairs (2i, 2i+1). GGUF llama files store q/k for this.
+    Interleaved,
+    /// GPT-NeoX / HF rotate_half: rotates pairs (i, i + rot_dim/2).
+    NeoX,
+}
+
+/// Rotary frequency scaling.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Positions divided by `factor`.
+    Linear {
+        factor: f32,
+    },
+    /// Llama 3.1 frequency-dependent scaling.
+    Llama3 {
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        original_max_position: u32,
+    },
+}
+
+/// Static parameters of a rope op.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeConfig {
+    pub n_heads: u32,
+    pub head_dim: u32,
+    /// Leading dims of each head that rotate (partial rotary when < head_dim).
+    pub rot_dim: u32,
+    pub theta: f32,
+    pub style: RopeStyle,
+    pub scaling: RopeScaling,
+}
+
+/// Static parameters of paged attention.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionConfig {
+    /// Which layer's KV blocks this op reads and writes.
+    pub layer: u32,
+    pub n_heads: u32,
+    pub n_kv_heads: u32,
+    pub head_dim: u32,
+    pub scale: f32,
+}
+
+/// Per-step attention metadata, all runtime inputs (i32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionMeta {
+    /// [T]: flat KV slot (block * block_size + offset) where token t's k/v are written; -1 skips.
+    pub slot_mapping: ValueId,
+    /// [T]: the sequence row (into `block_tables`) token t belongs to.
+    pub token_seq: ValueId,
+    /// [T]: token t's position in its sequence; it attends to positions 0..=pos.
+    pub positions: ValueId,
+    /// [S, max_blocks]: each sequence's KV block ids in order.
+    pub block_tables: ValueId,
+}
+
+/// Per-row sampling inputs of a `Sample` node (each [S]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SampleInputs {
+    /// f32; 0 means greedy.
+    pub temperature: ValueId,
+    /// i32; 0 means no top-k cut.
+    pub top_k: ValueId,
+    /// f32 in (0, 1]; 1 means no nucleus cut.
+    pub top_p: ValueId,
+    /// f32 in [0, 1): the host's seeded uniform draw for this row, so runs are reproducible.
+    pub uniform: ValueId,
+}
+
+/// The coarse ops. Operand shapes are checked by the tracer; see `Tracer` for each rule.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// A runtime input, fed by name at every run.
+    Input {
+        name: String,
+    },
+    /// A handle to a stored (possibly packed) tensor of the checkpoint.
+    Weight {
+        name: String,
+    },
+    /// A small f32 constant (counted against `TraceLimits::max_literal_bytes`).
+    Literal {
+        data: Vec<f32>,
+    },
+    /// Rows of `table` [V, D] picked by `ids` [T] -> [T, D].
+    Embedding {
+        table: ValueId,
+        ids: ValueId,
+    },
+    /// RMS norm over the last dim of `x` [T, D], times `weight` [D].
+    RmsNorm {
+        x: ValueId,
+        weight: ValueId,
+        eps: f32,
+    },
+    /// `x` [T, K] times a weight stored [N, K] -> [T, N].
+    MatMul {
+        x: ValueId,
+        w: ValueId,
+    },
+    /// Elementwise; `b` is the same shape as `a` or one row broadcast over `a`'s rows.
+    Add {
+        a: ValueId,
+        b: ValueId,
+    },
+    /// Elementwise, broadcasting like `Add`.
+    Mul {
+        a: ValueId,
+        b: ValueId,
+    },
+    Silu {
+        x: ValueId,
+    },
+    /// tanh approximation (ggml's and HF's "gelu_pytorch_tanh").
+    Gelu {
+        x: ValueId,
+    },
+    /// Over the last dim.
+    Softmax {
+        x: ValueId,
+    },
+    /// `x` [T, n_heads * head_dim] rotated by `positions` [T].
+    Rope {
+        x: ValueId,
+        positions: ValueId,
+        cfg: RopeConfig,
+    },
+    /// q [T, H*Dh], k and v [T, Hkv*Dh] -> [T, H*Dh]; writes k/v into the layer's KV blocks.
+    PagedAttention {
+        q: ValueId,
+        k: ValueId,
+        v: ValueId,
+        meta: AttentionMeta,
+        cfg: AttentionConfig,
+    },
+    Reshape {
+        x: ValueId,
+        shape: Vec<usize>,
+    },
+    /// `x[.., start..end, ..]` along `axis`.
+    Slice {
+        x: ValueId,
+        axis: usize,
+        start: usize,
+        end: usize,
+    },
+    Concat {
+        xs: Vec<ValueId>,
+        axis: usize,
+    },
+    /// Rows of `x` [T, D] picked by `rows` [R] (i32) -> [R, D] (e.g. each sequence's last token).
+    GatherRows {
+        x: ValueId,
+        rows: ValueId,
+    },
+    /// Draws one token id per row of `logits` [S, V] -> [S] (i32).
+    Sample {
+        logits: ValueId,
+        params: SampleInputs,
+    },
+}
+
+impl Op {
+    /// A short name for errors and tables.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Input { .. } => "input",
+            Op::Weight { .. } => "weight",
+            Op::Literal { .. } => "literal",
+            Op::Embedding { .. } => "embedding",
+            Op::RmsNorm { .. } => "rms_norm",
+            Op::MatMul { .. } => "matmul",
+            Op::Add { .. } => "add",
+            Op::Mul { .. } => "mul",
+            Op::Silu { .. } => "silu",
+            Op::Gelu { .. } => "gelu",
+            Op::Softmax { .. } => "softmax",
+            Op::Rope { .. } => "rope",
+            Op::PagedAttention { .. } => "paged_attention",
+            Op::Reshape { .. } => "reshape",
+            Op::Slice { .. } => "slice",
+            Op::Concat { .. } => "concat",
+            Op::GatherRows { .. } => "gather_rows",
+            Op::Sample { .. } => "sample",
+        }
+    }
+
+    /// The values this op reads, in a fixed order.
+    pub fn operands(&self) -> Vec<ValueId> {
+        match self {
+            Op::Input { .. } | Op::Weight { .. } | Op::Literal { .. } => vec![],
+            Op::Embedding { table, ids } => vec![*table, *ids],
+            Op::RmsNorm { x, weight, .. } => vec![*x, *weight],
+            Op::MatMul { x, w } => vec![*x, *w],
+            Op::Add { a, b } | Op::Mul { a, b } => vec![*a, *b],
+            Op::Silu { x } | Op::Gelu { x } | Op::Softmax { x } => vec![*x],
+            Op::Rope { x, positions, .. } => vec![*x, *positions],
+            Op::PagedAttention { q, k, v, meta, .. } => vec![
+                *q,
+                *k,
+                *v,
+                meta.slot_mapping,
+                meta.token_seq,
+                meta.positions,
+                meta.block_tables,
+            ],
+            Op::Reshape { x, .. } | Op::Slice { x, .. } => vec![*x],
+            Op::Concat { xs, .. } => xs.clone(),
+            Op::GatherRows { x, rows } => vec![*x, *rows],
+            Op::Sample { logits, params } => vec![
+                *logits,
+                params.temperature,
+                params.top_k,
+                params.top_p,
+                params.uniform,
+            ],
+        }
+    }
+
+    /// The same op with every operand passed through `f` (used by passes that renumber).
+    pub fn map_operands(&self, f: &mut impl FnMut(ValueId) -> ValueId) -> Op {
+        let mut op = self.clone();
+        match &mut op {
+            Op::Input { .. } | Op::Weight { .. } | Op::Literal { .. } => {}
+            Op::Embedding { table, ids } => {
+                *table = f(*table);
+                *ids = f(*ids);
+            }
+            Op::RmsNorm { x, weight, .. } => {
+                *x = f(*x);
+                *weight = f(*weight);
+            }
+            Op::MatMul { x, w } => {
+                *x = f(*x);
+                *w = f(*w);
+            }
+            Op::Add { a, b } | Op::Mul { a, b } => {
+                *a = f(*a);
+                *b = f(*b);
+            }
+            Op::Silu { x } | Op::Gelu { x } | Op::Softmax { x } => *x = f(*x),
+            Op::Rope { x, positions, .. } => {
+                *x = f(*x);
+                *positions = f(*positions);
+            }
+            Op::PagedAttention { q, k, v, meta, .. } => {
+                *q = f(*q);
+                *k = f(*k);
+                *v = f(*v);
+                meta.slot_mapping = f(meta.slot_mapping);
+                meta.token_seq = f(meta.token_seq);
+                meta.positions = f(meta.positions);
+                meta.block_tables = f(meta.block_tables);
+            }
+            Op::Reshape { x, .. } | Op::Slice { x, .. } => *x = f(*x),
+            Op::Concat { xs, .. } => xs.iter_mut().for_each(|x| *x = f(*x)),
+            Op::GatherRows { x, rows } => {
+                *x = f(*x);
+                *rows = f(*rows);
+            }
+            Op::Sample { logits, params } => {
+                *logits = f(*logits);
+                params.temperature = f(params.temperature);
+                params.top_k = f(params.top_k);
+                params.top_p = f(params.top_p);
+                params.uniform = f(params.uniform);
+            }
+        }
+        op
+    }
+}
+
+/// A traced step: equations in definition order, their value types, and named outputs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Graph {
+    /// Equation `i` defines value `i`.
+    pub equations: Vec<Op>,
+    pub values: Vec<ValueInfo>,
+    pub outputs: Vec<(String, ValueId)>,
+    /// Tokens in the step this graph was traced for.
+    pub step_tokens: usize,
+}
+
+impl Graph {
+    pub fn info(&self, v: ValueId) -> &ValueInfo {
+        &self.values[v.index()]
+    }
+
+    pub fn op(&self, v: ValueId) -> &Op {
+        &self.equations[v.index()]
+    }
+
+    /// Names and types of the runtime inputs, in definition order.
+    pub fn inputs(&self) -> impl Iterator<Item = (&str, ValueId, &ValueInfo)> {
+        self.equations
+            .iter()
+            .enumerate()
+            .filter_map(|(i, op)| match op {
+                Op::Input { name } => Some((name.as_str(), ValueId(i as u32), &self.values[i])),
+                _ => None,
+            })
+    }
+
+    /// Names of the stored tensors the graph reads, in definition order.
+    pub fn weights(&self) -> impl Iterator<Item = (&str, ValueId, &ValueInfo)> {
+        self.equations
+            .iter()
+            .enumerate()
+            .filter_map(|(i, op)| match op {
+                Op::Weight { name } => Some((name.as_str(), ValueId(i as u32), &self.values[i])),
+                _ => None,
+            })
+    }
+}

@@ -1,0 +1,23 @@
+//! poot-graph: the IR model definitions trace into, and the passes that prepare it.
+//!
+//! A model definition (Python) calls a `Tracer` op by op; the tracer checks every operand and
+//! every budget (`TraceLimits`) as the graph grows. Backends compile the finished `Graph` under
+//! `CompileLimits`. Weights are handles to stored tensors; no weight data enters a graph.
+
+pub mod error;
+pub mod ir;
+pub mod limits;
+pub mod passes;
+pub mod tracer;
+
+pub use error::{CompileError, TraceError};
+pub use ir::{
+    AttentionConfig, AttentionMeta, Graph, Op, RopeConfig, RopeScaling, RopeStyle, SampleInputs,
+    ValueId, ValueInfo,
+};
+pub use limits::{CompileLimits, Resource, TraceLimits};
+pub use passes::{run_passes, validate, DeadCodeElimination, Emitter, Pass};
+pub use tracer::{Tracer, Usage, WeightCatalog};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,273 @@
+//! Tracer and pass tests: shapes, every budget, and the compile limits.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use poot_core::DType;
+
+use crate::*;
+
+struct Catalog(HashMap<String, (DType, Vec<usize>)>);
+
+impl WeightCatalog for Catalog {
+    fn describe(&self, name: &str) -> Option<(DType, Vec<usize>)> {
+        self.0.get(name).cloned()
+    }
+}
+
+fn catalog() -> Arc<dyn WeightCatalog> {
+    let mut m = HashMap::new();
+    m.insert("emb".to_owned(), (DType::Q8_0, vec![512, 64]));
+    m.insert("norm".to_owned(), (DType::F32, vec![64]));
+    m.insert("wq".to_owned(), (DType::Q4_0, vec![64, 64]));
+    Arc::new(Catalog(m))
+}
+
+fn tiny(limits: TraceLimits, tokens: usize) -> Result<Graph, TraceError> {
+    let mut t = Tracer::new(limits, tokens, catalog())?;
+    let ids = t.input("ids", DType::I32, vec![tokens])?;
+    let emb = t.weight("emb")?;
+    let x = t.embedding(emb, ids)?;
+    let w = t.weight("norm")?;
+    let h = t.rms_norm(x, w, 1e-5)?;
+    let wq = t.weight("wq")?;
+    let q = t.matmul(h, wq)?;
+    let y = t.silu(q)?;
+    t.output("y", y)?;
+    Ok(t.finish())
+}
+
+#[test]
+fn traces_a_typed_graph() {
+    let g = tiny(TraceLimits::default(), 3).unwrap();
+    let (_, y) = &g.outputs[0];
+    assert_eq!(g.info(*y).shape, vec![3, 64]);
+    assert_eq!(g.weights().count(), 3);
+    assert_eq!(
+        g.inputs().map(|(n, _, _)| n).collect::<Vec<_>>(),
+        vec!["ids"]
+    );
+    validate(&g).unwrap();
+}
+
+#[test]
+fn same_weight_name_is_one_value() {
+    let mut t = Tracer::new(TraceLimits::default(), 1, catalog()).unwrap();
+    assert_eq!(t.weight("wq").unwrap(), t.weight("wq").unwrap());
+    assert_eq!(t.usage().equations, 1);
+}
+
+#[test]
+fn step_above_max_tokens_is_refused_before_tracing() {
+    let limits = TraceLimits {
+        max_tokens: 4,
+        ..TraceLimits::default()
+    };
+    let err = Tracer::new(limits, 5, catalog()).unwrap_err();
+    assert_eq!(
+        err,
+        TraceError::Budget {
+            resource: Resource::Tokens,
+            limit: 4,
+            total: 5
+        }
+    );
+}
+
+#[test]
+fn each_budget_trips_with_resource_limit_and_total() {
+    let cases = [
+        (
+            TraceLimits {
+                max_equations: 4,
+                ..TraceLimits::default()
+            },
+            Resource::Equations,
+            4,
+            5,
+        ),
+        (
+            TraceLimits {
+                max_values: 3,
+                ..TraceLimits::default()
+            },
+            Resource::Values,
+            3,
+            4,
+        ),
+        (
+            TraceLimits {
+                max_records: 2,
+                ..TraceLimits::default()
+            },
+            Resource::Records,
+            2,
+            3,
+        ),
+    ];
+    for (limits, resource, limit, total) in cases {
+        let err = tiny(limits, 2).unwrap_err();
+        assert_eq!(
+            err,
+            TraceError::Budget {
+                resource,
+                limit,
+                total
+            },
+            "{resource}"
+        );
+    }
+    let mut t = Tracer::new(
+        TraceLimits {
+            max_literal_bytes: 16,
+            ..TraceLimits::default()
+        },
+        1,
+        catalog(),
+    )
+    .unwrap();
+    t.literal(&[1.0; 4], vec![4]).unwrap();
+    let err = t.literal(&[1.0], vec![1]).unwrap_err();
+    assert_eq!(
+        err,
+        TraceError::Budget {
+            resource: Resource::LiteralBytes,
+            limit: 16,
+            total: 20
+        }
+    );
+    assert_eq!(
+        t.usage().equations,
+        1,
+        "the refused literal was not recorded"
+    );
+}
+
+#[test]
+fn shape_errors_name_the_op() {
+    let mut t = Tracer::new(TraceLimits::default(), 2, catalog()).unwrap();
+    let ids = t.input("ids", DType::I32, vec![2]).unwrap();
+    let x = t.input("x", DType::F32, vec![2, 32]).unwrap();
+    let wq = t.weight("wq").unwrap();
+    assert!(matches!(
+        t.matmul(x, wq),
+        Err(TraceError::Shape { op: "matmul", .. })
+    ));
+    assert!(matches!(
+        t.matmul(ids, wq),
+        Err(TraceError::Shape { op: "matmul", .. })
+    ));
+    assert!(matches!(
+        t.matmul(x, x),
+        Err(TraceError::Shape { op: "matmul", .. })
+    ));
+    assert!(matches!(
+        t.weight("nope"),
+        Err(TraceError::UnknownWeight { .. })
+    ));
+    assert!(matches!(
+        t.input("x", DType::F32, vec![1]),
+        Err(TraceError::DuplicateInput { .. })
+    ));
+    assert!(matches!(
+        t.reshape(x, vec![3, 3]),
+        Err(TraceError::Shape { op: "reshape", .. })
+    ));
+    assert!(matches!(
+        t.slice(x, 1, 4, 40),
+        Err(TraceError::Shape { op: "slice", .. })
+    ));
+    let cfg = RopeConfig {
+        n_heads: 4,
+        head_dim: 4,
+        rot_dim: 4,
+        theta: 1e4,
+        style: RopeStyle::NeoX,
+        scaling: RopeScaling::None,
+    };
+    assert!(matches!(
+        t.rope(x, ids, cfg),
+        Err(TraceError::Shape { op: "rope", .. })
+    ));
+    let cfg = RopeConfig {
+        n_heads: 8,
+        head_dim: 4,
+        rot_dim: 4,
+        ..cfg
+    };
+    t.rope(x, ids, cfg).unwrap();
+}
+
+#[test]
+fn attention_checks_gqa_and_metadata() {
+    let mut t = Tracer::new(TraceLimits::default(), 3, catalog()).unwrap();
+    let q = t.input("q", DType::F32, vec![3, 64]).unwrap();
+    let kv = t.input("kv", DType::F32, vec![3, 32]).unwrap();
+    let slots = t.input("slots", DType::I32, vec![3]).unwrap();
+    let seq = t.input("seq", DType::I32, vec![3]).unwrap();
+    let pos = t.input("pos", DType::I32, vec![3]).unwrap();
+    let tables = t.input("tables", DType::I32, vec![1, 4]).unwrap();
+    let meta = AttentionMeta {
+        slot_mapping: slots,
+        token_seq: seq,
+        positions: pos,
+        block_tables: tables,
+    };
+    let cfg = AttentionConfig {
+        layer: 0,
+        n_heads: 8,
+        n_kv_heads: 4,
+        head_dim: 8,
+        scale: 0.35,
+    };
+    let out = t.paged_attention(q, kv, kv, meta, cfg).unwrap();
+    assert_eq!(t.info(out).unwrap().shape, vec![3, 64]);
+    let bad = AttentionConfig {
+        n_kv_heads: 3,
+        ..cfg
+    };
+    assert!(t.paged_attention(q, kv, kv, meta, bad).is_err());
+    let bad_meta = AttentionMeta {
+        slot_mapping: tables,
+        ..meta
+    };
+    assert!(t.paged_attention(q, kv, kv, bad_meta, cfg).is_err());
+}
+
+#[test]
+fn dce_drops_unused_and_keeps_outputs() {
+    let mut t = Tracer::new(TraceLimits::default(), 1, catalog()).unwrap();
+    let x = t.input("x", DType::F32, vec![1, 64]).unwrap();
+    let _unused = t.gelu(x).unwrap();
+    let y = t.silu(x).unwrap();
+    t.output("y", y).unwrap();
+    let g = t.finish();
+    let out = run_passes(&g, &[&DeadCodeElimination], &CompileLimits::default()).unwrap();
+    assert_eq!(out.equations.len(), 2);
+    assert_eq!(out.op(out.outputs[0].1).name(), "silu");
+}
+
+#[test]
+fn expansion_past_the_limit_is_refused() {
+    let g = tiny(TraceLimits::default(), 1).unwrap();
+    let limits = CompileLimits {
+        max_equations: 3,
+        ..CompileLimits::default()
+    };
+    let err = run_passes(&g, &[&DeadCodeElimination], &limits).unwrap_err();
+    assert_eq!(
+        err,
+        CompileError::Expansion {
+            pass: "dead_code_elimination",
+            limit: 3,
+            total: 4
+        }
+    );
+}
+
+#[test]
+fn validate_rejects_forward_references() {
+    let mut g = tiny(TraceLimits::default(), 1).unwrap();
+    g.equations[1] = Op::Silu { x: ValueId(5) };
+    assert!(matches!(validate(&g), Err(CompileError::Invalid(_))));
+}
