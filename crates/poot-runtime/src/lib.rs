@@ -1,0 +1,103 @@
+//! poot-runtime: the seam between compiled graphs and devices.
+//!
+//! A backend is a small trait over whole graphs (`supports`, `compile`, `run`, `memory`,
+//! `health`), never one method per op. Invariants every backend keeps:
+//! - `run` is bounded by its `Deadline`; a backend that misses one returns
+//!   `RuntimeError::Timeout` and poisons itself (`Poison`), and every later call fails with
+//!   `RuntimeError::Poisoned`.
+//! - Weights are read where they are stored (`WeightStore::bytes` is a view into the mapped
+//!   checkpoint); no backend makes a dequantized host copy of a weight.
+//! - The host receives only the graph's named outputs.
+
+mod error;
+mod host;
+mod poison;
+mod weights;
+
+use std::any::Any;
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use poot_core::Deadline;
+use poot_graph::{CompileLimits, Graph, Op};
+
+pub use error::RuntimeError;
+pub use host::HostTensor;
+pub use poison::Poison;
+pub use weights::{GgufWeights, SafetensorsWeights, WeightStore};
+
+/// Shape of the paged KV pool: per layer, K and V of `[num_blocks, block_size, n_kv_heads,
+/// head_dim]`. Block 0 is an ordinary block; the allocator (the driver) owns which are free.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvCacheConfig {
+    pub n_layers: u32,
+    pub n_kv_heads: u32,
+    pub head_dim: u32,
+    pub block_size: u32,
+    pub num_blocks: u32,
+}
+
+impl KvCacheConfig {
+    /// Elements of one layer's K (or V).
+    pub fn layer_elems(&self) -> Option<usize> {
+        (self.num_blocks as usize)
+            .checked_mul(self.block_size as usize)?
+            .checked_mul(self.n_kv_heads as usize)?
+            .checked_mul(self.head_dim as usize)
+    }
+
+    /// Bytes of the whole pool with f32 entries (K and V, every layer).
+    pub fn bytes_f32(&self) -> Option<u64> {
+        (self.layer_elems()? as u64)
+            .checked_mul(2 * 4)?
+            .checked_mul(self.n_layers as u64)
+    }
+}
+
+/// A graph compiled for one backend. Backends downcast through `as_any`.
+pub trait CompiledPlan: Send + Sync + Debug {
+    fn as_any(&self) -> &dyn Any;
+    /// The graph after the backend's passes.
+    fn graph(&self) -> &Graph;
+    /// Bytes this plan holds (schedule, buffers, generated code).
+    fn artifact_bytes(&self) -> u64;
+}
+
+/// What a runtime holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryReport {
+    pub kv_bytes: u64,
+    pub scratch_bytes: u64,
+}
+
+/// Whether a runtime can still be used.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Health {
+    Ok,
+    Poisoned { reason: String },
+}
+
+/// A device backend over whole graphs.
+pub trait Runtime: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// True when `compile` accepts graphs containing `op`.
+    fn supports(&self, op: &Op) -> bool;
+    /// Compiles a traced graph against a checkpoint's weights, under `limits`.
+    fn compile(
+        &self,
+        graph: &Graph,
+        weights: Arc<dyn WeightStore>,
+        limits: &CompileLimits,
+    ) -> Result<Arc<dyn CompiledPlan>, RuntimeError>;
+    /// Allocates (or replaces) the paged KV pool that attention ops read and write.
+    fn configure_kv(&self, cfg: KvCacheConfig) -> Result<(), RuntimeError>;
+    /// Runs a compiled plan on named host inputs; returns the graph's named outputs.
+    fn run(
+        &self,
+        plan: &dyn CompiledPlan,
+        inputs: &[(&str, HostTensor)],
+        deadline: Deadline,
+    ) -> Result<Vec<(String, HostTensor)>, RuntimeError>;
+    fn memory(&self) -> MemoryReport;
+    fn health(&self) -> Health;
+}
