@@ -1,0 +1,128 @@
+//! Rough matmul timings:
+//! `cargo run --release -p poot-cpu --example matmul_bench [dtype [isa [t [threads]]]]`
+//! (`all` skips a filter).
+//!
+//! Times `[t x 576] x [1536 x 576]^T` (SmolLM2-135M's ffn_gate shape; k = 768 for k-quants)
+//! for t = 1 and 64, on
+//! every available ISA with 1 and 2 threads, with random packed weights (finite scales). No
+//! assertions: this prints GFLOP/s (2 * t * n * k flops per call) and calls per second.
+
+use std::time::{Duration, Instant};
+
+use poot_core::quant::layout;
+use poot_cpu::kernels::matmul_with;
+use poot_cpu::{DType, Isa, ThreadPool};
+
+fn weights(dtype: DType, n: usize, k: usize) -> Vec<u8> {
+    let mut s = 0x1234_5678u32;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 17;
+        s ^= s << 5;
+        s
+    };
+    let l = layout::layout(dtype).expect("packed or float dtype");
+    let bytes = dtype.bytes_for((n * k) as u64).expect("whole blocks") as usize;
+    let mut w: Vec<u8> = (0..bytes).map(|_| next() as u8).collect();
+    if !dtype.is_quantized() {
+        // Plain floats: small finite values.
+        for c in w.chunks_exact_mut(l.bytes()) {
+            let v = (next() >> 8) as f32 / (1u32 << 24) as f32 - 0.5;
+            match dtype {
+                DType::F32 => c.copy_from_slice(&v.to_le_bytes()),
+                DType::F16 => c.copy_from_slice(&half::f16::from_f32(v).to_le_bytes()),
+                _ => c.copy_from_slice(&half::bf16::from_f32(v).to_le_bytes()),
+            }
+        }
+        return w;
+    }
+    for block in w.chunks_exact_mut(l.bytes()) {
+        for f in l
+            .fields
+            .iter()
+            .filter(|f| matches!(f.name, "d" | "m" | "dmin"))
+        {
+            let v = half::f16::from_f32(0.01).to_le_bytes();
+            block[f.offset..f.offset + 2].copy_from_slice(&v);
+        }
+    }
+    w
+}
+
+/// Nanoseconds this process's threads have spent on a CPU (Linux schedstat), if readable.
+fn cpu_ns() -> Option<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total)
+}
+
+fn main() {
+    let dtype = std::env::args()
+        .nth(1)
+        .map(|name| {
+            DType::ALL
+                .into_iter()
+                .find(|d| d.name() == name)
+                .expect("a dtype name such as Q4_1")
+        })
+        .unwrap_or(DType::Q4_1);
+    let arg = |i: usize| std::env::args().nth(i).filter(|a| a != "all");
+    let isa_filter = arg(2);
+    let t_filter: Option<usize> = arg(3).map(|s| s.parse().expect("t"));
+    let threads_filter: Option<usize> = arg(4).map(|s| s.parse().expect("threads"));
+    // K-quants need k to be whole 256-blocks, so they run [1536 x 768] instead.
+    let (n, k) = (1536, if dtype.block_elems() == 256 { 768 } else { 576 });
+    let w = weights(dtype, n, k);
+    for threads in threads_filter.map_or(vec![1, 2], |t| vec![t]) {
+        let pool = ThreadPool::new(threads).expect("pool");
+        for isa in Isa::available() {
+            if isa_filter
+                .as_ref()
+                .is_some_and(|f| *f != format!("{isa:?}"))
+            {
+                continue;
+            }
+            for t in [1, 64] {
+                if t_filter.is_some_and(|f| f != t) {
+                    continue;
+                }
+                let x: Vec<f32> = (0..t * k).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
+                let mut out = vec![0.0; t * n];
+                let run = |out: &mut [f32]| {
+                    matmul_with(isa, &x, t, k, &w, dtype, n, out, &pool).expect("matmul")
+                };
+                run(&mut out); // warm up
+                let (mut calls, start, cpu0) = (0u32, Instant::now(), cpu_ns());
+                while start.elapsed() < Duration::from_millis(400) {
+                    run(&mut out);
+                    calls += 1;
+                }
+                let per_call = start.elapsed().as_secs_f64() / f64::from(calls);
+                let cpu_per_call = cpu0
+                    .zip(cpu_ns())
+                    .map(|(a, b)| (b - a) as f64 * 1e-9 / f64::from(calls));
+                let gflops = 2.0 * (t * n * k) as f64 / per_call / 1e9;
+                // On a shared machine the wall time includes time other processes held the
+                // cores; on-CPU time per call divided by the threads is what an idle machine
+                // would approach.
+                let idle = cpu_per_call.map_or(String::new(), |c| {
+                    let est = c / threads as f64;
+                    format!(
+                        " | on-CPU {:>8.1} us/call -> {:>6.1} GFLOP/s if idle",
+                        c * 1e6,
+                        2.0 * (t * n * k) as f64 / est / 1e9
+                    )
+                });
+                println!(
+                    "{dtype} [{t}x{k}]x[{n}x{k}] threads={threads} {isa:?} t={t:>2}: {:>8.1} us/call {gflops:>6.1} GFLOP/s \
+                     {:>8.0} tok/s{idle}",
+                    per_call * 1e6,
+                    t as f64 / per_call
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,309 @@
+//! Paged causal attention with grouped-query heads, one layer, one step.
+//!
+//! Layout: each layer's K and V caches are `[num_blocks, block_size, n_kv_heads, head_dim]` of
+//! a [`KvElem`] (f32 now; the trait is the hook for f16 later). A sequence's logical block `b`
+//! lives in physical block `block_tables[seq][b]`; position `p` is slot
+//! `block * block_size + p % block_size` with `block = block_tables[seq][p / block_size]`.
+//!
+//! One call: (1) validate everything, (2) write this step's `k`/`v` rows to their slots
+//! (`slot_mapping[i] == -1`: don't write), (3) every token attends to its own sequence's
+//! positions `0..=positions[i]`, read back from the cache, so chunked prefill and decode share
+//! one path. Query head `h` reads KV head `h / (n_heads / n_kv_heads)`.
+//!
+//! Invariants: every index read from caller data (slots, sequence ids, positions, block table
+//! entries a token will read) is checked before anything is written, and a written slot must be
+//! the slot the block table gives for that token's position (a scheduler bug otherwise). So a
+//! returned error leaves `k_cache`, `v_cache` and `out` untouched, and nothing panics.
+//!
+//! Numerics: scores `dot(q, k) * scale` (8 `f32` lanes), softmax in `f32` with the max
+//! subtracted and an `f32` sum, `out = (sum_p e_p * v_p) * (1 / sum)`. Error bound in the tests.
+//! Results do not depend on the thread count.
+//!
+//! Cost: O(sum over tokens of (position + 1) * n_heads * head_dim) multiply-adds, parallel over
+//! (token, head) pairs; scratch of `max position + 1` floats per thread plus `n_seqs` counters.
+
+use crate::error::{check_len, mul};
+use crate::pool::ThreadPool;
+use crate::KernelError;
+
+/// An element type the KV cache can store.
+pub trait KvElem: Copy + Send + Sync + 'static {
+    fn to_f32(self) -> f32;
+    fn from_f32(v: f32) -> Self;
+}
+
+impl KvElem for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+}
+
+/// Shapes and the softmax scale of one paged-attention call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionShape {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Token slots per KV block.
+    pub block_size: usize,
+    /// Physical blocks in the cache.
+    pub num_blocks: usize,
+    /// Columns of `block_tables`.
+    pub max_blocks_per_seq: usize,
+    /// Usually `1 / sqrt(head_dim)`.
+    pub scale: f32,
+}
+
+/// One step's per-token inputs (`t = positions.len()` tokens).
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionInputs<'a> {
+    /// `[t, n_heads, head_dim]`.
+    pub q: &'a [f32],
+    /// `[t, n_kv_heads, head_dim]`: this step's keys, written at `slot_mapping`.
+    pub k: &'a [f32],
+    /// `[t, n_kv_heads, head_dim]`: this step's values.
+    pub v: &'a [f32],
+    /// `[t]`: flat slot `block * block_size + offset` for each token, or -1 to skip writing.
+    pub slot_mapping: &'a [i32],
+    /// `[t]`: the sequence (row of `block_tables`) each token belongs to.
+    pub token_seq: &'a [i32],
+    /// `[t]`: each token's position in its sequence.
+    pub positions: &'a [i32],
+    /// `[n_seqs, max_blocks_per_seq]`: physical block ids; entries a token does not reach may
+    /// hold anything (-1 padding is fine).
+    pub block_tables: &'a [i32],
+}
+
+/// One layer's K and V caches, `[num_blocks, block_size, n_kv_heads, head_dim]` each.
+#[derive(Debug)]
+pub struct KvCacheMut<'a, T> {
+    pub k: &'a mut [T],
+    pub v: &'a mut [T],
+}
+
+fn invalid(what: &'static str, detail: String) -> KernelError {
+    KernelError::InvalidArgument { what, detail }
+}
+
+fn out_of_range(what: &'static str, at: usize, value: i64, bound: usize) -> KernelError {
+    KernelError::IndexOutOfRange {
+        what,
+        at,
+        value,
+        bound,
+    }
+}
+
+/// Writes this step's K/V into `cache` and computes attention into `out` (`[t, n_heads,
+/// head_dim]`); see the module docs for the contract.
+pub fn paged_attention<T: KvElem>(
+    shape: &AttentionShape,
+    inputs: &AttentionInputs<'_>,
+    cache: KvCacheMut<'_, T>,
+    out: &mut [f32],
+    pool: &ThreadPool,
+) -> Result<(), KernelError> {
+    let plan = validate(shape, inputs, cache.k.len(), cache.v.len(), out.len())?;
+    let s = shape;
+    let kv_row = s.n_kv_heads * s.head_dim;
+    for (i, &slot) in inputs.slot_mapping.iter().enumerate() {
+        if slot >= 0 {
+            let dst = slot as usize * kv_row;
+            for (c, src) in [(&mut *cache.k, inputs.k), (&mut *cache.v, inputs.v)] {
+                let row = &src[i * kv_row..(i + 1) * kv_row];
+                for (d, &x) in c[dst..dst + kv_row].iter_mut().zip(row) {
+                    *d = T::from_f32(x);
+                }
+            }
+        }
+    }
+    if plan.t == 0 || s.head_dim == 0 {
+        return Ok(());
+    }
+    let (k_cache, v_cache) = (&*cache.k, &*cache.v);
+    let group = s.n_heads / s.n_kv_heads;
+    pool.for_each_chunk_mut(
+        out,
+        s.head_dim,
+        Vec::new,
+        |scores: &mut Vec<f32>, idx, o| {
+            let (tok, h) = (idx / s.n_heads, idx % s.n_heads);
+            let seq = inputs.token_seq[tok] as usize;
+            let len = inputs.positions[tok] as usize + 1;
+            let table = &inputs.block_tables[seq * s.max_blocks_per_seq..];
+            let q = &inputs.q[idx * s.head_dim..(idx + 1) * s.head_dim];
+            let head_off = (h / group) * s.head_dim;
+            // Validated: every table entry below `len` is a block in 0..num_blocks.
+            let row_of = |p: usize| {
+                let slot = table[p / s.block_size] as usize * s.block_size + p % s.block_size;
+                slot * kv_row + head_off
+            };
+            scores.clear();
+            let mut max = f32::NEG_INFINITY;
+            for p in 0..len {
+                let r = row_of(p);
+                let sc = dot_kv(q, &k_cache[r..r + s.head_dim]) * s.scale;
+                max = max.max(sc);
+                scores.push(sc);
+            }
+            let mut sum = 0.0f32;
+            for sc in scores.iter_mut() {
+                *sc = (*sc - max).exp();
+                sum += *sc;
+            }
+            o.fill(0.0);
+            for (p, &e) in scores.iter().enumerate() {
+                let r = row_of(p);
+                for (acc, &v) in o.iter_mut().zip(&v_cache[r..r + s.head_dim]) {
+                    *acc += e * v.to_f32();
+                }
+            }
+            let inv = 1.0 / sum;
+            o.iter_mut().for_each(|x| *x *= inv);
+        },
+    );
+    Ok(())
+}
+
+/// `dot(q, k)` with the same lane structure as `simd::dot` (identical for `f32`).
+#[inline]
+fn dot_kv<T: KvElem>(q: &[f32], k: &[T]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (qc, kc) = (q.chunks_exact(8), k.chunks_exact(8));
+    let (qt, kt) = (qc.remainder(), kc.remainder());
+    for (a, b) in qc.zip(kc) {
+        for l in 0..8 {
+            acc[l] += a[l] * b[l].to_f32();
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (a, b) in qt.iter().zip(kt) {
+        s += a * b.to_f32();
+    }
+    s
+}
+
+/// What validation learned.
+struct Plan {
+    t: usize,
+}
+
+fn validate(
+    s: &AttentionShape,
+    inp: &AttentionInputs<'_>,
+    k_len: usize,
+    v_len: usize,
+    out_len: usize,
+) -> Result<Plan, KernelError> {
+    for (what, v) in [
+        ("attention n_heads", s.n_heads),
+        ("attention n_kv_heads", s.n_kv_heads),
+        ("attention block_size", s.block_size),
+    ] {
+        if v == 0 {
+            return Err(invalid(what, "must be positive".into()));
+        }
+    }
+    if !s.n_heads.is_multiple_of(s.n_kv_heads) {
+        return Err(invalid(
+            "attention heads",
+            format!(
+                "n_heads {} is not a multiple of n_kv_heads {}",
+                s.n_heads, s.n_kv_heads
+            ),
+        ));
+    }
+    if !s.scale.is_finite() {
+        return Err(invalid(
+            "attention scale",
+            format!("{} is not finite", s.scale),
+        ));
+    }
+    let t = inp.positions.len();
+    let q_row = mul(s.n_heads, s.head_dim, "attention q")?;
+    let kv_row = mul(s.n_kv_heads, s.head_dim, "attention k")?;
+    check_len("attention q", mul(t, q_row, "attention q")?, inp.q.len())?;
+    check_len("attention k", mul(t, kv_row, "attention k")?, inp.k.len())?;
+    check_len("attention v", mul(t, kv_row, "attention v")?, inp.v.len())?;
+    check_len("attention out", mul(t, q_row, "attention out")?, out_len)?;
+    check_len("attention slot_mapping", t, inp.slot_mapping.len())?;
+    check_len("attention token_seq", t, inp.token_seq.len())?;
+    let n_slots = mul(s.num_blocks, s.block_size, "attention cache")?;
+    let cache_len = mul(n_slots, kv_row, "attention cache")?;
+    check_len("attention k_cache", cache_len, k_len)?;
+    check_len("attention v_cache", cache_len, v_len)?;
+    let mb = s.max_blocks_per_seq;
+    let n_seqs = inp.block_tables.len().checked_div(mb).unwrap_or(0);
+    if n_seqs * mb != inp.block_tables.len() {
+        return Err(invalid(
+            "attention block_tables",
+            format!("{} entries are not rows of {mb}", inp.block_tables.len()),
+        ));
+    }
+    let max_pos = mul(mb, s.block_size, "attention positions")?;
+    // Blocks each sequence needs: max over its tokens of position / block_size + 1.
+    let mut need = vec![0usize; n_seqs];
+    for i in 0..t {
+        let seq = inp.token_seq[i];
+        if seq < 0 || seq as usize >= n_seqs {
+            return Err(out_of_range("attention token_seq", i, seq.into(), n_seqs));
+        }
+        let pos = inp.positions[i];
+        if pos < 0 || pos as usize >= max_pos {
+            return Err(out_of_range("attention positions", i, pos.into(), max_pos));
+        }
+        let slot = inp.slot_mapping[i];
+        if slot != -1 && (slot < 0 || slot as usize >= n_slots) {
+            return Err(out_of_range(
+                "attention slot_mapping",
+                i,
+                slot.into(),
+                n_slots,
+            ));
+        }
+        let n = &mut need[seq as usize];
+        *n = (*n).max(pos as usize / s.block_size + 1);
+    }
+    for (seq, &n) in need.iter().enumerate() {
+        for b in 0..n {
+            let at = seq * mb + b;
+            let blk = inp.block_tables[at];
+            if blk < 0 || blk as usize >= s.num_blocks {
+                return Err(out_of_range(
+                    "attention block_tables",
+                    at,
+                    blk.into(),
+                    s.num_blocks,
+                ));
+            }
+        }
+    }
+    for i in 0..t {
+        let slot = inp.slot_mapping[i];
+        if slot >= 0 {
+            let (seq, pos) = (inp.token_seq[i] as usize, inp.positions[i] as usize);
+            let blk = inp.block_tables[seq * mb + pos / s.block_size] as usize;
+            let want = blk * s.block_size + pos % s.block_size;
+            if slot as usize != want {
+                return Err(invalid(
+                    "attention slot_mapping",
+                    format!(
+                        "token {i} (sequence {seq}, position {pos}) writes slot {slot}, but its \
+                         block table puts that position at slot {want}"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(Plan { t })
+}
+
+#[cfg(test)]
+#[path = "attention_tests.rs"]
+mod tests;

@@ -1,0 +1,129 @@
+//! `out[t][n] = sum_k x[t][k] * W[n][k]` with `W` in its stored (packed) dtype.
+//!
+//! How: rows of `W` are split into tasks of whole `NR`-row groups, claimed dynamically by the
+//! pool's threads. For each group the thread decodes the `NR` rows (whole `k`, exact, see
+//! `decode.rs`) into its own scratch of `NR * k` floats, then runs a register-tiled dot product
+//! of those rows against every token. So each weight byte is read and decoded once per call,
+//! whatever `t` is (prefill costs one pass over the weights, not `t`), and no weight is ever
+//! dequantized beyond one row group per thread.
+//!
+//! Numerics: decoding is exact (bit-identical to poot-core's reference), so the only error is
+//! `f32` accumulation: 8 (AVX2, scalar) or 16 (AVX-512) lanes of FMAs/multiply-adds along `k`,
+//! then a lane sum. Per output `|got - exact| <= (k / 8 + 16) * 2^-24 * sum_k |x||w|` for every
+//! path (the tests assert this bound on real weights). Results are deterministic for a given
+//! ISA (independent of the thread count).
+//!
+//! Cost: `2 * t * n * k` flops; memory: `NR * k + NR * t` floats of scratch per thread.
+
+use poot_core::DType;
+
+use super::decode::Packed;
+use super::simd::{self, Isa, NR};
+use crate::error::{check_len, mul};
+use crate::pool::{SharedMut, ThreadPool};
+use crate::KernelError;
+
+/// Every weight dtype [`matmul`] accepts.
+pub const MATMUL_DTYPES: [DType; 14] = super::decode::DECODABLE;
+
+/// `out[t][n] = sum_k x[t][k] * W[n][k]` on the best ISA of this CPU (see the module docs).
+///
+/// `x` is `[t, k]` row-major `f32`; `w` holds `n` rows of `k` elements of `w_dtype`, row-major
+/// as stored (`n * w_dtype.bytes_for(k)` bytes); `out` is `[t, n]`. Every length is checked
+/// before anything is written.
+#[allow(clippy::too_many_arguments, reason = "the runtime's kernel signature")]
+pub fn matmul(
+    x: &[f32],
+    t: usize,
+    k: usize,
+    w: &[u8],
+    w_dtype: DType,
+    n: usize,
+    out: &mut [f32],
+    pool: &ThreadPool,
+) -> Result<(), KernelError> {
+    matmul_with(Isa::detect(), x, t, k, w, w_dtype, n, out, pool)
+}
+
+/// [`matmul`] on a chosen code path ([`KernelError::IsaUnavailable`] if this CPU lacks it).
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the runtime's kernel signature plus the ISA"
+)]
+pub fn matmul_with(
+    isa: Isa,
+    x: &[f32],
+    t: usize,
+    k: usize,
+    w: &[u8],
+    w_dtype: DType,
+    n: usize,
+    out: &mut [f32],
+    pool: &ThreadPool,
+) -> Result<(), KernelError> {
+    let ck = isa.checked()?;
+    let p = Packed::new(w_dtype).ok_or(KernelError::UnsupportedDType {
+        op: "matmul",
+        dtype: w_dtype,
+    })?;
+    let row_bytes = row_bytes("matmul", w_dtype, k)?;
+    check_len("matmul x", mul(t, k, "matmul x")?, x.len())?;
+    check_len("matmul out", mul(t, n, "matmul out")?, out.len())?;
+    check_len("matmul w", mul(n, row_bytes, "matmul w")?, w.len())?;
+    if t == 0 || n == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        out.fill(0.0);
+        return Ok(());
+    }
+
+    let groups = n.div_ceil(NR);
+    // About four tasks per thread balances load when other processes share the cores.
+    let per_task = groups.div_ceil(pool.n_threads() * 4).max(1);
+    let tasks = groups.div_ceil(per_task);
+    let shared = SharedMut::new(out);
+    pool.for_each_init(
+        tasks,
+        || (vec![0.0f32; NR * k], vec![0.0f32; NR * t]),
+        |(rows, res), task| {
+            let g_end = ((task + 1) * per_task).min(groups);
+            for g in task * per_task..g_end {
+                let n0 = g * NR;
+                let nr = NR.min(n - n0);
+                for r in 0..nr {
+                    let src = &w[(n0 + r) * row_bytes..(n0 + r + 1) * row_bytes];
+                    simd::decode(ck, p, src, &mut rows[r * k..(r + 1) * k]);
+                }
+                // Rows nr..NR keep stale or zero values; their results are never written.
+                simd::dot_rows(ck, rows, k, x, t, res);
+                for tok in 0..t {
+                    for r in 0..nr {
+                        // SAFETY: row n0 + r belongs to this task's groups only, so no other
+                        // task writes index tok * n + n0 + r.
+                        unsafe { shared.write(tok * n + n0 + r, res[tok * NR + r]) };
+                    }
+                }
+            }
+        },
+    );
+    Ok(())
+}
+
+/// Bytes of one row of `k` elements of `dtype`, or a typed error when `k` is not whole blocks.
+pub(crate) fn row_bytes(op: &'static str, dtype: DType, k: usize) -> Result<usize, KernelError> {
+    let block = dtype.block_elems() as usize;
+    if !k.is_multiple_of(block) {
+        return Err(KernelError::NotWholeBlocks {
+            op,
+            dtype,
+            len: k,
+            block,
+        });
+    }
+    mul(k / block, dtype.block_bytes() as usize, "row bytes")
+}
+
+#[cfg(test)]
+#[path = "matmul_tests.rs"]
+mod tests;

@@ -1,0 +1,24 @@
+//! The kernels, one module per op family. Each module's docs state its invariants, numerics
+//! (the error bound its tests assert) and cost.
+
+pub mod act;
+pub mod attention;
+pub mod decode;
+pub mod embedding;
+pub mod matmul;
+pub mod norm;
+pub mod rope;
+pub mod simd;
+#[cfg(target_arch = "x86_64")]
+mod simd_decode;
+
+pub use act::{
+    add, add_inplace, gelu_erf, gelu_erf_to, gelu_tanh, gelu_tanh_to, mul, mul_inplace, silu,
+    silu_mul, silu_to, softmax,
+};
+pub use attention::{paged_attention, AttentionInputs, AttentionShape, KvCacheMut, KvElem};
+pub use decode::DECODABLE;
+pub use embedding::embedding;
+pub use matmul::{matmul, matmul_with, MATMUL_DTYPES};
+pub use norm::rms_norm;
+pub use rope::{rope, RopeConfig, RopeScaling, RopeStyle, RopeTable};

@@ -1,0 +1,243 @@
+//! Rotary position embeddings, in place on `[t, n_heads, head_dim]`.
+//!
+//! Styles: [`RopeStyle::Interleaved`] rotates pairs `(2i, 2i + 1)` (GPT-J, ggml's "normal"
+//! mode, llama2.c); [`RopeStyle::NeoX`] rotates pairs `(i, i + rot_dim / 2)` (HF `rotate_half`,
+//! ggml's NEOX mode). Only the first `rot_dim` values of each head rotate (partial rotary); the
+//! rest are left untouched.
+//!
+//! Numerics (the choice, and why): everything is `f32`, in the order of HF transformers'
+//! `_compute_default_rope_parameters` and llama2.c's `run.c`:
+//! `inv_freq[i] = 1 / theta^((2i) / rot_dim)` (`powf` of `f32`s), then the scaling rule, then
+//! `angle = (pos as f32) * inv_freq[i]`, `cos`/`sin` of that `f32` (libm `cosf`/`sinf`), and
+//! `x0' = x0 * cos - x1 * sin`, `x1' = x0 * sin + x1 * cos` (unfused). With the same libm this
+//! is bit-identical to run.c (the stories260K reference). ggml instead builds `theta^(-2i/d)`
+//! by repeated multiplication, and torch uses its own vectorized `pow`/`cos`; both differ from
+//! this by rounding only. Note that an `f32` angle at position `p` carries an absolute error of
+//! up to `ulp(p)`; every engine shares that, so the tests charge it to the reference too.
+//!
+//! Scaling: `Linear` divides `inv_freq` by the factor (HF "linear"; ggml `freq_scale = 1 /
+//! factor`). `Llama3` follows HF `_compute_llama3_parameters` step by step in `f32`.
+//!
+//! Cost: building a [`RopeTable`] is O(rot_dim); [`rope`] is O(t * rot_dim) `sin`/`cos` plus
+//! O(t * n_heads * rot_dim) multiply-adds, with one `rot_dim`-sized scratch per call.
+
+use crate::error::{check_len, mul};
+use crate::KernelError;
+
+/// Which values of a head form a rotation pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RopeStyle {
+    /// Pairs `(2i, 2i + 1)`: GPT-J, ggml mode 0, llama2.c.
+    Interleaved,
+    /// Pairs `(i, i + rot_dim / 2)`: GPT-NeoX, HF `rotate_half`, ggml mode 2.
+    NeoX,
+}
+
+/// Context-extension rules applied to `inv_freq`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// `inv_freq / factor`.
+    Linear {
+        factor: f32,
+    },
+    /// Llama 3.1's frequency-dependent rule (HF `rope_type = "llama3"`).
+    Llama3 {
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        original_max_position_embeddings: u32,
+    },
+}
+
+/// What a model's config says about its rotary embedding.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeConfig {
+    pub style: RopeStyle,
+    pub head_dim: usize,
+    /// Rotated values per head (even, at most `head_dim`); `head_dim` unless partial.
+    pub rot_dim: usize,
+    /// The frequency base (`rope_theta`, ggml `freq_base`).
+    pub theta: f32,
+    pub scaling: RopeScaling,
+}
+
+/// Precomputed inverse frequencies for one [`RopeConfig`]; build once per model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeTable {
+    style: RopeStyle,
+    head_dim: usize,
+    inv_freq: Vec<f32>,
+}
+
+fn invalid(what: &'static str, detail: String) -> KernelError {
+    KernelError::InvalidArgument { what, detail }
+}
+
+impl RopeTable {
+    /// Validates `cfg` and computes `inv_freq` (see the module docs for the exact recipe).
+    pub fn new(cfg: &RopeConfig) -> Result<Self, KernelError> {
+        if !cfg.rot_dim.is_multiple_of(2) || cfg.rot_dim > cfg.head_dim {
+            return Err(invalid(
+                "rope rot_dim",
+                format!(
+                    "{} must be even and at most head_dim {}",
+                    cfg.rot_dim, cfg.head_dim
+                ),
+            ));
+        }
+        if !(cfg.theta.is_finite() && cfg.theta > 0.0) {
+            return Err(invalid(
+                "rope theta",
+                format!("{} is not positive", cfg.theta),
+            ));
+        }
+        let half = cfg.rot_dim / 2;
+        let dim = cfg.rot_dim as f32;
+        let mut inv_freq: Vec<f32> = (0..half)
+            .map(|i| 1.0 / cfg.theta.powf((2 * i) as f32 / dim))
+            .collect();
+        match cfg.scaling {
+            RopeScaling::None => {}
+            RopeScaling::Linear { factor } => {
+                check_factor("rope linear factor", factor)?;
+                inv_freq.iter_mut().for_each(|f| *f /= factor);
+            }
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                check_factor("rope llama3 factor", factor)?;
+                check_factor("rope llama3 low_freq_factor", low_freq_factor)?;
+                check_factor("rope llama3 high_freq_factor", high_freq_factor)?;
+                if high_freq_factor <= low_freq_factor || original_max_position_embeddings == 0 {
+                    return Err(invalid(
+                        "rope llama3",
+                        format!(
+                            "need high_freq_factor {high_freq_factor} > low_freq_factor \
+                             {low_freq_factor} and original_max_position_embeddings > 0"
+                        ),
+                    ));
+                }
+                let old_ctx = original_max_position_embeddings as f32;
+                let low_wavelen = old_ctx / low_freq_factor;
+                let high_wavelen = old_ctx / high_freq_factor;
+                for f in &mut inv_freq {
+                    let wavelen = 2.0 * std::f32::consts::PI / *f;
+                    // HF: low frequencies (long wavelengths) are divided by `factor` ...
+                    let scaled = if wavelen > low_wavelen {
+                        *f / factor
+                    } else {
+                        *f
+                    };
+                    // ... and the medium band is interpolated between the two. (HF writes
+                    // `~(w < high) * ~(w > low)`; the same for the non-NaN wavelengths here.)
+                    let medium = wavelen >= high_wavelen && wavelen <= low_wavelen;
+                    *f = if medium {
+                        let smooth = (old_ctx / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
+                        (1.0 - smooth) * scaled / factor + smooth * scaled
+                    } else {
+                        scaled
+                    };
+                }
+            }
+        }
+        Ok(RopeTable {
+            style: cfg.style,
+            head_dim: cfg.head_dim,
+            inv_freq,
+        })
+    }
+
+    /// `inv_freq[i]` for rotation pair `i` (`rot_dim / 2` values).
+    pub fn inv_freq(&self) -> &[f32] {
+        &self.inv_freq
+    }
+
+    pub fn style(&self) -> RopeStyle {
+        self.style
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    /// Rotated values per head.
+    pub fn rot_dim(&self) -> usize {
+        2 * self.inv_freq.len()
+    }
+}
+
+fn check_factor(what: &'static str, f: f32) -> Result<(), KernelError> {
+    if f.is_finite() && f > 0.0 {
+        Ok(())
+    } else {
+        Err(invalid(
+            what,
+            format!("{f} is not a positive finite number"),
+        ))
+    }
+}
+
+/// Rotates `x` (`[t, n_heads, table.head_dim()]`) in place; token `i` is at `positions[i]`.
+///
+/// Checks lengths and that positions are non-negative before touching `x`.
+pub fn rope(
+    x: &mut [f32],
+    t: usize,
+    n_heads: usize,
+    positions: &[i32],
+    table: &RopeTable,
+) -> Result<(), KernelError> {
+    let hd = table.head_dim;
+    let row = mul(n_heads, hd, "rope x")?;
+    check_len("rope x", mul(t, row, "rope x")?, x.len())?;
+    check_len("rope positions", t, positions.len())?;
+    if let Some(at) = positions.iter().position(|&p| p < 0) {
+        return Err(KernelError::IndexOutOfRange {
+            what: "rope positions",
+            at,
+            value: i64::from(positions[at]),
+            bound: i32::MAX as usize,
+        });
+    }
+    let half = table.inv_freq.len();
+    if half == 0 || row == 0 {
+        return Ok(());
+    }
+    let mut cs = vec![(0.0f32, 0.0f32); half];
+    for (&pos, xt) in positions.iter().zip(x.chunks_exact_mut(row)) {
+        let p = pos as f32;
+        for (c, &f) in cs.iter_mut().zip(&table.inv_freq) {
+            let angle = p * f;
+            *c = (angle.cos(), angle.sin());
+        }
+        for head in xt.chunks_exact_mut(hd) {
+            match table.style {
+                RopeStyle::Interleaved => {
+                    for (pair, &(cos, sin)) in head.chunks_exact_mut(2).zip(&cs) {
+                        let (x0, x1) = (pair[0], pair[1]);
+                        pair[0] = x0 * cos - x1 * sin;
+                        pair[1] = x0 * sin + x1 * cos;
+                    }
+                }
+                RopeStyle::NeoX => {
+                    let (lo, hi) = head[..2 * half].split_at_mut(half);
+                    for ((a, b), &(cos, sin)) in lo.iter_mut().zip(hi).zip(&cs) {
+                        let (x0, x1) = (*a, *b);
+                        *a = x0 * cos - x1 * sin;
+                        *b = x0 * sin + x1 * cos;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "rope_tests.rs"]
+mod tests;

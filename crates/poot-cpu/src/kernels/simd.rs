@@ -1,0 +1,304 @@
+//! Instruction-set selection and the inner loops that differ per ISA.
+//!
+//! [`Isa`] names a code path; [`Isa::detect`] picks the best one this CPU runs (checked at run
+//! time with `is_x86_feature_detected!`). The portable [`Isa::Scalar`] path always exists, is
+//! plain Rust, and is the reference the SIMD paths are tested against.
+//!
+//! Invariant (soundness): a SIMD function is only reached through a `Checked` token, and a
+//! `Checked` is only built after the ISA's features were detected on this CPU.
+//!
+//! Inner loops here:
+//! - `decode`: block decoding; explicit AVX2 decoders (`simd_decode.rs`) on both SIMD paths.
+//!   Bit-identical across ISAs.
+//! - `dot_rows`: `res[tok][r] = dot(w[r], x[tok])` for `NR` decoded weight rows and all tokens,
+//!   register-tiled (AVX2: 4 rows x 2 tokens; AVX-512: 4 rows x 4 tokens), `f32` accumulation in
+//!   8 or 16 lanes, horizontal sum, then a scalar tail for `k % 8` (or `% 16`).
+
+use super::decode::{decode_run, Packed};
+use crate::KernelError;
+
+/// Weight rows decoded together and tiled against tokens.
+pub(crate) const NR: usize = 4;
+
+/// A code path for the compute kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// Portable Rust; always available; the reference in tests.
+    Scalar,
+    /// x86-64 AVX2 + FMA + F16C.
+    Avx2,
+    /// x86-64 AVX-512F (plus the AVX2 set).
+    Avx512,
+}
+
+impl Isa {
+    /// Every path, best last.
+    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+
+    /// Whether this CPU can run the path.
+    pub fn is_available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => Isa::Avx2.is_available() && is_x86_feature_detected!("avx512f"),
+            #[cfg(not(target_arch = "x86_64"))]
+            Isa::Avx2 | Isa::Avx512 => false,
+        }
+    }
+
+    /// The best path this CPU runs.
+    pub fn detect() -> Isa {
+        Isa::ALL
+            .into_iter()
+            .rev()
+            .find(|isa| isa.is_available())
+            .unwrap_or(Isa::Scalar)
+    }
+
+    /// The paths this CPU runs, scalar first.
+    pub fn available() -> Vec<Isa> {
+        Isa::ALL.into_iter().filter(|i| i.is_available()).collect()
+    }
+
+    pub(crate) fn checked(self) -> Result<Checked, KernelError> {
+        if self.is_available() {
+            Ok(Checked(self))
+        } else {
+            Err(KernelError::IsaUnavailable { isa: self })
+        }
+    }
+}
+
+/// Proof that the wrapped ISA was detected on this CPU (see the module invariant).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Checked(Isa);
+
+/// Decodes `dst.len()` values of `p` from `src` (whole blocks; see `decode_run`).
+pub(crate) fn decode(ck: Checked, p: Packed, src: &[u8], dst: &mut [f32]) {
+    match ck.0 {
+        Isa::Scalar => decode_run(p, src, dst),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Checked` proves AVX2, FMA and F16C were detected (AVX-512 implies them here).
+        // The AVX-512 path decodes with the AVX2 code (decoding is not the bottleneck there).
+        Isa::Avx2 | Isa::Avx512 => unsafe { super::simd_decode::decode_avx2(p, src, dst) },
+        #[cfg(not(target_arch = "x86_64"))]
+        Isa::Avx2 | Isa::Avx512 => decode_run(p, src, dst),
+    }
+}
+
+/// `res[tok * NR + r] = sum_i w[r * k + i] * x[tok * k + i]` for `r < NR`, `tok < t`.
+///
+/// # Panics
+/// If `w.len() < NR * k`, `x.len() < t * k` or `res.len() < t * NR` (internal invariant; the
+/// public kernels validate shapes first).
+pub(crate) fn dot_rows(ck: Checked, w: &[f32], k: usize, x: &[f32], t: usize, res: &mut [f32]) {
+    assert!(
+        w.len() >= NR * k && x.len() >= t * k && res.len() >= t * NR,
+        "dot_rows shapes"
+    );
+    match ck.0 {
+        Isa::Scalar => dot_rows_scalar(w, k, x, t, res),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Checked` proves AVX2 and FMA were detected; shapes asserted above.
+        Isa::Avx2 => unsafe { x86::dot_rows_avx2(w, k, x, t, res) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Checked` proves AVX-512F was detected; shapes asserted above.
+        Isa::Avx512 => unsafe { x86::dot_rows_avx512(w, k, x, t, res) },
+        #[cfg(not(target_arch = "x86_64"))]
+        Isa::Avx2 | Isa::Avx512 => dot_rows_scalar(w, k, x, t, res),
+    }
+}
+
+fn dot_rows_scalar(w: &[f32], k: usize, x: &[f32], t: usize, res: &mut [f32]) {
+    for tok in 0..t {
+        let xr = &x[tok * k..(tok + 1) * k];
+        for r in 0..NR {
+            res[tok * NR + r] = dot(&w[r * k..(r + 1) * k], xr);
+        }
+    }
+}
+
+/// Portable dot product: 8 `f32` lanes, then a pairwise lane sum, then the tail.
+#[inline]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0.0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (at, bt) = (ac.remainder(), bc.remainder());
+    for (x, y) in ac.zip(bc) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (x, y) in at.iter().zip(bt) {
+        s += x * y;
+    }
+    s
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(
+    clippy::needless_range_loop,
+    reason = "register tiles read clearest with indices"
+)]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::NR;
+
+    #[target_feature(enable = "avx2,fma")]
+    fn hsum256(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// The scalar tail `i0..k` of row `r` and token `j`, added to `s`.
+    #[inline(always)]
+    fn tail(s: f32, w: &[f32], x: &[f32], k: usize, r: usize, j: usize, i0: usize) -> f32 {
+        let mut s = s;
+        for i in i0..k {
+            s += w[r * k + i] * x[j * k + i];
+        }
+        s
+    }
+
+    /// `TT` tokens against the `NR` rows, `U`-way unrolled over k.
+    #[target_feature(enable = "avx2,fma")]
+    fn tile_avx2<const TT: usize, const U: usize>(w: &[f32], k: usize, x: &[f32], res: &mut [f32]) {
+        assert!(w.len() >= NR * k && x.len() >= TT * k && res.len() >= TT * NR);
+        let (wp, xp) = (w.as_ptr(), x.as_ptr());
+        let mut acc = [[[_mm256_setzero_ps(); TT]; NR]; U];
+        let main = k - k % (8 * U);
+        let mut i = 0;
+        while i < main {
+            for u in 0..U {
+                let o = i + 8 * u;
+                let mut xv = [_mm256_setzero_ps(); TT];
+                for j in 0..TT {
+                    // SAFETY: o + 8 <= k and j < TT: inside x (asserted TT * k).
+                    xv[j] = unsafe { _mm256_loadu_ps(xp.add(j * k + o)) };
+                }
+                for r in 0..NR {
+                    // SAFETY: o + 8 <= k and r < NR: inside w (asserted NR * k).
+                    let wv = unsafe { _mm256_loadu_ps(wp.add(r * k + o)) };
+                    for j in 0..TT {
+                        acc[u][r][j] = _mm256_fmadd_ps(wv, xv[j], acc[u][r][j]);
+                    }
+                }
+            }
+            i += 8 * U;
+        }
+        while i + 8 <= k {
+            for j in 0..TT {
+                // SAFETY: i + 8 <= k and j < TT: inside x.
+                let xv = unsafe { _mm256_loadu_ps(xp.add(j * k + i)) };
+                for r in 0..NR {
+                    // SAFETY: i + 8 <= k and r < NR: inside w.
+                    let wv = unsafe { _mm256_loadu_ps(wp.add(r * k + i)) };
+                    acc[0][r][j] = _mm256_fmadd_ps(wv, xv, acc[0][r][j]);
+                }
+            }
+            i += 8;
+        }
+        for r in 0..NR {
+            for j in 0..TT {
+                let mut v = acc[0][r][j];
+                for u in 1..U {
+                    v = _mm256_add_ps(v, acc[u][r][j]);
+                }
+                res[j * NR + r] = tail(hsum256(v), w, x, k, r, j, i);
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn dot_rows_avx2(w: &[f32], k: usize, x: &[f32], t: usize, res: &mut [f32]) {
+        let mut tok = 0;
+        while tok + 2 <= t {
+            tile_avx2::<2, 1>(w, k, &x[tok * k..], &mut res[tok * NR..]);
+            tok += 2;
+        }
+        if tok < t {
+            tile_avx2::<1, 2>(w, k, &x[tok * k..], &mut res[tok * NR..]);
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    fn tile_avx512<const TT: usize, const U: usize>(
+        w: &[f32],
+        k: usize,
+        x: &[f32],
+        res: &mut [f32],
+    ) {
+        assert!(w.len() >= NR * k && x.len() >= TT * k && res.len() >= TT * NR);
+        let (wp, xp) = (w.as_ptr(), x.as_ptr());
+        let mut acc = [[[_mm512_setzero_ps(); TT]; NR]; U];
+        let main = k - k % (16 * U);
+        let mut i = 0;
+        while i < main {
+            for u in 0..U {
+                let o = i + 16 * u;
+                let mut xv = [_mm512_setzero_ps(); TT];
+                for j in 0..TT {
+                    // SAFETY: o + 16 <= k and j < TT: inside x (asserted TT * k).
+                    xv[j] = unsafe { _mm512_loadu_ps(xp.add(j * k + o)) };
+                }
+                for r in 0..NR {
+                    // SAFETY: o + 16 <= k and r < NR: inside w (asserted NR * k).
+                    let wv = unsafe { _mm512_loadu_ps(wp.add(r * k + o)) };
+                    for j in 0..TT {
+                        acc[u][r][j] = _mm512_fmadd_ps(wv, xv[j], acc[u][r][j]);
+                    }
+                }
+            }
+            i += 16 * U;
+        }
+        while i + 16 <= k {
+            for j in 0..TT {
+                // SAFETY: i + 16 <= k and j < TT: inside x.
+                let xv = unsafe { _mm512_loadu_ps(xp.add(j * k + i)) };
+                for r in 0..NR {
+                    // SAFETY: i + 16 <= k and r < NR: inside w.
+                    let wv = unsafe { _mm512_loadu_ps(wp.add(r * k + i)) };
+                    acc[0][r][j] = _mm512_fmadd_ps(wv, xv, acc[0][r][j]);
+                }
+            }
+            i += 16;
+        }
+        for r in 0..NR {
+            for j in 0..TT {
+                let mut v = acc[0][r][j];
+                for u in 1..U {
+                    v = _mm512_add_ps(v, acc[u][r][j]);
+                }
+                res[j * NR + r] = tail(_mm512_reduce_add_ps(v), w, x, k, r, j, i);
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) fn dot_rows_avx512(w: &[f32], k: usize, x: &[f32], t: usize, res: &mut [f32]) {
+        let mut tok = 0;
+        while tok + 4 <= t {
+            tile_avx512::<4, 1>(w, k, &x[tok * k..], &mut res[tok * NR..]);
+            tok += 4;
+        }
+        if tok + 2 <= t {
+            tile_avx512::<2, 2>(w, k, &x[tok * k..], &mut res[tok * NR..]);
+            tok += 2;
+        }
+        if tok < t {
+            tile_avx512::<1, 4>(w, k, &x[tok * k..], &mut res[tok * NR..]);
+        }
+    }
+}

@@ -1,0 +1,20 @@
+//! poot-cpu: the CPU compute kernels the CPU runtime calls.
+//!
+//! Kernels are plain functions over slices: activations are `f32`, weights stay in their stored
+//! dtype (`&[u8]` + [`DType`]) and are decoded block by block inside the kernel, never into a
+//! whole-tensor `f32` copy. Every kernel validates all lengths, shapes and caller-supplied
+//! indices before it writes anything and reports problems as [`KernelError`]; none panics on
+//! bad input. Parallel kernels take a [`ThreadPool`] (one per runtime). SIMD paths are chosen
+//! at run time ([`Isa::detect`]); the portable scalar path always exists and is the reference
+//! in tests.
+
+pub mod error;
+pub mod kernels;
+pub mod pool;
+#[cfg(test)]
+mod testutil;
+
+pub use error::KernelError;
+pub use kernels::simd::Isa;
+pub use pool::{PoolConfig, ThreadPool};
+pub use poot_core::DType;

@@ -1,0 +1,497 @@
+//! A small persistent thread pool with a scoped parallel-for.
+//!
+//! The runtime creates one pool and hands it to every kernel. `n_threads - 1` workers are
+//! spawned once and parked; the calling thread always takes part as worker 0, so a one-thread
+//! pool spawns nothing and runs everything inline.
+//!
+//! Guarantees:
+//! - [`ThreadPool::broadcast`] returns only after every worker has finished with the closure,
+//!   also when one of them panics (the panic is re-raised on the caller afterwards). This is what
+//!   lets closures borrow the caller's stack.
+//! - Calls from several threads into one pool are serialized; a call made from inside a pool job
+//!   (any pool) runs inline on the calling thread instead of deadlocking.
+//! - Tasks of [`ThreadPool::for_each_init`] are claimed dynamically from an atomic counter, so
+//!   a worker slowed by another process (the cores are shared) simply claims fewer tasks.
+//!
+//! Cost: one broadcast is two condvar round trips when workers are parked. Idle workers (and
+//! a caller waiting for stragglers) first spin briefly, then `yield_now` until
+//! [`PoolConfig::spin`] has passed, then park; so back-to-back kernels (a decode step) wake
+//! them in about a microsecond, and a waiting thread hands its core to a thread that shares it.
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::ops::Range;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use crate::KernelError;
+
+/// How to build a [`ThreadPool`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// Threads including the caller; 0 means the number of available cores.
+    pub threads: usize,
+    /// How long an idle worker spins before it parks on a condvar.
+    pub spin: Duration,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            threads: 0,
+            spin: Duration::from_micros(50),
+        }
+    }
+}
+
+type Job = dyn Fn(usize) + Sync;
+
+/// A lifetime-erased pointer to the current job.
+#[derive(Clone, Copy)]
+struct JobPtr(*const Job);
+
+// SAFETY: the pointee is `Sync`, so calling it from any thread is sound; `broadcast` keeps it
+// alive until every worker has reported back, and workers only dereference it before that.
+unsafe impl Send for JobPtr {}
+
+struct State {
+    job: Option<JobPtr>,
+    generation: u64,
+    shutdown: bool,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    work: Condvar,
+    done: Condvar,
+    /// Mirrors `State::generation` so idle workers can spin without the lock.
+    generation: AtomicU64,
+    shutdown: AtomicBool,
+    /// Workers that have not finished the current job.
+    pending: AtomicUsize,
+    panicked: AtomicBool,
+    spin: Duration,
+}
+
+fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    // Jobs run outside the lock under `catch_unwind`, so poisoning cannot hide a broken state.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+thread_local! {
+    /// Set while this thread runs a pool job; nested calls then run inline.
+    static IN_JOB: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the current thread as running a job until dropped.
+struct InJob(bool);
+
+impl InJob {
+    fn enter() -> Self {
+        InJob(IN_JOB.with(|c| c.replace(true)))
+    }
+}
+
+impl Drop for InJob {
+    fn drop(&mut self) {
+        IN_JOB.with(|c| c.set(self.0));
+    }
+}
+
+/// A persistent pool of worker threads (see the module docs).
+pub struct ThreadPool {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+    n_threads: usize,
+    serial: Mutex<()>,
+}
+
+impl std::fmt::Debug for ThreadPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThreadPool")
+            .field("n_threads", &self.n_threads)
+            .field("spin", &self.shared.spin)
+            .finish()
+    }
+}
+
+impl ThreadPool {
+    /// A pool of `threads` threads including the caller (0 = available cores).
+    pub fn new(threads: usize) -> Result<Self, KernelError> {
+        Self::with_config(PoolConfig {
+            threads,
+            ..PoolConfig::default()
+        })
+    }
+
+    /// A pool built from `config`.
+    pub fn with_config(config: PoolConfig) -> Result<Self, KernelError> {
+        let n_threads = match config.threads {
+            0 => thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                job: None,
+                generation: 0,
+                shutdown: false,
+            }),
+            work: Condvar::new(),
+            done: Condvar::new(),
+            generation: AtomicU64::new(0),
+            shutdown: AtomicBool::new(false),
+            pending: AtomicUsize::new(0),
+            panicked: AtomicBool::new(false),
+            spin: config.spin,
+        });
+        let mut pool = ThreadPool {
+            shared,
+            workers: Vec::with_capacity(n_threads - 1),
+            n_threads,
+            serial: Mutex::new(()),
+        };
+        for index in 1..n_threads {
+            let shared = Arc::clone(&pool.shared);
+            let handle = thread::Builder::new()
+                .name(format!("poot-cpu-{index}"))
+                .spawn(move || worker(&shared, index))
+                .map_err(|e| KernelError::Spawn {
+                    index,
+                    detail: e.to_string(),
+                })?; // `pool`'s Drop stops the workers spawned so far.
+            pool.workers.push(handle);
+        }
+        Ok(pool)
+    }
+
+    /// Threads that run jobs, the caller included.
+    pub fn n_threads(&self) -> usize {
+        self.n_threads
+    }
+
+    /// Runs `f(worker)` once for every worker index `0..n_threads()` and returns when all are
+    /// done. The caller runs index 0. A panic in any of them is re-raised here after all
+    /// finished.
+    pub fn broadcast<F: Fn(usize) + Sync>(&self, f: F) {
+        if self.n_threads == 1 || IN_JOB.with(Cell::get) {
+            let _in = InJob::enter();
+            (0..self.n_threads).for_each(&f);
+            return;
+        }
+        let _serial = self.serial.lock().unwrap_or_else(PoisonError::into_inner);
+        let job: &(dyn Fn(usize) + Sync + '_) = &f;
+        // SAFETY: only the lifetime is erased (same fat-pointer layout). The pointer is
+        // dereferenced by workers only until they decrement `pending`, and this function does not
+        // return or unwind before `pending` is zero (the caller's own part runs under
+        // `catch_unwind`), so `f` outlives every use.
+        let job: *const Job =
+            unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync + '_), &'static Job>(job) };
+        let shared = &*self.shared;
+        shared.panicked.store(false, Ordering::Relaxed);
+        shared.pending.store(self.n_threads - 1, Ordering::Relaxed);
+        {
+            let mut st = lock(&shared.state);
+            st.job = Some(JobPtr(job));
+            st.generation += 1;
+            shared.generation.store(st.generation, Ordering::Release);
+        }
+        shared.work.notify_all();
+        let mine = {
+            let _in = InJob::enter();
+            panic::catch_unwind(AssertUnwindSafe(|| f(0)))
+        };
+        wait_pending(shared);
+        lock(&shared.state).job = None;
+        if let Err(payload) = mine {
+            panic::resume_unwind(payload);
+        }
+        if shared.panicked.load(Ordering::Acquire) {
+            panic!("a poot-cpu pool worker panicked");
+        }
+    }
+
+    /// Calls `f(&mut state, i)` for every `i in 0..n_tasks`, spread over the workers; each
+    /// worker that claims a task builds its `state` once with `init` (per-thread scratch).
+    pub fn for_each_init<S, I, F>(&self, n_tasks: usize, init: I, f: F)
+    where
+        I: Fn() -> S + Sync,
+        F: Fn(&mut S, usize) + Sync,
+    {
+        if n_tasks == 0 {
+            return;
+        }
+        if n_tasks == 1 || self.n_threads == 1 {
+            let mut state = init();
+            (0..n_tasks).for_each(|i| f(&mut state, i));
+            return;
+        }
+        let next = AtomicUsize::new(0);
+        self.broadcast(|_| {
+            let mut state = None;
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n_tasks {
+                    break;
+                }
+                f(state.get_or_insert_with(&init), i);
+            }
+        });
+    }
+
+    /// Calls `f(i)` for every `i in 0..n_tasks`, spread over the workers.
+    pub fn for_each<F: Fn(usize) + Sync>(&self, n_tasks: usize, f: F) {
+        self.for_each_init(n_tasks, || (), |_, i| f(i));
+    }
+
+    /// Splits `data` into chunks of `chunk` elements (the last may be shorter) and calls
+    /// `f(&mut state, i, chunk_i)` for each, spread over the workers, with per-worker `state`.
+    /// `chunk == 0` is treated as one chunk holding everything.
+    pub fn for_each_chunk_mut<T, S, I, F>(&self, data: &mut [T], chunk: usize, init: I, f: F)
+    where
+        T: Send,
+        I: Fn() -> S + Sync,
+        F: Fn(&mut S, usize, &mut [T]) + Sync,
+    {
+        let len = data.len();
+        let chunk = if chunk == 0 { len.max(1) } else { chunk };
+        let shared = SharedMut::new(data);
+        self.for_each_init(len.div_ceil(chunk), init, |state, i| {
+            let range = i * chunk..((i + 1) * chunk).min(len);
+            // SAFETY: task `i` is claimed exactly once and the chunk ranges are disjoint.
+            let part = unsafe { shared.slice_mut(range) };
+            f(state, i, part);
+        });
+    }
+}
+
+/// Spin-then-yield waiting: a few pure spins (a wake-up in well under a microsecond when the
+/// other thread has its own core), then `yield_now` so a thread sharing this core (the cores
+/// are shared with other processes, and the pool may be oversubscribed) can run; `done()`
+/// turns true once `limit` has passed and the caller should park on its condvar.
+struct Backoff {
+    start: Instant,
+    limit: Duration,
+    spins: u32,
+}
+
+impl Backoff {
+    const PURE_SPINS: u32 = 64;
+
+    fn new(limit: Duration) -> Self {
+        Backoff {
+            start: Instant::now(),
+            limit,
+            spins: 0,
+        }
+    }
+
+    /// Waits a little; false once the spin budget is spent.
+    fn wait(&mut self) -> bool {
+        self.spins += 1;
+        if self.spins < Self::PURE_SPINS {
+            std::hint::spin_loop();
+            return true;
+        }
+        if self.start.elapsed() > self.limit {
+            return false;
+        }
+        thread::yield_now();
+        true
+    }
+}
+
+/// Waits (spinning, then yielding, then parked) until every worker has finished the job.
+fn wait_pending(shared: &Shared) {
+    let mut backoff = Backoff::new(shared.spin);
+    while shared.pending.load(Ordering::Acquire) != 0 {
+        if !backoff.wait() {
+            let mut st = lock(&shared.state);
+            while shared.pending.load(Ordering::Acquire) != 0 {
+                st = shared.done.wait(st).unwrap_or_else(PoisonError::into_inner);
+            }
+            return;
+        }
+    }
+}
+
+fn worker(shared: &Shared, index: usize) {
+    IN_JOB.with(|c| c.set(true));
+    let mut seen = 0u64;
+    loop {
+        let mut backoff = Backoff::new(shared.spin);
+        while shared.generation.load(Ordering::Acquire) == seen
+            && !shared.shutdown.load(Ordering::Relaxed)
+            && backoff.wait()
+        {}
+        let job = {
+            let mut st = lock(&shared.state);
+            while st.generation == seen && !st.shutdown {
+                st = shared.work.wait(st).unwrap_or_else(PoisonError::into_inner);
+            }
+            if st.shutdown {
+                return;
+            }
+            seen = st.generation;
+            st.job
+        };
+        if let Some(job) = job {
+            // SAFETY: `broadcast` keeps the closure alive until `pending` reaches zero, which
+            // cannot happen before this worker's decrement below.
+            let ran = panic::catch_unwind(AssertUnwindSafe(|| unsafe { (*job.0)(index) }));
+            if ran.is_err() {
+                shared.panicked.store(true, Ordering::Release);
+            }
+        }
+        if shared.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // Taking the lock orders this notify after a waiter's check of `pending`.
+            let _st = lock(&shared.state);
+            shared.done.notify_all();
+        }
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        lock(&self.shared.state).shutdown = true;
+        self.shared.shutdown.store(true, Ordering::Relaxed);
+        self.shared.work.notify_all();
+        for w in self.workers.drain(..) {
+            // A worker never panics outside `catch_unwind`; nothing to report if one did.
+            let _ = w.join();
+        }
+    }
+}
+
+/// A mutable slice shared by pool tasks that touch disjoint parts of it.
+pub(crate) struct SharedMut<'a, T> {
+    ptr: *mut T,
+    len: usize,
+    _life: PhantomData<&'a mut [T]>,
+}
+
+// SAFETY: `SharedMut` only hands out access through `unsafe` methods whose callers promise
+// disjointness, so sharing it is as safe as sending `&mut [T]` pieces (`T: Send`).
+unsafe impl<T: Send> Sync for SharedMut<'_, T> {}
+
+impl<'a, T> SharedMut<'a, T> {
+    pub(crate) fn new(data: &'a mut [T]) -> Self {
+        SharedMut {
+            ptr: data.as_mut_ptr(),
+            len: data.len(),
+            _life: PhantomData,
+        }
+    }
+
+    /// The elements in `range`.
+    ///
+    /// # Safety
+    /// No other access to any element of `range` may happen while the result lives.
+    #[allow(clippy::mut_from_ref, reason = "disjointness is the caller's contract")]
+    pub(crate) unsafe fn slice_mut(&self, range: Range<usize>) -> &mut [T] {
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "SharedMut range"
+        );
+        // SAFETY: in bounds (checked above) of a slice borrowed mutably for 'a; exclusive by the
+        // caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.len()) }
+    }
+
+    /// Writes `value` at `index`.
+    ///
+    /// # Safety
+    /// No other thread may access `index` concurrently.
+    pub(crate) unsafe fn write(&self, index: usize, value: T) {
+        assert!(index < self.len, "SharedMut index");
+        // SAFETY: in bounds (checked above); exclusive by the caller's contract.
+        unsafe { self.ptr.add(index).write(value) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcast_runs_every_worker_once() {
+        for threads in [1, 2, 3, 5] {
+            let pool = ThreadPool::new(threads).unwrap();
+            for _ in 0..50 {
+                let hits: Vec<AtomicUsize> = (0..threads).map(|_| AtomicUsize::new(0)).collect();
+                pool.broadcast(|w| {
+                    hits[w].fetch_add(1, Ordering::Relaxed);
+                });
+                assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+            }
+        }
+    }
+
+    #[test]
+    fn for_each_chunk_mut_covers_everything_once() {
+        let pool = ThreadPool::new(3).unwrap();
+        let mut data = vec![0u32; 1001];
+        pool.for_each_chunk_mut(
+            &mut data,
+            7,
+            || 0usize,
+            |seen, i, part| {
+                *seen += 1;
+                for (j, v) in part.iter_mut().enumerate() {
+                    *v += (i * 7 + j) as u32 + 1;
+                }
+            },
+        );
+        assert!(data.iter().enumerate().all(|(i, &v)| v == i as u32 + 1));
+    }
+
+    #[test]
+    fn nested_calls_run_inline() {
+        let pool = ThreadPool::new(2).unwrap();
+        let total = AtomicUsize::new(0);
+        pool.for_each(4, |_| {
+            pool.for_each(3, |_| {
+                total.fetch_add(1, Ordering::Relaxed);
+            });
+        });
+        assert_eq!(total.load(Ordering::Relaxed), 12);
+    }
+
+    #[test]
+    fn a_worker_panic_reaches_the_caller_and_the_pool_survives() {
+        let pool = ThreadPool::with_config(PoolConfig {
+            threads: 3,
+            spin: Duration::ZERO,
+        })
+        .unwrap();
+        let r = panic::catch_unwind(AssertUnwindSafe(|| {
+            pool.broadcast(|w| assert_ne!(w, 2, "boom"));
+        }));
+        assert!(r.is_err());
+        let n = AtomicUsize::new(0);
+        pool.for_each(100, |_| {
+            n.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(n.load(Ordering::Relaxed), 100);
+    }
+
+    #[test]
+    fn concurrent_callers_are_serialized() {
+        let pool = ThreadPool::new(2).unwrap();
+        let n = AtomicUsize::new(0);
+        thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    for _ in 0..20 {
+                        pool.for_each(10, |_| {
+                            n.fetch_add(1, Ordering::Relaxed);
+                        });
+                    }
+                });
+            }
+        });
+        assert_eq!(n.load(Ordering::Relaxed), 600);
+    }
+}
