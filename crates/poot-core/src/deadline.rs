@@ -18,7 +18,9 @@ pub struct Deadline {
 impl Deadline {
     /// A deadline `timeout` from now.
     pub fn after(timeout: Duration) -> Self {
-        Self { at: Instant::now().checked_add(timeout) }
+        Self {
+            at: Instant::now().checked_add(timeout),
+        }
     }
 
     /// The default device deadline (600 s from now).
@@ -38,7 +40,8 @@ impl Deadline {
 
     /// Time left, or `None` when there is no deadline. Zero once expired.
     pub fn remaining(&self) -> Option<Duration> {
-        self.at.map(|at| at.saturating_duration_since(Instant::now()))
+        self.at
+            .map(|at| at.saturating_duration_since(Instant::now()))
     }
 }
 

@@ -11,6 +11,7 @@
 pub mod error;
 pub mod kernels;
 pub mod pool;
+pub mod runtime;
 #[cfg(test)]
 mod testutil;
 
@@ -18,3 +19,4 @@ pub use error::KernelError;
 pub use kernels::simd::Isa;
 pub use pool::{PoolConfig, ThreadPool};
 pub use poot_core::DType;
+pub use runtime::{CpuOptions, CpuPlan, CpuRuntime};

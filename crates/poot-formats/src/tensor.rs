@@ -126,7 +126,7 @@ pub fn check_ranges(
                 });
             }
         }
-        if last.map_or(true, |(_, e)| end > e) {
+        if last.is_none_or(|(_, e)| end > e) {
             last = Some((i, end));
         }
     }

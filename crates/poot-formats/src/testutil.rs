@@ -90,7 +90,7 @@ impl Gguf {
     /// Header, padding to the alignment, then `data_len` bytes (0, 1, 2, ...).
     pub fn build(&self) -> Vec<u8> {
         let mut out = self.header();
-        while out.len() as u64 % self.alignment != 0 {
+        while !(out.len() as u64).is_multiple_of(self.alignment) {
             out.push(0);
         }
         out.extend((0..self.data_len).map(|i| i as u8));

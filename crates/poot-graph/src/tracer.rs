@@ -384,7 +384,7 @@ impl Tracer {
                 ),
             ));
         }
-        if cfg.rot_dim == 0 || cfg.rot_dim > cfg.head_dim || cfg.rot_dim % 2 != 0 {
+        if cfg.rot_dim == 0 || cfg.rot_dim > cfg.head_dim || !cfg.rot_dim.is_multiple_of(2) {
             return Err(shape_err(
                 "rope",
                 format!("rot_dim {} for head_dim {}", cfg.rot_dim, cfg.head_dim),
@@ -417,7 +417,7 @@ impl Tracer {
             cfg.n_kv_heads as usize,
             cfg.head_dim as usize,
         );
-        if h == 0 || hkv == 0 || dh == 0 || h % hkv != 0 {
+        if h == 0 || hkv == 0 || dh == 0 || !h.is_multiple_of(hkv) {
             return Err(shape_err(
                 OP,
                 format!("{h} heads over {hkv} kv heads of dim {dh}"),

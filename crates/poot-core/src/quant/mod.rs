@@ -116,7 +116,7 @@ fn check(dtype: DType, src_len: usize, elems: usize) -> Result<(), QuantError> {
         return Err(QuantError::Unsupported { dtype });
     }
     let elems = elems as u64;
-    if elems % dtype.block_elems() != 0 {
+    if !elems.is_multiple_of(dtype.block_elems()) {
         return Err(QuantError::NotWholeBlocks { dtype, elems });
     }
     // Only overflows for counts no slice can hold (supported dtypes take at most 4 bytes per

@@ -1,0 +1,438 @@
+//! Running a `CpuPlan`: equations in order, one kernel call each.
+//!
+//! Invariants: the deadline is checked before every equation; inputs must match the traced
+//! dtype and shape exactly; weights are read from the store's mapped bytes (packed blocks are
+//! decoded inside the kernels; only small float vectors such as biases are decoded into a
+//! temporary); each activation buffer is dropped after its last reader, so peak memory is the
+//! plan's `artifact_bytes`.
+
+use std::borrow::Cow;
+
+use poot_core::{dequantize, Deadline};
+use poot_graph::{Graph, Op, ValueId};
+use poot_runtime::{HostTensor, RuntimeError};
+
+use super::plan::CpuPlan;
+use super::sample::sample_row;
+use super::KvPool;
+use crate::kernels::{self, AttentionInputs, AttentionShape, KvCacheMut};
+use crate::{DType, KernelError, ThreadPool};
+
+enum Buf {
+    Empty,
+    Weight,
+    F32(Vec<f32>),
+    I32(Vec<i32>),
+}
+
+fn kerr(op: &'static str) -> impl Fn(KernelError) -> RuntimeError {
+    move |e| RuntimeError::Kernel {
+        op,
+        detail: e.to_string(),
+    }
+}
+
+struct Exec<'a> {
+    plan: &'a CpuPlan,
+    bufs: Vec<Buf>,
+    pool: &'a ThreadPool,
+}
+
+impl<'a> Exec<'a> {
+    fn graph(&self) -> &'a Graph {
+        &self.plan.graph
+    }
+
+    fn f32(&self, v: ValueId, op: &'static str) -> Result<&[f32], RuntimeError> {
+        match &self.bufs[v.index()] {
+            Buf::F32(d) => Ok(d),
+            _ => Err(RuntimeError::Kernel {
+                op,
+                detail: format!("value {} is not an f32 activation", v.0),
+            }),
+        }
+    }
+
+    fn i32(&self, v: ValueId, op: &'static str) -> Result<&[i32], RuntimeError> {
+        match &self.bufs[v.index()] {
+            Buf::I32(d) => Ok(d),
+            _ => Err(RuntimeError::Kernel {
+                op,
+                detail: format!("value {} is not an i32 tensor", v.0),
+            }),
+        }
+    }
+
+    /// The stored bytes and dtype of a weight value.
+    fn weight(&self, v: ValueId, op: &'static str) -> Result<(&'a [u8], DType), RuntimeError> {
+        let graph = self.graph();
+        match graph.op(v) {
+            Op::Weight { name } => {
+                let bytes = self
+                    .plan
+                    .weights
+                    .bytes(name)
+                    .ok_or_else(|| RuntimeError::MissingWeight { name: name.clone() })?;
+                Ok((bytes, graph.info(v).dtype))
+            }
+            _ => Err(RuntimeError::Kernel {
+                op,
+                detail: format!("value {} is not a weight", v.0),
+            }),
+        }
+    }
+
+    /// A float operand as f32: an activation borrowed, or a small stored vector decoded.
+    fn floats(&self, v: ValueId, op: &'static str) -> Result<Cow<'_, [f32]>, RuntimeError> {
+        if let Buf::Weight = self.bufs[v.index()] {
+            let (bytes, dtype) = self.weight(v, op)?;
+            let mut out = vec![0f32; self.graph().info(v).numel()];
+            dequantize(dtype, bytes, &mut out).map_err(|e| RuntimeError::Kernel {
+                op,
+                detail: e.to_string(),
+            })?;
+            return Ok(Cow::Owned(out));
+        }
+        self.f32(v, op).map(Cow::Borrowed)
+    }
+
+    fn shape(&self, v: ValueId) -> &'a [usize] {
+        &self.graph().info(v).shape
+    }
+
+    fn run_op(
+        &mut self,
+        i: usize,
+        op: &Op,
+        inputs: &[(&str, HostTensor)],
+        kv: Option<&mut KvPool>,
+    ) -> Result<Buf, RuntimeError> {
+        let graph = self.graph();
+        let info = &graph.values[i];
+        let numel = info.numel();
+        Ok(match op {
+            Op::Input { name } => {
+                let host = inputs
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, t)| t)
+                    .ok_or_else(|| RuntimeError::MissingInput { name: name.clone() })?;
+                if host.dtype() != info.dtype
+                    || host.shape() != info.shape.as_slice()
+                    || host.len() != numel
+                {
+                    return Err(RuntimeError::InputMismatch {
+                        name: name.clone(),
+                        expected: format!("{}{:?}", info.dtype, info.shape),
+                        got: host.describe(),
+                    });
+                }
+                match host {
+                    HostTensor::F32 { data, .. } => Buf::F32(data.clone()),
+                    HostTensor::I32 { data, .. } => Buf::I32(data.clone()),
+                }
+            }
+            Op::Weight { .. } => Buf::Weight,
+            Op::Literal { data } => Buf::F32(data.clone()),
+            Op::Embedding { table, ids } => {
+                let (bytes, dtype) = self.weight(*table, "embedding")?;
+                let tshape = self.shape(*table);
+                let mut out = vec![0f32; numel];
+                kernels::embedding(
+                    bytes,
+                    dtype,
+                    tshape[0],
+                    tshape[1],
+                    self.i32(*ids, "embedding")?,
+                    &mut out,
+                )
+                .map_err(kerr("embedding"))?;
+                Buf::F32(out)
+            }
+            Op::RmsNorm { x, weight, eps } => {
+                let d = *info.shape.last().unwrap_or(&1);
+                let mut out = vec![0f32; numel];
+                let xs = self.f32(*x, "rms_norm")?;
+                let (wbytes, wdtype): (Cow<'_, [u8]>, DType) = match self.bufs[weight.index()] {
+                    Buf::Weight => {
+                        let (b, dt) = self.weight(*weight, "rms_norm")?;
+                        (Cow::Borrowed(b), dt)
+                    }
+                    _ => {
+                        let w = self.f32(*weight, "rms_norm")?;
+                        (
+                            Cow::Owned(w.iter().flat_map(|f| f.to_le_bytes()).collect()),
+                            DType::F32,
+                        )
+                    }
+                };
+                kernels::rms_norm(xs, numel / d.max(1), d, &wbytes, wdtype, *eps, &mut out)
+                    .map_err(kerr("rms_norm"))?;
+                Buf::F32(out)
+            }
+            Op::MatMul { x, w } => {
+                let (bytes, dtype) = self.weight(*w, "matmul")?;
+                let xs = self.shape(*x);
+                let n = self.shape(*w)[0];
+                let mut out = vec![0f32; numel];
+                kernels::matmul(
+                    self.f32(*x, "matmul")?,
+                    xs[0],
+                    xs[1],
+                    bytes,
+                    dtype,
+                    n,
+                    &mut out,
+                    self.pool,
+                )
+                .map_err(kerr("matmul"))?;
+                Buf::F32(out)
+            }
+            Op::Add { a, b } | Op::Mul { a, b } => {
+                let name = op.name();
+                let bv = self.floats(*b, name)?;
+                let mut out = vec![0f32; numel];
+                let av = self.f32(*a, name)?;
+                if matches!(op, Op::Add { .. }) {
+                    kernels::add(av, &bv, &mut out).map_err(kerr("add"))?;
+                } else {
+                    kernels::mul(av, &bv, &mut out).map_err(kerr("mul"))?;
+                }
+                Buf::F32(out)
+            }
+            Op::Silu { x } | Op::Gelu { x } => {
+                let mut out = vec![0f32; numel];
+                let xv = self.f32(*x, op.name())?;
+                if matches!(op, Op::Silu { .. }) {
+                    kernels::silu_to(xv, &mut out).map_err(kerr("silu"))?;
+                } else {
+                    kernels::gelu_tanh_to(xv, &mut out).map_err(kerr("gelu"))?;
+                }
+                Buf::F32(out)
+            }
+            Op::Softmax { x } => {
+                let mut out = self.f32(*x, "softmax")?.to_vec();
+                kernels::softmax(&mut out, *info.shape.last().unwrap_or(&1))
+                    .map_err(kerr("softmax"))?;
+                Buf::F32(out)
+            }
+            Op::Rope { x, positions, cfg } => {
+                let table = self.plan.rope.get(&i).ok_or_else(|| RuntimeError::Kernel {
+                    op: "rope",
+                    detail: "no rope table was compiled".into(),
+                })?;
+                let mut out = self.f32(*x, "rope")?.to_vec();
+                kernels::rope(
+                    &mut out,
+                    info.shape[0],
+                    cfg.n_heads as usize,
+                    self.i32(*positions, "rope")?,
+                    table,
+                )
+                .map_err(kerr("rope"))?;
+                Buf::F32(out)
+            }
+            Op::PagedAttention { q, k, v, meta, cfg } => {
+                let kv = kv.ok_or(RuntimeError::KvNotConfigured)?;
+                let layer = cfg.layer as usize;
+                if layer >= kv.k.len() {
+                    return Err(RuntimeError::Kernel {
+                        op: "paged_attention",
+                        detail: format!("layer {layer} but the KV pool has {} layers", kv.k.len()),
+                    });
+                }
+                let tables_shape = self.shape(meta.block_tables);
+                let shape = AttentionShape {
+                    n_heads: cfg.n_heads as usize,
+                    n_kv_heads: cfg.n_kv_heads as usize,
+                    head_dim: cfg.head_dim as usize,
+                    block_size: kv.cfg.block_size as usize,
+                    num_blocks: kv.cfg.num_blocks as usize,
+                    max_blocks_per_seq: tables_shape[1],
+                    scale: cfg.scale,
+                };
+                if shape.n_kv_heads != kv.cfg.n_kv_heads as usize
+                    || shape.head_dim != kv.cfg.head_dim as usize
+                {
+                    return Err(RuntimeError::Kernel {
+                        op: "paged_attention",
+                        detail: format!(
+                            "graph has {}x{} kv heads, the pool {}x{}",
+                            shape.n_kv_heads, shape.head_dim, kv.cfg.n_kv_heads, kv.cfg.head_dim
+                        ),
+                    });
+                }
+                let attn_inputs = AttentionInputs {
+                    q: self.f32(*q, "paged_attention")?,
+                    k: self.f32(*k, "paged_attention")?,
+                    v: self.f32(*v, "paged_attention")?,
+                    slot_mapping: self.i32(meta.slot_mapping, "paged_attention")?,
+                    token_seq: self.i32(meta.token_seq, "paged_attention")?,
+                    positions: self.i32(meta.positions, "paged_attention")?,
+                    block_tables: self.i32(meta.block_tables, "paged_attention")?,
+                };
+                let mut out = vec![0f32; numel];
+                let cache = KvCacheMut {
+                    k: &mut kv.k[layer],
+                    v: &mut kv.v[layer],
+                };
+                kernels::paged_attention(&shape, &attn_inputs, cache, &mut out, self.pool)
+                    .map_err(kerr("paged_attention"))?;
+                Buf::F32(out)
+            }
+            Op::Reshape { x, .. } => match &self.bufs[x.index()] {
+                Buf::F32(d) => Buf::F32(d.clone()),
+                Buf::I32(d) => Buf::I32(d.clone()),
+                _ => {
+                    return Err(RuntimeError::Kernel {
+                        op: "reshape",
+                        detail: "reshape of a weight".into(),
+                    })
+                }
+            },
+            Op::Slice {
+                x,
+                axis,
+                start,
+                end,
+            } => {
+                let s = self.shape(*x);
+                let outer: usize = s[..*axis].iter().product();
+                let inner: usize = s[axis + 1..].iter().product();
+                let (dim, w) = (s[*axis], end - start);
+                let pick = |o: usize| (o * dim + start) * inner..(o * dim + start + w) * inner;
+                match &self.bufs[x.index()] {
+                    Buf::F32(d) => Buf::F32(
+                        (0..outer)
+                            .flat_map(|o| d[pick(o)].iter().copied())
+                            .collect(),
+                    ),
+                    Buf::I32(d) => Buf::I32(
+                        (0..outer)
+                            .flat_map(|o| d[pick(o)].iter().copied())
+                            .collect(),
+                    ),
+                    _ => {
+                        return Err(RuntimeError::Kernel {
+                            op: "slice",
+                            detail: "slice of a weight".into(),
+                        })
+                    }
+                }
+            }
+            Op::Concat { xs, axis } => {
+                let outer: usize = info.shape[..*axis].iter().product();
+                let inner: usize = info.shape[axis + 1..].iter().product();
+                if info.dtype == DType::I32 {
+                    let mut out = Vec::with_capacity(numel);
+                    for o in 0..outer {
+                        for x in xs {
+                            let c = self.shape(*x)[*axis] * inner;
+                            out.extend_from_slice(&self.i32(*x, "concat")?[o * c..(o + 1) * c]);
+                        }
+                    }
+                    Buf::I32(out)
+                } else {
+                    let mut out = Vec::with_capacity(numel);
+                    for o in 0..outer {
+                        for x in xs {
+                            let c = self.shape(*x)[*axis] * inner;
+                            out.extend_from_slice(&self.f32(*x, "concat")?[o * c..(o + 1) * c]);
+                        }
+                    }
+                    Buf::F32(out)
+                }
+            }
+            Op::GatherRows { x, rows } => {
+                let d = self.shape(*x)[1];
+                let t = self.shape(*x)[0];
+                let xv = self.f32(*x, "gather_rows")?;
+                let mut out = Vec::with_capacity(numel);
+                for &r in self.i32(*rows, "gather_rows")? {
+                    let r = usize::try_from(r).ok().filter(|&r| r < t).ok_or_else(|| {
+                        RuntimeError::Kernel {
+                            op: "gather_rows",
+                            detail: format!("row {r} of {t}"),
+                        }
+                    })?;
+                    out.extend_from_slice(&xv[r * d..(r + 1) * d]);
+                }
+                Buf::F32(out)
+            }
+            Op::Sample { logits, params } => {
+                let v = self.shape(*logits)[1];
+                let l = self.f32(*logits, "sample")?;
+                let temp = self.f32(params.temperature, "sample")?;
+                let top_k = self.i32(params.top_k, "sample")?;
+                let top_p = self.f32(params.top_p, "sample")?;
+                let uniform = self.f32(params.uniform, "sample")?;
+                let mut out = Vec::with_capacity(numel);
+                for r in 0..numel {
+                    out.push(
+                        sample_row(
+                            &l[r * v..(r + 1) * v],
+                            temp[r],
+                            top_k[r],
+                            top_p[r],
+                            uniform[r],
+                        )
+                        .map_err(kerr("sample"))?,
+                    );
+                }
+                Buf::I32(out)
+            }
+        })
+    }
+}
+
+/// Runs every equation of `plan`; see the module docs.
+pub(crate) fn execute(
+    plan: &CpuPlan,
+    inputs: &[(&str, HostTensor)],
+    mut kv: Option<&mut KvPool>,
+    pool: &ThreadPool,
+    deadline: Deadline,
+) -> Result<Vec<(String, HostTensor)>, RuntimeError> {
+    let n = plan.graph.equations.len();
+    let mut exec = Exec {
+        plan,
+        bufs: (0..n).map(|_| Buf::Empty).collect(),
+        pool,
+    };
+    for (i, op) in plan.graph.equations.iter().enumerate() {
+        if deadline.expired() {
+            return Err(RuntimeError::Timeout {
+                during: format!("equation {i} ({})", op.name()),
+            });
+        }
+        let buf = exec.run_op(i, op, inputs, kv.as_deref_mut())?;
+        exec.bufs[i] = buf;
+        for v in op.operands() {
+            if plan.last_use[v.index()] == i {
+                exec.bufs[v.index()] = Buf::Empty;
+            }
+        }
+    }
+    let mut outputs = Vec::with_capacity(plan.graph.outputs.len());
+    for (name, v) in &plan.graph.outputs {
+        let shape = plan.graph.info(*v).shape.clone();
+        let t = match &exec.bufs[v.index()] {
+            Buf::F32(d) => HostTensor::F32 {
+                shape,
+                data: d.clone(),
+            },
+            Buf::I32(d) => HostTensor::I32 {
+                shape,
+                data: d.clone(),
+            },
+            _ => {
+                return Err(RuntimeError::Kernel {
+                    op: "output",
+                    detail: format!("output '{name}' is a weight; outputs are activations"),
+                })
+            }
+        };
+        outputs.push((name.clone(), t));
+    }
+    Ok(outputs)
+}

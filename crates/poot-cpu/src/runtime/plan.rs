@@ -1,0 +1,187 @@
+//! Compiling a graph for the CPU: passes, support and weight checks, rope tables, liveness and
+//! the artifact-size bound.
+//!
+//! Invariants: a `CpuPlan` only holds ops the CPU supports, every weight it reads exists in the
+//! store with the traced dtype and shape, and its artifact (activation buffers at their peak,
+//! plus tables) fits `CompileLimits::max_artifact_bytes`, checked before the plan is returned.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use poot_graph::{
+    run_passes, CompileError, CompileLimits, DeadCodeElimination, Graph, Op,
+    RopeScaling as GScaling, RopeStyle as GStyle,
+};
+use poot_runtime::{CompiledPlan, RuntimeError, WeightStore};
+
+use crate::kernels::{RopeConfig, RopeScaling, RopeStyle, RopeTable};
+use crate::DType;
+
+/// A graph ready to run on the CPU.
+pub struct CpuPlan {
+    pub(crate) graph: Graph,
+    pub(crate) weights: Arc<dyn WeightStore>,
+    /// Rope tables by equation index.
+    pub(crate) rope: HashMap<usize, RopeTable>,
+    /// For each value, the index of the last equation that reads it (or usize::MAX for outputs).
+    pub(crate) last_use: Vec<usize>,
+    pub(crate) artifact_bytes: u64,
+}
+
+impl std::fmt::Debug for CpuPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuPlan")
+            .field("equations", &self.graph.equations.len())
+            .field("artifact_bytes", &self.artifact_bytes)
+            .finish()
+    }
+}
+
+impl CompiledPlan for CpuPlan {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    fn artifact_bytes(&self) -> u64 {
+        self.artifact_bytes
+    }
+}
+
+/// Every op of the IR runs on the CPU (the reference backend).
+pub(crate) fn supports(_op: &Op) -> bool {
+    true
+}
+
+fn rope_table(cfg: &poot_graph::RopeConfig) -> Result<RopeTable, RuntimeError> {
+    let style = match cfg.style {
+        GStyle::Interleaved => RopeStyle::Interleaved,
+        GStyle::NeoX => RopeStyle::NeoX,
+    };
+    let scaling = match cfg.scaling {
+        GScaling::None => RopeScaling::None,
+        GScaling::Linear { factor } => RopeScaling::Linear { factor },
+        GScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position,
+        } => RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings: original_max_position,
+        },
+    };
+    let kcfg = RopeConfig {
+        style,
+        head_dim: cfg.head_dim as usize,
+        rot_dim: cfg.rot_dim as usize,
+        theta: cfg.theta,
+        scaling,
+    };
+    RopeTable::new(&kcfg).map_err(|e| RuntimeError::Kernel {
+        op: "rope",
+        detail: e.to_string(),
+    })
+}
+
+fn value_bytes(graph: &Graph, i: usize) -> u64 {
+    match graph.equations[i] {
+        Op::Weight { .. } => 0,
+        _ => (graph.values[i].numel() as u64).saturating_mul(4),
+    }
+}
+
+/// Peak bytes of live activation buffers when equations run in order and each buffer is freed
+/// after its last use.
+fn peak_activation_bytes(graph: &Graph, last_use: &[usize]) -> u64 {
+    let mut frees: Vec<Vec<usize>> = vec![Vec::new(); graph.equations.len()];
+    for (v, &last) in last_use.iter().enumerate() {
+        if last < frees.len() {
+            frees[last].push(v);
+        }
+    }
+    let (mut live, mut peak) = (0u64, 0u64);
+    for (i, freed) in frees.iter().enumerate() {
+        live = live.saturating_add(value_bytes(graph, i));
+        peak = peak.max(live);
+        for &v in freed {
+            live = live.saturating_sub(value_bytes(graph, v));
+        }
+    }
+    peak
+}
+
+pub(crate) fn compile(
+    graph: &Graph,
+    weights: Arc<dyn WeightStore>,
+    limits: &CompileLimits,
+) -> Result<CpuPlan, RuntimeError> {
+    let graph = run_passes(graph, &[&DeadCodeElimination], limits)?;
+    let n = graph.equations.len();
+    let mut rope = HashMap::new();
+    let mut last_use = vec![0usize; n];
+    for (i, op) in graph.equations.iter().enumerate() {
+        if !supports(op) {
+            return Err(CompileError::Unsupported {
+                backend: "cpu",
+                op: op.name(),
+            }
+            .into());
+        }
+        for v in op.operands() {
+            last_use[v.index()] = i;
+        }
+        match op {
+            Op::Weight { name } => {
+                let (dtype, shape) = weights
+                    .describe(name)
+                    .ok_or_else(|| RuntimeError::MissingWeight { name: name.clone() })?;
+                let info = &graph.values[i];
+                if dtype != info.dtype || shape != info.shape {
+                    return Err(CompileError::Invalid(format!(
+                        "weight '{name}' was traced as {}{:?} but the store has {dtype}{shape:?}",
+                        info.dtype, info.shape
+                    ))
+                    .into());
+                }
+            }
+            Op::Rope { cfg, .. } => {
+                rope.insert(i, rope_table(cfg)?);
+            }
+            Op::Input { .. } => {
+                let dt = graph.values[i].dtype;
+                if dt != DType::F32 && dt != DType::I32 {
+                    return Err(CompileError::Invalid(format!("input of dtype {dt}")).into());
+                }
+            }
+            _ => {}
+        }
+    }
+    for (_, v) in &graph.outputs {
+        last_use[v.index()] = usize::MAX;
+    }
+    let rope_bytes: u64 = rope.values().map(|t| t.inv_freq().len() as u64 * 4).sum();
+    let artifact_bytes = peak_activation_bytes(&graph, &last_use)
+        .saturating_add(rope_bytes)
+        .saturating_add((n as u64).saturating_mul(std::mem::size_of::<Op>() as u64 + 32));
+    if artifact_bytes > limits.max_artifact_bytes {
+        return Err(CompileError::ArtifactTooLarge {
+            limit: limits.max_artifact_bytes,
+            total: artifact_bytes,
+        }
+        .into());
+    }
+    Ok(CpuPlan {
+        graph,
+        weights,
+        rope,
+        last_use,
+        artifact_bytes,
+    })
+}

@@ -1,0 +1,238 @@
+//! CPU runtime tests over small graphs with an in-memory weight store.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use poot_core::{DType, Deadline};
+use poot_graph::{
+    AttentionConfig, AttentionMeta, CompileError, CompileLimits, TraceLimits, Tracer, WeightCatalog,
+};
+use poot_runtime::{Health, HostTensor, KvCacheConfig, Runtime, RuntimeError, WeightStore};
+
+use super::{CpuOptions, CpuRuntime};
+
+struct Store(HashMap<String, (Vec<usize>, Vec<u8>)>);
+
+impl WeightCatalog for Store {
+    fn describe(&self, name: &str) -> Option<(DType, Vec<usize>)> {
+        self.0.get(name).map(|(s, _)| (DType::F32, s.clone()))
+    }
+}
+
+impl WeightStore for Store {
+    fn bytes(&self, name: &str) -> Option<&[u8]> {
+        self.0.get(name).map(|(_, b)| b.as_slice())
+    }
+    fn total_bytes(&self) -> u64 {
+        self.0.values().map(|(_, b)| b.len() as u64).sum()
+    }
+}
+
+fn store() -> Arc<Store> {
+    let mut m = HashMap::new();
+    // w [3, 2] = [[1, 2], [3, 4], [5, 6]]; bias [3] = [0.5, -1, 2]
+    let w: Vec<u8> = [1f32, 2., 3., 4., 5., 6.]
+        .iter()
+        .flat_map(|f| f.to_le_bytes())
+        .collect();
+    let b: Vec<u8> = [0.5f32, -1., 2.]
+        .iter()
+        .flat_map(|f| f.to_le_bytes())
+        .collect();
+    m.insert("w".to_owned(), (vec![3, 2], w));
+    m.insert("b".to_owned(), (vec![3], b));
+    Arc::new(Store(m))
+}
+
+fn linear_graph() -> poot_graph::Graph {
+    let s: Arc<dyn WeightCatalog> = store();
+    let mut t = Tracer::new(TraceLimits::default(), 2, s).unwrap();
+    let x = t.input("x", DType::F32, vec![2, 2]).unwrap();
+    let w = t.weight("w").unwrap();
+    let b = t.weight("b").unwrap();
+    let y = t.matmul(x, w).unwrap();
+    let y = t.add(y, b).unwrap();
+    t.output("y", y).unwrap();
+    t.finish()
+}
+
+fn x() -> HostTensor {
+    HostTensor::F32 {
+        shape: vec![2, 2],
+        data: vec![1., 0., 0., 1.],
+    }
+}
+
+#[test]
+fn runs_a_linear_layer() {
+    let rt = CpuRuntime::new(CpuOptions {
+        threads: 2,
+        ..CpuOptions::default()
+    })
+    .unwrap();
+    let plan = rt
+        .compile(&linear_graph(), store(), &CompileLimits::default())
+        .unwrap();
+    let out = rt
+        .run(plan.as_ref(), &[("x", x())], Deadline::default_device())
+        .unwrap();
+    assert_eq!(out[0].0, "y");
+    assert_eq!(
+        out[0].1,
+        HostTensor::F32 {
+            shape: vec![2, 3],
+            data: vec![1.5, 2., 7., 2.5, 3., 8.]
+        }
+    );
+}
+
+#[test]
+fn inputs_are_checked() {
+    let rt = CpuRuntime::new(CpuOptions::default()).unwrap();
+    let plan = rt
+        .compile(&linear_graph(), store(), &CompileLimits::default())
+        .unwrap();
+    let err = rt.run(plan.as_ref(), &[], Deadline::never()).unwrap_err();
+    assert!(matches!(err, RuntimeError::MissingInput { name } if name == "x"));
+    let bad = HostTensor::I32 {
+        shape: vec![2, 2],
+        data: vec![0; 4],
+    };
+    let err = rt
+        .run(plan.as_ref(), &[("x", bad)], Deadline::never())
+        .unwrap_err();
+    assert!(matches!(err, RuntimeError::InputMismatch { .. }));
+    assert_eq!(rt.health(), Health::Ok, "bad input does not poison");
+}
+
+#[test]
+fn a_missed_deadline_poisons_the_runtime() {
+    let rt = CpuRuntime::new(CpuOptions::default()).unwrap();
+    let plan = rt
+        .compile(&linear_graph(), store(), &CompileLimits::default())
+        .unwrap();
+    let err = rt
+        .run(
+            plan.as_ref(),
+            &[("x", x())],
+            Deadline::after(Duration::ZERO),
+        )
+        .unwrap_err();
+    assert!(matches!(err, RuntimeError::Timeout { .. }));
+    let err = rt
+        .run(plan.as_ref(), &[("x", x())], Deadline::never())
+        .unwrap_err();
+    assert!(matches!(err, RuntimeError::Poisoned { .. }));
+    assert!(matches!(rt.health(), Health::Poisoned { .. }));
+    assert!(rt
+        .compile(&linear_graph(), store(), &CompileLimits::default())
+        .is_err());
+}
+
+#[test]
+fn artifact_over_the_limit_is_refused() {
+    let rt = CpuRuntime::new(CpuOptions::default()).unwrap();
+    let limits = CompileLimits {
+        max_artifact_bytes: 64,
+        ..CompileLimits::default()
+    };
+    let err = rt.compile(&linear_graph(), store(), &limits).unwrap_err();
+    assert!(matches!(
+        err,
+        RuntimeError::Compile(CompileError::ArtifactTooLarge { limit: 64, .. })
+    ));
+}
+
+#[test]
+fn kv_pool_is_bounded_and_required() {
+    let rt = CpuRuntime::new(CpuOptions {
+        threads: 1,
+        max_kv_bytes: 1024,
+    })
+    .unwrap();
+    let big = KvCacheConfig {
+        n_layers: 2,
+        n_kv_heads: 2,
+        head_dim: 8,
+        block_size: 16,
+        num_blocks: 64,
+    };
+    assert!(matches!(
+        rt.configure_kv(big),
+        Err(RuntimeError::OutOfMemory { .. })
+    ));
+
+    let s: Arc<dyn WeightCatalog> = store();
+    let mut t = Tracer::new(TraceLimits::default(), 2, s).unwrap();
+    let q = t.input("q", DType::F32, vec![2, 4]).unwrap();
+    let mut meta = [0usize; 4].map(|_| q);
+    for (i, name) in ["slots", "seq", "pos"].iter().enumerate() {
+        meta[i] = t.input(name, DType::I32, vec![2]).unwrap();
+    }
+    meta[3] = t.input("tables", DType::I32, vec![1, 1]).unwrap();
+    let m = AttentionMeta {
+        slot_mapping: meta[0],
+        token_seq: meta[1],
+        positions: meta[2],
+        block_tables: meta[3],
+    };
+    let cfg = AttentionConfig {
+        layer: 0,
+        n_heads: 1,
+        n_kv_heads: 1,
+        head_dim: 4,
+        scale: 0.5,
+    };
+    let o = t.paged_attention(q, q, q, m, cfg).unwrap();
+    t.output("o", o).unwrap();
+    let plan = rt
+        .compile(&t.finish(), store(), &CompileLimits::default())
+        .unwrap();
+    let i32s = |d: Vec<i32>| HostTensor::I32 {
+        shape: vec![d.len()],
+        data: d,
+    };
+    let q_data = HostTensor::F32 {
+        shape: vec![2, 4],
+        data: vec![1., 0., 0., 0., 0., 1., 0., 0.],
+    };
+    let inputs = [
+        ("q", q_data),
+        ("slots", i32s(vec![0, 1])),
+        ("seq", i32s(vec![0, 0])),
+        ("pos", i32s(vec![0, 1])),
+        (
+            "tables",
+            HostTensor::I32 {
+                shape: vec![1, 1],
+                data: vec![0],
+            },
+        ),
+    ];
+    let err = rt
+        .run(plan.as_ref(), &inputs, Deadline::never())
+        .unwrap_err();
+    assert!(matches!(err, RuntimeError::KvNotConfigured));
+    let small = KvCacheConfig {
+        n_layers: 1,
+        n_kv_heads: 1,
+        head_dim: 4,
+        block_size: 4,
+        num_blocks: 2,
+    };
+    rt.configure_kv(small).unwrap();
+    let out = rt.run(plan.as_ref(), &inputs, Deadline::never()).unwrap();
+    let HostTensor::F32 { data, .. } = &out[0].1 else {
+        panic!("f32 output")
+    };
+    // Token 0 sees only itself; token 1 mixes both values with softmax weights.
+    assert_eq!(&data[..4], &[1., 0., 0., 0.]);
+    // Token 1's scores are 0 (key 0) and 0.5 (key 1) after the scale.
+    let w1 = 0.5f32.exp() / (1.0 + 0.5f32.exp());
+    let w0 = 1.0 - w1;
+    assert!(
+        (data[4] - w0).abs() < 1e-6 && (data[5] - w1).abs() < 1e-6,
+        "{data:?}"
+    );
+}
