@@ -36,19 +36,27 @@ def pytest_terminal_summary(terminalreporter: Any, config: Any) -> None:
     if session is None or not session.benchmarks:
         return
     groups: dict[str, dict[str, float]] = {}
+    tokens: dict[str, int] = {}
     for bench in session.benchmarks:
         impl = bench.extra_info.get("impl")
         if impl is None or bench.stats is None:
             continue
-        groups.setdefault(bench.group or bench.name, {})[impl] = bench.stats.median
+        group = bench.group or bench.name
+        groups.setdefault(group, {})[impl] = bench.stats.median
+        if "tokens" in bench.extra_info:
+            tokens[group] = int(bench.extra_info["tokens"])
     if not groups:
         return
     tr = terminalreporter
     tr.section("poot vs peer (median seconds; ratio = peer / poot, above 1 means poot is faster)")
-    tr.write_line(f"{'group':<40} {'poot':>12} {'peer':>12} {'ratio':>8}")
+    tr.write_line(f"{'group':<40} {'poot':>12} {'peer':>12} {'ratio':>8}  tok/s poot / peer")
     for group, impls in sorted(groups.items()):
         ours, peer = impls.get("poot"), impls.get("peer")
         ratio = f"{peer / ours:8.2f}" if ours and peer else f"{'-':>8}"
         ours_s = f"{ours:12.6f}" if ours else f"{'-':>12}"
         peer_s = f"{peer:12.6f}" if peer else f"{'(absent)':>12}"
-        tr.write_line(f"{group:<40} {ours_s} {peer_s} {ratio}")
+        rate = ""
+        if group in tokens:
+            n = tokens[group]
+            rate = "  " + " / ".join(f"{n / t:.1f}" if t else "-" for t in (ours, peer))
+        tr.write_line(f"{group:<40} {ours_s} {peer_s} {ratio}{rate}")

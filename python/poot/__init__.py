@@ -13,12 +13,29 @@ from poot._native import __version__
 if TYPE_CHECKING:
     from poot.checkpoints import ModelFiles
     from poot.checkpoints import resolve_model_files as load_model_files
+    from poot.llm import LLM
+    from poot.outputs import CompletionOutput, RequestOutput
+    from poot.sampling import SamplingParams
     from poot.tokenizer import Tokenizer, load_tokenizer
 
-__all__ = ["ModelFiles", "Tokenizer", "__version__", "load_model_files", "load_tokenizer"]
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "ModelFiles",
+    "RequestOutput",
+    "SamplingParams",
+    "Tokenizer",
+    "__version__",
+    "load_model_files",
+    "load_tokenizer",
+]
 
 # name -> (module, attribute)
 _LAZY = {
+    "LLM": ("poot.llm", "LLM"),
+    "SamplingParams": ("poot.sampling", "SamplingParams"),
+    "RequestOutput": ("poot.outputs", "RequestOutput"),
+    "CompletionOutput": ("poot.outputs", "CompletionOutput"),
     "ModelFiles": ("poot.checkpoints", "ModelFiles"),
     "load_model_files": ("poot.checkpoints", "resolve_model_files"),
     "Tokenizer": ("poot.tokenizer", "Tokenizer"),

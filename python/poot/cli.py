@@ -186,6 +186,83 @@ def _cmd_pull(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sampling(args: argparse.Namespace) -> Any:
+    from poot.sampling import SamplingParams
+
+    return SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
+
+
+def _load_llm(args: argparse.Namespace) -> Any:
+    from poot.llm import LLM
+
+    return LLM(args.model, threads=args.threads)
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    params = _sampling(args)  # bad parameters fail before the model loads
+    llm = _load_llm(args)
+    out = sys.stdout
+    for delta in llm.generate_stream(args.prompt, params):
+        out.write(delta)
+        out.flush()
+    out.write("\n")
+    return 0
+
+
+def _cmd_chat(args: argparse.Namespace, stdin: TextIO | None = None) -> int:
+    params = _sampling(args)
+    llm = _load_llm(args)
+    if llm.tokenizer.chat_template is None:
+        from poot.errors import ChatTemplateError
+
+        raise ChatTemplateError(f"{llm.files.path} has no chat template; `poot chat` needs one")
+    stdin = stdin or sys.stdin
+    out = sys.stdout
+    messages: list[dict[str, str]] = []
+    if args.system:
+        messages.append({"role": "system", "content": args.system})
+    interactive = stdin.isatty()
+    while True:
+        if interactive:
+            out.write("> ")
+            out.flush()
+        line = stdin.readline()
+        if not line or line.strip() == "/exit":
+            break
+        text = line.rstrip("\n")
+        if not text.strip():
+            continue
+        messages.append({"role": "user", "content": text})
+        prompt = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        ids = llm.tokenizer.encode(prompt, add_special_tokens=False)
+        reply: list[str] = []
+        for delta in llm.generate_stream(ids, params):
+            reply.append(delta)
+            out.write(delta)
+            out.flush()
+        out.write("\n")
+        messages.append({"role": "assistant", "content": "".join(reply).strip()})
+    return 0
+
+
+def _add_generation_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
+    p.add_argument("--model", metavar="MODEL", help=_MODEL_HELP)
+    p.add_argument(
+        "--max-tokens", type=int, default=max_tokens, help=f"most tokens (default {max_tokens})"
+    )
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus cut in (0, 1] (default 1)")
+    p.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``poot`` argument parser."""
     parser = argparse.ArgumentParser(
@@ -239,6 +316,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="no progress bars if the model must be downloaded",
     )
     p.set_defaults(func=_cmd_inspect)
+
+    p = sub.add_parser(
+        "generate",
+        help="continue a prompt, streaming the text to stdout",
+        description="Generate a continuation of PROMPT with the model (default: the default "
+        "model), streaming text as it is produced. Greedy unless --temperature is set.",
+    )
+    p.add_argument("prompt", metavar="PROMPT", help="the text to continue")
+    _add_generation_args(p, max_tokens=64)
+    p.set_defaults(func=_cmd_generate)
+
+    p = sub.add_parser(
+        "chat",
+        help="chat with an instruct model in the terminal",
+        description="An interactive chat: each line you type is a user message, rendered with "
+        "the model's chat template; the reply streams back. End with /exit or end-of-file.",
+    )
+    _add_generation_args(p, max_tokens=256)
+    p.add_argument("--system", metavar="TEXT", help="a system message to start with")
+    p.set_defaults(func=_cmd_chat)
     return parser
 
 

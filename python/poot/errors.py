@@ -69,3 +69,240 @@ class ChatTemplateError(TokenizerError):
 
 class ConfigError(PootError, ValueError):
     """A setting (an environment variable poot reads) has an invalid value."""
+
+
+class UnsupportedArchitectureError(CheckpointError, ValueError):
+    """A checkpoint's architecture has no model definition in poot.
+
+    Attributes:
+        architecture: the architecture the checkpoint names.
+        supported: the architectures poot can run.
+    """
+
+    def __init__(
+        self, message: str, *, architecture: str = "", supported: tuple[str, ...] = ()
+    ) -> None:
+        super().__init__(message)
+        self.architecture = architecture
+        self.supported = supported
+
+
+class TraceError(PootError, ValueError):
+    """A model definition's trace was refused (an operand of the wrong shape, an unknown weight).
+
+    Attributes:
+        kind: ``"shape"``, ``"unknown_weight"``, ``"bad_value"``, ``"duplicate_input"``,
+            ``"duplicate_output"``, ``"finished"`` or ``"budget"``.
+        op: the op that refused its operands, if any.
+        name: the weight, input or output concerned, if any.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: str = "invalid",
+        op: str | None = None,
+        name: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.op = op
+        self.name = name
+
+
+class TraceBudgetError(TraceError):
+    """A trace would exceed one of its ``TraceLimits``; nothing past the limit was allocated.
+
+    Attributes:
+        resource: ``"tokens"``, ``"values"``, ``"equations"``, ``"literal_bytes"`` or
+            ``"records"``.
+        limit: the limit.
+        total: the total the trace would have reached.
+    """
+
+    def __init__(self, message: str, *, resource: str = "", limit: int = 0, total: int = 0) -> None:
+        super().__init__(message, kind="budget")
+        self.resource = resource
+        self.limit = limit
+        self.total = total
+
+
+class CompileError(PootError, RuntimeError):
+    """A backend refused to compile a graph."""
+
+
+class CompileExpansionError(CompileError):
+    """A compile pass would grow the graph past ``CompileLimits.max_equations``.
+
+    Attributes:
+        pass_name: the pass.
+        limit: the equation limit.
+        total: the equations the pass would have produced.
+    """
+
+    def __init__(self, message: str, *, pass_name: str = "", limit: int = 0, total: int = 0):
+        super().__init__(message)
+        self.pass_name = pass_name
+        self.limit = limit
+        self.total = total
+
+
+class KernelBodyLimitError(CompileError):
+    """A generated kernel would exceed its instruction or local limit (a planner refusal).
+
+    Attributes:
+        kernel: the kernel.
+        what: ``"instructions"`` or ``"locals"``.
+        limit: the limit.
+        total: what the kernel needs.
+    """
+
+    def __init__(
+        self, message: str, *, kernel: str = "", what: str = "", limit: int = 0, total: int = 0
+    ) -> None:
+        super().__init__(message)
+        self.kernel = kernel
+        self.what = what
+        self.limit = limit
+        self.total = total
+
+
+class ArtifactTooLargeError(CompileError):
+    """A compiled artifact would exceed ``CompileLimits.max_artifact_bytes``; it was not kept.
+
+    Attributes:
+        limit: the byte limit.
+        total: the artifact's bytes.
+    """
+
+    def __init__(self, message: str, *, limit: int = 0, total: int = 0) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.total = total
+
+
+class UnsupportedOpError(CompileError):
+    """A backend has no implementation of an op in the graph.
+
+    Attributes:
+        backend: the backend.
+        op: the op.
+    """
+
+    def __init__(self, message: str, *, backend: str = "", op: str = "") -> None:
+        super().__init__(message)
+        self.backend = backend
+        self.op = op
+
+
+class DeviceTimeoutError(PootError, TimeoutError):
+    """A device wait passed its deadline; the runtime is poisoned from now on.
+
+    Attributes:
+        during: what was running.
+    """
+
+    def __init__(self, message: str, *, during: str = "") -> None:
+        super().__init__(message)
+        self.during = during
+
+
+class RuntimePoisonedError(PootError, RuntimeError):
+    """A runtime that missed a deadline was used again; create a new one.
+
+    Attributes:
+        reason: why it was poisoned.
+    """
+
+    def __init__(self, message: str, *, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class KernelError(PootError, ValueError):
+    """A kernel refused its inputs (an index out of range, a dtype it cannot read).
+
+    Attributes:
+        op: the op whose kernel refused.
+    """
+
+    def __init__(self, message: str, *, op: str = "") -> None:
+        super().__init__(message)
+        self.op = op
+
+
+class GraphInputError(PootError, ValueError):
+    """A compiled graph was run with a missing or mistyped input.
+
+    Attributes:
+        name: the input.
+        expected: its type, e.g. ``"I32[4]"`` (None when missing).
+        got: what was given (None when missing).
+    """
+
+    def __init__(
+        self, message: str, *, name: str = "", expected: str | None = None, got: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.name = name
+        self.expected = expected
+        self.got = got
+
+
+class DeviceMemoryError(PootError, MemoryError):
+    """A runtime allocation would pass its memory limit.
+
+    Attributes:
+        what: what was being allocated.
+        requested: bytes requested.
+        limit: bytes allowed.
+    """
+
+    def __init__(self, message: str, *, what: str = "", requested: int = 0, limit: int = 0):
+        super().__init__(message)
+        self.what = what
+        self.requested = requested
+        self.limit = limit
+
+
+class KvCacheNotConfiguredError(PootError, RuntimeError):
+    """A graph with attention ran before the runtime's KV cache was configured."""
+
+
+class BackendNotCompiledError(PootError, RuntimeError):
+    """A runtime was requested whose backend is not compiled into this build.
+
+    Attributes:
+        backend: the backend.
+    """
+
+    def __init__(self, message: str, *, backend: str = "") -> None:
+        super().__init__(message)
+        self.backend = backend
+
+
+class SamplingParamsError(PootError, ValueError):
+    """A ``SamplingParams`` field is out of range.
+
+    Attributes:
+        field: the field.
+    """
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class ContextLengthError(PootError, ValueError):
+    """A request does not fit the model's context (``max_model_len``) or the KV cache.
+
+    Attributes:
+        needed: tokens the request needs.
+        limit: tokens available.
+    """
+
+    def __init__(self, message: str, *, needed: int = 0, limit: int = 0) -> None:
+        super().__init__(message)
+        self.needed = needed
+        self.limit = limit

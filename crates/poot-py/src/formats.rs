@@ -7,6 +7,7 @@
 //! (a 150k-token vocabulary) becomes one list built straight from the stored values.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use poot_formats::{
     FormatError, GgufFile, MetaValue, SafetensorsFile, SafetensorsModel, TensorInfo,
@@ -125,7 +126,14 @@ fn meta_to_py<'py>(py: Python<'py>, v: &MetaValue) -> PyResult<Bound<'py, PyAny>
 #[pyclass(name = "GgufFile", module = "poot._native", frozen)]
 #[derive(Debug)]
 pub struct PyGgufFile {
-    inner: GgufFile,
+    inner: Arc<GgufFile>,
+}
+
+impl PyGgufFile {
+    /// The shared file, for weight stores that must outlive this Python object.
+    pub(crate) fn shared(&self) -> Arc<GgufFile> {
+        Arc::clone(&self.inner)
+    }
 }
 
 #[pymethods]
@@ -133,7 +141,9 @@ impl PyGgufFile {
     #[new]
     fn py_new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
         let inner = open_with(py, move || GgufFile::open(path))?;
-        Ok(PyGgufFile { inner })
+        Ok(PyGgufFile {
+            inner: Arc::new(inner),
+        })
     }
 
     /// The path the file was opened with.
@@ -264,7 +274,14 @@ impl PySafetensorsFile {
 #[pyclass(name = "SafetensorsModel", module = "poot._native", frozen)]
 #[derive(Debug)]
 pub struct PySafetensorsModel {
-    inner: SafetensorsModel,
+    inner: Arc<SafetensorsModel>,
+}
+
+impl PySafetensorsModel {
+    /// The shared checkpoint, for weight stores that must outlive this Python object.
+    pub(crate) fn shared(&self) -> Arc<SafetensorsModel> {
+        Arc::clone(&self.inner)
+    }
 }
 
 #[pymethods]
@@ -272,7 +289,9 @@ impl PySafetensorsModel {
     #[new]
     fn py_new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
         let inner = open_with(py, move || SafetensorsModel::open(path))?;
-        Ok(PySafetensorsModel { inner })
+        Ok(PySafetensorsModel {
+            inner: Arc::new(inner),
+        })
     }
 
     /// The files' paths, in shard order.

@@ -1,0 +1,264 @@
+//! Python classes over poot-runtime: `CpuRuntime` and `Plan`.
+//!
+//! Invariants: compile and run release the GIL (`gil::without_gil`) and every run carries a
+//! `Deadline` (`timeout_s`, 600 s by default); a miss is a `DeviceTimeoutError` and poisons the
+//! runtime. Inputs are numpy arrays of exactly float32 or int32 (no silent casts: a float64
+//! array is a `GraphInputError`); they are copied once into host tensors. Outputs become numpy
+//! arrays that own the runtime's buffers (no copy). The binding is written against
+//! `Arc<dyn Runtime>`, so every backend shares it; only construction differs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use numpy::ndarray::{ArrayD, IxDyn};
+use numpy::{IntoPyArray, PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods};
+use poot_core::Deadline;
+use poot_runtime::{CompiledPlan, Health, HostTensor, KvCacheConfig, Runtime, RuntimeError};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::errors::runtime_error;
+use crate::gil::without_gil;
+use crate::graph::PyGraph;
+use crate::limits::{compile_limits, PyCompileLimits};
+use crate::weights::PyWeights;
+
+/// Registers the classes of this module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyCpuRuntime>()?;
+    m.add_class::<PyPlan>()?;
+    Ok(())
+}
+
+/// The CPU backend. `threads` None means one per available core.
+fn new_cpu_runtime(threads: Option<usize>) -> Result<Arc<dyn Runtime>, RuntimeError> {
+    let options = poot_cpu::CpuOptions {
+        threads: threads.unwrap_or(0),
+        ..poot_cpu::CpuOptions::default()
+    };
+    Ok(Arc::new(poot_cpu::CpuRuntime::new(options)?))
+}
+
+/// A graph compiled for one runtime.
+#[pyclass(name = "Plan", module = "poot._native", frozen)]
+#[derive(Debug)]
+pub struct PyPlan {
+    inner: Arc<dyn CompiledPlan>,
+}
+
+#[pymethods]
+impl PyPlan {
+    /// Bytes the plan holds (schedule, buffers, generated code).
+    #[getter]
+    fn artifact_bytes(&self) -> u64 {
+        self.inner.artifact_bytes()
+    }
+
+    /// The graph after the backend's passes.
+    #[getter]
+    fn graph(&self) -> PyGraph {
+        PyGraph::new(self.inner.graph().clone())
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Plan(n_equations={}, artifact_bytes={})",
+            self.inner.graph().equations.len(),
+            self.inner.artifact_bytes()
+        )
+    }
+}
+
+fn input_error(py: Python<'_>, name: &str, got: String) -> PyErr {
+    runtime_error(
+        py,
+        RuntimeError::InputMismatch {
+            name: name.to_owned(),
+            expected: "a float32 or int32 numpy array".into(),
+            got,
+        },
+    )
+}
+
+/// One numpy array as a host tensor (a copy; any memory layout).
+fn host_tensor(py: Python<'_>, name: &str, value: &Bound<'_, PyAny>) -> PyResult<HostTensor> {
+    if let Ok(a) = value.downcast::<PyArrayDyn<f32>>() {
+        let r = a.readonly();
+        let shape = r.shape().to_vec();
+        let data = match r.as_slice() {
+            Ok(s) => s.to_vec(),
+            Err(_) => r.as_array().iter().copied().collect(),
+        };
+        return Ok(HostTensor::F32 { shape, data });
+    }
+    if let Ok(a) = value.downcast::<PyArrayDyn<i32>>() {
+        let r = a.readonly();
+        let shape = r.shape().to_vec();
+        let data = match r.as_slice() {
+            Ok(s) => s.to_vec(),
+            Err(_) => r.as_array().iter().copied().collect(),
+        };
+        return Ok(HostTensor::I32 { shape, data });
+    }
+    let got = match value.getattr("dtype") {
+        Ok(d) => format!("an array of {}", d.str()?),
+        Err(_) => value.get_type().name()?.to_string(),
+    };
+    Err(input_error(py, name, got))
+}
+
+/// A host tensor as a numpy array that owns its buffer.
+fn to_numpy(py: Python<'_>, t: HostTensor) -> PyResult<Bound<'_, PyAny>> {
+    let bad = |e: numpy::ndarray::ShapeError| PyValueError::new_err(e.to_string());
+    Ok(match t {
+        HostTensor::F32 { shape, data } => ArrayD::from_shape_vec(IxDyn(&shape), data)
+            .map_err(bad)?
+            .into_pyarray(py)
+            .into_any(),
+        HostTensor::I32 { shape, data } => ArrayD::from_shape_vec(IxDyn(&shape), data)
+            .map_err(bad)?
+            .into_pyarray(py)
+            .into_any(),
+    })
+}
+
+/// The CPU runtime: compiles traced graphs and runs them, multi-threaded, with bounded waits.
+#[pyclass(name = "CpuRuntime", module = "poot._native", frozen)]
+pub struct PyCpuRuntime {
+    inner: Arc<dyn Runtime>,
+}
+
+impl std::fmt::Debug for PyCpuRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuRuntime")
+            .field("name", &self.inner.name())
+            .finish()
+    }
+}
+
+#[pymethods]
+impl PyCpuRuntime {
+    #[new]
+    #[pyo3(signature = (threads=None))]
+    fn py_new(py: Python<'_>, threads: Option<usize>) -> PyResult<Self> {
+        let inner =
+            without_gil(py, move || new_cpu_runtime(threads))?.map_err(|e| runtime_error(py, e))?;
+        Ok(PyCpuRuntime { inner })
+    }
+
+    /// The backend's name.
+    #[getter]
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    /// Compiles a traced graph against `weights` under `limits` (GIL released).
+    #[pyo3(signature = (graph, weights, limits=None))]
+    fn compile(
+        &self,
+        py: Python<'_>,
+        graph: &PyGraph,
+        weights: &PyWeights,
+        limits: Option<&PyCompileLimits>,
+    ) -> PyResult<PyPlan> {
+        let limits = compile_limits(limits);
+        let (rt, g, store) = (
+            self.inner.clone(),
+            graph.inner.clone(),
+            weights.store.clone(),
+        );
+        let plan = without_gil(py, move || rt.compile(&g, store, &limits))?
+            .map_err(|e| runtime_error(py, e))?;
+        Ok(PyPlan { inner: plan })
+    }
+
+    /// Allocates (or replaces) the paged KV pool: per layer, K and V of
+    /// `[num_blocks, block_size, n_kv_heads, head_dim]` f32.
+    #[pyo3(signature = (*, n_layers, n_kv_heads, head_dim, block_size, num_blocks))]
+    fn configure_kv(
+        &self,
+        py: Python<'_>,
+        n_layers: u32,
+        n_kv_heads: u32,
+        head_dim: u32,
+        block_size: u32,
+        num_blocks: u32,
+    ) -> PyResult<()> {
+        let cfg = KvCacheConfig {
+            n_layers,
+            n_kv_heads,
+            head_dim,
+            block_size,
+            num_blocks,
+        };
+        let rt = self.inner.clone();
+        without_gil(py, move || rt.configure_kv(cfg))?.map_err(|e| runtime_error(py, e))
+    }
+
+    /// Runs a plan on named numpy inputs (float32 or int32) within `timeout_s` seconds;
+    /// returns the graph's named outputs as numpy arrays (GIL released while it runs).
+    #[pyo3(signature = (plan, inputs, timeout_s=600.0))]
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        plan: &PyPlan,
+        inputs: &Bound<'py, PyDict>,
+        timeout_s: f64,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        if !(timeout_s.is_finite() && timeout_s >= 0.0) {
+            return Err(PyValueError::new_err(format!(
+                "timeout_s must be finite and >= 0, got {timeout_s}"
+            )));
+        }
+        let mut names = Vec::with_capacity(inputs.len());
+        let mut tensors = Vec::with_capacity(inputs.len());
+        for (k, v) in inputs.iter() {
+            let name: String = k.extract()?;
+            tensors.push(host_tensor(py, &name, &v)?);
+            names.push(name);
+        }
+        let (rt, p) = (self.inner.clone(), plan.inner.clone());
+        let deadline = Deadline::after(Duration::from_secs_f64(timeout_s));
+        let outputs = without_gil(py, move || {
+            let named: Vec<(&str, HostTensor)> =
+                names.iter().map(String::as_str).zip(tensors).collect();
+            rt.run(p.as_ref(), &named, deadline)
+        })?
+        .map_err(|e| runtime_error(py, e))?;
+        let d = PyDict::new(py);
+        for (name, t) in outputs {
+            d.set_item(name, to_numpy(py, t)?)?;
+        }
+        Ok(d)
+    }
+
+    /// Bytes the runtime holds: `{"kv_bytes": ..., "scratch_bytes": ...}`.
+    fn memory<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let m = self.inner.memory();
+        let d = PyDict::new(py);
+        d.set_item("kv_bytes", m.kv_bytes)?;
+        d.set_item("scratch_bytes", m.scratch_bytes)?;
+        Ok(d)
+    }
+
+    /// `{"status": "ok"}` or `{"status": "poisoned", "reason": ...}`.
+    fn health<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        match self.inner.health() {
+            Health::Ok => {
+                d.set_item("status", "ok")?;
+                d.set_item("reason", py.None())?;
+            }
+            Health::Poisoned { reason } => {
+                d.set_item("status", "poisoned")?;
+                d.set_item("reason", reason)?;
+            }
+        }
+        Ok(d)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("CpuRuntime(name={:?})", self.inner.name())
+    }
+}

@@ -1,0 +1,482 @@
+//! `Tracer` and `Value`: model definitions record a step's graph op by op.
+//!
+//! Invariants: every call goes straight to `poot_graph::Tracer`, which checks operands and
+//! budgets before recording anything, so a refused call leaves the trace unchanged. A `Value`
+//! belongs to the tracer that made it; passing it to another tracer is a `TraceError` (kind
+//! `"bad_value"`), never a silent mix-up of ids. Tracing costs no GIL release: each call is a few
+//! checks and one push.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use poot_core::DType;
+use poot_graph::{
+    AttentionConfig, AttentionMeta, RopeConfig, RopeScaling, RopeStyle, SampleInputs, Tracer,
+    ValueId, ValueInfo,
+};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use crate::errors::{trace_error, trace_error_kind};
+use crate::graph::PyGraph;
+use crate::limits::PyTraceLimits;
+use crate::weights::PyWeights;
+
+/// A value in a trace: its id, dtype and shape. Only the tracer that made it accepts it.
+#[pyclass(name = "Value", module = "poot._native", frozen)]
+#[derive(Clone, Debug)]
+pub struct PyValue {
+    trace: u64,
+    #[pyo3(get)]
+    id: u32,
+    #[pyo3(get)]
+    dtype: &'static str,
+    shape: Vec<usize>,
+}
+
+#[pymethods]
+impl PyValue {
+    /// Row-major shape, outermost first.
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, &self.shape)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Value(%{}: {}{:?})", self.id, self.dtype, self.shape)
+    }
+}
+
+static NEXT_TRACE: AtomicU64 = AtomicU64::new(1);
+
+/// Records one step's graph; every call checks operands and the `TraceLimits` budget.
+#[pyclass(name = "Tracer", module = "poot._native")]
+pub struct PyTracer {
+    id: u64,
+    inner: Option<Tracer>,
+}
+
+impl std::fmt::Debug for PyTracer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tracer")
+            .field("id", &self.id)
+            .field("inner", &self.inner)
+            .finish()
+    }
+}
+
+fn parse_dtype(py: Python<'_>, dtype: &str) -> PyResult<DType> {
+    match dtype.to_ascii_lowercase().as_str() {
+        "f32" | "float32" => Ok(DType::F32),
+        "i32" | "int32" => Ok(DType::I32),
+        _ => Err(trace_error_kind(
+            py,
+            "shape",
+            Some("input"),
+            None,
+            format!("input: dtype must be \"f32\" or \"i32\", got {dtype:?}"),
+        )),
+    }
+}
+
+fn dict_f32(d: &Bound<'_, PyDict>, key: &str, default: Option<f32>) -> PyResult<f32> {
+    match d.get_item(key)? {
+        Some(v) => v.extract(),
+        None => default.ok_or_else(|| {
+            pyo3::exceptions::PyKeyError::new_err(format!("rope scaling needs {key:?}"))
+        }),
+    }
+}
+
+fn parse_scaling(py: Python<'_>, scaling: Option<&Bound<'_, PyDict>>) -> PyResult<RopeScaling> {
+    let Some(d) = scaling else {
+        return Ok(RopeScaling::None);
+    };
+    let kind: String = match d.get_item("type")? {
+        Some(v) => v.extract()?,
+        None => "none".to_owned(),
+    };
+    let bad = |message: String| trace_error_kind(py, "shape", Some("rope"), None, message);
+    let wrap = |e: PyErr| bad(format!("rope scaling {kind:?}: {e}"));
+    match kind.as_str() {
+        "none" | "default" => Ok(RopeScaling::None),
+        "linear" => Ok(RopeScaling::Linear {
+            factor: dict_f32(d, "factor", None).map_err(wrap)?,
+        }),
+        "llama3" => {
+            let orig = match d.get_item("original_max_position")? {
+                Some(v) => Some(v),
+                None => d.get_item("original_max_position_embeddings")?,
+            };
+            let original_max_position: u32 = match orig {
+                Some(v) => v.extract().map_err(wrap)?,
+                None => {
+                    return Err(bad(
+                        "rope scaling \"llama3\" needs original_max_position".into()
+                    ))
+                }
+            };
+            Ok(RopeScaling::Llama3 {
+                factor: dict_f32(d, "factor", None).map_err(wrap)?,
+                low_freq_factor: dict_f32(d, "low_freq_factor", Some(1.0)).map_err(wrap)?,
+                high_freq_factor: dict_f32(d, "high_freq_factor", Some(4.0)).map_err(wrap)?,
+                original_max_position,
+            })
+        }
+        other => Err(bad(format!(
+            "rope scaling type {other:?} is not supported (none, linear, llama3)"
+        ))),
+    }
+}
+
+impl PyTracer {
+    fn tracer(&mut self, py: Python<'_>) -> PyResult<&mut Tracer> {
+        self.inner.as_mut().ok_or_else(|| {
+            trace_error_kind(
+                py,
+                "finished",
+                None,
+                None,
+                "the tracer is finished; start a new one".into(),
+            )
+        })
+    }
+
+    fn vid(&self, py: Python<'_>, v: &PyValue) -> PyResult<ValueId> {
+        if v.trace != self.id {
+            return Err(trace_error_kind(
+                py,
+                "bad_value",
+                None,
+                None,
+                format!("value %{} belongs to another tracer", v.id),
+            ));
+        }
+        Ok(ValueId(v.id))
+    }
+
+    fn value(&self, id: ValueId, info: &ValueInfo) -> PyValue {
+        PyValue {
+            trace: self.id,
+            id: id.0,
+            dtype: info.dtype.name(),
+            shape: info.shape.clone(),
+        }
+    }
+
+    /// Runs one tracer call and wraps the new value.
+    fn rec(
+        &mut self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut Tracer) -> Result<ValueId, poot_graph::TraceError>,
+    ) -> PyResult<PyValue> {
+        let t = self.tracer(py)?;
+        let id = f(t).map_err(|e| trace_error(py, e))?;
+        let info = t.info(id).map_err(|e| trace_error(py, e))?.clone();
+        Ok(self.value(id, &info))
+    }
+
+    fn unary(
+        &mut self,
+        py: Python<'_>,
+        x: &PyValue,
+        f: fn(&mut Tracer, ValueId) -> Result<ValueId, poot_graph::TraceError>,
+    ) -> PyResult<PyValue> {
+        let x = self.vid(py, x)?;
+        self.rec(py, |t| f(t, x))
+    }
+
+    fn binary(
+        &mut self,
+        py: Python<'_>,
+        a: &PyValue,
+        b: &PyValue,
+        f: fn(&mut Tracer, ValueId, ValueId) -> Result<ValueId, poot_graph::TraceError>,
+    ) -> PyResult<PyValue> {
+        let (a, b) = (self.vid(py, a)?, self.vid(py, b)?);
+        self.rec(py, |t| f(t, a, b))
+    }
+}
+
+#[pymethods]
+impl PyTracer {
+    /// Starts a trace of one step of `step_tokens` tokens against `weights`.
+    #[new]
+    #[pyo3(signature = (weights, step_tokens, limits=None))]
+    fn py_new(
+        py: Python<'_>,
+        weights: &PyWeights,
+        step_tokens: usize,
+        limits: Option<&PyTraceLimits>,
+    ) -> PyResult<Self> {
+        let limits = limits.map(|l| l.inner).unwrap_or_default();
+        let inner = Tracer::new(limits, step_tokens, weights.catalog.clone())
+            .map_err(|e| trace_error(py, e))?;
+        Ok(PyTracer {
+            id: NEXT_TRACE.fetch_add(1, Ordering::Relaxed),
+            inner: Some(inner),
+        })
+    }
+
+    /// Tokens in the step being traced.
+    #[getter]
+    fn step_tokens(&mut self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.tracer(py)?.step_tokens())
+    }
+
+    #[getter]
+    fn limits(&mut self, py: Python<'_>) -> PyResult<PyTraceLimits> {
+        Ok(PyTraceLimits {
+            inner: *self.tracer(py)?.limits(),
+        })
+    }
+
+    /// Running totals: values, equations, literal_bytes, records.
+    fn usage<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let u = self.tracer(py)?.usage();
+        let d = PyDict::new(py);
+        d.set_item("values", u.values)?;
+        d.set_item("equations", u.equations)?;
+        d.set_item("literal_bytes", u.literal_bytes)?;
+        d.set_item("records", u.records)?;
+        Ok(d)
+    }
+
+    /// A runtime input fed by name at every run; dtype "f32" or "i32".
+    fn input(
+        &mut self,
+        py: Python<'_>,
+        name: &str,
+        dtype: &str,
+        shape: Vec<usize>,
+    ) -> PyResult<PyValue> {
+        let dtype = parse_dtype(py, dtype)?;
+        self.rec(py, |t| t.input(name, dtype, shape))
+    }
+
+    /// A handle to a stored tensor; the same name gives the same value.
+    fn weight(&mut self, py: Python<'_>, name: &str) -> PyResult<PyValue> {
+        self.rec(py, |t| t.weight(name))
+    }
+
+    /// True when the checkpoint has a tensor of this name.
+    fn has_weight(&mut self, py: Python<'_>, name: &str) -> PyResult<bool> {
+        Ok(self.tracer(py)?.has_weight(name))
+    }
+
+    /// A small f32 constant; its size is checked against the budget before it is converted.
+    fn literal(
+        &mut self,
+        py: Python<'_>,
+        data: &Bound<'_, PyAny>,
+        shape: Vec<usize>,
+    ) -> PyResult<PyValue> {
+        let n = data.len()?;
+        self.tracer(py)?
+            .check_literal(n)
+            .map_err(|e| trace_error(py, e))?;
+        let values: Vec<f32> = data.extract()?;
+        self.rec(py, |t| t.literal(&values, shape))
+    }
+
+    /// Rows of a stored table [V, D] picked by ids [T] -> [T, D].
+    fn embedding(&mut self, py: Python<'_>, table: &PyValue, ids: &PyValue) -> PyResult<PyValue> {
+        self.binary(py, table, ids, Tracer::embedding)
+    }
+
+    /// RMS norm over the last dim of `x`, times `weight` [D].
+    #[pyo3(signature = (x, weight, eps))]
+    fn rms_norm(
+        &mut self,
+        py: Python<'_>,
+        x: &PyValue,
+        weight: &PyValue,
+        eps: f32,
+    ) -> PyResult<PyValue> {
+        let (x, w) = (self.vid(py, x)?, self.vid(py, weight)?);
+        self.rec(py, |t| t.rms_norm(x, w, eps))
+    }
+
+    /// `x` [T, K] times a stored weight [N, K] -> [T, N].
+    fn matmul(&mut self, py: Python<'_>, x: &PyValue, w: &PyValue) -> PyResult<PyValue> {
+        self.binary(py, x, w, Tracer::matmul)
+    }
+
+    /// Elementwise; `b` is `a`'s shape or one row broadcast over `a`'s rows.
+    fn add(&mut self, py: Python<'_>, a: &PyValue, b: &PyValue) -> PyResult<PyValue> {
+        self.binary(py, a, b, Tracer::add)
+    }
+
+    /// Elementwise, broadcasting like `add`.
+    fn mul(&mut self, py: Python<'_>, a: &PyValue, b: &PyValue) -> PyResult<PyValue> {
+        self.binary(py, a, b, Tracer::mul)
+    }
+
+    fn silu(&mut self, py: Python<'_>, x: &PyValue) -> PyResult<PyValue> {
+        self.unary(py, x, Tracer::silu)
+    }
+
+    /// tanh approximation.
+    fn gelu(&mut self, py: Python<'_>, x: &PyValue) -> PyResult<PyValue> {
+        self.unary(py, x, Tracer::gelu)
+    }
+
+    /// Over the last dim.
+    fn softmax(&mut self, py: Python<'_>, x: &PyValue) -> PyResult<PyValue> {
+        self.unary(py, x, Tracer::softmax)
+    }
+
+    /// Rotates `x` [T, n_heads * head_dim] by `positions` [T].
+    ///
+    /// `style` is "interleaved" (GPT-J pairs 2i, 2i+1) or "neox" (pairs i, i + rot_dim/2);
+    /// `scaling` is None, {"type": "linear", "factor": f} or {"type": "llama3", "factor",
+    /// "low_freq_factor", "high_freq_factor", "original_max_position"}.
+    #[pyo3(signature = (x, positions, *, n_heads, head_dim, rot_dim=None, theta=10000.0, style="neox", scaling=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn rope(
+        &mut self,
+        py: Python<'_>,
+        x: &PyValue,
+        positions: &PyValue,
+        n_heads: u32,
+        head_dim: u32,
+        rot_dim: Option<u32>,
+        theta: f32,
+        style: &str,
+        scaling: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<PyValue> {
+        let style = match style {
+            "interleaved" | "normal" | "gptj" => RopeStyle::Interleaved,
+            "neox" => RopeStyle::NeoX,
+            other => {
+                return Err(trace_error_kind(
+                    py,
+                    "shape",
+                    Some("rope"),
+                    None,
+                    format!("rope: style must be \"interleaved\" or \"neox\", got {other:?}"),
+                ))
+            }
+        };
+        let cfg = RopeConfig {
+            n_heads,
+            head_dim,
+            rot_dim: rot_dim.unwrap_or(head_dim),
+            theta,
+            style,
+            scaling: parse_scaling(py, scaling)?,
+        };
+        let (x, p) = (self.vid(py, x)?, self.vid(py, positions)?);
+        self.rec(py, |t| t.rope(x, p, cfg))
+    }
+
+    /// Causal grouped-query attention over the paged KV cache of `layer`, writing this step's
+    /// k/v into their slots first. `scale` defaults to 1/sqrt(head_dim).
+    #[pyo3(signature = (q, k, v, *, slot_mapping, token_seq, positions, block_tables, layer, n_heads, n_kv_heads, head_dim, scale=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn paged_attention(
+        &mut self,
+        py: Python<'_>,
+        q: &PyValue,
+        k: &PyValue,
+        v: &PyValue,
+        slot_mapping: &PyValue,
+        token_seq: &PyValue,
+        positions: &PyValue,
+        block_tables: &PyValue,
+        layer: u32,
+        n_heads: u32,
+        n_kv_heads: u32,
+        head_dim: u32,
+        scale: Option<f32>,
+    ) -> PyResult<PyValue> {
+        let meta = AttentionMeta {
+            slot_mapping: self.vid(py, slot_mapping)?,
+            token_seq: self.vid(py, token_seq)?,
+            positions: self.vid(py, positions)?,
+            block_tables: self.vid(py, block_tables)?,
+        };
+        let cfg = AttentionConfig {
+            layer,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            scale: scale.unwrap_or_else(|| 1.0 / (head_dim.max(1) as f32).sqrt()),
+        };
+        let (q, k, v) = (self.vid(py, q)?, self.vid(py, k)?, self.vid(py, v)?);
+        self.rec(py, |t| t.paged_attention(q, k, v, meta, cfg))
+    }
+
+    fn reshape(&mut self, py: Python<'_>, x: &PyValue, shape: Vec<usize>) -> PyResult<PyValue> {
+        let x = self.vid(py, x)?;
+        self.rec(py, |t| t.reshape(x, shape))
+    }
+
+    /// `x[.., start:end, ..]` along `axis`.
+    fn slice(
+        &mut self,
+        py: Python<'_>,
+        x: &PyValue,
+        axis: usize,
+        start: usize,
+        end: usize,
+    ) -> PyResult<PyValue> {
+        let x = self.vid(py, x)?;
+        self.rec(py, |t| t.slice(x, axis, start, end))
+    }
+
+    fn concat(
+        &mut self,
+        py: Python<'_>,
+        xs: Vec<PyRef<'_, PyValue>>,
+        axis: usize,
+    ) -> PyResult<PyValue> {
+        let ids = xs
+            .iter()
+            .map(|x| self.vid(py, x))
+            .collect::<PyResult<Vec<_>>>()?;
+        self.rec(py, |t| t.concat(&ids, axis))
+    }
+
+    /// Rows of `x` [T, D] picked by `rows` [R] -> [R, D].
+    fn gather_rows(&mut self, py: Python<'_>, x: &PyValue, rows: &PyValue) -> PyResult<PyValue> {
+        self.binary(py, x, rows, Tracer::gather_rows)
+    }
+
+    /// One token id per row of `logits` [S, V] -> [S] i32, from per-row inputs.
+    #[pyo3(signature = (logits, *, temperature, top_k, top_p, uniform))]
+    fn sample(
+        &mut self,
+        py: Python<'_>,
+        logits: &PyValue,
+        temperature: &PyValue,
+        top_k: &PyValue,
+        top_p: &PyValue,
+        uniform: &PyValue,
+    ) -> PyResult<PyValue> {
+        let params = SampleInputs {
+            temperature: self.vid(py, temperature)?,
+            top_k: self.vid(py, top_k)?,
+            top_p: self.vid(py, top_p)?,
+            uniform: self.vid(py, uniform)?,
+        };
+        let l = self.vid(py, logits)?;
+        self.rec(py, |t| t.sample(l, params))
+    }
+
+    /// Names `v` as a graph output.
+    fn output(&mut self, py: Python<'_>, name: &str, v: &PyValue) -> PyResult<()> {
+        let v = self.vid(py, v)?;
+        self.tracer(py)?
+            .output(name, v)
+            .map_err(|e| trace_error(py, e))
+    }
+
+    /// The finished graph; the tracer accepts no further calls.
+    fn finish(&mut self, py: Python<'_>) -> PyResult<PyGraph> {
+        self.tracer(py)?;
+        let t = self.inner.take().expect("checked above");
+        Ok(PyGraph {
+            inner: std::sync::Arc::new(t.finish()),
+        })
+    }
+}

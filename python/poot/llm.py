@@ -1,0 +1,399 @@
+"""``poot.LLM``: offline generation in the shape users know from vLLM.
+
+``LLM(model)`` resolves the checkpoint, picks its model definition, maps its weights (packed
+stays packed) and configures a CPU runtime with a paged KV pool. ``generate`` runs any number of
+prompts: each prompt is prefilled in chunks of at most ``max_step_tokens`` (chunked prefill is
+the only prefill path), then every running sequence decodes together, one token per step, the
+sampling done by the last node of the decode graph. ``logits`` is the one path that brings full
+logits to the host.
+
+Invariants:
+    - A request reserves KV blocks for its whole length (prompt + max_tokens, capped by
+      ``max_model_len``) before it starts, so it never runs out mid-way; every block returns to
+      the pool when the request ends, however it ends (finish, error, a closed stream).
+    - Runs are reproducible: a request's random draws come from ``numpy.random.Generator(seed)``
+      and do not depend on which other requests share its steps.
+    - An ``LLM`` is not thread-safe; use one per thread (or the server, later).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from poot import _native
+from poot.checkpoints import ModelFiles, resolve_model_files
+from poot.errors import ConfigError, ContextLengthError, GraphInputError
+from poot.models import model_definition
+from poot.outputs import CompletionOutput, RequestOutput
+from poot.runner import BlockAllocator, StepEntry, StepRunner
+from poot.sampling import SamplingParams
+from poot.tokenizer import Tokenizer, TokenStream, load_tokenizer
+
+__all__ = ["LLM", "PromptType"]
+
+PromptType = str | Sequence[int]
+
+# Default KV pool: room for this many bytes (at least one full-length sequence).
+_DEFAULT_KV_BYTES = 256 << 20
+_DEFAULT_MAX_MODEL_LEN = 4096
+
+
+def _make_runtime(threads: int | None) -> _native.CpuRuntime:
+    """The runtime an ``LLM`` runs on (tests substitute a reference interpreter here)."""
+    return _native.CpuRuntime(threads)
+
+
+@dataclass
+class _Request:
+    index: int
+    prompt: str | None
+    prompt_ids: list[int]
+    params: SamplingParams
+    rng: np.random.Generator
+    stream: TokenStream
+    out: list[int] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.out)
+
+
+class LLM:
+    """A model ready to generate.
+
+    Args:
+        model: a model spec (a .gguf file, a HF directory, a hub id; None for the default).
+        threads: CPU threads (None: one per core).
+        max_model_len: most tokens (prompt + generated) per sequence; default the model's
+            context length, at most 4096.
+        block_size: tokens per KV block.
+        num_blocks: KV blocks in the pool; default enough for 256 MiB of KV, at least one
+            ``max_model_len`` sequence.
+        max_step_tokens: most tokens in one step (prefill chunk size).
+        max_num_seqs: most sequences decoding together.
+        trace_limits: budgets for tracing each step graph.
+        compile_limits: budgets for compiling each step graph.
+        timeout_s: the deadline of each step on the device.
+
+    Raises:
+        ModelNotFoundError, CheckpointFormatError: the model cannot be resolved or opened.
+        UnsupportedArchitectureError: poot has no definition for the model's architecture.
+        ConfigError: a setting is out of range.
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | None = None,
+        *,
+        threads: int | None = None,
+        max_model_len: int | None = None,
+        block_size: int = 16,
+        num_blocks: int | None = None,
+        max_step_tokens: int = 256,
+        max_num_seqs: int = 8,
+        trace_limits: _native.TraceLimits | None = None,
+        compile_limits: _native.CompileLimits | None = None,
+        timeout_s: float = 600.0,
+    ) -> None:
+        self.files: ModelFiles = resolve_model_files(model)
+        self.tokenizer: Tokenizer = load_tokenizer(self.files)
+        self.definition = model_definition(self.files)
+        h = self.files.hparams
+        trace_limits = trace_limits or _native.TraceLimits()
+        compile_limits = compile_limits or _native.CompileLimits()
+        for name, value in (
+            ("block_size", block_size),
+            ("max_step_tokens", max_step_tokens),
+            ("max_num_seqs", max_num_seqs),
+        ):
+            if value < 1:
+                raise ConfigError(f"{name} must be >= 1, got {value}")
+        if max_step_tokens > trace_limits.max_tokens:
+            raise ConfigError(
+                f"max_step_tokens={max_step_tokens} exceeds trace_limits.max_tokens="
+                f"{trace_limits.max_tokens}"
+            )
+        if max_model_len is None:
+            max_model_len = min(h.context_length, _DEFAULT_MAX_MODEL_LEN)
+        if not 2 <= max_model_len <= h.context_length:
+            raise ConfigError(
+                f"max_model_len must be in 2..{h.context_length} (the model's context), "
+                f"got {max_model_len}"
+            )
+        blocks_per_seq = -(-max_model_len // block_size)
+        if num_blocks is None:
+            block_bytes = 2 * 4 * h.n_layers * h.n_kv_heads * h.head_dim * block_size
+            num_blocks = max(
+                blocks_per_seq,
+                min(_DEFAULT_KV_BYTES // block_bytes, blocks_per_seq * max_num_seqs),
+            )
+        if num_blocks < 1:
+            raise ConfigError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.max_model_len = max_model_len
+        self.max_num_seqs = max_num_seqs
+        self.block_size = block_size
+        self.eos_ids = frozenset(self.tokenizer.eos_ids) | frozenset(h.eos_token_ids)
+        source = self.files.gguf if self.files.gguf is not None else self.files.safetensors
+        assert source is not None
+        self.weights = _native.Weights(source)
+        self.runtime = _make_runtime(threads)
+        self.allocator = BlockAllocator(num_blocks)
+        self.runner = StepRunner(
+            self.definition,
+            self.weights,
+            self.runtime,
+            block_size=block_size,
+            num_blocks=num_blocks,
+            max_step_tokens=max_step_tokens,
+            trace_limits=trace_limits,
+            compile_limits=compile_limits,
+            timeout_s=timeout_s,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"LLM(model={str(self.files.path)!r}, max_model_len={self.max_model_len}, "
+            f"num_blocks={self.allocator.num_blocks}, block_size={self.block_size})"
+        )
+
+    # ---- prompts and requests -------------------------------------------------------------
+
+    def _prompt_ids(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+            text: str | None = prompt
+        else:
+            ids = [int(i) for i in prompt]
+            text = None
+        vocab = self.files.hparams.vocab_size
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise GraphInputError(
+                f"token id {bad[0]} is out of range for a vocabulary of {vocab}",
+                name="ids",
+                got=str(bad[0]),
+            )
+        if not ids:
+            raise ContextLengthError("the prompt has no tokens", needed=0, limit=self.max_model_len)
+        if len(ids) >= self.max_model_len:
+            raise ContextLengthError(
+                f"the prompt has {len(ids)} tokens; max_model_len={self.max_model_len} leaves "
+                "no room to generate",
+                needed=len(ids) + 1,
+                limit=self.max_model_len,
+            )
+        return text, ids
+
+    def _request(self, index: int, prompt: PromptType, params: SamplingParams) -> _Request:
+        text, ids = self._prompt_ids(prompt)
+        return _Request(
+            index=index,
+            prompt=text,
+            prompt_ids=ids,
+            params=params,
+            rng=np.random.default_rng(params.seed),
+            stream=self.tokenizer.stream(context=ids),
+        )
+
+    @staticmethod
+    def _normalize_prompts(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
+        if isinstance(prompts, str):
+            return [prompts]
+        items = list(prompts)
+        if items and all(isinstance(p, int | np.integer) for p in items):
+            return [items]  # type: ignore[list-item]
+        return items  # type: ignore[return-value]
+
+    # ---- the step loop --------------------------------------------------------------------
+
+    def _reserve(self, req: _Request) -> bool:
+        total = min(len(req.prompt_ids) + req.params.max_tokens, self.max_model_len)
+        need = -(-total // self.block_size)
+        if need > self.allocator.num_blocks:
+            raise ContextLengthError(
+                f"a request of {total} tokens needs {need} KV blocks; the pool has "
+                f"{self.allocator.num_blocks}",
+                needed=total,
+                limit=self.allocator.num_blocks * self.block_size,
+            )
+        blocks = self.allocator.allocate(need)
+        if blocks is None:
+            return False
+        req.blocks = blocks
+        return True
+
+    def _release(self, req: _Request) -> None:
+        if req.blocks:
+            self.allocator.free(req.blocks)
+            req.blocks = []
+
+    def _entry(self, req: _Request, tokens: Sequence[int], start: int) -> StepEntry:
+        p = req.params
+        return StepEntry(
+            block_table=req.blocks,
+            tokens=tokens,
+            start=start,
+            temperature=float(p.temperature),
+            top_k=max(p.top_k, 0),
+            top_p=float(p.top_p),
+            uniform=float(req.rng.random(dtype=np.float32)),
+        )
+
+    def _chunks(self, ids: Sequence[int]) -> Iterator[tuple[int, Sequence[int]]]:
+        step = self.runner.max_step_tokens
+        for start in range(0, len(ids), step):
+            yield start, ids[start : start + step]
+
+    def _prefill(self, req: _Request) -> int:
+        token = -1
+        for start, chunk in self._chunks(req.prompt_ids):
+            token = int(self.runner.run([self._entry(req, chunk, start)])[0])
+        return token
+
+    def _accept(self, req: _Request, token: int) -> str:
+        """Appends a sampled token; returns the text it completes and sets finish_reason."""
+        req.out.append(token)
+        p = req.params
+        stops = (not p.ignore_eos and token in self.eos_ids) or token in p.stop_ids
+        if stops:
+            req.finish_reason = "stop"
+            delta = req.stream.flush()
+        else:
+            delta = req.stream.push(token)
+            if len(req.out) >= p.max_tokens or req.length >= self.max_model_len:
+                req.finish_reason = "length"
+                delta += req.stream.flush()
+        if delta:
+            req.text.append(delta)
+        return delta
+
+    def _run(self, requests: Sequence[_Request]) -> Iterator[tuple[_Request, str]]:
+        """Runs requests to completion, yielding each accepted token's text delta."""
+        waiting = deque(requests)
+        running: list[_Request] = []
+        try:
+            while waiting or running:
+                while waiting and len(running) < self.max_num_seqs and self._reserve(waiting[0]):
+                    req = waiting.popleft()
+                    yield req, self._accept(req, self._prefill(req))
+                    if req.finish_reason is None:
+                        running.append(req)
+                    else:
+                        self._release(req)
+                if not running:
+                    continue
+                entries = [self._entry(r, [r.out[-1]], r.length - 1) for r in running]
+                tokens = self.runner.run(entries)
+                for req, tok in zip(running, tokens, strict=True):
+                    yield req, self._accept(req, int(tok))
+                for req in running:
+                    if req.finish_reason is not None:
+                        self._release(req)
+                running = [r for r in running if r.finish_reason is None]
+        finally:
+            for req in requests:
+                self._release(req)
+
+    # ---- public API -----------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Generates a completion for each prompt.
+
+        Args:
+            prompts: a prompt (text or token ids) or a list of prompts.
+            sampling_params: one ``SamplingParams`` for all prompts, or one per prompt;
+                None means ``SamplingParams()``.
+
+        Returns:
+            One ``RequestOutput`` per prompt, in order.
+
+        Raises:
+            ContextLengthError: a prompt is empty or does not fit ``max_model_len``.
+            GraphInputError: a token id is outside the vocabulary.
+        """
+        items = self._normalize_prompts(prompts)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params or SamplingParams()] * len(items)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(items):
+                raise ValueError(
+                    f"{len(params)} sampling params for {len(items)} prompts; give one or "
+                    "one per prompt"
+                )
+        requests = [
+            self._request(i, p, sp) for i, (p, sp) in enumerate(zip(items, params, strict=True))
+        ]
+        for _ in self._run(requests):
+            pass
+        return [self._output(r) for r in requests]
+
+    @staticmethod
+    def _output(req: _Request) -> RequestOutput:
+        completion = CompletionOutput(
+            index=0,
+            text="".join(req.text),
+            token_ids=list(req.out),
+            finish_reason=req.finish_reason,  # type: ignore[arg-type]
+        )
+        return RequestOutput(
+            request_id=str(req.index),
+            prompt=req.prompt,
+            prompt_token_ids=list(req.prompt_ids),
+            outputs=[completion],
+            finished=req.finish_reason is not None,
+        )
+
+    def generate_stream(
+        self, prompt: PromptType, sampling_params: SamplingParams | None = None
+    ) -> Iterator[str]:
+        """Yields the completion's text as it is generated, in complete characters.
+
+        ``"".join(generate_stream(p, sp))`` equals ``generate(p, sp)[0].outputs[0].text``.
+        Closing the iterator early ends the request and frees its blocks.
+        """
+        req = self._request(0, prompt, sampling_params or SamplingParams())
+        for _, delta in self._run([req]):
+            if delta:
+                yield delta
+
+    def logits(self, token_ids: Sequence[int]) -> npt.NDArray[np.float32]:
+        """The full logits (float32 [vocab]) after the last of ``token_ids``.
+
+        The prompt is prefilled in chunks like any other; only the last chunk's graph outputs
+        logits. This is the only path that brings full logits to the host.
+        """
+        _, ids = self._prompt_ids(list(token_ids))
+        need = -(-len(ids) // self.block_size)
+        blocks = self.allocator.allocate(need)
+        if blocks is None:
+            raise ContextLengthError(
+                f"{len(ids)} tokens need {need} free KV blocks; "
+                f"{self.allocator.free_blocks} are free",
+                needed=len(ids),
+                limit=self.allocator.free_blocks * self.block_size,
+            )
+        try:
+            chunks = list(self._chunks(ids))
+            for i, (start, chunk) in enumerate(chunks):
+                entry = StepEntry(block_table=blocks, tokens=chunk, start=start)
+                if i + 1 < len(chunks):
+                    self.runner.run([entry])
+                else:
+                    out = self.runner.run([entry], "logits")
+            return np.asarray(out[0], dtype=np.float32)
+        finally:
+            self.allocator.free(blocks)

@@ -1,0 +1,233 @@
+"""The Llama-family model definition: Llama 2 and 3, Mistral, SmolLM, Qwen2.
+
+One definition covers them all: RMSNorm, grouped-query attention over the paged KV cache with
+RoPE, a SwiGLU feed-forward, q/k/v biases when the checkpoint has them (Qwen2), and an output
+head that is either its own tensor or tied to the token embedding. It calls only the tracer.
+
+RoPE pairing depends on how the checkpoint stores q/k: llama.cpp's converter permutes Llama q/k
+rows for the interleaved (GPT-J) pairing, so GGUF ``llama`` files use ``"interleaved"``; HF
+checkpoints keep the rotate_half layout (``"neox"``), and so do GGUF ``qwen2`` files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from poot.errors import UnsupportedArchitectureError
+from poot.models.step import StepShape, declare_inputs
+
+if TYPE_CHECKING:
+    from poot._native import Tracer, Value
+    from poot.checkpoints import ModelFiles, ModelHParams
+
+__all__ = ["GGUF_NAMES", "HF_NAMES", "LlamaModel", "WeightNames"]
+
+
+@dataclass(frozen=True)
+class WeightNames:
+    """Tensor names of one checkpoint layout; per-layer names take ``{i}``."""
+
+    embed: str
+    attn_norm: str
+    q: str
+    k: str
+    v: str
+    o: str
+    ffn_norm: str
+    gate: str
+    up: str
+    down: str
+    norm: str
+    output: str
+    q_bias: str
+    k_bias: str
+    v_bias: str
+
+
+GGUF_NAMES = WeightNames(
+    embed="token_embd.weight",
+    attn_norm="blk.{i}.attn_norm.weight",
+    q="blk.{i}.attn_q.weight",
+    k="blk.{i}.attn_k.weight",
+    v="blk.{i}.attn_v.weight",
+    o="blk.{i}.attn_output.weight",
+    ffn_norm="blk.{i}.ffn_norm.weight",
+    gate="blk.{i}.ffn_gate.weight",
+    up="blk.{i}.ffn_up.weight",
+    down="blk.{i}.ffn_down.weight",
+    norm="output_norm.weight",
+    output="output.weight",
+    q_bias="blk.{i}.attn_q.bias",
+    k_bias="blk.{i}.attn_k.bias",
+    v_bias="blk.{i}.attn_v.bias",
+)
+
+HF_NAMES = WeightNames(
+    embed="model.embed_tokens.weight",
+    attn_norm="model.layers.{i}.input_layernorm.weight",
+    q="model.layers.{i}.self_attn.q_proj.weight",
+    k="model.layers.{i}.self_attn.k_proj.weight",
+    v="model.layers.{i}.self_attn.v_proj.weight",
+    o="model.layers.{i}.self_attn.o_proj.weight",
+    ffn_norm="model.layers.{i}.post_attention_layernorm.weight",
+    gate="model.layers.{i}.mlp.gate_proj.weight",
+    up="model.layers.{i}.mlp.up_proj.weight",
+    down="model.layers.{i}.mlp.down_proj.weight",
+    norm="model.norm.weight",
+    output="lm_head.weight",
+    q_bias="model.layers.{i}.self_attn.q_proj.bias",
+    k_bias="model.layers.{i}.self_attn.k_proj.bias",
+    v_bias="model.layers.{i}.self_attn.v_proj.bias",
+)
+
+RopeStyle = Literal["interleaved", "neox"]
+
+
+def rope_scaling_spec(h: ModelHParams, source: str) -> dict[str, Any] | None:
+    """The tracer's rope ``scaling`` argument for the checkpoint's RoPE scaling.
+
+    Raises:
+        UnsupportedArchitectureError: a scaling type poot does not implement (yarn, dynamic...).
+    """
+    s = h.rope_scaling
+    if s is None or s.type in ("none", "default"):
+        return None
+    if s.type == "linear" and s.factor:
+        return {"type": "linear", "factor": s.factor}
+    if s.type == "llama3" and s.factor and s.original_context_length:
+        return {
+            "type": "llama3",
+            "factor": s.factor,
+            "low_freq_factor": float(s.params.get("low_freq_factor", 1.0)),
+            "high_freq_factor": float(s.params.get("high_freq_factor", 4.0)),
+            "original_max_position": s.original_context_length,
+        }
+    raise UnsupportedArchitectureError(
+        f"{source}: RoPE scaling {s.type!r} is not supported (none, linear, llama3)",
+        architecture=h.architecture,
+        supported=("none", "linear", "llama3"),
+    )
+
+
+@dataclass(frozen=True)
+class LlamaModel:
+    """A Llama-family decoder, traced one step at a time.
+
+    Attributes:
+        hparams: the normalized hyperparameters.
+        names: the checkpoint's tensor names.
+        rope_style: how the checkpoint pairs rotary dimensions.
+        rope_scaling: the tracer's rope scaling argument, or None.
+    """
+
+    hparams: ModelHParams
+    names: WeightNames
+    rope_style: RopeStyle
+    rope_scaling: dict[str, Any] | None = None
+
+    @classmethod
+    def from_files(cls, files: ModelFiles) -> LlamaModel:
+        """The definition for a resolved checkpoint (GGUF or HF layout).
+
+        Raises:
+            UnsupportedArchitectureError: the checkpoint needs something this definition lacks
+                (GGUF per-dimension RoPE frequency factors, an unknown RoPE scaling).
+        """
+        h = files.hparams
+        if files.kind == "gguf":
+            names = GGUF_NAMES
+            arch = files.metadata.get("general.architecture")
+            style: RopeStyle = "neox" if arch == "qwen2" else "interleaved"
+            if any(t.name == "rope_freqs.weight" for t in files.tensors()):
+                raise UnsupportedArchitectureError(
+                    f"{files.path}: per-dimension RoPE frequency factors (rope_freqs.weight, "
+                    "Llama 3.1 GGUF) are not supported yet",
+                    architecture=str(arch),
+                    supported=("llama", "mistral", "qwen2"),
+                )
+        else:
+            names, style = HF_NAMES, "neox"
+        return cls(h, names, style, rope_scaling_spec(h, str(files.path)))
+
+    @property
+    def kv_shape(self) -> tuple[int, int, int]:
+        """``(n_layers, n_kv_heads, head_dim)`` of the KV cache."""
+        h = self.hparams
+        return h.n_layers, h.n_kv_heads, h.head_dim
+
+    def _proj(self, t: Tracer, x: Value, weight: str, bias: str) -> Value:
+        y = t.matmul(x, t.weight(weight))
+        if t.has_weight(bias):
+            y = t.add(y, t.weight(bias))
+        return y
+
+    def _rope(self, t: Tracer, x: Value, positions: Value, n_heads: int) -> Value:
+        h = self.hparams
+        return t.rope(
+            x,
+            positions,
+            n_heads=n_heads,
+            head_dim=h.head_dim,
+            rot_dim=h.rope_dim,
+            theta=h.rope_theta,
+            style=self.rope_style,
+            scaling=self.rope_scaling,
+        )
+
+    def trace(self, t: Tracer, shape: StepShape) -> None:
+        """Traces one step of ``shape`` into ``t`` (inputs and outputs per ``poot.models.step``)."""
+        h, n = self.hparams, self.names
+        ins = declare_inputs(t, shape)
+        eps = h.rms_norm_eps
+        meta = {
+            "slot_mapping": ins.slot_mapping,
+            "token_seq": ins.token_seq,
+            "positions": ins.positions,
+            "block_tables": ins.block_tables,
+        }
+        embed = t.weight(n.embed)
+        x = t.embedding(embed, ins.ids)
+        last = h.n_layers - 1
+        for i in range(h.n_layers):
+            a = t.rms_norm(x, t.weight(n.attn_norm.format(i=i)), eps)
+            q = self._proj(t, a, n.q.format(i=i), n.q_bias.format(i=i))
+            k = self._proj(t, a, n.k.format(i=i), n.k_bias.format(i=i))
+            v = self._proj(t, a, n.v.format(i=i), n.v_bias.format(i=i))
+            q = self._rope(t, q, ins.positions, h.n_heads)
+            k = self._rope(t, k, ins.positions, h.n_kv_heads)
+            att = t.paged_attention(
+                q,
+                k,
+                v,
+                **meta,
+                layer=i,
+                n_heads=h.n_heads,
+                n_kv_heads=h.n_kv_heads,
+                head_dim=h.head_dim,
+                scale=h.head_dim**-0.5,
+            )
+            if i == last:
+                # Only each sequence's last row is sampled; every row's k/v is already written.
+                att = t.gather_rows(att, ins.last_rows)
+                x = t.gather_rows(x, ins.last_rows)
+            x = t.add(x, t.matmul(att, t.weight(n.o.format(i=i))))
+            f = t.rms_norm(x, t.weight(n.ffn_norm.format(i=i)), eps)
+            gate = t.silu(t.matmul(f, t.weight(n.gate.format(i=i))))
+            up = t.matmul(f, t.weight(n.up.format(i=i)))
+            x = t.add(x, t.matmul(t.mul(gate, up), t.weight(n.down.format(i=i))))
+        x = t.rms_norm(x, t.weight(n.norm), eps)
+        head = t.weight(n.output) if t.has_weight(n.output) else embed
+        logits = t.matmul(x, head)
+        if shape.kind == "logits":
+            t.output("logits", logits)
+            return
+        assert ins.temperature and ins.top_k and ins.top_p and ins.uniform
+        token_ids = t.sample(
+            logits,
+            temperature=ins.temperature,
+            top_k=ins.top_k,
+            top_p=ins.top_p,
+            uniform=ins.uniform,
+        )
+        t.output("token_ids", token_ids)

@@ -1,0 +1,68 @@
+"""Which model definition runs a checkpoint.
+
+The architecture comes from GGUF ``general.architecture`` or from HF ``config.json``
+``architectures`` (falling back to ``model_type``); every name maps to one definition class.
+An architecture with no definition is an ``UnsupportedArchitectureError`` that lists what is
+supported, never a guess.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from poot.errors import UnsupportedArchitectureError
+from poot.models.llama import LlamaModel
+
+if TYPE_CHECKING:
+    from poot.checkpoints import ModelFiles
+
+__all__ = ["GGUF_ARCHITECTURES", "HF_ARCHITECTURES", "architecture_of", "model_definition"]
+
+# GGUF general.architecture -> definition.
+GGUF_ARCHITECTURES: dict[str, type[LlamaModel]] = {
+    "llama": LlamaModel,
+    "mistral": LlamaModel,
+    "qwen2": LlamaModel,
+}
+
+# HF config.json architectures[0] (or model_type) -> definition.
+HF_ARCHITECTURES: dict[str, type[LlamaModel]] = {
+    "LlamaForCausalLM": LlamaModel,
+    "MistralForCausalLM": LlamaModel,
+    "Qwen2ForCausalLM": LlamaModel,
+    "llama": LlamaModel,
+    "mistral": LlamaModel,
+    "qwen2": LlamaModel,
+}
+
+
+def architecture_of(files: ModelFiles) -> str:
+    """The architecture name the checkpoint states (GGUF or HF spelling)."""
+    if files.kind == "gguf":
+        arch = files.metadata.get("general.architecture")
+        return arch if isinstance(arch, str) else ""
+    archs = files.config.get("architectures")
+    if isinstance(archs, list) and archs and isinstance(archs[0], str):
+        return archs[0]
+    model_type = files.config.get("model_type")
+    return model_type if isinstance(model_type, str) else ""
+
+
+def model_definition(files: ModelFiles) -> LlamaModel:
+    """The model definition for a resolved checkpoint.
+
+    Raises:
+        UnsupportedArchitectureError: the architecture has no definition in poot.
+    """
+    arch = architecture_of(files)
+    table = GGUF_ARCHITECTURES if files.kind == "gguf" else HF_ARCHITECTURES
+    cls = table.get(arch)
+    if cls is None:
+        supported = tuple(sorted(k for k in table if k[:1].isupper() or files.kind == "gguf"))
+        where = "general.architecture" if files.kind == "gguf" else "config.json architectures"
+        raise UnsupportedArchitectureError(
+            f"{files.path}: {where} {arch!r} is not supported; poot runs " + ", ".join(supported),
+            architecture=arch,
+            supported=supported,
+        )
+    return cls.from_files(files)

@@ -1,0 +1,224 @@
+"""Runs step graphs: a paged KV block allocator, a plan cache by step shape, step inputs.
+
+This is the Python stand-in for the driver (the next issue moves allocation and scheduling to
+Rust, ``poot-engine``); the contract with a model definition is ``poot.models.step``.
+
+Invariants:
+    - Every step is a legal chunk: at most ``max_step_tokens`` tokens, and no more than the
+      trace limits allow, so no trace is ever refused for its length.
+    - Plans are cached by ``StepShape``: tokens, sequences and block-table width are rounded up
+      to powers of two (padding tokens write no KV: slot -1), so a long generation compiles a
+      handful of plans, not one per length. The cache holds at most ``max_plans`` plans (LRU).
+    - A ``sample`` step reads back only token ids; full logits cross to the host only from a
+      ``logits`` step, which only ``LLM.logits`` runs.
+    - Blocks are handed out by ``BlockAllocator`` and returned with ``free``; allocation is
+      O(blocks asked for) and never partial (all or None).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from poot._native import CompileLimits, CpuRuntime, Plan, TraceLimits, Tracer, Weights
+from poot.models.llama import LlamaModel
+from poot.models.step import StepKind, StepShape
+
+__all__ = ["BlockAllocator", "StepEntry", "StepRunner", "next_pow2"]
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+class BlockAllocator:
+    """A free list over the KV pool's blocks (ids ``0..num_blocks``).
+
+    Args:
+        num_blocks: blocks in the pool.
+    """
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        # Lowest ids first, so a fresh pool hands out 0, 1, 2, ...
+        self._free = list(range(num_blocks - 1, -1, -1))
+
+    @property
+    def free_blocks(self) -> int:
+        """Blocks not in use."""
+        return len(self._free)
+
+    @property
+    def used_blocks(self) -> int:
+        """Blocks in use."""
+        return self.num_blocks - len(self._free)
+
+    def allocate(self, n: int) -> list[int] | None:
+        """``n`` blocks, or None (nothing taken) when fewer are free."""
+        if n > len(self._free):
+            return None
+        taken = self._free[len(self._free) - n :]
+        del self._free[len(self._free) - n :]
+        taken.reverse()
+        return taken
+
+    def free(self, blocks: Sequence[int]) -> None:
+        """Returns blocks to the pool."""
+        self._free.extend(reversed(blocks))
+
+
+@dataclass
+class StepEntry:
+    """One sequence's part of a step.
+
+    Attributes:
+        block_table: the sequence's KV blocks, in order.
+        tokens: the tokens this step runs for it.
+        start: the position of ``tokens[0]`` in the sequence.
+        temperature, top_k, top_p, uniform: its sampling row (ignored by ``logits`` steps).
+    """
+
+    block_table: Sequence[int]
+    tokens: Sequence[int]
+    start: int
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    uniform: float = 0.0
+
+
+class StepRunner:
+    """Traces, compiles (cached by shape) and runs step graphs for one model on one runtime.
+
+    Args:
+        definition: the model definition.
+        weights: the checkpoint's weights.
+        runtime: the runtime; its KV pool is configured here.
+        block_size: tokens per KV block.
+        num_blocks: blocks in the KV pool.
+        max_step_tokens: most tokens in one step.
+        trace_limits, compile_limits: budgets for tracing and compiling each plan.
+        max_plans: plans kept in the cache.
+        timeout_s: the deadline of each run.
+    """
+
+    def __init__(
+        self,
+        definition: LlamaModel,
+        weights: Weights,
+        runtime: CpuRuntime,
+        *,
+        block_size: int,
+        num_blocks: int,
+        max_step_tokens: int,
+        trace_limits: TraceLimits,
+        compile_limits: CompileLimits,
+        max_plans: int = 64,
+        timeout_s: float = 600.0,
+    ) -> None:
+        self.definition = definition
+        self.weights = weights
+        self.runtime = runtime
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.max_step_tokens = max_step_tokens
+        self.trace_limits = trace_limits
+        self.compile_limits = compile_limits
+        self.max_plans = max_plans
+        self.timeout_s = timeout_s
+        self._plans: OrderedDict[StepShape, Plan] = OrderedDict()
+        n_layers, n_kv_heads, head_dim = definition.kv_shape
+        runtime.configure_kv(
+            n_layers=n_layers,
+            n_kv_heads=n_kv_heads,
+            head_dim=head_dim,
+            block_size=block_size,
+            num_blocks=num_blocks,
+        )
+
+    @property
+    def cached_plans(self) -> list[StepShape]:
+        """Shapes with a compiled plan, least recently used first."""
+        return list(self._plans)
+
+    def plan(self, shape: StepShape) -> Plan:
+        """The compiled plan for ``shape``, traced and compiled on first use."""
+        plan = self._plans.get(shape)
+        if plan is not None:
+            self._plans.move_to_end(shape)
+            return plan
+        tracer = Tracer(self.weights, shape.tokens, self.trace_limits)
+        self.definition.trace(tracer, shape)
+        graph = tracer.finish()
+        plan = self.runtime.compile(graph, self.weights, self.compile_limits)
+        self._plans[shape] = plan
+        while len(self._plans) > self.max_plans:
+            self._plans.popitem(last=False)
+        return plan
+
+    def shape_for(self, entries: Sequence[StepEntry], kind: StepKind) -> StepShape:
+        """The (rounded-up) step shape that runs ``entries``."""
+        n_tokens = sum(len(e.tokens) for e in entries)
+        widest = max(len(e.block_table) for e in entries)
+        tokens = min(next_pow2(n_tokens), max(self.max_step_tokens, n_tokens))
+        return StepShape(tokens, next_pow2(len(entries)), next_pow2(widest), kind)
+
+    def run(
+        self, entries: Sequence[StepEntry], kind: StepKind = "sample"
+    ) -> npt.NDArray[np.generic]:
+        """Runs one step.
+
+        Returns:
+            ``sample``: each entry's sampled token id (int32 [len(entries)]); ``logits``: each
+            entry's last-token logits (float32 [len(entries), vocab]).
+        """
+        if not entries:
+            raise ValueError("a step needs at least one sequence")
+        shape = self.shape_for(entries, kind)
+        n, s, b, bs = shape.tokens, shape.seqs, shape.max_blocks, self.block_size
+        ids = np.zeros(n, np.int32)
+        positions = np.zeros(n, np.int32)
+        slots = np.full(n, -1, np.int32)
+        token_seq = np.zeros(n, np.int32)
+        tables = np.zeros((s, b), np.int32)
+        last_rows = np.zeros(s, np.int32)
+        row = 0
+        for i, e in enumerate(entries):
+            k = len(e.tokens)
+            table = np.asarray(e.block_table, np.int32)
+            tables[i, : len(table)] = table
+            pos = np.arange(e.start, e.start + k, dtype=np.int32)
+            ids[row : row + k] = e.tokens
+            positions[row : row + k] = pos
+            slots[row : row + k] = table[pos // bs] * bs + pos % bs
+            token_seq[row : row + k] = i
+            last_rows[i] = row + k - 1
+            row += k
+        inputs: dict[str, npt.NDArray[np.generic]] = {
+            "ids": ids,
+            "positions": positions,
+            "slot_mapping": slots,
+            "token_seq": token_seq,
+            "block_tables": tables,
+            "last_rows": last_rows,
+        }
+        if kind == "sample":
+            rows = len(entries)
+            temperature = np.zeros(s, np.float32)
+            top_k = np.zeros(s, np.int32)
+            top_p = np.ones(s, np.float32)
+            uniform = np.zeros(s, np.float32)
+            temperature[:rows] = [e.temperature for e in entries]
+            top_k[:rows] = [e.top_k for e in entries]
+            top_p[:rows] = [e.top_p for e in entries]
+            uniform[:rows] = [e.uniform for e in entries]
+            inputs.update(temperature=temperature, top_k=top_k, top_p=top_p, uniform=uniform)
+        out = self.runtime.run(self.plan(shape), inputs, self.timeout_s)
+        if kind == "sample":
+            return out["token_ids"][: len(entries)]
+        return out["logits"][: len(entries)]
