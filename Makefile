@@ -28,10 +28,11 @@ setup build: $(BIN)/python
 develop: $(BIN)/python
 	MATURIN_PEP517_ARGS="--profile dev" $(BIN)/python -m pip install -q -e '.[test,dev]'
 
-# The main job. Until generation and the server land, it inspects the default model.
+# The main job. Until the server lands, it generates with the default model on the CPU.
+PROMPT ?= The capital of France is
 run: setup
 	$(BIN)/poot pull
-	$(BIN)/poot inspect
+	$(BIN)/poot generate --max-tokens 32 --temperature 0 "$(PROMPT)"
 
 test: setup test-rust test-python
 
