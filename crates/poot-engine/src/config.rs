@@ -1,0 +1,66 @@
+//! The scheduler's settings, validated once at construction.
+
+use crate::EngineError;
+
+/// What one scheduler may do per step and how big its KV pool is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Most sequences running at once (rows of a step).
+    pub max_num_seqs: usize,
+    /// Most tokens in one step across all rows (a throughput knob).
+    pub max_batched_tokens: usize,
+    /// Most tokens one step graph may hold (`TraceLimits.max_tokens`); a hard limit, so every
+    /// prefill chunk and every whole step stays within it.
+    pub max_step_tokens: usize,
+    /// Most tokens (prompt + generated) in one sequence; reaching it finishes with `Length`.
+    pub max_model_len: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Blocks in the KV pool, the null block included.
+    pub num_blocks: usize,
+    /// Reuse cached full blocks of shared prompt prefixes.
+    pub enable_prefix_caching: bool,
+    /// Identifies the model (and anything else that changes KV) in block hashes.
+    pub model_key: u64,
+}
+
+impl SchedulerConfig {
+    /// Tokens one step may schedule: `min(max_batched_tokens, max_step_tokens)`.
+    pub fn token_budget(&self) -> usize {
+        self.max_batched_tokens.min(self.max_step_tokens)
+    }
+
+    /// Checks the settings.
+    ///
+    /// # Errors
+    /// [`EngineError::InvalidConfig`] for a zero limit, a budget too small to give every
+    /// running sequence its decode token, or a `max_model_len` past `i32::MAX` (positions are
+    /// i32 step inputs). Pool-size errors come from `poot_kv::BlockPool::new`.
+    pub fn validate(&self) -> Result<(), EngineError> {
+        let bad = |what, value, why| Err(EngineError::InvalidConfig { what, value, why });
+        if self.max_num_seqs == 0 {
+            return bad("max_num_seqs", 0, "must be at least 1");
+        }
+        if self.max_batched_tokens == 0 {
+            return bad("max_batched_tokens", 0, "must be at least 1");
+        }
+        if self.max_step_tokens == 0 {
+            return bad("max_step_tokens", 0, "must be at least 1");
+        }
+        if self.max_num_seqs > self.token_budget() {
+            return bad(
+                "max_num_seqs",
+                self.max_num_seqs,
+                "exceeds min(max_batched_tokens, max_step_tokens): decode rows would not fit",
+            );
+        }
+        if self.max_model_len < 2 || self.max_model_len > i32::MAX as usize {
+            return bad(
+                "max_model_len",
+                self.max_model_len,
+                "must be in 2..=i32::MAX",
+            );
+        }
+        Ok(())
+    }
+}
