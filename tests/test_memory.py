@@ -41,6 +41,10 @@ print(json.dumps({
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+@pytest.mark.xfail(
+    strict=True,
+    reason="GGUF metadata and tokenizer vocabularies held as Python objects add ~48 MiB (issue 3)",
+)
 def test_resident_memory_is_close_to_the_file_size(default_model_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-c", _SCRIPT, str(default_model_path)],
