@@ -79,7 +79,7 @@ def make_llm(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
         monkeypatch.setattr(
             poot.llm,
             "_make_runtime",
-            lambda threads: NumpyRuntime(weights, ggml_numerics=ggml_numerics),
+            lambda threads, numerics="exact": NumpyRuntime(weights, ggml_numerics=ggml_numerics),
         )
         return poot.LLM(str(path), **kw)
 

@@ -1,22 +1,22 @@
-"""Model spec resolution: real GGUF files and HF directories, bad specs, the hub offline."""
+"""Model spec resolution: real GGUF files and HF directories, GGUF metadata, bad specs."""
 
 from __future__ import annotations
 
 import json
 import shutil
-import socket
-import threading
-import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from checkpoints_data import (
+    SMOLLM2_HPARAMS,
+    STORIES_GGUFS,
+    STORIES_HPARAMS,
+    needs_gguf,
+    needs_safetensors,
+)
 
 from poot.checkpoints import (
-    ModelHParams,
     RopeScaling,
     hparams_from_gguf,
     hparams_from_hf_config,
@@ -24,73 +24,13 @@ from poot.checkpoints import (
 )
 from poot.checkpoints.hparams import f32_shortest
 from poot.checkpoints.hub import parse_hub_id
+from poot.checkpoints.metadata import LAZY_ARRAY_LEN, GgufMetadata, metadata_array_len
 from poot.config import Settings
 from poot.errors import (
     CheckpointError,
     CheckpointFormatError,
     ConfigError,
     ModelNotFoundError,
-    OfflineError,
-)
-
-STORIES_GGUFS = [
-    "stories260K-f32.gguf",
-    "stories260K-F16.gguf",
-    "stories260K-Q8_0.gguf",
-    "stories260K-Q4_0.gguf",
-]
-
-STORIES_HPARAMS = ModelHParams(
-    architecture="llama",
-    vocab_size=512,
-    context_length=512,
-    hidden_size=64,
-    n_layers=5,
-    n_heads=8,
-    n_kv_heads=4,
-    intermediate_size=172,
-    head_dim=8,
-    rope_theta=10000.0,
-    rope_dim=8,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=True,
-    rope_scaling=None,
-    bos_token_id=1,
-    eos_token_ids=(2,),
-)
-
-SMOLLM2_HPARAMS = ModelHParams(
-    architecture="llama",
-    vocab_size=49152,
-    context_length=8192,
-    hidden_size=576,
-    n_layers=30,
-    n_heads=9,
-    n_kv_heads=3,
-    intermediate_size=1536,
-    head_dim=64,
-    rope_theta=100000.0,
-    rope_dim=64,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=True,
-    rope_scaling=None,
-    bos_token_id=1,
-    eos_token_ids=(2,),
-)
-
-
-def _native_has(name: str) -> bool:
-    from poot import _native
-
-    return hasattr(_native, name)
-
-
-needs_gguf = pytest.mark.skipif(
-    not _native_has("GgufFile"), reason="poot._native has no GgufFile yet (rebuild the extension)"
-)
-needs_safetensors = pytest.mark.skipif(
-    not _native_has("SafetensorsModel"),
-    reason="poot._native has no SafetensorsModel yet (rebuild the extension)",
 )
 
 
@@ -385,6 +325,55 @@ def test_resolve_default_model(default_model_path: Path) -> None:
     assert by_dtype == {"Q4_1": 210, "F32": 61, "Q8_0": 1}
 
 
+# ---------------------------------------------------------------- GGUF metadata, long arrays lazy
+
+
+@needs_gguf
+def test_gguf_metadata_converts_long_arrays_on_access(shared_models: Path) -> None:
+    from poot._native import GgufFile
+
+    f = GgufFile(shared_models / "vocab" / "ggml-vocab-gpt-2.gguf")
+    m = GgufMetadata(f)
+    full = f.metadata()
+    assert list(m) == list(full) and len(m) == len(full)
+    long = {"tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges"}
+    assert long <= m.lazy_keys
+    assert all(isinstance(full[k], list) and len(full[k]) > LAZY_ARRAY_LEN for k in m.lazy_keys)
+    assert dict(m) == full and m == full
+    tokens = m["tokenizer.ggml.tokens"]
+    assert tokens == full["tokenizer.ggml.tokens"]
+    assert m["tokenizer.ggml.tokens"] is not tokens, "long arrays are not cached"
+    assert m.array_len("tokenizer.ggml.tokens") == len(tokens) > 50_000
+    assert m.array_len("tokenizer.ggml.model") is None and m.array_len("no.such") is None
+    assert "tokenizer.ggml.merges" in m and "no.such" not in m and m.get("no.such") is None
+    with pytest.raises(KeyError):
+        m["no.such"]
+    assert "tokenizer.ggml.tokens: <" in repr(m)
+    assert metadata_array_len({"a": [1, 2], "b": "x"}, "a") == 2
+    assert metadata_array_len({"a": [1, 2], "b": "x"}, "b") is None
+
+
+@needs_gguf
+@pytest.mark.parametrize("name", STORIES_GGUFS[:1])
+def test_hparams_from_lazy_metadata(shared_models: Path, name: str) -> None:
+    from poot._native import GgufFile
+
+    f = GgufFile(shared_models / "stories260K" / name)
+    m = GgufMetadata(f, lazy_array_len=100)  # the 512-token vocabulary becomes lazy
+    assert "tokenizer.ggml.tokens" in m.lazy_keys
+    names = {t.name for t in f.tensors()}
+    assert hparams_from_gguf(m, names) == STORIES_HPARAMS
+    no_vocab_size = {k: v for k, v in f.metadata().items() if k != "llama.vocab_size"}
+    assert hparams_from_gguf(no_vocab_size, names).vocab_size == 512
+
+
+def test_resolved_gguf_holds_no_python_vocabulary(default_model_path: Path) -> None:
+    mf = resolve_model_files(default_model_path)
+    assert isinstance(mf.metadata, GgufMetadata)
+    assert {"tokenizer.ggml.tokens", "tokenizer.ggml.merges"} <= mf.metadata.lazy_keys
+    assert mf.tokenizer_summary()["n_tokens"] == 49152
+
+
 # ---------------------------------------------------------------- bad specs
 
 
@@ -441,170 +430,3 @@ def test_corrupt_gguf_is_a_format_error(tmp_path: Path) -> None:
     bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 8)
     with pytest.raises(CheckpointFormatError):
         resolve_model_files(bad)
-
-
-# ---------------------------------------------------------------- the hub, offline
-
-
-def test_hub_offline_env_fails_fast(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
-    start = time.monotonic()
-    with pytest.raises(OfflineError) as e:
-        resolve_model_files("HuggingFaceTB/SmolLM2-135M-Instruct")
-    assert time.monotonic() - start < 5
-    msg = str(e.value)
-    assert "HF_HUB_OFFLINE" in msg and "local path" in msg and "poot pull" in msg
-    assert isinstance(e.value, ConnectionError)
-
-
-@pytest.fixture
-def silent_server() -> Iterator[str]:
-    """A TCP endpoint that accepts connections and never answers (a black-holed network)."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(16)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        srv.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-                held.append(conn)
-            except OSError:
-                continue
-
-    t = threading.Thread(target=accept, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{srv.getsockname()[1]}"
-    stop.set()
-    t.join()
-    for c in held:
-        c.close()
-    srv.close()
-
-
-def _closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port: int = s.getsockname()[1]
-    s.close()
-    return port
-
-
-@pytest.mark.timeout(30)
-def test_hub_unreachable_fails_fast(
-    silent_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setenv("HF_ENDPOINT", silent_server)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
-    monkeypatch.setenv("POOT_NETWORK_TIMEOUT", "1")
-    start = time.monotonic()
-    with pytest.raises(OfflineError, match="local path.*poot pull"):
-        resolve_model_files("HuggingFaceTB/SmolLM2-135M-Instruct")
-    assert time.monotonic() - start < 10
-
-
-@pytest.mark.timeout(30)
-def test_hub_connection_refused_fails_fast(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
-    start = time.monotonic()
-    with pytest.raises(OfflineError, match="SmolLM2"):
-        resolve_model_files("HuggingFaceTB/SmolLM2-135M-Instruct@main")
-    assert time.monotonic() - start < 10
-
-
-class _NotFoundHandler(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-        body = b'{"error": "Repository not found"}'
-        self.send_response(404)
-        self.send_header("X-Error-Code", "RepoNotFound")
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.mark.timeout(30)
-def test_hub_unknown_repo_is_not_found(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _NotFoundHandler)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    try:
-        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
-        with pytest.raises(ModelNotFoundError, match="no model 'poot-test/no-such-model'"):
-            resolve_model_files("poot-test/no-such-model")
-    finally:
-        server.shutdown()
-        server.server_close()
-        t.join()
-
-
-# ---------------------------------------------------------------- the hub, reachable or cached
-
-
-@needs_safetensors
-def test_hub_download_pins_the_resolved_commit(
-    shared_models: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import huggingface_hub
-
-    hf = shared_models / "stories260K" / "hf"
-    commit = "a" * 40
-    calls: list[dict[str, Any]] = []
-
-    def model_info(self: object, repo_id: str, **kwargs: Any) -> SimpleNamespace:
-        calls.append({"repo_id": repo_id, **kwargs})
-        return SimpleNamespace(sha=commit)
-
-    def snapshot_download(repo_id: str, **kwargs: Any) -> str:
-        calls.append({"repo_id": repo_id, **kwargs})
-        return str(hf)
-
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setenv("POOT_NETWORK_TIMEOUT", "3")
-    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", model_info)
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
-    mf = resolve_model_files("poot-test/stories@v1")
-    assert mf.kind == "hf" and mf.spec == "poot-test/stories@v1" and mf.path == hf
-    assert mf.hparams == STORIES_HPARAMS
-    info, snap = calls
-    assert info == {"repo_id": "poot-test/stories", "revision": "v1", "timeout": 3.0}
-    assert snap["revision"] == commit and snap["etag_timeout"] == 3.0
-    assert {"config.json", "*.safetensors", "tokenizer.json"} <= set(snap["allow_patterns"])
-
-
-def _hub_cache(shared_models: Path, cache: Path, repo_id: str) -> Path:
-    """A Hugging Face hub cache holding stories260K/hf as ``repo_id`` at ``main``."""
-    commit = "c" * 40
-    repo = cache / ("models--" + repo_id.replace("/", "--"))
-    snapshot = repo / "snapshots" / commit
-    shutil.copytree(shared_models / "stories260K" / "hf", snapshot)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(commit)
-    return snapshot
-
-
-@needs_safetensors
-def test_hub_offline_uses_the_cache(
-    shared_models: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    snapshot = _hub_cache(shared_models, tmp_path / "hf", "poot-test/stories")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    mf = resolve_model_files("poot-test/stories")
-    assert mf.kind == "hf" and mf.path == snapshot and mf.hparams == STORIES_HPARAMS
-    # unreachable hub, cached repo: the cache answers
-    monkeypatch.delenv("HF_HUB_OFFLINE")
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
-    assert resolve_model_files("poot-test/stories").path == snapshot

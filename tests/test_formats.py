@@ -75,7 +75,12 @@ def test_gguf_matches_gguf_py(shared_models: Path, rel: str) -> None:
         if field.types[0] == gguf.GGUFValueType.ARRAY and meta[key]:
             assert type(meta[key][0]) is _py_type(field.types[-1]), key
         assert ours.get(key) == want
+        assert ours.array_len(key) == (len(want) if isinstance(want, list) else None), key
     assert ours.get("no.such.key") is None
+    assert ours.array_len("no.such.key") is None
+    assert ours.keys() == list(ref_fields)
+    short = ours.metadata(max_array_len=8)
+    assert short == {k: v for k, v in meta.items() if not isinstance(v, list) or len(v) <= 8}
 
     tensors = ours.tensors()
     assert [t.name for t in tensors] == [t.name for t in ref.tensors]

@@ -22,6 +22,7 @@ import os
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -38,15 +39,35 @@ from poot.tokenizer import Tokenizer, TokenStream, load_tokenizer
 __all__ = ["LLM", "PromptType"]
 
 PromptType = str | Sequence[int]
+Numerics = Literal["auto", "ggml", "exact"]
+
+# Checkpoint dtypes that are plain floats; anything else is a quantized GGUF (see _numerics_for).
+_FLOAT_DTYPES = frozenset({"F32", "F16", "BF16"})
 
 # Default KV pool: room for this many bytes (at least one full-length sequence).
 _DEFAULT_KV_BYTES = 256 << 20
 _DEFAULT_MAX_MODEL_LEN = 4096
 
 
-def _make_runtime(threads: int | None) -> _native.CpuRuntime:
+def _make_runtime(
+    threads: int | None, numerics: Literal["ggml", "exact"] = "exact"
+) -> _native.CpuRuntime:
     """The runtime an ``LLM`` runs on (tests substitute a reference interpreter here)."""
-    return _native.CpuRuntime(threads)
+    return _native.CpuRuntime(threads, numerics)
+
+
+def _numerics_for(numerics: Numerics, files: ModelFiles) -> Literal["ggml", "exact"]:
+    """``"auto"`` resolved: llama.cpp's arithmetic for quantized checkpoints, exact otherwise.
+
+    Raises:
+        ConfigError: ``numerics`` is not one of the three names.
+    """
+    if numerics == "auto":
+        quantized = any(t.dtype not in _FLOAT_DTYPES for t in files.tensors())
+        return "ggml" if quantized else "exact"
+    if numerics == "ggml" or numerics == "exact":
+        return numerics
+    raise ConfigError(f'numerics must be "auto", "ggml" or "exact", got {numerics!r}')
 
 
 @dataclass
@@ -73,6 +94,10 @@ class LLM:
     Args:
         model: a model spec (a .gguf file, a HF directory, a hub id; None for the default).
         threads: CPU threads (None: one per core).
+        numerics: ``"ggml"`` follows llama.cpp's CPU arithmetic, token for token
+            (Q8-quantized activations with integer dots, f16 KV cache);
+            ``"exact"`` decodes weights exactly with f32 activations and KV cache;
+            ``"auto"`` (default) picks ``"ggml"`` for quantized checkpoints.
         max_model_len: most tokens (prompt + generated) per sequence; default the model's
             context length, at most 4096.
         block_size: tokens per KV block.
@@ -95,6 +120,7 @@ class LLM:
         model: str | os.PathLike[str] | None = None,
         *,
         threads: int | None = None,
+        numerics: Numerics = "auto",
         max_model_len: int | None = None,
         block_size: int = 16,
         num_blocks: int | None = None,
@@ -117,6 +143,7 @@ class LLM:
         ):
             if value < 1:
                 raise ConfigError(f"{name} must be >= 1, got {value}")
+        resolved = _numerics_for(numerics, self.files)
         if max_step_tokens > trace_limits.max_tokens:
             raise ConfigError(
                 f"max_step_tokens={max_step_tokens} exceeds trace_limits.max_tokens="
@@ -131,7 +158,8 @@ class LLM:
             )
         blocks_per_seq = -(-max_model_len // block_size)
         if num_blocks is None:
-            block_bytes = 2 * 4 * h.n_layers * h.n_kv_heads * h.head_dim * block_size
+            entry_bytes = 2 if resolved == "ggml" else 4  # f16 or f32 KV entries
+            block_bytes = 2 * entry_bytes * h.n_layers * h.n_kv_heads * h.head_dim * block_size
             num_blocks = max(
                 blocks_per_seq,
                 min(_DEFAULT_KV_BYTES // block_bytes, blocks_per_seq * max_num_seqs),
@@ -145,7 +173,8 @@ class LLM:
         source = self.files.gguf if self.files.gguf is not None else self.files.safetensors
         assert source is not None
         self.weights = _native.Weights(source)
-        self.runtime = _make_runtime(threads)
+        self.numerics = resolved
+        self.runtime = _make_runtime(threads, resolved)
         self.allocator = BlockAllocator(num_blocks)
         self.runner = StepRunner(
             self.definition,

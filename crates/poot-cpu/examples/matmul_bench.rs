@@ -1,6 +1,6 @@
 //! Rough matmul timings:
-//! `cargo run --release -p poot-cpu --example matmul_bench [dtype [isa [t [threads]]]]`
-//! (`all` skips a filter).
+//! `cargo run --release -p poot-cpu --example matmul_bench [dtype [isa [t [threads [numerics]]]]]`
+//! (`all` skips a filter; numerics `exact` or `ggml`, the Q8-activation integer-dot path).
 //!
 //! Times `[t x 576] x [1536 x 576]^T` (SmolLM2-135M's ffn_gate shape; k = 768 for k-quants)
 //! for t = 1 and 64, on
@@ -10,8 +10,8 @@
 use std::time::{Duration, Instant};
 
 use poot_core::quant::layout;
-use poot_cpu::kernels::matmul_with;
-use poot_cpu::{DType, Isa, ThreadPool};
+use poot_cpu::kernels::matmul_numerics;
+use poot_cpu::{DType, Isa, Numerics, ThreadPool};
 
 fn weights(dtype: DType, n: usize, k: usize) -> Vec<u8> {
     let mut s = 0x1234_5678u32;
@@ -73,6 +73,7 @@ fn main() {
     let isa_filter = arg(2);
     let t_filter: Option<usize> = arg(3).map(|s| s.parse().expect("t"));
     let threads_filter: Option<usize> = arg(4).map(|s| s.parse().expect("threads"));
+    let numerics_filter = arg(5).map(|s| Numerics::from_name(&s).expect("exact or ggml"));
     // K-quants need k to be whole 256-blocks, so they run [1536 x 768] instead.
     let (n, k) = (1536, if dtype.block_elems() == 256 { 768 } else { 576 });
     let w = weights(dtype, n, k);
@@ -85,14 +86,20 @@ fn main() {
             {
                 continue;
             }
-            for t in [1, 64] {
-                if t_filter.is_some_and(|f| f != t) {
+            for (t, numerics) in [1, 64]
+                .into_iter()
+                .flat_map(|t| [Numerics::Exact, Numerics::Ggml].map(|nu| (t, nu)))
+            {
+                if t_filter.is_some_and(|f| f != t)
+                    || numerics_filter.is_some_and(|f| f != numerics)
+                {
                     continue;
                 }
                 let x: Vec<f32> = (0..t * k).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
                 let mut out = vec![0.0; t * n];
                 let run = |out: &mut [f32]| {
-                    matmul_with(isa, &x, t, k, &w, dtype, n, out, &pool).expect("matmul")
+                    matmul_numerics(numerics, isa, &x, t, k, &w, dtype, n, out, &pool)
+                        .expect("matmul")
                 };
                 run(&mut out); // warm up
                 let (mut calls, start, cpu0) = (0u32, Instant::now(), cpu_ns());
@@ -117,8 +124,9 @@ fn main() {
                     )
                 });
                 println!(
-                    "{dtype} [{t}x{k}]x[{n}x{k}] threads={threads} {isa:?} t={t:>2}: {:>8.1} us/call {gflops:>6.1} GFLOP/s \
+                    "{dtype} [{t}x{k}]x[{n}x{k}] threads={threads} {isa:?} {:5} t={t:>2}: {:>8.1} us/call {gflops:>6.1} GFLOP/s \
                      {:>8.0} tok/s{idle}",
+                    numerics.name(),
                     per_call * 1e6,
                     t as f64 / per_call
                 );

@@ -7,6 +7,11 @@
 //! bad input. Parallel kernels take a [`ThreadPool`] (one per runtime). SIMD paths are chosen
 //! at run time ([`Isa::detect`]); the portable scalar path always exists and is the reference
 //! in tests.
+//!
+//! Two arithmetics ([`Numerics`], chosen per runtime): `Exact` decodes weights exactly and
+//! keeps f32 activations and KV cache; `Ggml` reproduces llama.cpp's CPU backend bit for bit
+//! (Q8-quantized activations with integer dots, f16 KV cache, ggml's RoPE, softmax and SiLU),
+//! which makes greedy decoding follow llama.cpp's tokens.
 
 pub mod error;
 pub mod kernels;
@@ -17,6 +22,7 @@ mod testutil;
 
 pub use error::KernelError;
 pub use kernels::simd::Isa;
+pub use kernels::Numerics;
 pub use pool::{PoolConfig, ThreadPool};
 pub use poot_core::DType;
 pub use runtime::{CpuOptions, CpuPlan, CpuRuntime};

@@ -22,7 +22,7 @@ use std::path::Path;
 use poot_core::DType;
 
 use crate::error::{FormatError, Loc};
-use crate::meta::MetaValue;
+use crate::meta::{MetaArray, MetaValue, StrArray};
 use crate::reader::Reader;
 use crate::tensor::{check_ranges, checked_elements, TensorInfo};
 
@@ -393,6 +393,11 @@ impl<'a> Parser<'a, '_> {
     }
 
     fn array(&mut self, key: &str, depth: u32) -> Result<MetaValue, FormatError> {
+        Ok(MetaValue::Array(self.array_body(key, depth)?))
+    }
+
+    /// An array's element type, count and elements, stored by element type.
+    fn array_body(&mut self, key: &str, depth: u32) -> Result<MetaArray, FormatError> {
         if depth >= self.limits.max_array_depth {
             return Err(FormatError::TooDeep {
                 loc: self.loc(key),
@@ -409,11 +414,61 @@ impl<'a> Parser<'a, '_> {
         self.check_count(count, min, values_left, None, key)?;
         self.values = self.values.saturating_add(count);
         // `count` is now bounded by the bytes left over `min` and by the value limit.
-        let mut out = Vec::with_capacity(usize::try_from(count).unwrap_or(0));
-        for _ in 0..count {
-            out.push(self.value(elem, key, depth + 1)?);
+        let n = usize::try_from(count).unwrap_or(0);
+        /// Reads `n` fixed-size elements into one `Vec`.
+        macro_rules! fixed {
+            ($variant:ident, $read:ident, $conv:expr) => {{
+                let mut out = Vec::with_capacity(n);
+                for _ in 0..n {
+                    out.push($conv(self.r.$read(None, key)?));
+                }
+                MetaArray::$variant(out)
+            }};
         }
-        Ok(MetaValue::Array(out))
+        Ok(match elem {
+            tag::U8 => fixed!(U8, u8, |x| x),
+            tag::I8 => fixed!(I8, u8, |x: u8| x as i8),
+            tag::U16 => fixed!(U16, u16, |x| x),
+            tag::I16 => fixed!(I16, u16, |x: u16| x as i16),
+            tag::U32 => fixed!(U32, u32, |x| x),
+            tag::I32 => fixed!(I32, u32, |x: u32| x as i32),
+            tag::F32 => fixed!(F32, u32, f32::from_bits),
+            tag::U64 => fixed!(U64, u64, |x| x),
+            tag::I64 => fixed!(I64, u64, |x: u64| x as i64),
+            tag::F64 => fixed!(F64, u64, f64::from_bits),
+            tag::BOOL => {
+                let mut out = Vec::with_capacity(n);
+                for _ in 0..n {
+                    out.push(match self.r.u8(None, key)? {
+                        0 => false,
+                        1 => true,
+                        b => {
+                            return Err(FormatError::InvalidValue {
+                                loc: self.loc(key),
+                                reason: format!("bool byte {b} is neither 0 nor 1"),
+                            })
+                        }
+                    });
+                }
+                MetaArray::Bool(out)
+            }
+            tag::STRING => {
+                let mut out = StrArray::with_capacity(n, 0);
+                for _ in 0..n {
+                    out.push(self.string(u64::MAX, None, key)?);
+                }
+                out.shrink_to_fit();
+                MetaArray::String(out)
+            }
+            _ => {
+                // tag::ARRAY: `min_value_bytes` refused every other tag.
+                let mut out = Vec::with_capacity(n);
+                for _ in 0..n {
+                    out.push(self.array_body(key, depth + 1)?);
+                }
+                MetaArray::Array(out)
+            }
+        })
     }
 
     /// Tensor info `i`, its offset still relative to the data section.

@@ -81,14 +81,14 @@ fn parses_all_value_types() {
         ("str", M::String("hi".into())),
         (
             "arr",
-            M::Array(vec![
-                M::Array(vec![M::U8(1), M::U8(2)]),
-                M::Array(vec![M::U8(3), M::U8(4)]),
-            ]),
+            M::Array(MetaArray::Array(vec![
+                MetaArray::U8(vec![1, 2]),
+                MetaArray::U8(vec![3, 4]),
+            ])),
         ),
         (
             "strs",
-            M::Array(vec![M::String("a".into()), M::String("\u{e9}".into())]),
+            M::Array(MetaArray::String(["a", "\u{e9}"].into_iter().collect())),
         ),
         ("u64", M::U64(u64::MAX)),
         ("i64", M::I64(i64::MIN)),
@@ -115,6 +115,43 @@ fn parses_all_value_types() {
             .collect::<Vec<_>>(),
         ["a", "b", "s"]
     );
+}
+
+/// An array value: element tag, count, then the stored elements.
+fn arr(elem: u32, count: u64, elems: &[u8]) -> Vec<u8> {
+    let mut out = elem.to_le_bytes().to_vec();
+    out.extend_from_slice(&count.to_le_bytes());
+    out.extend_from_slice(elems);
+    out
+}
+
+#[test]
+fn arrays_are_stored_by_element_type() {
+    let f32s: Vec<u8> = [0.5f32, -2.0]
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    let i64s: Vec<u8> = [-1i64, 7].iter().flat_map(|x| x.to_le_bytes()).collect();
+    let i16s: Vec<u8> = [-3i16].iter().flat_map(|x| x.to_le_bytes()).collect();
+    let g = Gguf::new()
+        .kv("i8s", 9, &arr(1, 2, &[0xff, 1]))
+        .kv("i16s", 9, &arr(3, 1, &i16s))
+        .kv("f32s", 9, &arr(6, 2, &f32s))
+        .kv("bools", 9, &arr(7, 3, &[1, 0, 1]))
+        .kv("i64s", 9, &arr(11, 2, &i64s))
+        .kv("none", 9, &arr(8, 0, &[]));
+    let h = parse(&g.header()).unwrap();
+    let get = |k: &str| h.get(k).and_then(MetaValue::as_array).unwrap();
+    assert_eq!(get("i8s"), &MetaArray::I8(vec![-1, 1]));
+    assert_eq!(get("i16s"), &MetaArray::I16(vec![-3]));
+    assert_eq!(get("f32s"), &MetaArray::F32(vec![0.5, -2.0]));
+    assert_eq!(get("bools"), &MetaArray::Bool(vec![true, false, true]));
+    assert_eq!(get("i64s"), &MetaArray::I64(vec![-1, 7]));
+    // An empty array keeps its element type.
+    assert_eq!(get("none"), &MetaArray::String(StrArray::default()));
+    assert_eq!(get("none").elem_type_name(), "string");
+    let bad = Gguf::new().kv("bools", 9, &arr(7, 2, &[1, 2]));
+    expect(parse(&bad.header()), "invalid_value", None, "bools");
 }
 
 #[test]

@@ -24,7 +24,7 @@ mod testutil;
 
 pub use error::{FormatError, Loc};
 pub use gguf::{parse_gguf, parse_gguf_with_limits, GgufFile, GgufHeader, GgufLimits};
-pub use meta::MetaValue;
+pub use meta::{MetaArray, MetaValue, StrArray};
 pub use safetensors::{parse_safetensors, SafetensorsFile, SafetensorsHeader};
 pub use sharded::SafetensorsModel;
 pub use tensor::TensorInfo;

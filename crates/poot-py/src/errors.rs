@@ -8,13 +8,15 @@
 //! A [`TraceError`] becomes `TraceError` (`TraceBudgetError` with `resource`, `limit`, `total`
 //! for a budget); each [`CompileError`] variant its own `CompileError` subclass; each
 //! [`RuntimeError`] variant the class that names it (`DeviceTimeoutError` is a `TimeoutError`,
-//! `GraphInputError` a `ValueError`, ...). Every variant's fields become attributes.
+//! `GraphInputError` a `ValueError`, ...). Every variant's fields become attributes. A
+//! [`TokenizeError`] becomes `TokenizerError` (a `ValueError`) with its message.
 
 use std::path::Path;
 
 use poot_formats::FormatError;
 use poot_graph::{CompileError, TraceError};
 use poot_runtime::RuntimeError;
+use poot_tokenize::TokenizeError;
 use pyo3::exceptions::{
     PyFileNotFoundError, PyIsADirectoryError, PyMemoryError, PyOSError, PyPermissionError,
     PyRuntimeError, PyTimeoutError, PyValueError,
@@ -113,6 +115,16 @@ fn value_error(m: String) -> PyErr {
 
 fn runtime_error_builtin(m: String) -> PyErr {
     PyRuntimeError::new_err(m)
+}
+
+/// `poot.errors.TokenizerError` for an unusable vocabulary.
+pub fn tokenize_error(py: Python<'_>, e: TokenizeError) -> PyErr {
+    tokenizer_error(py, e.to_string())
+}
+
+/// `poot.errors.TokenizerError` with `message`.
+pub fn tokenizer_error(py: Python<'_>, message: String) -> PyErr {
+    poot_error(py, "TokenizerError", message, |_| Ok(()), value_error)
 }
 
 /// The Python exception for a refused trace: `TraceBudgetError` for a budget, else

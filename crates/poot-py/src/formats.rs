@@ -4,13 +4,15 @@
 //! Invariants: opening a file maps and parses it with the GIL released; the Python objects own
 //! the mapped files, so nothing is copied until a caller asks for values. Metadata converts to
 //! plain Python values (ints, floats, bools, strs, nested lists) in file order; a large array
-//! (a 150k-token vocabulary) becomes one list built straight from the stored values.
+//! (a 150k-token vocabulary) becomes one list built straight from the stored values, and only
+//! when asked for: `metadata(max_array_len=...)` leaves such arrays out, `array_len` counts one
+//! without converting it, so a loaded model need not hold a Python copy of its vocabulary.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use poot_formats::{
-    FormatError, GgufFile, MetaValue, SafetensorsFile, SafetensorsModel, TensorInfo,
+    FormatError, GgufFile, MetaArray, MetaValue, SafetensorsFile, SafetensorsModel, TensorInfo,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
@@ -112,13 +114,32 @@ fn meta_to_py<'py>(py: Python<'py>, v: &MetaValue) -> PyResult<Bound<'py, PyAny>
         MetaValue::F64(x) => x.into_bound_py_any(py),
         MetaValue::Bool(x) => x.into_bound_py_any(py),
         MetaValue::String(s) => Ok(PyString::new(py, s).into_any()),
-        MetaValue::Array(items) => {
-            let converted = items
+        MetaValue::Array(items) => Ok(array_to_py(py, items)?.into_any()),
+    }
+}
+
+/// An array as one list, built straight from the stored elements.
+fn array_to_py<'py>(py: Python<'py>, a: &MetaArray) -> PyResult<Bound<'py, PyList>> {
+    match a {
+        MetaArray::U8(v) => PyList::new(py, v),
+        MetaArray::I8(v) => PyList::new(py, v),
+        MetaArray::U16(v) => PyList::new(py, v),
+        MetaArray::I16(v) => PyList::new(py, v),
+        MetaArray::U32(v) => PyList::new(py, v),
+        MetaArray::I32(v) => PyList::new(py, v),
+        MetaArray::F32(v) => PyList::new(py, v.iter().map(|&x| f64::from(x))),
+        MetaArray::Bool(v) => PyList::new(py, v),
+        MetaArray::String(v) => PyList::new(py, v.iter()),
+        MetaArray::Array(v) => {
+            let lists = v
                 .iter()
-                .map(|x| meta_to_py(py, x))
+                .map(|x| array_to_py(py, x))
                 .collect::<PyResult<Vec<_>>>()?;
-            Ok(PyList::new(py, converted)?.into_any())
+            PyList::new(py, lists)
         }
+        MetaArray::U64(v) => PyList::new(py, v),
+        MetaArray::I64(v) => PyList::new(py, v),
+        MetaArray::F64(v) => PyList::new(py, v),
     }
 }
 
@@ -176,13 +197,29 @@ impl PyGgufFile {
         self.inner.file_size()
     }
 
-    /// All metadata as a dict in file order.
-    fn metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    /// All metadata as a dict in file order; with `max_array_len`, arrays of more entries than
+    /// that are left out (a vocabulary: fetch it with `get` when it is needed).
+    #[pyo3(signature = (*, max_array_len = None))]
+    fn metadata<'py>(
+        &self,
+        py: Python<'py>,
+        max_array_len: Option<usize>,
+    ) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
         for (k, v) in self.inner.metadata() {
+            if let (Some(limit), MetaValue::Array(items)) = (max_array_len, v) {
+                if items.len() > limit {
+                    continue;
+                }
+            }
             d.set_item(k, meta_to_py(py, v)?)?;
         }
         Ok(d)
+    }
+
+    /// Every metadata key, in file order.
+    fn keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(py, self.inner.metadata().iter().map(|(k, _)| k.as_str()))
     }
 
     /// The value for `key`, or None when absent.
@@ -191,6 +228,15 @@ impl PyGgufFile {
             Some(v) => meta_to_py(py, v),
             None => Ok(py.None().into_bound(py)),
         }
+    }
+
+    /// The number of entries of the array under `key`, without converting it; None when the
+    /// key is absent or its value is not an array.
+    fn array_len(&self, key: &str) -> Option<usize> {
+        self.inner
+            .get(key)
+            .and_then(MetaValue::as_array)
+            .map(MetaArray::len)
     }
 
     /// The tensors in file order.

@@ -1,7 +1,8 @@
 //! poot-py: the Python extension module `poot._native`, and the only crate that sees pyo3.
 //!
 //! `lib.rs` only registers; each submodule owns one area of the API: `formats` (checkpoint
-//! files), `limits`, `weights`, `tracer` and `graph` (tracing), `runtime` (runtimes and plans).
+//! files), `limits`, `weights`, `tracer` and `graph` (tracing), `runtime` (runtimes and plans),
+//! `tokenize` (the byte-level BPE model).
 //! `errors` owns the mapping of Rust errors to `poot.errors`, and `gil` the one helper that
 //! releases the GIL.
 
@@ -13,6 +14,7 @@ mod gil;
 mod graph;
 mod limits;
 mod runtime;
+mod tokenize;
 mod tracer;
 mod weights;
 
@@ -23,6 +25,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     formats::register(m)?;
     graph::register(m)?;
     runtime::register(m)?;
+    tokenize::register(m)?;
     m.add_function(wrap_pyfunction!(errors::mapping_probe, m)?)?;
     Ok(())
 }

@@ -32,9 +32,13 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 }
 
 /// The CPU backend. `threads` None means one per available core.
-fn new_cpu_runtime(threads: Option<usize>) -> Result<Arc<dyn Runtime>, RuntimeError> {
+fn new_cpu_runtime(
+    threads: Option<usize>,
+    numerics: poot_cpu::Numerics,
+) -> Result<Arc<dyn Runtime>, RuntimeError> {
     let options = poot_cpu::CpuOptions {
         threads: threads.unwrap_or(0),
+        numerics,
         ..poot_cpu::CpuOptions::default()
     };
     Ok(Arc::new(poot_cpu::CpuRuntime::new(options)?))
@@ -140,10 +144,15 @@ impl std::fmt::Debug for PyCpuRuntime {
 #[pymethods]
 impl PyCpuRuntime {
     #[new]
-    #[pyo3(signature = (threads=None))]
-    fn py_new(py: Python<'_>, threads: Option<usize>) -> PyResult<Self> {
-        let inner =
-            without_gil(py, move || new_cpu_runtime(threads))?.map_err(|e| runtime_error(py, e))?;
+    #[pyo3(signature = (threads=None, numerics="exact"))]
+    fn py_new(py: Python<'_>, threads: Option<usize>, numerics: &str) -> PyResult<Self> {
+        let numerics = poot_cpu::Numerics::from_name(numerics).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "numerics must be \"ggml\" or \"exact\", got {numerics:?}"
+            ))
+        })?;
+        let inner = without_gil(py, move || new_cpu_runtime(threads, numerics))?
+            .map_err(|e| runtime_error(py, e))?;
         Ok(PyCpuRuntime { inner })
     }
 

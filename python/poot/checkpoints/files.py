@@ -8,6 +8,7 @@ normalized hyperparameters, the tensor table, the tokenizer files) is here.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from poot import _native
 from poot.checkpoints.hparams import ModelHParams, hparams_from_gguf, hparams_from_hf_config
+from poot.checkpoints.metadata import GgufMetadata, metadata_array_len
 from poot.errors import CheckpointFormatError
 
 if TYPE_CHECKING:
@@ -36,7 +38,8 @@ class ModelFiles:
         hparams: the normalized hyperparameters.
         gguf: the opened GGUF file (kind ``"gguf"``), else None.
         safetensors: the opened safetensors set (kind ``"hf"``), else None.
-        metadata: the GGUF key/value metadata; ``{}`` for a HF directory.
+        metadata: the GGUF key/value metadata (a ``GgufMetadata``: vocabulary-sized arrays
+            are converted only when read); ``{}`` for a HF directory.
         config: config.json; ``{}`` for a GGUF file.
         tokenizer_json: tokenizer.json if the directory has one.
         tokenizer_config: tokenizer_config.json, or ``{}``.
@@ -49,7 +52,7 @@ class ModelFiles:
     hparams: ModelHParams
     gguf: GgufFile | None = None
     safetensors: SafetensorsModel | None = None
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: Mapping[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     tokenizer_json: Path | None = None
     tokenizer_config: dict[str, Any] = field(default_factory=dict)
@@ -100,12 +103,11 @@ class ModelFiles:
     def tokenizer_summary(self) -> dict[str, Any]:
         """Where the tokenizer comes from and what kind it is (for ``poot inspect``)."""
         if self.kind == "gguf":
-            tokens = self.metadata.get("tokenizer.ggml.tokens")
             return {
                 "source": "gguf",
                 "model": self.metadata.get("tokenizer.ggml.model"),
                 "pre": self.metadata.get("tokenizer.ggml.pre"),
-                "n_tokens": len(tokens) if isinstance(tokens, list | tuple) else None,
+                "n_tokens": metadata_array_len(self.metadata, "tokenizer.ggml.tokens"),
             }
         out: dict[str, Any] = {"source": None, "model": None, "pre": None, "n_tokens": None}
         if self.tokenizer_json is not None:
@@ -156,7 +158,7 @@ def _read_optional_json(path: Path) -> dict[str, Any]:
 def open_gguf(path: Path, spec: str) -> ModelFiles:
     """Open one GGUF file (header and metadata only)."""
     gguf = _native.GgufFile(str(path))
-    metadata = dict(gguf.metadata())
+    metadata = GgufMetadata(gguf)
     names = {t.name for t in gguf.tensors()}
     hparams = hparams_from_gguf(metadata, names, source=str(path))
     return ModelFiles(

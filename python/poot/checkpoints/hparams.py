@@ -13,6 +13,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from poot.checkpoints.metadata import metadata_array_len
 from poot.errors import CheckpointFormatError
 
 # HF model_type / GGUF general.architecture names that are the Llama graph.
@@ -175,7 +176,8 @@ def hparams_from_gguf(
     """Build hyperparameters from GGUF metadata.
 
     Args:
-        metadata: the file's key/value metadata, values as plain Python objects.
+        metadata: the file's key/value metadata, values as plain Python objects (a dict, or
+            a ``GgufMetadata``, whose vocabulary is counted without being converted).
         tensor_names: the names of the file's tensors (a file without ``output.weight`` ties
             the output projection to ``token_embd.weight``).
         source: the file's path, for error messages.
@@ -192,10 +194,9 @@ def hparams_from_gguf(
     )
     vocab = metadata.get(p + "vocab_size")
     if vocab is None:
-        tokens = metadata.get("tokenizer.ggml.tokens")
-        if not isinstance(tokens, list | tuple):
+        vocab = metadata_array_len(metadata, "tokenizer.ggml.tokens")
+        if vocab is None:
             raise _bad(source, p + "vocab_size", "is missing and there is no tokenizer.ggml.tokens")
-        vocab = len(tokens)
     scaling = None
     stype = metadata.get(p + "rope.scaling.type")
     if isinstance(stype, str) and stype != "none":
@@ -203,8 +204,8 @@ def hparams_from_gguf(
         orig = metadata.get(p + "rope.scaling.original_context_length")
         prefix = p + "rope.scaling."
         params = {
-            k[len(prefix) :]: v
-            for k, v in metadata.items()
+            k[len(prefix) :]: metadata[k]
+            for k in metadata
             if k.startswith(prefix)
             and k[len(prefix) :] not in ("type", "factor", "original_context_length")
         }

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from poot.errors import TokenizerError
 from poot.tokenizer.base import Backend, Tokenizer
-from poot.tokenizer.gguf_bpe import BpeBackend
-from poot.tokenizer.gguf_spm import SpmBackend
-from poot.tokenizer.gguf_vocab import GgufVocab
+from poot.tokenizer.gguf_bpe import BpeBackend, bpe_model
+from poot.tokenizer.gguf_spm import SpmBackend, SpmTable
+from poot.tokenizer.gguf_vocab import read_gguf_vocab, tokenizer_model
 from poot.tokenizer.hf import HfBackend, chat_templates_from_dir, special_token_strings
 from poot.tokenizer.pretokenizers import get_pre_tokenizer, supported_pre_tokenizers
 from poot.tokenizer.stream import TokenStream
@@ -73,7 +73,9 @@ def _from_model_files(files: ModelFiles) -> Tokenizer:
     if files.kind == "gguf":
         meta = files.metadata
         if not meta and files.gguf is not None:
-            meta = files.gguf.metadata()
+            from poot.checkpoints.metadata import GgufMetadata
+
+            meta = GgufMetadata(files.gguf)
         return tokenizer_from_gguf_metadata(meta, source=str(files.path))
     return tokenizer_from_hf_dir(
         Path(files.path),
@@ -86,27 +88,33 @@ def _from_model_files(files: ModelFiles) -> Tokenizer:
 
 def _from_gguf_path(path: Path) -> Tokenizer:
     from poot import _native
+    from poot.checkpoints.metadata import GgufMetadata
 
-    gguf_file = _native.GgufFile(str(path))
-    return tokenizer_from_gguf_metadata(gguf_file.metadata(), source=str(path))
+    meta = GgufMetadata(_native.GgufFile(str(path)))
+    return tokenizer_from_gguf_metadata(meta, source=str(path))
 
 
 def tokenizer_from_gguf_metadata(
     metadata: Mapping[str, Any], *, source: str = "GGUF metadata"
 ) -> Tokenizer:
-    """Rebuilds a GGUF file's tokenizer from its metadata dict.
+    """Rebuilds a GGUF file's tokenizer from its metadata.
+
+    A byte-level BPE vocabulary goes to the native ``BpeModel`` (read natively, with no Python
+    object per token, when ``metadata`` is a ``GgufMetadata``); a SentencePiece one is read
+    into Python lists once.
 
     Args:
-        metadata: the file's key/value metadata (arrays as lists).
+        metadata: the file's key/value metadata (arrays as lists): a dict, or the
+            ``GgufMetadata`` of an opened file.
         source: a name for messages.
 
     Raises:
         TokenizerError: the model or pre-tokenizer is unknown, or the vocabulary is malformed.
     """
     get: Callable[[str], Any] = metadata.get
-    model = get("tokenizer.ggml.model")
     backend: Backend
     try:
+        model = tokenizer_model(get)
         if model == "gpt2":
             pre_name = get("tokenizer.ggml.pre") or "default"
             pre = get_pre_tokenizer(pre_name)
@@ -115,13 +123,19 @@ def tokenizer_from_gguf_metadata(
                     f"unknown pre-tokenizer tokenizer.ggml.pre={pre_name!r}; supported: "
                     + ", ".join(supported_pre_tokenizers())
                 )
-            vocab = GgufVocab.from_metadata(
-                get, default_add_bos=pre.add_bos, default_bos=pre.default_bos, keys=list(metadata)
+            bpe = bpe_model(metadata, ignore_merges=pre.ignore_merges)
+            vocab = read_gguf_vocab(
+                get,
+                bpe,
+                default_add_bos=pre.add_bos,
+                default_bos=pre.default_bos,
+                keys=list(metadata),
             )
-            backend = BpeBackend(vocab, pre)
+            backend = BpeBackend(vocab, bpe, pre)
         else:
-            vocab = GgufVocab.from_metadata(get, keys=list(metadata))
-            backend = SpmBackend(vocab)
+            spm = SpmTable.from_metadata(get)
+            vocab = read_gguf_vocab(get, spm, keys=list(metadata))
+            backend = SpmBackend(vocab, spm)
     except TokenizerError as e:
         raise TokenizerError(f"{source}: {e}") from e
     specials: dict[str, Any] = {}
@@ -133,7 +147,7 @@ def tokenizer_from_gguf_metadata(
         ("sep_token", vocab.sep_id),
     ):
         if tid is not None:
-            specials[name] = vocab.tokens[tid]
+            specials[name] = backend.id_to_token(tid)
     return Tokenizer(
         backend,
         source=source,

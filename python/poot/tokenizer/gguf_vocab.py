@@ -1,11 +1,13 @@
 """A GGUF vocabulary as llama.cpp loads it, and the parts of tokenization all GGUF models share.
 
-``GgufVocab.from_metadata`` reads the ``tokenizer.ggml.*`` keys with llama.cpp's defaults and
-quirks (``llama_vocab::impl::load`` in src/llama-vocab.cpp): per-model default special ids,
+``read_gguf_vocab`` reads the ``tokenizer.ggml.*`` keys with llama.cpp's defaults and quirks
+(``llama_vocab::impl::load`` in src/llama-vocab.cpp): per-model default special ids,
 ``add_bos``/``add_eos``/``add_space_prefix`` defaults, EOG tokens detected by their text and
-promoted to control tokens, Phi-3's right-stripping special tokens. ``GgufBackend`` then does
-what ``llama_vocab::impl::tokenize`` and ``detokenize`` do around the model-specific core:
-special-token partitioning, BOS/EOS, token pieces and space clean-up.
+promoted to control tokens, Phi-3's right-stripping special tokens. The token texts are not
+part of it: each backend reads them into its own ``TokenTable`` first (the native BPE model,
+or SentencePiece's Python lists), and ``GgufVocab`` keeps only 2 bytes of attributes per id.
+``GgufBackend`` does what ``llama_vocab::impl::tokenize`` and ``detokenize`` do around the
+model-specific core: special-token partitioning, BOS/EOS, token pieces and space clean-up.
 
 Invariants:
     - Special-token partitioning is llama.cpp's: control, unknown and user-defined tokens are
@@ -15,21 +17,31 @@ Invariants:
     - A token's piece is the exact bytes llama.cpp's ``token_to_piece`` yields, so decoding and
       streaming agree byte for byte; text is made from bytes with ``errors="replace"``.
     - Nothing here imports ``poot._native``; metadata arrives as a getter over plain values.
+    - Token texts are held once, by the backend's table; what is shared keeps 2 bytes per id.
 """
 
 from __future__ import annotations
 
 import re
 from abc import abstractmethod
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from poot.errors import TokenizerError
 from poot.tokenizer.base import Backend
 from poot.tokenizer.stream import ByteStream, TokenStream
 
-__all__ = ["ATTR", "GgufBackend", "GgufVocab", "clean_spaces"]
+__all__ = [
+    "ATTR",
+    "GgufBackend",
+    "GgufVocab",
+    "TokenTable",
+    "clean_spaces",
+    "read_gguf_vocab",
+    "tokenizer_model",
+]
 
 MetaGetter = Callable[[str], Any]
 
@@ -158,30 +170,34 @@ def _opt_id(value: Any, n_tokens: int) -> int | None:
     return value if 0 <= value < n_tokens else None
 
 
+class TokenTable(Protocol):
+    """Where a backend keeps its token texts: the id of a text, and the number of ids."""
+
+    def __len__(self) -> int: ...
+
+    def token_to_id(self, token: str) -> int | None: ...
+
+
 @dataclass
 class GgufVocab:
-    """The ``tokenizer.ggml.*`` metadata of one GGUF file, with llama.cpp's defaults applied.
+    """What every GGUF tokenizer keeps of the ``tokenizer.ggml.*`` metadata, with llama.cpp's
+    defaults applied; the token texts themselves stay in the backend's ``TokenTable``.
 
     Attributes:
         model: ``tokenizer.ggml.model`` (``"llama"`` or ``"gpt2"``).
         pre: ``tokenizer.ggml.pre`` (``"default"`` when absent).
-        tokens: token texts by id.
-        scores: token scores by id (0.0 when the file has none).
-        attrs: ``ATTR`` bits by id.
-        token_to_id: the inverse of ``tokens``.
+        n_tokens: the number of token ids.
+        attrs: ``ATTR`` bits by id (2 bytes each).
         bos_id, eos_id, eot_id, eom_id, unk_id, pad_id, sep_id: special ids, or None.
         add_bos, add_eos, add_space_prefix: tokenizer flags.
         eog_ids: every token that ends generation, as llama.cpp computes it.
-        merges: ``tokenizer.ggml.merges`` (BPE only).
         chat_templates: ``tokenizer.chat_template`` under ``"default"``, and any named ones.
     """
 
     model: str
     pre: str
-    tokens: list[str]
-    scores: list[float]
-    attrs: list[int]
-    token_to_id: dict[str, int]
+    n_tokens: int
+    attrs: array[int]
     bos_id: int | None = None
     eos_id: int | None = None
     eot_id: int | None = None
@@ -193,152 +209,141 @@ class GgufVocab:
     add_eos: bool = False
     add_space_prefix: bool = False
     eog_ids: frozenset[int] = frozenset()
-    merges: list[str] = field(default_factory=list)
     chat_templates: dict[str, str] = field(default_factory=dict)
 
-    @classmethod
-    def from_metadata(
-        cls,
-        get: MetaGetter,
-        *,
-        default_add_bos: bool | None = None,
-        default_bos: bool = True,
-        keys: Sequence[str] = (),
-    ) -> GgufVocab:
-        """Reads the vocabulary from a metadata getter (``dict.get`` or ``GgufFile.get``).
 
-        Args:
-            get: returns the value of a metadata key, or None when absent.
-            default_add_bos: the ``add_bos`` default when the file has no
-                ``tokenizer.ggml.add_bos_token`` (set by the BPE pre-tokenizer); None keeps
-                the model's default.
-            default_bos: false when the pre-tokenizer has no default BOS id (GLM-4).
-            keys: every metadata key, used to find named chat templates.
+def tokenizer_model(get: MetaGetter) -> str:
+    """``tokenizer.ggml.model``, checked to be one poot tokenizes.
 
-        Raises:
-            TokenizerError: the vocabulary is missing or malformed.
-        """
-        model = get("tokenizer.ggml.model")
-        if not isinstance(model, str):
-            raise TokenizerError("GGUF metadata has no tokenizer.ggml.model")
-        raw_tokens = get("tokenizer.ggml.tokens")
-        if not isinstance(raw_tokens, list) or not raw_tokens:
-            raise TokenizerError("GGUF metadata has no tokenizer.ggml.tokens list")
-        n = len(raw_tokens)
-        tokens = [str(t) if t else f"[EMPTY_{i}]" for i, t in enumerate(raw_tokens)]
-        token_to_id: dict[str, int] = {}
-        for i, t in enumerate(tokens):
-            if token_to_id.setdefault(t, i) != i:
-                raise TokenizerError(
-                    f"duplicate token in vocabulary: {t!r} has ids {token_to_id[t]} and {i}"
-                )
-        scores = _float_list(get("tokenizer.ggml.scores"), n, "tokenizer.ggml.scores")
-        types = get("tokenizer.ggml.token_type")
-        if types is None:
-            attrs = [ATTR.NORMAL] * n
-        else:
-            if not isinstance(types, list) or len(types) < n:
-                raise TokenizerError("tokenizer.ggml.token_type is shorter than the vocabulary")
-            attrs = [_TYPE_TO_ATTR.get(int(t), ATTR.UNDEFINED) for t in types[:n]]
-
-        pre = get("tokenizer.ggml.pre") or "default"
-        bos: int | None
-        eos: int | None
-        unk: int | None
-        if model == "llama":
-            bos, eos, unk = 1, 2, 0
-            add_bos, add_eos, add_space_prefix = True, False, True
-        elif model == "gpt2":
-            bos, eos, unk = 11, 11, None
-            add_bos, add_eos, add_space_prefix = False, False, False
-        else:
-            raise TokenizerError(
-                f"unknown tokenizer.ggml.model {model!r}: poot supports 'llama' (SentencePiece) "
-                "and 'gpt2' (byte-level BPE)"
-            )
-        if default_add_bos is not None:
-            add_bos = default_add_bos
-        if not default_bos:
-            bos = None
-        add_bos = _flag(get("tokenizer.ggml.add_bos_token"), add_bos)
-        add_eos = _flag(get("tokenizer.ggml.add_eos_token"), add_eos)
-        add_space_prefix = _flag(get("tokenizer.ggml.add_space_prefix"), add_space_prefix)
-
-        def special(key: str, default: int | None) -> int | None:
-            # An id outside the vocabulary is ignored (llama.cpp warns and keeps the default).
-            value = _opt_id(get(f"tokenizer.ggml.{key}"), n)
-            return value if value is not None else _opt_id(default, n)
-
-        vocab = cls(
-            model=model,
-            pre=pre,
-            tokens=tokens,
-            scores=scores,
-            attrs=attrs,
-            token_to_id=token_to_id,
-            bos_id=special("bos_token_id", bos),
-            eos_id=special("eos_token_id", eos),
-            eot_id=special("eot_token_id", None),
-            eom_id=special("eom_token_id", None),
-            unk_id=special("unknown_token_id", unk),
-            pad_id=special("padding_token_id", None),
-            sep_id=special("seperator_token_id", None),
-            add_bos=add_bos,
-            add_eos=add_eos,
-            add_space_prefix=add_space_prefix,
-            merges=[str(m) for m in (get("tokenizer.ggml.merges") or [])],
+    Raises:
+        TokenizerError: it is missing or unknown.
+    """
+    model = get("tokenizer.ggml.model")
+    if not isinstance(model, str):
+        raise TokenizerError("GGUF metadata has no tokenizer.ggml.model")
+    if model not in ("llama", "gpt2"):
+        raise TokenizerError(
+            f"unknown tokenizer.ggml.model {model!r}: poot supports 'llama' (SentencePiece) "
+            "and 'gpt2' (byte-level BPE)"
         )
-        if vocab.add_bos and vocab.bos_id is None:
-            raise TokenizerError("tokenizer.ggml.add_bos_token is true, but there is no BOS token")
-        if vocab.add_eos and vocab.eos_id is None:
-            raise TokenizerError("tokenizer.ggml.add_eos_token is true, but there is no EOS token")
-        vocab._detect_specials(str(get("general.name") or ""))
-        vocab.chat_templates = _chat_templates(get, keys)
-        return vocab
+    return model
 
-    def _detect_specials(self, model_name: str) -> None:
-        # llama.cpp finds EOT/EOM/FIM/EOG tokens by their text and makes them control tokens.
-        eog: set[int] = set()
-        for text, tid in self.token_to_id.items():
-            if text in _EOG_TEXTS or text in _FIM_EOG_TEXTS:
-                eog.add(tid)
-            if text in _EOG_TEXTS or text in _FIM_EOG_TEXTS or text in _FIM_TEXTS:
-                self.attrs[tid] |= ATTR.CONTROL
-        for end in (self.eos_id, self.eot_id, self.eom_id):
-            if end is not None:
-                eog.add(end)
-        self.eog_ids = frozenset(eog)
-        name = model_name.lower()
-        if "phi-3" in name or "phi3" in name:
-            for i, attr in enumerate(self.attrs):
-                if attr & _SPECIAL:
-                    self.attrs[i] |= ATTR.RSTRIP
-            for text, on in (
-                ("</s>", True),
-                ("<unk>", False),
-                ("<s>", False),
-                ("<|endoftext|>", False),
-            ):
-                found = self.token_to_id.get(text)
-                if found is not None:
-                    attr = self.attrs[found]
-                    self.attrs[found] = attr | ATTR.RSTRIP if on else attr & ~ATTR.RSTRIP
 
-    def token_text(self, token_id: int) -> str | None:
-        """The stored text of a token, or None when the id is out of range."""
-        return self.tokens[token_id] if 0 <= token_id < len(self.tokens) else None
+def read_gguf_vocab(
+    get: MetaGetter,
+    table: TokenTable,
+    *,
+    default_add_bos: bool | None = None,
+    default_bos: bool = True,
+    keys: Sequence[str] = (),
+) -> GgufVocab:
+    """Reads what every GGUF tokenizer keeps, from a metadata getter and the token table the
+    backend built.
+
+    Args:
+        get: returns the value of a metadata key, or None when absent (``Mapping.get``).
+        table: the backend's token texts (``len`` is the vocabulary size).
+        default_add_bos: the ``add_bos`` default when the file has no
+            ``tokenizer.ggml.add_bos_token`` (set by the BPE pre-tokenizer); None keeps the
+            model's default.
+        default_bos: false when the pre-tokenizer has no default BOS id (GLM-4).
+        keys: every metadata key, used to find named chat templates.
+
+    Raises:
+        TokenizerError: the model is unknown, or the token types or flags are malformed.
+    """
+    model = tokenizer_model(get)
+    n = len(table)
+    types = get("tokenizer.ggml.token_type")
+    if types is None:
+        attrs = array("H", [ATTR.NORMAL]) * n
+    else:
+        if not isinstance(types, list) or len(types) < n:
+            raise TokenizerError("tokenizer.ggml.token_type is shorter than the vocabulary")
+        attrs = array("H", [_TYPE_TO_ATTR.get(int(t), ATTR.UNDEFINED) for t in types[:n]])
+        del types
+
+    bos: int | None
+    eos: int | None
+    unk: int | None
+    if model == "llama":
+        bos, eos, unk = 1, 2, 0
+        add_bos, add_eos, add_space_prefix = True, False, True
+    else:
+        bos, eos, unk = 11, 11, None
+        add_bos, add_eos, add_space_prefix = False, False, False
+    if default_add_bos is not None:
+        add_bos = default_add_bos
+    if not default_bos:
+        bos = None
+    add_bos = _flag(get("tokenizer.ggml.add_bos_token"), add_bos)
+    add_eos = _flag(get("tokenizer.ggml.add_eos_token"), add_eos)
+    add_space_prefix = _flag(get("tokenizer.ggml.add_space_prefix"), add_space_prefix)
+
+    def special(key: str, default: int | None) -> int | None:
+        # An id outside the vocabulary is ignored (llama.cpp warns and keeps the default).
+        value = _opt_id(get(f"tokenizer.ggml.{key}"), n)
+        return value if value is not None else _opt_id(default, n)
+
+    vocab = GgufVocab(
+        model=model,
+        pre=get("tokenizer.ggml.pre") or "default",
+        n_tokens=n,
+        attrs=attrs,
+        bos_id=special("bos_token_id", bos),
+        eos_id=special("eos_token_id", eos),
+        eot_id=special("eot_token_id", None),
+        eom_id=special("eom_token_id", None),
+        unk_id=special("unknown_token_id", unk),
+        pad_id=special("padding_token_id", None),
+        sep_id=special("seperator_token_id", None),
+        add_bos=add_bos,
+        add_eos=add_eos,
+        add_space_prefix=add_space_prefix,
+    )
+    if vocab.add_bos and vocab.bos_id is None:
+        raise TokenizerError("tokenizer.ggml.add_bos_token is true, but there is no BOS token")
+    if vocab.add_eos and vocab.eos_id is None:
+        raise TokenizerError("tokenizer.ggml.add_eos_token is true, but there is no EOS token")
+    _detect_specials(vocab, table, str(get("general.name") or ""))
+    vocab.chat_templates = _chat_templates(get, keys)
+    return vocab
+
+
+def _detect_specials(vocab: GgufVocab, table: TokenTable, model_name: str) -> None:
+    # llama.cpp finds EOT/EOM/FIM/EOG tokens by their text and makes them control tokens.
+    attrs = vocab.attrs
+    eog: set[int] = set()
+    for texts, ends in ((_EOG_TEXTS, True), (_FIM_EOG_TEXTS, True), (_FIM_TEXTS, False)):
+        for text in texts:
+            tid = table.token_to_id(text)
+            if tid is not None:
+                attrs[tid] |= ATTR.CONTROL
+                if ends:
+                    eog.add(tid)
+    for end in (vocab.eos_id, vocab.eot_id, vocab.eom_id):
+        if end is not None:
+            eog.add(end)
+    vocab.eog_ids = frozenset(eog)
+    name = model_name.lower()
+    if "phi-3" in name or "phi3" in name:
+        for i, attr in enumerate(attrs):
+            if attr & _SPECIAL:
+                attrs[i] |= ATTR.RSTRIP
+        for text, on in (
+            ("</s>", True),
+            ("<unk>", False),
+            ("<s>", False),
+            ("<|endoftext|>", False),
+        ):
+            found = table.token_to_id(text)
+            if found is not None:
+                attr = attrs[found]
+                attrs[found] = attr | ATTR.RSTRIP if on else attr & ~ATTR.RSTRIP
 
 
 def _flag(value: Any, default: bool) -> bool:
     return default if value is None else bool(value)
-
-
-def _float_list(value: Any, n: int, key: str) -> list[float]:
-    if value is None:
-        return [0.0] * n
-    if not isinstance(value, list) or len(value) < n:
-        raise TokenizerError(f"{key} is shorter than the vocabulary")
-    return [float(x) for x in value[:n]]
 
 
 def _chat_templates(get: MetaGetter, keys: Sequence[str]) -> dict[str, str]:
@@ -361,23 +366,31 @@ def clean_spaces(text: str) -> str:
 
 
 class GgufBackend(Backend):
-    """What every GGUF tokenizer shares: special tokens, BOS/EOS, pieces and decoding."""
+    """What every GGUF tokenizer shares: special tokens, BOS/EOS, pieces and decoding.
+
+    A subclass answers ``id_to_token`` and ``token_to_id`` from its own structures, and sets
+    them up before calling ``GgufBackend.__init__``.
+    """
 
     def __init__(self, vocab: GgufVocab, *, clean_spaces: bool) -> None:
         self.vocab = vocab
         self.clean_spaces = clean_spaces
-        self._pieces: list[bytes | None] = [None] * len(vocab.tokens)
-        order = [i for i, a in enumerate(vocab.attrs) if a & _SPECIAL]
+        # Pieces of the tokens seen so far; grows with use, not with the vocabulary.
+        self._pieces: dict[int, bytes] = {}
+        specials: list[tuple[int, str, int]] = []
+        for i, attr in enumerate(vocab.attrs):
+            if attr & _SPECIAL:
+                text = self.id_to_token(i)
+                assert text is not None
+                specials.append((i, text, attr))
         # Longest first, as llama.cpp's cache_special_tokens; ties keep id order.
-        order.sort(key=lambda i: -len(vocab.tokens[i]))
-        self._special_order = order
-        self._always_split = [
-            i for i in order if not vocab.attrs[i] & (ATTR.CONTROL | ATTR.UNKNOWN)
-        ]
+        specials.sort(key=lambda s: -len(s[1]))
+        self._special_order = specials
+        self._always_split = [s for s in specials if not s[2] & (ATTR.CONTROL | ATTR.UNKNOWN)]
 
     @property
     def vocab_size(self) -> int:
-        return len(self.vocab.tokens)
+        return self.vocab.n_tokens
 
     @property
     def bos_id(self) -> int | None:
@@ -391,22 +404,13 @@ class GgufBackend(Backend):
     def add_bos(self) -> bool:
         return self.vocab.add_bos
 
-    def id_to_token(self, token_id: int) -> str | None:
-        return self.vocab.token_text(token_id)
-
-    def token_to_id(self, token: str) -> int | None:
-        return self.vocab.token_to_id.get(token)
-
     def is_special(self, token_id: int) -> bool:
         return bool(self.vocab.attrs[token_id] & (ATTR.CONTROL | ATTR.UNKNOWN))
 
     def partition(self, text: str, parse_special: bool) -> list[str | int]:
         """Splits ``text`` into raw fragments and special token ids, as llama.cpp does."""
         frags: list[str | int] = [text] if text else []
-        vocab = self.vocab
-        for tid in self._special_order if parse_special else self._always_split:
-            needle = vocab.tokens[tid]
-            attr = vocab.attrs[tid]
+        for tid, needle, attr in self._special_order if parse_special else self._always_split:
             if not any(isinstance(f, str) and needle in f for f in frags):
                 continue
             out: list[str | int] = []
@@ -468,16 +472,17 @@ class GgufBackend(Backend):
         Raises:
             TokenizerError: the id is out of range.
         """
-        vocab = self.vocab
-        if not 0 <= token_id < len(vocab.tokens):
-            raise TokenizerError(f"token id {token_id} is out of range [0, {len(vocab.tokens)})")
-        attr = vocab.attrs[token_id]
+        n = self.vocab.n_tokens
+        if not 0 <= token_id < n:
+            raise TokenizerError(f"token id {token_id} is out of range [0, {n})")
+        attr = self.vocab.attrs[token_id]
         if skip_special and attr & (ATTR.CONTROL | ATTR.UNKNOWN):
             return b""
-        cached = self._pieces[token_id]
+        cached = self._pieces.get(token_id)
         if cached is not None:
             return cached
-        text = vocab.tokens[token_id]
+        text = self.id_to_token(token_id)
+        assert text is not None
         if attr & _SPECIAL:
             piece = text.encode()
         elif attr & ATTR.NORMAL:

@@ -1,7 +1,7 @@
 //! Paged causal attention with grouped-query heads, one layer, one step.
 //!
 //! Layout: each layer's K and V caches are `[num_blocks, block_size, n_kv_heads, head_dim]` of
-//! a [`KvElem`] (f32 now; the trait is the hook for f16 later). A sequence's logical block `b`
+//! a [`KvElem`] (`f32`, or `half::f16` as llama.cpp keeps it). A sequence's logical block `b`
 //! lives in physical block `block_tables[seq][b]`; position `p` is slot
 //! `block * block_size + p % block_size` with `block = block_tables[seq][p / block_size]`.
 //!
@@ -15,13 +15,17 @@
 //! the slot the block table gives for that token's position (a scheduler bug otherwise). So a
 //! returned error leaves `k_cache`, `v_cache` and `out` untouched, and nothing panics.
 //!
-//! Numerics: scores `dot(q, k) * scale` (8 `f32` lanes), softmax in `f32` with the max
-//! subtracted and an `f32` sum, `out = (sum_p e_p * v_p) * (1 / sum)`. Error bound in the tests.
-//! Results do not depend on the thread count.
+//! Numerics ([`Numerics::Exact`]): scores `dot(q, k) * scale` (8 `f32` lanes), softmax in `f32`
+//! with the max subtracted and an `f32` sum, `out = (sum_p e_p * v_p) * (1 / sum)`. Error bound
+//! in the tests. [`Numerics::Ggml`] follows llama.cpp instead (`attention_ggml.rs`). Results do
+//! not depend on the thread count.
 //!
 //! Cost: O(sum over tokens of (position + 1) * n_heads * head_dim) multiply-adds, parallel over
 //! (token, head) pairs; scratch of `max position + 1` floats per thread plus `n_seqs` counters.
 
+use super::attention_ggml;
+use super::ggml::Numerics;
+use super::simd::Isa;
 use crate::error::{check_len, mul};
 use crate::pool::ThreadPool;
 use crate::KernelError;
@@ -29,6 +33,14 @@ use crate::KernelError;
 /// An element type the KV cache can store.
 pub trait KvElem: Copy + Send + Sync + 'static {
     fn to_f32(self) -> f32;
+
+    /// `dst[i] = src[i].to_f32()` (implementations may convert in bulk).
+    fn slice_to_f32(src: &[Self], dst: &mut [f32]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = s.to_f32();
+        }
+    }
+
     fn from_f32(v: f32) -> Self;
 }
 
@@ -41,6 +53,51 @@ impl KvElem for f32 {
     #[inline(always)]
     fn from_f32(v: f32) -> Self {
         v
+    }
+}
+
+impl KvElem for half::f16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+
+    /// Exact; F16C when the CPU has it.
+    fn slice_to_f32(src: &[Self], dst: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("f16c") && is_x86_feature_detected!("avx") {
+            // SAFETY: F16C and AVX were just detected.
+            return unsafe { f16_to_f32_f16c(src, dst) };
+        }
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = s.to_f32();
+        }
+    }
+
+    /// Round to nearest even, as ggml's `fp32_to_fp16` (F16C) does.
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        half::f16::from_f32(v)
+    }
+}
+
+/// `dst[i] = src[i]` widened with `vcvtph2ps`, 8 at a time, then one by one.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c")]
+fn f16_to_f32_f16c(src: &[half::f16], dst: &mut [f32]) {
+    use std::arch::x86_64::{_mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128};
+    let n = src.len().min(dst.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: elements i..i + 8 are inside both slices (i + 8 <= n); F16C/AVX enabled.
+        unsafe {
+            let h = _mm_loadu_si128(src.as_ptr().add(i).cast());
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        }
+        i += 8;
+    }
+    for (d, s) in dst[i..n].iter_mut().zip(&src[i..n]) {
+        *d = s.to_f32();
     }
 }
 
@@ -109,6 +166,18 @@ pub fn paged_attention<T: KvElem>(
     out: &mut [f32],
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
+    paged_attention_numerics(Numerics::Exact, shape, inputs, cache, out, pool)
+}
+
+/// [`paged_attention`] under a chosen [`Numerics`] (the same contract and checks).
+pub fn paged_attention_numerics<T: KvElem>(
+    numerics: Numerics,
+    shape: &AttentionShape,
+    inputs: &AttentionInputs<'_>,
+    cache: KvCacheMut<'_, T>,
+    out: &mut [f32],
+    pool: &ThreadPool,
+) -> Result<(), KernelError> {
     let plan = validate(shape, inputs, cache.k.len(), cache.v.len(), out.len())?;
     let s = shape;
     let kv_row = s.n_kv_heads * s.head_dim;
@@ -128,6 +197,39 @@ pub fn paged_attention<T: KvElem>(
     }
     let (k_cache, v_cache) = (&*cache.k, &*cache.v);
     let group = s.n_heads / s.n_kv_heads;
+    if numerics == Numerics::Ggml {
+        let batched = plan.t >= 2;
+        let fma = Isa::detect() != Isa::Scalar;
+        pool.for_each_chunk_mut(
+            out,
+            s.head_dim,
+            attention_ggml::Scratch::default,
+            |scratch, idx, o| {
+                let (tok, h) = (idx / s.n_heads, idx % s.n_heads);
+                let seq = inputs.token_seq[tok] as usize;
+                let table = &inputs.block_tables[seq * s.max_blocks_per_seq..];
+                let head_off = (h / group) * s.head_dim;
+                // Validated: every table entry below `len` is a block in 0..num_blocks.
+                let row_of = |p: usize| {
+                    let slot = table[p / s.block_size] as usize * s.block_size + p % s.block_size;
+                    slot * kv_row + head_off
+                };
+                attention_ggml::head(
+                    fma,
+                    &inputs.q[idx * s.head_dim..(idx + 1) * s.head_dim],
+                    k_cache,
+                    v_cache,
+                    row_of,
+                    inputs.positions[tok] as usize + 1,
+                    s.scale,
+                    batched,
+                    scratch,
+                    o,
+                );
+            },
+        );
+        return Ok(());
+    }
     pool.for_each_chunk_mut(
         out,
         s.head_dim,

@@ -14,10 +14,18 @@
 //! ISA (independent of the thread count).
 //!
 //! Cost: `2 * t * n * k` flops; memory: `NR * k + NR * t` floats of scratch per thread.
+//!
+//! [`matmul_numerics`] with [`Numerics::Ggml`] takes llama.cpp's arithmetic instead, bit for bit:
+//! for Q4_0, Q4_1, Q5_0, Q8_0 weights activations quantized to Q8 and integer block dots (the
+//! cheaper path for one token, `matmul_q8.rs`), for F16 and F32 weights ggml's float dot orders
+//! (`matmul_float_ggml.rs`); each states its bound. BF16, Q5_1 and k-quant weights keep this
+//! exact path under either numerics.
 
 use poot_core::DType;
 
 use super::decode::Packed;
+use super::ggml::Numerics;
+use super::qdot::QKind;
 use super::simd::{self, Isa, NR};
 use crate::error::{check_len, mul};
 use crate::pool::{SharedMut, ThreadPool};
@@ -61,6 +69,26 @@ pub fn matmul_with(
     out: &mut [f32],
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
+    matmul_numerics(Numerics::Exact, isa, x, t, k, w, w_dtype, n, out, pool)
+}
+
+/// [`matmul_with`] under a chosen [`Numerics`] (see the module docs; the same shape checks).
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the runtime's kernel signature plus the ISA and numerics"
+)]
+pub fn matmul_numerics(
+    numerics: Numerics,
+    isa: Isa,
+    x: &[f32],
+    t: usize,
+    k: usize,
+    w: &[u8],
+    w_dtype: DType,
+    n: usize,
+    out: &mut [f32],
+    pool: &ThreadPool,
+) -> Result<(), KernelError> {
     let ck = isa.checked()?;
     let p = Packed::new(w_dtype).ok_or(KernelError::UnsupportedDType {
         op: "matmul",
@@ -76,6 +104,17 @@ pub fn matmul_with(
     if k == 0 {
         out.fill(0.0);
         return Ok(());
+    }
+    if numerics == Numerics::Ggml {
+        if let Some(kind) = QKind::new(w_dtype) {
+            super::matmul_q8::matmul_q8(ck, kind, x, t, k, w, row_bytes, n, out, pool);
+            return Ok(());
+        }
+        if matches!(p, Packed::F16 | Packed::F32) {
+            let f = super::matmul_float_ggml::matmul_float_ggml;
+            f(ck, p, x, t, k, w, row_bytes, n, out, pool);
+            return Ok(());
+        }
     }
 
     let groups = n.div_ceil(NR);

@@ -3,10 +3,18 @@
 
 pub mod act;
 pub mod attention;
+mod attention_ggml;
 pub mod decode;
 pub mod embedding;
+pub mod ggml;
 pub mod matmul;
+mod matmul_float_ggml;
+mod matmul_q8;
 pub mod norm;
+pub mod qact;
+mod qdot;
+#[cfg(target_arch = "x86_64")]
+mod qdot_x86;
 pub mod rope;
 pub mod simd;
 #[cfg(target_arch = "x86_64")]
@@ -16,9 +24,12 @@ pub use act::{
     add, add_inplace, gelu_erf, gelu_erf_to, gelu_tanh, gelu_tanh_to, mul, mul_inplace, silu,
     silu_mul, silu_to, softmax,
 };
-pub use attention::{paged_attention, AttentionInputs, AttentionShape, KvCacheMut, KvElem};
+pub use attention::{
+    paged_attention, paged_attention_numerics, AttentionInputs, AttentionShape, KvCacheMut, KvElem,
+};
 pub use decode::DECODABLE;
 pub use embedding::embedding;
-pub use matmul::{matmul, matmul_with, MATMUL_DTYPES};
+pub use ggml::Numerics;
+pub use matmul::{matmul, matmul_numerics, matmul_with, MATMUL_DTYPES};
 pub use norm::rms_norm;
 pub use rope::{rope, RopeConfig, RopeScaling, RopeStyle, RopeTable};

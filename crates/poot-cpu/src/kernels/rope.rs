@@ -15,12 +15,21 @@
 //! this by rounding only. Note that an `f32` angle at position `p` carries an absolute error of
 //! up to `ulp(p)`; every engine shares that, so the tests charge it to the reference too.
 //!
+//! [`RopeTable::with_numerics`] with [`Numerics::Ggml`] follows ggml instead (llama.cpp's CPU
+//! `rope_f32`, AVX2 build with gcc): `theta_scale = powf(theta, -2 / rot_dim)`, per position
+//! `t_0 = pos`, `t_{i+1} = t_i * theta_scale` (rounded each step), `cos`/`sin` of
+//! `freq_scale * t_i`, and the rotation fused as gcc emits it: `x0' = fma(x0, cos, -(x1 * sin))`,
+//! `x1' = fma(x0, sin, x1 * cos)` (checked bit for bit against llama.cpp on SmolLM2's
+//! interleaved heads). Llama 3 scaling has no such form (ggml reads per-frequency factors from
+//! the checkpoint) and keeps the recipe above.
+//!
 //! Scaling: `Linear` divides `inv_freq` by the factor (HF "linear"; ggml `freq_scale = 1 /
 //! factor`). `Llama3` follows HF `_compute_llama3_parameters` step by step in `f32`.
 //!
 //! Cost: building a [`RopeTable`] is O(rot_dim); [`rope`] is O(t * rot_dim) `sin`/`cos` plus
 //! O(t * n_heads * rot_dim) multiply-adds, with one `rot_dim`-sized scratch per call.
 
+use super::ggml::Numerics;
 use crate::error::{check_len, mul};
 use crate::KernelError;
 
@@ -68,6 +77,8 @@ pub struct RopeTable {
     style: RopeStyle,
     head_dim: usize,
     inv_freq: Vec<f32>,
+    /// ggml's recipe: `(theta_scale, freq_scale)`.
+    ggml: Option<(f32, f32)>,
 }
 
 fn invalid(what: &'static str, detail: String) -> KernelError {
@@ -75,6 +86,21 @@ fn invalid(what: &'static str, detail: String) -> KernelError {
 }
 
 impl RopeTable {
+    /// [`RopeTable::new`], or ggml's recipe under [`Numerics::Ggml`] (see the module docs).
+    pub fn with_numerics(cfg: &RopeConfig, numerics: Numerics) -> Result<Self, KernelError> {
+        let mut table = Self::new(cfg)?;
+        let freq_scale = match cfg.scaling {
+            RopeScaling::None => Some(1.0),
+            RopeScaling::Linear { factor } => Some(1.0 / factor),
+            RopeScaling::Llama3 { .. } => None,
+        };
+        if numerics == Numerics::Ggml && cfg.rot_dim > 0 {
+            let theta_scale = cfg.theta.powf(-2.0 / cfg.rot_dim as f32);
+            table.ggml = freq_scale.map(|f| (theta_scale, f));
+        }
+        Ok(table)
+    }
+
     /// Validates `cfg` and computes `inv_freq` (see the module docs for the exact recipe).
     pub fn new(cfg: &RopeConfig) -> Result<Self, KernelError> {
         if !cfg.rot_dim.is_multiple_of(2) || cfg.rot_dim > cfg.head_dim {
@@ -149,6 +175,7 @@ impl RopeTable {
             style: cfg.style,
             head_dim: cfg.head_dim,
             inv_freq,
+            ggml: None,
         })
     }
 
@@ -211,31 +238,53 @@ pub fn rope(
     let mut cs = vec![(0.0f32, 0.0f32); half];
     for (&pos, xt) in positions.iter().zip(x.chunks_exact_mut(row)) {
         let p = pos as f32;
-        for (c, &f) in cs.iter_mut().zip(&table.inv_freq) {
-            let angle = p * f;
-            *c = (angle.cos(), angle.sin());
+        if let Some((theta_scale, freq_scale)) = table.ggml {
+            let mut theta = p;
+            for c in cs.iter_mut() {
+                let angle = freq_scale * theta;
+                *c = (angle.cos(), angle.sin());
+                theta *= theta_scale;
+            }
+        } else {
+            for (c, &f) in cs.iter_mut().zip(&table.inv_freq) {
+                let angle = p * f;
+                *c = (angle.cos(), angle.sin());
+            }
         }
+        let rotate = if table.ggml.is_some() {
+            rotate_ggml
+        } else {
+            rotate_plain
+        };
         for head in xt.chunks_exact_mut(hd) {
             match table.style {
                 RopeStyle::Interleaved => {
-                    for (pair, &(cos, sin)) in head.chunks_exact_mut(2).zip(&cs) {
-                        let (x0, x1) = (pair[0], pair[1]);
-                        pair[0] = x0 * cos - x1 * sin;
-                        pair[1] = x0 * sin + x1 * cos;
+                    for (pair, &cs) in head.chunks_exact_mut(2).zip(&cs) {
+                        (pair[0], pair[1]) = rotate(pair[0], pair[1], cs);
                     }
                 }
                 RopeStyle::NeoX => {
                     let (lo, hi) = head[..2 * half].split_at_mut(half);
-                    for ((a, b), &(cos, sin)) in lo.iter_mut().zip(hi).zip(&cs) {
-                        let (x0, x1) = (*a, *b);
-                        *a = x0 * cos - x1 * sin;
-                        *b = x0 * sin + x1 * cos;
+                    for ((a, b), &cs) in lo.iter_mut().zip(hi).zip(&cs) {
+                        (*a, *b) = rotate(*a, *b, cs);
                     }
                 }
             }
         }
     }
     Ok(())
+}
+
+/// `(x0 cos - x1 sin, x0 sin + x1 cos)`, every product rounded.
+#[inline(always)]
+fn rotate_plain(x0: f32, x1: f32, (cos, sin): (f32, f32)) -> (f32, f32) {
+    (x0 * cos - x1 * sin, x0 * sin + x1 * cos)
+}
+
+/// The same, fused as gcc compiles ggml's `rotate_pairs` (see the module docs).
+#[inline(always)]
+fn rotate_ggml(x0: f32, x1: f32, (cos, sin): (f32, f32)) -> (f32, f32) {
+    (x0.mul_add(cos, -(x1 * sin)), x0.mul_add(sin, x1 * cos))
 }
 
 #[cfg(test)]

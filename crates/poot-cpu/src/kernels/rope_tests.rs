@@ -204,3 +204,41 @@ fn bad_configs_and_inputs_are_typed_errors() {
     );
     assert!(x.iter().all(|&v| v == 1.0));
 }
+
+/// ggml's recipe against the exact rotation by `pos * theta^(-2i/d)` in f64: its angle
+/// `pos * theta_scale^i` is built with `i` roundings (plus one each for `theta_scale` and the
+/// product), so each output is within `(|x0| + |x1|) * ((i + 3) * 2^-24 * angle + 4 * 2^-24)`.
+#[test]
+fn ggml_recipe_within_its_recurrence_bound() {
+    let (hd, n_heads) = (64, 2);
+    for style in [RopeStyle::Interleaved, RopeStyle::NeoX] {
+        let c = cfg(style, hd, hd);
+        let table = RopeTable::with_numerics(&c, Numerics::Ggml).unwrap();
+        assert_ne!(table, RopeTable::new(&c).unwrap());
+        let positions = [0, 1, 17, 4095];
+        let x0 = Rng::new(5).vec(positions.len() * n_heads * hd, -2.0, 2.0);
+        let mut x = x0.clone();
+        rope(&mut x, positions.len(), n_heads, &positions, &table).unwrap();
+        for (tok, &p) in positions.iter().enumerate() {
+            for h in 0..n_heads {
+                let base = (tok * n_heads + h) * hd;
+                for i in 0..hd / 2 {
+                    let (a, b) = pair(style, i, hd);
+                    let angle = f64::from(p) * 10000f64.powf(-2.0 * i as f64 / hd as f64);
+                    let (s, co) = angle.sin_cos();
+                    let (u, v) = (f64::from(x0[base + a]), f64::from(x0[base + b]));
+                    let tol = (u.abs() + v.abs())
+                        * ((i + 3) as f64 * 2f64.powi(-24) * angle + 4.0 * 2f64.powi(-24));
+                    assert!(
+                        (f64::from(x[base + a]) - (u * co - v * s)).abs() <= tol,
+                        "{p} {i}"
+                    );
+                    assert!(
+                        (f64::from(x[base + b]) - (u * s + v * co)).abs() <= tol,
+                        "{p} {i}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -79,6 +79,12 @@ impl Isa {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Checked(Isa);
 
+impl Checked {
+    pub(crate) fn isa(self) -> Isa {
+        self.0
+    }
+}
+
 /// Decodes `dst.len()` values of `p` from `src` (whole blocks; see `decode_run`).
 pub(crate) fn decode(ck: Checked, p: Packed, src: &[u8], dst: &mut [f32]) {
     match ck.0 {

@@ -14,9 +14,9 @@ use poot_runtime::{HostTensor, RuntimeError};
 
 use super::plan::CpuPlan;
 use super::sample::sample_row;
-use super::KvPool;
-use crate::kernels::{self, AttentionInputs, AttentionShape, KvCacheMut};
-use crate::{DType, KernelError, ThreadPool};
+use super::{KvLayers, KvPool};
+use crate::kernels::{self, AttentionInputs, AttentionShape, KvCacheMut, Numerics};
+use crate::{DType, Isa, KernelError, ThreadPool};
 
 enum Buf {
     Empty,
@@ -175,7 +175,9 @@ impl<'a> Exec<'a> {
                 let xs = self.shape(*x);
                 let n = self.shape(*w)[0];
                 let mut out = vec![0f32; numel];
-                kernels::matmul(
+                kernels::matmul_numerics(
+                    self.plan.numerics,
+                    Isa::detect(),
                     self.f32(*x, "matmul")?,
                     xs[0],
                     xs[1],
@@ -204,7 +206,12 @@ impl<'a> Exec<'a> {
                 let mut out = vec![0f32; numel];
                 let xv = self.f32(*x, op.name())?;
                 if matches!(op, Op::Silu { .. }) {
-                    kernels::silu_to(xv, &mut out).map_err(kerr("silu"))?;
+                    if self.plan.numerics == Numerics::Ggml {
+                        let d = *info.shape.last().unwrap_or(&1);
+                        kernels::ggml::silu_rows_to(xv, d, &mut out).map_err(kerr("silu"))?;
+                    } else {
+                        kernels::silu_to(xv, &mut out).map_err(kerr("silu"))?;
+                    }
                 } else {
                     kernels::gelu_tanh_to(xv, &mut out).map_err(kerr("gelu"))?;
                 }
@@ -235,10 +242,13 @@ impl<'a> Exec<'a> {
             Op::PagedAttention { q, k, v, meta, cfg } => {
                 let kv = kv.ok_or(RuntimeError::KvNotConfigured)?;
                 let layer = cfg.layer as usize;
-                if layer >= kv.k.len() {
+                if layer >= kv.layers.n_layers() {
                     return Err(RuntimeError::Kernel {
                         op: "paged_attention",
-                        detail: format!("layer {layer} but the KV pool has {} layers", kv.k.len()),
+                        detail: format!(
+                            "layer {layer} but the KV pool has {} layers",
+                            kv.layers.n_layers()
+                        ),
                     });
                 }
                 let tables_shape = self.shape(meta.block_tables);
@@ -272,12 +282,38 @@ impl<'a> Exec<'a> {
                     block_tables: self.i32(meta.block_tables, "paged_attention")?,
                 };
                 let mut out = vec![0f32; numel];
-                let cache = KvCacheMut {
-                    k: &mut kv.k[layer],
-                    v: &mut kv.v[layer],
-                };
-                kernels::paged_attention(&shape, &attn_inputs, cache, &mut out, self.pool)
-                    .map_err(kerr("paged_attention"))?;
+                let numerics = self.plan.numerics;
+                match &mut kv.layers {
+                    KvLayers::F32 { k, v } => {
+                        let cache = KvCacheMut {
+                            k: &mut k[layer],
+                            v: &mut v[layer],
+                        };
+                        kernels::paged_attention_numerics(
+                            numerics,
+                            &shape,
+                            &attn_inputs,
+                            cache,
+                            &mut out,
+                            self.pool,
+                        )
+                    }
+                    KvLayers::F16 { k, v } => {
+                        let cache = KvCacheMut {
+                            k: &mut k[layer],
+                            v: &mut v[layer],
+                        };
+                        kernels::paged_attention_numerics(
+                            numerics,
+                            &shape,
+                            &attn_inputs,
+                            cache,
+                            &mut out,
+                            self.pool,
+                        )
+                    }
+                }
+                .map_err(kerr("paged_attention"))?;
                 Buf::F32(out)
             }
             Op::Reshape { x, .. } => match &self.bufs[x.index()] {

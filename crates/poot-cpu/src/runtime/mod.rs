@@ -3,6 +3,13 @@
 //! Invariants: one thread pool per runtime; the KV pool is allocated once by `configure_kv`
 //! (bounded by `max_kv_bytes`, refused before allocating) and is then only written by attention
 //! ops; a missed deadline poisons the runtime for good (every later call is `Poisoned`).
+//!
+//! Numerics ([`CpuOptions::numerics`], fixed per runtime): [`Numerics::Exact`] keeps an f32 KV
+//! pool and exact kernels; [`Numerics::Ggml`] reproduces llama.cpp's CPU arithmetic (Q8
+//! activations with integer dots for Q4_0/Q4_1/Q5_0/Q8_0 weights, an f16 KV pool, ggml's RoPE,
+//! softmax and SiLU; see `kernels::ggml`), which makes greedy decoding follow llama.cpp's
+//! tokens; its integer matmul is the cheaper one per decoded token. Plans compiled by one
+//! runtime carry its numerics.
 
 mod exec;
 mod plan;
@@ -10,6 +17,7 @@ mod sample;
 
 use std::sync::{Arc, Mutex};
 
+use half::f16;
 use poot_core::Deadline;
 use poot_graph::{CompileLimits, Graph, Op};
 use poot_runtime::{
@@ -19,14 +27,41 @@ use poot_runtime::{
 
 pub use plan::CpuPlan;
 
+use crate::kernels::Numerics;
 use crate::ThreadPool;
 
-/// The KV pool: per layer, K and V of `[num_blocks, block_size, n_kv_heads, head_dim]` f32.
+/// Per layer, K and V of `[num_blocks, block_size, n_kv_heads, head_dim]` entries.
+#[derive(Debug)]
+pub(crate) enum KvLayers {
+    /// [`Numerics::Exact`].
+    F32 { k: Vec<Vec<f32>>, v: Vec<Vec<f32>> },
+    /// [`Numerics::Ggml`], as llama.cpp's default cache.
+    F16 { k: Vec<Vec<f16>>, v: Vec<Vec<f16>> },
+}
+
+impl KvLayers {
+    pub(crate) fn n_layers(&self) -> usize {
+        match self {
+            KvLayers::F32 { k, .. } => k.len(),
+            KvLayers::F16 { k, .. } => k.len(),
+        }
+    }
+}
+
+/// The KV pool.
 #[derive(Debug)]
 pub(crate) struct KvPool {
     cfg: KvCacheConfig,
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    layers: KvLayers,
+}
+
+/// Bytes of a pool of `cfg` with entries of `numerics`' KV element (f32 or f16).
+fn kv_bytes(cfg: &KvCacheConfig, numerics: Numerics) -> Option<u64> {
+    let f32_bytes = cfg.bytes_f32()?;
+    Some(match numerics {
+        Numerics::Exact => f32_bytes,
+        Numerics::Ggml => f32_bytes / 2,
+    })
 }
 
 /// Options for a CPU runtime.
@@ -36,6 +71,8 @@ pub struct CpuOptions {
     pub threads: usize,
     /// Upper bound on the KV pool's bytes.
     pub max_kv_bytes: u64,
+    /// The arithmetic the kernels follow (see the module docs).
+    pub numerics: Numerics,
 }
 
 impl Default for CpuOptions {
@@ -43,6 +80,7 @@ impl Default for CpuOptions {
         Self {
             threads: 0,
             max_kv_bytes: 8 << 30,
+            numerics: Numerics::Exact,
         }
     }
 }
@@ -74,6 +112,10 @@ impl CpuRuntime {
         self.pool.n_threads()
     }
 
+    pub fn numerics(&self) -> Numerics {
+        self.options.numerics
+    }
+
     /// Marks this runtime dead (used when a caller's own wait on it timed out).
     pub fn poison(&self, reason: &str) {
         self.poison.poison(reason);
@@ -100,12 +142,18 @@ impl Runtime for CpuRuntime {
         limits: &CompileLimits,
     ) -> Result<Arc<dyn CompiledPlan>, RuntimeError> {
         self.poison.check()?;
-        Ok(Arc::new(plan::compile(graph, weights, limits)?))
+        Ok(Arc::new(plan::compile(
+            graph,
+            weights,
+            limits,
+            self.options.numerics,
+        )?))
     }
 
     fn configure_kv(&self, cfg: KvCacheConfig) -> Result<(), RuntimeError> {
         self.poison.check()?;
-        let bytes = cfg.bytes_f32().unwrap_or(u64::MAX);
+        let numerics = self.options.numerics;
+        let bytes = kv_bytes(&cfg, numerics).unwrap_or(u64::MAX);
         if bytes > self.options.max_kv_bytes {
             return Err(RuntimeError::OutOfMemory {
                 what: "KV pool",
@@ -116,12 +164,18 @@ impl Runtime for CpuRuntime {
         let elems = cfg.layer_elems().unwrap_or(0);
         let mut slot = self.kv_lock();
         *slot = None; // free the old pool before allocating the new one
-        let layer = || vec![0f32; elems];
-        *slot = Some(KvPool {
-            cfg,
-            k: (0..cfg.n_layers).map(|_| layer()).collect(),
-            v: (0..cfg.n_layers).map(|_| layer()).collect(),
-        });
+        let n = cfg.n_layers as usize;
+        let layers = match numerics {
+            Numerics::Exact => KvLayers::F32 {
+                k: vec![vec![0f32; elems]; n],
+                v: vec![vec![0f32; elems]; n],
+            },
+            Numerics::Ggml => KvLayers::F16 {
+                k: vec![vec![f16::ZERO; elems]; n],
+                v: vec![vec![f16::ZERO; elems]; n],
+            },
+        };
+        *slot = Some(KvPool { cfg, layers });
         Ok(())
     }
 
@@ -152,7 +206,7 @@ impl Runtime for CpuRuntime {
         let kv_bytes = self
             .kv_lock()
             .as_ref()
-            .and_then(|p| p.cfg.bytes_f32())
+            .and_then(|p| kv_bytes(&p.cfg, self.options.numerics))
             .unwrap_or(0);
         MemoryReport {
             kv_bytes,

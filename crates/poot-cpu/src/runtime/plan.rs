@@ -15,7 +15,7 @@ use poot_graph::{
 };
 use poot_runtime::{CompiledPlan, RuntimeError, WeightStore};
 
-use crate::kernels::{RopeConfig, RopeScaling, RopeStyle, RopeTable};
+use crate::kernels::{Numerics, RopeConfig, RopeScaling, RopeStyle, RopeTable};
 use crate::DType;
 
 /// A graph ready to run on the CPU.
@@ -24,6 +24,8 @@ pub struct CpuPlan {
     pub(crate) weights: Arc<dyn WeightStore>,
     /// Rope tables by equation index.
     pub(crate) rope: HashMap<usize, RopeTable>,
+    /// The arithmetic the kernels follow (the runtime's at compile time).
+    pub(crate) numerics: Numerics,
     /// For each value, the index of the last equation that reads it (or usize::MAX for outputs).
     pub(crate) last_use: Vec<usize>,
     pub(crate) artifact_bytes: u64,
@@ -57,7 +59,7 @@ pub(crate) fn supports(_op: &Op) -> bool {
     true
 }
 
-fn rope_table(cfg: &poot_graph::RopeConfig) -> Result<RopeTable, RuntimeError> {
+fn rope_table(cfg: &poot_graph::RopeConfig, numerics: Numerics) -> Result<RopeTable, RuntimeError> {
     let style = match cfg.style {
         GStyle::Interleaved => RopeStyle::Interleaved,
         GStyle::NeoX => RopeStyle::NeoX,
@@ -84,7 +86,7 @@ fn rope_table(cfg: &poot_graph::RopeConfig) -> Result<RopeTable, RuntimeError> {
         theta: cfg.theta,
         scaling,
     };
-    RopeTable::new(&kcfg).map_err(|e| RuntimeError::Kernel {
+    RopeTable::with_numerics(&kcfg, numerics).map_err(|e| RuntimeError::Kernel {
         op: "rope",
         detail: e.to_string(),
     })
@@ -121,6 +123,7 @@ pub(crate) fn compile(
     graph: &Graph,
     weights: Arc<dyn WeightStore>,
     limits: &CompileLimits,
+    numerics: Numerics,
 ) -> Result<CpuPlan, RuntimeError> {
     let graph = run_passes(graph, &[&DeadCodeElimination], limits)?;
     let n = graph.equations.len();
@@ -152,7 +155,7 @@ pub(crate) fn compile(
                 }
             }
             Op::Rope { cfg, .. } => {
-                rope.insert(i, rope_table(cfg)?);
+                rope.insert(i, rope_table(cfg, numerics)?);
             }
             Op::Input { .. } => {
                 let dt = graph.values[i].dtype;
@@ -181,6 +184,7 @@ pub(crate) fn compile(
         graph,
         weights,
         rope,
+        numerics,
         last_use,
         artifact_bytes,
     })

@@ -11,6 +11,7 @@ use poot_graph::{
 use poot_runtime::{Health, HostTensor, KvCacheConfig, Runtime, RuntimeError, WeightStore};
 
 use super::{CpuOptions, CpuRuntime};
+use crate::kernels::Numerics;
 
 struct Store(HashMap<String, (Vec<usize>, Vec<u8>)>);
 
@@ -146,9 +147,16 @@ fn artifact_over_the_limit_is_refused() {
 
 #[test]
 fn kv_pool_is_bounded_and_required() {
+    kv_pool_case(Numerics::Exact, 1e-6);
+    // f16 cache entries and f16 softmax weights: within 2^-11 relative.
+    kv_pool_case(Numerics::Ggml, 1e-3);
+}
+
+fn kv_pool_case(numerics: Numerics, tol: f32) {
     let rt = CpuRuntime::new(CpuOptions {
         threads: 1,
         max_kv_bytes: 1024,
+        numerics,
     })
     .unwrap();
     let big = KvCacheConfig {
@@ -222,6 +230,8 @@ fn kv_pool_is_bounded_and_required() {
         num_blocks: 2,
     };
     rt.configure_kv(small).unwrap();
+    let entry = if numerics == Numerics::Ggml { 2 } else { 4 };
+    assert_eq!(rt.memory().kv_bytes, 2 * 8 * 4 * entry);
     let out = rt.run(plan.as_ref(), &inputs, Deadline::never()).unwrap();
     let HostTensor::F32 { data, .. } = &out[0].1 else {
         panic!("f32 output")
@@ -232,7 +242,7 @@ fn kv_pool_is_bounded_and_required() {
     let w1 = 0.5f32.exp() / (1.0 + 0.5f32.exp());
     let w0 = 1.0 - w1;
     assert!(
-        (data[4] - w0).abs() < 1e-6 && (data[5] - w1).abs() < 1e-6,
+        (data[4] - w0).abs() < tol && (data[5] - w1).abs() < tol,
         "{data:?}"
     );
 }

@@ -1,0 +1,271 @@
+//! One (token, head) of paged attention in llama.cpp's CPU arithmetic (non-flash path, f16 KV
+//! cache, AVX2 build), for [`Numerics::Ggml`](super::Numerics).
+//!
+//! ggml computes `kq = mul_mat(K, q)`, `p = soft_max_ext(kq, mask, scale)`, `o = mul_mat(V^T,
+//! p)` over `n_kv` cache cells (a multiple of 256; cells past the sequence are masked to `-inf`
+//! and hold zeros). Reproduced here, per step:
+//! 1. `q` is rounded to the cache element (f16: `vec_dot_type` of F16 weights).
+//! 2. `kq_p = dot(q, k_p)`: with two or more tokens in the step (llamafile's tinyBLAS; it only
+//!    takes `n >= 2`) 8 FMA lanes over `head_dim` then `hsum8`; with one token ggml's
+//!    `ggml_vec_dot_f16`: 32 lanes (`i % 32`), folded `(0+2) + (1+3)` by 8-lane groups, then
+//!    `hsum8_hadd`, then a tail of `head_dim % 32` products in `f64`.
+//! 3. `x_p = kq_p * scale`, `m = max x_p`, `e_p = expf(x_p - m)` with ggml's vector `expf`,
+//!    `sum` in `f64` of `hsum8` over aligned groups of 8, `p_p = e_p * (1 / sum) as f32`, then
+//!    `p_p` rounded to the cache element.
+//! 4. `o_d = dot(v_d, p)` over positions: with two or more tokens 8 lanes (`p % 8`) then
+//!    `hsum8`; with one token `ggml_vec_dot_f16`'s 32 lanes (`p % 32`) and its fold.
+//!
+//! Masked cells contribute exact zeros (`fma(0, 0, acc) = acc`), so iterating only over the
+//! sequence's positions `0..len` gives ggml's values bit for bit. The tinyBLAS order needs
+//! `head_dim % 8 == 0` (step 2) and `% 4 == 0` (step 4), as ggml's own dispatch does.
+//!
+//! Error vs exact attention over the f32 inputs: the f16 rounding of `q`, `k`, `v` and `p`
+//! (relative `2^-11` each) dominates; the kernel tests bound it by `2^-9 * (|q||k| scale) +
+//! 2^-9 * max |v|` on the output. Cost: as the exact path, plus `head_dim * 32` floats of
+//! scratch.
+
+use super::attention::KvElem;
+use super::ggml::{dot_lanes32, dot_lanes8, expf, fold32, hsum8};
+
+/// Per-thread scratch of the ggml path.
+#[derive(Debug, Default)]
+pub(crate) struct Scratch {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    scores: Vec<f32>,
+    acc: Vec<f32>,
+}
+
+/// Attends one query head `q` over positions `0..len` (cache rows at `row_of(p)`, `q.len()`
+/// values each) into `o`; `batched` says the step holds two or more tokens; `fma` that the CPU
+/// has FMA (the arithmetic is the same either way; see the module docs).
+#[allow(clippy::too_many_arguments, reason = "one head's inputs")]
+pub(crate) fn head<T: KvElem, F: Fn(usize) -> usize>(
+    fma: bool,
+    q: &[f32],
+    k_cache: &[T],
+    v_cache: &[T],
+    row_of: F,
+    len: usize,
+    scale: f32,
+    batched: bool,
+    s: &mut Scratch,
+    o: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if fma {
+        // SAFETY: callers pass `fma` true only when AVX2 and FMA were detected on this CPU.
+        return unsafe { head_fma(q, k_cache, v_cache, row_of, len, scale, batched, s, o) };
+    }
+    let _ = fma;
+    head_body(q, k_cache, v_cache, row_of, len, scale, batched, s, o);
+}
+
+/// [`head_body`] compiled with FMA, so `mul_add` is one instruction and the lane loops
+/// vectorize.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments, reason = "one head's inputs")]
+fn head_fma<T: KvElem, F: Fn(usize) -> usize>(
+    q: &[f32],
+    k_cache: &[T],
+    v_cache: &[T],
+    row_of: F,
+    len: usize,
+    scale: f32,
+    batched: bool,
+    s: &mut Scratch,
+    o: &mut [f32],
+) {
+    head_body(q, k_cache, v_cache, row_of, len, scale, batched, s, o);
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments, reason = "one head's inputs")]
+fn head_body<T: KvElem, F: Fn(usize) -> usize>(
+    q: &[f32],
+    k_cache: &[T],
+    v_cache: &[T],
+    row_of: F,
+    len: usize,
+    scale: f32,
+    batched: bool,
+    s: &mut Scratch,
+    o: &mut [f32],
+) {
+    let hd = q.len();
+    s.q.clear();
+    s.q.extend(q.iter().map(|&v| T::from_f32(v).to_f32()));
+    s.k.resize(hd, 0.0);
+    s.scores.clear();
+    let tiny_kq = batched && hd.is_multiple_of(8);
+    let mut max = f32::NEG_INFINITY;
+    for p in 0..len {
+        T::slice_to_f32(&k_cache[row_of(p)..][..hd], &mut s.k);
+        let kq = if tiny_kq {
+            dot_lanes8(&s.k, &s.q)
+        } else {
+            dot_lanes32(&s.k, &s.q)
+        };
+        let x = kq * scale;
+        max = max.max(x);
+        s.scores.push(x);
+    }
+    let mut sum = 0.0f64;
+    for chunk in s.scores.chunks_mut(8) {
+        let mut e = [0.0f32; 8];
+        for (x, e) in chunk.iter_mut().zip(e.iter_mut()) {
+            *x = expf(*x - max);
+            *e = *x;
+        }
+        sum += f64::from(hsum8(&e));
+    }
+    let inv = (1.0 / sum) as f32;
+    for x in s.scores.iter_mut() {
+        *x = T::from_f32(*x * inv).to_f32();
+    }
+    let lanes = if batched && hd.is_multiple_of(4) {
+        8
+    } else {
+        32
+    };
+    // Lane-major accumulators (`acc[lane * hd + d]`): the inner loop runs along `d`.
+    s.acc.clear();
+    s.acc.resize(hd * lanes, 0.0);
+    for (p, &w) in s.scores.iter().enumerate() {
+        T::slice_to_f32(&v_cache[row_of(p)..][..hd], &mut s.k);
+        let lane = p % lanes;
+        for (a, &vd) in s.acc[lane * hd..(lane + 1) * hd].iter_mut().zip(&s.k) {
+            *a = vd.mul_add(w, *a);
+        }
+    }
+    for (d, o) in o.iter_mut().enumerate() {
+        *o = if lanes == 8 {
+            hsum8(&std::array::from_fn(|l| s.acc[l * hd + d]))
+        } else {
+            fold32(&std::array::from_fn(|l| s.acc[l * hd + d]))
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::attention::{
+        paged_attention_numerics, AttentionInputs, AttentionShape, KvCacheMut,
+    };
+    use super::super::ggml::Numerics;
+    use crate::testutil::Rng;
+    use crate::ThreadPool;
+    use half::f16;
+
+    /// One sequence in one block; `t` new tokens at positions `p0..p0 + t` attend to all
+    /// earlier ones (`hist` holds the f32 K/V rows the cache was written from).
+    #[allow(clippy::too_many_arguments, reason = "a test scenario")]
+    fn step(
+        hd: usize,
+        p0: usize,
+        t: usize,
+        rng: &mut Rng,
+        cache: &mut (Vec<f16>, Vec<f16>),
+        hist: &mut Vec<(Vec<f32>, Vec<f32>)>,
+    ) {
+        let (n_heads, n_kv) = (4, 2);
+        let shape = AttentionShape {
+            n_heads,
+            n_kv_heads: n_kv,
+            head_dim: hd,
+            block_size: 64,
+            num_blocks: 1,
+            max_blocks_per_seq: 1,
+            scale: (hd as f32).powf(-0.5),
+        };
+        let q = rng.vec(t * n_heads * hd, -2.0, 2.0);
+        let k = rng.vec(t * n_kv * hd, -2.0, 2.0);
+        let v = rng.vec(t * n_kv * hd, -1.0, 1.0);
+        for i in 0..t {
+            let r = i * n_kv * hd..(i + 1) * n_kv * hd;
+            hist.push((k[r.clone()].to_vec(), v[r].to_vec()));
+        }
+        let pos: Vec<i32> = (p0..p0 + t).map(|p| p as i32).collect();
+        let inputs = AttentionInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            slot_mapping: &pos,
+            token_seq: &vec![0; t],
+            positions: &pos,
+            block_tables: &[0],
+        };
+        let mut outs = Vec::new();
+        for threads in [1, 3] {
+            let (mut kc, mut vc) = cache.clone();
+            let mut out = vec![f32::NAN; t * n_heads * hd];
+            let c = KvCacheMut {
+                k: &mut kc,
+                v: &mut vc,
+            };
+            let pool = ThreadPool::new(threads).unwrap();
+            paged_attention_numerics(Numerics::Ggml, &shape, &inputs, c, &mut out, &pool).unwrap();
+            outs.push(out);
+            *cache = (kc, vc);
+        }
+        assert!(outs[0]
+            .iter()
+            .zip(&outs[1])
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        // The bound of the module docs against exact attention over the f32 inputs.
+        for i in 0..t {
+            for h in 0..n_heads {
+                let qh = &q[(i * n_heads + h) * hd..][..hd];
+                let kvh = (h / (n_heads / n_kv)) * hd;
+                let len = p0 + i + 1;
+                let scores: Vec<f64> = hist[..len]
+                    .iter()
+                    .map(|(k, _)| {
+                        let s: f64 = (0..hd)
+                            .map(|d| f64::from(qh[d]) * f64::from(k[kvh + d]))
+                            .sum();
+                        s * f64::from(shape.scale)
+                    })
+                    .collect();
+                let big_s = hist[..len]
+                    .iter()
+                    .map(|(k, _)| {
+                        (0..hd)
+                            .map(|d| f64::from((qh[d] * k[kvh + d]).abs()))
+                            .sum::<f64>()
+                    })
+                    .fold(0.0, f64::max)
+                    * f64::from(shape.scale);
+                let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                let tol = 2f64.powi(-9) * big_s + 2f64.powi(-9) + (len + 8) as f64 * 2f64.powi(-23);
+                for d in 0..hd {
+                    let want: f64 = (0..len)
+                        .map(|p| e[p] / sum * f64::from(hist[p].1[kvh + d]))
+                        .sum();
+                    let got = f64::from(outs[0][(i * n_heads + h) * hd + d]);
+                    assert!(
+                        (got - want).abs() <= tol,
+                        "hd {hd} tok {i} head {h} [{d}]: {got} vs {want}, bound {tol:e}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn prefill_then_decode_within_the_f16_bound_and_thread_independent() {
+        // 64: both ggml orders; 12: the one-token dot for K (12 % 8 != 0); 8: all-tail dots.
+        for hd in [64, 12, 8] {
+            let mut rng = Rng::new(hd as u32);
+            let mut cache = (vec![f16::ZERO; 64 * 2 * hd], vec![f16::ZERO; 64 * 2 * hd]);
+            let mut hist = Vec::new();
+            step(hd, 0, 13, &mut rng, &mut cache, &mut hist);
+            for p in 13..40 {
+                step(hd, p, 1, &mut rng, &mut cache, &mut hist);
+            }
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! Activation rows quantized to ggml's Q8_0 / Q8_1 blocks, as llama.cpp's x86 build does it.
+//!
+//! Per block of 32 values: `amax = max |x|`, `d = amax / 127`, `id = 127 / amax` (0 when
+//! `amax == 0`), `q = round_half_even(x * id)` (`_mm256_round_ps`), and for Q8_1 the sum
+//! `s = d * sum(q)`; `d` and `s` are stored as f16 (round to nearest even). This is ggml's
+//! `quantize_row_q8_0` / `quantize_row_q8_1` for x86 (AVX and AVX2 builds share it), which
+//! differs from ggml's portable reference (`1 / d` and `roundf`) in the last bit of `id` and in
+//! ties, so it is what matching llama.cpp's x86 results needs.
+//!
+//! Invariant: `|q| <= 127` for finite input (so the sign trick of the integer dots never
+//! overflows), and `d`, `s` hold the f16-rounded values widened to `f32` (exact), which is what
+//! ggml's dots read back. Error: `|x - d * q| <= 0.51 * d + amax * 2^-11` per value (rounding to
+//! the grid, and `d` rounded to f16). Cost: O(len), no allocation.
+
+use half::f16;
+
+/// Values per block.
+pub const QK8: usize = 32;
+
+/// One quantized block of 32 activations (Q8_0, or Q8_1 with `s`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(C, align(8))]
+pub struct BlockQ8 {
+    pub qs: [i8; QK8],
+    /// The scale, f16-rounded.
+    pub d: f32,
+    /// Q8_1 only: `d * sum(qs)`, f16-rounded (0 for Q8_0).
+    pub s: f32,
+}
+
+impl Default for BlockQ8 {
+    fn default() -> Self {
+        BlockQ8 {
+            qs: [0; QK8],
+            d: 0.0,
+            s: 0.0,
+        }
+    }
+}
+
+#[inline(always)]
+fn round_f16(v: f32) -> f32 {
+    f16::from_f32(v).to_f32()
+}
+
+/// Quantizes `x` (whole blocks: `x.len() == 32 * out.len()`) into `out`; `with_sum` fills `s`
+/// (Q8_1). See the module docs for the arithmetic.
+///
+/// # Panics
+/// If the lengths disagree (internal invariant; callers size `out` from `x`).
+pub fn quantize_row_q8(x: &[f32], out: &mut [BlockQ8], with_sum: bool) {
+    assert_eq!(x.len(), out.len() * QK8, "quantize_row_q8 lengths");
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 (which implies SSE4.1's `roundps`) was just detected.
+        unsafe { quantize_avx2(x, out, with_sum) };
+        return;
+    }
+    quantize(x, out, with_sum);
+}
+
+/// [`quantize`] with AVX2 enabled: rounding is `vroundps` rather than a libm `rintf` call (the
+/// same IEEE operation, so the same results).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn quantize_avx2(x: &[f32], out: &mut [BlockQ8], with_sum: bool) {
+    quantize(x, out, with_sum);
+}
+
+#[inline(always)]
+fn quantize(x: &[f32], out: &mut [BlockQ8], with_sum: bool) {
+    for (xb, yb) in x.chunks_exact(QK8).zip(out.iter_mut()) {
+        let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let mut sum = 0i32;
+        for (q, &v) in yb.qs.iter_mut().zip(xb) {
+            // |v * id| <= 127 up to rounding, so the cast never saturates for finite input.
+            let r = (v * id).round_ties_even() as i32;
+            sum += r;
+            *q = r.clamp(-128, 127) as i8;
+        }
+        yb.d = round_f16(d);
+        yb.s = if with_sum {
+            round_f16(d * sum as f32)
+        } else {
+            0.0
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::Rng;
+
+    #[test]
+    fn grid_bound_ties_and_sum() {
+        let mut rng = Rng::new(7);
+        let x = rng.vec(32 * 64, -3.0, 3.0);
+        let mut q = vec![BlockQ8::default(); 64];
+        quantize_row_q8(&x, &mut q, true);
+        for (xb, b) in x.chunks_exact(32).zip(&q) {
+            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let sum: i32 = b.qs.iter().map(|&v| i32::from(v)).sum();
+            assert_eq!(b.d, round_f16(amax / 127.0));
+            assert_eq!(b.s, round_f16(amax / 127.0 * sum as f32));
+            for (&v, &qv) in xb.iter().zip(&b.qs) {
+                assert!(qv.unsigned_abs() <= 127);
+                let err = (v - b.d * f32::from(qv)).abs();
+                assert!(
+                    err <= 0.51 * b.d + amax * 2f32.powi(-11),
+                    "{v} {qv} {}",
+                    b.d
+                );
+            }
+        }
+        // amax 127: id = 1, so 0.5 and 2.5 are ties that go to even; -0 and 0 give 0.
+        let mut x = [0.0f32; 32];
+        x[0] = 127.0;
+        x[1] = 0.5;
+        x[2] = 2.5;
+        x[3] = -1.5;
+        x[4] = -0.0;
+        let mut b = [BlockQ8::default()];
+        quantize_row_q8(&x, &mut b, false);
+        assert_eq!(&b[0].qs[..5], &[127, 0, 2, -2, 0]);
+        assert_eq!((b[0].d, b[0].s), (1.0, 0.0));
+        // An all-zero block quantizes to zeros with d = 0.
+        quantize_row_q8(&[0.0; 32], &mut b, true);
+        assert_eq!(b[0], BlockQ8::default());
+    }
+}
