@@ -20,21 +20,22 @@ Invariants:
 from __future__ import annotations
 
 import codecs
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 
 __all__ = ["ByteStream", "DecodeStream", "TokenStream"]
 
 
-class TokenStream:
+class TokenStream(ABC):
     """Turns generated token ids into text, one id at a time."""
 
+    @abstractmethod
     def push(self, token_id: int) -> str:
         """Adds one token; returns the text it completes (often empty)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def flush(self) -> str:
         """Returns whatever is held back; call once after the last token."""
-        raise NotImplementedError
 
 
 class ByteStream(TokenStream):
