@@ -21,6 +21,8 @@ __all__ = [
     "Graph",
     "Plan",
     "CpuRuntime",
+    "Scheduler",
+    "StepPlan",
     "_mapping_probe",
 ]
 
@@ -298,5 +300,78 @@ class CpuRuntime:
     ) -> dict[str, npt.NDArray[Any]]: ...
     def memory(self) -> dict[str, int]: ...
     def health(self) -> dict[str, str | None]: ...
+
+@final
+class StepPlan:
+    """One step planned by a ``Scheduler``: decode rows first, then prefill chunks."""
+
+    @property
+    def request_ids(self) -> list[int]: ...
+    @property
+    def row_tokens(self) -> list[int]: ...
+    @property
+    def sample(self) -> list[bool]: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def num_seqs(self) -> int: ...
+    @property
+    def max_blocks(self) -> int: ...
+    @property
+    def preempted(self) -> list[int]: ...
+    @property
+    def num_cached_tokens(self) -> int: ...
+    def flatten(self, tokens: int, seqs: int, max_blocks: int) -> dict[str, npt.NDArray[Any]]: ...
+    def __len__(self) -> int: ...
+
+@final
+class Scheduler:
+    """poot-engine's scheduler: FCFS continuous batching with chunked prefill, paged KV
+    blocks (``num_blocks`` usable, plus the reserved null block 0) and preemption by recompute.
+
+    Raises ``ContextLengthError`` for a prompt past ``max_model_len`` or a request too big for
+    the pool, ``ConfigError`` for a bad setting and ``ValueError`` for a bad call.
+    """
+
+    def __new__(
+        cls,
+        *,
+        max_num_seqs: int,
+        max_batched_tokens: int,
+        max_step_tokens: int,
+        max_model_len: int,
+        block_size: int,
+        num_blocks: int,
+        enable_prefix_caching: bool = False,
+        model_key: int = 0,
+    ) -> Scheduler: ...
+    def add_request(
+        self,
+        request_id: int,
+        prompt_ids: Sequence[int],
+        max_tokens: int,
+        *,
+        eos_ids: Sequence[int] = ...,
+        stop_ids: Sequence[int] = ...,
+        ignore_eos: bool = False,
+    ) -> None: ...
+    def abort(self, request_id: int) -> bool: ...
+    def schedule(self) -> StepPlan: ...
+    def update(
+        self, sampled: Sequence[tuple[int, int]]
+    ) -> list[tuple[int, int, Literal["stop", "length"] | None]]: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def used_blocks(self) -> int: ...
+    @property
+    def free_blocks(self) -> int: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def has_unfinished_requests(self) -> bool: ...
+    @property
+    def step_in_flight(self) -> bool: ...
+    def stats(self) -> dict[str, int]: ...
 
 def _mapping_probe(variant: str) -> None: ...

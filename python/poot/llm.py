@@ -2,17 +2,18 @@
 
 ``LLM(model)`` resolves the checkpoint, picks its model definition, maps its weights (packed
 stays packed) and configures a CPU runtime with a paged KV pool. ``generate`` runs any number of
-prompts: each prompt is prefilled in chunks of at most ``max_step_tokens`` (chunked prefill is
-the only prefill path), then every running sequence decodes together, one token per step, the
-sampling done by the last node of the decode graph. ``logits`` is the one path that brings full
-logits to the host.
+prompts batched, driven by the Rust scheduler (``poot._native.Scheduler``, poot-engine): FCFS
+under a per-step token budget of ``max_step_tokens``, decode rows first, then prefill chunks
+(chunked prefill is the only prefill path), blocks allocated as sequences grow and preemption
+by recompute when the pool runs out. Sampling is done by the last node of the step graph.
+``logits`` is the one path that brings full logits to the host.
 
 Invariants:
-    - A request reserves KV blocks for its whole length (prompt + max_tokens, capped by
-      ``max_model_len``) before it starts, so it never runs out mid-way; every block returns to
-      the pool when the request ends, however it ends (finish, error, a closed stream).
-    - Runs are reproducible: a request's random draws come from ``numpy.random.Generator(seed)``
-      and do not depend on which other requests share its steps.
+    - Every KV block returns to the pool when a request ends, however it ends (finish, error,
+      a closed stream): the driver loop aborts its live requests on the way out.
+    - Runs are reproducible: a request's random draws come from ``numpy.random.Generator(seed)``,
+      one per sampled token, so they do not depend on which other requests share its steps
+      or on how its prompt was chunked.
     - An ``LLM`` is not thread-safe; use one per thread (or the server, later).
 """
 
@@ -32,7 +33,7 @@ from poot.checkpoints import ModelFiles, resolve_model_files
 from poot.errors import ConfigError, ContextLengthError, GraphInputError
 from poot.models import model_definition
 from poot.outputs import CompletionOutput, RequestOutput
-from poot.runner import BlockAllocator, StepEntry, StepRunner
+from poot.runner import SamplingRows, StepRunner
 from poot.sampling import SamplingParams
 from poot.tokenizer import Tokenizer, TokenStream, load_tokenizer
 
@@ -80,8 +81,10 @@ class _Request:
     stream: TokenStream
     out: list[int] = field(default_factory=list)
     text: list[str] = field(default_factory=list)
-    blocks: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    # Text deltas accepted but not yet yielded by the loop that owns the request.
+    pending: deque[str] = field(default_factory=deque)
+    request_id: int = -1
 
     @property
     def length(self) -> int:
@@ -101,7 +104,8 @@ class LLM:
         max_model_len: most tokens (prompt + generated) per sequence; default the model's
             context length, at most 4096.
         block_size: tokens per KV block.
-        num_blocks: KV blocks in the pool; default enough for 256 MiB of KV, at least one
+        num_blocks: usable KV blocks in the pool (the runtime holds one more, the scheduler's
+            reserved null block); default enough for 256 MiB of KV, at least one
             ``max_model_len`` sequence.
         max_step_tokens: most tokens in one step (prefill chunk size).
         max_num_seqs: most sequences decoding together.
@@ -175,7 +179,17 @@ class LLM:
         self.weights = _native.Weights(source)
         self.numerics = resolved
         self.runtime = _make_runtime(threads, resolved)
-        self.allocator = BlockAllocator(num_blocks)
+        # The scheduler owns the KV blocks (``allocator`` for its block counts).
+        self.allocator = _native.Scheduler(
+            max_num_seqs=min(max_num_seqs, max_step_tokens),
+            max_batched_tokens=max_step_tokens,
+            max_step_tokens=max_step_tokens,
+            max_model_len=max_model_len,
+            block_size=block_size,
+            num_blocks=num_blocks,
+        )
+        self._live: dict[int, _Request] = {}
+        self._next_id = 0
         self.runner = StepRunner(
             self.definition,
             self.weights,
@@ -244,61 +258,89 @@ class LLM:
 
     # ---- the step loop --------------------------------------------------------------------
 
-    def _reserve(self, req: _Request) -> bool:
-        total = min(len(req.prompt_ids) + req.params.max_tokens, self.max_model_len)
-        need = -(-total // self.block_size)
-        if need > self.allocator.num_blocks:
-            raise ContextLengthError(
-                f"a request of {total} tokens needs {need} KV blocks; the pool has "
-                f"{self.allocator.num_blocks}",
-                needed=total,
-                limit=self.allocator.num_blocks * self.block_size,
-            )
-        blocks = self.allocator.allocate(need)
-        if blocks is None:
-            return False
-        req.blocks = blocks
-        return True
-
-    def _release(self, req: _Request) -> None:
-        if req.blocks:
-            self.allocator.free(req.blocks)
-            req.blocks = []
-
-    def _entry(self, req: _Request, tokens: Sequence[int], start: int) -> StepEntry:
+    def _add(self, req: _Request) -> None:
         p = req.params
-        return StepEntry(
-            block_table=req.blocks,
-            tokens=tokens,
-            start=start,
-            temperature=float(p.temperature),
-            top_k=max(p.top_k, 0),
-            top_p=float(p.top_p),
-            uniform=float(req.rng.random(dtype=np.float32)),
+        req.request_id = self._next_id
+        self._next_id += 1
+        self.allocator.add_request(
+            req.request_id,
+            req.prompt_ids,
+            p.max_tokens,
+            eos_ids=sorted(self.eos_ids),
+            stop_ids=sorted(p.stop_ids),
+            ignore_eos=p.ignore_eos,
         )
+        self._live[req.request_id] = req
 
-    def _chunks(self, ids: Sequence[int]) -> Iterator[tuple[int, Sequence[int]]]:
-        step = self.runner.max_step_tokens
-        for start in range(0, len(ids), step):
-            yield start, ids[start : start + step]
+    def _end(self, req: _Request) -> None:
+        """Forgets a request, aborting it (freeing its blocks) if it is still live."""
+        if self._live.pop(req.request_id, None) is not None:
+            self.allocator.abort(req.request_id)
 
-    def _prefill(self, req: _Request) -> int:
-        token = -1
-        for start, chunk in self._chunks(req.prompt_ids):
-            token = int(self.runner.run([self._entry(req, chunk, start)])[0])
-        return token
+    def _settle(self) -> None:
+        """Closes a step left in flight (by an error or an abort); aborted rows are ignored."""
+        if self.allocator.step_in_flight:
+            self.allocator.update([])
 
-    def _accept(self, req: _Request, token: int) -> str:
+    def _step(self, logits_for: _Request | None = None) -> npt.NDArray[np.float32] | None:
+        """Plans, runs and applies one step; accepted text goes to each request's ``pending``.
+
+        With ``logits_for``, a step that samples that request's row also runs as a ``logits``
+        step, and its logits row is returned (rerunning a step rewrites identical KV).
+        """
+        plan = self.allocator.schedule()
+        ids = plan.request_ids
+        if not ids:
+            raise RuntimeError("the scheduler planned an empty step with requests live")
+        rows = [self._live[i] for i in ids]
+        samples = plan.sample
+        uniform = [
+            float(r.rng.random(dtype=np.float32)) if sample else 0.0
+            for r, sample in zip(rows, samples, strict=True)
+        ]
+        sampling = SamplingRows(
+            temperature=[float(r.params.temperature) for r in rows],
+            top_k=[max(r.params.top_k, 0) for r in rows],
+            top_p=[float(r.params.top_p) for r in rows],
+            uniform=uniform,
+        )
+        logits: npt.NDArray[np.float32] | None = None
+        try:
+            if logits_for is not None and logits_for.request_id in ids:
+                i = ids.index(logits_for.request_id)
+                if samples[i]:
+                    logits = np.asarray(self.runner.run_plan(plan, "logits")[i], np.float32)
+            if logits is not None and len(ids) == 1:
+                tokens: npt.NDArray[np.generic] = np.asarray([int(np.argmax(logits))])
+            else:
+                tokens = self.runner.run_plan(plan, "sample", sampling)
+        except BaseException:
+            # The failed step's requests cannot go on: end them, then close the step.
+            for r in rows:
+                self._end(r)
+            self._settle()
+            raise
+        sampled = [
+            (r.request_id, int(t))
+            for r, t, sample in zip(rows, tokens, samples, strict=True)
+            if sample
+        ]
+        for rid, token, finish in self.allocator.update(sampled):
+            req = self._live[rid]
+            req.pending.append(self._accept(req, token, finish))
+            if finish is not None:
+                del self._live[rid]
+        return logits
+
+    def _accept(self, req: _Request, token: int, finish: str | None) -> str:
         """Appends a sampled token; returns the text it completes and sets finish_reason."""
         req.out.append(token)
-        p = req.params
-        stops = (not p.ignore_eos and token in self.eos_ids) or token in p.stop_ids
-        if stops:
+        if finish == "stop":
             req.finish_reason = "stop"
             delta = req.stream.flush()
         else:
             delta = req.stream.push(token)
-            if len(req.out) >= p.max_tokens or req.length >= self.max_model_len:
+            if finish is not None:
                 req.finish_reason = "length"
                 delta += req.stream.flush()
         if delta:
@@ -307,30 +349,24 @@ class LLM:
 
     def _run(self, requests: Sequence[_Request]) -> Iterator[tuple[_Request, str]]:
         """Runs requests to completion, yielding each accepted token's text delta."""
-        waiting = deque(requests)
-        running: list[_Request] = []
         try:
-            while waiting or running:
-                while waiting and len(running) < self.max_num_seqs and self._reserve(waiting[0]):
-                    req = waiting.popleft()
-                    yield req, self._accept(req, self._prefill(req))
-                    if req.finish_reason is None:
-                        running.append(req)
-                    else:
-                        self._release(req)
-                if not running:
-                    continue
-                entries = [self._entry(r, [r.out[-1]], r.length - 1) for r in running]
-                tokens = self.runner.run(entries)
-                for req, tok in zip(running, tokens, strict=True):
-                    yield req, self._accept(req, int(tok))
-                for req in running:
-                    if req.finish_reason is not None:
-                        self._release(req)
-                running = [r for r in running if r.finish_reason is None]
+            for req in requests:
+                self._add(req)
+            while True:
+                for req in requests:
+                    while req.pending:
+                        yield req, req.pending.popleft()
+                if all(r.finish_reason is not None for r in requests):
+                    return
+                if any(
+                    r.finish_reason is None and r.request_id not in self._live for r in requests
+                ):
+                    raise RuntimeError("a request was ended by a failed step")
+                self._step()
         finally:
             for req in requests:
-                self._release(req)
+                self._end(req)
+            self._settle()
 
     # ---- public API -----------------------------------------------------------------------
 
@@ -350,7 +386,8 @@ class LLM:
             One ``RequestOutput`` per prompt, in order.
 
         Raises:
-            ContextLengthError: a prompt is empty or does not fit ``max_model_len``.
+            ContextLengthError: a prompt is empty or does not fit ``max_model_len``, or a
+                request needs more KV blocks than the whole pool has.
             GraphInputError: a token id is outside the vocabulary.
         """
         items = self._normalize_prompts(prompts)
@@ -402,27 +439,17 @@ class LLM:
     def logits(self, token_ids: Sequence[int]) -> npt.NDArray[np.float32]:
         """The full logits (float32 [vocab]) after the last of ``token_ids``.
 
-        The prompt is prefilled in chunks like any other; only the last chunk's graph outputs
-        logits. This is the only path that brings full logits to the host.
+        The prompt is prefilled in chunks by the scheduler like any other; only the last
+        chunk's step outputs logits. This is the only path that brings full logits to the host.
         """
         _, ids = self._prompt_ids(list(token_ids))
-        need = -(-len(ids) // self.block_size)
-        blocks = self.allocator.allocate(need)
-        if blocks is None:
-            raise ContextLengthError(
-                f"{len(ids)} tokens need {need} free KV blocks; "
-                f"{self.allocator.free_blocks} are free",
-                needed=len(ids),
-                limit=self.allocator.free_blocks * self.block_size,
-            )
+        req = self._request(-1, ids, SamplingParams(max_tokens=1, temperature=0.0))
         try:
-            chunks = list(self._chunks(ids))
-            for i, (start, chunk) in enumerate(chunks):
-                entry = StepEntry(block_table=blocks, tokens=chunk, start=start)
-                if i + 1 < len(chunks):
-                    self.runner.run([entry])
-                else:
-                    out = self.runner.run([entry], "logits")
-            return np.asarray(out[0], dtype=np.float32)
+            self._add(req)
+            while True:
+                logits = self._step(logits_for=req)
+                if logits is not None:
+                    return logits
         finally:
-            self.allocator.free(blocks)
+            self._end(req)
+            self._settle()

@@ -1,7 +1,8 @@
-"""Runs step graphs: a paged KV block allocator, a plan cache by step shape, step inputs.
+"""Runs step graphs: a plan cache by step shape and the step inputs of each step.
 
-This is the Python stand-in for the driver (the next issue moves allocation and scheduling to
-Rust, ``poot-engine``); the contract with a model definition is ``poot.models.step``.
+Scheduling and KV block allocation live in Rust (``poot._native.Scheduler``, poot-engine):
+``run_plan`` runs one of its ``StepPlan``s. The contract with a model definition is
+``poot.models.step``.
 
 Invariants:
     - Every step is a legal chunk: at most ``max_step_tokens`` tokens, and no more than the
@@ -11,8 +12,8 @@ Invariants:
       handful of plans, not one per length. The cache holds at most ``max_plans`` plans (LRU).
     - A ``sample`` step reads back only token ids; full logits cross to the host only from a
       ``logits`` step, which only ``LLM.logits`` runs.
-    - Blocks are handed out by ``BlockAllocator`` and returned with ``free``; allocation is
-      O(blocks asked for) and never partial (all or None).
+    - The runtime's KV pool holds ``num_blocks + 1`` blocks: block 0 is the scheduler's reserved
+      null block (padding table entries point at it; padding tokens write no KV).
 """
 
 from __future__ import annotations
@@ -24,11 +25,19 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from poot._native import CompileLimits, CpuRuntime, Plan, TraceLimits, Tracer, Weights
+from poot._native import (
+    CompileLimits,
+    CpuRuntime,
+    Plan,
+    StepPlan,
+    TraceLimits,
+    Tracer,
+    Weights,
+)
 from poot.models.llama import LlamaModel
 from poot.models.step import StepKind, StepShape
 
-__all__ = ["BlockAllocator", "StepEntry", "StepRunner", "next_pow2"]
+__all__ = ["SamplingRows", "StepEntry", "StepRunner", "next_pow2"]
 
 
 def next_pow2(n: int) -> int:
@@ -36,40 +45,14 @@ def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-class BlockAllocator:
-    """A free list over the KV pool's blocks (ids ``0..num_blocks``).
+@dataclass
+class SamplingRows:
+    """The sampling inputs of a step, one value per row (``run_plan``)."""
 
-    Args:
-        num_blocks: blocks in the pool.
-    """
-
-    def __init__(self, num_blocks: int) -> None:
-        self.num_blocks = num_blocks
-        # Lowest ids first, so a fresh pool hands out 0, 1, 2, ...
-        self._free = list(range(num_blocks - 1, -1, -1))
-
-    @property
-    def free_blocks(self) -> int:
-        """Blocks not in use."""
-        return len(self._free)
-
-    @property
-    def used_blocks(self) -> int:
-        """Blocks in use."""
-        return self.num_blocks - len(self._free)
-
-    def allocate(self, n: int) -> list[int] | None:
-        """``n`` blocks, or None (nothing taken) when fewer are free."""
-        if n > len(self._free):
-            return None
-        taken = self._free[len(self._free) - n :]
-        del self._free[len(self._free) - n :]
-        taken.reverse()
-        return taken
-
-    def free(self, blocks: Sequence[int]) -> None:
-        """Returns blocks to the pool."""
-        self._free.extend(reversed(blocks))
+    temperature: Sequence[float]
+    top_k: Sequence[int]
+    top_p: Sequence[float]
+    uniform: Sequence[float]
 
 
 @dataclass
@@ -100,7 +83,7 @@ class StepRunner:
         weights: the checkpoint's weights.
         runtime: the runtime; its KV pool is configured here.
         block_size: tokens per KV block.
-        num_blocks: blocks in the KV pool.
+        num_blocks: usable blocks in the KV pool (the runtime gets one more, the null block 0).
         max_step_tokens: most tokens in one step.
         trace_limits, compile_limits: budgets for tracing and compiling each plan.
         max_plans: plans kept in the cache.
@@ -138,7 +121,7 @@ class StepRunner:
             n_kv_heads=n_kv_heads,
             head_dim=head_dim,
             block_size=block_size,
-            num_blocks=num_blocks,
+            num_blocks=num_blocks + 1,
         )
 
     @property
@@ -207,18 +190,64 @@ class StepRunner:
             "block_tables": tables,
             "last_rows": last_rows,
         }
+        rows = SamplingRows(
+            [e.temperature for e in entries],
+            [e.top_k for e in entries],
+            [e.top_p for e in entries],
+            [e.uniform for e in entries],
+        )
+        return self._execute(shape, inputs, kind, rows)
+
+    def run_plan(
+        self, plan: StepPlan, kind: StepKind = "sample", sampling: SamplingRows | None = None
+    ) -> npt.NDArray[np.generic]:
+        """Runs one scheduler step (rows in plan order).
+
+        Args:
+            plan: the scheduler's plan (not empty).
+            kind: ``"sample"`` or ``"logits"``.
+            sampling: per-row sampling inputs; None samples greedily.
+
+        Returns:
+            As ``run``: a token id or a logits row per plan row.
+        """
+        rows = plan.num_seqs
+        if rows == 0:
+            raise ValueError("a step needs at least one sequence")
+        n = plan.num_tokens
+        shape = StepShape(
+            min(next_pow2(n), max(self.max_step_tokens, n)),
+            next_pow2(rows),
+            next_pow2(plan.max_blocks),
+            kind,
+        )
+        inputs: dict[str, npt.NDArray[np.generic]] = dict(
+            plan.flatten(shape.tokens, shape.seqs, shape.max_blocks)
+        )
+        if sampling is None:
+            sampling = SamplingRows([0.0] * rows, [0] * rows, [1.0] * rows, [0.0] * rows)
+        return self._execute(shape, inputs, kind, sampling)
+
+    def _execute(
+        self,
+        shape: StepShape,
+        inputs: dict[str, npt.NDArray[np.generic]],
+        kind: StepKind,
+        sampling: SamplingRows,
+    ) -> npt.NDArray[np.generic]:
+        s = shape.seqs
+        rows = len(sampling.uniform)
         if kind == "sample":
-            rows = len(entries)
             temperature = np.zeros(s, np.float32)
             top_k = np.zeros(s, np.int32)
             top_p = np.ones(s, np.float32)
             uniform = np.zeros(s, np.float32)
-            temperature[:rows] = [e.temperature for e in entries]
-            top_k[:rows] = [e.top_k for e in entries]
-            top_p[:rows] = [e.top_p for e in entries]
-            uniform[:rows] = [e.uniform for e in entries]
+            temperature[:rows] = sampling.temperature
+            top_k[:rows] = sampling.top_k
+            top_p[:rows] = sampling.top_p
+            uniform[:rows] = sampling.uniform
             inputs.update(temperature=temperature, top_k=top_k, top_p=top_p, uniform=uniform)
         out = self.runtime.run(self.plan(shape), inputs, self.timeout_s)
         if kind == "sample":
-            return out["token_ids"][: len(entries)]
-        return out["logits"][: len(entries)]
+            return out["token_ids"][:rows]
+        return out["logits"][:rows]

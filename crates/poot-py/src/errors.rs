@@ -10,6 +10,8 @@
 //! [`RuntimeError`] variant the class that names it (`DeviceTimeoutError` is a `TimeoutError`,
 //! `GraphInputError` a `ValueError`, ...). Every variant's fields become attributes. A
 //! [`TokenizeError`] becomes `TokenizerError` (a `ValueError`) with its message.
+//! An [`poot_engine::EngineError`] becomes `ContextLengthError` (prompt past `max_model_len`,
+//! empty, or too big for the pool), `ConfigError`, `SamplingParamsError` or a `ValueError`.
 
 use std::path::Path;
 
@@ -422,4 +424,53 @@ pub fn mapping_probe(py: Python<'_>, variant: &str) -> PyResult<()> {
         other => return Err(PyValueError::new_err(format!("unknown variant {other:?}"))),
     };
     Err(err)
+}
+
+/// The Python exception for a scheduler refusal: `ContextLengthError` for a prompt past
+/// `max_model_len` or a request too big for the KV pool, `ConfigError` for a bad setting,
+/// `SamplingParamsError` / `ValueError` for a bad request or call order.
+pub fn engine_error(py: Python<'_>, e: poot_engine::EngineError) -> PyErr {
+    use poot_engine::EngineError as E;
+    let message = e.to_string();
+    match e {
+        E::PromptTooLong {
+            prompt,
+            max_model_len,
+            ..
+        } => poot_error(
+            py,
+            "ContextLengthError",
+            message,
+            |k| {
+                k.set_item("needed", prompt + 1)?;
+                k.set_item("limit", max_model_len)
+            },
+            value_error,
+        ),
+        E::TooLargeForPool { needed, usable, .. } => poot_error(
+            py,
+            "ContextLengthError",
+            message,
+            |k| {
+                k.set_item("needed", needed)?;
+                k.set_item("limit", usable)
+            },
+            value_error,
+        ),
+        E::EmptyPrompt(_) => poot_error(py, "ContextLengthError", message, |_| Ok(()), value_error),
+        E::InvalidConfig { .. } => poot_error(py, "ConfigError", message, |_| Ok(()), value_error),
+        E::ZeroMaxTokens(_) => poot_error(
+            py,
+            "SamplingParamsError",
+            message,
+            |k| k.set_item("field", "max_tokens"),
+            value_error,
+        ),
+        E::Internal(_) | E::Kv(_) => runtime_error_builtin(message),
+        E::DuplicateRequest(_)
+        | E::StepInFlight
+        | E::NoStepInFlight
+        | E::OutputMismatch { .. }
+        | E::DimsTooSmall { .. } => value_error(message),
+    }
 }

@@ -2,12 +2,13 @@
 //!
 //! `lib.rs` only registers; each submodule owns one area of the API: `formats` (checkpoint
 //! files), `limits`, `weights`, `tracer` and `graph` (tracing), `runtime` (runtimes and plans),
-//! `tokenize` (the byte-level BPE model).
+//! `tokenize` (the byte-level BPE model), `engine` (the scheduler).
 //! `errors` owns the mapping of Rust errors to `poot.errors`, and `gil` the one helper that
 //! releases the GIL.
 
 use pyo3::prelude::*;
 
+mod engine;
 mod errors;
 mod formats;
 mod gil;
@@ -22,6 +23,7 @@ mod weights;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    engine::register(m)?;
     formats::register(m)?;
     graph::register(m)?;
     runtime::register(m)?;

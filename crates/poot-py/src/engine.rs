@@ -1,0 +1,291 @@
+//! `poot._native.Scheduler` and `StepPlan`: poot-engine's scheduler for Python.
+//!
+//! Invariants: the Python objects are thin wrappers, so every policy (FCFS under a token
+//! budget, chunked prefill, preemption by recompute, block accounting) is the Rust scheduler's;
+//! `num_blocks` given here counts usable blocks, and the pool gets one more for the reserved
+//! null block 0 (configure the runtime's KV pool with `num_blocks + 1` blocks). Scheduler
+//! errors map to `poot.errors` in `errors::engine_error`.
+
+use std::collections::HashMap;
+
+use numpy::{IntoPyArray, PyArray1, PyArrayMethods};
+use poot_engine::{
+    FinishReason, RequestId, RequestSpec, Scheduler, SchedulerConfig, StepDims, StepOutput,
+    StepPlan, TokenId,
+};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::errors::engine_error;
+
+/// Registers the classes of this module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyScheduler>()?;
+    m.add_class::<PyStepPlan>()?;
+    Ok(())
+}
+
+/// The driver's scheduler: plans steps, takes their sampled tokens, owns the KV blocks.
+#[pyclass(name = "Scheduler", module = "poot._native")]
+#[derive(Debug)]
+pub struct PyScheduler {
+    inner: Scheduler,
+}
+
+fn finish_name(f: Option<FinishReason>) -> Option<&'static str> {
+    f.map(|f| match f {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+    })
+}
+
+#[pymethods]
+impl PyScheduler {
+    #[new]
+    #[pyo3(signature = (
+        *, max_num_seqs, max_batched_tokens, max_step_tokens, max_model_len, block_size,
+        num_blocks, enable_prefix_caching = false, model_key = 0
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn py_new(
+        py: Python<'_>,
+        max_num_seqs: usize,
+        max_batched_tokens: usize,
+        max_step_tokens: usize,
+        max_model_len: usize,
+        block_size: usize,
+        num_blocks: usize,
+        enable_prefix_caching: bool,
+        model_key: u64,
+    ) -> PyResult<Self> {
+        let config = SchedulerConfig {
+            max_num_seqs,
+            max_batched_tokens,
+            max_step_tokens,
+            max_model_len,
+            block_size,
+            num_blocks: num_blocks.saturating_add(1),
+            enable_prefix_caching,
+            model_key,
+        };
+        let inner = Scheduler::new(config).map_err(|e| engine_error(py, e))?;
+        Ok(Self { inner })
+    }
+
+    /// Queues a request (FCFS).
+    #[pyo3(signature = (request_id, prompt_ids, max_tokens, *, eos_ids = Vec::new(), stop_ids = Vec::new(), ignore_eos = false))]
+    #[allow(clippy::too_many_arguments)]
+    fn add_request(
+        &mut self,
+        py: Python<'_>,
+        request_id: u64,
+        prompt_ids: Vec<TokenId>,
+        max_tokens: usize,
+        eos_ids: Vec<TokenId>,
+        stop_ids: Vec<TokenId>,
+        ignore_eos: bool,
+    ) -> PyResult<()> {
+        let spec = RequestSpec {
+            id: RequestId(request_id),
+            prompt_ids,
+            max_tokens,
+            eos_ids,
+            stop_ids,
+            ignore_eos,
+        };
+        self.inner
+            .add_request(spec)
+            .map_err(|e| engine_error(py, e))
+    }
+
+    /// Ends a request and frees its blocks; False when it was not live.
+    fn abort(&mut self, py: Python<'_>, request_id: u64) -> PyResult<bool> {
+        self.inner
+            .abort(RequestId(request_id))
+            .map_err(|e| engine_error(py, e))
+    }
+
+    /// Plans the next step (its blocks reserved); empty when nothing is runnable.
+    fn schedule(&mut self, py: Python<'_>) -> PyResult<PyStepPlan> {
+        let inner = self.inner.schedule().map_err(|e| engine_error(py, e))?;
+        Ok(PyStepPlan { inner })
+    }
+
+    /// Takes the step's `(request_id, token)` per sampled row; returns
+    /// `(request_id, token, finish_reason)` per accepted token (`"stop"`, `"length"` or None).
+    fn update(
+        &mut self,
+        py: Python<'_>,
+        sampled: Vec<(u64, TokenId)>,
+    ) -> PyResult<Vec<(u64, TokenId, Option<&'static str>)>> {
+        let output = StepOutput {
+            sampled: sampled
+                .into_iter()
+                .map(|(id, t)| (RequestId(id), t))
+                .collect(),
+        };
+        let events = self.inner.update(output).map_err(|e| engine_error(py, e))?;
+        Ok(events
+            .into_iter()
+            .map(|e| (e.request_id.0, e.token, finish_name(e.finish)))
+            .collect())
+    }
+
+    /// Usable KV blocks (the null block excluded).
+    #[getter]
+    fn num_blocks(&self) -> usize {
+        self.inner.pool().num_usable_blocks()
+    }
+
+    /// KV blocks in use.
+    #[getter]
+    fn used_blocks(&self) -> usize {
+        self.inner.num_used_blocks()
+    }
+
+    /// Usable KV blocks not in use.
+    #[getter]
+    fn free_blocks(&self) -> usize {
+        self.inner.pool().num_free_blocks()
+    }
+
+    /// Tokens per KV block.
+    #[getter]
+    fn block_size(&self) -> usize {
+        self.inner.config().block_size
+    }
+
+    /// Whether any request is live (waiting or running).
+    #[getter]
+    fn has_unfinished_requests(&self) -> bool {
+        self.inner.has_unfinished_requests()
+    }
+
+    /// Whether a planned step awaits its `update`.
+    #[getter]
+    fn step_in_flight(&self) -> bool {
+        self.inner.step_in_flight()
+    }
+
+    /// Steps, computed and cached tokens, preemptions, finished and aborted requests.
+    fn stats(&self) -> HashMap<&'static str, u64> {
+        let s = self.inner.stats();
+        HashMap::from([
+            ("steps", s.steps),
+            ("computed_tokens", s.computed_tokens),
+            ("cached_tokens", s.cached_tokens),
+            ("preemptions", s.preemptions),
+            ("finished", s.finished),
+            ("aborted", s.aborted),
+        ])
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Scheduler(num_blocks={}, used_blocks={}, block_size={})",
+            self.num_blocks(),
+            self.used_blocks(),
+            self.block_size()
+        )
+    }
+}
+
+/// One planned step: decode rows first, then prefill chunks.
+#[pyclass(name = "StepPlan", module = "poot._native", frozen)]
+#[derive(Debug)]
+pub struct PyStepPlan {
+    inner: StepPlan,
+}
+
+#[pymethods]
+impl PyStepPlan {
+    /// Each row's request id.
+    #[getter]
+    fn request_ids(&self) -> Vec<u64> {
+        self.inner.seqs.iter().map(|s| s.request_id.0).collect()
+    }
+
+    /// Each row's token count.
+    #[getter]
+    fn row_tokens(&self) -> Vec<usize> {
+        self.inner.seqs.iter().map(|s| s.num_tokens()).collect()
+    }
+
+    /// Whether each row's last token is sampled.
+    #[getter]
+    fn sample(&self) -> Vec<bool> {
+        self.inner.seqs.iter().map(|s| s.sample).collect()
+    }
+
+    /// Tokens across all rows.
+    #[getter]
+    fn num_tokens(&self) -> usize {
+        self.inner.num_tokens
+    }
+
+    /// Rows.
+    #[getter]
+    fn num_seqs(&self) -> usize {
+        self.inner.seqs.len()
+    }
+
+    /// The widest block table.
+    #[getter]
+    fn max_blocks(&self) -> usize {
+        self.inner.dims().max_blocks
+    }
+
+    /// Requests preempted while planning this step.
+    #[getter]
+    fn preempted(&self) -> Vec<u64> {
+        self.inner.preempted.iter().map(|r| r.0).collect()
+    }
+
+    /// Tokens skipped thanks to the prefix cache.
+    #[getter]
+    fn num_cached_tokens(&self) -> usize {
+        self.inner.num_cached_tokens
+    }
+
+    /// The step graph's int32 inputs padded to the given dims: `ids`, `positions`,
+    /// `slot_mapping`, `token_seq` (`[tokens]`), `block_tables` (`[seqs, max_blocks]`) and
+    /// `last_rows` (`[seqs]`).
+    fn flatten<'py>(
+        &self,
+        py: Python<'py>,
+        tokens: usize,
+        seqs: usize,
+        max_blocks: usize,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let f = self
+            .inner
+            .flatten(StepDims {
+                tokens,
+                seqs,
+                max_blocks,
+            })
+            .map_err(|e| engine_error(py, e))?;
+        let d = PyDict::new(py);
+        d.set_item("ids", f.ids.into_pyarray(py))?;
+        d.set_item("positions", f.positions.into_pyarray(py))?;
+        d.set_item("slot_mapping", f.slot_mapping.into_pyarray(py))?;
+        d.set_item("token_seq", f.token_seq.into_pyarray(py))?;
+        let tables: Bound<'py, PyArray1<i32>> = f.block_tables.into_pyarray(py);
+        d.set_item("block_tables", tables.reshape([seqs, max_blocks])?)?;
+        d.set_item("last_rows", f.last_rows.into_pyarray(py))?;
+        Ok(d)
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.seqs.len()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "StepPlan(num_seqs={}, num_tokens={}, preempted={})",
+            self.inner.seqs.len(),
+            self.inner.num_tokens,
+            self.inner.preempted.len()
+        )
+    }
+}
