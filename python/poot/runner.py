@@ -37,7 +37,7 @@ from poot._native import (
 from poot.models.llama import LlamaModel
 from poot.models.step import StepKind, StepShape
 
-__all__ = ["SamplingRows", "StepEntry", "StepRunner", "next_pow2"]
+__all__ = ["SamplingRows", "StepRunner", "next_pow2"]
 
 
 def next_pow2(n: int) -> int:
@@ -53,26 +53,6 @@ class SamplingRows:
     top_k: Sequence[int]
     top_p: Sequence[float]
     uniform: Sequence[float]
-
-
-@dataclass
-class StepEntry:
-    """One sequence's part of a step.
-
-    Attributes:
-        block_table: the sequence's KV blocks, in order.
-        tokens: the tokens this step runs for it.
-        start: the position of ``tokens[0]`` in the sequence.
-        temperature, top_k, top_p, uniform: its sampling row (ignored by ``logits`` steps).
-    """
-
-    block_table: Sequence[int]
-    tokens: Sequence[int]
-    start: int
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    uniform: float = 0.0
 
 
 class StepRunner:
@@ -144,60 +124,6 @@ class StepRunner:
             self._plans.popitem(last=False)
         return plan
 
-    def shape_for(self, entries: Sequence[StepEntry], kind: StepKind) -> StepShape:
-        """The (rounded-up) step shape that runs ``entries``."""
-        n_tokens = sum(len(e.tokens) for e in entries)
-        widest = max(len(e.block_table) for e in entries)
-        tokens = min(next_pow2(n_tokens), max(self.max_step_tokens, n_tokens))
-        return StepShape(tokens, next_pow2(len(entries)), next_pow2(widest), kind)
-
-    def run(
-        self, entries: Sequence[StepEntry], kind: StepKind = "sample"
-    ) -> npt.NDArray[np.generic]:
-        """Runs one step.
-
-        Returns:
-            ``sample``: each entry's sampled token id (int32 [len(entries)]); ``logits``: each
-            entry's last-token logits (float32 [len(entries), vocab]).
-        """
-        if not entries:
-            raise ValueError("a step needs at least one sequence")
-        shape = self.shape_for(entries, kind)
-        n, s, b, bs = shape.tokens, shape.seqs, shape.max_blocks, self.block_size
-        ids = np.zeros(n, np.int32)
-        positions = np.zeros(n, np.int32)
-        slots = np.full(n, -1, np.int32)
-        token_seq = np.zeros(n, np.int32)
-        tables = np.zeros((s, b), np.int32)
-        last_rows = np.zeros(s, np.int32)
-        row = 0
-        for i, e in enumerate(entries):
-            k = len(e.tokens)
-            table = np.asarray(e.block_table, np.int32)
-            tables[i, : len(table)] = table
-            pos = np.arange(e.start, e.start + k, dtype=np.int32)
-            ids[row : row + k] = e.tokens
-            positions[row : row + k] = pos
-            slots[row : row + k] = table[pos // bs] * bs + pos % bs
-            token_seq[row : row + k] = i
-            last_rows[i] = row + k - 1
-            row += k
-        inputs: dict[str, npt.NDArray[np.generic]] = {
-            "ids": ids,
-            "positions": positions,
-            "slot_mapping": slots,
-            "token_seq": token_seq,
-            "block_tables": tables,
-            "last_rows": last_rows,
-        }
-        rows = SamplingRows(
-            [e.temperature for e in entries],
-            [e.top_k for e in entries],
-            [e.top_p for e in entries],
-            [e.uniform for e in entries],
-        )
-        return self._execute(shape, inputs, kind, rows)
-
     def run_plan(
         self, plan: StepPlan, kind: StepKind = "sample", sampling: SamplingRows | None = None
     ) -> npt.NDArray[np.generic]:
@@ -209,7 +135,8 @@ class StepRunner:
             sampling: per-row sampling inputs; None samples greedily.
 
         Returns:
-            As ``run``: a token id or a logits row per plan row.
+            ``sample``: each row's sampled token id (int32 [rows]); ``logits``: each row's
+            last-token logits (float32 [rows, vocab]).
         """
         rows = plan.num_seqs
         if rows == 0:
