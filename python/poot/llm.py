@@ -8,6 +8,13 @@ under a per-step token budget of ``max_step_tokens``, decode rows first, then pr
 by recompute when the pool runs out. Sampling is done by the last node of the step graph.
 ``logits`` is the one path that brings full logits to the host.
 
+Prefix caching (``enable_prefix_caching``, on by default): full KV blocks are hashed over their
+token ids, chained from the first block and seeded with a model key (``_model_key``: the
+checkpoint's identity and the numerics mode, since ``"exact"`` and ``"ggml"`` write different KV
+values). A prompt whose leading full blocks match cached ones skips their prefill (never its
+last token, whose logits are needed); freed blocks stay cached until the pool reuses them.
+``LLM.stats`` counts prefill tokens computed and taken from the cache.
+
 Invariants:
     - Every KV block returns to the pool when a request ends, however it ends (finish, error,
       a closed stream): the driver loop aborts its live requests on the way out.
@@ -19,10 +26,12 @@ Invariants:
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -71,6 +80,23 @@ def _numerics_for(numerics: Numerics, files: ModelFiles) -> Literal["ggml", "exa
     raise ConfigError(f'numerics must be "auto", "ggml" or "exact", got {numerics!r}')
 
 
+def _model_key(files: ModelFiles, numerics: Literal["ggml", "exact"]) -> int:
+    """A stable 64-bit key for the prefix cache: the checkpoint's files (resolved path, size,
+    mtime) and the numerics mode, hashed with BLAKE2b.
+
+    Cached KV blocks only match blocks hashed under the same key, so two modes (or a checkpoint
+    rewritten in place) never share them.
+    """
+    root = Path(files.path).resolve()
+    paths = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    h = hashlib.blake2b(digest_size=8)
+    h.update(f"poot-kv-v1\0{numerics}\0".encode())
+    for path in paths:
+        st = path.stat()
+        h.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+    return int.from_bytes(h.digest(), "little")
+
+
 @dataclass
 class _Request:
     index: int
@@ -85,6 +111,9 @@ class _Request:
     # Text deltas accepted but not yet yielded by the loop that owns the request.
     pending: deque[str] = field(default_factory=deque)
     request_id: int = -1
+    # Whether the request's next row is (part of) a prefill: until its first sample, and again
+    # after a preemption (recompute).
+    in_prefill: bool = True
 
     @property
     def length(self) -> int:
@@ -112,6 +141,9 @@ class LLM:
         trace_limits: budgets for tracing each step graph.
         compile_limits: budgets for compiling each step graph.
         timeout_s: the deadline of each step on the device.
+        enable_prefix_caching: reuse the KV of full blocks shared with earlier prompts (same
+            token ids from the start, same checkpoint and numerics) instead of prefilling
+            them again; logits and greedy output are unchanged. See ``stats``.
 
     Raises:
         ModelNotFoundError, CheckpointFormatError: the model cannot be resolved or opened.
@@ -133,6 +165,7 @@ class LLM:
         trace_limits: _native.TraceLimits | None = None,
         compile_limits: _native.CompileLimits | None = None,
         timeout_s: float = 600.0,
+        enable_prefix_caching: bool = True,
     ) -> None:
         self.files: ModelFiles = resolve_model_files(model)
         self.tokenizer: Tokenizer = load_tokenizer(self.files)
@@ -179,6 +212,10 @@ class LLM:
         self.weights = _native.Weights(source)
         self.numerics = resolved
         self.runtime = _make_runtime(threads, resolved)
+        self.enable_prefix_caching = enable_prefix_caching
+        self.model_key = _model_key(self.files, resolved)
+        self._prefill_tokens = 0
+        self._decode_tokens = 0
         # The scheduler owns the KV blocks (``allocator`` for its block counts).
         self.allocator = _native.Scheduler(
             max_num_seqs=min(max_num_seqs, max_step_tokens),
@@ -187,6 +224,8 @@ class LLM:
             max_model_len=max_model_len,
             block_size=block_size,
             num_blocks=num_blocks,
+            enable_prefix_caching=enable_prefix_caching,
+            model_key=self.model_key,
         )
         self._live: dict[int, _Request] = {}
         self._next_id = 0
@@ -289,11 +328,20 @@ class LLM:
         step, and its logits row is returned (rerunning a step rewrites identical KV).
         """
         plan = self.allocator.schedule()
+        for rid in plan.preempted:
+            if rid in self._live:
+                self._live[rid].in_prefill = True
         ids = plan.request_ids
         if not ids:
             raise RuntimeError("the scheduler planned an empty step with requests live")
         rows = [self._live[i] for i in ids]
         samples = plan.sample
+        for r, n, sample in zip(rows, plan.row_tokens, samples, strict=True):
+            if r.in_prefill:
+                self._prefill_tokens += n
+                r.in_prefill = not sample
+            else:
+                self._decode_tokens += n
         uniform = [
             float(r.rng.random(dtype=np.float32)) if sample else 0.0
             for r, sample in zip(rows, samples, strict=True)
@@ -369,6 +417,23 @@ class LLM:
             self._settle()
 
     # ---- public API -----------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        """Counters over this ``LLM``'s life.
+
+        ``prefill_computed_tokens`` (prompt tokens, and prompt + generated tokens recomputed
+        after a preemption, that were run through the model), ``prefill_cached_tokens`` (those
+        taken from the prefix cache instead), ``decode_tokens``; the scheduler's ``steps``,
+        ``computed_tokens`` (prefill + decode), ``cached_tokens``, ``preemptions``, ``finished``
+        and ``aborted``; and the KV blocks ``used_blocks`` / ``num_blocks``.
+        """
+        s = dict(self.allocator.stats())
+        s["prefill_computed_tokens"] = self._prefill_tokens
+        s["prefill_cached_tokens"] = s["cached_tokens"]
+        s["decode_tokens"] = self._decode_tokens
+        s["used_blocks"] = self.allocator.used_blocks
+        s["num_blocks"] = self.allocator.num_blocks
+        return s
 
     def generate(
         self,
