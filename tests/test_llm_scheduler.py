@@ -69,6 +69,39 @@ def test_blocks_return_after_closed_stream_mid_decode(llm: Any) -> None:
     assert not llm.allocator.step_in_flight
 
 
+@pytest.mark.parametrize("abort", [GeneratorExit, KeyboardInterrupt])
+def test_blocks_return_after_abort_mid_prefill(
+    make_llm: Callable[..., Any], stories: Path, monkeypatch: pytest.MonkeyPatch, abort: type
+) -> None:
+    # A 60-token prompt in steps of 4: the stream is ended (GeneratorExit is what close()
+    # delivers; KeyboardInterrupt a Ctrl-C) on its 5th prefill step, before its first token.
+    llm = make_llm(stories / "stories260K-f32.gguf", "cpu", max_step_tokens=4, block_size=4)
+    prompt = [1, *range(300, 359)]
+    calls, used = 0, -1
+    run_plan = llm.runner.run_plan
+
+    def aborting(*args: Any, **kw: Any) -> Any:
+        nonlocal calls, used
+        calls += 1
+        if calls == 5:
+            used = llm.allocator.used_blocks
+            raise abort()
+        return run_plan(*args, **kw)
+
+    monkeypatch.setattr(llm.runner, "run_plan", aborting)
+    it = llm.generate_stream(prompt, SamplingParams(max_tokens=8, temperature=0.0))
+    with pytest.raises(abort):
+        next(it)
+    assert used >= 5  # blocks were held mid-prefill
+    assert llm.stats()["prefill_computed_tokens"] == 20 < len(prompt)
+    assert llm.allocator.used_blocks == 0
+    assert not llm.allocator.has_unfinished_requests
+    assert not llm.allocator.step_in_flight
+    monkeypatch.setattr(llm.runner, "run_plan", run_plan)
+    assert len(llm.generate(prompt, GREEDY)[0].outputs[0].token_ids) == 20
+    assert llm.allocator.used_blocks == 0
+
+
 def test_blocks_return_after_an_error(llm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     want = llm.generate(PROMPTS[:2], GREEDY)
     calls = 0

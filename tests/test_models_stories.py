@@ -127,6 +127,6 @@ def test_chunked_prefill_equals_one_long_prefill(
     path, (rt, numerics) = stories / "stories260K-f32.gguf", runtime
     full = make_llm(path, rt, max_step_tokens=128, numerics=numerics).logits(ids)
     atol = CHUNKED_ATOL[numerics]
-    for chunk in (1, 7, 16, 33):
+    for chunk in (1, 7, 16, 33, 64):
         llm = make_llm(path, rt, max_step_tokens=chunk, numerics=numerics)
         np.testing.assert_allclose(llm.logits(ids), full, rtol=0, atol=atol, err_msg=f"{chunk=}")

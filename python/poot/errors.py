@@ -196,6 +196,25 @@ class UnsupportedOpError(CompileError):
         self.op = op
 
 
+class PreparedEntryLimitError(PootError, RuntimeError):
+    """A prepared (compiled step-shape) entry would pass a limit of the prepared cache.
+
+    Raised under ``prepared_policy="refuse"`` when the cache is full, and under either policy
+    when one entry alone is larger than the byte limit. The entry was not kept.
+
+    Attributes:
+        resource: ``"entries"`` or ``"bytes"``.
+        limit: the limit.
+        total: what the cache would hold with the new entry.
+    """
+
+    def __init__(self, message: str, *, resource: str = "", limit: int = 0, total: int = 0) -> None:
+        super().__init__(message)
+        self.resource = resource
+        self.limit = limit
+        self.total = total
+
+
 class DeviceTimeoutError(PootError, TimeoutError):
     """A device wait passed its deadline; the runtime is poisoned from now on.
 

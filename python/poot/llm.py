@@ -42,6 +42,7 @@ from poot.checkpoints import ModelFiles, resolve_model_files
 from poot.errors import ConfigError, ContextLengthError, GraphInputError
 from poot.models import model_definition
 from poot.outputs import CompletionOutput, RequestOutput
+from poot.prepared import PreparedPolicy
 from poot.runner import SamplingRows, StepRunner
 from poot.sampling import SamplingParams
 from poot.tokenizer import Tokenizer, TokenStream, load_tokenizer
@@ -144,6 +145,9 @@ class LLM:
         enable_prefix_caching: reuse the KV of full blocks shared with earlier prompts (same
             token ids from the start, same checkpoint and numerics) instead of prefilling
             them again; logits and greedy output are unchanged. See ``stats``.
+        max_prepared_entries, max_prepared_bytes, prepared_policy: bounds of the cache of
+            compiled step plans (``poot.prepared``); ``"evict"`` drops the least recently used,
+            ``"refuse"`` raises ``PreparedEntryLimitError`` (the request ends; the LLM is usable).
 
     Raises:
         ModelNotFoundError, CheckpointFormatError: the model cannot be resolved or opened.
@@ -166,6 +170,9 @@ class LLM:
         compile_limits: _native.CompileLimits | None = None,
         timeout_s: float = 600.0,
         enable_prefix_caching: bool = True,
+        max_prepared_entries: int = 64,
+        max_prepared_bytes: int = 1 << 30,
+        prepared_policy: PreparedPolicy = "evict",
     ) -> None:
         self.files: ModelFiles = resolve_model_files(model)
         self.tokenizer: Tokenizer = load_tokenizer(self.files)
@@ -239,6 +246,9 @@ class LLM:
             trace_limits=trace_limits,
             compile_limits=compile_limits,
             timeout_s=timeout_s,
+            max_plans=max_prepared_entries,
+            max_plan_bytes=max_prepared_bytes,
+            plan_policy=prepared_policy,
         )
 
     def __repr__(self) -> str:
@@ -425,7 +435,8 @@ class LLM:
         after a preemption, that were run through the model), ``prefill_cached_tokens`` (those
         taken from the prefix cache instead), ``decode_tokens``; the scheduler's ``steps``,
         ``computed_tokens`` (prefill + decode), ``cached_tokens``, ``preemptions``, ``finished``
-        and ``aborted``; and the KV blocks ``used_blocks`` / ``num_blocks``.
+        and ``aborted``; the KV blocks ``used_blocks`` / ``num_blocks``; and the prepared-plan
+        cache's ``prepared_*`` counters (``PreparedCache.stats``).
         """
         s = dict(self.allocator.stats())
         s["prefill_computed_tokens"] = self._prefill_tokens
@@ -433,6 +444,7 @@ class LLM:
         s["decode_tokens"] = self._decode_tokens
         s["used_blocks"] = self.allocator.used_blocks
         s["num_blocks"] = self.allocator.num_blocks
+        s.update(self.runner.plans.stats())
         return s
 
     def generate(

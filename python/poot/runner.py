@@ -9,7 +9,8 @@ Invariants:
       trace limits allow, so no trace is ever refused for its length.
     - Plans are cached by ``StepShape``: tokens, sequences and block-table width are rounded up
       to powers of two (padding tokens write no KV: slot -1), so a long generation compiles a
-      handful of plans, not one per length. The cache holds at most ``max_plans`` plans (LRU).
+      handful of plans, not one per length. The cache (``poot.prepared.PreparedCache``) is
+      bounded by plan count and by the plans' ``artifact_bytes``, evicting LRU or refusing.
     - A ``sample`` step reads back only token ids; full logits cross to the host only from a
       ``logits`` step, which only ``LLM.logits`` runs.
     - The runtime's KV pool holds ``num_blocks + 1`` blocks: block 0 is the scheduler's reserved
@@ -18,7 +19,6 @@ Invariants:
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -36,6 +36,7 @@ from poot._native import (
 )
 from poot.models.llama import LlamaModel
 from poot.models.step import StepKind, StepShape
+from poot.prepared import PreparedCache, PreparedPolicy
 
 __all__ = ["SamplingRows", "StepRunner", "next_pow2"]
 
@@ -66,7 +67,9 @@ class StepRunner:
         num_blocks: usable blocks in the KV pool (the runtime gets one more, the null block 0).
         max_step_tokens: most tokens in one step.
         trace_limits, compile_limits: budgets for tracing and compiling each plan.
-        max_plans: plans kept in the cache.
+        max_plans: plans kept in the cache (prepared entries).
+        max_plan_bytes: bytes kept in the cache, summed over plans' ``artifact_bytes``.
+        plan_policy: ``"evict"`` (LRU) or ``"refuse"`` (``PreparedEntryLimitError``) when full.
         timeout_s: the deadline of each run.
     """
 
@@ -82,6 +85,8 @@ class StepRunner:
         trace_limits: TraceLimits,
         compile_limits: CompileLimits,
         max_plans: int = 64,
+        max_plan_bytes: int = 1 << 30,
+        plan_policy: PreparedPolicy = "evict",
         timeout_s: float = 600.0,
     ) -> None:
         self.definition = definition
@@ -92,9 +97,10 @@ class StepRunner:
         self.max_step_tokens = max_step_tokens
         self.trace_limits = trace_limits
         self.compile_limits = compile_limits
-        self.max_plans = max_plans
         self.timeout_s = timeout_s
-        self._plans: OrderedDict[StepShape, Plan] = OrderedDict()
+        self.plans: PreparedCache[StepShape, Plan] = PreparedCache(
+            max_plans, max_plan_bytes, plan_policy
+        )
         n_layers, n_kv_heads, head_dim = definition.kv_shape
         runtime.configure_kv(
             n_layers=n_layers,
@@ -107,22 +113,17 @@ class StepRunner:
     @property
     def cached_plans(self) -> list[StepShape]:
         """Shapes with a compiled plan, least recently used first."""
-        return list(self._plans)
+        return self.plans.keys()
 
     def plan(self, shape: StepShape) -> Plan:
         """The compiled plan for ``shape``, traced and compiled on first use."""
-        plan = self._plans.get(shape)
-        if plan is not None:
-            self._plans.move_to_end(shape)
-            return plan
+        return self.plans.get_or_prepare(shape, self._prepare)
+
+    def _prepare(self, shape: StepShape) -> Plan:
         tracer = Tracer(self.weights, shape.tokens, self.trace_limits)
         self.definition.trace(tracer, shape)
         graph = tracer.finish()
-        plan = self.runtime.compile(graph, self.weights, self.compile_limits)
-        self._plans[shape] = plan
-        while len(self._plans) > self.max_plans:
-            self._plans.popitem(last=False)
-        return plan
+        return self.runtime.compile(graph, self.weights, self.compile_limits)
 
     def run_plan(
         self, plan: StepPlan, kind: StepKind = "sample", sampling: SamplingRows | None = None
