@@ -13,6 +13,7 @@ from poot._native import __version__
 if TYPE_CHECKING:
     from poot.checkpoints import ModelFiles
     from poot.checkpoints import resolve_model_files as load_model_files
+    from poot.driver_options import DriverOptions
     from poot.llm import LLM
     from poot.outputs import CompletionOutput, RequestOutput
     from poot.sampling import SamplingParams
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LLM",
     "CompletionOutput",
+    "DriverOptions",
     "ModelFiles",
     "RequestOutput",
     "SamplingParams",
@@ -34,6 +36,7 @@ __all__ = [
 _LAZY = {
     "LLM": ("poot.llm", "LLM"),
     "SamplingParams": ("poot.sampling", "SamplingParams"),
+    "DriverOptions": ("poot.driver_options", "DriverOptions"),
     "RequestOutput": ("poot.outputs", "RequestOutput"),
     "CompletionOutput": ("poot.outputs", "CompletionOutput"),
     "ModelFiles": ("poot.checkpoints", "ModelFiles"),

@@ -27,6 +27,7 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -39,6 +40,7 @@ import numpy.typing as npt
 
 from poot import _native
 from poot.checkpoints import ModelFiles, resolve_model_files
+from poot.driver_options import DriverOptions
 from poot.errors import ConfigError, ContextLengthError, GraphInputError
 from poot.models import model_definition
 from poot.outputs import CompletionOutput, RequestOutput
@@ -49,14 +51,14 @@ from poot.tokenizer import Tokenizer, TokenStream, load_tokenizer
 
 __all__ = ["LLM", "PromptType"]
 
+logger = logging.getLogger("poot")
+
 PromptType = str | Sequence[int]
 Numerics = Literal["auto", "ggml", "exact"]
 
 # Checkpoint dtypes that are plain floats; anything else is a quantized GGUF (see _numerics_for).
 _FLOAT_DTYPES = frozenset({"F32", "F16", "BF16"})
 
-# Default KV pool: room for this many bytes (at least one full-length sequence).
-_DEFAULT_KV_BYTES = 256 << 20
 _DEFAULT_MAX_MODEL_LEN = 4096
 
 
@@ -133,6 +135,9 @@ class LLM:
             ``"auto"`` (default) picks ``"ggml"`` for quantized checkpoints.
         max_model_len: most tokens (prompt + generated) per sequence; default the model's
             context length, at most 4096.
+        driver: the batch settings (``poot.DriverOptions``); the keywords below, where
+            given, override its fields. One line at start (logger ``"poot"``) says what was
+            chosen.
         block_size: tokens per KV block.
         num_blocks: usable KV blocks in the pool (the runtime holds one more, the scheduler's
             reserved null block); default enough for 256 MiB of KV, at least one
@@ -162,17 +167,18 @@ class LLM:
         threads: int | None = None,
         numerics: Numerics = "auto",
         max_model_len: int | None = None,
-        block_size: int = 16,
+        driver: DriverOptions | None = None,
+        block_size: int | None = None,
         num_blocks: int | None = None,
-        max_step_tokens: int = 256,
-        max_num_seqs: int = 8,
+        max_step_tokens: int | None = None,
+        max_num_seqs: int | None = None,
         trace_limits: _native.TraceLimits | None = None,
         compile_limits: _native.CompileLimits | None = None,
         timeout_s: float = 600.0,
-        enable_prefix_caching: bool = True,
-        max_prepared_entries: int = 64,
-        max_prepared_bytes: int = 1 << 30,
-        prepared_policy: PreparedPolicy = "evict",
+        enable_prefix_caching: bool | None = None,
+        max_prepared_entries: int | None = None,
+        max_prepared_bytes: int | None = None,
+        prepared_policy: PreparedPolicy | None = None,
     ) -> None:
         self.files: ModelFiles = resolve_model_files(model)
         self.tokenizer: Tokenizer = load_tokenizer(self.files)
@@ -180,17 +186,20 @@ class LLM:
         h = self.files.hparams
         trace_limits = trace_limits or _native.TraceLimits()
         compile_limits = compile_limits or _native.CompileLimits()
-        for name, value in (
-            ("block_size", block_size),
-            ("max_step_tokens", max_step_tokens),
-            ("max_num_seqs", max_num_seqs),
-        ):
-            if value < 1:
-                raise ConfigError(f"{name} must be >= 1, got {value}")
+        opts = (driver or DriverOptions()).with_overrides(
+            block_size=block_size,
+            num_blocks=num_blocks,
+            max_step_tokens=max_step_tokens,
+            max_num_seqs=max_num_seqs,
+            enable_prefix_caching=enable_prefix_caching,
+            max_prepared_entries=max_prepared_entries,
+            max_prepared_bytes=max_prepared_bytes,
+            prepared_policy=prepared_policy,
+        )
         resolved = _numerics_for(numerics, self.files)
-        if max_step_tokens > trace_limits.max_tokens:
+        if opts.max_step_tokens > trace_limits.max_tokens:
             raise ConfigError(
-                f"max_step_tokens={max_step_tokens} exceeds trace_limits.max_tokens="
+                f"max_step_tokens={opts.max_step_tokens} exceeds trace_limits.max_tokens="
                 f"{trace_limits.max_tokens}"
             )
         if max_model_len is None:
@@ -200,16 +209,13 @@ class LLM:
                 f"max_model_len must be in 2..{h.context_length} (the model's context), "
                 f"got {max_model_len}"
             )
-        blocks_per_seq = -(-max_model_len // block_size)
-        if num_blocks is None:
-            entry_bytes = 2 if resolved == "ggml" else 4  # f16 or f32 KV entries
-            block_bytes = 2 * entry_bytes * h.n_layers * h.n_kv_heads * h.head_dim * block_size
-            num_blocks = max(
-                blocks_per_seq,
-                min(_DEFAULT_KV_BYTES // block_bytes, blocks_per_seq * max_num_seqs),
-            )
-        if num_blocks < 1:
-            raise ConfigError(f"num_blocks must be >= 1, got {num_blocks}")
+        entry_bytes = 2 if resolved == "ggml" else 4  # f16 or f32 KV entries
+        opts = opts.resolve(h, max_model_len, entry_bytes)
+        assert opts.num_blocks is not None
+        self.driver = opts
+        block_size, num_blocks = opts.block_size, opts.num_blocks
+        max_step_tokens, max_num_seqs = opts.max_step_tokens, opts.max_num_seqs
+        enable_prefix_caching = opts.enable_prefix_caching
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.block_size = block_size
@@ -246,10 +252,11 @@ class LLM:
             trace_limits=trace_limits,
             compile_limits=compile_limits,
             timeout_s=timeout_s,
-            max_plans=max_prepared_entries,
-            max_plan_bytes=max_prepared_bytes,
-            plan_policy=prepared_policy,
+            max_plans=opts.max_prepared_entries,
+            max_plan_bytes=opts.max_prepared_bytes,
+            plan_policy=opts.prepared_policy,
         )
+        logger.info(opts.log_line(h, entry_bytes))
 
     def __repr__(self) -> str:
         return (
