@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from poot._native import __version__
 
 if TYPE_CHECKING:
+    from poot.async_engine import AsyncEngine, StreamOutput
     from poot.checkpoints import ModelFiles
     from poot.checkpoints import resolve_model_files as load_model_files
     from poot.driver_options import DriverOptions
@@ -21,11 +22,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LLM",
+    "AsyncEngine",
     "CompletionOutput",
     "DriverOptions",
     "ModelFiles",
     "RequestOutput",
     "SamplingParams",
+    "StreamOutput",
     "Tokenizer",
     "__version__",
     "load_model_files",
@@ -35,6 +38,8 @@ __all__ = [
 # name -> (module, attribute)
 _LAZY = {
     "LLM": ("poot.llm", "LLM"),
+    "AsyncEngine": ("poot.async_engine", "AsyncEngine"),
+    "StreamOutput": ("poot.async_engine", "StreamOutput"),
     "SamplingParams": ("poot.sampling", "SamplingParams"),
     "DriverOptions": ("poot.driver_options", "DriverOptions"),
     "RequestOutput": ("poot.outputs", "RequestOutput"),
