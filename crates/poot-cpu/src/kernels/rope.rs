@@ -33,31 +33,10 @@ use super::ggml::Numerics;
 use crate::error::{check_len, mul};
 use crate::KernelError;
 
-/// Which values of a head form a rotation pair.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum RopeStyle {
-    /// Pairs `(2i, 2i + 1)`: GPT-J, ggml mode 0, llama2.c.
-    Interleaved,
-    /// Pairs `(i, i + rot_dim / 2)`: GPT-NeoX, HF `rotate_half`, ggml mode 2.
-    NeoX,
-}
-
-/// Context-extension rules applied to `inv_freq`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum RopeScaling {
-    None,
-    /// `inv_freq / factor`.
-    Linear {
-        factor: f32,
-    },
-    /// Llama 3.1's frequency-dependent rule (HF `rope_type = "llama3"`).
-    Llama3 {
-        factor: f32,
-        low_freq_factor: f32,
-        high_freq_factor: f32,
-        original_max_position_embeddings: u32,
-    },
-}
+// The pairing and scaling types are the graph IR's own (`RopeStyle::Interleaved` pairs
+// `(2i, 2i + 1)` as GPT-J, ggml mode 0 and llama2.c do; `NeoX` pairs `(i, i + rot_dim / 2)` as
+// HF `rotate_half` and ggml mode 2 do), so a traced rope op reaches the kernel unconverted.
+pub use poot_graph::{RopeScaling, RopeStyle};
 
 /// What a model's config says about its rotary embedding.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -133,21 +112,21 @@ impl RopeTable {
                 factor,
                 low_freq_factor,
                 high_freq_factor,
-                original_max_position_embeddings,
+                original_max_position,
             } => {
                 check_factor("rope llama3 factor", factor)?;
                 check_factor("rope llama3 low_freq_factor", low_freq_factor)?;
                 check_factor("rope llama3 high_freq_factor", high_freq_factor)?;
-                if high_freq_factor <= low_freq_factor || original_max_position_embeddings == 0 {
+                if high_freq_factor <= low_freq_factor || original_max_position == 0 {
                     return Err(invalid(
                         "rope llama3",
                         format!(
                             "need high_freq_factor {high_freq_factor} > low_freq_factor \
-                             {low_freq_factor} and original_max_position_embeddings > 0"
+                             {low_freq_factor} and original_max_position > 0"
                         ),
                     ));
                 }
-                let old_ctx = original_max_position_embeddings as f32;
+                let old_ctx = original_max_position as f32;
                 let low_wavelen = old_ctx / low_freq_factor;
                 let high_wavelen = old_ctx / high_freq_factor;
                 for f in &mut inv_freq {

@@ -135,7 +135,7 @@ fn llama3_scaling_follows_hf() {
         factor: 8.0,
         low_freq_factor: 1.0,
         high_freq_factor: 4.0,
-        original_max_position_embeddings: 8192,
+        original_max_position: 8192,
     };
     let scaled = RopeTable::new(&c).unwrap();
     let (mut low, mut mid, mut high) = (0, 0, 0);

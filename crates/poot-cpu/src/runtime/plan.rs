@@ -9,13 +9,10 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use poot_graph::{
-    run_passes, CompileError, CompileLimits, DeadCodeElimination, Graph, Op,
-    RopeScaling as GScaling, RopeStyle as GStyle,
-};
+use poot_graph::{run_passes, CompileError, CompileLimits, DeadCodeElimination, Graph, Op};
 use poot_runtime::{CompiledPlan, RuntimeError, WeightStore};
 
-use crate::kernels::{Numerics, RopeConfig, RopeScaling, RopeStyle, RopeTable};
+use crate::kernels::{Numerics, RopeConfig, RopeTable};
 use crate::DType;
 
 /// A graph ready to run on the CPU.
@@ -60,31 +57,12 @@ pub(crate) fn supports(_op: &Op) -> bool {
 }
 
 fn rope_table(cfg: &poot_graph::RopeConfig, numerics: Numerics) -> Result<RopeTable, RuntimeError> {
-    let style = match cfg.style {
-        GStyle::Interleaved => RopeStyle::Interleaved,
-        GStyle::NeoX => RopeStyle::NeoX,
-    };
-    let scaling = match cfg.scaling {
-        GScaling::None => RopeScaling::None,
-        GScaling::Linear { factor } => RopeScaling::Linear { factor },
-        GScaling::Llama3 {
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_max_position,
-        } => RopeScaling::Llama3 {
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_max_position_embeddings: original_max_position,
-        },
-    };
     let kcfg = RopeConfig {
-        style,
+        style: cfg.style,
         head_dim: cfg.head_dim as usize,
         rot_dim: cfg.rot_dim as usize,
         theta: cfg.theta,
-        scaling,
+        scaling: cfg.scaling,
     };
     RopeTable::with_numerics(&kcfg, numerics).map_err(|e| RuntimeError::Kernel {
         op: "rope",
