@@ -6,10 +6,13 @@ KV cache. It checks what a graph *means*: the model definitions' traces against 
 references, and the CPU runtime against it. It has the ``CpuRuntime`` methods the engine uses
 (``compile``, ``configure_kv``, ``run``), so ``poot.LLM`` can run on it in tests.
 
-Sampling follows the documented semantics of the ``sample`` node: temperature 0 is argmax (the
-lowest id among ties); otherwise softmax(logits / temperature), cut to the top_k most likely
-(0 = all), then to the smallest prefix of the sorted distribution whose mass reaches top_p,
-renormalized, and the token where the cumulative sum first exceeds ``uniform``.
+The sampling step follows the documented semantics of its nodes (crates/poot-cpu's
+runtime/sample.rs and runtime/logits.rs): a row with a NaN or +inf, or with nothing allowed,
+samples -1; temperature 0 is argmax (the lowest id among ties); otherwise, over logits /
+temperature without the -inf tokens, sorted by descending value (ties by lower id): top_k (0 =
+all), softmax, the shortest prefix whose mass reaches top_p, then tokens with at least min_p
+times the top probability, renormalized, and the token where the cumulative sum first exceeds
+``uniform``. ``late`` inputs are waited for before the run starts.
 """
 
 from __future__ import annotations
@@ -79,21 +82,69 @@ def rope(x: Array, positions: Array, attrs: dict[str, Any]) -> Array:
     return y.reshape(t, h * dh)
 
 
-def sample(logits: Array, temperature: float, top_k: int, top_p: float, uniform: float) -> int:
+def sample(
+    logits: Array, temperature: float, top_k: int, top_p: float, min_p: float, uniform: float
+) -> int:
     """One row of the ``sample`` node (see the module docs)."""
+    if np.isnan(logits).any() or (logits == np.inf).any() or (logits == -np.inf).all():
+        return -1
     if temperature == 0:
         return int(np.argmax(logits))
     z = logits / temperature
-    order = np.argsort(-z, kind="stable")
+    ids = np.flatnonzero(z > -np.inf)
+    order = ids[np.lexsort((ids, -z[ids]))]
     if top_k > 0:
         order = order[:top_k]
     p = np.exp(z[order] - z[order].max())
     p /= p.sum()
+    keep = len(order)
     if top_p < 1:
         keep = int(np.searchsorted(np.cumsum(p), top_p) + 1)
-        order, p = order[:keep], p[:keep] / p[:keep].sum()
+    keep = min(keep, int((p >= min_p * p[0]).sum()))
+    order, p = order[:keep], p[:keep] / p[:keep].sum()
     idx = int(np.searchsorted(np.cumsum(p), uniform, side="right"))
     return int(order[min(idx, len(order) - 1)])
+
+
+def adjust(
+    row: Array, ids: Array, counts: Array, bias: Array, rep: float, pres: float, freq: float
+) -> Array:
+    """One row of ``adjust_logits``: repetition, then presence/frequency, then bias."""
+    out = row.copy()
+    if not np.isfinite(out).all():
+        return np.full_like(out, np.nan)
+    for i, c, b in zip(ids, counts, bias, strict=True):
+        if i < 0:
+            continue
+        x = out[i]
+        if c >= 0:
+            x = x / rep if x > 0 else x * rep
+        if c > 0:
+            x -= pres + freq * c
+        out[i] = x + b
+    return out
+
+
+def mask(row: Array, words: Array) -> Array:
+    """One row of ``mask_logits``: tokens whose bit is clear become -inf."""
+    if not np.isfinite(row).all():
+        return np.full_like(row, np.nan)
+    bits = (words.astype(np.uint32)[:, None] >> np.arange(32, dtype=np.uint32)) & 1
+    allowed = bits.reshape(-1)[: row.shape[0]].astype(bool)
+    return np.where(allowed, row, -np.inf)
+
+
+def top_k_ids(row: Array, k: int) -> Array:
+    ids = np.flatnonzero(~np.isnan(row))
+    order = ids[np.lexsort((ids, -row[ids]))][:k]
+    return np.concatenate([order, np.full(k - len(order), -1)]).astype(np.int64)
+
+
+def logprobs(row: Array, ids: Array) -> Array:
+    if not np.isfinite(row).all():
+        return np.full(len(ids), np.nan)
+    lse = row.max() + np.log(np.exp(row - row.max()).sum())
+    return np.array([row[i] - lse if i >= 0 else np.nan for i in ids])
 
 
 def f16(x: Array) -> Array:
@@ -187,7 +238,15 @@ class NumpyRuntime:
                 out[i, head * dh : (head + 1) * dh] = p @ vals[:, kv, :]
         return out
 
-    def run(self, plan: NumpyPlan, inputs: dict[str, Array], timeout_s: float = 600.0) -> dict:
+    def run(
+        self,
+        plan: NumpyPlan,
+        inputs: dict[str, Array],
+        timeout_s: float = 600.0,
+        late: dict[str, Any] | None = None,
+    ) -> dict:
+        if late:
+            inputs = {**inputs, **{k: v.wait(timeout_s) for k, v in late.items()}}
         vals: list[Any] = []
         dtypes = [e[3] for e in plan.equations]
         for op, args, attrs, _, shape in plan.equations:
@@ -233,14 +292,17 @@ class NumpyRuntime:
             elif op == "gather_rows":
                 r = x[0][x[1]]
             elif op == "sample":
-                logits, temp, top_k, top_p, uni = x
-                r = np.array(
-                    [
-                        sample(logits[i], temp[i], top_k[i], top_p[i], uni[i])
-                        for i in range(logits.shape[0])
-                    ],
-                    np.int32,
-                )
+                rows = range(x[0].shape[0])
+                r = np.array([sample(x[0][i], *(v[i] for v in x[1:])) for i in rows], np.int32)
+            elif op == "adjust_logits":
+                rows = range(x[0].shape[0])
+                r = np.stack([adjust(x[0][i], *(v[i] for v in x[1:])) for i in rows])
+            elif op == "mask_logits":
+                r = np.stack([mask(x[0][i], x[1][i]) for i in range(x[0].shape[0])])
+            elif op == "top_k":
+                r = np.stack([top_k_ids(row, attrs["k"]) for row in x[0]])
+            elif op == "logprobs":
+                r = np.stack([logprobs(x[0][i], x[1][i]) for i in range(x[0].shape[0])])
             else:
                 raise NotImplementedError(op)
             vals.append(r)

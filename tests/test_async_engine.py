@@ -129,7 +129,7 @@ def test_bad_request_fails_alone(llm: Any) -> None:
 
 def test_failed_step_fails_its_requests(llm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = AsyncEngine(llm)
-    run_plan = llm.runner.run_plan
+    run_sample = llm.runner.run_sample
     calls = 0
 
     def failing(*args: Any, **kw: Any) -> Any:
@@ -137,9 +137,9 @@ def test_failed_step_fails_its_requests(llm: Any, monkeypatch: pytest.MonkeyPatc
         calls += 1
         if calls == 3:
             raise errors.DeviceTimeoutError("injected", during="run")
-        return run_plan(*args, **kw)
+        return run_sample(*args, **kw)
 
-    monkeypatch.setattr(llm.runner, "run_plan", failing)
+    monkeypatch.setattr(llm.runner, "run_sample", failing)
 
     async def main() -> list[StreamOutput]:
         with pytest.raises(errors.DeviceTimeoutError):

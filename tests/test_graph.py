@@ -302,10 +302,31 @@ def test_every_op_traces_with_shapes(weights: _native.Weights) -> None:
         "temperature": t.input("temperature", "f32", [1]),
         "top_k": t.input("top_k", "i32", [1]),
         "top_p": t.input("top_p", "f32", [1]),
+        "min_p": t.input("min_p", "f32", [1]),
         "uniform": t.input("uniform", "f32", [1]),
     }
-    ids = t.sample(logits, **s)
+    f32w, i32w = ("f32", [1, 4]), ("i32", [1, 4])
+    adjusted = t.adjust_logits(
+        logits,
+        ids=t.input("adj_ids", *i32w),
+        counts=t.input("adj_counts", *i32w),
+        bias=t.input("adj_bias", *f32w),
+        repetition=t.input("repetition", "f32", [1]),
+        presence=t.input("presence", "f32", [1]),
+        frequency=t.input("frequency", "f32", [1]),
+    )
+    masked = t.mask_logits(adjusted, t.input("mask", "i32", [1, 16]))  # 512 tokens / 32
+    ids = t.sample(masked, **s)
     assert (ids.dtype, ids.shape) == ("I32", (1,))
+    top = t.top_k_ids(logits, 5)
+    assert (top.dtype, top.shape) == ("I32", (1, 5))
+    lp = t.logprobs(logits, top)
+    assert (lp.dtype, lp.shape) == ("F32", (1, 5))
+    with pytest.raises(errors.TraceError, match="mask"):
+        t.mask_logits(logits, t.input("bad_mask", "i32", [1, 15]))
+    with pytest.raises(errors.TraceError, match="k=65"):
+        t.top_k_ids(logits, 65)
+    t.output("lp", lp)
     t.output("ids", ids)
     g = t.finish()
     assert g.step_tokens == 4
@@ -315,7 +336,7 @@ def test_every_op_traces_with_shapes(weights: _native.Weights) -> None:
     eqs = g.equations()
     assert len(eqs) == g.n_equations
     assert eqs[ids.id][0] == "sample" and eqs[att.id][2]["n_kv_heads"] == 4
-    assert g.output_ids() == {"ids": ids.id}
+    assert g.output_ids() == {"ids": ids.id, "lp": lp.id}
     text = g.dump()
     assert f"%{ids.id} = sample(" in text and 'output "ids"' in text
 

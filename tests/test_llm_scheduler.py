@@ -78,7 +78,7 @@ def test_blocks_return_after_abort_mid_prefill(
     llm = make_llm(stories / "stories260K-f32.gguf", "cpu", max_step_tokens=4, block_size=4)
     prompt = [1, *range(300, 359)]
     calls, used = 0, -1
-    run_plan = llm.runner.run_plan
+    run_sample = llm.runner.run_sample
 
     def aborting(*args: Any, **kw: Any) -> Any:
         nonlocal calls, used
@@ -86,9 +86,9 @@ def test_blocks_return_after_abort_mid_prefill(
         if calls == 5:
             used = llm.allocator.used_blocks
             raise abort()
-        return run_plan(*args, **kw)
+        return run_sample(*args, **kw)
 
-    monkeypatch.setattr(llm.runner, "run_plan", aborting)
+    monkeypatch.setattr(llm.runner, "run_sample", aborting)
     it = llm.generate_stream(prompt, SamplingParams(max_tokens=8, temperature=0.0))
     with pytest.raises(abort):
         next(it)
@@ -97,7 +97,7 @@ def test_blocks_return_after_abort_mid_prefill(
     assert llm.allocator.used_blocks == 0
     assert not llm.allocator.has_unfinished_requests
     assert not llm.allocator.step_in_flight
-    monkeypatch.setattr(llm.runner, "run_plan", run_plan)
+    monkeypatch.setattr(llm.runner, "run_sample", run_sample)
     assert len(llm.generate(prompt, GREEDY)[0].outputs[0].token_ids) == 20
     assert llm.allocator.used_blocks == 0
 
@@ -105,16 +105,16 @@ def test_blocks_return_after_abort_mid_prefill(
 def test_blocks_return_after_an_error(llm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     want = llm.generate(PROMPTS[:2], GREEDY)
     calls = 0
-    run_plan = llm.runner.run_plan
+    run_sample = llm.runner.run_sample
 
     def failing(*args: Any, **kw: Any) -> Any:
         nonlocal calls
         calls += 1
         if calls == 4:
             raise errors.DeviceTimeoutError("injected", during="run")
-        return run_plan(*args, **kw)
+        return run_sample(*args, **kw)
 
-    monkeypatch.setattr(llm.runner, "run_plan", failing)
+    monkeypatch.setattr(llm.runner, "run_sample", failing)
     with pytest.raises(errors.DeviceTimeoutError):
         llm.generate(PROMPTS[:2], GREEDY)
     assert llm.allocator.used_blocks == 0

@@ -21,6 +21,7 @@ __all__ = [
     "Graph",
     "Plan",
     "CpuRuntime",
+    "LateInput",
     "Scheduler",
     "StepPlan",
     "_mapping_probe",
@@ -241,8 +242,29 @@ class Tracer:
     def concat(self, xs: Sequence[Value], axis: int) -> Value: ...
     def gather_rows(self, x: Value, rows: Value) -> Value: ...
     def sample(
-        self, logits: Value, *, temperature: Value, top_k: Value, top_p: Value, uniform: Value
+        self,
+        logits: Value,
+        *,
+        temperature: Value,
+        top_k: Value,
+        top_p: Value,
+        min_p: Value,
+        uniform: Value,
     ) -> Value: ...
+    def adjust_logits(
+        self,
+        logits: Value,
+        *,
+        ids: Value,
+        counts: Value,
+        bias: Value,
+        repetition: Value,
+        presence: Value,
+        frequency: Value,
+    ) -> Value: ...
+    def mask_logits(self, logits: Value, mask: Value) -> Value: ...
+    def top_k_ids(self, x: Value, k: int) -> Value: ...
+    def logprobs(self, logits: Value, ids: Value) -> Value: ...
     def output(self, name: str, v: Value) -> None: ...
     def finish(self) -> Graph: ...
 
@@ -274,6 +296,17 @@ class Plan:
     def graph(self) -> Graph: ...
 
 @final
+class LateInput:
+    """A graph input supplied after the run has started (``CpuRuntime.run(late=...)``)."""
+
+    def __init__(self) -> None: ...
+    def fill(self, value: npt.NDArray[Any]) -> bool: ...
+    def fail(self, reason: str) -> bool: ...
+    def wait(self, timeout_s: float = 600.0) -> npt.NDArray[Any]: ...
+    @property
+    def settled(self) -> bool: ...
+
+@final
 class CpuRuntime:
     """The CPU runtime: compiles traced graphs and runs them with bounded waits.
 
@@ -297,6 +330,7 @@ class CpuRuntime:
         plan: Plan,
         inputs: Mapping[str, npt.NDArray[Any]],
         timeout_s: float = 600.0,
+        late: Mapping[str, LateInput] | None = None,
     ) -> dict[str, npt.NDArray[Any]]: ...
     def memory(self) -> dict[str, int]: ...
     def health(self) -> dict[str, str | None]: ...

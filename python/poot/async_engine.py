@@ -24,8 +24,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from poot.errors import PootError
-from poot.llm import LLM, PromptType, _Request
-from poot.outputs import FinishReason
+from poot.llm import LLM, PromptType
+from poot.outputs import FinishReason, Logprob
+from poot.request import Request
 from poot.sampling import SamplingParams
 
 __all__ = ["AsyncEngine", "EngineClosedError", "RequestAbortedError", "StreamOutput"]
@@ -47,13 +48,19 @@ class StreamOutput:
         request_id: the request's id.
         text: the text completed since the previous output (may be empty).
         token_ids: the token ids sampled since the previous output.
-        finish_reason: ``"stop"`` or ``"length"`` on the last output, else None.
+        finish_reason: ``"stop"``, ``"length"`` or ``"error"`` (non-finite logits) on the
+            last output, else None.
+        logprobs: with ``SamplingParams.logprobs`` set, one dict per id in ``token_ids`` (the
+            chosen id and the top alternatives); else None.
+        stop_reason: on the last output, the stop id or string that ended it, if any.
     """
 
     request_id: str
     text: str
     token_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    logprobs: list[dict[int, Logprob]] | None = None
+    stop_reason: int | str | None = None
 
     @property
     def finished(self) -> bool:
@@ -63,7 +70,7 @@ class StreamOutput:
 @dataclass
 class _Stream:
     request_id: str
-    req: _Request
+    req: Request
     queue: asyncio.Queue[StreamOutput | BaseException]
     added: bool = False
     done: bool = False
@@ -213,9 +220,13 @@ class AsyncEngine:
             text = "".join(req.pending)
             req.pending.clear()
             tokens = req.out[stream.emitted :]
+            lps = None if req.logprobs is None else req.logprobs[stream.emitted :]
             stream.emitted = len(req.out)
             finish: FinishReason | None = req.finish_reason  # type: ignore[assignment]
-            stream.queue.put_nowait(StreamOutput(stream.request_id, text, tokens, finish))
+            stop = req.stop_reason if finish is not None else None
+            stream.queue.put_nowait(
+                StreamOutput(stream.request_id, text, tokens, finish, lps, stop)
+            )
             if finish is not None:
                 stream.done = True
                 self._streams.pop(stream.request_id, None)

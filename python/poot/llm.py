@@ -29,9 +29,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -41,13 +39,15 @@ import numpy.typing as npt
 from poot import _native
 from poot.checkpoints import ModelFiles, resolve_model_files
 from poot.driver_options import DriverOptions
-from poot.errors import ConfigError, ContextLengthError, GraphInputError
+from poot.errors import ConfigError, ContextLengthError, GraphInputError, SamplingParamsError
+from poot.guidance import Guide
 from poot.models import model_definition
-from poot.outputs import CompletionOutput, RequestOutput
+from poot.outputs import CompletionOutput, Logprob, RequestOutput
 from poot.prepared import PreparedPolicy
-from poot.runner import SamplingRows, StepRunner
+from poot.request import Request
+from poot.runner import SamplingRows, StepResult, StepRunner
 from poot.sampling import SamplingParams
-from poot.tokenizer import Tokenizer, TokenStream, load_tokenizer
+from poot.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = ["LLM", "PromptType"]
 
@@ -98,29 +98,6 @@ def _model_key(files: ModelFiles, numerics: Literal["ggml", "exact"]) -> int:
         st = path.stat()
         h.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
     return int.from_bytes(h.digest(), "little")
-
-
-@dataclass
-class _Request:
-    index: int
-    prompt: str | None
-    prompt_ids: list[int]
-    params: SamplingParams
-    rng: np.random.Generator
-    stream: TokenStream
-    out: list[int] = field(default_factory=list)
-    text: list[str] = field(default_factory=list)
-    finish_reason: str | None = None
-    # Text deltas accepted but not yet yielded by the loop that owns the request.
-    pending: deque[str] = field(default_factory=deque)
-    request_id: int = -1
-    # Whether the request's next row is (part of) a prefill: until its first sample, and again
-    # after a preemption (recompute).
-    in_prefill: bool = True
-
-    @property
-    def length(self) -> int:
-        return len(self.prompt_ids) + len(self.out)
 
 
 class LLM:
@@ -240,7 +217,7 @@ class LLM:
             enable_prefix_caching=enable_prefix_caching,
             model_key=self.model_key,
         )
-        self._live: dict[int, _Request] = {}
+        self._live: dict[int, Request] = {}
         self._next_id = 0
         self.runner = StepRunner(
             self.definition,
@@ -256,6 +233,7 @@ class LLM:
             max_plan_bytes=opts.max_prepared_bytes,
             plan_policy=opts.prepared_policy,
         )
+        self.guide = Guide(self.tokenizer, h.vocab_size, self.eos_ids)
         logger.info(opts.log_line(h, entry_bytes))
 
     def __repr__(self) -> str:
@@ -292,15 +270,23 @@ class LLM:
             )
         return text, ids
 
-    def _request(self, index: int, prompt: PromptType, params: SamplingParams) -> _Request:
+    def _request(self, index: int, prompt: PromptType, params: SamplingParams) -> Request:
         text, ids = self._prompt_ids(prompt)
-        return _Request(
+        vocab = self.files.hparams.vocab_size
+        bad = [t for t, _ in params.bias_items if t >= vocab]
+        if bad:
+            raise SamplingParamsError(
+                f"logit_bias names token {bad[0]}, outside the vocabulary of {vocab}",
+                field="logit_bias",
+            )
+        return Request(
             index=index,
             prompt=text,
             prompt_ids=ids,
             params=params,
             rng=np.random.default_rng(params.seed),
             stream=self.tokenizer.stream(context=ids),
+            matcher=self.guide.matcher(params),
         )
 
     @staticmethod
@@ -314,7 +300,7 @@ class LLM:
 
     # ---- the step loop --------------------------------------------------------------------
 
-    def _add(self, req: _Request) -> None:
+    def _add(self, req: Request) -> None:
         p = req.params
         req.request_id = self._next_id
         self._next_id += 1
@@ -328,7 +314,7 @@ class LLM:
         )
         self._live[req.request_id] = req
 
-    def _end(self, req: _Request) -> None:
+    def _end(self, req: Request) -> None:
         """Forgets a request, aborting it (freeing its blocks) if it is still live."""
         if self._live.pop(req.request_id, None) is not None:
             self.allocator.abort(req.request_id)
@@ -338,7 +324,7 @@ class LLM:
         if self.allocator.step_in_flight:
             self.allocator.update([])
 
-    def _step(self, logits_for: _Request | None = None) -> npt.NDArray[np.float32] | None:
+    def _step(self, logits_for: Request | None = None) -> npt.NDArray[np.float32] | None:
         """Plans, runs and applies one step; accepted text goes to each request's ``pending``.
 
         With ``logits_for``, a step that samples that request's row also runs as a ``logits``
@@ -359,16 +345,7 @@ class LLM:
                 r.in_prefill = not sample
             else:
                 self._decode_tokens += n
-        uniform = [
-            float(r.rng.random(dtype=np.float32)) if sample else 0.0
-            for r, sample in zip(rows, samples, strict=True)
-        ]
-        sampling = SamplingRows(
-            temperature=[float(r.params.temperature) for r in rows],
-            top_k=[max(r.params.top_k, 0) for r in rows],
-            top_p=[float(r.params.top_p) for r in rows],
-            uniform=uniform,
-        )
+        sampling = _sampling_rows(rows, samples, self.guide)
         logits: npt.NDArray[np.float32] | None = None
         try:
             if logits_for is not None and logits_for.request_id in ids:
@@ -376,43 +353,57 @@ class LLM:
                 if samples[i]:
                     logits = np.asarray(self.runner.run_plan(plan, "logits")[i], np.float32)
             if logits is not None and len(ids) == 1:
-                tokens: npt.NDArray[np.generic] = np.asarray([int(np.argmax(logits))])
+                result = StepResult(np.asarray([int(np.argmax(logits))], np.int32))
             else:
-                tokens = self.runner.run_plan(plan, "sample", sampling)
+                result = self.runner.run_sample(plan, sampling)
         except BaseException:
             # The failed step's requests cannot go on: end them, then close the step.
             for r in rows:
                 self._end(r)
             self._settle()
             raise
-        sampled = [
-            (r.request_id, int(t))
-            for r, t, sample in zip(rows, tokens, samples, strict=True)
-            if sample
-        ]
+        sampled = []
+        for i, (r, sample) in enumerate(zip(rows, samples, strict=True)):
+            if not sample:
+                continue
+            token = int(result.token_ids[i])
+            if token < 0:  # non-finite logits: end the request, emit no token
+                r.fail()
+                self._end(r)
+                continue
+            if result.logprobs is not None and r.logprobs is not None:
+                self._record_logprobs(r, result, i)
+            sampled.append((r.request_id, token))
         for rid, token, finish in self.allocator.update(sampled):
             req = self._live[rid]
-            req.pending.append(self._accept(req, token, finish))
+            req.pending.append(req.accept(token, finish))
             if finish is not None:
                 del self._live[rid]
+            elif req.ended_by_host:
+                self._end(req)
         return logits
 
-    def _accept(self, req: _Request, token: int, finish: str | None) -> str:
-        """Appends a sampled token; returns the text it completes and sets finish_reason."""
-        req.out.append(token)
-        if finish == "stop":
-            req.finish_reason = "stop"
-            delta = req.stream.flush()
-        else:
-            delta = req.stream.push(token)
-            if finish is not None:
-                req.finish_reason = "length"
-                delta += req.stream.flush()
-        if delta:
-            req.text.append(delta)
-        return delta
+    def _record_logprobs(self, req: Request, result: StepResult, row: int) -> None:
+        assert result.logprob_ids is not None and result.logprobs is not None
+        n = req.params.logprobs or 0
+        ids = [int(t) for t in result.logprob_ids[row]]
+        lps = [float(x) for x in result.logprobs[row]]
+        chosen, top = ids[0], ids[1:]
+        entry: dict[int, Logprob] = {}
+        for rank, (t, lp) in enumerate(zip(top[:n], lps[1 : n + 1], strict=True), start=1):
+            if t >= 0:
+                entry[t] = Logprob(lp, rank, self._token_text(t))
+        rank_of = top.index(chosen) + 1 if chosen in top else None
+        entry[chosen] = Logprob(lps[0], rank_of, self._token_text(chosen))
+        req.add_logprobs(entry, lps[0])
 
-    def _run(self, requests: Sequence[_Request]) -> Iterator[tuple[_Request, str]]:
+    def _token_text(self, token: int) -> str:
+        piece = self.tokenizer.token_piece(token)
+        if piece is not None:
+            return piece.decode("utf-8", errors="replace")
+        return self.tokenizer.decode([token], skip_special_tokens=False)
+
+    def _run(self, requests: Sequence[Request]) -> Iterator[tuple[Request, str]]:
         """Runs requests to completion, yielding each accepted token's text delta."""
         try:
             for req in requests:
@@ -492,12 +483,15 @@ class LLM:
         return [self._output(r) for r in requests]
 
     @staticmethod
-    def _output(req: _Request) -> RequestOutput:
+    def _output(req: Request) -> RequestOutput:
         completion = CompletionOutput(
             index=0,
             text="".join(req.text),
             token_ids=list(req.out),
             finish_reason=req.finish_reason,  # type: ignore[arg-type]
+            logprobs=req.logprobs,
+            cumulative_logprob=req.cumulative_logprob,
+            stop_reason=req.stop_reason,
         )
         return RequestOutput(
             request_id=str(req.index),
@@ -537,3 +531,27 @@ class LLM:
         finally:
             self._end(req)
             self._settle()
+
+
+def _sampling_rows(rows: Sequence[Request], samples: Sequence[bool], guide: Guide) -> SamplingRows:
+    """A step's sampling inputs; draws one uniform per sampling row (none for prefill chunks)."""
+    return SamplingRows(
+        temperature=[float(r.params.temperature) for r in rows],
+        top_k=[max(r.params.top_k, 0) for r in rows],
+        top_p=[float(r.params.top_p) for r in rows],
+        min_p=[float(r.params.min_p) for r in rows],
+        uniform=[r.draw() if s else 0.0 for r, s in zip(rows, samples, strict=True)],
+        adjust=[r.adjust_entries() for r in rows],
+        repetition=[float(r.params.repetition_penalty) for r in rows],
+        presence=[float(r.params.presence_penalty) for r in rows],
+        frequency=[float(r.params.frequency_penalty) for r in rows],
+        mask_rows=[
+            (i, r.matcher)
+            for i, (r, s) in enumerate(zip(rows, samples, strict=True))
+            if s and r.matcher is not None
+        ],
+        fill_mask=guide.fill_masks,
+        logprobs=any(
+            r.params.logprobs is not None for r, s in zip(rows, samples, strict=True) if s
+        ),
+    )

@@ -3,11 +3,27 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
-__all__ = ["CompletionOutput", "FinishReason", "RequestOutput"]
+__all__ = ["CompletionOutput", "FinishReason", "Logprob", "RequestOutput"]
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "error"]
+
+
+@dataclass(frozen=True)
+class Logprob:
+    """A token's log probability under the model's raw distribution (before penalties,
+    bias, guidance and temperature).
+
+    Attributes:
+        logprob: natural log of the probability.
+        rank: 1 for the most likely token; None when the token is outside the top 20.
+        decoded_token: the token's text.
+    """
+
+    logprob: float
+    rank: int | None
+    decoded_token: str | None
 
 
 @dataclass
@@ -18,18 +34,22 @@ class CompletionOutput:
         index: the completion's index within its request (always 0 for now).
         text: the generated text (without the text of a stopping token).
         token_ids: the generated ids, including a stopping id.
-        finish_reason: ``"stop"`` (an EOS or stop id) or ``"length"`` (max_tokens or the
-            context limit); None while unfinished.
-        logprobs: per-token log probabilities; None (not computed yet).
-        cumulative_logprob: None (not computed yet).
+        finish_reason: ``"stop"`` (an EOS or stop id, a stop string, a completed grammar),
+            ``"length"`` (max_tokens or the context limit) or ``"error"`` (the model produced
+            non-finite logits; no garbage token is emitted); None while unfinished.
+        logprobs: with ``SamplingParams.logprobs`` set, one dict per generated token: the
+            chosen id and the top alternatives, each a ``Logprob``; else None.
+        cumulative_logprob: the sum of the chosen tokens' logprobs (with logprobs set).
+        stop_reason: the stop id or stop string that ended the completion, if one did.
     """
 
     index: int
     text: str
     token_ids: list[int]
     finish_reason: FinishReason | None = None
-    logprobs: list[dict[int, Any]] | None = None
+    logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float | None = None
+    stop_reason: int | str | None = None
 
     def finished(self) -> bool:
         """True once a finish reason is set."""

@@ -11,16 +11,25 @@ Invariants:
       to powers of two (padding tokens write no KV: slot -1), so a long generation compiles a
       handful of plans, not one per length. The cache (``poot.prepared.PreparedCache``) is
       bounded by plan count and by the plans' ``artifact_bytes``, evicting LRU or refusing.
-    - A ``sample`` step reads back only token ids; full logits cross to the host only from a
-      ``logits`` step, which only ``LLM.logits`` runs.
+    - A ``sample`` step reads back only token ids (and, when a row asks, the logprobs of the
+      chosen token and the top 20); full logits cross to the host only from a ``logits``
+      step, which only ``LLM.logits`` runs.
+    - Sampling features shape the plan: the adjust width (rounded up to a power of two, at
+      least 16), whether a token mask is taken, whether logprobs are output. A step without
+      them runs the plain plan.
+    - The token mask is a late input: ``run_plan`` starts the run on a worker thread and
+      computes the mask (``mask_rows``) meanwhile; if computing it fails, the slot is failed,
+      the run ends with an error and the mask's own exception is raised.
     - The runtime's KV pool holds ``num_blocks + 1`` blocks: block 0 is the scheduler's reserved
       null block (padding table entries point at it; padding tokens write no KV).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -28,6 +37,7 @@ import numpy.typing as npt
 from poot._native import (
     CompileLimits,
     CpuRuntime,
+    LateInput,
     Plan,
     StepPlan,
     TraceLimits,
@@ -35,10 +45,11 @@ from poot._native import (
     Weights,
 )
 from poot.models.llama import LlamaModel
-from poot.models.step import StepKind, StepShape
+from poot.models.step import MASK_INPUT, StepKind, StepShape
 from poot.prepared import PreparedCache, PreparedPolicy
+from poot.sampling import MAX_LOGPROBS
 
-__all__ = ["SamplingRows", "StepRunner", "next_pow2"]
+__all__ = ["LOGPROB_WIDTH", "SamplingRows", "StepResult", "StepRunner", "next_pow2"]
 
 
 def next_pow2(n: int) -> int:
@@ -48,12 +59,49 @@ def next_pow2(n: int) -> int:
 
 @dataclass
 class SamplingRows:
-    """The sampling inputs of a step, one value per row (``run_plan``)."""
+    """The sampling inputs of a step, one entry per row (``run_plan``).
+
+    Attributes:
+        temperature, top_k, top_p, min_p, uniform: per-row settings and draws.
+        adjust: per row, ``(ids, counts, bias)`` of its penalty/bias list, or None.
+        repetition, presence, frequency: per-row penalties (used with ``adjust``).
+        mask_rows: ``(row, matcher)`` for rows whose mask guidance fills; with ``fill_mask``.
+        fill_mask: computes the step's token mask [seqs, ceil(vocab/32)] for ``mask_rows``.
+        logprobs: whether any row wants logprobs.
+    """
 
     temperature: Sequence[float]
     top_k: Sequence[int]
     top_p: Sequence[float]
     uniform: Sequence[float]
+    min_p: Sequence[float] | None = None
+    adjust: Sequence[tuple[list[int], list[int], list[float]] | None] | None = None
+    repetition: Sequence[float] | None = None
+    presence: Sequence[float] | None = None
+    frequency: Sequence[float] | None = None
+    mask_rows: Sequence[tuple[int, Any]] = ()
+    fill_mask: Callable[[Sequence[tuple[int, Any]], int], npt.NDArray[np.int32]] | None = None
+    logprobs: bool = False
+
+    def adjust_width(self) -> int:
+        """The plan's adjust width: 0, or the longest list rounded up (at least 16)."""
+        widths = [len(a[0]) for a in self.adjust or () if a is not None]
+        return 0 if not widths else max(16, next_pow2(max(widths)))
+
+
+@dataclass
+class StepResult:
+    """What a ``sample`` step brings back, rows in plan order.
+
+    Attributes:
+        token_ids: int32 [rows]; -1 where a row's logits were not finite.
+        logprob_ids: int32 [rows, 1 + LOGPROB_WIDTH] (chosen, then the most likely), or None.
+        logprobs: float32, the same shape, or None.
+    """
+
+    token_ids: npt.NDArray[np.int32]
+    logprob_ids: npt.NDArray[np.int32] | None = None
+    logprobs: npt.NDArray[np.float32] | None = None
 
 
 class StepRunner:
@@ -101,6 +149,8 @@ class StepRunner:
         self.plans: PreparedCache[StepShape, Plan] = PreparedCache(
             max_plans, max_plan_bytes, plan_policy
         )
+        # Runs steps whose token mask is computed meanwhile (started on first use).
+        self._pool: ThreadPoolExecutor | None = None
         n_layers, n_kv_heads, head_dim = definition.kv_shape
         runtime.configure_kv(
             n_layers=n_layers,
@@ -139,43 +189,129 @@ class StepRunner:
             ``sample``: each row's sampled token id (int32 [rows]); ``logits``: each row's
             last-token logits (float32 [rows, vocab]).
         """
+        if kind == "logits":
+            return self._run(plan, "logits", None).logits_out
+        return self.run_sample(plan, sampling).token_ids
+
+    def run_sample(self, plan: StepPlan, sampling: SamplingRows | None) -> StepResult:
+        """Runs one ``sample`` step; see ``StepResult``."""
+        return self._run(plan, "sample", sampling).result
+
+    def _run(self, plan: StepPlan, kind: StepKind, sampling: SamplingRows | None) -> _Outputs:
         rows = plan.num_seqs
         if rows == 0:
             raise ValueError("a step needs at least one sequence")
         n = plan.num_tokens
+        if sampling is None:
+            sampling = SamplingRows([0.0] * rows, [0] * rows, [1.0] * rows, [0.0] * rows)
+        sample = kind == "sample"
         shape = StepShape(
             min(next_pow2(n), max(self.max_step_tokens, n)),
             next_pow2(rows),
             next_pow2(plan.max_blocks),
             kind,
+            adjust=sampling.adjust_width() if sample else 0,
+            masked=sample and bool(sampling.mask_rows),
+            logprobs=LOGPROB_WIDTH if sample and sampling.logprobs else 0,
         )
         inputs: dict[str, npt.NDArray[np.generic]] = dict(
             plan.flatten(shape.tokens, shape.seqs, shape.max_blocks)
         )
-        if sampling is None:
-            sampling = SamplingRows([0.0] * rows, [0] * rows, [1.0] * rows, [0.0] * rows)
-        return self._execute(shape, inputs, kind, sampling)
+        if sample:
+            inputs.update(_sampling_inputs(shape, rows, sampling))
+        prepared = self.plan(shape)
+        if not shape.masked:
+            out = self.runtime.run(prepared, inputs, self.timeout_s)
+        else:
+            out = self._run_with_mask(prepared, inputs, shape, sampling)
+        return _Outputs(out, rows)
 
-    def _execute(
+    def _run_with_mask(
         self,
-        shape: StepShape,
+        prepared: Plan,
         inputs: dict[str, npt.NDArray[np.generic]],
-        kind: StepKind,
+        shape: StepShape,
         sampling: SamplingRows,
-    ) -> npt.NDArray[np.generic]:
-        s = shape.seqs
-        rows = len(sampling.uniform)
-        if kind == "sample":
-            temperature = np.zeros(s, np.float32)
-            top_k = np.zeros(s, np.int32)
-            top_p = np.ones(s, np.float32)
-            uniform = np.zeros(s, np.float32)
-            temperature[:rows] = sampling.temperature
-            top_k[:rows] = sampling.top_k
-            top_p[:rows] = sampling.top_p
-            uniform[:rows] = sampling.uniform
-            inputs.update(temperature=temperature, top_k=top_k, top_p=top_p, uniform=uniform)
-        out = self.runtime.run(self.plan(shape), inputs, self.timeout_s)
-        if kind == "sample":
-            return out["token_ids"][:rows]
-        return out["logits"][:rows]
+    ) -> dict[str, npt.NDArray[Any]]:
+        """Runs the step while the host computes its token mask (a late input)."""
+        assert sampling.fill_mask is not None
+        slot = LateInput()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="poot-step")
+        future = self._pool.submit(
+            self.runtime.run, prepared, inputs, self.timeout_s, {MASK_INPUT: slot}
+        )
+        try:
+            mask = sampling.fill_mask(sampling.mask_rows, shape.seqs)
+        except BaseException as e:
+            slot.fail(f"{type(e).__name__}: {e}")
+            try:
+                future.result()
+            except Exception:
+                pass  # the run's error only says the mask failed; raise the mask's own
+            raise
+        slot.fill(mask)
+        return future.result()
+
+
+LOGPROB_WIDTH = MAX_LOGPROBS
+
+
+class _Outputs:
+    """A run's outputs trimmed to the plan's rows."""
+
+    def __init__(self, out: dict[str, npt.NDArray[Any]], rows: int) -> None:
+        self.out, self.rows = out, rows
+
+    @property
+    def logits_out(self) -> npt.NDArray[np.generic]:
+        return self.out["logits"][: self.rows]
+
+    @property
+    def result(self) -> StepResult:
+        o, r = self.out, self.rows
+        ids, lps = o.get("logprob_ids"), o.get("logprobs")
+        return StepResult(
+            o["token_ids"][:r],
+            None if ids is None else ids[:r],
+            None if lps is None else lps[:r],
+        )
+
+
+def _sampling_inputs(
+    shape: StepShape, rows: int, sampling: SamplingRows
+) -> dict[str, npt.NDArray[np.generic]]:
+    """The sampling step's inputs, padded to ``shape.seqs`` rows (padding rows are greedy)."""
+    s = shape.seqs
+
+    def col(values: Sequence[float] | Sequence[int] | None, fill: float, dtype: type) -> Any:
+        a: npt.NDArray[Any] = np.full(s, fill, dtype)
+        if values is not None:
+            a[:rows] = values
+        return a
+
+    out: dict[str, npt.NDArray[np.generic]] = {
+        "temperature": col(sampling.temperature, 0.0, np.float32),
+        "top_k": col(sampling.top_k, 0, np.int32),
+        "top_p": col(sampling.top_p, 1.0, np.float32),
+        "min_p": col(sampling.min_p, 0.0, np.float32),
+        "uniform": col(sampling.uniform, 0.0, np.float32),
+    }
+    if shape.adjust:
+        w = shape.adjust
+        ids = np.full((s, w), -1, np.int32)
+        counts = np.full((s, w), -1, np.int32)
+        bias = np.zeros((s, w), np.float32)
+        for r, a in enumerate(sampling.adjust or ()):
+            if a is not None:
+                k = len(a[0])
+                ids[r, :k], counts[r, :k], bias[r, :k] = a
+        out.update(
+            adj_ids=ids,
+            adj_counts=counts,
+            adj_bias=bias,
+            repetition=col(sampling.repetition, 1.0, np.float32),
+            presence=col(sampling.presence, 0.0, np.float32),
+            frequency=col(sampling.frequency, 0.0, np.float32),
+        )
+    return out

@@ -108,8 +108,29 @@ pub struct SampleInputs {
     pub top_k: ValueId,
     /// f32 in (0, 1]; 1 means no nucleus cut.
     pub top_p: ValueId,
+    /// f32 in [0, 1): keep tokens whose probability is at least min_p times the top one's.
+    pub min_p: ValueId,
     /// f32 in [0, 1): the host's seeded uniform draw for this row, so runs are reproducible.
     pub uniform: ValueId,
+}
+
+/// Per-row inputs of an `AdjustLogits` node: a sparse list of `W` token ids per row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AdjustInputs {
+    /// i32 [S, W]: the token ids the row adjusts; -1 pads (and is skipped).
+    pub ids: ValueId,
+    /// i32 [S, W]: times each id was generated so far; 0 = seen only in the prompt;
+    /// -1 = not seen (the entry carries only a bias).
+    pub counts: ValueId,
+    /// f32 [S, W]: the additive logit bias of each id.
+    pub bias: ValueId,
+    /// f32 [S]: repetition penalty over seen ids (1 = none): positive logits are divided by
+    /// it, negative ones multiplied.
+    pub repetition: ValueId,
+    /// f32 [S]: subtracted once from each generated id's logit.
+    pub presence: ValueId,
+    /// f32 [S]: subtracted per occurrence from each generated id's logit.
+    pub frequency: ValueId,
 }
 
 /// The coarse ops. Operand shapes are checked by the tracer; see `Tracer` for each rule.
@@ -198,10 +219,35 @@ pub enum Op {
         x: ValueId,
         rows: ValueId,
     },
-    /// Draws one token id per row of `logits` [S, V] -> [S] (i32).
+    /// Draws one token id per row of `logits` [S, V] -> [S] (i32); -1 where the row holds a
+    /// NaN or +inf, or no token is allowed (every logit -inf).
     Sample {
         logits: ValueId,
         params: SampleInputs,
+    },
+    /// Penalties and logit bias (see `AdjustInputs`) on `logits` [S, V] -> [S, V]. A row with
+    /// any non-finite logit comes out all NaN, so `Sample` reports it.
+    AdjustLogits {
+        logits: ValueId,
+        adjust: AdjustInputs,
+    },
+    /// Sets disallowed tokens to -inf: bit `j` of `mask[s, w]` (i32 [S, ceil(V/32)]) allows
+    /// token `32 w + j`. A row with any non-finite logit comes out all NaN.
+    MaskLogits {
+        logits: ValueId,
+        mask: ValueId,
+    },
+    /// The ids of each row's `k` largest values of `x` [S, V] -> [S, k] (i32), largest first,
+    /// ties by lower id; NaN never ranks.
+    TopK {
+        x: ValueId,
+        k: usize,
+    },
+    /// `log_softmax(logits[s])[ids[s, j]]` for `logits` [S, V], `ids` [S, K] (i32) -> [S, K];
+    /// NaN for an id of -1 or a row with a non-finite logit.
+    Logprobs {
+        logits: ValueId,
+        ids: ValueId,
     },
 }
 
@@ -227,6 +273,10 @@ impl Op {
             Op::Concat { .. } => "concat",
             Op::GatherRows { .. } => "gather_rows",
             Op::Sample { .. } => "sample",
+            Op::AdjustLogits { .. } => "adjust_logits",
+            Op::MaskLogits { .. } => "mask_logits",
+            Op::TopK { .. } => "top_k",
+            Op::Logprobs { .. } => "logprobs",
         }
     }
 
@@ -257,8 +307,21 @@ impl Op {
                 params.temperature,
                 params.top_k,
                 params.top_p,
+                params.min_p,
                 params.uniform,
             ],
+            Op::AdjustLogits { logits, adjust } => vec![
+                *logits,
+                adjust.ids,
+                adjust.counts,
+                adjust.bias,
+                adjust.repetition,
+                adjust.presence,
+                adjust.frequency,
+            ],
+            Op::MaskLogits { logits, mask } => vec![*logits, *mask],
+            Op::TopK { x, .. } => vec![*x],
+            Op::Logprobs { logits, ids } => vec![*logits, *ids],
         }
     }
 
@@ -308,7 +371,26 @@ impl Op {
                 params.temperature = f(params.temperature);
                 params.top_k = f(params.top_k);
                 params.top_p = f(params.top_p);
+                params.min_p = f(params.min_p);
                 params.uniform = f(params.uniform);
+            }
+            Op::AdjustLogits { logits, adjust } => {
+                *logits = f(*logits);
+                adjust.ids = f(adjust.ids);
+                adjust.counts = f(adjust.counts);
+                adjust.bias = f(adjust.bias);
+                adjust.repetition = f(adjust.repetition);
+                adjust.presence = f(adjust.presence);
+                adjust.frequency = f(adjust.frequency);
+            }
+            Op::MaskLogits { logits, mask } => {
+                *logits = f(*logits);
+                *mask = f(*mask);
+            }
+            Op::TopK { x, .. } => *x = f(*x),
+            Op::Logprobs { logits, ids } => {
+                *logits = f(*logits);
+                *ids = f(*ids);
             }
         }
         op

@@ -12,8 +12,8 @@ pub mod tracer;
 
 pub use error::{CompileError, TraceError};
 pub use ir::{
-    AttentionConfig, AttentionMeta, Graph, Op, RopeConfig, RopeScaling, RopeStyle, SampleInputs,
-    ValueId, ValueInfo,
+    AdjustInputs, AttentionConfig, AttentionMeta, Graph, Op, RopeConfig, RopeScaling, RopeStyle,
+    SampleInputs, ValueId, ValueInfo,
 };
 pub use limits::{CompileLimits, Resource, TraceLimits};
 pub use passes::{run_passes, validate, DeadCodeElimination, Emitter, Pass};

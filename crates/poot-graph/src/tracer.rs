@@ -11,10 +11,10 @@ use std::sync::Arc;
 use poot_core::DType;
 
 use crate::error::TraceError;
-use crate::ir::{
-    AttentionConfig, AttentionMeta, Graph, Op, RopeConfig, SampleInputs, ValueId, ValueInfo,
-};
+use crate::ir::{AttentionConfig, AttentionMeta, Graph, Op, RopeConfig, ValueId, ValueInfo};
 use crate::limits::{Resource, TraceLimits};
+
+mod sample;
 
 /// Where the tracer looks up stored tensors: dtype and row-major shape by name.
 pub trait WeightCatalog: Send + Sync {
@@ -535,32 +535,6 @@ impl Tracer {
         let ri = self.ids("gather_rows", rows, "rows", 1)?;
         let out = ValueInfo::new(DType::F32, vec![ri.shape[0], xi.shape[1]]);
         self.push(Op::GatherRows { x, rows }, out, 0, 0)
-    }
-
-    /// One token id per row of `logits` [S, V] -> [S] i32.
-    pub fn sample(&mut self, logits: ValueId, params: SampleInputs) -> Result<ValueId, TraceError> {
-        let li = self.act("sample", logits, "logits", Some(2))?;
-        let s = li.shape[0];
-        for (what, id, dtype) in [
-            ("temperature", params.temperature, DType::F32),
-            ("top_k", params.top_k, DType::I32),
-            ("top_p", params.top_p, DType::F32),
-            ("uniform", params.uniform, DType::F32),
-        ] {
-            let info = self.expect("sample", id, what, |d| d == dtype, Some(1))?;
-            if info.shape[0] != s {
-                return Err(shape_err(
-                    "sample",
-                    format!("{what} has {} rows for {s}", info.shape[0]),
-                ));
-            }
-        }
-        self.push(
-            Op::Sample { logits, params },
-            ValueInfo::new(DType::I32, vec![s]),
-            0,
-            0,
-        )
     }
 
     /// Names `v` as a graph output.

@@ -107,6 +107,7 @@ fn attrs<'py>(py: Python<'py>, op: &Op) -> PyResult<Bound<'py, PyDict>> {
             d.set_item("end", end)?;
         }
         Op::Concat { axis, .. } => d.set_item("axis", axis)?,
+        Op::TopK { k, .. } => d.set_item("k", k)?,
         _ => {}
     }
     Ok(d)
@@ -136,6 +137,7 @@ fn attr_text(op: &Op) -> String {
             axis, start, end, ..
         } => format!(" axis={axis} {start}..{end}"),
         Op::Concat { axis, .. } => format!(" axis={axis}"),
+        Op::TopK { k, .. } => format!(" k={k}"),
         _ => String::new(),
     }
 }

@@ -13,6 +13,7 @@ mod errors;
 mod formats;
 mod gil;
 mod graph;
+mod late;
 mod limits;
 mod runtime;
 mod tokenize;
@@ -27,6 +28,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     formats::register(m)?;
     graph::register(m)?;
     runtime::register(m)?;
+    late::register(m)?;
     tokenize::register(m)?;
     m.add_function(wrap_pyfunction!(errors::mapping_probe, m)?)?;
     Ok(())

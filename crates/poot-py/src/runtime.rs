@@ -13,7 +13,9 @@ use std::time::Duration;
 use numpy::ndarray::{ArrayD, IxDyn};
 use numpy::{IntoPyArray, PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods};
 use poot_core::Deadline;
-use poot_runtime::{CompiledPlan, Health, HostTensor, KvCacheConfig, Runtime, RuntimeError};
+use poot_runtime::{
+    CompiledPlan, Health, HostTensor, KvCacheConfig, LateInput, Runtime, RuntimeError,
+};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -21,6 +23,7 @@ use pyo3::types::PyDict;
 use crate::errors::runtime_error;
 use crate::gil::without_gil;
 use crate::graph::PyGraph;
+use crate::late::PyLateInput;
 use crate::limits::{compile_limits, PyCompileLimits};
 use crate::weights::PyWeights;
 
@@ -86,7 +89,11 @@ fn input_error(py: Python<'_>, name: &str, got: String) -> PyErr {
 }
 
 /// One numpy array as a host tensor (a copy; any memory layout).
-fn host_tensor(py: Python<'_>, name: &str, value: &Bound<'_, PyAny>) -> PyResult<HostTensor> {
+pub(crate) fn host_tensor(
+    py: Python<'_>,
+    name: &str,
+    value: &Bound<'_, PyAny>,
+) -> PyResult<HostTensor> {
     if let Ok(a) = value.downcast::<PyArrayDyn<f32>>() {
         let r = a.readonly();
         let shape = r.shape().to_vec();
@@ -113,7 +120,7 @@ fn host_tensor(py: Python<'_>, name: &str, value: &Bound<'_, PyAny>) -> PyResult
 }
 
 /// A host tensor as a numpy array that owns its buffer.
-fn to_numpy(py: Python<'_>, t: HostTensor) -> PyResult<Bound<'_, PyAny>> {
+pub(crate) fn to_numpy(py: Python<'_>, t: HostTensor) -> PyResult<Bound<'_, PyAny>> {
     let bad = |e: numpy::ndarray::ShapeError| PyValueError::new_err(e.to_string());
     Ok(match t {
         HostTensor::F32 { shape, data } => ArrayD::from_shape_vec(IxDyn(&shape), data)
@@ -207,13 +214,15 @@ impl PyCpuRuntime {
 
     /// Runs a plan on named numpy inputs (float32 or int32) within `timeout_s` seconds;
     /// returns the graph's named outputs as numpy arrays (GIL released while it runs).
-    #[pyo3(signature = (plan, inputs, timeout_s=600.0))]
+    /// `late` maps input names to `LateInput`s the caller fills while the run goes on.
+    #[pyo3(signature = (plan, inputs, timeout_s=600.0, late=None))]
     fn run<'py>(
         &self,
         py: Python<'py>,
         plan: &PyPlan,
         inputs: &Bound<'py, PyDict>,
         timeout_s: f64,
+        late: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         if !(timeout_s.is_finite() && timeout_s >= 0.0) {
             return Err(PyValueError::new_err(format!(
@@ -227,12 +236,23 @@ impl PyCpuRuntime {
             tensors.push(host_tensor(py, &name, &v)?);
             names.push(name);
         }
+        let mut late_slots: Vec<(String, LateInput)> = Vec::new();
+        if let Some(late) = late {
+            for (k, v) in late.iter() {
+                let slot = v.downcast::<PyLateInput>()?.get().inner.clone();
+                late_slots.push((k.extract()?, slot));
+            }
+        }
         let (rt, p) = (self.inner.clone(), plan.inner.clone());
         let deadline = Deadline::after(Duration::from_secs_f64(timeout_s));
         let outputs = without_gil(py, move || {
             let named: Vec<(&str, HostTensor)> =
                 names.iter().map(String::as_str).zip(tensors).collect();
-            rt.run(p.as_ref(), &named, deadline)
+            let late: Vec<(&str, LateInput)> = late_slots
+                .iter()
+                .map(|(n, l)| (n.as_str(), l.clone()))
+                .collect();
+            rt.run_late(p.as_ref(), &named, &late, deadline)
         })?
         .map_err(|e| runtime_error(py, e))?;
         let d = PyDict::new(py);

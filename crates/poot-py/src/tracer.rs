@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use poot_core::DType;
 use poot_graph::{
-    AttentionConfig, AttentionMeta, RopeConfig, RopeScaling, RopeStyle, SampleInputs, Tracer,
-    ValueId, ValueInfo,
+    AdjustInputs, AttentionConfig, AttentionMeta, RopeConfig, RopeScaling, RopeStyle, SampleInputs,
+    Tracer, ValueId, ValueInfo,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -442,8 +442,10 @@ impl PyTracer {
         self.binary(py, x, rows, Tracer::gather_rows)
     }
 
-    /// One token id per row of `logits` [S, V] -> [S] i32, from per-row inputs.
-    #[pyo3(signature = (logits, *, temperature, top_k, top_p, uniform))]
+    /// One token id per row of `logits` [S, V] -> [S] i32 (-1: no usable token), from
+    /// per-row inputs.
+    #[pyo3(signature = (logits, *, temperature, top_k, top_p, min_p, uniform))]
+    #[allow(clippy::too_many_arguments)]
     fn sample(
         &mut self,
         py: Python<'_>,
@@ -451,16 +453,65 @@ impl PyTracer {
         temperature: &PyValue,
         top_k: &PyValue,
         top_p: &PyValue,
+        min_p: &PyValue,
         uniform: &PyValue,
     ) -> PyResult<PyValue> {
         let params = SampleInputs {
             temperature: self.vid(py, temperature)?,
             top_k: self.vid(py, top_k)?,
             top_p: self.vid(py, top_p)?,
+            min_p: self.vid(py, min_p)?,
             uniform: self.vid(py, uniform)?,
         };
         let l = self.vid(py, logits)?;
         self.rec(py, |t| t.sample(l, params))
+    }
+
+    /// Penalties and logit bias over a sparse per-row id list -> [S, V].
+    #[pyo3(signature = (logits, *, ids, counts, bias, repetition, presence, frequency))]
+    #[allow(clippy::too_many_arguments)]
+    fn adjust_logits(
+        &mut self,
+        py: Python<'_>,
+        logits: &PyValue,
+        ids: &PyValue,
+        counts: &PyValue,
+        bias: &PyValue,
+        repetition: &PyValue,
+        presence: &PyValue,
+        frequency: &PyValue,
+    ) -> PyResult<PyValue> {
+        let adjust = AdjustInputs {
+            ids: self.vid(py, ids)?,
+            counts: self.vid(py, counts)?,
+            bias: self.vid(py, bias)?,
+            repetition: self.vid(py, repetition)?,
+            presence: self.vid(py, presence)?,
+            frequency: self.vid(py, frequency)?,
+        };
+        let l = self.vid(py, logits)?;
+        self.rec(py, |t| t.adjust_logits(l, adjust))
+    }
+
+    /// Disallowed tokens (clear bits of `mask` [S, ceil(V/32)] i32) to -inf -> [S, V].
+    fn mask_logits(
+        &mut self,
+        py: Python<'_>,
+        logits: &PyValue,
+        mask: &PyValue,
+    ) -> PyResult<PyValue> {
+        self.binary(py, logits, mask, Tracer::mask_logits)
+    }
+
+    /// The ids of each row's `k` largest values -> [S, k] i32.
+    fn top_k_ids(&mut self, py: Python<'_>, x: &PyValue, k: usize) -> PyResult<PyValue> {
+        let x = self.vid(py, x)?;
+        self.rec(py, |t| t.top_k_ids(x, k))
+    }
+
+    /// `log_softmax(logits)` at `ids` [S, K] -> [S, K] f32.
+    fn logprobs(&mut self, py: Python<'_>, logits: &PyValue, ids: &PyValue) -> PyResult<PyValue> {
+        self.binary(py, logits, ids, Tracer::logprobs)
     }
 
     /// Names `v` as a graph output.

@@ -11,6 +11,7 @@
 
 mod error;
 mod host;
+mod late;
 mod poison;
 mod weights;
 
@@ -23,6 +24,7 @@ use poot_graph::{CompileLimits, Graph, Op};
 
 pub use error::RuntimeError;
 pub use host::HostTensor;
+pub use late::LateInput;
 pub use poison::Poison;
 pub use weights::{GgufWeights, SafetensorsWeights, WeightStore};
 
@@ -98,6 +100,21 @@ pub trait Runtime: Send + Sync {
         inputs: &[(&str, HostTensor)],
         deadline: Deadline,
     ) -> Result<Vec<(String, HostTensor)>, RuntimeError>;
+    /// `run` with some inputs supplied late (see `LateInput`). The default waits for every
+    /// late input before starting; a backend that can read them mid-run overrides it.
+    fn run_late(
+        &self,
+        plan: &dyn CompiledPlan,
+        inputs: &[(&str, HostTensor)],
+        late: &[(&str, LateInput)],
+        deadline: Deadline,
+    ) -> Result<Vec<(String, HostTensor)>, RuntimeError> {
+        let mut all = inputs.to_vec();
+        for (name, slot) in late {
+            all.push((name, slot.wait(name, deadline)?.as_ref().clone()));
+        }
+        self.run(plan, &all, deadline)
+    }
     fn memory(&self) -> MemoryReport;
     fn health(&self) -> Health;
 }

@@ -7,7 +7,7 @@ graph declares). Definitions know the tracer, never a runtime.
 
 from poot.models.llama import LlamaModel
 from poot.models.registry import architecture_of, model_definition
-from poot.models.step import StepInputs, StepKind, StepShape, declare_inputs
+from poot.models.step import StepInputs, StepKind, StepShape, declare_inputs, trace_head
 
 __all__ = [
     "LlamaModel",
@@ -16,5 +16,6 @@ __all__ = [
     "StepShape",
     "architecture_of",
     "declare_inputs",
+    "trace_head",
     "model_definition",
 ]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from poot.errors import UnsupportedArchitectureError
-from poot.models.step import StepShape, declare_inputs
+from poot.models.step import StepShape, declare_inputs, trace_head
 
 if TYPE_CHECKING:
     from poot._native import Tracer, Value
@@ -219,15 +219,4 @@ class LlamaModel:
         x = t.rms_norm(x, t.weight(n.norm), eps)
         head = t.weight(n.output) if t.has_weight(n.output) else embed
         logits = t.matmul(x, head)
-        if shape.kind == "logits":
-            t.output("logits", logits)
-            return
-        assert ins.temperature and ins.top_k and ins.top_p and ins.uniform
-        token_ids = t.sample(
-            logits,
-            temperature=ins.temperature,
-            top_k=ins.top_k,
-            top_p=ins.top_p,
-            uniform=ins.uniform,
-        )
-        t.output("token_ids", token_ids)
+        trace_head(t, logits, shape)

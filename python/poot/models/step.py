@@ -14,25 +14,46 @@ input              dtype  shape               meaning
 ``token_seq``      i32    [tokens]            the row of ``block_tables`` the token belongs to
 ``block_tables``   i32    [seqs, max_blocks]  each sequence's KV blocks in order
 ``last_rows``      i32    [seqs]              the step row whose logits each sequence samples
-``temperature``    f32    [seqs]              0 = greedy (``sample`` graphs only)
-``top_k``          i32    [seqs]              0 = no cut (``sample`` graphs only)
-``top_p``          f32    [seqs]              1 = no cut (``sample`` graphs only)
-``uniform``        f32    [seqs]              the host's seeded draw in [0, 1) (``sample``)
 =================  =====  ==================  ===============================================
 
-A ``sample`` graph's only output is ``token_ids`` (i32 [seqs]): the host reads back token ids,
-never logits. A ``logits`` graph outputs ``logits`` (f32 [seqs, vocab]) and exists only for
-callers that ask for full logits.
+A model definition computes ``logits`` [seqs, vocab] from these and hands them to
+``trace_head``, which appends the sampling step (``sample`` graphs) or names them as the output
+(``logits`` graphs, only for callers that ask for full logits). The sampling step declares its
+own per-row inputs, all [seqs] unless noted:
+
+======================  =====  ========================================================
+input                   dtype  meaning
+======================  =====  ========================================================
+``temperature``         f32    0 = greedy
+``top_k``               i32    0 = no cut
+``top_p``, ``min_p``    f32    1 and 0 = no cut
+``uniform``             f32    the request's seeded draw in [0, 1)
+``adj_ids``             i32    [seqs, adjust] ids with a penalty or bias; -1 pads
+``adj_counts``          i32    [seqs, adjust] times generated (0: prompt only; -1: bias only)
+``adj_bias``            f32    [seqs, adjust] logit bias
+``repetition``, ...     f32    repetition, presence, frequency penalties
+``token_mask``          i32    [seqs, ceil(vocab/32)] allowed-token bits (guided decoding);
+                               declared after the forward pass so the host may supply it
+                               late, while the forward runs
+======================  =====  ========================================================
+
+The adjust inputs exist only when ``StepShape.adjust`` > 0 and the mask only when
+``StepShape.masked``. Outputs: ``token_ids`` (i32 [seqs]; -1 where the row's logits are not
+finite or nothing is allowed); with ``StepShape.logprobs`` = K > 0 also ``logprob_ids`` (i32
+[seqs, 1 + K]: the chosen id, then the K most likely) and ``logprobs`` (f32, their
+log-softmax over the raw logits). Nothing else crosses back to the host.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 from poot._native import Tracer, Value
 
-__all__ = ["StepInputs", "StepKind", "StepShape", "declare_inputs"]
+__all__ = ["MASK_INPUT", "StepInputs", "StepKind", "StepShape", "declare_inputs", "trace_head"]
+
+MASK_INPUT = "token_mask"
 
 StepKind = Literal["sample", "logits"]
 
@@ -46,12 +67,18 @@ class StepShape:
         seqs: sequences (rows of ``block_tables``, one sampled token each).
         max_blocks: columns of ``block_tables``.
         kind: ``"sample"`` (outputs token ids) or ``"logits"`` (outputs full logits).
+        adjust: width of the per-row penalty/bias id lists; 0 = no adjust op.
+        masked: whether the step takes a token mask (guided decoding).
+        logprobs: top alternatives returned per row; 0 = no logprobs outputs.
     """
 
     tokens: int
     seqs: int
     max_blocks: int
     kind: StepKind = "sample"
+    adjust: int = 0
+    masked: bool = False
+    logprobs: int = 0
 
 
 @dataclass(frozen=True)
@@ -64,16 +91,12 @@ class StepInputs:
     token_seq: Value
     block_tables: Value
     last_rows: Value
-    temperature: Value | None = None
-    top_k: Value | None = None
-    top_p: Value | None = None
-    uniform: Value | None = None
 
 
 def declare_inputs(t: Tracer, shape: StepShape) -> StepInputs:
     """Declares a step's runtime inputs on ``t``."""
     n, s = shape.tokens, shape.seqs
-    ins = StepInputs(
+    return StepInputs(
         ids=t.input("ids", "i32", [n]),
         positions=t.input("positions", "i32", [n]),
         slot_mapping=t.input("slot_mapping", "i32", [n]),
@@ -81,12 +104,40 @@ def declare_inputs(t: Tracer, shape: StepShape) -> StepInputs:
         block_tables=t.input("block_tables", "i32", [s, shape.max_blocks]),
         last_rows=t.input("last_rows", "i32", [s]),
     )
-    if shape.kind == "sample":
-        ins = replace(
-            ins,
-            temperature=t.input("temperature", "f32", [s]),
-            top_k=t.input("top_k", "i32", [s]),
-            top_p=t.input("top_p", "f32", [s]),
-            uniform=t.input("uniform", "f32", [s]),
+
+
+def trace_head(t: Tracer, logits: Value, shape: StepShape) -> None:
+    """Ends a step graph after ``logits`` [seqs, vocab]: the sampling step or the logits."""
+    if shape.kind == "logits":
+        t.output("logits", logits)
+        return
+    s, vocab = logits.shape
+    raw = logits
+    if shape.adjust > 0:
+        w = [s, shape.adjust]
+        logits = t.adjust_logits(
+            logits,
+            ids=t.input("adj_ids", "i32", w),
+            counts=t.input("adj_counts", "i32", w),
+            bias=t.input("adj_bias", "f32", w),
+            repetition=t.input("repetition", "f32", [s]),
+            presence=t.input("presence", "f32", [s]),
+            frequency=t.input("frequency", "f32", [s]),
         )
-    return ins
+    if shape.masked:
+        # Declared last so a runtime reaches it only after the forward pass (a late input).
+        mask = t.input(MASK_INPUT, "i32", [s, (vocab + 31) // 32])
+        logits = t.mask_logits(logits, mask)
+    token_ids = t.sample(
+        logits,
+        temperature=t.input("temperature", "f32", [s]),
+        top_k=t.input("top_k", "i32", [s]),
+        top_p=t.input("top_p", "f32", [s]),
+        min_p=t.input("min_p", "f32", [s]),
+        uniform=t.input("uniform", "f32", [s]),
+    )
+    t.output("token_ids", token_ids)
+    if shape.logprobs > 0:
+        ids = t.concat([t.reshape(token_ids, [s, 1]), t.top_k_ids(raw, shape.logprobs)], axis=1)
+        t.output("logprob_ids", ids)
+        t.output("logprobs", t.logprobs(raw, ids))

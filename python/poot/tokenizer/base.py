@@ -62,6 +62,15 @@ class Backend(ABC):
     def stream(self, skip_special_tokens: bool, context: Sequence[int]) -> TokenStream:
         """A streaming detokenizer."""
 
+    def token_piece(self, token_id: int) -> bytes | None:
+        """The bytes one token stands for (special tokens: their text); None when the backend
+        describes its vocabulary by ``tokenizer_json`` instead."""
+        return None
+
+    def tokenizer_json(self) -> str | None:
+        """The Hugging Face ``tokenizer.json`` text, for backends built from one."""
+        return None
+
     @abstractmethod
     def id_to_token(self, token_id: int) -> str | None:
         """The stored text of a token, or None when out of range."""
@@ -194,6 +203,14 @@ class Tokenizer:
     def is_special(self, token_id: int) -> bool:
         """Whether ``decode(..., skip_special_tokens=True)`` drops this token."""
         return self._backend.is_special(token_id)
+
+    def token_piece(self, token_id: int) -> bytes | None:
+        """The bytes one token stands for; None for ``tokenizer.json`` tokenizers."""
+        return self._backend.token_piece(token_id)
+
+    def tokenizer_json(self) -> str | None:
+        """The ``tokenizer.json`` text this tokenizer was built from, if any."""
+        return self._backend.tokenizer_json()
 
     def apply_chat_template(
         self,

@@ -494,6 +494,9 @@ class GgufBackend(Backend):
         self._pieces[token_id] = piece
         return piece
 
+    def token_piece(self, token_id: int) -> bytes | None:
+        return self.piece(token_id, skip_special=False)
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool, clean_up: bool | None) -> str:
         data = b"".join(self.piece(int(i), skip_special_tokens) for i in ids)
         text = data.decode("utf-8", errors="replace")

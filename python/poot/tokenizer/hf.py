@@ -213,3 +213,6 @@ class HfBackend(Backend):
 
     def is_special(self, token_id: int) -> bool:
         return token_id in self._specials
+
+    def tokenizer_json(self) -> str | None:
+        return str(self._tk.to_str())

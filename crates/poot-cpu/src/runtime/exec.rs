@@ -10,13 +10,17 @@ use std::borrow::Cow;
 
 use poot_core::{dequantize, Deadline};
 use poot_graph::{Graph, Op, ValueId};
-use poot_runtime::{HostTensor, RuntimeError};
+use poot_runtime::{HostTensor, LateInput, RuntimeError};
 
+use super::logits::{adjust_row, logprobs_row, mask_row, top_k_row, Adjust};
 use super::plan::CpuPlan;
-use super::sample::sample_row;
+use super::sample::{sample_row, SampleSettings};
 use super::{KvLayers, KvPool};
 use crate::kernels::{self, AttentionInputs, AttentionShape, KvCacheMut, Numerics};
 use crate::{DType, Isa, KernelError, ThreadPool};
+
+/// A run's inputs: those given up front and those supplied late (`LateInput`).
+type StepInputs<'i> = (&'i [(&'i str, HostTensor)], &'i [(&'i str, LateInput)]);
 
 enum Buf {
     Empty,
@@ -104,19 +108,27 @@ impl<'a> Exec<'a> {
         &mut self,
         i: usize,
         op: &Op,
-        inputs: &[(&str, HostTensor)],
+        (inputs, late): StepInputs<'_>,
         kv: Option<&mut KvPool>,
+        deadline: Deadline,
     ) -> Result<Buf, RuntimeError> {
         let graph = self.graph();
         let info = &graph.values[i];
         let numel = info.numel();
         Ok(match op {
             Op::Input { name } => {
-                let host = inputs
-                    .iter()
-                    .find(|(n, _)| n == name)
-                    .map(|(_, t)| t)
-                    .ok_or_else(|| RuntimeError::MissingInput { name: name.clone() })?;
+                let late_tensor;
+                let host = match inputs.iter().find(|(n, _)| n == name) {
+                    Some((_, t)) => t,
+                    None => {
+                        let (_, slot) = late
+                            .iter()
+                            .find(|(n, _)| n == name)
+                            .ok_or_else(|| RuntimeError::MissingInput { name: name.clone() })?;
+                        late_tensor = slot.wait(name, deadline)?;
+                        late_tensor.as_ref()
+                    }
+                };
                 if host.dtype() != info.dtype
                     || host.shape() != info.shape.as_slice()
                     || host.len() != numel
@@ -401,21 +413,73 @@ impl<'a> Exec<'a> {
                 let temp = self.f32(params.temperature, "sample")?;
                 let top_k = self.i32(params.top_k, "sample")?;
                 let top_p = self.f32(params.top_p, "sample")?;
+                let min_p = self.f32(params.min_p, "sample")?;
                 let uniform = self.f32(params.uniform, "sample")?;
                 let mut out = Vec::with_capacity(numel);
                 for r in 0..numel {
-                    out.push(
-                        sample_row(
-                            &l[r * v..(r + 1) * v],
-                            temp[r],
-                            top_k[r],
-                            top_p[r],
-                            uniform[r],
-                        )
-                        .map_err(kerr("sample"))?,
-                    );
+                    let s = SampleSettings {
+                        temperature: temp[r],
+                        top_k: top_k[r],
+                        top_p: top_p[r],
+                        min_p: min_p[r],
+                        uniform: uniform[r],
+                    };
+                    out.push(sample_row(&l[r * v..(r + 1) * v], s).map_err(kerr("sample"))?);
                 }
                 Buf::I32(out)
+            }
+            Op::AdjustLogits { logits, adjust } => {
+                let v = self.shape(*logits)[1];
+                let w = self.shape(adjust.ids)[1];
+                let mut out = self.f32(*logits, "adjust_logits")?.to_vec();
+                let ids = self.i32(adjust.ids, "adjust_logits")?;
+                let counts = self.i32(adjust.counts, "adjust_logits")?;
+                let bias = self.f32(adjust.bias, "adjust_logits")?;
+                let rep = self.f32(adjust.repetition, "adjust_logits")?;
+                let pres = self.f32(adjust.presence, "adjust_logits")?;
+                let freq = self.f32(adjust.frequency, "adjust_logits")?;
+                for (r, row) in out.chunks_mut(v).enumerate() {
+                    let a = Adjust {
+                        ids: &ids[r * w..(r + 1) * w],
+                        counts: &counts[r * w..(r + 1) * w],
+                        bias: &bias[r * w..(r + 1) * w],
+                        repetition: rep[r],
+                        presence: pres[r],
+                        frequency: freq[r],
+                    };
+                    adjust_row(row, &a).map_err(kerr("adjust_logits"))?;
+                }
+                Buf::F32(out)
+            }
+            Op::MaskLogits { logits, mask } => {
+                let v = self.shape(*logits)[1];
+                let words = self.shape(*mask)[1];
+                let mut out = self.f32(*logits, "mask_logits")?.to_vec();
+                let m = self.i32(*mask, "mask_logits")?;
+                for (r, row) in out.chunks_mut(v).enumerate() {
+                    mask_row(row, &m[r * words..(r + 1) * words]);
+                }
+                Buf::F32(out)
+            }
+            Op::TopK { x, k } => {
+                let v = self.shape(*x)[1];
+                let xv = self.f32(*x, "top_k")?;
+                let mut out = vec![0i32; numel];
+                for (row, o) in xv.chunks(v).zip(out.chunks_mut(*k)) {
+                    top_k_row(row, o);
+                }
+                Buf::I32(out)
+            }
+            Op::Logprobs { logits, ids } => {
+                let v = self.shape(*logits)[1];
+                let k = self.shape(*ids)[1];
+                let l = self.f32(*logits, "logprobs")?;
+                let idv = self.i32(*ids, "logprobs")?;
+                let mut out = vec![0f32; numel];
+                for ((row, i), o) in l.chunks(v).zip(idv.chunks(k)).zip(out.chunks_mut(k)) {
+                    logprobs_row(row, i, o).map_err(kerr("logprobs"))?;
+                }
+                Buf::F32(out)
             }
         })
     }
@@ -425,6 +489,7 @@ impl<'a> Exec<'a> {
 pub(crate) fn execute(
     plan: &CpuPlan,
     inputs: &[(&str, HostTensor)],
+    late: &[(&str, LateInput)],
     mut kv: Option<&mut KvPool>,
     pool: &ThreadPool,
     deadline: Deadline,
@@ -441,7 +506,7 @@ pub(crate) fn execute(
                 during: format!("equation {i} ({})", op.name()),
             });
         }
-        let buf = exec.run_op(i, op, inputs, kv.as_deref_mut())?;
+        let buf = exec.run_op(i, op, (inputs, late), kv.as_deref_mut(), deadline)?;
         exec.bufs[i] = buf;
         for v in op.operands() {
             if plan.last_use[v.index()] == i {

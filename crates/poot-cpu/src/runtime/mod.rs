@@ -12,6 +12,7 @@
 //! runtime carry its numerics.
 
 mod exec;
+mod logits;
 mod plan;
 mod sample;
 
@@ -21,8 +22,8 @@ use half::f16;
 use poot_core::Deadline;
 use poot_graph::{CompileLimits, Graph, Op};
 use poot_runtime::{
-    CompiledPlan, Health, HostTensor, KvCacheConfig, MemoryReport, Poison, Runtime, RuntimeError,
-    WeightStore,
+    CompiledPlan, Health, HostTensor, KvCacheConfig, LateInput, MemoryReport, Poison, Runtime,
+    RuntimeError, WeightStore,
 };
 
 pub use plan::CpuPlan;
@@ -185,6 +186,18 @@ impl Runtime for CpuRuntime {
         inputs: &[(&str, HostTensor)],
         deadline: Deadline,
     ) -> Result<Vec<(String, HostTensor)>, RuntimeError> {
+        self.run_late(plan, inputs, &[], deadline)
+    }
+
+    /// Reads each late input when its `Input` equation is reached (model definitions trace
+    /// the token mask just before the sampling step, after the forward pass).
+    fn run_late(
+        &self,
+        plan: &dyn CompiledPlan,
+        inputs: &[(&str, HostTensor)],
+        late: &[(&str, LateInput)],
+        deadline: Deadline,
+    ) -> Result<Vec<(String, HostTensor)>, RuntimeError> {
         self.poison.check()?;
         let plan = plan
             .as_any()
@@ -194,7 +207,7 @@ impl Runtime for CpuRuntime {
                 detail: "plan was compiled by another backend".into(),
             })?;
         let mut kv = self.kv_lock();
-        let result = exec::execute(plan, inputs, kv.as_mut(), &self.pool, deadline);
+        let result = exec::execute(plan, inputs, late, kv.as_mut(), &self.pool, deadline);
         if let Err(RuntimeError::Timeout { during }) = &result {
             self.poison
                 .poison(format!("deadline missed during {during}"));
