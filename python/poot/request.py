@@ -120,19 +120,21 @@ class Request:
         """
         self.out.append(token)
         self.counts[token] += 1
+        grammar_done = False
         if self.matcher is not None:
             # The mask only allowed tokens the matcher accepts; a refusal is an engine bug.
             if not self.matcher.consume_token(token) and finish is None:
                 raise RuntimeError(f"guidance refused token {token}: {self.matcher.get_error()}")
-            if finish is None and self.matcher.is_stopped():
-                finish = "stop"
-                self.ended_by_host = True
+            grammar_done = finish is None and self.matcher.is_stopped()
         if finish == "stop":
-            if not self.ended_by_host:
-                self.stop_reason = token
+            # An eos or stop id: the id stays in ``out``, its text does not join the text.
+            self.stop_reason = token
             delta = self.stream.flush()
         else:
             delta = self.stream.push(token)
+            if grammar_done:  # the grammar is complete: its last token's text is part of it
+                finish = "stop"
+                self.ended_by_host = True
             if finish is not None:
                 delta += self.stream.flush()
         if finish is not None:
