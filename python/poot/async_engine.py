@@ -109,7 +109,7 @@ class AsyncEngine:
             ContextLengthError, GraphInputError: the prompt is bad, or too big for the pool.
             ValueError: ``request_id`` is already in use.
             EngineClosedError: the engine is shut down.
-            Any error of a step the request was in (its blocks are freed).
+            PootError: any error of a step the request was in (its blocks are freed).
         """
         if self._closed:
             raise EngineClosedError("the engine is shut down")

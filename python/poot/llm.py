@@ -127,9 +127,11 @@ class LLM:
         enable_prefix_caching: reuse the KV of full blocks shared with earlier prompts (same
             token ids from the start, same checkpoint and numerics) instead of prefilling
             them again; logits and greedy output are unchanged. See ``stats``.
-        max_prepared_entries, max_prepared_bytes, prepared_policy: bounds of the cache of
-            compiled step plans (``poot.prepared``); ``"evict"`` drops the least recently used,
-            ``"refuse"`` raises ``PreparedEntryLimitError`` (the request ends; the LLM is usable).
+        max_prepared_entries: most compiled step plans kept (``poot.prepared``).
+        max_prepared_bytes: most bytes of compiled step plans kept.
+        prepared_policy: when the plan cache is full, ``"evict"`` drops the least recently
+            used, ``"refuse"`` raises ``PreparedEntryLimitError`` (the request ends; the LLM
+            is usable).
 
     Raises:
         ModelNotFoundError, CheckpointFormatError: the model cannot be resolved or opened.
