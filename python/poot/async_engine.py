@@ -35,9 +35,13 @@ __all__ = ["AsyncEngine", "EngineClosedError", "RequestAbortedError", "StreamOut
 class EngineClosedError(PootError, RuntimeError):
     """The engine was shut down before the request finished."""
 
+    hint = "Send the request to a running engine (or restart the server)."
+
 
 class RequestAbortedError(PootError, RuntimeError):
     """The request was ended by ``AsyncEngine.abort``."""
+
+    hint = "Nothing to fix: the request was cancelled on purpose; send it again if needed."
 
 
 @dataclass

@@ -265,8 +265,8 @@ class LLM:
             raise ContextLengthError("the prompt has no tokens", needed=0, limit=self.max_model_len)
         if len(ids) >= self.max_model_len:
             raise ContextLengthError(
-                f"the prompt has {len(ids)} tokens; max_model_len={self.max_model_len} leaves "
-                "no room to generate",
+                f"the prompt has {len(ids)} tokens, so it needs {len(ids) + 1} with one to "
+                f"generate; max_model_len={self.max_model_len}",
                 needed=len(ids) + 1,
                 limit=self.max_model_len,
             )
