@@ -1,8 +1,9 @@
 # poot's task runner. Every target sets up what it needs (a virtualenv in .venv) on first use.
-#   make run      build + install poot, fetch the default model, run the main job
+#   make run      build + install poot, fetch the default model, serve it (poot-serve)
 #   make test     build + install poot with test extras, run the Rust and Python tests
 #   make develop  editable install for contributors (Python edits are live; rerun after Rust edits)
-#   make lint / fmt / bench / test-device-wgpu / test-device-cuda
+#   make lint / fmt / bench / docs / test-device-wgpu / test-device-cuda
+#   make fresh-clone-check   the README's two commands on a fresh clone (before resolving issues)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
@@ -11,7 +12,8 @@ BIN    := $(VENV)/bin
 export CARGO_TARGET_DIR ?= $(CURDIR)/target
 PYTEST_ARGS ?=
 
-.PHONY: all setup build develop run test test-rust test-python lint fmt bench \
+.PHONY: all setup build develop run test test-rust test-python lint fmt bench docs \
+        fresh-clone-check \
         test-device-wgpu test-device-cuda clean
 
 all: build
@@ -28,11 +30,12 @@ setup build: $(BIN)/python
 develop: $(BIN)/python
 	MATURIN_PEP517_ARGS="--profile dev" $(BIN)/python -m pip install -q -e '.[test,dev]'
 
-# The main job. Until the server lands, it generates with the default model on the CPU.
-PROMPT ?= The capital of France is
+# The main job: the OpenAI-compatible server on the default model (CPU), in the foreground
+# until Ctrl-C. It prints where it listens; SERVE_ARGS passes more options (--port, --api-key).
+SERVE_ARGS ?=
 run: setup
 	$(BIN)/poot pull
-	$(BIN)/poot generate --max-tokens 32 --temperature 0 "$(PROMPT)"
+	$(BIN)/poot-serve $(SERVE_ARGS)
 
 test: setup test-rust test-python
 
@@ -45,20 +48,29 @@ test-python:
 lint: $(BIN)/python
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
-	$(BIN)/ruff check python tests benches
-	$(BIN)/ruff format --check python tests benches
+	$(BIN)/ruff check python tests benches examples
+	$(BIN)/ruff format --check python tests benches examples
 	$(BIN)/mypy
 	$(BIN)/python -m mypy.stubtest poot._native
+	$(BIN)/mkdocs build --strict --quiet
 	@command -v nix-instantiate >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nix-bin; }
 	nix-instantiate --parse flake.nix >/dev/null
 
 fmt: $(BIN)/python
 	cargo fmt --all
-	$(BIN)/ruff format python tests benches
-	$(BIN)/ruff check --fix python tests benches
+	$(BIN)/ruff format python tests benches examples
+	$(BIN)/ruff check --fix python tests benches examples
 
 bench: setup
 	$(BIN)/python -m pytest benches --benchmark-only
+
+# The documentation site (mkdocs, warnings are errors) into target/site.
+docs: $(BIN)/python
+	$(BIN)/mkdocs build --strict
+
+# The README's two commands, exactly as written, on a fresh clone (scripts/fresh_clone_check.sh).
+fresh-clone-check:
+	bash scripts/fresh_clone_check.sh
 
 # Loud device targets: they fail when the backend or the device is missing (skips are not proof).
 test-device-wgpu:

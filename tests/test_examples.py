@@ -27,3 +27,25 @@ def test_example_runs(name: str, stories: Path) -> None:
     assert done.stdout.strip()
     if name == "guided_json.py":
         json.loads(done.stdout.split(" [finish_reason=")[0])
+
+
+def test_server_client_example(stories: Path) -> None:
+    from server_process import ServerProcess
+
+    # stories260K has no chat template of its own: give it a plain one.
+    template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    server = ServerProcess(
+        ["--model", str(stories / "stories260K-f32.gguf"), "--chat-template", template]
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, str(EXAMPLES / "server_client.py"), "--base-url", server.url + "/v1"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        server.stop()
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) >= 2 and lines[-1].startswith("{")

@@ -1,0 +1,23 @@
+"""``poot-serve``: an OpenAI-compatible HTTP server over ``poot.AsyncEngine``.
+
+Modules: ``config`` (``ServerConfig``), ``protocol`` (request bodies), ``params`` (bodies to
+engine work), ``generation`` (running it), ``responses`` (OpenAI response and chunk shapes),
+``routes``, ``streaming`` (SSE with disconnect detection), ``limits`` (queue, body size, API
+key), ``errors`` (OpenAI's error shape), ``metrics`` (Prometheus), ``state`` (the model, loaded
+in the background, and health), ``app`` (``create_app``) and ``cli`` (``poot-serve``).
+Nothing outside this package imports it.
+"""
+
+from __future__ import annotations
+
+from poot.server.config import ServerConfig
+
+__all__ = ["ServerConfig", "create_app"]
+
+
+def __getattr__(name: str) -> object:
+    if name == "create_app":
+        from poot.server.app import create_app
+
+        return create_app
+    raise AttributeError(f"module 'poot.server' has no attribute {name!r}")

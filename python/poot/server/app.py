@@ -1,0 +1,67 @@
+"""``create_app``: the FastAPI application of ``poot-serve``.
+
+The app owns one ``ServerState``: the model loads in a worker thread started by the lifespan,
+so the socket answers (``/health`` 503 ``loading``) while it loads. On shutdown the engine ends
+every request (their clients get an error) and its driver stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import FastAPI
+
+from poot.llm import LLM
+from poot.server.config import ServerConfig
+from poot.server.errors import install_handlers
+from poot.server.limits import BodyLimit
+from poot.server.metrics import Metrics
+from poot.server.routes import install_routes
+from poot.server.state import ServerState, load_llm, served_name
+
+__all__ = ["create_app"]
+
+
+def create_app(
+    config: ServerConfig,
+    *,
+    loader: Callable[[], LLM] | None = None,
+    on_fatal: Callable[[str], None] | None = None,
+) -> FastAPI:
+    """The server's app.
+
+    Args:
+        config: the settings.
+        loader: builds the ``LLM`` (default: ``load_llm(config)``); runs in a worker thread.
+        on_fatal: called with a message when the model cannot be loaded.
+    """
+    state = ServerState(config, served_name(config), on_fatal=on_fatal)
+    load = loader or (lambda: load_llm(config))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(state.load(load))
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            if state.engine is not None:
+                await state.engine.shutdown()
+
+    app = FastAPI(
+        title="poot",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.state.poot = state
+    app.state.metrics = Metrics(state.engine_stats)
+    install_handlers(app)
+    install_routes(app)
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    return app

@@ -1,0 +1,207 @@
+"""The ``poot-serve`` command: an OpenAI-compatible HTTP server on uvicorn.
+
+It binds its socket first and prints one line, ``poot-serve: listening on http://HOST:PORT``,
+then loads the model in the background (``/health`` answers 503 ``loading`` until it is
+ready). ``--port 0`` takes any free port; the line says which. Binds to 127.0.0.1 unless
+``--host`` says otherwise. ``--api-key`` (or ``POOT_API_KEY``; the command line is the one
+place the server reads it) makes ``/v1/*`` require ``Authorization: Bearer <key>``.
+Exit codes: 0 after a clean shutdown (Ctrl-C, SIGTERM), 1 when the model cannot be loaded,
+2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from poot.checkpoints import DEFAULT_SPEC, SPEC_FORMS
+from poot.errors import ConfigError
+from poot.server.config import DEFAULT_HOST, DEFAULT_PORT, ServerConfig
+
+__all__ = ["build_parser", "main"]
+
+API_KEY_ENV = "POOT_API_KEY"
+BACKENDS = ("cpu", "wgpu", "cuda")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = ServerConfig()
+    p = argparse.ArgumentParser(
+        prog="poot-serve",
+        description="Serve a model over an OpenAI-compatible HTTP API (/v1/completions, "
+        "/v1/chat/completions, /v1/models) with /health and /metrics.",
+    )
+    p.add_argument(
+        "--model",
+        metavar="SPEC",
+        help=f"the model (default: {DEFAULT_SPEC!r}, pulled on first run); {SPEC_FORMS}",
+    )
+    p.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST})")
+    p.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free)"
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV} if set)",
+    )
+    p.add_argument("--backend", choices=BACKENDS, default="cpu", help="device backend (cpu)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--served-model-name", default=None, help="the model name clients send")
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="tokens per sequence (default: the model's context, at most 4096)",
+    )
+    p.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=d.max_num_seqs,
+        help=f"sequences decoding together (default {d.max_num_seqs})",
+    )
+    p.add_argument(
+        "--kv-cache-mib",
+        type=int,
+        default=d.kv_cache_bytes >> 20,
+        help=f"most MiB of KV cache; less if memory is short (default {d.kv_cache_bytes >> 20})",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=d.max_queue,
+        help=f"requests that may wait for a row; more get 429 (default {d.max_queue})",
+    )
+    p.add_argument(
+        "--queue-timeout",
+        type=float,
+        default=d.queue_timeout_s,
+        help=f"seconds a request may wait in the queue (default {d.queue_timeout_s:g})",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=d.request_timeout_s,
+        help=f"seconds a request may take in all (default {d.request_timeout_s:g})",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=d.max_body_bytes,
+        help=f"largest request body (default {d.max_body_bytes})",
+    )
+    p.add_argument(
+        "--step-timeout",
+        type=float,
+        default=d.step_timeout_s,
+        help="seconds one engine step may take before the runtime counts as dead "
+        f"(default {d.step_timeout_s:g})",
+    )
+    p.add_argument("--max-n", type=int, default=d.max_n, help=f"largest n (default {d.max_n})")
+    p.add_argument(
+        "--chat-template",
+        metavar="FILE_OR_TEXT",
+        default=None,
+        help="a Jinja chat template (a file, or the template itself) instead of the model's",
+    )
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar while pulling")
+    return p
+
+
+def _config(args: argparse.Namespace) -> ServerConfig:
+    template = args.chat_template
+    if template is not None and "{" not in template:
+        try:
+            template = Path(template).read_text(encoding="utf-8")
+        except OSError as e:
+            raise ConfigError(f"--chat-template {args.chat_template!r}: {e}") from None
+    return ServerConfig(
+        model=args.model,
+        served_model_name=args.served_model_name,
+        api_key=args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV),
+        threads=args.threads,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        kv_cache_bytes=args.kv_cache_mib << 20,
+        max_queue=args.max_queue,
+        queue_timeout_s=args.queue_timeout,
+        request_timeout_s=args.request_timeout,
+        max_body_bytes=args.max_body_bytes,
+        max_n=args.max_n,
+        chat_template=template,
+        step_timeout_s=args.step_timeout,
+    )
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``poot-serve``; return its exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.backend != "cpu":
+        parser.error(f"the {args.backend} backend is not built yet; use --backend cpu")
+    try:
+        config = _config(args)
+    except ConfigError as e:
+        parser.error(str(e))
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if args.quiet:
+        os.environ.setdefault("TQDM_DISABLE", "1")
+
+    import uvicorn
+
+    from poot.server.app import create_app
+
+    fatal: list[str] = []
+    server: uvicorn.Server | None = None
+
+    def on_fatal(message: str) -> None:
+        fatal.append(message)
+        if server is not None:
+            server.should_exit = True
+
+    try:
+        sock = _bind(args.host, args.port)
+    except OSError as e:
+        sys.stderr.write(f"poot-serve: error: cannot listen on {args.host}:{args.port}: {e}\n")
+        return 1
+    app = create_app(config, on_fatal=on_fatal)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level=args.log_level,
+            access_log=args.access_log,
+            timeout_graceful_shutdown=5,
+            lifespan="on",
+        )
+    )
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"poot-serve: listening on http://{shown}:{port}", flush=True)
+    server.run(sockets=[sock])
+    if fatal:
+        sys.stderr.write(f"poot-serve: error: {fatal[0]}\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""``ServerConfig``: every setting of ``poot-serve`` in one typed object.
+
+The command line (``poot.server.cli``) builds it; ``create_app`` reads nothing else. Limits are
+checked when the object is made, so a bad setting fails before the model loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from poot.errors import ConfigError
+
+__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "ServerConfig"]
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Settings of one server.
+
+    Attributes:
+        model: the model spec (None: the default model, pulled on first use).
+        served_model_name: the name clients pass as ``model`` (None: derived from the spec).
+        api_key: when set, ``/v1/*`` needs ``Authorization: Bearer <api_key>``.
+        threads: CPU threads (None: one per core).
+        max_model_len: tokens per sequence (None: the model's context, at most 4096).
+        max_num_seqs: most sequences decoding together (rows of a step).
+        kv_cache_bytes: most bytes of KV cache (``DriverOptions.fit`` sizes the pool to the
+            smaller of this and the memory free after the weights).
+        max_queue: most requests waiting for a row; one more is refused with 429.
+        queue_timeout_s: how long a request may wait for a row before 503.
+        request_timeout_s: how long a request may take in all (waiting included) before it
+            ends with a timeout error.
+        max_body_bytes: largest request body; a larger one is refused with 413.
+        max_n: largest ``n`` (completions per prompt) a request may ask for.
+        chat_template: a Jinja chat template (source text) to use instead of the model's.
+        step_timeout_s: the deadline of each engine step on the device; a step that misses
+            it poisons the runtime (``/health`` then answers 503 ``dead``).
+    """
+
+    model: str | None = None
+    served_model_name: str | None = None
+    api_key: str | None = None
+    threads: int | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int = 32
+    kv_cache_bytes: int = 1 << 30
+    max_queue: int = 256
+    queue_timeout_s: float = 60.0
+    request_timeout_s: float = 600.0
+    max_body_bytes: int = 4 << 20
+    max_n: int = 16
+    chat_template: str | None = None
+    step_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "kv_cache_bytes", "max_queue", "max_body_bytes", "max_n"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+        for name in ("queue_timeout_s", "request_timeout_s", "step_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ConfigError("api_key must not be empty (leave it unset for no key)")

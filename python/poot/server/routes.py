@@ -1,0 +1,296 @@
+"""The HTTP routes: OpenAI's completions, chat completions and models, plus health, metrics
+and cancel.
+
+One request's life: validate the body (pydantic, 400) -> build its ``Job`` (400 for what the
+model or the build cannot do) -> take queue slots (429 full, 503 queue timeout) -> run it,
+streamed or not, until it finishes, is cancelled, times out or its client disconnects -> give
+the slots back and count its outcome (``poot_requests_total``). Each request counts exactly one
+outcome, and its slots and engine requests are released in a ``finally`` on every path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import uuid
+from collections.abc import AsyncGenerator, Callable
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
+
+from poot.llm import LLM
+from poot.server.errors import APIError, from_exception, validation_error
+from poot.server.generation import Event, run_job
+from poot.server.limits import check_api_key
+from poot.server.metrics import CONTENT_TYPE, Metrics
+from poot.server.params import Job, chat_job, completion_job
+from poot.server.protocol import ChatCompletionRequest, CompletionRequest
+from poot.server.responses import Builder, Route, sse
+from poot.server.state import Live, ServerState
+from poot.server.streaming import EventStream, until_disconnect
+
+__all__ = ["install_routes"]
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_DONE = b"data: [DONE]\n\n"
+
+_Body = TypeVar("_Body", bound=BaseModel)
+
+
+def _state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.poot
+    return state
+
+
+def _metrics(request: Request) -> Metrics:
+    metrics: Metrics = request.app.state.metrics
+    return metrics
+
+
+def _auth(request: Request) -> None:
+    key = _state(request).config.api_key
+    if key is not None:
+        check_api_key(request.headers.get("authorization"), key)
+
+
+class _Tracker:
+    """Counts one request's outcome (once), its tokens, TTFT and inter-token gaps."""
+
+    def __init__(self, metrics: Metrics, route: Route, t0: float, n: int) -> None:
+        self.metrics = metrics
+        self.route = route
+        self.t0 = t0
+        self.first: float | None = None
+        self.last: list[float | None] = [None] * n
+        self.outcome: str | None = None
+        self.cancelled = False
+        self.failed = False  # a completion ended with finish_reason "error" (non-finite logits)
+
+    def event(self, ev: Event) -> None:
+        if ev.finish_reason == "cancelled":
+            self.cancelled = True
+        elif ev.finish_reason == "error":
+            self.failed = True
+        if not ev.token_ids:
+            return
+        now = time.monotonic()
+        if self.first is None:
+            self.first = now
+            self.metrics.ttft.observe(now - self.t0)
+        last = self.last[ev.index]
+        if last is not None:
+            gap = (now - last) / len(ev.token_ids)
+            for _ in ev.token_ids:
+                self.metrics.itl.observe(gap)
+        self.last[ev.index] = now
+        self.metrics.generated_tokens.inc(len(ev.token_ids))
+
+    def finish(self, outcome: str) -> None:
+        if self.outcome is None:
+            self.outcome = outcome
+            self.metrics.outcome(self.route, outcome)
+
+    def fail(self, error: APIError) -> None:
+        if error.code in ("request_timeout", "queue_timeout"):
+            self.finish("timeout")
+        elif error.status == 429:
+            self.finish("rejected")
+        else:
+            self.finish("invalid" if error.status < 500 else "error")
+
+    def done(self) -> None:
+        self.finish("error" if self.failed else "cancelled" if self.cancelled else "ok")
+
+
+async def _parse(request: Request, model: type[_Body], route: Route) -> _Body:
+    """The body validated as ``model`` (JSON whatever the Content-Type says)."""
+    raw = await request.body()
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as e:
+        error = validation_error(e.errors())
+        _metrics(request).outcome(route, "invalid")
+        raise error from None
+
+
+def _request_id(request: Request, prefix: str, state: ServerState) -> str:
+    given = request.headers.get("x-request-id")
+    if given is None:
+        return f"{prefix}-{uuid.uuid4().hex}"
+    if not _REQUEST_ID.fullmatch(given):
+        raise APIError(
+            400,
+            "X-Request-Id must be 1-128 characters of A-Z a-z 0-9 . _ : -",
+            param="X-Request-Id",
+            code="invalid_value",
+        )
+    if given in state.live:
+        raise APIError(
+            409,
+            f"a request with id {given!r} is already running",
+            param="X-Request-Id",
+            code="duplicate_request_id",
+        )
+    return given
+
+
+async def _serve(
+    request: Request,
+    route: Route,
+    make_job: Callable[[LLM, str, int], Job],
+    stream: bool,
+) -> Response:
+    t0 = time.monotonic()
+    state, metrics = _state(request), _metrics(request)
+    config = state.config
+    prefix = "chatcmpl" if route == "chat" else "cmpl"
+    prompt_param = "messages" if route == "chat" else "prompt"
+    tracker = _Tracker(metrics, route, t0, 1)
+    try:
+        llm, engine, admission = state.ready()
+        job = make_job(llm, state.model_name, config.max_n)
+        rid = _request_id(request, prefix, state)
+    except Exception as e:
+        error = from_exception(e, prompt_param=prompt_param)
+        tracker.fail(error)
+        raise error from None
+    tracker.last = [None] * len(job.choices)
+    live = Live([])
+    state.live[rid] = live
+    deadline = t0 + config.request_timeout_s
+    try:
+        grant = await admission.acquire(
+            len(job.choices), min(config.queue_timeout_s, max(deadline - time.monotonic(), 0.0))
+        )
+    except APIError as e:
+        state.live.pop(rid, None)
+        tracker.fail(e)
+        raise
+    except BaseException:
+        state.live.pop(rid, None)
+        tracker.finish("disconnected")
+        raise
+    metrics.prompt_tokens.inc(job.prompt_tokens)
+    builder = Builder(route, rid, state.model_name, job, llm.tokenizer)
+    events = run_job(engine, job, rid, live, deadline, prompt_param)
+    headers = {"X-Request-Id": rid}
+
+    def close() -> None:
+        grant.release()
+        state.live.pop(rid, None)
+
+    if stream:
+
+        async def body() -> AsyncGenerator[bytes, None]:
+            try:
+                async for ev in events:
+                    tracker.event(ev)
+                    for chunk in builder.chunks(ev):
+                        yield chunk
+                if job.include_usage:
+                    yield builder.usage_chunk()
+                tracker.done()
+            except APIError as e:
+                tracker.fail(e)
+                yield sse(e.body())
+            finally:
+                await events.aclose()
+            yield _DONE
+
+        return EventStream(
+            body(),
+            on_disconnect=lambda: tracker.finish("disconnected"),
+            on_close=close,
+            headers=headers,
+        )
+
+    async def collect() -> dict[str, Any]:
+        try:
+            async for ev in events:
+                tracker.event(ev)
+                builder.add(ev)
+        finally:
+            await events.aclose()
+        return builder.response()
+
+    try:
+        result = await until_disconnect(request.receive, asyncio.ensure_future(collect()))
+    except APIError as e:
+        tracker.fail(e)
+        raise
+    except BaseException:
+        tracker.finish("error")
+        raise
+    finally:
+        close()
+    if result is None:
+        tracker.finish("disconnected")
+        return Response(status_code=499)
+    tracker.done()
+    return JSONResponse(result, headers=headers)
+
+
+def install_routes(app: FastAPI) -> None:
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(_auth)])
+
+    @v1.post("/completions", response_model=None)
+    async def completions(request: Request) -> Response:
+        body = await _parse(request, CompletionRequest, "completions")
+        return await _serve(
+            request,
+            "completions",
+            lambda llm, name, n: completion_job(body, llm, name, n),
+            body.stream,
+        )
+
+    @v1.post("/chat/completions", response_model=None)
+    async def chat_completions(request: Request) -> Response:
+        body = await _parse(request, ChatCompletionRequest, "chat")
+        return await _serve(
+            request, "chat", lambda llm, name, n: chat_job(body, llm, name, n), body.stream
+        )
+
+    @v1.get("/models")
+    async def models(request: Request) -> dict[str, Any]:
+        state = _state(request)
+        entry: dict[str, Any] = {
+            "id": state.model_name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "poot",
+        }
+        if state.llm is not None:
+            entry["max_model_len"] = state.llm.max_model_len
+        return {"object": "list", "data": [entry]}
+
+    @v1.post("/requests/{request_id}/cancel")
+    async def cancel(request_id: str, request: Request) -> dict[str, Any]:
+        state = _state(request)
+        live = state.live.get(request_id)
+        if live is None:
+            raise APIError(
+                404,
+                f"no request with id {request_id!r} is running",
+                param="request_id",
+                code="request_not_found",
+            )
+        live.cancelled = True
+        if state.engine is not None:
+            for eid in list(live.engine_ids):
+                await state.engine.abort(eid)
+        return {"id": request_id, "object": "request.cancel", "cancelled": True}
+
+    app.include_router(v1)
+
+    @app.get("/health")
+    async def health(request: Request) -> JSONResponse:
+        status = _state(request).health()
+        code = 200 if status == "ok" else 503
+        return JSONResponse({"status": "dead" if status == "failed" else status}, code)
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        return Response(_metrics(request).render(), media_type=CONTENT_TYPE)
