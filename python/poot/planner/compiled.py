@@ -36,7 +36,7 @@ from poot.planner.search import Budgets, Candidate, search
 from poot.planner.simulate import SimResult, simulate_step
 from poot.planner.spill import check_spill_dir
 
-__all__ = ["CompileConfig", "CompiledModel", "compile"]
+__all__ = ["CompileConfig", "CompiledModel", "Placed", "compile", "place"]
 
 TOP_SIMULATED = 3
 _UNLIMITED = 1 << 62
@@ -202,6 +202,50 @@ def compile(  # noqa: A001 - the public name the issue asks for (poot.compile)
     else:
         found, dropped = {p.key: p for p in profiles}, {}
         host = host or HostProfile(max((p.memory_bytes for p in profiles if p.is_host), default=0))
+    spill = Path(config.spill_dir) if config.spill_dir is not None else settings.cache_dir / "spill"
+    placed = place(stats, found, host, config, spill, dropped)
+    chosen = placed.chosen
+    streams = any(s.streamed for s in chosen.placement.segments)
+    spill_dir = check_spill_dir(spill, allow_tmpfs=config.allow_tmpfs_spill) if streams else None
+    ledger = CapacityLedger(
+        host=config.host_budget_bytes,
+        device=config.device_budget_bytes,
+        disk=config.disk_budget_bytes,
+    )
+    return CompiledModel(
+        files, definition, weights, config, stats, placed.eligible, host, placed.budgets, chosen,
+        placed.runner_up, placed.candidates, placed.dropped, placed.simulation, spill_dir, ledger,
+    )  # fmt: skip
+
+
+@dataclass
+class Placed:
+    """What ``place`` decided (``CompiledModel`` carries the same fields)."""
+
+    eligible: dict[str, DeviceProfile]
+    budgets: Budgets
+    chosen: Candidate
+    runner_up: Candidate | None
+    candidates: list[Candidate]
+    dropped: dict[str, str]
+    simulation: SimResult
+
+
+def place(
+    stats: ModelStats,
+    found: dict[str, DeviceProfile],
+    host: HostProfile,
+    config: CompileConfig,
+    spill: Path,
+    dropped: dict[str, str] | None = None,
+) -> Placed:
+    """The placement decision for ``stats`` over ``found`` profiles (no model files needed).
+
+    Raises:
+        CapacityError: a zero disk budget where only streaming plans exist.
+        PlannerError: nothing fits.
+    """
+    dropped = dict(dropped or {})
     eligible: dict[str, DeviceProfile] = {}
     for key, p in found.items():
         if not p.is_host and not config.allow_gpu:
@@ -210,7 +254,6 @@ def compile(  # noqa: A001 - the public name the issue asks for (poot.compile)
             dropped[key] = "no measured profile (run `poot validate-hardware`)"
         else:
             eligible[key] = p
-    spill = Path(config.spill_dir) if config.spill_dir is not None else settings.cache_dir / "spill"
     budgets = _budgets(config, eligible, host, spill)
     result = search(stats, eligible, host, budgets, allow_mixed_vendor=config.allow_mixed_vendor)
     if not result.candidates:
@@ -245,17 +288,7 @@ def compile(  # noqa: A001 - the public name the issue asks for (poot.compile)
                 f"best plan using it ({best.placement.describe(stats)}) costs "
                 f"{best.score * 1e3:.3f} ms vs {chosen.score * 1e3:.3f} ms chosen"
             )
-    streams = any(s.streamed for s in chosen.placement.segments)
-    spill_dir = check_spill_dir(spill, allow_tmpfs=config.allow_tmpfs_spill) if streams else None
-    ledger = CapacityLedger(
-        host=config.host_budget_bytes,
-        device=config.device_budget_bytes,
-        disk=config.disk_budget_bytes,
-    )
-    return CompiledModel(
-        files, definition, weights, config, stats, eligible, host, budgets, chosen, runner_up,
-        result.candidates, dropped, sim, spill_dir, ledger,
-    )  # fmt: skip
+    return Placed(eligible, budgets, chosen, runner_up, result.candidates, dropped, sim)
 
 
 def _budgets(

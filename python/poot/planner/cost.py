@@ -91,6 +91,7 @@ def unit_compute_s(u: UnitStats, p: DeviceProfile) -> tuple[float, float]:
     mm = 0.0
     for dt, flops in u.matmul_flops.items():
         mm += max(u.bytes_by_dtype.get(dt, 0) / p.gemv(dt), flops / p.gemm(dt))
+    mm += u.matmuls * p.matmul_s
     other = u.kv_bytes / p.read_bw + u.attn_flops / p.gemm("F32") + u.equations * p.dispatch_s
     return mm, other
 

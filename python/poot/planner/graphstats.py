@@ -56,6 +56,7 @@ class UnitStats:
         kv_bytes: KV cache bytes attention reads (f32 entries, ``context`` positions).
         attn_flops: attention FLOPs.
         equations: graph equations in the unit (each pays a dispatch).
+        matmuls: matmuls over stored weights (each pays a fixed cost too).
     """
 
     name: str
@@ -66,6 +67,7 @@ class UnitStats:
     kv_bytes: int = 0
     attn_flops: int = 0
     equations: int = 0
+    matmuls: int = 0
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,7 @@ def model_stats(
             rows = math.prod(out_shape[:-1])
             flops = 2 * rows * math.prod(wshape)
             u.matmul_flops[wdt] = u.matmul_flops.get(wdt, 0) + flops
+            u.matmuls += 1
             u.bytes_by_dtype[wdt] = u.bytes_by_dtype.get(wdt, 0) + sizes.get(wname, 0)
         elif op == "paged_attention":
             hd, nkv, nh = int(attrs["head_dim"]), int(attrs["n_kv_heads"]), int(attrs["n_heads"])

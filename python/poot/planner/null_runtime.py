@@ -67,7 +67,7 @@ class NullRuntime:
             elif op == "matmul" and len(ins) == 2 and ins[1] in weight:
                 name, wdt, wshape = weight[ins[1]]
                 flops = 2 * math.prod(shape[:-1]) * math.prod(wshape)
-                t += max(self.sizes.get(name, 0) / p.gemv(wdt), flops / p.gemm(wdt))
+                t += max(self.sizes.get(name, 0) / p.gemv(wdt), flops / p.gemm(wdt)) + p.matmul_s
             elif op == "paged_attention":
                 hd, nkv = int(attrs["head_dim"]), int(attrs["n_kv_heads"])
                 t += 2 * shape[0] * self.context * nkv * hd * 4 / p.read_bw

@@ -46,6 +46,8 @@ class DeviceProfile:
         gemv_bw: per weight dtype, weight bytes/s a one-row matmul streams (decode).
         gemm_flops: per weight dtype, flop/s of a many-row matmul (prefill).
         dispatch_s: fixed cost per graph equation (launch, sync, thread wake-up).
+        matmul_s: fixed cost per matmul on top (splitting rows over threads and joining).
+        copy_bw: host memory copy bytes/s measured on this device (the CPU; 0 elsewhere).
         link_bw: host<->device bytes/s (0 for the CPU: it reads host memory directly).
         link_latency_s: fixed cost per host<->device transfer.
         peer_bw: per other device key, direct device<->device bytes/s (absent: via the host).
@@ -64,6 +66,8 @@ class DeviceProfile:
     gemv_bw: dict[str, float] = field(default_factory=dict)
     gemm_flops: dict[str, float] = field(default_factory=dict)
     dispatch_s: float = 2e-6
+    matmul_s: float = 0.0
+    copy_bw: float = 0.0
     link_bw: float = 0.0
     link_latency_s: float = 0.0
     peer_bw: dict[str, float] = field(default_factory=dict)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from poot._native import TensorInfo
 
-__all__ = ["GGML_TYPES", "write_gguf_subset"]
+__all__ = ["GGML_TYPES", "write_gguf_arrays", "write_gguf_subset"]
 
 GGML_TYPES = {
     "F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q8_1": 9,
@@ -89,3 +89,25 @@ def write_gguf_subset(
             os.close(fd)
         tmp.unlink(missing_ok=True)
     return copied
+
+
+def write_gguf_arrays(
+    entries: Sequence[tuple[str, str, tuple[int, ...], bytes]], dest: Path
+) -> None:
+    """Writes in-memory tensors ``(name, dtype, shape, stored bytes)`` as GGUF v3 (benchmarks)."""
+    header = bytearray(b"GGUF")
+    header += struct.pack("<IQQ", 3, len(entries), 0)
+    offset = 0
+    for name, dtype, shape, data in entries:
+        raw = name.encode()
+        dims = tuple(reversed(shape))
+        header += struct.pack("<Q", len(raw)) + raw
+        header += struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims)
+        header += struct.pack("<IQ", GGML_TYPES[dtype], offset)
+        offset += len(data) + _pad(len(data))
+    header += b"\0" * _pad(len(header))
+    with open(dest, "wb") as out:
+        out.write(header)
+        for _, _, _, data in entries:
+            out.write(data)
+            out.write(b"\0" * _pad(len(data)))
