@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from planner_fixtures import GB, cpu, gpu, host, lavapipe, scaled_stats
+
 from poot.errors import CapacityError, PlannerError
 from poot.planner import CompileConfig, NullRuntime, Workload
 from poot.planner.compiled import compile, place
