@@ -40,6 +40,7 @@ def test_stories_streams_with_resident_ids(stories_q8: Path, tmp_path: Path) -> 
     assert "streamed through a double buffer" in c.explain()
     spans = c.recorder.last()
     assert {s.kind for s in spans} == {"load", "compute"}
+    assert list(tmp_path.iterdir()) == []  # no buffer file outlives its chunk
 
 
 def test_default_model_streams_with_resident_ids(default_model_path: Path, tmp_path: Path) -> None:

@@ -159,12 +159,14 @@ class StreamingRuntime:
             out: dict[str, npt.NDArray[Any]] = {}
             for i, (a, b) in enumerate(plan.chunks):
                 self.generations.check(gen)
-                lease, path = self._wait(pending.pop(i), f"weights of chunk {i} ({plan.labels[i]})")
+                lease, path = self._wait(pending[i], f"weights of chunk {i} ({plan.labels[i]})")
+                del pending[i]
                 held.append(lease)
                 if i + 1 < len(plan.chunks):
                     pending[i + 1] = self.loader.submit(self._load, plan, i + 1, gen)
                 t0 = time.perf_counter()
                 weights = Weights(GgufFile(path))
+                path.unlink()  # the mapping keeps the bytes; no buffer file outlives its chunk
                 tracer = Tracer(weights, plan.shape.tokens, self.trace_limits)
                 self.definition.trace_units(tracer, plan.shape, a, b)
                 graph = tracer.finish()
@@ -187,13 +189,9 @@ class StreamingRuntime:
             return out
         finally:
             for fut in pending.values():
-                fut.cancel()
-                if not fut.cancelled():
-                    try:
-                        lease, _ = fut.result(timeout=self.stall_timeout_s)
-                        lease.release()
-                    except Exception:  # noqa: BLE001, S110 - the step's own error is raised
-                        pass
+                # A load still running (or stuck) gives its slot back whenever it ends.
+                if not fut.cancel():
+                    fut.add_done_callback(_discard)
             for lease in held:
                 lease.release()
             self.generations.end(gen)
@@ -245,3 +243,12 @@ class StreamingRuntime:
 
     def close(self) -> None:
         self.loader.shutdown(wait=False, cancel_futures=True)
+
+
+def _discard(fut: Future[tuple[Lease, Path]]) -> None:
+    """Returns the slot of a load whose step already ended, and removes its buffer file."""
+    if fut.cancelled() or fut.exception() is not None:
+        return  # a failed load released its own lease
+    lease, path = fut.result()
+    lease.release()
+    path.unlink(missing_ok=True)
