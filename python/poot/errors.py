@@ -337,6 +337,11 @@ class PlannerError(PootError, RuntimeError):
         reasons: per device key, why it was dropped.
     """
 
+    hint = (
+        "Raise the budgets (CompileConfig), allow more devices, or run `poot validate-hardware`;"
+        " `reasons` says why each device was dropped."
+    )
+
     def __init__(self, message: str, *, reasons: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.reasons = dict(reasons or {})
@@ -351,6 +356,8 @@ class CapacityError(PootError, MemoryError):
         available: bytes free in the pool when it gave up.
         limit: the pool's budget.
     """
+
+    hint = "Raise the CompileConfig budget of `pool`, or run fewer forwards at once."
 
     def __init__(
         self,
@@ -376,6 +383,8 @@ class SpillDirError(PootError, ValueError):
         fs_type: its filesystem magic (``statfs`` ``f_type``), when known.
     """
 
+    hint = "Point CompileConfig.spill_dir at a writable directory on a disk (not tmpfs)."
+
     def __init__(self, message: str, *, path: str = "", fs_type: int = 0) -> None:
         super().__init__(message)
         self.path = path
@@ -390,6 +399,10 @@ class Stalled(PootError, TimeoutError):  # noqa: N818 - the issue names it
         timeout_s: the stall timeout.
         progress: units of progress seen before the stall (bytes copied).
     """
+
+    hint = (
+        "Check the spill disk and the checkpoint's storage, or raise CompileConfig.stall_timeout_s."
+    )
 
     def __init__(
         self, message: str, *, waited_for: str = "", timeout_s: float = 0.0, progress: int = 0
@@ -407,6 +420,8 @@ class Cancelled(PootError, RuntimeError):  # noqa: N818 - parallels asyncio.Canc
         generation: the forward's generation number.
     """
 
+    hint = "Nothing to fix: the forward was cancelled on purpose; run it again if needed."
+
     def __init__(self, message: str, *, generation: int = 0) -> None:
         super().__init__(message)
         self.generation = generation
@@ -419,6 +434,8 @@ class HardwareValidationError(PootError, RuntimeError):
         device: the device key.
         check: the check that failed.
     """
+
+    hint = "Do not plan on this device: update its driver, or report the failing check."
 
     def __init__(self, message: str, *, device: str = "", check: str = "") -> None:
         super().__init__(message)

@@ -125,14 +125,14 @@ class LLM:
         trace_limits: budgets for tracing each step graph.
         compile_limits: budgets for compiling each step graph.
         timeout_s: the deadline of each step on the device.
+        config: a ``poot.CompileConfig``: plan the model with ``poot.compile`` (devices, budgets,
+            streaming) and run that plan; the result is ``llm.compiled``. None: no planner.
         enable_prefix_caching: reuse the KV of full blocks shared with earlier prompts (same
             token ids from the start, same checkpoint and numerics) instead of prefilling
             them again; logits and greedy output are unchanged. See ``stats``.
         max_prepared_entries, max_prepared_bytes, prepared_policy: bounds of the cache of
             compiled step plans (``poot.prepared``); ``"evict"`` drops the least recently used,
             ``"refuse"`` raises ``PreparedEntryLimitError`` (the request ends; the LLM is usable).
-        config: a ``poot.CompileConfig``: plan the model with ``poot.compile`` (devices, budgets,
-            streaming) and run that plan; the result is ``llm.compiled``. None: no planner.
 
     Raises:
         ModelNotFoundError, CheckpointFormatError: the model cannot be resolved or opened.
