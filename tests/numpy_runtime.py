@@ -6,8 +6,8 @@ KV cache. It checks what a graph *means*: the model definitions' traces against 
 references, and the CPU runtime against it. It has the ``CpuRuntime`` methods the engine uses
 (``compile``, ``configure_kv``, ``run``), so ``poot.LLM`` can run on it in tests.
 
-The sampling step follows the documented semantics of its nodes (crates/poot-cpu's
-runtime/sample.rs and runtime/logits.rs): a row with a NaN or +inf, or with nothing allowed,
+The sampling step follows the documented semantics of its nodes (poot-runtime's
+``sample`` module): a row with a NaN or +inf, or with nothing allowed,
 samples -1; temperature 0 is argmax (the lowest id among ties); otherwise, over logits /
 temperature without the -inf tokens, sorted by descending value (ties by lower id): top_k (0 =
 all), softmax, the shortest prefix whose mass reaches top_p, then tokens with at least min_p

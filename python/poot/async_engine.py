@@ -35,9 +35,13 @@ __all__ = ["AsyncEngine", "EngineClosedError", "RequestAbortedError", "StreamOut
 class EngineClosedError(PootError, RuntimeError):
     """The engine was shut down before the request finished."""
 
+    hint = "Send the request to a running engine (or restart the server)."
+
 
 class RequestAbortedError(PootError, RuntimeError):
     """The request was ended by ``AsyncEngine.abort``."""
+
+    hint = "Nothing to fix: the request was cancelled on purpose; send it again if needed."
 
 
 @dataclass
@@ -109,7 +113,7 @@ class AsyncEngine:
             ContextLengthError, GraphInputError: the prompt is bad, or too big for the pool.
             ValueError: ``request_id`` is already in use.
             EngineClosedError: the engine is shut down.
-            Any error of a step the request was in (its blocks are freed).
+            PootError: any error of a step the request was in (its blocks are freed).
         """
         if self._closed:
             raise EngineClosedError("the engine is shut down")

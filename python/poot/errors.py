@@ -10,11 +10,30 @@ from __future__ import annotations
 
 
 class PootError(Exception):
-    """Base class of every error poot raises."""
+    """Base class of every error poot raises.
+
+    Each subclass has a ``hint``: what to do next. ``str(error)`` is the message (what happened,
+    with the numbers involved) followed by that hint, on one line; ``error.message`` is the
+    message alone.
+    """
+
+    hint = ""
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if not self.hint or self.hint in text:
+            return text
+        return f"{text.rstrip('. ')}. {self.hint}"
 
 
 class CheckpointError(PootError):
     """A model could not be resolved or loaded."""
+
+    hint = "Check the model spec: a .gguf file, a Hugging Face directory, a hub id, or 'default'."
 
 
 class CheckpointFormatError(CheckpointError, ValueError):
@@ -26,6 +45,11 @@ class CheckpointFormatError(CheckpointError, ValueError):
         tensor: the tensor concerned, if any.
         field: the header field concerned, if any.
     """
+
+    hint = (
+        "The file is damaged or not what its name says: download it again, or convert it with a"
+        " current converter."
+    )
 
     def __init__(
         self,
@@ -46,29 +70,49 @@ class CheckpointFormatError(CheckpointError, ValueError):
 class UnsupportedDTypeError(CheckpointFormatError):
     """A tensor is stored in a dtype poot does not know."""
 
+    hint = (
+        "Convert or quantize the checkpoint to a supported type (F32, F16, BF16, Q8_0, Q4_0, "
+        "Q4_1, Q5_0, Q5_1, Q4_K, Q6_K)."
+    )
+
 
 class ModelNotFoundError(CheckpointError, FileNotFoundError):
     """A model spec names nothing poot can find."""
+
+    hint = "`poot inspect SPEC` shows what a spec resolves to."
 
 
 class OfflineError(CheckpointError, ConnectionError):
     """A model must be downloaded but the network (hub or package index) is unreachable."""
 
+    hint = (
+        "Download the model on a machine with network access and pass its path, or set "
+        "POOT_CACHE_DIR to a cache that already holds it."
+    )
+
 
 class ChecksumError(CheckpointError, ValueError):
     """A downloaded file does not have the expected sha256."""
+
+    hint = "The download is corrupt or was tampered with: delete the cached file and pull again."
 
 
 class TokenizerError(PootError, ValueError):
     """A tokenizer cannot be built from the given files or metadata."""
 
+    hint = "Check the tokenizer files (tokenizer.json, or the GGUF's tokenizer.* metadata)."
+
 
 class ChatTemplateError(TokenizerError):
     """A chat template is missing or failed to render."""
 
+    hint = "Pass a chat template, or use a model whose metadata has one (`poot inspect` shows it)."
+
 
 class ConfigError(PootError, ValueError):
     """A setting (an environment variable poot reads) has an invalid value."""
+
+    hint = "Fix the setting named in the message; `poot --help` and the docs list the valid range."
 
 
 class UnsupportedArchitectureError(CheckpointError, ValueError):
@@ -78,6 +122,11 @@ class UnsupportedArchitectureError(CheckpointError, ValueError):
         architecture: the architecture the checkpoint names.
         supported: the architectures poot can run.
     """
+
+    hint = (
+        "Use a model of a supported architecture (`supported` lists them), or add a model "
+        "definition (docs: contributing)."
+    )
 
     def __init__(
         self, message: str, *, architecture: str = "", supported: tuple[str, ...] = ()
@@ -96,6 +145,11 @@ class TraceError(PootError, ValueError):
         op: the op that refused its operands, if any.
         name: the weight, input or output concerned, if any.
     """
+
+    hint = (
+        "The model definition built an invalid graph: this is a bug in the definition, report "
+        "it with the message."
+    )
 
     def __init__(
         self,
@@ -121,6 +175,11 @@ class TraceBudgetError(TraceError):
         total: the total the trace would have reached.
     """
 
+    hint = (
+        "Raise the TraceLimits field named `resource` above `total`, or use a smaller step "
+        "(max_step_tokens)."
+    )
+
     def __init__(self, message: str, *, resource: str = "", limit: int = 0, total: int = 0) -> None:
         super().__init__(message, kind="budget")
         self.resource = resource
@@ -131,6 +190,8 @@ class TraceBudgetError(TraceError):
 class CompileError(PootError, RuntimeError):
     """A backend refused to compile a graph."""
 
+    hint = "The backend cannot compile this graph: try another backend (backend='cpu')."
+
 
 class CompileExpansionError(CompileError):
     """A compile pass would grow the graph past ``CompileLimits.max_equations``.
@@ -140,6 +201,8 @@ class CompileExpansionError(CompileError):
         limit: the equation limit.
         total: the equations the pass would have produced.
     """
+
+    hint = "Raise CompileLimits.max_equations above `total`, or use a smaller step."
 
     def __init__(self, message: str, *, pass_name: str = "", limit: int = 0, total: int = 0):
         super().__init__(message)
@@ -157,6 +220,8 @@ class KernelBodyLimitError(CompileError):
         limit: the limit.
         total: what the kernel needs.
     """
+
+    hint = "Use a smaller step or another backend; the device cannot run a kernel this large."
 
     def __init__(
         self, message: str, *, kernel: str = "", what: str = "", limit: int = 0, total: int = 0
@@ -176,6 +241,11 @@ class ArtifactTooLargeError(CompileError):
         total: the artifact's bytes.
     """
 
+    hint = (
+        "Raise CompileLimits.max_artifact_bytes above `total`, or use a smaller step "
+        "(max_step_tokens, max_num_seqs)."
+    )
+
     def __init__(self, message: str, *, limit: int = 0, total: int = 0) -> None:
         super().__init__(message)
         self.limit = limit
@@ -189,6 +259,8 @@ class UnsupportedOpError(CompileError):
         backend: the backend.
         op: the op.
     """
+
+    hint = "Use a backend that supports the op (backend='cpu' supports every op)."
 
     def __init__(self, message: str, *, backend: str = "", op: str = "") -> None:
         super().__init__(message)
@@ -208,6 +280,8 @@ class PreparedEntryLimitError(PootError, RuntimeError):
         total: what the cache would hold with the new entry.
     """
 
+    hint = "Raise max_prepared_entries / max_prepared_bytes, or use prepared_policy='evict'."
+
     def __init__(self, message: str, *, resource: str = "", limit: int = 0, total: int = 0) -> None:
         super().__init__(message)
         self.resource = resource
@@ -222,6 +296,11 @@ class DeviceTimeoutError(PootError, TimeoutError):
         during: what was running.
     """
 
+    hint = (
+        "The device hung or is far too slow for the deadline: raise timeout_s, or check the "
+        "device; this runtime is poisoned, so create a new LLM."
+    )
+
     def __init__(self, message: str, *, during: str = "") -> None:
         super().__init__(message)
         self.during = during
@@ -234,6 +313,11 @@ class RuntimePoisonedError(PootError, RuntimeError):
         reason: why it was poisoned.
     """
 
+    hint = (
+        "Create a new LLM (or restart the server): a runtime that missed a deadline is never "
+        "used again."
+    )
+
     def __init__(self, message: str, *, reason: str = "") -> None:
         super().__init__(message)
         self.reason = reason
@@ -245,6 +329,8 @@ class KernelError(PootError, ValueError):
     Attributes:
         op: the op whose kernel refused.
     """
+
+    hint = "A kernel was given inputs it cannot read: this is a bug, report it with the message."
 
     def __init__(self, message: str, *, op: str = "") -> None:
         super().__init__(message)
@@ -259,6 +345,11 @@ class GraphInputError(PootError, ValueError):
         expected: its type, e.g. ``"I32[4]"`` (None when missing).
         got: what was given (None when missing).
     """
+
+    hint = (
+        "Pass the input with the dtype and shape the message names (token ids must be within "
+        "the vocabulary)."
+    )
 
     def __init__(
         self, message: str, *, name: str = "", expected: str | None = None, got: str | None = None
@@ -278,6 +369,8 @@ class DeviceMemoryError(PootError, MemoryError):
         limit: bytes allowed.
     """
 
+    hint = "Lower num_blocks or max_model_len, or raise the memory limit named in the message."
+
     def __init__(self, message: str, *, what: str = "", requested: int = 0, limit: int = 0):
         super().__init__(message)
         self.what = what
@@ -288,6 +381,8 @@ class DeviceMemoryError(PootError, MemoryError):
 class KvCacheNotConfiguredError(PootError, RuntimeError):
     """A graph with attention ran before the runtime's KV cache was configured."""
 
+    hint = "Call configure_kv on the runtime before running graphs with attention."
+
 
 class BackendNotCompiledError(PootError, RuntimeError):
     """A runtime was requested whose backend is not compiled into this build.
@@ -295,6 +390,8 @@ class BackendNotCompiledError(PootError, RuntimeError):
     Attributes:
         backend: the backend.
     """
+
+    hint = "Install a build with this backend, or use backend='cpu'."
 
     def __init__(self, message: str, *, backend: str = "") -> None:
         super().__init__(message)
@@ -308,6 +405,8 @@ class SamplingParamsError(PootError, ValueError):
         field: the field.
     """
 
+    hint = "Fix the field named in the message (`field`); the docs list every field's range."
+
     def __init__(self, message: str, *, field: str = "") -> None:
         super().__init__(message)
         self.field = field
@@ -320,6 +419,11 @@ class ContextLengthError(PootError, ValueError):
         needed: tokens the request needs.
         limit: tokens available.
     """
+
+    hint = (
+        "Shorten the prompt, lower max_tokens, or raise max_model_len / num_blocks (up to the "
+        "model's context)."
+    )
 
     def __init__(self, message: str, *, needed: int = 0, limit: int = 0) -> None:
         super().__init__(message)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import llguidance
@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Guide", "grammar_of", "validate"]
 
+_COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
 
 def grammar_of(params: SamplingParams) -> tuple[str, str] | None:
     """``(field, llguidance grammar)`` for a guided request; None when unguided.
@@ -44,14 +46,16 @@ def grammar_of(params: SamplingParams) -> tuple[str, str] | None:
         SamplingParamsError: the constraint does not compile.
     """
     try:
-        if params.json_schema is not None:
-            schema = params.json_schema
-            text = schema if isinstance(schema, str) else json.dumps(schema)
-            return "json_schema", llguidance.LLMatcher.grammar_from_json_schema(text)
-        if params.json_object:
-            return "json_object", llguidance.LLMatcher.grammar_from_json_schema(
-                '{"type": "object"}'
-            )
+        if params.json_schema is not None or params.json_object:
+            field = "json_schema" if params.json_schema is not None else "json_object"
+            schema = params.json_schema if params.json_schema is not None else {"type": "object"}
+            if isinstance(schema, str):
+                schema = json.loads(schema)
+            if isinstance(schema, Mapping) and "x-guidance" not in schema:
+                # Single-line JSON with ", " and ": " unless the schema says otherwise: free
+                # whitespace lets small models emit newlines until max_tokens runs out.
+                schema = {**schema, "x-guidance": _COMPACT}
+            return field, llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema))
         if params.regex is not None:
             return "regex", llguidance.LLMatcher.grammar_from_regex(params.regex)
         if params.grammar is not None:
@@ -107,7 +111,9 @@ class _PieceTokenizer:
         self._tok = tokenizer
 
     def __call__(self, text: bytes) -> list[int]:
-        return self._tok.encode(text.decode("utf-8", errors="replace"), add_special_tokens=False)
+        # Grammar text continues the output so far: no space prefix (SentencePiece adds one
+        # at the start of a text, which would make "{" tokenize as "▁" + "{").
+        return self._tok.encode_continuation(text.decode("utf-8", errors="replace"))
 
 
 class Guide:

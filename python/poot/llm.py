@@ -130,9 +130,11 @@ class LLM:
         enable_prefix_caching: reuse the KV of full blocks shared with earlier prompts (same
             token ids from the start, same checkpoint and numerics) instead of prefilling
             them again; logits and greedy output are unchanged. See ``stats``.
-        max_prepared_entries, max_prepared_bytes, prepared_policy: bounds of the cache of
-            compiled step plans (``poot.prepared``); ``"evict"`` drops the least recently used,
-            ``"refuse"`` raises ``PreparedEntryLimitError`` (the request ends; the LLM is usable).
+        max_prepared_entries: most compiled step plans kept (``poot.prepared``).
+        max_prepared_bytes: most bytes of compiled step plans kept.
+        prepared_policy: when the plan cache is full, ``"evict"`` drops the least recently
+            used, ``"refuse"`` raises ``PreparedEntryLimitError`` (the request ends; the LLM
+            is usable).
 
     Raises:
         ModelNotFoundError, CheckpointFormatError: the model cannot be resolved or opened.
@@ -273,8 +275,8 @@ class LLM:
             raise ContextLengthError("the prompt has no tokens", needed=0, limit=self.max_model_len)
         if len(ids) >= self.max_model_len:
             raise ContextLengthError(
-                f"the prompt has {len(ids)} tokens; max_model_len={self.max_model_len} leaves "
-                "no room to generate",
+                f"the prompt has {len(ids)} tokens, so it needs {len(ids) + 1} with one to "
+                f"generate; max_model_len={self.max_model_len}",
                 needed=len(ids) + 1,
                 limit=self.max_model_len,
             )

@@ -23,7 +23,7 @@ pub enum EngineError {
     #[error("request {0} asks for max_tokens = 0")]
     ZeroMaxTokens(RequestId),
     /// A prompt that leaves no room to generate within `max_model_len`.
-    #[error("request {id}: a prompt of {prompt} tokens leaves no room to generate within max_model_len = {max_model_len}")]
+    #[error("request {id}: a prompt of {prompt} tokens needs {} with one to generate; max_model_len = {max_model_len}", prompt + 1)]
     PromptTooLong {
         id: RequestId,
         prompt: usize,

@@ -13,6 +13,7 @@ mod error;
 mod host;
 mod late;
 mod poison;
+pub mod sample;
 mod weights;
 
 use std::any::Any;

@@ -71,6 +71,10 @@ class Backend(ABC):
         """The Hugging Face ``tokenizer.json`` text, for backends built from one."""
         return None
 
+    def encode_continuation(self, text: str) -> list[int]:
+        """The ids of ``text`` continuing earlier text: no BOS, no added space prefix."""
+        return self.encode(text, add_special_tokens=False, parse_special=False)
+
     @abstractmethod
     def id_to_token(self, token_id: int) -> str | None:
         """The stored text of a token, or None when out of range."""
@@ -211,6 +215,11 @@ class Tokenizer:
     def tokenizer_json(self) -> str | None:
         """The ``tokenizer.json`` text this tokenizer was built from, if any."""
         return self._backend.tokenizer_json()
+
+    def encode_continuation(self, text: str) -> list[int]:
+        """The ids of ``text`` as a continuation of earlier text (no BOS, and no space prefix
+        even where the vocabulary adds one at the start of a text, as SentencePiece does)."""
+        return self._backend.encode_continuation(text)
 
     def apply_chat_template(
         self,

@@ -497,6 +497,15 @@ class GgufBackend(Backend):
     def token_piece(self, token_id: int) -> bytes | None:
         return self.piece(token_id, skip_special=False)
 
+    def encode_continuation(self, text: str) -> list[int]:
+        out: list[int] = []
+        for frag in self.partition(text, parse_special=False):
+            if isinstance(frag, int):
+                out.append(frag)
+            else:
+                self.encode_fragment(frag, False, out)
+        return out
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool, clean_up: bool | None) -> str:
         data = b"".join(self.piece(int(i), skip_special_tokens) for i in ids)
         text = data.decode("utf-8", errors="replace")

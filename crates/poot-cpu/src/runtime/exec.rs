@@ -10,11 +10,12 @@ use std::borrow::Cow;
 
 use poot_core::{dequantize, Deadline};
 use poot_graph::{Graph, Op, ValueId};
+use poot_runtime::sample::{
+    adjust_row, logprobs_row, mask_row, sample_row, top_k_row, Adjust, SampleSettings,
+};
 use poot_runtime::{HostTensor, LateInput, RuntimeError};
 
-use super::logits::{adjust_row, logprobs_row, mask_row, top_k_row, Adjust};
 use super::plan::CpuPlan;
-use super::sample::{sample_row, SampleSettings};
 use super::{KvLayers, KvPool};
 use crate::kernels::{self, AttentionInputs, AttentionShape, KvCacheMut, Numerics};
 use crate::{DType, Isa, KernelError, ThreadPool};
@@ -424,7 +425,7 @@ impl<'a> Exec<'a> {
                         min_p: min_p[r],
                         uniform: uniform[r],
                     };
-                    out.push(sample_row(&l[r * v..(r + 1) * v], s).map_err(kerr("sample"))?);
+                    out.push(sample_row(&l[r * v..(r + 1) * v], s)?);
                 }
                 Buf::I32(out)
             }
@@ -447,7 +448,7 @@ impl<'a> Exec<'a> {
                         presence: pres[r],
                         frequency: freq[r],
                     };
-                    adjust_row(row, &a).map_err(kerr("adjust_logits"))?;
+                    adjust_row(row, &a)?;
                 }
                 Buf::F32(out)
             }
@@ -477,7 +478,7 @@ impl<'a> Exec<'a> {
                 let idv = self.i32(*ids, "logprobs")?;
                 let mut out = vec![0f32; numel];
                 for ((row, i), o) in l.chunks(v).zip(idv.chunks(k)).zip(out.chunks_mut(k)) {
-                    logprobs_row(row, i, o).map_err(kerr("logprobs"))?;
+                    logprobs_row(row, i, o)?;
                 }
                 Buf::F32(out)
             }

@@ -12,9 +12,7 @@
 //! runtime carry its numerics.
 
 mod exec;
-mod logits;
 mod plan;
-mod sample;
 
 use std::sync::{Arc, Mutex};
 

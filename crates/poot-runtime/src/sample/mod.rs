@@ -1,6 +1,8 @@
-//! The CPU sampler: the `Sample` node, one token id per row.
+//! The sampling step's row functions, shared by every runtime that samples on the host side
+//! of its device (the CPU runtime, and the wgpu runtime's host step): the `Sample` node here,
+//! the logit ops (`adjust_logits`, `mask_logits`, `top_k`, `logprobs`) in `logits`.
 //!
-//! Semantics (the numpy reference in tests/numpy_runtime.py follows them exactly):
+//! `Sample` semantics (the numpy reference in tests/numpy_runtime.py follows them exactly):
 //! - A row holding a NaN or +inf, or with every logit -inf (nothing allowed), gives -1: the
 //!   host ends that request with an error finish reason instead of emitting a garbage token.
 //! - Temperature 0 is argmax (the first maximum).
@@ -15,11 +17,15 @@
 //! grows (256, then x4) until it covers the top-p cut and the draw, so a peaked distribution
 //! never sorts the whole vocabulary.
 
-use crate::KernelError;
+mod logits;
 
-fn invalid(detail: String) -> KernelError {
-    KernelError::InvalidArgument {
-        what: "sample",
+pub use logits::{adjust_row, logprobs_row, mask_row, top_k_row, Adjust};
+
+use crate::RuntimeError;
+
+fn invalid(detail: String) -> RuntimeError {
+    RuntimeError::Kernel {
+        op: "sample",
         detail,
     }
 }
@@ -36,13 +42,13 @@ fn argmax(row: &[f32]) -> usize {
 }
 
 /// True when `row` holds a NaN or +inf (the model's output is broken).
-pub(crate) fn has_bad_logit(row: &[f32]) -> bool {
+pub fn has_bad_logit(row: &[f32]) -> bool {
     row.iter().any(|x| x.is_nan() || *x == f32::INFINITY)
 }
 
 /// Per-row sampling settings (see the module docs).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct SampleSettings {
+pub struct SampleSettings {
     pub temperature: f32,
     pub top_k: i32,
     pub top_p: f32,
@@ -51,7 +57,7 @@ pub(crate) struct SampleSettings {
 }
 
 impl SampleSettings {
-    fn check(&self) -> Result<(), KernelError> {
+    fn check(&self) -> Result<(), RuntimeError> {
         let t = self.temperature;
         if !(t.is_finite() && t >= 0.0) {
             return Err(invalid(format!(
@@ -88,7 +94,7 @@ fn sort_prefix(order: &mut [u32], x: &[f32], n: usize) {
 }
 
 /// Samples one id from `row` (the logits of one sequence); -1 when the row is unusable.
-pub(crate) fn sample_row(row: &[f32], s: SampleSettings) -> Result<i32, KernelError> {
+pub fn sample_row(row: &[f32], s: SampleSettings) -> Result<i32, RuntimeError> {
     if row.is_empty() {
         return Err(invalid("empty logits row".into()));
     }

@@ -5,10 +5,10 @@
 //! `adjust_row` and `mask_row` all NaN, so the `Sample` node reports -1 for it rather than
 //! drawing from a broken distribution; `logprobs_row` gives NaN for it.
 
-use crate::KernelError;
+use crate::RuntimeError;
 
-fn invalid(what: &'static str, detail: String) -> KernelError {
-    KernelError::InvalidArgument { what, detail }
+fn invalid(op: &'static str, detail: String) -> RuntimeError {
+    RuntimeError::Kernel { op, detail }
 }
 
 fn poison_if_broken(row: &mut [f32]) -> bool {
@@ -20,7 +20,8 @@ fn poison_if_broken(row: &mut [f32]) -> bool {
 }
 
 /// One row's penalties and bias (see `poot_graph::AdjustInputs`).
-pub(crate) struct Adjust<'a> {
+#[derive(Clone, Copy, Debug)]
+pub struct Adjust<'a> {
     pub ids: &'a [i32],
     pub counts: &'a [i32],
     pub bias: &'a [f32],
@@ -31,7 +32,7 @@ pub(crate) struct Adjust<'a> {
 
 /// Applies, per listed id: the repetition penalty (seen ids), then presence and frequency
 /// (generated ids), then the bias.
-pub(crate) fn adjust_row(row: &mut [f32], a: &Adjust<'_>) -> Result<(), KernelError> {
+pub fn adjust_row(row: &mut [f32], a: &Adjust<'_>) -> Result<(), RuntimeError> {
     let ok = a.repetition.is_finite()
         && a.repetition > 0.0
         && a.presence.is_finite()
@@ -78,7 +79,7 @@ pub(crate) fn adjust_row(row: &mut [f32], a: &Adjust<'_>) -> Result<(), KernelEr
 }
 
 /// Sets the tokens whose bit is clear in `mask` (ceil(V/32) words) to -inf.
-pub(crate) fn mask_row(row: &mut [f32], mask: &[i32]) {
+pub fn mask_row(row: &mut [f32], mask: &[i32]) {
     if poison_if_broken(row) {
         return;
     }
@@ -97,7 +98,7 @@ pub(crate) fn mask_row(row: &mut [f32], mask: &[i32]) {
 
 /// The ids of the `out.len()` largest values of `row`, largest first, ties by lower id; NaN
 /// never ranks; -1 pads when fewer remain.
-pub(crate) fn top_k_row(row: &[f32], out: &mut [i32]) {
+pub fn top_k_row(row: &[f32], out: &mut [i32]) {
     let k = out.len();
     let mut order: Vec<u32> = (0..row.len() as u32)
         .filter(|&i| !row[i as usize].is_nan())
@@ -115,7 +116,7 @@ pub(crate) fn top_k_row(row: &[f32], out: &mut [i32]) {
 }
 
 /// `log_softmax(row)[ids]` into `out`; NaN for id -1 and for a row with a non-finite logit.
-pub(crate) fn logprobs_row(row: &[f32], ids: &[i32], out: &mut [f32]) -> Result<(), KernelError> {
+pub fn logprobs_row(row: &[f32], ids: &[i32], out: &mut [f32]) -> Result<(), RuntimeError> {
     let v = row.len();
     if let Some(&bad) = ids.iter().find(|&&i| i < -1 || i >= v as i32) {
         return Err(invalid(
