@@ -79,3 +79,15 @@ def test_cancel_is_generation_scoped() -> None:
     assert not gens.cancel(a)  # ended: nothing to cancel
     c = gens.begin()
     gens.check(c)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{"device_budget_bytes": -1}, {"stall_timeout_s": 0.0}, {"rows": 0}, {"planner_workers": -2}],
+)
+def test_compile_config_rejects_bad_values(kw: dict[str, float]) -> None:
+    from poot.errors import ConfigError
+    from poot.planner import CompileConfig
+
+    with pytest.raises(ConfigError):
+        CompileConfig(**kw)  # type: ignore[arg-type]

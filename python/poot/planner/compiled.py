@@ -24,7 +24,7 @@ from typing import Any
 from poot import _native
 from poot.checkpoints import ModelFiles, resolve_model_files
 from poot.config import Settings
-from poot.errors import CapacityError, PlannerError
+from poot.errors import CapacityError, ConfigError, PlannerError
 from poot.models import model_definition
 from poot.planner.cost import Placement
 from poot.planner.discovery import Discovery, discover
@@ -70,6 +70,21 @@ class CompileConfig:
     stall_timeout_s: float = 30.0
     rows: int = 1
     context: int = 256
+
+    def __post_init__(self) -> None:
+        for name in ("device_budget_bytes", "host_budget_bytes", "disk_budget_bytes"):
+            v = getattr(self, name)
+            if v is not None and v < 0:
+                raise ConfigError(f"CompileConfig.{name} must be >= 0 or None, got {v}")
+        if not self.stall_timeout_s > 0:
+            raise ConfigError(
+                f"CompileConfig.stall_timeout_s must be > 0, got {self.stall_timeout_s}"
+            )
+        if self.planner_workers < 0 or self.rows < 1 or self.context < 1:
+            raise ConfigError(
+                f"CompileConfig: planner_workers={self.planner_workers} must be >= 0, "
+                f"rows={self.rows} and context={self.context} >= 1"
+            )
 
     def workers(self) -> int:
         if self.planner_workers > 0:
