@@ -82,7 +82,9 @@ def test_validate_hardware_stores_a_profile_and_doctor_sees_it(
     reports = json.loads(capsys.readouterr().out)
     cpu = reports[0]
     assert cpu["status"] == "validated" and set(cpu["checks"].values()) == {"ok"}
-    assert cpu["profile"]["gemv_gbps"]["Q8_0"] > 0 and cpu["profile"]["read_bw_gbps"] > 0
+    prof = cpu["profile"]
+    assert prof["gemv_gbps"]["Q8_0"] > 0 and prof["read_bw_gbps"] > 0
+    assert prof["copy_bw_gbps"] > 0 and prof["stage_gbps"] > 0 and prof["segment_us"] > 0
     assert Path(cpu["stored"]).is_file()
     assert all(r["status"] in ("validated", "skipped") for r in reports)
     assert main(["doctor", "--json"]) == 0

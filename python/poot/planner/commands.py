@@ -101,6 +101,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
                 "gemm_gflops": {k: round(v / 1e9, 2) for k, v in p.gemm_flops.items()},
                 "dispatch_us": round(p.dispatch_s * 1e6, 3),
                 "matmul_us": round(p.matmul_s * 1e6, 3),
+                "segment_us": round(p.segment_s * 1e6, 3),
+                "stage_gbps": round(p.stage_bw / 1e9, 2),
             }
         out.append(entry)
     if args.json:

@@ -213,7 +213,9 @@ def compile(  # noqa: A001 - the public name the issue asks for (poot.compile)
     if profiles is None:
         disc = discover()
         found, dropped = _profiles_from(disc, _native.__version__, settings)
-        host = host or HostProfile(disc.host_available_bytes)
+        cpu = found.get("cpu")
+        copy = cpu.copy_bw if cpu is not None and cpu.copy_bw > 0 else HostProfile(0).copy_bw
+        host = host or HostProfile(disc.host_available_bytes, copy_bw=copy)
     else:
         found, dropped = {p.key: p for p in profiles}, {}
         host = host or HostProfile(max((p.memory_bytes for p in profiles if p.is_host), default=0))

@@ -8,7 +8,8 @@ is the sum over segments of
   bound by reading the weights, a many-row one by arithmetic), attention KV reads at
   ``read_bw``, and ``dispatch_s`` per equation;
 - streaming: a streamed range is loaded through a double buffer, so loading overlaps compute:
-  ``max(compute, load) + load / chunks`` (the first chunk is loaded before anything runs);
+  ``max(compute, load) + load / chunks`` (the first chunk is loaded before anything runs), and
+  each chunk pays the device's ``segment_s`` to start;
 - transfers: activations across each cut (device to device over ``peer_bw``, else through the
   host over both links) plus the step's inputs and token ids when the ends are not the host;
 - contention: a software adapter runs on the CPU's cores (both slow down while both are used),
@@ -104,7 +105,23 @@ def segment_compute_s(stats: ModelStats, start: int, end: int, p: DeviceProfile)
 def load_bw(p: DeviceProfile, host: HostProfile, residency: Residency) -> float:
     """Bytes/s a streamed range is loaded at: from host memory or disk, then over the link."""
     src = host.copy_bw if residency == "host" else host.disk_read_bw
-    return src if p.is_host or p.link_bw <= 0 else min(src, p.link_bw)
+    if p.is_host:
+        return min(src, p.stage_bw) if p.stage_bw > 0 else src
+    return src if p.link_bw <= 0 else min(src, p.link_bw)
+
+
+def loaded_compute_s(compute: float, load: float, p: DeviceProfile) -> float:
+    """Seconds ``compute`` takes while a load of ``load`` seconds runs beside it: slowed by
+    ``loader_slowdown`` while both run, full speed after."""
+    k = loader_slowdown(p)
+    overlap = min(compute * k, load)
+    return overlap + (compute - overlap / k)
+
+
+def loader_slowdown(p: DeviceProfile) -> float:
+    """How much slower a CPU computes while its own loader thread stages the next chunk: the
+    loader takes one of its cores (1 when the core count is unknown or not the CPU)."""
+    return p.cores / (p.cores - 1) if p.is_host and p.cores > 1 else 1.0
 
 
 def _cut_s(stats: ModelStats, a: DeviceProfile, b: DeviceProfile) -> float:
@@ -145,6 +162,11 @@ def step_cost(
             nbytes = stats.bytes_of(s.start, s.end)
             load = nbytes / load_bw(p, host, s.residency)
             n = max(1, len(s.chunks))
+            compute += n * p.segment_s  # each chunk is started (opened, compiled) on the device
+            c.memory_s += n * p.segment_s
+            shared = loaded_compute_s(compute, load, p)
+            c.contention_s += shared - compute
+            compute = shared
             seg = max(compute, load) + load / n
             c.stream_s += seg - compute
             if not p.is_host and s.residency == "host":

@@ -47,6 +47,11 @@ class DeviceProfile:
         gemm_flops: per weight dtype, flop/s of a many-row matmul (prefill).
         dispatch_s: fixed cost per graph equation (launch, sync, thread wake-up).
         matmul_s: fixed cost per matmul on top (splitting rows over threads and joining).
+        segment_s: fixed cost to start one streamed chunk (on the CPU: open its buffer, trace
+            and compile the chunk's graph).
+        stage_bw: bytes/s of staging a streamed chunk into its buffer (the CPU: writing the
+            buffer file); 0 = not measured.
+        cores: cores the device computes with (the CPU: a loader thread takes one of them).
         copy_bw: host memory copy bytes/s measured on this device (the CPU; 0 elsewhere).
         link_bw: host<->device bytes/s (0 for the CPU: it reads host memory directly).
         link_latency_s: fixed cost per host<->device transfer.
@@ -67,6 +72,9 @@ class DeviceProfile:
     gemm_flops: dict[str, float] = field(default_factory=dict)
     dispatch_s: float = 2e-6
     matmul_s: float = 0.0
+    segment_s: float = 0.0
+    stage_bw: float = 0.0
+    cores: int = 0
     copy_bw: float = 0.0
     link_bw: float = 0.0
     link_latency_s: float = 0.0

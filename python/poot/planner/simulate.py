@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from poot.planner.cost import Placement, load_bw, unit_compute_s
+from poot.planner.cost import Placement, load_bw, loaded_compute_s, unit_compute_s
 from poot.planner.graphstats import ModelStats
 from poot.planner.profiles import DeviceProfile, HostProfile
 
@@ -128,6 +128,11 @@ def simulate_step(
         chunks = list(seg.chunks) if seg.streamed else [(seg.start, seg.end)]
         chunk_done: list[int] = []
         bw = load_bw(p, host, seg.residency)
+        if seg.streamed and p.is_host:
+            # The CPU's own loader takes a core while it stages (``cost.loaded_compute_s``).
+            base = sum(sum(unit_compute_s(u, p)) for u in stats.units[seg.start : seg.end])
+            load = stats.bytes_of(seg.start, seg.end) / bw
+            factor *= loaded_compute_s(base, load, p) / base if base > 0 else 1.0
         for ci, (a, b) in enumerate(chunks):
             deps = []
             if seg.streamed:
@@ -136,6 +141,12 @@ def simulate_step(
                 tasks.append(Task(f"load {_span(stats, a, b)}", res, stats.bytes_of(a, b) / bw,
                                   ldeps, "load"))  # fmt: skip
                 deps.append(len(tasks) - 1)
+            if seg.streamed and p.segment_s > 0:
+                d = list(deps) + ([] if last_compute is None else [last_compute])
+                label = f"start {_span(stats, a, b)}"
+                tasks.append(Task(label, seg.device, p.segment_s, d, "compute"))
+                last_compute = len(tasks) - 1
+                deps = []
             for u in range(a, b):
                 d = list(deps) + ([] if last_compute is None else [last_compute])
                 dur = sum(unit_compute_s(stats.units[u], p)) * factor

@@ -32,7 +32,7 @@ from poot import _native
 from poot.config import Settings
 from poot.planner.discovery import DeviceInfo, Discovery, discover
 from poot.planner.profiles import DeviceProfile, store_profile
-from poot.planner.weightfile import write_gguf_arrays
+from poot.planner.weightfile import write_gguf_arrays, write_gguf_subset
 
 __all__ = ["DeviceReport", "benchmark_cpu", "quantize", "validate_all", "validate_cpu"]
 
@@ -209,6 +209,49 @@ def _time_matmul(
     return best, n, k
 
 
+def _time_staging(source: Path, folder: Path) -> float:
+    """Bytes/s of staging a chunk the way ``streaming`` does (``write_gguf_subset`` from a
+    mapped checkpoint into a buffer file), best of three, on the benchmark's big weights."""
+    tensors = [t for t in _native.GgufFile(source).tensors() if t.name.startswith("big.")]
+    dest = folder / "stage.gguf"
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        n = write_gguf_subset(tensors, dest)
+        best = min(best, time.perf_counter() - t0)
+        dest.unlink()
+    return n / best
+
+
+def _time_segment_start(folder: Path, rng: np.random.Generator) -> float:
+    """Best seconds to start and run a streamed chunk's fixed work, as ``streaming`` does: open
+    the buffer file as ``Weights``, trace a layer-sized graph (7 matmuls, 24 more equations),
+    compile it and run it once (the run's fixed cost; the matmuls here are tiny)."""
+    entries = []
+    for i in range(7):
+        raw, _ = quantize(rng.standard_normal((64, 64), dtype=np.float32), "Q8_0")
+        entries.append((f"w{i}", "Q8_0", (64, 64), raw))
+    path = folder / "segment.gguf"
+    write_gguf_arrays(entries, path)
+    rt = _native.CpuRuntime(None, "exact")
+    x = {"x": np.ones((1, 64), np.float32)}
+    best = float("inf")
+    for _ in range(7):
+        t0 = time.perf_counter()
+        w = _native.Weights(_native.GgufFile(path))
+        t = _native.Tracer(w, 1)
+        v = t.input("x", "f32", [1, 64])
+        for i in range(7):
+            v = t.matmul(v, t.weight(f"w{i}"))
+            for _ in range(3):
+                v = t.silu(v)
+        t.output("y", v)
+        rt.run(rt.compile(t.finish(), w), x)
+        del w, t
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def benchmark_cpu(
     info: DeviceInfo, threads: int | None = None, quick: bool = False
 ) -> DeviceProfile:
@@ -260,10 +303,13 @@ def benchmark_cpu(
             rt.run(plan, x)
             best = min(best, time.perf_counter() - t0)
         dispatch = best / (chain + 2)
+        segment = _time_segment_start(Path(tmp), rng)
+        stage = _time_staging(Path(tmp) / "bench-big.gguf", Path(tmp))
     return DeviceProfile(
         key=info.key, kind="cpu", name=info.name, vendor="cpu", driver=info.driver,
         memory_bytes=info.memory_bytes, read_bw=buf.nbytes / read, gemv_bw=gemv,
         gemm_flops=gemm, dispatch_s=dispatch, matmul_s=float(np.median(fixed)), link_bw=0.0,
+        segment_s=segment, stage_bw=stage, cores=info.cores,
         copy_bw=buf.nbytes / copy, source="measured", poot_version=_native.__version__,
     )  # fmt: skip
 
