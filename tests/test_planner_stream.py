@@ -120,3 +120,42 @@ def test_cancel_stops_only_its_own_forward(stories_q8: Path, tmp_path: Path) -> 
     runtime.copy = real_copy  # type: ignore[union-attr]
     assert len(_greedy(llm, 2)) == 2
     assert c.generations.is_cancelled(other)
+
+
+def test_async_engine_over_a_streamed_model(stories_q8: Path, tmp_path: Path) -> None:
+    """The server's engine runs whatever plan its LLM compiled: batched requests stream too."""
+    import asyncio
+
+    prompts = ["Once upon a time", "The cat", "Lily and Tom went to"]
+    params = poot.SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    resident = poot.LLM(stories_q8)
+    want = [resident.generate([p], params)[0].outputs[0].token_ids for p in prompts]
+    cfg = CompileConfig(device_budget_bytes=stories_q8.stat().st_size // 2, spill_dir=tmp_path)
+    llm = poot.LLM(stories_q8, config=cfg)
+    assert llm.compiled is not None and llm.compiled.streams
+    engine = poot.AsyncEngine(llm)
+
+    async def one(prompt: str) -> list[int]:
+        return [t async for out in engine.add_request(prompt, params) for t in out.token_ids]
+
+    async def main() -> list[list[int]]:
+        got = await asyncio.gather(*(one(p) for p in prompts))
+        await engine.shutdown()
+        return list(got)
+
+    assert asyncio.run(main()) == want
+    assert all(v["used"] == 0 for v in llm.compiled.ledger.snapshot().values())
+
+
+def test_streamed_logprobs_and_logits_match_resident(stories_q8: Path, tmp_path: Path) -> None:
+    import numpy as np
+
+    params = poot.SamplingParams(max_tokens=6, temperature=0.0, logprobs=3)
+    resident = poot.LLM(stories_q8)
+    cfg = CompileConfig(device_budget_bytes=stories_q8.stat().st_size // 2, spill_dir=tmp_path)
+    streamed = poot.LLM(stories_q8, config=cfg)
+    a = resident.generate([PROMPT], params)[0].outputs[0]
+    b = streamed.generate([PROMPT], params)[0].outputs[0]
+    assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+    ids = resident.tokenizer.encode(PROMPT)
+    np.testing.assert_array_equal(resident.logits(ids), streamed.logits(ids))
