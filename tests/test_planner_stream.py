@@ -159,3 +159,16 @@ def test_streamed_logprobs_and_logits_match_resident(stories_q8: Path, tmp_path:
     assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
     ids = resident.tokenizer.encode(PROMPT)
     np.testing.assert_array_equal(resident.logits(ids), streamed.logits(ids))
+
+
+def test_streams_from_disk_when_the_host_budget_is_short(stories_q8: Path, tmp_path: Path) -> None:
+    size = stories_q8.stat().st_size
+    cfg = CompileConfig(
+        device_budget_bytes=size // 2, host_budget_bytes=size * 6 // 10, spill_dir=tmp_path
+    )
+    llm = poot.LLM(stories_q8, config=cfg)
+    assert llm.compiled is not None
+    assert llm.compiled.placement.segments[0].residency == "disk"
+    assert "streamed from disk" in llm.compiled.explain()
+    assert _greedy(llm, 12) == _greedy(poot.LLM(stories_q8), 12)
+    assert llm.compiled.ledger.snapshot()["host"]["peak"] <= size * 6 // 10
