@@ -111,8 +111,9 @@ def load_bw(p: DeviceProfile, host: HostProfile, residency: Residency) -> float:
 
 
 def loaded_compute_s(compute: float, load: float, p: DeviceProfile) -> float:
-    """Seconds ``compute`` takes while a load of ``load`` seconds runs beside it: slowed by
-    ``loader_slowdown`` while both run, full speed after."""
+    """Seconds work of ``compute`` seconds takes while ``load`` seconds of other work run beside
+    it on the same cores: slowed by ``loader_slowdown`` while both run, full speed after (used
+    both ways: compute beside the loader, and the loader beside compute)."""
     k = loader_slowdown(p)
     overlap = min(compute * k, load)
     return overlap + (compute - overlap / k)
@@ -162,11 +163,17 @@ def step_cost(
             nbytes = stats.bytes_of(s.start, s.end)
             load = nbytes / load_bw(p, host, s.residency)
             n = max(1, len(s.chunks))
-            compute += n * p.segment_s  # each chunk is started (opened, compiled) on the device
-            c.memory_s += n * p.segment_s
-            shared = loaded_compute_s(compute, load, p)
+            # Each chunk is started (opened, compiled) and its fresh buffer first touched.
+            start = n * p.segment_s + (nbytes / p.fresh_map_bw if p.fresh_map_bw > 0 else 0.0)
+            compute += start
+            c.memory_s += start
+            # The CPU's loader and its compute threads share the cores both ways.
+            shared, load_shared = (
+                loaded_compute_s(compute, load, p),
+                loaded_compute_s(load, compute, p),
+            )
             c.contention_s += shared - compute
-            compute = shared
+            compute, load = shared, load_shared
             seg = max(compute, load) + load / n
             c.stream_s += seg - compute
             if not p.is_host and s.residency == "host":

@@ -51,6 +51,8 @@ class DeviceProfile:
             and compile the chunk's graph).
         stage_bw: bytes/s of staging a streamed chunk into its buffer (the CPU: writing the
             buffer file); 0 = not measured.
+        fresh_map_bw: bytes/s of the extra first-touch cost (page faults) of computing over a
+            freshly staged buffer; 0 = none.
         cores: cores the device computes with (the CPU: a loader thread takes one of them).
         copy_bw: host memory copy bytes/s measured on this device (the CPU; 0 elsewhere).
         link_bw: host<->device bytes/s (0 for the CPU: it reads host memory directly).
@@ -74,6 +76,7 @@ class DeviceProfile:
     matmul_s: float = 0.0
     segment_s: float = 0.0
     stage_bw: float = 0.0
+    fresh_map_bw: float = 0.0
     cores: int = 0
     copy_bw: float = 0.0
     link_bw: float = 0.0

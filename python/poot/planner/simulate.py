@@ -133,6 +133,8 @@ def simulate_step(
             base = sum(sum(unit_compute_s(u, p)) for u in stats.units[seg.start : seg.end])
             load = stats.bytes_of(seg.start, seg.end) / bw
             factor *= loaded_compute_s(base, load, p) / base if base > 0 else 1.0
+            if load > 0:
+                bw *= load / loaded_compute_s(load, base, p)
         for ci, (a, b) in enumerate(chunks):
             deps = []
             if seg.streamed:
@@ -141,10 +143,11 @@ def simulate_step(
                 tasks.append(Task(f"load {_span(stats, a, b)}", res, stats.bytes_of(a, b) / bw,
                                   ldeps, "load"))  # fmt: skip
                 deps.append(len(tasks) - 1)
-            if seg.streamed and p.segment_s > 0:
+            if seg.streamed and (p.segment_s > 0 or p.fresh_map_bw > 0):
                 d = list(deps) + ([] if last_compute is None else [last_compute])
                 label = f"start {_span(stats, a, b)}"
-                tasks.append(Task(label, seg.device, p.segment_s, d, "compute"))
+                fresh = stats.bytes_of(a, b) / p.fresh_map_bw if p.fresh_map_bw > 0 else 0.0
+                tasks.append(Task(label, seg.device, p.segment_s + fresh, d, "compute"))
                 last_compute = len(tasks) - 1
                 deps = []
             for u in range(a, b):

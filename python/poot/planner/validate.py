@@ -200,8 +200,9 @@ def _time_matmul(
     t.output("y", t.matmul(t.input("x", "f32", [rows, k]), t.weight(name)))
     plan = rt.compile(t.finish(), w)
     x = {"x": np.full((rows, k), 0.5, np.float32)}
+    t0 = time.perf_counter()
     rt.run(plan, x)
-    best = float("inf")
+    best = time.perf_counter() - t0 if repeat == 0 else float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()
         rt.run(plan, x)
@@ -221,6 +222,25 @@ def _time_staging(source: Path, folder: Path) -> float:
         best = min(best, time.perf_counter() - t0)
         dest.unlink()
     return n / best
+
+
+def _time_fresh_map(
+    source: Path, folder: Path, threads: int | None, gemv: dict[str, float]
+) -> float:
+    """Bytes/s of the extra cost of a matmul's first pass over a freshly staged buffer (page
+    faults mapping it), over the warm rate; ``streaming`` pays it for every chunk it stages."""
+    tensor = next(t for t in _native.GgufFile(source).tensors() if t.name == "big.Q8_0")
+    rt = _native.CpuRuntime(threads, "ggml")
+    extra = float("inf")
+    for i in range(3):
+        dest = folder / f"fresh{i}.gguf"
+        write_gguf_subset([tensor], dest)
+        w = _native.Weights(_native.GgufFile(dest))
+        first, _, _ = _time_matmul(rt, w, "big.Q8_0", 1, 0)
+        extra = min(extra, first - tensor.nbytes / gemv["Q8_0"])
+        del w
+        dest.unlink()
+    return tensor.nbytes / max(extra, 1e-6)
 
 
 def _time_segment_start(folder: Path, rng: np.random.Generator) -> float:
@@ -305,11 +325,12 @@ def benchmark_cpu(
         dispatch = best / (chain + 2)
         segment = _time_segment_start(Path(tmp), rng)
         stage = _time_staging(Path(tmp) / "bench-big.gguf", Path(tmp))
+        fresh = _time_fresh_map(Path(tmp) / "bench-big.gguf", Path(tmp), threads, gemv)
     return DeviceProfile(
         key=info.key, kind="cpu", name=info.name, vendor="cpu", driver=info.driver,
         memory_bytes=info.memory_bytes, read_bw=buf.nbytes / read, gemv_bw=gemv,
         gemm_flops=gemm, dispatch_s=dispatch, matmul_s=float(np.median(fixed)), link_bw=0.0,
-        segment_s=segment, stage_bw=stage, cores=info.cores,
+        segment_s=segment, stage_bw=stage, cores=info.cores, fresh_map_bw=fresh,
         copy_bw=buf.nbytes / copy, source="measured", poot_version=_native.__version__,
     )  # fmt: skip
 
