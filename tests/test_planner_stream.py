@@ -172,3 +172,20 @@ def test_streams_from_disk_when_the_host_budget_is_short(stories_q8: Path, tmp_p
     assert "streamed from disk" in llm.compiled.explain()
     assert _greedy(llm, 12) == _greedy(poot.LLM(stories_q8), 12)
     assert llm.compiled.ledger.snapshot()["host"]["peak"] <= size * 6 // 10
+
+
+def test_a_plan_on_a_device_this_build_cannot_run_is_refused(
+    stories_q8: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from planner_fixtures import cpu, gpu
+
+    import poot.planner.compiled as compiled_mod
+    from poot.errors import BackendNotCompiledError
+
+    fake = {"cpu": cpu(), "cuda:0": gpu()}
+    monkeypatch.setattr(compiled_mod, "_profiles_from", lambda *a: (dict(fake), {}))
+    with pytest.raises(BackendNotCompiledError) as e:
+        poot.LLM(stories_q8, config=CompileConfig())
+    assert e.value.backend == "cuda" and "cuda:0" in str(e.value)
+    llm = poot.LLM(stories_q8, config=CompileConfig(allow_gpu=False))
+    assert llm.compiled is not None and llm.compiled.placement.devices == ("cpu",)

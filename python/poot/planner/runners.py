@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy.typing as npt
 
 from poot._native import CompileLimits, CpuRuntime, Graph, LateInput, Plan, Weights
+from poot.errors import BackendNotCompiledError
 from poot.models.step import StepShape
 from poot.planner.compiled import CompileConfig, CompiledModel, compile
 from poot.planner.streaming import SegmentedPlan, StreamingRuntime
@@ -97,9 +98,16 @@ def attach(llm: LLM, config: CompileConfig) -> CompiledModel:
     compiled = compile(llm.files, config, definition=llm.definition, weights=llm.weights)
     old = llm.runner
     act = 4 * old.max_step_tokens * llm.files.hparams.hidden_size * 2
+    others = [d for d in compiled.placement.devices if d != "cpu"]
+    if others:
+        # Only the CPU runtime is wired to the runner in this build; never run a plan elsewhere
+        # than where it says.
+        raise BackendNotCompiledError(
+            f"the plan places work on {', '.join(others)}, which this build cannot run yet "
+            f"({compiled.placement.describe(compiled.stats)}); use CompileConfig(allow_gpu=False)",
+            backend=compiled.profiles[others[0]].kind,
+        )
     if compiled.streams:
-        if len(compiled.placement.segments) != 1 or compiled.placement.segments[0].device != "cpu":
-            raise NotImplementedError("streaming runs on the CPU only in this build")
         assert compiled.spill_dir is not None
         runtime = StreamingRuntime(
             llm.runtime, llm.definition, llm.weights, {t.name: t for t in llm.files.tensors()},
