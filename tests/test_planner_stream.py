@@ -58,7 +58,11 @@ def test_resident_plan_takes_the_direct_path(stories_q8: Path) -> None:
     llm = poot.LLM(stories_q8, config=CompileConfig())
     assert llm.compiled is not None and llm.compiled.direct
     assert _greedy(llm, 8) == _greedy(poot.LLM(stories_q8), 8)
-    assert llm.compiled.ledger.leases > 0
+    ledger = llm.compiled.ledger
+    assert ledger.leases > 1  # the standing lease, then one per forward
+    # Resident weights hold their bytes; every forward returned its own.
+    assert ledger.snapshot()["device"]["used"] == llm.compiled.stats.total_weight_bytes
+    assert ledger.snapshot()["host"]["used"] == 0
 
 
 def test_tmpfs_spill_dir_is_refused(stories_q8: Path) -> None:

@@ -229,6 +229,12 @@ def compile(  # noqa: A001 - the public name the issue asks for (poot.compile)
         device=config.device_budget_bytes,
         disk=config.disk_budget_bytes,
     )
+    # Resident weights hold their device bytes for the model's life (one standing lease);
+    # forwards then lease only what they add. The search already fit them in the budget.
+    resident = sum(
+        stats.bytes_of(s.start, s.end) for s in chosen.placement.segments if not s.streamed
+    )
+    ledger.resident = ledger.lease(device=resident)
     return CompiledModel(
         files, definition, weights, config, stats, placed.eligible, host, placed.budgets, chosen,
         placed.runner_up, placed.candidates, placed.dropped, placed.simulation, spill_dir, ledger,

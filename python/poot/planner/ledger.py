@@ -7,6 +7,9 @@ other forwards to return bytes, then raises ``CapacityError``; one that could ne
 than the budget) raises at once, and a pool whose budget is zero refuses every non-zero request
 at once: a zero budget fails closed, it never means "unlimited" (that is ``None``).
 
+A compiled model's resident weights hold one standing device lease (``resident``) for its
+life, so what forwards lease on top is checked against what is left.
+
 Cancellation is generation-scoped (``Generations``): each forward gets its own generation
 number; ``cancel(g)`` marks only ``g`` and ``end(g)`` forgets only ``g``, so one forward finishing
 never clears another's cancel.
@@ -63,6 +66,7 @@ class CapacityLedger:
         self.used = dict.fromkeys(POOLS, 0)
         self.peak = dict.fromkeys(POOLS, 0)
         self.leases = 0
+        self.resident: Lease | None = None  # the model's standing lease (resident weights)
         self._cond = threading.Condition()
 
     def _check(self, pool: str, n: int) -> None:
