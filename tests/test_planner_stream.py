@@ -66,17 +66,22 @@ def test_resident_plan_takes_the_direct_path(stories_q8: Path) -> None:
 
 
 def test_tmpfs_spill_dir_is_refused(stories_q8: Path) -> None:
+    import shutil
+    import tempfile
+
     shm = Path("/dev/shm")
     if not shm.is_dir():
         pytest.skip("no /dev/shm here")
-    cfg = CompileConfig(device_budget_bytes=120_000, spill_dir=shm / "poot-spill-test")
-    with pytest.raises(SpillDirError) as e:
-        poot.compile(stories_q8, cfg)
-    assert e.value.fs_type == 0x01021994
-    ok = CompileConfig(
-        device_budget_bytes=120_000, spill_dir=shm / "poot-spill-test", allow_tmpfs_spill=True
-    )
-    assert poot.compile(stories_q8, ok).streams
+    spill = Path(tempfile.mkdtemp(prefix="poot-spill-test-", dir=shm))
+    try:
+        cfg = CompileConfig(device_budget_bytes=120_000, spill_dir=spill)
+        with pytest.raises(SpillDirError) as e:
+            poot.compile(stories_q8, cfg)
+        assert e.value.fs_type == 0x01021994 and str(spill) in str(e.value)
+        ok = CompileConfig(device_budget_bytes=120_000, spill_dir=spill, allow_tmpfs_spill=True)
+        assert poot.compile(stories_q8, ok).streams
+    finally:
+        shutil.rmtree(spill, ignore_errors=True)
 
 
 def test_a_stalled_load_raises_stalled_naming_the_chunk(stories_q8: Path, tmp_path: Path) -> None:
