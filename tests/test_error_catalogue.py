@@ -88,6 +88,10 @@ def trigger_kv_memory(path: Path) -> None:
     rt.configure_kv(n_layers=5, n_kv_heads=4, head_dim=8, block_size=16, num_blocks=2**31 - 1)
 
 
+def trigger_capacity(path: Path) -> None:
+    poot.compile(str(path), poot.CompileConfig(device_budget_bytes=0))
+
+
 TRIGGERS: dict[type[errors.PootError], Callable[[Path], None]] = {
     errors.TraceBudgetError: trigger_trace_budget,
     errors.ArtifactTooLargeError: trigger_artifact,
@@ -95,6 +99,7 @@ TRIGGERS: dict[type[errors.PootError], Callable[[Path], None]] = {
     errors.ContextLengthError: trigger_context,
     errors.PreparedEntryLimitError: trigger_prepared,
     errors.DeviceMemoryError: trigger_kv_memory,
+    errors.CapacityError: trigger_capacity,
 }
 
 

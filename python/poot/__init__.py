@@ -17,12 +17,15 @@ if TYPE_CHECKING:
     from poot.driver_options import DriverOptions
     from poot.llm import LLM
     from poot.outputs import CompletionOutput, RequestOutput
+    from poot.planner import CompileConfig, CompiledModel, compile
     from poot.sampling import SamplingParams
     from poot.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = [
     "LLM",
     "AsyncEngine",
+    "CompileConfig",
+    "CompiledModel",
     "CompletionOutput",
     "DriverOptions",
     "ModelFiles",
@@ -31,6 +34,7 @@ __all__ = [
     "StreamOutput",
     "Tokenizer",
     "__version__",
+    "compile",
     "load_model_files",
     "load_tokenizer",
 ]
@@ -48,6 +52,9 @@ _LAZY = {
     "load_model_files": ("poot.checkpoints", "resolve_model_files"),
     "Tokenizer": ("poot.tokenizer", "Tokenizer"),
     "load_tokenizer": ("poot.tokenizer", "load_tokenizer"),
+    "compile": ("poot.planner", "compile"),
+    "CompileConfig": ("poot.planner", "CompileConfig"),
+    "CompiledModel": ("poot.planner", "CompiledModel"),
 }
 
 

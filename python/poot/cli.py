@@ -336,6 +336,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generation_args(p, max_tokens=256)
     p.add_argument("--system", metavar="TEXT", help="a system message to start with")
     p.set_defaults(func=_cmd_chat)
+
+    from poot.planner.commands import add_commands
+
+    add_commands(sub)  # doctor, validate-hardware
     return parser
 
 

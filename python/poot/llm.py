@@ -43,6 +43,7 @@ from poot.errors import ConfigError, ContextLengthError, GraphInputError, Sampli
 from poot.guidance import Guide
 from poot.models import model_definition
 from poot.outputs import CompletionOutput, Logprob, RequestOutput
+from poot.planner.compiled import CompileConfig, CompiledModel
 from poot.prepared import PreparedPolicy
 from poot.request import Request
 from poot.runner import SamplingRows, StepResult, StepRunner
@@ -124,6 +125,8 @@ class LLM:
         trace_limits: budgets for tracing each step graph.
         compile_limits: budgets for compiling each step graph.
         timeout_s: the deadline of each step on the device.
+        config: a ``poot.CompileConfig``: plan the model with ``poot.compile`` (devices, budgets,
+            streaming) and run that plan; the result is ``llm.compiled``. None: no planner.
         enable_prefix_caching: reuse the KV of full blocks shared with earlier prompts (same
             token ids from the start, same checkpoint and numerics) instead of prefilling
             them again; logits and greedy output are unchanged. See ``stats``.
@@ -158,6 +161,7 @@ class LLM:
         max_prepared_entries: int | None = None,
         max_prepared_bytes: int | None = None,
         prepared_policy: PreparedPolicy | None = None,
+        config: CompileConfig | None = None,
     ) -> None:
         self.files: ModelFiles = resolve_model_files(model)
         self.tokenizer: Tokenizer = load_tokenizer(self.files)
@@ -236,6 +240,12 @@ class LLM:
             plan_policy=opts.prepared_policy,
         )
         self.guide = Guide(self.tokenizer, h.vocab_size, self.eos_ids)
+        # The planner's placement (``poot.planner``): the direct path or streaming, with a ledger.
+        self.compiled: CompiledModel | None = None
+        if config is not None:
+            from poot.planner.runners import attach
+
+            self.compiled = attach(self, config)
         logger.info(opts.log_line(h, entry_bytes))
 
     def __repr__(self) -> str:

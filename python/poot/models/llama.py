@@ -177,6 +177,18 @@ class LlamaModel:
 
     def trace(self, t: Tracer, shape: StepShape) -> None:
         """Traces one step of ``shape`` into ``t`` (inputs and outputs per ``poot.models.step``)."""
+        self.trace_units(t, shape, 0, self.hparams.n_layers + 2)
+
+    def trace_units(self, t: Tracer, shape: StepShape, start: int, end: int) -> None:
+        """Traces units ``[start, end)`` of one step: unit 0 is the embedding, unit ``i + 1``
+        layer ``i`` and unit ``n_layers + 1`` the head and sampling step.
+
+        A segment that does not start at 0 takes the hidden state as input ``"hidden"`` (f32
+        [rows, hidden_size]: ``tokens`` rows, or ``seqs`` after the last layer gathered each
+        sequence's last row); one that does not end at the head outputs it as ``"hidden"``.
+        Segments chained in order compute exactly what the whole trace computes (the planner
+        streams a model this way, ``poot.planner.streaming``).
+        """
         h, n = self.hparams, self.names
         ins = declare_inputs(t, shape)
         eps = h.rms_norm_eps
@@ -186,10 +198,16 @@ class LlamaModel:
             "positions": ins.positions,
             "block_tables": ins.block_tables,
         }
-        embed = t.weight(n.embed)
-        x = t.embedding(embed, ins.ids)
+        head_unit = h.n_layers + 1
+        embed = None
+        if start == 0:
+            embed = t.weight(n.embed)
+            x = t.embedding(embed, ins.ids)
+        else:
+            rows = shape.seqs if start == head_unit else shape.tokens
+            x = t.input("hidden", "f32", [rows, h.hidden_size])
         last = h.n_layers - 1
-        for i in range(h.n_layers):
+        for i in range(max(0, start - 1), min(h.n_layers, end - 1)):
             a = t.rms_norm(x, t.weight(n.attn_norm.format(i=i)), eps)
             q = self._proj(t, a, n.q.format(i=i), n.q_bias.format(i=i))
             k = self._proj(t, a, n.k.format(i=i), n.k_bias.format(i=i))
@@ -216,7 +234,13 @@ class LlamaModel:
             gate = t.silu(t.matmul(f, t.weight(n.gate.format(i=i))))
             up = t.matmul(f, t.weight(n.up.format(i=i)))
             x = t.add(x, t.matmul(t.mul(gate, up), t.weight(n.down.format(i=i))))
+        if end <= head_unit:
+            t.output("hidden", x)
+            return
         x = t.rms_norm(x, t.weight(n.norm), eps)
-        head = t.weight(n.output) if t.has_weight(n.output) else embed
+        if t.has_weight(n.output):
+            head = t.weight(n.output)
+        else:
+            head = embed if embed is not None else t.weight(n.embed)
         logits = t.matmul(x, head)
         trace_head(t, logits, shape)

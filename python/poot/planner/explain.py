@@ -1,0 +1,58 @@
+"""``CompiledModel.explain()``: the plan in words.
+
+It states the chosen placement and its cost (analytic and simulated), the runner-up and its
+cost, the budgets, whether the plan runs on the direct path or streams, and for each device not
+in the plan why it was dropped. Every number printed is one the planner used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from poot.planner.compiled import CompiledModel
+    from poot.planner.search import Candidate
+
+__all__ = ["explain"]
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB" if n < (1 << 60) else "unlimited"
+
+
+def _line(c: Candidate, compiled: CompiledModel) -> str:
+    sim = "" if c.simulated_s is None else f"; simulated {c.simulated_s * 1e3:.3f} ms"
+    return f"{c.placement.describe(compiled.stats)}\n    cost {c.cost.summary()}{sim}"
+
+
+def explain(compiled: CompiledModel) -> str:
+    """The explanation text (see the module docs)."""
+    s, w = compiled.stats, compiled.stats.workload
+    lines = [
+        f"model: {compiled.files.path} ({s.n_layers} layers, {_mib(s.total_weight_bytes)} weights)",
+        f"workload: {w.rows} row(s) per step, context {w.context}",
+        "budgets: "
+        + ", ".join(f"{k} {_mib(v)}" for k, v in compiled.budgets.device.items())
+        + f"; host {_mib(compiled.budgets.host)}; disk {_mib(compiled.budgets.disk)}",
+        f"chosen: {_line(compiled.chosen, compiled)}",
+    ]
+    if compiled.direct:
+        lines.append("    path: direct (one resident segment: no segmenting, loader or buffer)")
+    elif compiled.streams:
+        chunks = [len(x.chunks) for x in compiled.placement.segments if x.streamed]
+        lines.append(
+            f"    path: streamed through a double buffer ({sum(chunks)} chunks), spill dir "
+            f"{compiled.spill_dir}"
+        )
+    if compiled.runner_up is not None:
+        lines.append(f"runner-up: {_line(compiled.runner_up, compiled)}")
+    else:
+        lines.append("runner-up: none (one feasible candidate)")
+    lines.append(f"candidates considered: {len(compiled.candidates)}")
+    for key, p in compiled.profiles.items():
+        tag = "validated" if p.validated else p.source
+        lines.append(f"device {key}: {p.name} ({tag})")
+    if compiled.dropped:
+        lines.append("dropped:")
+        lines.extend(f"  {k}: {v}" for k, v in sorted(compiled.dropped.items()))
+    return "\n".join(lines)

@@ -1,0 +1,142 @@
+"""Per-layer bytes and FLOPs of a model's step graph, read from a real trace.
+
+The planner does not guess a model's cost from its hyperparameters: it traces one step of the
+workload's shape (``poot.models``' own definition, the same trace the runtime compiles) and sums,
+per *unit*, the stored bytes of the weights it reads, the matmul FLOPs, the KV bytes attention
+reads and the number of equations. Units are ``pre`` (embedding), each layer (weights named
+``blk.{i}.`` or ``layers.{i}.``) and ``post`` (final norm, output head, sampling step); the
+placement search cuts the model only at unit boundaries.
+
+Invariant: ``sum(u.weight_bytes for u in units)`` counts a weight once per unit that reads it, so
+a tied embedding is counted in ``pre`` and ``post``; ``ModelStats.total_weight_bytes`` counts it
+once.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from poot._native import TraceLimits, Tracer, Weights
+from poot.models.step import StepShape
+
+if TYPE_CHECKING:
+    from poot.models.llama import LlamaModel
+
+__all__ = ["ModelStats", "UnitStats", "Workload", "model_stats"]
+
+_LAYER = re.compile(r"(?:^|\.)(?:blk|layers|h)\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one step does: ``rows`` tokens (one per sequence when decoding) over ``context``."""
+
+    rows: int = 1
+    context: int = 256
+    block_size: int = 16
+
+    def shape(self) -> StepShape:
+        blocks = max(1, math.ceil(self.context / self.block_size))
+        return StepShape(self.rows, self.rows, blocks)
+
+
+@dataclass
+class UnitStats:
+    """One unit of the model (``pre``, a layer, ``post``).
+
+    Attributes:
+        name: ``"pre"``, ``"layer 3"``, ``"post"``.
+        weights: weight names the unit reads.
+        weight_bytes: their stored bytes.
+        bytes_by_dtype: the same per stored dtype (matmul weights only).
+        matmul_flops: 2 * rows * in * out summed over matmuls, per weight dtype.
+        kv_bytes: KV cache bytes attention reads (f32 entries, ``context`` positions).
+        attn_flops: attention FLOPs.
+        equations: graph equations in the unit (each pays a dispatch).
+        matmuls: matmuls over stored weights (each pays a fixed cost too).
+    """
+
+    name: str
+    weights: set[str] = field(default_factory=set)
+    weight_bytes: int = 0
+    bytes_by_dtype: dict[str, int] = field(default_factory=dict)
+    matmul_flops: dict[str, int] = field(default_factory=dict)
+    kv_bytes: int = 0
+    attn_flops: int = 0
+    equations: int = 0
+    matmuls: int = 0
+
+
+@dataclass(frozen=True)
+class ModelStats:
+    """A model's units for one workload, and the bytes crossing each cut."""
+
+    units: tuple[UnitStats, ...]
+    activation_bytes: int
+    total_weight_bytes: int
+    workload: Workload
+    sizes: dict[str, int]
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.units) - 2
+
+    def bytes_of(self, start: int, end: int) -> int:
+        """Stored bytes of the distinct weights units [start, end) read."""
+        names = set().union(*(u.weights for u in self.units[start:end]))
+        return sum(self.sizes[n] for n in names)
+
+
+def model_stats(
+    definition: LlamaModel, weights: Weights, sizes: dict[str, int], workload: Workload
+) -> ModelStats:
+    """Traces one step of ``workload`` and sums bytes and FLOPs per unit.
+
+    Args:
+        definition: the model definition.
+        weights: its checkpoint's weights (only names, dtypes and shapes are read).
+        sizes: stored bytes of each tensor, by name.
+        workload: rows and context of the step.
+    """
+    shape = workload.shape()
+    tracer = Tracer(weights, shape.tokens, TraceLimits(max_tokens=max(shape.tokens, 1)))
+    definition.trace(tracer, shape)
+    eqs = tracer.finish().equations()
+    n_layers = definition.hparams.n_layers
+    units = [UnitStats("pre")] + [UnitStats(f"layer {i}") for i in range(n_layers)]
+    units.append(UnitStats("post"))
+    current = 0  # equations before the first layer weight belong to "pre"
+    weight_of: dict[int, tuple[str, str, tuple[int, ...]]] = {}
+    for vid, (op, ins, attrs, dtype, out_shape) in enumerate(eqs):
+        if op == "weight":
+            name = str(attrs["name"])
+            weight_of[vid] = (name, dtype, tuple(out_shape))
+            m = _LAYER.search(name)
+            if m:
+                current = 1 + int(m.group(1))
+            elif current > 0:
+                current = n_layers + 1  # output norm / head: the post unit
+        u = units[current]
+        u.equations += 1
+        for i in ins:  # a weight belongs to every unit that reads it (a tied head: pre and post)
+            if i in weight_of and weight_of[i][0] not in u.weights:
+                u.weights.add(weight_of[i][0])
+                u.weight_bytes += sizes.get(weight_of[i][0], 0)
+        if op == "matmul" and len(ins) == 2 and ins[1] in weight_of:
+            wname, wdt, wshape = weight_of[ins[1]]
+            rows = math.prod(out_shape[:-1])
+            flops = 2 * rows * math.prod(wshape)
+            u.matmul_flops[wdt] = u.matmul_flops.get(wdt, 0) + flops
+            u.matmuls += 1
+            u.bytes_by_dtype[wdt] = u.bytes_by_dtype.get(wdt, 0) + sizes.get(wname, 0)
+        elif op == "paged_attention":
+            hd, nkv, nh = int(attrs["head_dim"]), int(attrs["n_kv_heads"]), int(attrs["n_heads"])
+            rows = int(out_shape[0])
+            u.kv_bytes += 2 * rows * workload.context * nkv * hd * 4
+            u.attn_flops += 4 * rows * workload.context * nh * hd
+    act = workload.rows * definition.hparams.hidden_size * 4
+    total = sum(sizes.get(n, 0) for n in set().union(*(u.weights for u in units)))
+    return ModelStats(tuple(units), act, total, workload, dict(sizes))

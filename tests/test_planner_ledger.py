@@ -1,0 +1,93 @@
+"""CapacityLedger leases and generation-scoped cancellation."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from poot.errors import Cancelled, CapacityError
+from poot.planner.ledger import CapacityLedger, Generations
+
+
+def test_lease_and_return() -> None:
+    ledger = CapacityLedger(host=100, device=50, disk=None)
+    with ledger.lease(host=60, device=50, disk=10**12):
+        snap = ledger.snapshot()
+        assert snap["host"]["used"] == 60 and snap["device"]["used"] == 50
+    snap = ledger.snapshot()
+    assert all(v["used"] == 0 for v in snap.values())
+    assert snap["device"]["peak"] == 50
+
+
+def test_zero_budget_fails_closed_at_once() -> None:
+    ledger = CapacityLedger(host=None, device=0, disk=0)
+    for pool in ("device", "disk"):
+        t0 = time.monotonic()
+        with pytest.raises(CapacityError) as e:
+            ledger.lease(**{pool: 1}, wait_s=5.0)
+        assert time.monotonic() - t0 < 1.0
+        assert (e.value.pool, e.value.requested, e.value.available, e.value.limit) == (
+            pool,
+            1,
+            0,
+            0,
+        )
+    with ledger.lease(host=10**9):  # None is unlimited
+        pass
+
+
+def test_over_budget_fails_with_the_numbers() -> None:
+    ledger = CapacityLedger(host=100, device=None, disk=None)
+    with pytest.raises(CapacityError) as e:
+        ledger.lease(host=101)
+    assert (e.value.requested, e.value.limit) == (101, 100)
+    assert "101" in str(e.value) and "100" in str(e.value)
+
+
+def test_a_lease_waits_bounded_then_fails() -> None:
+    ledger = CapacityLedger(host=100, device=None, disk=None)
+    held = ledger.lease(host=80)
+    with pytest.raises(CapacityError) as e:
+        ledger.lease(host=30, wait_s=0.05)
+    assert e.value.available == 20
+    got: list[object] = []
+
+    def waiter() -> None:
+        got.append(ledger.lease(host=30, wait_s=5.0))
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.05)
+    held.release()
+    held.release()  # a second release is a no-op
+    t.join(5)
+    assert got and ledger.snapshot()["host"]["used"] == 30
+
+
+def test_cancel_is_generation_scoped() -> None:
+    gens = Generations()
+    a, b = gens.begin(), gens.begin()
+    assert gens.cancel(a)
+    gens.check(b)
+    gens.end(b)  # b finishing does not clear a's cancel
+    with pytest.raises(Cancelled) as e:
+        gens.check(a)
+    assert e.value.generation == a
+    gens.end(a)
+    assert not gens.cancel(a)  # ended: nothing to cancel
+    c = gens.begin()
+    gens.check(c)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{"device_budget_bytes": -1}, {"stall_timeout_s": 0.0}, {"rows": 0}, {"planner_workers": -2}],
+)
+def test_compile_config_rejects_bad_values(kw: dict[str, float]) -> None:
+    from poot.errors import ConfigError
+    from poot.planner import CompileConfig
+
+    with pytest.raises(ConfigError):
+        CompileConfig(**kw)  # type: ignore[arg-type]
