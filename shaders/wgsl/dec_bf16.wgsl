@@ -1,0 +1,7 @@
+// BF16 is the high half of an f32: widening is exact.
+fn decode32(base: u32, c: u32, k: u32, v: ptr<function, array<f32, 32>>) {
+    for (var j = 0u; j < 32u; j++) {
+        let e = c * 32u + j;
+        if (e < k) { (*v)[j] = bitcast<f32>(wu16(base + 2u * e) << 16u); } else { (*v)[j] = 0.0; }
+    }
+}

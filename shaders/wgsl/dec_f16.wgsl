@@ -1,0 +1,6 @@
+fn decode32(base: u32, c: u32, k: u32, v: ptr<function, array<f32, 32>>) {
+    for (var j = 0u; j < 32u; j++) {
+        let e = c * 32u + j;
+        if (e < k) { (*v)[j] = wf16(base + 2u * e); } else { (*v)[j] = 0.0; }
+    }
+}
