@@ -105,8 +105,14 @@ impl<'a> Exec<'a> {
 
     /// Fault injection: the stall kernel (see `stall.wgsl`), before the step's own work.
     pub fn stall(&mut self, iters: u32) -> Result<(), RuntimeError> {
-        let sink = self.alloc(4);
-        self.dispatch(Kernel::Stall, DType::F32, vec![sink], &[iters], [1, 1, 1])
+        let sink = self.alloc(64);
+        self.dispatch(
+            Kernel::Stall,
+            DType::F32,
+            vec![sink],
+            &[iters],
+            [256, iters, 1],
+        )
     }
 
     /// Records every equation, reusing buffers after their last reader.

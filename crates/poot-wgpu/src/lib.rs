@@ -130,8 +130,9 @@ impl WgpuRuntime {
         self.poison.poison(reason);
     }
 
-    /// Fault injection: every later step first runs a kernel of `iters` x 1024 LCG rounds on
-    /// one lane (0 turns it off). Used to make a real submission miss its deadline.
+    /// Fault injection: every later step first runs `stall.wgsl` over `iters` rows of 256
+    /// workgroups (about 2.5 s per row on lavapipe; 0 turns it off). Used to make a real
+    /// submission miss its deadline.
     pub fn inject_stall(&self, iters: u32) {
         self.stall.store(iters, Ordering::Relaxed);
     }

@@ -115,15 +115,24 @@ pub(crate) fn run_step(
         return Err(StepError::Wait(WaitError::Timeout, "submission"));
     }
     let index = gpu.queue.submit([encoder.finish()]);
-    gpu.wait(Some(index), deadline)
-        .map_err(|e| StepError::Wait(e, "the step's submission"))?;
+    // A validation error fails the step without poisoning (a bug here, not a device fault),
+    // unless it is the symptom of a lost device.
     if let Some(e) = gpu.take_error() {
+        let _ = device.poll(wgpu::PollType::Poll);
+        if let Some(reason) = gpu.lost_reason() {
+            return Err(StepError::Wait(
+                WaitError::Lost(reason),
+                "the step's submission",
+            ));
+        }
         return Err(RuntimeError::Kernel {
             op: "wgpu",
             detail: e,
         }
         .into());
     }
+    gpu.wait(Some(index), deadline)
+        .map_err(|e| StepError::Wait(e, "the step's submission"))?;
     let (tx, rx) = mpsc::channel();
     staging.map_async(wgpu::MapMode::Read, .., move |r| {
         let _ = tx.send(r);
