@@ -90,8 +90,10 @@ impl WgpuRuntime {
     /// Opens the first Vulkan adapter; a typed error when there is none.
     pub fn new(options: WgpuOptions) -> Result<Self, RuntimeError> {
         let gpu = Gpu::open()?;
-        let limit =
-            u64::from(gpu.limits.max_storage_buffer_binding_size).min(gpu.limits.max_buffer_size);
+        let limit = gpu
+            .limits
+            .max_storage_buffer_binding_size
+            .min(gpu.limits.max_buffer_size);
         let max_binding = options.max_binding_bytes.map_or(limit, |b| b.min(limit));
         Ok(Self {
             gpu,

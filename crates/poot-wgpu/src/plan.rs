@@ -116,14 +116,14 @@ fn check_op(graph: &Graph, i: usize, op: &Op, used_by: &[Vec<usize>]) -> Result<
                 )));
             }
         }
-        Op::PagedAttention { cfg, .. } => {
-            if cfg.head_dim > 256 || cfg.n_kv_heads == 0 || cfg.n_heads % cfg.n_kv_heads != 0 {
-                return Err(invalid(format!(
-                    "wgpu attention needs head_dim <= 256 and n_heads a multiple of n_kv_heads \
-                     (got {}x{}, {} kv heads)",
-                    cfg.n_heads, cfg.head_dim, cfg.n_kv_heads
-                )));
-            }
+        Op::PagedAttention { cfg, .. }
+            if cfg.head_dim > 256 || cfg.n_kv_heads == 0 || cfg.n_heads % cfg.n_kv_heads != 0 =>
+        {
+            return Err(invalid(format!(
+                "wgpu attention needs head_dim <= 256 and n_heads a multiple of n_kv_heads \
+                 (got {}x{}, {} kv heads)",
+                cfg.n_heads, cfg.head_dim, cfg.n_kv_heads
+            )));
         }
         Op::Sample { params, .. } => {
             let p = [

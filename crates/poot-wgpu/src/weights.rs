@@ -44,11 +44,12 @@ pub(crate) fn row_bytes(dtype: DType, k: usize) -> Result<usize, CompileError> {
 }
 
 type Key = (usize, String);
+type Entry = (Weak<dyn WeightStore>, Arc<GpuWeight>);
 
 /// Uploaded weights by (store address, name).
 #[derive(Default)]
 pub(crate) struct WeightCache {
-    map: Mutex<HashMap<Key, (Weak<dyn WeightStore>, Arc<GpuWeight>)>>,
+    map: Mutex<HashMap<Key, Entry>>,
 }
 
 impl std::fmt::Debug for WeightCache {
