@@ -33,6 +33,7 @@ from poot._native import (
     TraceLimits,
     Tracer,
     Weights,
+    WgpuRuntime,
 )
 from poot.models.llama import LlamaModel
 from poot.models.step import StepKind, StepShape
@@ -77,7 +78,7 @@ class StepRunner:
         self,
         definition: LlamaModel,
         weights: Weights,
-        runtime: CpuRuntime,
+        runtime: CpuRuntime | WgpuRuntime,
         *,
         block_size: int,
         num_blocks: int,
