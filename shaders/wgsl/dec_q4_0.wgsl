@@ -2,9 +2,12 @@
 fn decode32(base: u32, c: u32, k: u32, v: ptr<function, array<f32, 32>>) {
     let b = base + c * 18u;
     let d = wf16(b);
-    for (var j = 0u; j < 16u; j++) {
-        let q = wbyte(b + 2u + j);
-        (*v)[j] = d * (f32(q & 0xfu) - 8.0);
-        (*v)[j + 16u] = d * (f32(q >> 4u) - 8.0);
+    for (var w = 0u; w < 4u; w++) {
+        let q = wword(b + 2u + 4u * w);
+        for (var i = 0u; i < 4u; i++) {
+            let x = q >> (8u * i);
+            (*v)[4u * w + i] = d * (f32(x & 0xfu) - 8.0);
+            (*v)[4u * w + i + 16u] = d * (f32((x >> 4u) & 0xfu) - 8.0);
+        }
     }
 }

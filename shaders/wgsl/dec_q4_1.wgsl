@@ -3,9 +3,12 @@ fn decode32(base: u32, c: u32, k: u32, v: ptr<function, array<f32, 32>>) {
     let b = base + c * 20u;
     let d = wf16(b);
     let m = wf16(b + 2u);
-    for (var j = 0u; j < 16u; j++) {
-        let q = wbyte(b + 4u + j);
-        (*v)[j] = d * f32(q & 0xfu) + m;
-        (*v)[j + 16u] = d * f32(q >> 4u) + m;
+    for (var w = 0u; w < 4u; w++) {
+        let q = wword(b + 4u + 4u * w);
+        for (var i = 0u; i < 4u; i++) {
+            let x = q >> (8u * i);
+            (*v)[4u * w + i] = d * f32(x & 0xfu) + m;
+            (*v)[4u * w + i + 16u] = d * f32((x >> 4u) & 0xfu) + m;
+        }
     }
 }

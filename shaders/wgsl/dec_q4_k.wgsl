@@ -20,7 +20,10 @@ fn decode32(base: u32, c: u32, k: u32, v: ptr<function, array<f32, 32>>) {
     let m1 = dmin * f32(mn);
     let qs = b + 16u + (s >> 1u) * 32u;
     let shift = (s & 1u) * 4u;
-    for (var j = 0u; j < 32u; j++) {
-        (*v)[j] = d1 * f32((wbyte(qs + j) >> shift) & 0xfu) - m1;
+    for (var w = 0u; w < 8u; w++) {
+        let q = wword(qs + 4u * w) >> shift;
+        for (var i = 0u; i < 4u; i++) {
+            (*v)[4u * w + i] = d1 * f32((q >> (8u * i)) & 0xfu) - m1;
+        }
     }
 }

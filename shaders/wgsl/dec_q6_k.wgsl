@@ -12,8 +12,15 @@ fn decode32(base: u32, c: u32, k: u32, v: ptr<function, array<f32, 32>>) {
     let sc = b + 192u + 8u * n + 2u * g;
     let lshift = (g >> 1u) * 4u;
     let hshift = 2u * g;
-    for (var l = 0u; l < 32u; l++) {
-        let q = ((wbyte(ql + l) >> lshift) & 0xfu) | (((wbyte(qh + l) >> hshift) & 3u) << 4u);
-        (*v)[l] = d * wi8(sc + (l >> 4u)) * f32(i32(q) - 32);
+    let s0 = d * wi8(sc);
+    let s1 = d * wi8(sc + 1u);
+    for (var w = 0u; w < 8u; w++) {
+        let lo = wword(ql + 4u * w) >> lshift;
+        let hi = wword(qh + 4u * w) >> hshift;
+        let scale = select(s1, s0, w < 4u);
+        for (var i = 0u; i < 4u; i++) {
+            let q = ((lo >> (8u * i)) & 0xfu) | (((hi >> (8u * i)) & 3u) << 4u);
+            (*v)[4u * w + i] = scale * f32(i32(q) - 32);
+        }
     }
 }

@@ -360,10 +360,12 @@ impl<'a> Exec<'a> {
                 let out = self.alloc(out_bytes);
                 let xb = self.buf(*x, "matmul")?;
                 for part in &wt.parts {
-                    let gx = part.rows.clamp(1, 65535);
+                    // One lane per row: workgroups of 64 rows, wrapped into y past 65535.
+                    let groups = part.rows.div_ceil(64).max(1);
+                    let gx = groups.min(65535);
                     let grid = [
                         gx as u32,
-                        part.rows.div_ceil(gx) as u32,
+                        groups.div_ceil(gx) as u32,
                         t.div_ceil(8).max(1) as u32,
                     ];
                     let words = [
