@@ -313,7 +313,10 @@ class WgpuRuntime:
     """
 
     def __new__(
-        cls, timeout_s: float = 600.0, max_binding_bytes: int | None = None
+        cls,
+        timeout_s: float = 600.0,
+        max_binding_bytes: int | None = None,
+        f16_arithmetic: bool = False,
     ) -> WgpuRuntime: ...
     @property
     def name(self) -> str: ...

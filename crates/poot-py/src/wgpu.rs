@@ -48,17 +48,26 @@ fn wgpu_adapters(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
 }
 
 #[cfg(feature = "wgpu")]
-fn open(timeout_s: f64, max_binding_bytes: Option<u64>) -> Result<Inner, RuntimeError> {
+fn open(
+    timeout_s: f64,
+    max_binding_bytes: Option<u64>,
+    f16_arithmetic: bool,
+) -> Result<Inner, RuntimeError> {
     let options = poot_wgpu::WgpuOptions {
         timeout: std::time::Duration::from_secs_f64(timeout_s),
         max_binding_bytes,
+        f16_arithmetic,
         ..poot_wgpu::WgpuOptions::default()
     };
     Ok(Arc::new(poot_wgpu::WgpuRuntime::new(options)?))
 }
 
 #[cfg(not(feature = "wgpu"))]
-fn open(_timeout_s: f64, _max_binding_bytes: Option<u64>) -> Result<Inner, RuntimeError> {
+fn open(
+    _timeout_s: f64,
+    _max_binding_bytes: Option<u64>,
+    _f16_arithmetic: bool,
+) -> Result<Inner, RuntimeError> {
     Err(RuntimeError::NotCompiledIn { backend: "wgpu" })
 }
 
@@ -83,17 +92,25 @@ impl PyWgpuRuntime {
 #[pymethods]
 impl PyWgpuRuntime {
     /// Opens the first Vulkan adapter. `timeout_s` bounds every device wait (on top of each
-    /// run's own); `max_binding_bytes` lowers the per-binding size (tests of weight splitting).
+    /// run's own); `max_binding_bytes` lowers the per-binding size (tests of weight splitting);
+    /// `f16_arithmetic` takes F16-weight products in f16 where the adapter offers it.
     #[new]
-    #[pyo3(signature = (timeout_s=600.0, max_binding_bytes=None))]
-    fn py_new(py: Python<'_>, timeout_s: f64, max_binding_bytes: Option<u64>) -> PyResult<Self> {
+    #[pyo3(signature = (timeout_s=600.0, max_binding_bytes=None, f16_arithmetic=false))]
+    fn py_new(
+        py: Python<'_>,
+        timeout_s: f64,
+        max_binding_bytes: Option<u64>,
+        f16_arithmetic: bool,
+    ) -> PyResult<Self> {
         if !(timeout_s.is_finite() && timeout_s > 0.0) {
             return Err(pyo3::exceptions::PyValueError::new_err(format!(
                 "timeout_s must be finite and > 0, got {timeout_s}"
             )));
         }
-        let inner = without_gil(py, move || open(timeout_s, max_binding_bytes))?
-            .map_err(|e| runtime_error(py, e))?;
+        let inner = without_gil(py, move || {
+            open(timeout_s, max_binding_bytes, f16_arithmetic)
+        })?
+        .map_err(|e| runtime_error(py, e))?;
         Ok(Self { inner })
     }
 
@@ -103,7 +120,7 @@ impl PyWgpuRuntime {
     }
 
     /// The adapter: `{"name", "backend", "device_type", "driver", "shader_f16",
-    /// "max_binding_bytes"}`.
+    /// "f16_arithmetic", "max_binding_bytes"}`.
     #[getter]
     fn adapter<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
@@ -115,6 +132,7 @@ impl PyWgpuRuntime {
             d.set_item("device_type", &a.device_type)?;
             d.set_item("driver", &a.driver)?;
             d.set_item("shader_f16", self.inner.has_f16())?;
+            d.set_item("f16_arithmetic", self.inner.uses_f16_arithmetic())?;
             d.set_item("max_binding_bytes", self.inner.max_binding_bytes())?;
         }
         Ok(d)

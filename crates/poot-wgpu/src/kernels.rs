@@ -18,6 +18,8 @@ use poot_runtime::RuntimeError;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Kernel {
     MatMul,
+    /// F16 weights with f16 products (adapters with `shader-f16`, opted in).
+    MatMulF16,
     Embedding,
     Dequant,
     RmsNorm,
@@ -36,6 +38,7 @@ impl Kernel {
     pub fn name(self) -> &'static str {
         match self {
             Kernel::MatMul => "matmul",
+            Kernel::MatMulF16 => "matmul_f16",
             Kernel::Embedding => "embedding",
             Kernel::Dequant => "dequant",
             Kernel::RmsNorm => "rms_norm",
@@ -54,6 +57,7 @@ impl Kernel {
     fn source(self) -> &'static str {
         match self {
             Kernel::MatMul => include_str!("../../../shaders/wgsl/matmul.wgsl"),
+            Kernel::MatMulF16 => include_str!("../../../shaders/wgsl/matmul_f16.wgsl"),
             Kernel::Embedding => include_str!("../../../shaders/wgsl/embedding.wgsl"),
             Kernel::Dequant => include_str!("../../../shaders/wgsl/dequant.wgsl"),
             Kernel::RmsNorm => include_str!("../../../shaders/wgsl/rms_norm.wgsl"),

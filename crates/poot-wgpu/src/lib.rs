@@ -10,7 +10,9 @@
 //!   device) and poisons the runtime; every later call fails fast with `Poisoned` without
 //!   touching the device.
 //! - Arithmetic is f32 with an f32 KV pool (the CPU runtime's exact mode); error bounds per op
-//!   are stated in the conformance tests (`tests/conformance.rs`).
+//!   are stated in the conformance tests (`tests/conformance.rs`). Opting in to
+//!   [`WgpuOptions::f16_arithmetic`] takes F16-weight products in f16 where the adapter offers
+//!   `shader-f16`, under a looser stated bound.
 //! - Fault injection for tests is real device work: [`WgpuRuntime::inject_stall`] makes every
 //!   later step start with a kernel that spins past any short deadline, and
 //!   [`WgpuRuntime::inject_device_loss`] destroys the device.
@@ -53,6 +55,9 @@ pub struct WgpuOptions {
     /// Bytes per storage binding; `None` takes the adapter's limit. Tests set a small value to
     /// exercise splitting weights across bindings.
     pub max_binding_bytes: Option<u64>,
+    /// F16 weights multiply in f16 (`matmul_f16.wgsl`) where the adapter offers `shader-f16`;
+    /// off by default because it loosens the bound against the CPU (see the conformance suite).
+    pub f16_arithmetic: bool,
 }
 
 impl Default for WgpuOptions {
@@ -61,6 +66,7 @@ impl Default for WgpuOptions {
             max_kv_bytes: 8 << 30,
             timeout: DEFAULT_DEVICE_TIMEOUT,
             max_binding_bytes: None,
+            f16_arithmetic: false,
         }
     }
 }
@@ -115,6 +121,20 @@ impl WgpuRuntime {
     /// Whether the adapter offers f16 shader arithmetic (`shader-f16`).
     pub fn has_f16(&self) -> bool {
         self.gpu.f16
+    }
+
+    /// Whether F16-weight matmuls run in f16 here (opted in and offered by the adapter).
+    pub fn uses_f16_arithmetic(&self) -> bool {
+        self.options.f16_arithmetic && self.gpu.f16
+    }
+
+    /// The matmul kernel for weights of `dtype` on this runtime.
+    pub(crate) fn matmul_kernel(&self, dtype: DType) -> Kernel {
+        if dtype == DType::F16 && self.uses_f16_arithmetic() {
+            Kernel::MatMulF16
+        } else {
+            Kernel::MatMul
+        }
     }
 
     /// Bytes one storage binding may hold here.

@@ -74,7 +74,7 @@ fn is_input(graph: &Graph, v: poot_graph::ValueId) -> bool {
 }
 
 /// The kernels (and weight dtypes) one equation dispatches.
-fn kernels_of(graph: &Graph, op: &Op) -> Vec<(Kernel, DType)> {
+fn kernels_of(rt: &WgpuRuntime, graph: &Graph, op: &Op) -> Vec<(Kernel, DType)> {
     let wdt = |v: poot_graph::ValueId| graph.info(v).dtype;
     let deq = |v: poot_graph::ValueId| match graph.op(v) {
         Op::Weight { .. } => vec![(Kernel::Dequant, wdt(v))],
@@ -82,7 +82,7 @@ fn kernels_of(graph: &Graph, op: &Op) -> Vec<(Kernel, DType)> {
     };
     match op {
         Op::Embedding { table, .. } => vec![(Kernel::Embedding, wdt(*table))],
-        Op::MatMul { w, .. } => vec![(Kernel::MatMul, wdt(*w))],
+        Op::MatMul { w, .. } => vec![(rt.matmul_kernel(wdt(*w)), wdt(*w))],
         Op::RmsNorm { weight, .. } => [deq(*weight), vec![(Kernel::RmsNorm, DType::F32)]].concat(),
         Op::Add { b, .. } | Op::Mul { b, .. } => {
             [deq(*b), vec![(Kernel::Eltwise, DType::F32)]].concat()
@@ -240,7 +240,7 @@ pub(crate) fn compile(
             }
             _ => {}
         }
-        pipelines.extend(kernels_of(&graph, op));
+        pipelines.extend(kernels_of(rt, &graph, op));
     }
     for (_, v) in &graph.outputs {
         last_use[root[v.index()]] = usize::MAX;

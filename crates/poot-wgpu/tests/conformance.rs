@@ -560,3 +560,44 @@ fn a_kernel_over_the_body_limit_is_refused_at_compile() {
         "{err:?}"
     );
 }
+
+/// Opted-in f16 arithmetic for F16 weights: x and each product round to f16 (2^-11 relative
+/// each) and products sum in f32, so |wgpu - cpu| <= 2^-10 * sum_k |x_k w_k| (at most 0.0625
+/// here with |x|, |w| <= 1 and K = 256; random signs keep it near 1e-3); stated as atol 1e-2.
+#[test]
+fn f16_arithmetic_matmul_within_its_bound() {
+    let options = WgpuOptions {
+        f16_arithmetic: true,
+        ..WgpuOptions::default()
+    };
+    let Some(rt) = open(options) else { return };
+    if !rt.uses_f16_arithmetic() {
+        eprintln!("SKIP: this adapter does not offer shader-f16");
+        return;
+    }
+    let mut rng = Rng(18);
+    for (k, t) in [(256, 1), (256, 9), (45, 3)] {
+        let n = 33;
+        let mut s = Store::default();
+        s.add(
+            "w",
+            DType::F16,
+            vec![n, k],
+            packed(DType::F16, n, k, &mut rng),
+        );
+        let x = f32s(vec![t, k], rng.vec(t * k));
+        compare(
+            &rt,
+            &format!("f16 matmul k={k} t={t}"),
+            s,
+            t,
+            |tr| {
+                let x = tr.input("x", DType::F32, vec![t, k]).unwrap();
+                let w = tr.weight("w").unwrap();
+                vec![("y", tr.matmul(x, w).unwrap())]
+            },
+            &[("x", x)],
+            (1e-2, 0.0),
+        );
+    }
+}

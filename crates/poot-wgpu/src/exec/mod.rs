@@ -381,7 +381,8 @@ impl<'a> Exec<'a> {
                         gx as u32,
                     ];
                     let bufs = vec![Arc::new(part.buffer.clone()), xb.clone(), out.clone()];
-                    self.dispatch(Kernel::MatMul, wt.dtype, bufs, &words, grid)?;
+                    let kernel = self.rt.matmul_kernel(wt.dtype);
+                    self.dispatch(kernel, wt.dtype, bufs, &words, grid)?;
                 }
                 out
             }
