@@ -73,8 +73,10 @@ fresh-clone-check:
 	bash scripts/fresh_clone_check.sh
 
 # Loud device targets: they fail when the backend or the device is missing (skips are not proof).
-test-device-wgpu:
-	@echo "the wgpu backend is not built yet (see issue 8); nothing can be tested" >&2; exit 1
+# POOT_REQUIRE_WGPU=1 turns "no adapter" skips into failures.
+test-device-wgpu: setup
+	POOT_REQUIRE_WGPU=1 cargo test -p poot-wgpu
+	POOT_REQUIRE_WGPU=1 $(BIN)/python -m pytest -m device_wgpu $(PYTEST_ARGS)
 
 test-device-cuda:
 	@echo "the CUDA backend is not built yet; nothing can be tested" >&2; exit 1

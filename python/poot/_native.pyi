@@ -22,6 +22,8 @@ __all__ = [
     "Plan",
     "CpuRuntime",
     "LateInput",
+    "WgpuRuntime",
+    "wgpu_adapters",
     "Scheduler",
     "StepPlan",
     "_mapping_probe",
@@ -334,6 +336,45 @@ class CpuRuntime:
     ) -> dict[str, npt.NDArray[Any]]: ...
     def memory(self) -> dict[str, int]: ...
     def health(self) -> dict[str, str | None]: ...
+
+@final
+class WgpuRuntime:
+    """The wgpu runtime: WGSL kernels over packed weights on the first Vulkan adapter.
+
+    Raises ``BackendNotCompiledError`` when the build lacks the ``wgpu`` feature. Arithmetic is
+    the CPU runtime's ``"exact"`` mode (f32, f32 KV cache); every wait is bounded by
+    ``timeout_s`` and each run's own, and a timeout or a lost device poisons the runtime.
+    """
+
+    def __new__(
+        cls,
+        timeout_s: float = 600.0,
+        max_binding_bytes: int | None = None,
+        f16_arithmetic: bool = False,
+    ) -> WgpuRuntime: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def adapter(self) -> dict[str, Any]: ...
+    def compile(
+        self, graph: Graph, weights: Weights, limits: CompileLimits | None = None
+    ) -> Plan: ...
+    def configure_kv(
+        self, *, n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, num_blocks: int
+    ) -> None: ...
+    def run(
+        self,
+        plan: Plan,
+        inputs: Mapping[str, npt.NDArray[Any]],
+        timeout_s: float = 600.0,
+        late: Mapping[str, LateInput] | None = None,
+    ) -> dict[str, npt.NDArray[Any]]: ...
+    def memory(self) -> dict[str, int]: ...
+    def health(self) -> dict[str, str | None]: ...
+    def _inject_stall(self, rows: int) -> None: ...
+    def _inject_device_loss(self) -> None: ...
+
+def wgpu_adapters() -> list[dict[str, str]]: ...
 
 @final
 class StepPlan:

@@ -201,7 +201,7 @@ def _sampling(args: argparse.Namespace) -> Any:
 def _load_llm(args: argparse.Namespace) -> Any:
     from poot.llm import LLM
 
-    return LLM(args.model, threads=args.threads)
+    return LLM(args.model, threads=args.threads, backend=args.backend)
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -261,6 +261,12 @@ def _add_generation_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus cut in (0, 1] (default 1)")
     p.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument(
+        "--backend",
+        choices=["cpu", "wgpu"],
+        default="cpu",
+        help="where the model runs: cpu (default) or wgpu (a Vulkan adapter)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -70,6 +70,12 @@ def _make_runtime(
     return _native.CpuRuntime(threads, numerics)
 
 
+def _make_wgpu_runtime(timeout_s: float) -> _native.WgpuRuntime:
+    """The wgpu runtime (``backend="wgpu"``): the first Vulkan adapter, waits bounded by
+    ``timeout_s``."""
+    return _native.WgpuRuntime(timeout_s)
+
+
 def _numerics_for(numerics: Numerics, files: ModelFiles) -> Literal["ggml", "exact"]:
     """``"auto"`` resolved: llama.cpp's arithmetic for quantized checkpoints, exact otherwise.
 
@@ -127,6 +133,8 @@ class LLM:
         timeout_s: the deadline of each step on the device.
         config: a ``poot.CompileConfig``: plan the model with ``poot.compile`` (devices, budgets,
             streaming) and run that plan; the result is ``llm.compiled``. None: no planner.
+        backend: ``"cpu"`` (default) or ``"wgpu"`` (Vulkan through wgpu; exact numerics
+            only, so ``"auto"`` resolves to ``"exact"`` there).
         enable_prefix_caching: reuse the KV of full blocks shared with earlier prompts (same
             token ids from the start, same checkpoint and numerics) instead of prefilling
             them again; logits and greedy output are unchanged. See ``stats``.
@@ -162,6 +170,7 @@ class LLM:
         max_prepared_bytes: int | None = None,
         prepared_policy: PreparedPolicy | None = None,
         config: CompileConfig | None = None,
+        backend: Literal["cpu", "wgpu"] = "cpu",
     ) -> None:
         self.files: ModelFiles = resolve_model_files(model)
         self.tokenizer: Tokenizer = load_tokenizer(self.files)
@@ -179,6 +188,12 @@ class LLM:
             max_prepared_bytes=max_prepared_bytes,
             prepared_policy=prepared_policy,
         )
+        if backend not in ("cpu", "wgpu"):
+            raise ConfigError(f'backend must be "cpu" or "wgpu", got {backend!r}')
+        if backend == "wgpu":
+            if numerics == "ggml":
+                raise ConfigError('backend="wgpu" runs exact numerics only, not "ggml"')
+            numerics = "exact"
         resolved = _numerics_for(numerics, self.files)
         if opts.max_step_tokens > trace_limits.max_tokens:
             raise ConfigError(
@@ -207,7 +222,10 @@ class LLM:
         assert source is not None
         self.weights = _native.Weights(source)
         self.numerics = resolved
-        self.runtime = _make_runtime(threads, resolved)
+        self.backend = backend
+        self.runtime: _native.CpuRuntime | _native.WgpuRuntime = (
+            _make_runtime(threads, resolved) if backend == "cpu" else _make_wgpu_runtime(timeout_s)
+        )
         self.enable_prefix_caching = enable_prefix_caching
         self.model_key = _model_key(self.files, resolved)
         self._prefill_tokens = 0

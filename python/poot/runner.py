@@ -20,6 +20,10 @@ Invariants:
     - The token mask is a late input: ``run_plan`` starts the run on a worker thread and
       computes the mask (``mask_rows``) meanwhile; if computing it fails, the slot is failed,
       the run ends with an error and the mask's own exception is raised.
+    - A runtime without the logit ops (wgpu: ``HOST_SAMPLED``) runs such a step split: the
+      forward pass as a ``logits`` plan on the device (the mask computed meanwhile), then the
+      sampling step as a small plan on a host CPU runtime with the same semantics. Plain steps
+      (no adjust, mask or logprobs) still sample on the device.
     - The runtime's KV pool holds ``num_blocks + 1`` blocks: block 0 is the scheduler's reserved
       null block (padding table entries point at it; padding tokens write no KV).
 """
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -43,9 +47,10 @@ from poot._native import (
     TraceLimits,
     Tracer,
     Weights,
+    WgpuRuntime,
 )
 from poot.models.llama import LlamaModel
-from poot.models.step import MASK_INPUT, StepKind, StepShape
+from poot.models.step import MASK_INPUT, StepKind, StepShape, trace_head
 from poot.prepared import PreparedCache, PreparedPolicy
 from poot.sampling import MAX_LOGPROBS
 
@@ -125,7 +130,7 @@ class StepRunner:
         self,
         definition: LlamaModel,
         weights: Weights,
-        runtime: CpuRuntime,
+        runtime: CpuRuntime | WgpuRuntime,
         *,
         block_size: int,
         num_blocks: int,
@@ -151,6 +156,9 @@ class StepRunner:
         )
         # Runs steps whose token mask is computed meanwhile (started on first use).
         self._pool: ThreadPoolExecutor | None = None
+        # Split steps (see the module docs): the host runtime and its sampling-step plans.
+        self._host: CpuRuntime | None = None
+        self._heads: dict[tuple[int, int, int, bool, int], Plan] = {}
         n_layers, n_kv_heads, head_dim = definition.kv_shape
         runtime.configure_kv(
             n_layers=n_layers,
@@ -219,12 +227,56 @@ class StepRunner:
         )
         if sample:
             inputs.update(_sampling_inputs(shape, rows, sampling))
+        if sample and _has_logit_ops(shape) and self.runtime.name in HOST_SAMPLED:
+            return self._run_split(plan, shape, inputs, sampling)
         prepared = self.plan(shape)
         if not shape.masked:
             out = self.runtime.run(prepared, inputs, self.timeout_s)
         else:
             out = self._run_with_mask(prepared, inputs, shape, sampling)
         return _Outputs(out, rows)
+
+    def _run_split(
+        self,
+        plan: StepPlan,
+        shape: StepShape,
+        inputs: dict[str, npt.NDArray[np.generic]],
+        sampling: SamplingRows,
+    ) -> _Outputs:
+        """The forward pass on the device, the sampling step on a host CPU runtime."""
+        head_names = {"temperature", "top_k", "top_p", "min_p", "uniform", "adj_ids"}
+        head_names |= {"adj_counts", "adj_bias", "repetition", "presence", "frequency"}
+        head_inputs = {k: inputs.pop(k) for k in list(inputs) if k in head_names}
+        forward = self.plan(replace(shape, kind="logits", adjust=0, masked=False, logprobs=0))
+        if shape.masked:
+            assert sampling.fill_mask is not None
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="poot-step")
+            future = self._pool.submit(self.runtime.run, forward, inputs, self.timeout_s)
+            try:
+                head_inputs[MASK_INPUT] = sampling.fill_mask(sampling.mask_rows, shape.seqs)
+            except BaseException:
+                future.exception()  # let the forward finish before the step is abandoned
+                raise
+            logits = future.result()["logits"]
+        else:
+            logits = self.runtime.run(forward, inputs, self.timeout_s)["logits"]
+        head_inputs["logits"] = np.ascontiguousarray(logits, np.float32)
+        host, head = self._head(shape, int(logits.shape[1]))
+        return _Outputs(host.run(head, head_inputs, self.timeout_s), plan.num_seqs)
+
+    def _head(self, shape: StepShape, vocab: int) -> tuple[CpuRuntime, Plan]:
+        """The host runtime and the sampling-step plan (logits as an input) for ``shape``."""
+        if self._host is None:
+            self._host = CpuRuntime(1, "exact")
+        key = (shape.seqs, vocab, shape.adjust, shape.masked, shape.logprobs)
+        head = self._heads.get(key)
+        if head is None:
+            t = Tracer(self.weights, 1, self.trace_limits)
+            trace_head(t, t.input("logits", "f32", [shape.seqs, vocab]), shape)
+            head = self._host.compile(t.finish(), self.weights, self.compile_limits)
+            self._heads[key] = head
+        return self._host, head
 
     def _run_with_mask(
         self,
@@ -255,6 +307,13 @@ class StepRunner:
 
 
 LOGPROB_WIDTH = MAX_LOGPROBS
+
+# Runtimes whose graphs have no logit ops (adjust, mask, top-k, logprobs): see the module docs.
+HOST_SAMPLED = frozenset({"wgpu"})
+
+
+def _has_logit_ops(shape: StepShape) -> bool:
+    return bool(shape.adjust or shape.masked or shape.logprobs)
 
 
 class _Outputs:

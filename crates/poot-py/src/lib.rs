@@ -1,7 +1,7 @@
 //! poot-py: the Python extension module `poot._native`, and the only crate that sees pyo3.
 //!
 //! `lib.rs` only registers; each submodule owns one area of the API: `formats` (checkpoint
-//! files), `limits`, `weights`, `tracer` and `graph` (tracing), `runtime` (runtimes and plans),
+//! files), `limits`, `weights`, `tracer` and `graph` (tracing), `runtime` (runtimes and plans; `wgpu`, the wgpu runtime behind the `wgpu` feature),
 //! `tokenize` (the byte-level BPE model), `engine` (the scheduler).
 //! `errors` owns the mapping of Rust errors to `poot.errors`, and `gil` the one helper that
 //! releases the GIL.
@@ -19,6 +19,7 @@ mod runtime;
 mod tokenize;
 mod tracer;
 mod weights;
+mod wgpu;
 
 /// The native module. Submodules register their classes and functions here.
 #[pymodule]

@@ -31,6 +31,7 @@ use crate::weights::PyWeights;
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyCpuRuntime>()?;
     m.add_class::<PyPlan>()?;
+    crate::wgpu::register(m)?;
     Ok(())
 }
 
@@ -51,7 +52,7 @@ fn new_cpu_runtime(
 #[pyclass(name = "Plan", module = "poot._native", frozen)]
 #[derive(Debug)]
 pub struct PyPlan {
-    inner: Arc<dyn CompiledPlan>,
+    pub(crate) inner: Arc<dyn CompiledPlan>,
 }
 
 #[pymethods]
@@ -178,15 +179,7 @@ impl PyCpuRuntime {
         weights: &PyWeights,
         limits: Option<&PyCompileLimits>,
     ) -> PyResult<PyPlan> {
-        let limits = compile_limits(limits);
-        let (rt, g, store) = (
-            self.inner.clone(),
-            graph.inner.clone(),
-            weights.store.clone(),
-        );
-        let plan = without_gil(py, move || rt.compile(&g, store, &limits))?
-            .map_err(|e| runtime_error(py, e))?;
-        Ok(PyPlan { inner: plan })
+        compile_on(&self.inner, py, graph, weights, limits)
     }
 
     /// Allocates (or replaces) the paged KV pool: per layer, K and V of
@@ -208,8 +201,7 @@ impl PyCpuRuntime {
             block_size,
             num_blocks,
         };
-        let rt = self.inner.clone();
-        without_gil(py, move || rt.configure_kv(cfg))?.map_err(|e| runtime_error(py, e))
+        configure_kv_on(&self.inner, py, cfg)
     }
 
     /// Runs a plan on named numpy inputs (float32 or int32) within `timeout_s` seconds;
@@ -224,70 +216,121 @@ impl PyCpuRuntime {
         timeout_s: f64,
         late: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        if !(timeout_s.is_finite() && timeout_s >= 0.0) {
-            return Err(PyValueError::new_err(format!(
-                "timeout_s must be finite and >= 0, got {timeout_s}"
-            )));
-        }
-        let mut names = Vec::with_capacity(inputs.len());
-        let mut tensors = Vec::with_capacity(inputs.len());
-        for (k, v) in inputs.iter() {
-            let name: String = k.extract()?;
-            tensors.push(host_tensor(py, &name, &v)?);
-            names.push(name);
-        }
-        let mut late_slots: Vec<(String, LateInput)> = Vec::new();
-        if let Some(late) = late {
-            for (k, v) in late.iter() {
-                let slot = v.downcast::<PyLateInput>()?.get().inner.clone();
-                late_slots.push((k.extract()?, slot));
-            }
-        }
-        let (rt, p) = (self.inner.clone(), plan.inner.clone());
-        let deadline = Deadline::after(Duration::from_secs_f64(timeout_s));
-        let outputs = without_gil(py, move || {
-            let named: Vec<(&str, HostTensor)> =
-                names.iter().map(String::as_str).zip(tensors).collect();
-            let late: Vec<(&str, LateInput)> = late_slots
-                .iter()
-                .map(|(n, l)| (n.as_str(), l.clone()))
-                .collect();
-            rt.run_late(p.as_ref(), &named, &late, deadline)
-        })?
-        .map_err(|e| runtime_error(py, e))?;
-        let d = PyDict::new(py);
-        for (name, t) in outputs {
-            d.set_item(name, to_numpy(py, t)?)?;
-        }
-        Ok(d)
+        run_on(&self.inner, py, plan, inputs, timeout_s, late)
     }
 
     /// Bytes the runtime holds: `{"kv_bytes": ..., "scratch_bytes": ...}`.
     fn memory<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let m = self.inner.memory();
-        let d = PyDict::new(py);
-        d.set_item("kv_bytes", m.kv_bytes)?;
-        d.set_item("scratch_bytes", m.scratch_bytes)?;
-        Ok(d)
+        memory_of(&self.inner, py)
     }
 
     /// `{"status": "ok"}` or `{"status": "poisoned", "reason": ...}`.
     fn health<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let d = PyDict::new(py);
-        match self.inner.health() {
-            Health::Ok => {
-                d.set_item("status", "ok")?;
-                d.set_item("reason", py.None())?;
-            }
-            Health::Poisoned { reason } => {
-                d.set_item("status", "poisoned")?;
-                d.set_item("reason", reason)?;
-            }
-        }
-        Ok(d)
+        health_of(&self.inner, py)
     }
 
     fn __repr__(&self) -> String {
         format!("CpuRuntime(name={:?})", self.inner.name())
     }
+}
+
+// The methods every runtime class shares (written once against `Arc<dyn Runtime>`).
+
+/// Compiles under the GIL-free helper; see `CpuRuntime.compile`.
+pub(crate) fn compile_on(
+    rt: &Arc<dyn Runtime>,
+    py: Python<'_>,
+    graph: &PyGraph,
+    weights: &PyWeights,
+    limits: Option<&PyCompileLimits>,
+) -> PyResult<PyPlan> {
+    let limits = compile_limits(limits);
+    let (rt, g, store) = (rt.clone(), graph.inner.clone(), weights.store.clone());
+    let plan = without_gil(py, move || rt.compile(&g, store, &limits))?
+        .map_err(|e| runtime_error(py, e))?;
+    Ok(PyPlan { inner: plan })
+}
+
+pub(crate) fn configure_kv_on(
+    rt: &Arc<dyn Runtime>,
+    py: Python<'_>,
+    cfg: KvCacheConfig,
+) -> PyResult<()> {
+    let rt = rt.clone();
+    without_gil(py, move || rt.configure_kv(cfg))?.map_err(|e| runtime_error(py, e))
+}
+
+pub(crate) fn run_on<'py>(
+    rt: &Arc<dyn Runtime>,
+    py: Python<'py>,
+    plan: &PyPlan,
+    inputs: &Bound<'py, PyDict>,
+    timeout_s: f64,
+    late: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    if !(timeout_s.is_finite() && timeout_s >= 0.0) {
+        return Err(PyValueError::new_err(format!(
+            "timeout_s must be finite and >= 0, got {timeout_s}"
+        )));
+    }
+    let mut names = Vec::with_capacity(inputs.len());
+    let mut tensors = Vec::with_capacity(inputs.len());
+    for (k, v) in inputs.iter() {
+        let name: String = k.extract()?;
+        tensors.push(host_tensor(py, &name, &v)?);
+        names.push(name);
+    }
+    let mut late_slots: Vec<(String, LateInput)> = Vec::new();
+    if let Some(late) = late {
+        for (k, v) in late.iter() {
+            let slot = v.downcast::<PyLateInput>()?.get().inner.clone();
+            late_slots.push((k.extract()?, slot));
+        }
+    }
+    let (rt, p) = (rt.clone(), plan.inner.clone());
+    let deadline = Deadline::after(Duration::from_secs_f64(timeout_s));
+    let outputs = without_gil(py, move || {
+        let named: Vec<(&str, HostTensor)> =
+            names.iter().map(String::as_str).zip(tensors).collect();
+        let late: Vec<(&str, LateInput)> = late_slots
+            .iter()
+            .map(|(n, l)| (n.as_str(), l.clone()))
+            .collect();
+        rt.run_late(p.as_ref(), &named, &late, deadline)
+    })?
+    .map_err(|e| runtime_error(py, e))?;
+    let d = PyDict::new(py);
+    for (name, t) in outputs {
+        d.set_item(name, to_numpy(py, t)?)?;
+    }
+    Ok(d)
+}
+
+pub(crate) fn memory_of<'py>(
+    rt: &Arc<dyn Runtime>,
+    py: Python<'py>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let m = rt.memory();
+    let d = PyDict::new(py);
+    d.set_item("kv_bytes", m.kv_bytes)?;
+    d.set_item("scratch_bytes", m.scratch_bytes)?;
+    Ok(d)
+}
+
+pub(crate) fn health_of<'py>(
+    rt: &Arc<dyn Runtime>,
+    py: Python<'py>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    match rt.health() {
+        Health::Ok => {
+            d.set_item("status", "ok")?;
+            d.set_item("reason", py.None())?;
+        }
+        Health::Poisoned { reason } => {
+            d.set_item("status", "poisoned")?;
+            d.set_item("reason", reason)?;
+        }
+    }
+    Ok(d)
 }

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy.typing as npt
 
-from poot._native import CompileLimits, CpuRuntime, Graph, LateInput, Plan, Weights
+from poot._native import CompileLimits, CpuRuntime, Graph, LateInput, Plan, Weights, WgpuRuntime
 from poot.errors import BackendNotCompiledError
 from poot.models.step import StepShape
 from poot.planner.compiled import CompileConfig, CompiledModel, compile
@@ -33,7 +33,9 @@ __all__ = ["LeasedRuntime", "StreamingStepRunner", "attach"]
 class LeasedRuntime:
     """A runtime whose every run leases its activation bytes and records its span."""
 
-    def __init__(self, inner: CpuRuntime, compiled: CompiledModel, activation_bytes: int) -> None:
+    def __init__(
+        self, inner: CpuRuntime | WgpuRuntime, compiled: CompiledModel, activation_bytes: int
+    ) -> None:
         self.inner = inner
         self.compiled = compiled
         self.activation_bytes = activation_bytes

@@ -41,6 +41,7 @@ from poot._native import (
     TraceLimits,
     Tracer,
     Weights,
+    WgpuRuntime,
 )
 from poot.errors import Stalled
 from poot.models.step import StepShape
@@ -79,7 +80,7 @@ class StreamingRuntime:
 
     def __init__(
         self,
-        inner: CpuRuntime,
+        inner: CpuRuntime | WgpuRuntime,
         definition: Any,
         weights: Weights,
         tensors: Mapping[str, TensorInfo],
@@ -94,6 +95,7 @@ class StreamingRuntime:
         activation_bytes: int = 0,
     ) -> None:
         self.inner = inner
+        self.name = inner.name
         self.definition = definition
         self.weights = weights
         self.tensors = dict(tensors)

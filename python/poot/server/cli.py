@@ -50,7 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV} if set)",
     )
-    p.add_argument("--backend", choices=BACKENDS, default="cpu", help="device backend (cpu)")
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="cpu",
+        help="device backend (default cpu; wgpu: Vulkan)",
+    )
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--served-model-name", default=None, help="the model name clients send")
     p.add_argument(
@@ -137,6 +142,7 @@ def _config(args: argparse.Namespace) -> ServerConfig:
         max_n=args.max_n,
         chat_template=template,
         step_timeout_s=args.step_timeout,
+        backend=args.backend,
     )
 
 
@@ -154,8 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``poot-serve``; return its exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.backend != "cpu":
-        parser.error(f"the {args.backend} backend is not built yet; use --backend cpu")
+    if args.backend == "cuda":
+        parser.error("the cuda backend is not built yet; use --backend cpu or wgpu")
     try:
         config = _config(args)
     except ConfigError as e:

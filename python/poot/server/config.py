@@ -38,6 +38,7 @@ class ServerConfig:
         chat_template: a Jinja chat template (source text) to use instead of the model's.
         step_timeout_s: the deadline of each engine step on the device; a step that misses
             it poisons the runtime (``/health`` then answers 503 ``dead``).
+        backend: ``"cpu"`` or ``"wgpu"`` (``poot.LLM(backend=...)``).
     """
 
     model: str | None = None
@@ -46,6 +47,7 @@ class ServerConfig:
     threads: int | None = None
     max_model_len: int | None = None
     max_num_seqs: int = 32
+    backend: str = "cpu"
     kv_cache_bytes: int = 1 << 30
     max_queue: int = 256
     queue_timeout_s: float = 60.0

@@ -91,6 +91,7 @@ def load_llm(config: ServerConfig, progress: bool = True) -> LLM:
         max_model_len=max_model_len,
         driver=opts,
         timeout_s=config.step_timeout_s,
+        backend="wgpu" if config.backend == "wgpu" else "cpu",
     )
     if config.chat_template is not None:
         llm.tokenizer.chat_templates["default"] = config.chat_template

@@ -57,7 +57,8 @@ pub struct SampleSettings {
 }
 
 impl SampleSettings {
-    fn check(&self) -> Result<(), RuntimeError> {
+    /// Refuses impossible settings (the host validates them first; this is a safety net).
+    pub fn check(&self) -> Result<(), RuntimeError> {
         let t = self.temperature;
         if !(t.is_finite() && t >= 0.0) {
             return Err(invalid(format!(

@@ -1,0 +1,210 @@
+//! `WgpuRuntime`: the wgpu (Vulkan) runtime for Python, and `wgpu_adapters()` discovery.
+//!
+//! Invariants: the class exists in every build so the stub and the API are one; without the
+//! `wgpu` cargo feature its constructor raises `BackendNotCompiledError` and
+//! `wgpu_adapters()` returns an empty list (never a panic). The shared methods are the ones
+//! `CpuRuntime` has (`runtime::*_on`): GIL released, every run bounded by `timeout_s`, and a
+//! timeout or lost device poisons the runtime (`health()["status"] == "poisoned"`).
+
+use std::sync::Arc;
+
+use poot_runtime::{KvCacheConfig, Runtime, RuntimeError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use crate::errors::runtime_error;
+use crate::gil::without_gil;
+use crate::graph::PyGraph;
+use crate::limits::PyCompileLimits;
+use crate::runtime::{compile_on, configure_kv_on, health_of, memory_of, run_on, PyPlan};
+use crate::weights::PyWeights;
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyWgpuRuntime>()?;
+    m.add_function(wrap_pyfunction!(wgpu_adapters, m)?)?;
+    Ok(())
+}
+
+#[cfg(feature = "wgpu")]
+type Inner = Arc<poot_wgpu::WgpuRuntime>;
+#[cfg(not(feature = "wgpu"))]
+type Inner = Arc<dyn Runtime>;
+
+/// The Vulkan adapters wgpu sees (empty when the wgpu backend is not compiled in): a list of
+/// `{"name", "backend", "device_type", "driver"}`.
+#[pyfunction]
+fn wgpu_adapters(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
+    let list = PyList::empty(py);
+    #[cfg(feature = "wgpu")]
+    for a in without_gil(py, poot_wgpu::adapters)? {
+        let d = PyDict::new(py);
+        d.set_item("name", a.name)?;
+        d.set_item("backend", a.backend)?;
+        d.set_item("device_type", a.device_type)?;
+        d.set_item("driver", a.driver)?;
+        list.append(d)?;
+    }
+    Ok(list)
+}
+
+#[cfg(feature = "wgpu")]
+fn open(
+    timeout_s: f64,
+    max_binding_bytes: Option<u64>,
+    f16_arithmetic: bool,
+) -> Result<Inner, RuntimeError> {
+    let options = poot_wgpu::WgpuOptions {
+        timeout: std::time::Duration::from_secs_f64(timeout_s),
+        max_binding_bytes,
+        f16_arithmetic,
+        ..poot_wgpu::WgpuOptions::default()
+    };
+    Ok(Arc::new(poot_wgpu::WgpuRuntime::new(options)?))
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn open(
+    _timeout_s: f64,
+    _max_binding_bytes: Option<u64>,
+    _f16_arithmetic: bool,
+) -> Result<Inner, RuntimeError> {
+    Err(RuntimeError::NotCompiledIn { backend: "wgpu" })
+}
+
+/// The wgpu runtime: WGSL kernels over packed weights on the first Vulkan adapter.
+#[pyclass(name = "WgpuRuntime", module = "poot._native", frozen)]
+pub struct PyWgpuRuntime {
+    inner: Inner,
+}
+
+impl std::fmt::Debug for PyWgpuRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WgpuRuntime").finish()
+    }
+}
+
+impl PyWgpuRuntime {
+    fn dyn_rt(&self) -> Arc<dyn Runtime> {
+        self.inner.clone()
+    }
+}
+
+#[pymethods]
+impl PyWgpuRuntime {
+    /// Opens the first Vulkan adapter. `timeout_s` bounds every device wait (on top of each
+    /// run's own); `max_binding_bytes` lowers the per-binding size (tests of weight splitting);
+    /// `f16_arithmetic` takes F16-weight products in f16 where the adapter offers it.
+    #[new]
+    #[pyo3(signature = (timeout_s=600.0, max_binding_bytes=None, f16_arithmetic=false))]
+    fn py_new(
+        py: Python<'_>,
+        timeout_s: f64,
+        max_binding_bytes: Option<u64>,
+        f16_arithmetic: bool,
+    ) -> PyResult<Self> {
+        if !(timeout_s.is_finite() && timeout_s > 0.0) {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "timeout_s must be finite and > 0, got {timeout_s}"
+            )));
+        }
+        let inner = without_gil(py, move || {
+            open(timeout_s, max_binding_bytes, f16_arithmetic)
+        })?
+        .map_err(|e| runtime_error(py, e))?;
+        Ok(Self { inner })
+    }
+
+    #[getter]
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    /// The adapter: `{"name", "backend", "device_type", "driver", "shader_f16",
+    /// "f16_arithmetic", "max_binding_bytes"}`.
+    #[getter]
+    fn adapter<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        #[cfg(feature = "wgpu")]
+        {
+            let a = self.inner.adapter();
+            d.set_item("name", &a.name)?;
+            d.set_item("backend", &a.backend)?;
+            d.set_item("device_type", &a.device_type)?;
+            d.set_item("driver", &a.driver)?;
+            d.set_item("shader_f16", self.inner.has_f16())?;
+            d.set_item("f16_arithmetic", self.inner.uses_f16_arithmetic())?;
+            d.set_item("max_binding_bytes", self.inner.max_binding_bytes())?;
+        }
+        Ok(d)
+    }
+
+    #[pyo3(signature = (graph, weights, limits=None))]
+    fn compile(
+        &self,
+        py: Python<'_>,
+        graph: &PyGraph,
+        weights: &PyWeights,
+        limits: Option<&PyCompileLimits>,
+    ) -> PyResult<PyPlan> {
+        compile_on(&self.dyn_rt(), py, graph, weights, limits)
+    }
+
+    #[pyo3(signature = (*, n_layers, n_kv_heads, head_dim, block_size, num_blocks))]
+    fn configure_kv(
+        &self,
+        py: Python<'_>,
+        n_layers: u32,
+        n_kv_heads: u32,
+        head_dim: u32,
+        block_size: u32,
+        num_blocks: u32,
+    ) -> PyResult<()> {
+        let cfg = KvCacheConfig {
+            n_layers,
+            n_kv_heads,
+            head_dim,
+            block_size,
+            num_blocks,
+        };
+        configure_kv_on(&self.dyn_rt(), py, cfg)
+    }
+
+    #[pyo3(signature = (plan, inputs, timeout_s=600.0, late=None))]
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        plan: &PyPlan,
+        inputs: &Bound<'py, PyDict>,
+        timeout_s: f64,
+        late: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        run_on(&self.dyn_rt(), py, plan, inputs, timeout_s, late)
+    }
+
+    fn memory<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        memory_of(&self.dyn_rt(), py)
+    }
+
+    fn health<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        health_of(&self.dyn_rt(), py)
+    }
+
+    /// Fault injection (tests): every later run first spins a device kernel for about
+    /// `rows` x 2.5 s on lavapipe (0 turns it off).
+    fn _inject_stall(&self, rows: u32) {
+        #[cfg(feature = "wgpu")]
+        self.inner.inject_stall(rows);
+        #[cfg(not(feature = "wgpu"))]
+        let _ = rows;
+    }
+
+    /// Fault injection (tests): destroys the device, as a driver reset would lose it.
+    fn _inject_device_loss(&self) {
+        #[cfg(feature = "wgpu")]
+        self.inner.inject_device_loss();
+    }
+
+    fn __repr__(&self) -> String {
+        format!("WgpuRuntime(name={:?})", self.inner.name())
+    }
+}

@@ -1,0 +1,549 @@
+//! Running a `WgpuPlan`: one command buffer per step, one compute pass per dispatch, one
+//! bounded wait, one readback of the named outputs.
+//!
+//! Invariants: inputs must match the traced dtype and shape exactly, and index inputs (token
+//! ids, gathered rows, sampling settings) are checked on the host before anything is
+//! submitted, so a bad request never reaches the device and never poisons; activation buffers
+//! are reused after their last reader (peak memory is the plan's activation peak); host uploads
+//! get fresh buffers because `write_buffer` lands before the step's commands; the wait and the
+//! readback are bounded by the deadline (see `device::Gpu::wait`). Passes execute in recording
+//! order and wgpu orders storage writes between passes, so a reused buffer is never read stale.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use poot_core::DType;
+use poot_graph::{Op, ValueId};
+use poot_runtime::{HostTensor, RuntimeError};
+
+use crate::kernels::Kernel;
+use crate::plan::WgpuPlan;
+use crate::rope::cos_sin;
+use crate::sample::SampleParams;
+use crate::{KvPool, WgpuRuntime};
+
+mod attention_sample;
+
+const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::COPY_SRC)
+    .union(wgpu::BufferUsages::COPY_DST);
+
+pub(crate) struct Dispatch {
+    pub pipeline: Arc<wgpu::ComputePipeline>,
+    pub bufs: Vec<Arc<wgpu::Buffer>>,
+    pub params: (u64, u64),
+    pub groups: [u32; 3],
+}
+
+/// A row of a `Sample` node that the host samples after readback.
+pub(crate) struct HostRow {
+    pub output: String,
+    pub row: usize,
+    /// Index into the step's extra readbacks.
+    pub logits_at: u64,
+    pub vocab: usize,
+    pub params: SampleParams,
+}
+
+/// A named output: its buffer, bytes, dtype and shape.
+pub(crate) type Output = (String, Arc<wgpu::Buffer>, u64, (DType, Vec<usize>));
+
+/// What a recorded step hands to submission.
+pub(crate) type Recorded = (
+    Vec<Dispatch>,
+    Vec<u8>,
+    Vec<Output>,
+    Vec<(Arc<wgpu::Buffer>, u64)>,
+    Vec<HostRow>,
+);
+
+fn kernel_err(op: &'static str, detail: String) -> RuntimeError {
+    RuntimeError::Kernel { op, detail }
+}
+
+/// Workgroups of 64 lanes covering `lanes`, as (grid, lanes per grid row).
+fn lane_grid(lanes: usize) -> ([u32; 3], u32) {
+    let groups = lanes.div_ceil(64).max(1) as u64;
+    let gx = groups.min(65535);
+    let gy = groups.div_ceil(gx);
+    ([gx as u32, gy as u32, 1], (gx * 64) as u32)
+}
+
+pub(crate) struct Exec<'a> {
+    rt: &'a WgpuRuntime,
+    plan: &'a WgpuPlan,
+    inputs: &'a [(&'a str, HostTensor)],
+    kv: Option<&'a KvPool>,
+    bufs: Vec<Option<Arc<wgpu::Buffer>>>,
+    /// Reusable activation buffers by size.
+    free: HashMap<u64, Vec<Arc<wgpu::Buffer>>>,
+    dispatches: Vec<Dispatch>,
+    params: Vec<u8>,
+    host_rows: Vec<HostRow>,
+    /// Extra readbacks (logits of host-sampled rows): (buffer, bytes).
+    extra_reads: Vec<(Arc<wgpu::Buffer>, u64)>,
+}
+
+impl<'a> Exec<'a> {
+    pub fn new(
+        rt: &'a WgpuRuntime,
+        plan: &'a WgpuPlan,
+        inputs: &'a [(&'a str, HostTensor)],
+        kv: Option<&'a KvPool>,
+    ) -> Self {
+        Self {
+            rt,
+            plan,
+            inputs,
+            kv,
+            bufs: vec![None; plan.graph.equations.len()],
+            free: HashMap::new(),
+            dispatches: Vec::new(),
+            params: Vec::new(),
+            host_rows: Vec::new(),
+            extra_reads: Vec::new(),
+        }
+    }
+
+    /// Fault injection: the stall kernel (see `stall.wgsl`), before the step's own work.
+    pub fn stall(&mut self, iters: u32) -> Result<(), RuntimeError> {
+        let sink = self.alloc(64);
+        self.dispatch(
+            Kernel::Stall,
+            DType::F32,
+            vec![sink],
+            &[iters],
+            [256, iters, 1],
+        )
+    }
+
+    /// Records every equation, reusing buffers after their last reader.
+    pub fn record_all(&mut self) -> Result<(), RuntimeError> {
+        let plan = self.plan;
+        for (i, op) in plan.graph.equations.iter().enumerate() {
+            if let Some(b) = self.record(i, op)? {
+                self.bufs[i] = Some(b);
+            }
+            for v in op.operands() {
+                let r = plan.root[v.index()];
+                if plan.last_use[r] == i {
+                    if let Some(b) = self.bufs[r].take() {
+                        let size = b.size();
+                        self.free.entry(size).or_default().push(b);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The recorded dispatches, parameters, outputs and readbacks.
+    pub fn finish(self) -> Result<Recorded, RuntimeError> {
+        let mut outputs = Vec::with_capacity(self.plan.graph.outputs.len());
+        for (name, v) in &self.plan.graph.outputs {
+            let info = self.plan.graph.info(*v);
+            let buf = self.bufs[self.plan.root[v.index()]]
+                .clone()
+                .ok_or_else(|| {
+                    kernel_err(
+                        "output",
+                        format!("output '{name}' is a weight; outputs are activations"),
+                    )
+                })?;
+            let bytes = info.numel() as u64 * 4;
+            outputs.push((name.clone(), buf, bytes, (info.dtype, info.shape.clone())));
+        }
+        Ok((
+            self.dispatches,
+            self.params,
+            outputs,
+            self.extra_reads,
+            self.host_rows,
+        ))
+    }
+
+    fn device(&self) -> &wgpu::Device {
+        &self.rt.gpu.device
+    }
+
+    fn alloc(&mut self, bytes: u64) -> Arc<wgpu::Buffer> {
+        let size = bytes.max(4).div_ceil(256) * 256;
+        if let Some(b) = self.free.get_mut(&size).and_then(|v| v.pop()) {
+            return b;
+        }
+        Arc::new(self.device().create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size,
+            usage: USAGE,
+            mapped_at_creation: false,
+        }))
+    }
+
+    /// A fresh buffer holding `data` (never pooled: the upload lands before every command).
+    fn upload(&self, data: &[u8]) -> Arc<wgpu::Buffer> {
+        let size = (data.len() as u64).max(4).div_ceil(4) * 4;
+        let b = self.device().create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size,
+            usage: USAGE,
+            mapped_at_creation: false,
+        });
+        if !data.is_empty() {
+            self.rt.gpu.queue.write_buffer(&b, 0, data);
+        }
+        Arc::new(b)
+    }
+
+    fn param(&mut self, words: &[u32]) -> (u64, u64) {
+        let align = u64::from(self.rt.gpu.limits.min_uniform_buffer_offset_alignment).max(16);
+        let off = (self.params.len() as u64).div_ceil(align) * align;
+        self.params.resize(off as usize, 0);
+        for w in words {
+            self.params.extend_from_slice(&w.to_le_bytes());
+        }
+        let len = (words.len() as u64 * 4).div_ceil(16) * 16;
+        self.params.resize((off + len) as usize, 0);
+        (off, len)
+    }
+
+    fn dispatch(
+        &mut self,
+        kernel: Kernel,
+        dtype: DType,
+        bufs: Vec<Arc<wgpu::Buffer>>,
+        words: &[u32],
+        groups: [u32; 3],
+    ) -> Result<(), RuntimeError> {
+        let pipeline = self.rt.pipeline(kernel, dtype, &self.rt.compile_limits())?;
+        let params = self.param(words);
+        self.dispatches.push(Dispatch {
+            pipeline,
+            bufs,
+            params,
+            groups,
+        });
+        Ok(())
+    }
+
+    fn buf(&self, v: ValueId, op: &'static str) -> Result<Arc<wgpu::Buffer>, RuntimeError> {
+        self.bufs[self.plan.root[v.index()]]
+            .clone()
+            .ok_or_else(|| kernel_err(op, format!("value {} has no device buffer", v.0)))
+    }
+
+    fn shape(&self, v: ValueId) -> &'a [usize] {
+        &self.plan.graph.info(v).shape
+    }
+
+    fn host(&self, v: ValueId) -> Option<&'a HostTensor> {
+        match self.plan.graph.op(v) {
+            Op::Input { name } => self.inputs.iter().find(|(n, _)| n == name).map(|(_, t)| t),
+            _ => None,
+        }
+    }
+
+    fn host_i32(&self, v: ValueId) -> Option<&'a [i32]> {
+        match self.host(v) {
+            Some(HostTensor::I32 { data, .. }) => Some(data),
+            _ => None,
+        }
+    }
+
+    fn host_f32(&self, v: ValueId) -> Option<&'a [f32]> {
+        match self.host(v) {
+            Some(HostTensor::F32 { data, .. }) => Some(data),
+            _ => None,
+        }
+    }
+
+    /// A float operand as a device f32 buffer: an activation, or a stored tensor decoded on
+    /// the device into a temporary (norm weights, biases).
+    fn floats(&mut self, v: ValueId, op: &'static str) -> Result<Arc<wgpu::Buffer>, RuntimeError> {
+        let Some(w) = self.plan.weights.get(&v.index()).cloned() else {
+            return self.buf(v, op);
+        };
+        let numel = self.plan.graph.info(v).numel();
+        let out = self.alloc(numel as u64 * 4);
+        let chunks = w.k.div_ceil(32) as u32;
+        for part in &w.parts {
+            let (grid, lanes_x) = lane_grid(part.rows * chunks as usize);
+            let words = [
+                w.k as u32,
+                w.row_bytes as u32,
+                chunks,
+                part.rows as u32,
+                lanes_x,
+                part.row0 as u32,
+            ];
+            let bufs = vec![Arc::new(part.buffer.clone()), out.clone()];
+            self.dispatch(Kernel::Dequant, w.dtype, bufs, &words, grid)?;
+        }
+        Ok(out)
+    }
+
+    /// Records equation `i`; returns the buffer of its value (None for weights and aliases).
+    fn record(&mut self, i: usize, op: &Op) -> Result<Option<Arc<wgpu::Buffer>>, RuntimeError> {
+        let graph = &self.plan.graph;
+        let info = &graph.values[i];
+        let numel = info.numel();
+        let out_bytes = numel as u64 * 4;
+        Ok(Some(match op {
+            Op::Input { name } => {
+                let host = self
+                    .inputs
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, t)| t)
+                    .ok_or_else(|| RuntimeError::MissingInput { name: name.clone() })?;
+                if host.dtype() != info.dtype
+                    || host.shape() != info.shape.as_slice()
+                    || host.len() != numel
+                {
+                    return Err(RuntimeError::InputMismatch {
+                        name: name.clone(),
+                        expected: format!("{}{:?}", info.dtype, info.shape),
+                        got: host.describe(),
+                    });
+                }
+                let bytes: Vec<u8> = match host {
+                    HostTensor::F32 { data, .. } => {
+                        data.iter().flat_map(|x| x.to_le_bytes()).collect()
+                    }
+                    HostTensor::I32 { data, .. } => {
+                        data.iter().flat_map(|x| x.to_le_bytes()).collect()
+                    }
+                };
+                self.upload(&bytes)
+            }
+            Op::Weight { .. } => return Ok(None),
+            Op::Reshape { x, .. } => {
+                if self.plan.weights.contains_key(&x.index()) {
+                    return Err(kernel_err("reshape", "reshape of a weight".into()));
+                }
+                return Ok(None);
+            }
+            Op::Literal { data } => {
+                let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+                self.upload(&bytes)
+            }
+            Op::Embedding { table, ids } => {
+                let w = self.plan.weights[&table.index()].clone();
+                let t = self.shape(*ids).iter().product::<usize>();
+                let vocab = self.shape(*table)[0];
+                if let Some(ids) = self.host_i32(*ids) {
+                    if let Some(&bad) = ids.iter().find(|&&id| id < 0 || id as usize >= vocab) {
+                        return Err(kernel_err("embedding", format!("id {bad} of {vocab}")));
+                    }
+                }
+                let out = self.alloc(out_bytes);
+                let ids = self.buf(*ids, "embedding")?;
+                let chunks = w.k.div_ceil(32);
+                for part in &w.parts {
+                    let (grid, lanes_x) = lane_grid(t * chunks);
+                    let words = [
+                        w.k as u32,
+                        w.row_bytes as u32,
+                        chunks as u32,
+                        t as u32,
+                        part.row0 as u32,
+                        part.rows as u32,
+                        lanes_x,
+                    ];
+                    let bufs = vec![Arc::new(part.buffer.clone()), ids.clone(), out.clone()];
+                    self.dispatch(Kernel::Embedding, w.dtype, bufs, &words, grid)?;
+                }
+                out
+            }
+            Op::MatMul { x, w } => {
+                let wt = self.plan.weights[&w.index()].clone();
+                let xs = self.shape(*x);
+                let (t, k) = (xs[0], xs[1]);
+                let n = self.shape(*w)[0];
+                let out = self.alloc(out_bytes);
+                let xb = self.buf(*x, "matmul")?;
+                for part in &wt.parts {
+                    // One lane per row: workgroups of 64 rows, wrapped into y past 65535.
+                    let groups = part.rows.div_ceil(64).max(1);
+                    let gx = groups.min(65535);
+                    let grid = [
+                        gx as u32,
+                        groups.div_ceil(gx) as u32,
+                        t.div_ceil(8).max(1) as u32,
+                    ];
+                    let words = [
+                        part.rows as u32,
+                        k as u32,
+                        t as u32,
+                        wt.row_bytes as u32,
+                        part.row0 as u32,
+                        n as u32,
+                        k.div_ceil(32) as u32,
+                        gx as u32,
+                    ];
+                    let bufs = vec![Arc::new(part.buffer.clone()), xb.clone(), out.clone()];
+                    let kernel = self.rt.matmul_kernel(wt.dtype);
+                    self.dispatch(kernel, wt.dtype, bufs, &words, grid)?;
+                }
+                out
+            }
+            Op::RmsNorm { x, weight, eps } => {
+                let d = *info.shape.last().unwrap_or(&1);
+                let rows = numel / d.max(1);
+                let wb = self.floats(*weight, "rms_norm")?;
+                let out = self.alloc(out_bytes);
+                let bufs = vec![self.buf(*x, "rms_norm")?, wb, out.clone()];
+                let words = [d as u32, rows as u32, eps.to_bits()];
+                self.dispatch(
+                    Kernel::RmsNorm,
+                    DType::F32,
+                    bufs,
+                    &words,
+                    [rows as u32, 1, 1],
+                )?;
+                out
+            }
+            Op::Add { a, b } | Op::Mul { a, b } => {
+                let bb = self.floats(*b, op.name())?;
+                let bn = graph.info(*b).numel();
+                let out = self.alloc(out_bytes);
+                let code = u32::from(matches!(op, Op::Mul { .. }));
+                let (grid, lanes_x) = lane_grid(numel);
+                let bufs = vec![self.buf(*a, op.name())?, bb, out.clone()];
+                let words = [numel as u32, bn as u32, code, lanes_x];
+                self.dispatch(Kernel::Eltwise, DType::F32, bufs, &words, grid)?;
+                out
+            }
+            Op::Silu { x } | Op::Gelu { x } => {
+                let out = self.alloc(out_bytes);
+                let xb = self.buf(*x, op.name())?;
+                let code = if matches!(op, Op::Silu { .. }) { 2 } else { 3 };
+                let (grid, lanes_x) = lane_grid(numel);
+                let words = [numel as u32, 1, code, lanes_x];
+                self.dispatch(
+                    Kernel::Eltwise,
+                    DType::F32,
+                    vec![xb.clone(), xb, out.clone()],
+                    &words,
+                    grid,
+                )?;
+                out
+            }
+            Op::Softmax { x } => {
+                let d = *info.shape.last().unwrap_or(&1);
+                let rows = numel / d.max(1);
+                let out = self.alloc(out_bytes);
+                let bufs = vec![self.buf(*x, "softmax")?, out.clone()];
+                self.dispatch(
+                    Kernel::Softmax,
+                    DType::F32,
+                    bufs,
+                    &[d as u32, rows as u32],
+                    [rows as u32, 1, 1],
+                )?;
+                out
+            }
+            Op::Rope { x, positions, cfg } => {
+                let pos = self
+                    .host_i32(*positions)
+                    .ok_or_else(|| kernel_err("rope", "positions are not a host input".into()))?;
+                let t = info.shape[0];
+                let table = cos_sin(&self.plan.rope[&i], pos)?;
+                let tb: Vec<u8> = table.iter().flat_map(|x| x.to_le_bytes()).collect();
+                let cs = self.upload(&tb);
+                let out = self.alloc(out_bytes);
+                let (grid, lanes_x) = lane_grid(numel);
+                let style = u32::from(cfg.style == poot_graph::RopeStyle::NeoX);
+                let words = [
+                    t as u32,
+                    cfg.n_heads,
+                    cfg.head_dim,
+                    cfg.rot_dim,
+                    style,
+                    lanes_x,
+                ];
+                let bufs = vec![self.buf(*x, "rope")?, cs, out.clone()];
+                self.dispatch(Kernel::Rope, DType::F32, bufs, &words, grid)?;
+                out
+            }
+            Op::PagedAttention { q, k, v, meta, cfg } => {
+                return self.attention(numel, *q, *k, *v, meta, cfg).map(Some);
+            }
+            Op::Slice {
+                x,
+                axis,
+                start,
+                end,
+            } => {
+                let s = self.shape(*x);
+                let outer: usize = s[..*axis].iter().product();
+                let inner: usize = s[axis + 1..].iter().product();
+                let cols = (end - start) * inner;
+                let out = self.alloc(out_bytes);
+                let (grid, lanes_x) = lane_grid(outer * cols);
+                let words = [
+                    outer as u32,
+                    cols as u32,
+                    (s[*axis] * inner) as u32,
+                    (start * inner) as u32,
+                    cols as u32,
+                    0,
+                    lanes_x,
+                ];
+                let bufs = vec![self.buf(*x, "slice")?, out.clone()];
+                self.dispatch(Kernel::Copy, DType::F32, bufs, &words, grid)?;
+                out
+            }
+            Op::Concat { xs, axis } => {
+                let outer: usize = info.shape[..*axis].iter().product();
+                let inner: usize = info.shape[axis + 1..].iter().product();
+                let total = info.shape[*axis] * inner;
+                let out = self.alloc(out_bytes);
+                let mut off = 0;
+                for x in xs {
+                    let cols = self.shape(*x)[*axis] * inner;
+                    let (grid, lanes_x) = lane_grid(outer * cols);
+                    let words = [
+                        outer as u32,
+                        cols as u32,
+                        cols as u32,
+                        0,
+                        total as u32,
+                        off as u32,
+                        lanes_x,
+                    ];
+                    let bufs = vec![self.buf(*x, "concat")?, out.clone()];
+                    self.dispatch(Kernel::Copy, DType::F32, bufs, &words, grid)?;
+                    off += cols;
+                }
+                out
+            }
+            Op::GatherRows { x, rows } => {
+                let (t, d) = (self.shape(*x)[0], self.shape(*x)[1]);
+                let r = self.shape(*rows).iter().product::<usize>();
+                if let Some(rs) = self.host_i32(*rows) {
+                    if let Some(&bad) = rs.iter().find(|&&v| v < 0 || v as usize >= t) {
+                        return Err(kernel_err("gather_rows", format!("row {bad} of {t}")));
+                    }
+                }
+                let out = self.alloc(out_bytes);
+                let (grid, lanes_x) = lane_grid(r * d);
+                let words = [r as u32, d as u32, t as u32, lanes_x];
+                let bufs = vec![
+                    self.buf(*x, "gather_rows")?,
+                    self.buf(*rows, "gather_rows")?,
+                    out.clone(),
+                ];
+                self.dispatch(Kernel::Gather, DType::F32, bufs, &words, grid)?;
+                out
+            }
+            Op::Sample { logits, params } => return self.sample(i, *logits, params).map(Some),
+            Op::AdjustLogits { .. }
+            | Op::MaskLogits { .. }
+            | Op::TopK { .. }
+            | Op::Logprobs { .. } => {
+                // `compile` refuses these (see `plan::supports`).
+                return Err(kernel_err(op.name(), "no wgpu kernel".into()));
+            }
+        }))
+    }
+}

@@ -1,0 +1,264 @@
+//! WGSL kernels: sources from `shaders/wgsl` (entered with `include_str!`), specialization per
+//! stored dtype, the kernel body limit, and a pipeline cache.
+//!
+//! Invariants: a pipeline is built at most once per (kernel, dtype) per runtime; before it is
+//! built, its specialized source is measured against `CompileLimits::max_kernel_instructions`
+//! (statements, counted as `;`-terminated statements in the body) and `max_kernel_locals`
+//! (`let`/`var` declarations), and an excess is `CompileError::BodyLimit`, never a driver
+//! failure. Cost: a shader compile per new key (lavapipe: tens of ms); lookups are a hash.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use poot_core::DType;
+use poot_graph::{CompileError, CompileLimits};
+use poot_runtime::RuntimeError;
+
+/// A kernel of `shaders/wgsl`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Kernel {
+    MatMul,
+    /// F16 weights with f16 products (adapters with `shader-f16`, opted in).
+    MatMulF16,
+    Embedding,
+    Dequant,
+    RmsNorm,
+    Eltwise,
+    Softmax,
+    Rope,
+    KvWrite,
+    Attention,
+    Copy,
+    Gather,
+    Argmax,
+    Stall,
+}
+
+impl Kernel {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::MatMul => "matmul",
+            Kernel::MatMulF16 => "matmul_f16",
+            Kernel::Embedding => "embedding",
+            Kernel::Dequant => "dequant",
+            Kernel::RmsNorm => "rms_norm",
+            Kernel::Eltwise => "eltwise",
+            Kernel::Softmax => "softmax",
+            Kernel::Rope => "rope",
+            Kernel::KvWrite => "kv_write",
+            Kernel::Attention => "attention",
+            Kernel::Copy => "copy",
+            Kernel::Gather => "gather",
+            Kernel::Argmax => "argmax",
+            Kernel::Stall => "stall",
+        }
+    }
+
+    fn source(self) -> &'static str {
+        match self {
+            Kernel::MatMul => include_str!("../../../shaders/wgsl/matmul.wgsl"),
+            Kernel::MatMulF16 => include_str!("../../../shaders/wgsl/matmul_f16.wgsl"),
+            Kernel::Embedding => include_str!("../../../shaders/wgsl/embedding.wgsl"),
+            Kernel::Dequant => include_str!("../../../shaders/wgsl/dequant.wgsl"),
+            Kernel::RmsNorm => include_str!("../../../shaders/wgsl/rms_norm.wgsl"),
+            Kernel::Eltwise => include_str!("../../../shaders/wgsl/eltwise.wgsl"),
+            Kernel::Softmax => include_str!("../../../shaders/wgsl/softmax.wgsl"),
+            Kernel::Rope => include_str!("../../../shaders/wgsl/rope.wgsl"),
+            Kernel::KvWrite => include_str!("../../../shaders/wgsl/kv_write.wgsl"),
+            Kernel::Attention => include_str!("../../../shaders/wgsl/attention.wgsl"),
+            Kernel::Copy => include_str!("../../../shaders/wgsl/copy.wgsl"),
+            Kernel::Gather => include_str!("../../../shaders/wgsl/gather.wgsl"),
+            Kernel::Argmax => include_str!("../../../shaders/wgsl/argmax.wgsl"),
+            Kernel::Stall => include_str!("../../../shaders/wgsl/stall.wgsl"),
+        }
+    }
+
+    /// Kernels that read a stored weight and so are specialized per dtype.
+    pub fn reads_weights(self) -> bool {
+        matches!(self, Kernel::MatMul | Kernel::Embedding | Kernel::Dequant)
+    }
+}
+
+const WBYTES: &str = include_str!("../../../shaders/wgsl/wbytes.wgsl");
+
+/// The decoder of a stored dtype, or `None` when no WGSL decoder exists for it.
+pub(crate) fn decoder(dtype: DType) -> Option<&'static str> {
+    Some(match dtype {
+        DType::F32 => include_str!("../../../shaders/wgsl/dec_f32.wgsl"),
+        DType::F16 => include_str!("../../../shaders/wgsl/dec_f16.wgsl"),
+        DType::BF16 => include_str!("../../../shaders/wgsl/dec_bf16.wgsl"),
+        DType::Q8_0 => include_str!("../../../shaders/wgsl/dec_q8_0.wgsl"),
+        DType::Q4_0 => include_str!("../../../shaders/wgsl/dec_q4_0.wgsl"),
+        DType::Q4_1 => include_str!("../../../shaders/wgsl/dec_q4_1.wgsl"),
+        DType::Q4_K => include_str!("../../../shaders/wgsl/dec_q4_k.wgsl"),
+        DType::Q6_K => include_str!("../../../shaders/wgsl/dec_q6_k.wgsl"),
+        _ => return None,
+    })
+}
+
+/// The full WGSL of `kernel` for weights of `dtype` (ignored by kernels that read none).
+pub(crate) fn source(kernel: Kernel, dtype: DType) -> Result<String, CompileError> {
+    if !kernel.reads_weights() {
+        return Ok(kernel.source().to_owned());
+    }
+    let dec = decoder(dtype).ok_or_else(|| {
+        CompileError::Invalid(format!(
+            "wgpu: no WGSL decoder for stored dtype {dtype} ({})",
+            kernel.name()
+        ))
+    })?;
+    // The kernel declares `wt`; the readers and decoder use it, so they follow it.
+    Ok(format!("{}\n{WBYTES}\n{dec}", kernel.source()))
+}
+
+/// Statements and locals of a WGSL body, with `//` comments removed.
+pub(crate) fn body_size(src: &str) -> (usize, usize) {
+    let mut statements = 0;
+    let mut locals = 0;
+    for line in src.lines() {
+        let code = line.split("//").next().unwrap_or("");
+        statements += code.matches(';').count();
+        for word in code.split(|c: char| !c.is_alphanumeric() && c != '_') {
+            if word == "let" || word == "var" {
+                locals += 1;
+            }
+        }
+    }
+    (statements, locals)
+}
+
+/// Refuses a kernel body over `limits` with the exact resource and total.
+pub(crate) fn check_body(
+    name: &str,
+    src: &str,
+    limits: &CompileLimits,
+) -> Result<(), CompileError> {
+    let (statements, locals) = body_size(src);
+    if statements > limits.max_kernel_instructions {
+        return Err(CompileError::BodyLimit {
+            kernel: name.to_owned(),
+            what: "statements",
+            limit: limits.max_kernel_instructions as u64,
+            total: statements as u64,
+        });
+    }
+    if locals > limits.max_kernel_locals {
+        return Err(CompileError::BodyLimit {
+            kernel: name.to_owned(),
+            what: "locals",
+            limit: limits.max_kernel_locals as u64,
+            total: locals as u64,
+        });
+    }
+    Ok(())
+}
+
+/// Built pipelines by (kernel, weight dtype).
+#[derive(Default)]
+pub(crate) struct Pipelines {
+    map: Mutex<HashMap<(Kernel, DType), Arc<wgpu::ComputePipeline>>>,
+}
+
+impl std::fmt::Debug for Pipelines {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.map.lock().map(|m| m.len()).unwrap_or(0);
+        f.debug_struct("Pipelines").field("built", &n).finish()
+    }
+}
+
+impl Pipelines {
+    /// The pipeline of `kernel` for `dtype`, built on first use after the body-limit check.
+    pub fn get(
+        &self,
+        device: &wgpu::Device,
+        kernel: Kernel,
+        dtype: DType,
+        limits: &CompileLimits,
+    ) -> Result<Arc<wgpu::ComputePipeline>, RuntimeError> {
+        let dtype = if kernel.reads_weights() {
+            dtype
+        } else {
+            DType::F32
+        };
+        let src = source(kernel, dtype)?;
+        let label = format!("{}_{dtype}", kernel.name());
+        check_body(&label, &src, limits)?;
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = map.get(&(kernel, dtype)) {
+            return Ok(p.clone());
+        }
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(&label),
+            source: wgpu::ShaderSource::Wgsl(src.into()),
+        });
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&label),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(RuntimeError::Kernel {
+                op: kernel.name(),
+                detail: format!("WGSL pipeline {label} was refused: {e}"),
+            });
+        }
+        let p = Arc::new(pipeline);
+        map.insert((kernel, dtype), p.clone());
+        Ok(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_fits_the_default_body_limits() {
+        let limits = CompileLimits::default();
+        let dtypes = [
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+            DType::Q8_0,
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q4_K,
+            DType::Q6_K,
+        ];
+        for k in [
+            Kernel::MatMul,
+            Kernel::Attention,
+            Kernel::Argmax,
+            Kernel::Rope,
+        ] {
+            for dt in dtypes {
+                let src = source(k, dt).unwrap();
+                check_body(k.name(), &src, &limits).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn a_tight_limit_is_a_typed_body_limit_error() {
+        let limits = CompileLimits {
+            max_kernel_instructions: 10,
+            ..CompileLimits::default()
+        };
+        let src = source(Kernel::MatMul, DType::Q4_K).unwrap();
+        let err = check_body("matmul_Q4_K", &src, &limits).unwrap_err();
+        assert!(matches!(
+            err,
+            CompileError::BodyLimit { what: "statements", limit: 10, total, .. } if total > 10
+        ));
+    }
+
+    #[test]
+    fn unknown_dtypes_have_no_decoder() {
+        assert!(decoder(DType::Q5_0).is_none());
+        assert!(source(Kernel::MatMul, DType::Q5_0).is_err());
+    }
+}

@@ -1,0 +1,327 @@
+//! poot-wgpu: the wgpu runtime, `poot_runtime::Runtime` over WGSL kernels (`shaders/wgsl`).
+//!
+//! Invariants:
+//! - Weights reach the device as stored (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, F16, BF16, F32 bytes)
+//!   and are decoded inside the kernels; a weight larger than one storage binding (lavapipe:
+//!   128 MiB) is split by whole rows across bindings (`weights`).
+//! - Every device wait is bounded: by the caller's `Deadline` and by
+//!   [`WgpuOptions::timeout`] (600 s by default), whichever comes first. A wait that times out
+//!   or finds the device lost returns a typed error (`Timeout`, or `Poisoned` naming the lost
+//!   device) and poisons the runtime; every later call fails fast with `Poisoned` without
+//!   touching the device.
+//! - Arithmetic is f32 with an f32 KV pool (the CPU runtime's exact mode); error bounds per op
+//!   are stated in the conformance tests (`tests/conformance.rs`). Opting in to
+//!   [`WgpuOptions::f16_arithmetic`] takes F16-weight products in f16 where the adapter offers
+//!   `shader-f16`, under a looser stated bound.
+//! - Fault injection for tests is real device work: [`WgpuRuntime::inject_stall`] makes every
+//!   later step start with a kernel that spins past any short deadline, and
+//!   [`WgpuRuntime::inject_device_loss`] destroys the device.
+
+mod device;
+mod exec;
+mod kernels;
+mod plan;
+mod rope;
+mod sample;
+mod submit;
+mod weights;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use poot_core::{DType, Deadline, DEFAULT_DEVICE_TIMEOUT};
+use poot_graph::{CompileLimits, Graph, Op};
+use poot_runtime::{
+    CompiledPlan, Health, HostTensor, KvCacheConfig, MemoryReport, Poison, Runtime, RuntimeError,
+    WeightStore,
+};
+
+pub use device::{adapters, AdapterSummary};
+pub use plan::WgpuPlan;
+
+use device::{Gpu, WaitError};
+use kernels::{Kernel, Pipelines};
+use submit::StepError;
+use weights::{GpuWeight, WeightCache};
+
+/// Options for a wgpu runtime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WgpuOptions {
+    /// Upper bound on the KV pool's bytes.
+    pub max_kv_bytes: u64,
+    /// Bound on every device wait, on top of the caller's deadline.
+    pub timeout: Duration,
+    /// Bytes per storage binding; `None` takes the adapter's limit. Tests set a small value to
+    /// exercise splitting weights across bindings.
+    pub max_binding_bytes: Option<u64>,
+    /// F16 weights multiply in f16 (`matmul_f16.wgsl`) where the adapter offers `shader-f16`;
+    /// off by default because it loosens the bound against the CPU (see the conformance suite).
+    pub f16_arithmetic: bool,
+}
+
+impl Default for WgpuOptions {
+    fn default() -> Self {
+        Self {
+            max_kv_bytes: 8 << 30,
+            timeout: DEFAULT_DEVICE_TIMEOUT,
+            max_binding_bytes: None,
+            f16_arithmetic: false,
+        }
+    }
+}
+
+/// The paged KV pool on the device: per layer, K and V of `[slots, n_kv_heads * head_dim]` f32.
+#[derive(Debug)]
+pub(crate) struct KvPool {
+    pub cfg: KvCacheConfig,
+    pub k: Vec<wgpu::Buffer>,
+    pub v: Vec<wgpu::Buffer>,
+}
+
+/// Runs compiled graphs on a wgpu (Vulkan) adapter.
+#[derive(Debug)]
+pub struct WgpuRuntime {
+    pub(crate) gpu: Gpu,
+    options: WgpuOptions,
+    max_binding: u64,
+    pipelines: Pipelines,
+    weights: WeightCache,
+    kv: Mutex<Option<KvPool>>,
+    poison: Poison,
+    stall: AtomicU32,
+}
+
+impl WgpuRuntime {
+    /// Opens the first Vulkan adapter; a typed error when there is none.
+    pub fn new(options: WgpuOptions) -> Result<Self, RuntimeError> {
+        let gpu = Gpu::open()?;
+        let limit = gpu
+            .limits
+            .max_storage_buffer_binding_size
+            .min(gpu.limits.max_buffer_size);
+        let max_binding = options.max_binding_bytes.map_or(limit, |b| b.min(limit));
+        Ok(Self {
+            gpu,
+            options,
+            max_binding,
+            pipelines: Pipelines::default(),
+            weights: WeightCache::default(),
+            kv: Mutex::new(None),
+            poison: Poison::default(),
+            stall: AtomicU32::new(0),
+        })
+    }
+
+    /// The adapter this runtime runs on.
+    pub fn adapter(&self) -> &AdapterSummary {
+        &self.gpu.info
+    }
+
+    /// Whether the adapter offers f16 shader arithmetic (`shader-f16`).
+    pub fn has_f16(&self) -> bool {
+        self.gpu.f16
+    }
+
+    /// Whether F16-weight matmuls run in f16 here (opted in and offered by the adapter).
+    pub fn uses_f16_arithmetic(&self) -> bool {
+        self.options.f16_arithmetic && self.gpu.f16
+    }
+
+    /// The matmul kernel for weights of `dtype` on this runtime.
+    pub(crate) fn matmul_kernel(&self, dtype: DType) -> Kernel {
+        if dtype == DType::F16 && self.uses_f16_arithmetic() {
+            Kernel::MatMulF16
+        } else {
+            Kernel::MatMul
+        }
+    }
+
+    /// Bytes one storage binding may hold here.
+    pub fn max_binding_bytes(&self) -> u64 {
+        self.max_binding
+    }
+
+    /// Device bytes of the weights uploaded for live plans (as stored: packed stays packed).
+    pub fn weight_bytes(&self) -> u64 {
+        self.weights.bytes()
+    }
+
+    /// Marks this runtime dead (used when a caller's own wait on it timed out).
+    pub fn poison(&self, reason: &str) {
+        self.poison.poison(reason);
+    }
+
+    /// Fault injection: every later step first runs `stall.wgsl` over `iters` rows of 256
+    /// workgroups (about 2.5 s per row on lavapipe; 0 turns it off). Used to make a real
+    /// submission miss its deadline.
+    pub fn inject_stall(&self, iters: u32) {
+        self.stall.store(iters, Ordering::Relaxed);
+    }
+
+    /// Fault injection: destroys the device, as a driver reset would lose it.
+    pub fn inject_device_loss(&self) {
+        self.gpu.device.destroy();
+    }
+
+    pub(crate) fn stall_iters(&self) -> u32 {
+        self.stall.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn compile_limits(&self) -> CompileLimits {
+        // Pipelines are checked against the caller's limits at compile time; at run time they
+        // are cached, so the default limits only matter for a kernel first seen while running.
+        CompileLimits::default()
+    }
+
+    pub(crate) fn pipeline(
+        &self,
+        kernel: Kernel,
+        dtype: DType,
+        limits: &CompileLimits,
+    ) -> Result<Arc<wgpu::ComputePipeline>, RuntimeError> {
+        self.pipelines.get(&self.gpu.device, kernel, dtype, limits)
+    }
+
+    pub(crate) fn weight(
+        &self,
+        store: &Arc<dyn WeightStore>,
+        name: &str,
+    ) -> Result<Arc<GpuWeight>, RuntimeError> {
+        self.weights.get(
+            &self.gpu.device,
+            &self.gpu.queue,
+            store,
+            name,
+            self.max_binding,
+        )
+    }
+
+    fn kv_lock(&self) -> std::sync::MutexGuard<'_, Option<KvPool>> {
+        self.kv.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The caller's deadline, capped by `options.timeout`.
+    fn bound(&self, deadline: Deadline) -> Deadline {
+        match deadline.remaining() {
+            Some(left) if left <= self.options.timeout => deadline,
+            _ => Deadline::after(self.options.timeout),
+        }
+    }
+
+    /// Fails fast when poisoned, and poisons when the device was lost in the meantime.
+    fn check(&self) -> Result<(), RuntimeError> {
+        self.poison.check()?;
+        if let Some(reason) = self.gpu.lost_reason() {
+            self.poison.poison(format!("device lost ({reason})"));
+            return self.poison.check();
+        }
+        Ok(())
+    }
+}
+
+impl Runtime for WgpuRuntime {
+    fn name(&self) -> &'static str {
+        "wgpu"
+    }
+
+    fn supports(&self, op: &Op) -> bool {
+        plan::supports(op)
+    }
+
+    fn compile(
+        &self,
+        graph: &Graph,
+        weights: Arc<dyn WeightStore>,
+        limits: &CompileLimits,
+    ) -> Result<Arc<dyn CompiledPlan>, RuntimeError> {
+        self.check()?;
+        Ok(Arc::new(plan::compile(self, graph, weights, limits)?))
+    }
+
+    fn configure_kv(&self, cfg: KvCacheConfig) -> Result<(), RuntimeError> {
+        self.check()?;
+        let bytes = cfg.bytes_f32().unwrap_or(u64::MAX);
+        if bytes > self.options.max_kv_bytes {
+            return Err(RuntimeError::OutOfMemory {
+                what: "KV pool",
+                requested: bytes,
+                limit: self.options.max_kv_bytes,
+            });
+        }
+        let layer = (cfg.layer_elems().unwrap_or(usize::MAX) as u64).saturating_mul(4);
+        if layer > self.max_binding {
+            return Err(RuntimeError::OutOfMemory {
+                what: "one layer's K (or V) in a storage binding",
+                requested: layer,
+                limit: self.max_binding,
+            });
+        }
+        let mut slot = self.kv_lock();
+        *slot = None; // free the old pool before allocating the new one
+        let make = |l: u32, kind: &str| {
+            self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(&format!("kv {kind} {l}")),
+                size: layer.max(4),
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        };
+        let k = (0..cfg.n_layers).map(|l| make(l, "k")).collect();
+        let v = (0..cfg.n_layers).map(|l| make(l, "v")).collect();
+        *slot = Some(KvPool { cfg, k, v });
+        Ok(())
+    }
+
+    fn run(
+        &self,
+        plan: &dyn CompiledPlan,
+        inputs: &[(&str, HostTensor)],
+        deadline: Deadline,
+    ) -> Result<Vec<(String, HostTensor)>, RuntimeError> {
+        self.check()?;
+        let plan =
+            plan.as_any()
+                .downcast_ref::<WgpuPlan>()
+                .ok_or_else(|| RuntimeError::Kernel {
+                    op: "run",
+                    detail: "plan was compiled by another backend".into(),
+                })?;
+        let kv = self.kv_lock();
+        match submit::run_step(self, plan, inputs, kv.as_ref(), self.bound(deadline)) {
+            Ok(out) => Ok(out),
+            Err(StepError::Runtime(e)) => Err(e),
+            Err(StepError::Wait(WaitError::Timeout, during)) => {
+                self.poison
+                    .poison(format!("deadline missed during {during}"));
+                Err(RuntimeError::Timeout {
+                    during: during.to_owned(),
+                })
+            }
+            Err(StepError::Wait(WaitError::Lost(reason) | WaitError::Other(reason), during)) => {
+                self.poison
+                    .poison(format!("device lost during {during} ({reason})"));
+                Err(self.poison.check().unwrap_err())
+            }
+        }
+    }
+
+    fn memory(&self) -> MemoryReport {
+        let kv_bytes = self
+            .kv_lock()
+            .as_ref()
+            .and_then(|p| p.cfg.bytes_f32())
+            .unwrap_or(0);
+        MemoryReport {
+            kv_bytes,
+            scratch_bytes: 0,
+        }
+    }
+
+    fn health(&self) -> Health {
+        if let Some(reason) = self.gpu.lost_reason() {
+            self.poison.poison(format!("device lost ({reason})"));
+        }
+        self.poison.health()
+    }
+}

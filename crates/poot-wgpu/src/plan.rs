@@ -1,0 +1,277 @@
+//! Compiling a graph for wgpu: passes, support checks, weight upload, rope frequencies,
+//! pipelines (with the kernel body limit), buffer aliasing and liveness, the artifact bound.
+//!
+//! Invariants: a `WgpuPlan` holds only supported ops; every weight it reads is on the device
+//! (as stored) with the traced dtype and shape; every pipeline it needs is built and within
+//! `CompileLimits`; its artifact (peak live activation bytes plus the plan's records) fits
+//! `max_artifact_bytes`. Rope positions and the `Sample` node's parameters must be graph
+//! inputs: the host computes rope's cos/sin table from the positions and runs the non-greedy
+//! sampling rows (see `exec`), and a `Sample` result may only be a graph output.
+
+use std::any::Any;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use poot_core::DType;
+use poot_graph::{run_passes, CompileError, CompileLimits, DeadCodeElimination, Graph, Op};
+use poot_runtime::{CompiledPlan, RuntimeError, WeightStore};
+
+use crate::kernels::Kernel;
+use crate::rope::inv_freq;
+use crate::weights::GpuWeight;
+use crate::WgpuRuntime;
+
+/// A graph ready to run on the wgpu device.
+pub struct WgpuPlan {
+    pub(crate) graph: Graph,
+    /// Device copies of the weights, by value index.
+    pub(crate) weights: HashMap<usize, Arc<GpuWeight>>,
+    /// Rope inverse frequencies by equation index.
+    pub(crate) rope: HashMap<usize, Vec<f32>>,
+    /// The value whose buffer each value uses (itself, or what a reshape aliases).
+    pub(crate) root: Vec<usize>,
+    /// For each root, the last equation that reads it (usize::MAX for outputs).
+    pub(crate) last_use: Vec<usize>,
+    pub(crate) artifact_bytes: u64,
+    /// Keeps the store alive as long as the plan (the weight cache is keyed by it).
+    pub(crate) _store: Arc<dyn WeightStore>,
+}
+
+impl std::fmt::Debug for WgpuPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WgpuPlan")
+            .field("equations", &self.graph.equations.len())
+            .field("artifact_bytes", &self.artifact_bytes)
+            .finish()
+    }
+}
+
+impl CompiledPlan for WgpuPlan {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    fn artifact_bytes(&self) -> u64 {
+        self.artifact_bytes
+    }
+}
+
+/// Ops with a WGSL kernel: every op of the IR except the sampling step's logit ops, whose
+/// steps the engine samples on the host (see `sample.rs`).
+pub(crate) fn supports(op: &Op) -> bool {
+    !matches!(
+        op,
+        Op::AdjustLogits { .. } | Op::MaskLogits { .. } | Op::TopK { .. } | Op::Logprobs { .. }
+    )
+}
+
+fn invalid(detail: String) -> RuntimeError {
+    CompileError::Invalid(detail).into()
+}
+
+fn is_input(graph: &Graph, v: poot_graph::ValueId) -> bool {
+    matches!(graph.op(v), Op::Input { .. })
+}
+
+/// The kernels (and weight dtypes) one equation dispatches.
+fn kernels_of(rt: &WgpuRuntime, graph: &Graph, op: &Op) -> Vec<(Kernel, DType)> {
+    let wdt = |v: poot_graph::ValueId| graph.info(v).dtype;
+    let deq = |v: poot_graph::ValueId| match graph.op(v) {
+        Op::Weight { .. } => vec![(Kernel::Dequant, wdt(v))],
+        _ => vec![],
+    };
+    match op {
+        Op::Embedding { table, .. } => vec![(Kernel::Embedding, wdt(*table))],
+        Op::MatMul { w, .. } => vec![(rt.matmul_kernel(wdt(*w)), wdt(*w))],
+        Op::RmsNorm { weight, .. } => [deq(*weight), vec![(Kernel::RmsNorm, DType::F32)]].concat(),
+        Op::Add { b, .. } | Op::Mul { b, .. } => {
+            [deq(*b), vec![(Kernel::Eltwise, DType::F32)]].concat()
+        }
+        Op::Silu { .. } | Op::Gelu { .. } => vec![(Kernel::Eltwise, DType::F32)],
+        Op::Softmax { .. } => vec![(Kernel::Softmax, DType::F32)],
+        Op::Rope { .. } => vec![(Kernel::Rope, DType::F32)],
+        Op::PagedAttention { .. } => vec![
+            (Kernel::KvWrite, DType::F32),
+            (Kernel::Attention, DType::F32),
+        ],
+        Op::Slice { .. } | Op::Concat { .. } => vec![(Kernel::Copy, DType::F32)],
+        Op::GatherRows { .. } => vec![(Kernel::Gather, DType::F32)],
+        Op::Sample { .. } => vec![(Kernel::Argmax, DType::F32)],
+        Op::Input { .. } | Op::Weight { .. } | Op::Literal { .. } | Op::Reshape { .. } => vec![],
+        Op::AdjustLogits { .. } | Op::MaskLogits { .. } | Op::TopK { .. } | Op::Logprobs { .. } => {
+            vec![]
+        }
+    }
+}
+
+fn check_op(graph: &Graph, i: usize, op: &Op, used_by: &[Vec<usize>]) -> Result<(), RuntimeError> {
+    match op {
+        Op::Rope { positions, cfg, .. } => {
+            if !is_input(graph, *positions) {
+                return Err(invalid(format!(
+                    "wgpu: rope (equation {i}) needs its positions as a graph input"
+                )));
+            }
+            if cfg.rot_dim > cfg.head_dim || cfg.rot_dim % 2 != 0 {
+                return Err(invalid(format!(
+                    "rope rot_dim {} must be even and at most head_dim {}",
+                    cfg.rot_dim, cfg.head_dim
+                )));
+            }
+        }
+        Op::PagedAttention { cfg, .. }
+            if cfg.head_dim > 256 || cfg.n_kv_heads == 0 || cfg.n_heads % cfg.n_kv_heads != 0 =>
+        {
+            return Err(invalid(format!(
+                "wgpu attention needs head_dim <= 256 and n_heads a multiple of n_kv_heads \
+                 (got {}x{}, {} kv heads)",
+                cfg.n_heads, cfg.head_dim, cfg.n_kv_heads
+            )));
+        }
+        Op::Sample { params, .. } => {
+            let p = [
+                params.temperature,
+                params.top_k,
+                params.top_p,
+                params.min_p,
+                params.uniform,
+            ];
+            if !p.iter().all(|&v| is_input(graph, v)) {
+                return Err(invalid(
+                    "wgpu: the sample node's parameters must be graph inputs".into(),
+                ));
+            }
+            if !used_by[i].is_empty() {
+                return Err(invalid(
+                    "wgpu: a sample result may only be a graph output".into(),
+                ));
+            }
+        }
+        Op::Input { .. } => {
+            let dt = graph.values[i].dtype;
+            if dt != DType::F32 && dt != DType::I32 {
+                return Err(invalid(format!("input of dtype {dt}")));
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn value_bytes(graph: &Graph, i: usize) -> u64 {
+    match graph.equations[i] {
+        Op::Weight { .. } | Op::Reshape { .. } => 0,
+        _ => (graph.values[i].numel() as u64).saturating_mul(4),
+    }
+}
+
+/// Peak bytes of live root buffers when equations run in order and each is freed after its
+/// last reader; small temporaries (decoded norm weights, rope tables) are not counted.
+fn peak_bytes(graph: &Graph, last_use: &[usize]) -> u64 {
+    let mut frees: Vec<Vec<usize>> = vec![Vec::new(); graph.equations.len()];
+    for (v, &last) in last_use.iter().enumerate() {
+        if last < frees.len() {
+            frees[last].push(v);
+        }
+    }
+    let (mut live, mut peak) = (0u64, 0u64);
+    for (i, freed) in frees.iter().enumerate() {
+        live = live.saturating_add(value_bytes(graph, i));
+        peak = peak.max(live);
+        for &v in freed {
+            live = live.saturating_sub(value_bytes(graph, v));
+        }
+    }
+    peak
+}
+
+pub(crate) fn compile(
+    rt: &WgpuRuntime,
+    graph: &Graph,
+    store: Arc<dyn WeightStore>,
+    limits: &CompileLimits,
+) -> Result<WgpuPlan, RuntimeError> {
+    let graph = run_passes(graph, &[&DeadCodeElimination], limits)?;
+    let n = graph.equations.len();
+    let mut used_by: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (i, op) in graph.equations.iter().enumerate() {
+        for v in op.operands() {
+            used_by[v.index()].push(i);
+        }
+    }
+    let mut root: Vec<usize> = (0..n).collect();
+    let mut last_use = vec![0usize; n];
+    let mut weights = HashMap::new();
+    let mut rope = HashMap::new();
+    let mut pipelines = HashSet::new();
+    for (i, op) in graph.equations.iter().enumerate() {
+        if !supports(op) {
+            return Err(CompileError::Unsupported {
+                backend: "wgpu",
+                op: op.name(),
+            }
+            .into());
+        }
+        check_op(&graph, i, op, &used_by)?;
+        if let Op::Reshape { x, .. } = op {
+            root[i] = root[x.index()];
+        }
+        for v in op.operands() {
+            let r = root[v.index()];
+            last_use[r] = last_use[r].max(i);
+        }
+        match op {
+            Op::Weight { name } => {
+                let (dtype, shape) = store
+                    .describe(name)
+                    .ok_or_else(|| RuntimeError::MissingWeight { name: name.clone() })?;
+                let info = &graph.values[i];
+                if dtype != info.dtype || shape != info.shape {
+                    return Err(invalid(format!(
+                        "weight '{name}' was traced as {}{:?} but the store has {dtype}{shape:?}",
+                        info.dtype, info.shape
+                    )));
+                }
+                if crate::kernels::decoder(dtype).is_none() {
+                    return Err(invalid(format!(
+                        "wgpu: weight '{name}' is stored as {dtype}, which has no WGSL decoder"
+                    )));
+                }
+                weights.insert(i, rt.weight(&store, name)?);
+            }
+            Op::Rope { cfg, .. } => {
+                rope.insert(i, inv_freq(cfg)?);
+            }
+            _ => {}
+        }
+        pipelines.extend(kernels_of(rt, &graph, op));
+    }
+    for (_, v) in &graph.outputs {
+        last_use[root[v.index()]] = usize::MAX;
+    }
+    for (k, dt) in pipelines {
+        rt.pipeline(k, dt, limits)?;
+    }
+    let records = (n as u64).saturating_mul(std::mem::size_of::<Op>() as u64 + 64);
+    let artifact_bytes = peak_bytes(&graph, &last_use).saturating_add(records);
+    if artifact_bytes > limits.max_artifact_bytes {
+        return Err(CompileError::ArtifactTooLarge {
+            limit: limits.max_artifact_bytes,
+            total: artifact_bytes,
+        }
+        .into());
+    }
+    Ok(WgpuPlan {
+        graph,
+        weights,
+        rope,
+        root,
+        last_use,
+        artifact_bytes,
+        _store: store,
+    })
+}

@@ -1,0 +1,199 @@
+//! One step on the device: record every equation, encode the passes, submit once, wait with the
+//! deadline, read back the outputs (and the logits of host-sampled rows) through one mapped
+//! staging buffer.
+//!
+//! Invariants: nothing waits without the deadline; a wait that times out or finds the device
+//! lost is reported as such to the runtime, which poisons itself; an uncaptured wgpu error
+//! (validation: a bug here) fails the step with a typed `Kernel` error.
+
+use std::sync::mpsc;
+
+use poot_core::{DType, Deadline};
+use poot_runtime::{HostTensor, RuntimeError};
+
+use crate::device::WaitError;
+use crate::exec::Exec;
+use crate::plan::WgpuPlan;
+use crate::sample::sample_row;
+use crate::{KvPool, WgpuRuntime};
+
+/// How a step failed on the device side, for the runtime to poison on.
+#[derive(Debug)]
+pub(crate) enum StepError {
+    Runtime(RuntimeError),
+    Wait(WaitError, &'static str),
+}
+
+impl From<RuntimeError> for StepError {
+    fn from(e: RuntimeError) -> Self {
+        StepError::Runtime(e)
+    }
+}
+
+pub(crate) fn run_step(
+    rt: &WgpuRuntime,
+    plan: &WgpuPlan,
+    inputs: &[(&str, HostTensor)],
+    kv: Option<&KvPool>,
+    deadline: Deadline,
+) -> Result<Vec<(String, HostTensor)>, StepError> {
+    let mut exec = Exec::new(rt, plan, inputs, kv);
+    let stall = rt.stall_iters();
+    if stall > 0 {
+        exec.stall(stall)?;
+    }
+    exec.record_all()?;
+    let gpu = &rt.gpu;
+    let device = &gpu.device;
+    let (dispatches, params, outputs, extra, host_rows) = exec.finish()?;
+    let uniform = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("params"),
+        size: (params.len() as u64).max(256).div_ceil(16) * 16,
+        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    if !params.is_empty() {
+        gpu.queue.write_buffer(&uniform, 0, &params);
+    }
+    let mut encoder = device.create_command_encoder(&Default::default());
+    for d in &dispatches {
+        let layout = d.pipeline.get_bind_group_layout(0);
+        let mut entries: Vec<wgpu::BindGroupEntry<'_>> = d
+            .bufs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        entries.push(wgpu::BindGroupEntry {
+            binding: d.bufs.len() as u32,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &uniform,
+                offset: d.params.0,
+                size: wgpu::BufferSize::new(d.params.1),
+            }),
+        });
+        let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &layout,
+            entries: &entries,
+        });
+        let mut pass = encoder.begin_compute_pass(&Default::default());
+        pass.set_pipeline(&d.pipeline);
+        pass.set_bind_group(0, &group, &[]);
+        pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+    }
+    // Outputs, then host-sampled logits, packed into one staging buffer.
+    let mut offsets = Vec::new();
+    let mut total = 0u64;
+    for (_, _, bytes, _) in &outputs {
+        offsets.push(total);
+        total += bytes.div_ceil(4) * 4;
+    }
+    let mut extra_at = Vec::new();
+    for (_, bytes) in &extra {
+        extra_at.push(total);
+        total += bytes;
+    }
+    let staging = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("readback"),
+        size: total.max(4),
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    for ((_, buf, bytes, _), off) in outputs.iter().zip(&offsets) {
+        if *bytes > 0 {
+            encoder.copy_buffer_to_buffer(buf, 0, &staging, *off, *bytes);
+        }
+    }
+    for ((buf, bytes), off) in extra.iter().zip(&extra_at) {
+        encoder.copy_buffer_to_buffer(buf, 0, &staging, *off, *bytes);
+    }
+    if deadline.expired() {
+        return Err(StepError::Wait(WaitError::Timeout, "submission"));
+    }
+    let index = gpu.queue.submit([encoder.finish()]);
+    // A validation error fails the step without poisoning (a bug here, not a device fault),
+    // unless it is the symptom of a lost device.
+    if let Some(e) = gpu.take_error() {
+        let _ = device.poll(wgpu::PollType::Poll);
+        if let Some(reason) = gpu.lost_reason() {
+            return Err(StepError::Wait(
+                WaitError::Lost(reason),
+                "the step's submission",
+            ));
+        }
+        return Err(RuntimeError::Kernel {
+            op: "wgpu",
+            detail: e,
+        }
+        .into());
+    }
+    gpu.wait(Some(index), deadline)
+        .map_err(|e| StepError::Wait(e, "the step's submission"))?;
+    let (tx, rx) = mpsc::channel();
+    staging.map_async(wgpu::MapMode::Read, .., move |r| {
+        let _ = tx.send(r);
+    });
+    gpu.wait(None, deadline)
+        .map_err(|e| StepError::Wait(e, "the readback"))?;
+    match rx.try_recv() {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            return Err(RuntimeError::Kernel {
+                op: "readback",
+                detail: e.to_string(),
+            }
+            .into())
+        }
+        Err(_) => return Err(StepError::Wait(WaitError::Timeout, "the readback")),
+    }
+    let view = staging
+        .get_mapped_range(..)
+        .map_err(|e| RuntimeError::Kernel {
+            op: "readback",
+            detail: e.to_string(),
+        })?;
+    let words = |off: u64, n: usize| -> Vec<[u8; 4]> {
+        view[off as usize..off as usize + 4 * n]
+            .chunks_exact(4)
+            .map(|c| [c[0], c[1], c[2], c[3]])
+            .collect()
+    };
+    let mut result = Vec::with_capacity(outputs.len());
+    for ((name, _, bytes, (dtype, shape)), off) in outputs.iter().zip(&offsets) {
+        let n = (*bytes / 4) as usize;
+        let t = if *dtype == DType::I32 {
+            HostTensor::I32 {
+                shape: shape.clone(),
+                data: words(*off, n).into_iter().map(i32::from_le_bytes).collect(),
+            }
+        } else {
+            HostTensor::F32 {
+                shape: shape.clone(),
+                data: words(*off, n).into_iter().map(f32::from_le_bytes).collect(),
+            }
+        };
+        result.push((name.clone(), t));
+    }
+    for h in host_rows {
+        let base = extra_at[h.logits_at as usize] + (h.row * h.vocab) as u64 * 4;
+        let row: Vec<f32> = words(base, h.vocab)
+            .into_iter()
+            .map(f32::from_le_bytes)
+            .collect();
+        let id = sample_row(&row, h.params)?;
+        for (name, t) in &mut result {
+            if *name == h.output {
+                if let HostTensor::I32 { data, .. } = t {
+                    data[h.row] = id;
+                }
+            }
+        }
+    }
+    drop(view);
+    staging.unmap();
+    Ok(result)
+}

@@ -1,0 +1,72 @@
+"""The wgpu runtime from Python: selection, bounded waits and poisoning with real faults on the
+device (a kernel that spins past the deadline, a destroyed device), error types, the CLI flag.
+
+Deadlines here bound waits; they are not speed thresholds: the stall kernel runs for seconds
+on lavapipe (and any GPU), far past the 0.2 s deadlines.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import poot
+from poot import SamplingParams
+from poot.cli import main
+from poot.errors import DeviceTimeoutError, RuntimePoisonedError
+
+pytestmark = pytest.mark.device_wgpu
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _wgpu() -> None:
+    from wgpu_util import require_wgpu
+
+    require_wgpu()
+
+
+def test_adapter_and_discovery() -> None:
+    from poot._native import WgpuRuntime, wgpu_adapters
+
+    adapters = wgpu_adapters()
+    assert adapters and all(a["backend"] == "Vulkan" for a in adapters)
+    rt = WgpuRuntime()
+    assert rt.name == "wgpu" and rt.health() == {"status": "ok", "reason": None}
+    assert rt.adapter["name"] == adapters[0]["name"] or rt.adapter["name"] in {
+        a["name"] for a in adapters
+    }
+    assert rt.adapter["max_binding_bytes"] > 0
+
+
+def test_a_stalled_step_times_out_and_poisons_the_llm(stories: Path) -> None:
+    llm = poot.LLM(str(stories / "stories260K-f32.gguf"), backend="wgpu", timeout_s=0.2)
+    greedy = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    llm.runtime._inject_stall(2)
+    with pytest.raises(DeviceTimeoutError) as e:
+        llm.generate("Once upon a time", greedy)
+    assert isinstance(e.value, TimeoutError)
+    health = llm.runtime.health()
+    assert health["status"] == "poisoned" and "deadline" in (health["reason"] or "")
+    # Poisoned for good: later steps fail fast, even with the fault gone.
+    llm.runtime._inject_stall(0)
+    with pytest.raises(RuntimePoisonedError):
+        llm.generate("Once upon a time", greedy)
+
+
+def test_a_lost_device_poisons_the_runtime(stories: Path) -> None:
+    llm = poot.LLM(str(stories / "stories260K-f32.gguf"), backend="wgpu")
+    greedy = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    assert llm.generate("Once", greedy)[0].outputs[0].token_ids
+    llm.runtime._inject_device_loss()
+    with pytest.raises(RuntimePoisonedError) as e:
+        llm.generate("Once", greedy)
+    assert "lost" in str(e.value)
+    assert llm.runtime.health()["status"] == "poisoned"
+
+
+def test_generate_cli_backend_flag(stories: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = str(stories / "stories260K-f32.gguf")
+    argv = ["generate", "Once upon a time", "--model", model, "--max-tokens", "12"]
+    assert main([*argv, "--backend", "wgpu"]) == 0
+    assert capsys.readouterr().out.startswith(", there was a little girl named Lily.")
