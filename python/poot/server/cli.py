@@ -35,6 +35,15 @@ def build_parser() -> argparse.ArgumentParser:
         prog="poot-serve",
         description="Serve a model over an OpenAI-compatible HTTP API (/v1/completions, "
         "/v1/chat/completions, /v1/models) with /health and /metrics.",
+        epilog="examples:\n"
+        "  poot-serve\n"
+        "  poot-serve --model path/to/model.gguf --port 9000 --api-key KEY\n"
+        "  poot-serve --backend wgpu --max-num-seqs 8\n\n"
+        "exit codes:\n"
+        "  0    stopped cleanly (SIGTERM or Ctrl-C)\n"
+        "  1    the model could not be loaded or the server failed\n"
+        "  2    bad usage",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--model",
