@@ -8,7 +8,7 @@ the CPU with an estimated profile, and says so (``CompiledModel.explain``).
 Sources, each optional (a missing tool is reported, never raised):
     - CPU: ``/proc/cpuinfo`` (model, SIMD and matrix flags), ``os.sched_getaffinity`` (usable
       cores), ``/proc/meminfo`` (total and available memory).
-    - wgpu adapters: the wgpu runtime when this build has one (``poot._native.WgpuRuntime``),
+    - wgpu adapters: the wgpu runtime when this build has one (``poot._native.wgpu_adapters``),
       otherwise ``vulkaninfo --summary``; adapters are then visible but cannot be validated.
     - CUDA: ``nvidia-smi``; its absence is reported as "no driver".
 """
@@ -169,9 +169,8 @@ def wgpu_adapters() -> tuple[list[DeviceInfo], str]:
     """wgpu adapters: from the wgpu runtime when built in, else from vulkaninfo."""
     from poot import _native
 
-    runtime = getattr(_native, "WgpuRuntime", None)
-    adapters = getattr(runtime, "adapters", None)
-    if callable(adapters):  # the wgpu backend, once it lands, reports adapters and limits
+    adapters = getattr(_native, "wgpu_adapters", None)
+    if callable(adapters):  # the wgpu backend is built in: it lists the adapters itself
         found = []
         for i, a in enumerate(adapters()):
             name = str(a.get("name", f"adapter {i}"))
