@@ -13,6 +13,7 @@ use poot_graph::{Graph, Op, ValueId};
 use poot_runtime::{HostTensor, RuntimeError};
 
 use super::plan::CpuPlan;
+use super::profile::Profile;
 use super::sample::sample_row;
 use super::{KvLayers, KvPool};
 use crate::kernels::{self, AttentionInputs, AttentionShape, KvCacheMut, Numerics};
@@ -428,8 +429,11 @@ pub(crate) fn execute(
     mut kv: Option<&mut KvPool>,
     pool: &ThreadPool,
     deadline: Deadline,
+    profile: Option<&Profile>,
 ) -> Result<Vec<(String, HostTensor)>, RuntimeError> {
     let n = plan.graph.equations.len();
+    let run_start = profile.map(Profile::start_run);
+    let mut decode = true;
     let mut exec = Exec {
         plan,
         bufs: (0..n).map(|_| Buf::Empty).collect(),
@@ -441,7 +445,17 @@ pub(crate) fn execute(
                 during: format!("equation {i} ({})", op.name()),
             });
         }
-        let buf = exec.run_op(i, op, inputs, kv.as_deref_mut())?;
+        let buf = match profile {
+            None => exec.run_op(i, op, inputs, kv.as_deref_mut())?,
+            Some(p) => {
+                let t0 = std::time::Instant::now();
+                let buf = exec.run_op(i, op, inputs, kv.as_deref_mut())?;
+                let (kind, rows) = profile_kind(plan, op, i);
+                decode &= rows <= 1 || !matches!(op, Op::MatMul { .. });
+                p.add(&kind, rows, t0.elapsed());
+                buf
+            }
+        };
         exec.bufs[i] = buf;
         for v in op.operands() {
             if plan.last_use[v.index()] == i {
@@ -470,5 +484,18 @@ pub(crate) fn execute(
         };
         outputs.push((name.clone(), t));
     }
+    if let (Some(p), Some(t0)) = (profile, run_start) {
+        p.end_run(decode, t0.elapsed());
+    }
     Ok(outputs)
+}
+
+/// The profile bucket of equation `i` (matmuls by weight dtype) and its row count.
+fn profile_kind(plan: &CpuPlan, op: &Op, i: usize) -> (String, usize) {
+    let g = &plan.graph;
+    let rows = g.values[i].shape.first().copied().unwrap_or(1);
+    match op {
+        Op::MatMul { w, .. } => (format!("matmul {}", g.info(*w).dtype), rows),
+        _ => (op.name().to_string(), rows),
+    }
 }

@@ -13,6 +13,7 @@
 
 mod exec;
 mod plan;
+mod profile;
 mod sample;
 
 use std::sync::{Arc, Mutex};
@@ -73,6 +74,9 @@ pub struct CpuOptions {
     pub max_kv_bytes: u64,
     /// The arithmetic the kernels follow (see the module docs).
     pub numerics: Numerics,
+    /// Time every equation by op kind (see `profile.rs`); also on when `POOT_CPU_PROFILE` is
+    /// set in the environment.
+    pub profile: bool,
 }
 
 impl Default for CpuOptions {
@@ -81,6 +85,7 @@ impl Default for CpuOptions {
             threads: 0,
             max_kv_bytes: 8 << 30,
             numerics: Numerics::Exact,
+            profile: false,
         }
     }
 }
@@ -92,6 +97,7 @@ pub struct CpuRuntime {
     options: CpuOptions,
     kv: Mutex<Option<KvPool>>,
     poison: Poison,
+    profile: Option<profile::Profile>,
 }
 
 impl CpuRuntime {
@@ -105,7 +111,14 @@ impl CpuRuntime {
             options,
             kv: Mutex::new(None),
             poison: Poison::default(),
+            profile: (options.profile || std::env::var_os("POOT_CPU_PROFILE").is_some())
+                .then(profile::Profile::default),
         })
+    }
+
+    /// The per-op-kind timing table, when profiling is on (see `CpuOptions::profile`).
+    pub fn profile_report(&self) -> Option<String> {
+        self.profile.as_ref().map(profile::Profile::report)
     }
 
     pub fn threads(&self) -> usize {
@@ -194,7 +207,14 @@ impl Runtime for CpuRuntime {
                 detail: "plan was compiled by another backend".into(),
             })?;
         let mut kv = self.kv_lock();
-        let result = exec::execute(plan, inputs, kv.as_mut(), &self.pool, deadline);
+        let result = exec::execute(
+            plan,
+            inputs,
+            kv.as_mut(),
+            &self.pool,
+            deadline,
+            self.profile.as_ref(),
+        );
         if let Err(RuntimeError::Timeout { during }) = &result {
             self.poison
                 .poison(format!("deadline missed during {during}"));
@@ -216,6 +236,14 @@ impl Runtime for CpuRuntime {
 
     fn health(&self) -> Health {
         self.poison.health()
+    }
+}
+
+impl Drop for CpuRuntime {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            p.emit();
+        }
     }
 }
 
