@@ -42,6 +42,16 @@ pub trait KvElem: Copy + Send + Sync + 'static {
     }
 
     fn from_f32(v: f32) -> Self;
+
+    /// [`KvElem::slice_to_f32`] inlined with F16C instructions where the element is f16.
+    ///
+    /// # Safety
+    /// The caller runs with AVX and F16C enabled (inside a `#[target_feature]` function whose
+    /// features were detected).
+    #[inline(always)]
+    unsafe fn slice_to_f32_f16c(src: &[Self], dst: &mut [f32]) {
+        Self::slice_to_f32(src, dst);
+    }
 }
 
 impl KvElem for f32 {
@@ -70,6 +80,26 @@ impl KvElem for half::f16 {
             return unsafe { f16_to_f32_f16c(src, dst) };
         }
         for (d, s) in dst.iter_mut().zip(src) {
+            *d = s.to_f32();
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn slice_to_f32_f16c(src: &[Self], dst: &mut [f32]) {
+        use std::arch::x86_64::{_mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128};
+        let n = src.len().min(dst.len());
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: elements i..i + 8 are inside both slices (i + 8 <= n); the caller runs
+            // with AVX and F16C enabled (this function's contract).
+            unsafe {
+                let h = _mm_loadu_si128(src.as_ptr().add(i).cast());
+                _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+            }
+            i += 8;
+        }
+        for (d, s) in dst[i..n].iter_mut().zip(&src[i..n]) {
             *d = s.to_f32();
         }
     }
