@@ -18,8 +18,9 @@
 //! [`matmul_numerics`] with [`Numerics::Ggml`] takes llama.cpp's arithmetic instead, bit for bit:
 //! for Q4_0, Q4_1, Q5_0, Q8_0 weights activations quantized to Q8 and integer block dots (the
 //! cheaper path for one token, `matmul_q8.rs`), for F16 and F32 weights ggml's float dot orders
-//! (`matmul_float_ggml.rs`); each states its bound. BF16, Q5_1 and k-quant weights keep this
-//! exact path under either numerics.
+//! (`matmul_float_ggml.rs`), for Q4_K and Q6_K Q8_K activations and integer super-block dots
+//! (`qdot_k.rs`); each states its bound. BF16, Q5_1 and the other k-quants keep this exact
+//! path under either numerics.
 
 use poot_core::DType;
 
@@ -108,6 +109,10 @@ pub fn matmul_numerics(
     if numerics == Numerics::Ggml {
         if let Some(kind) = QKind::new(w_dtype) {
             super::matmul_q8::matmul_q8(ck, kind, x, t, k, w, row_bytes, n, out, pool);
+            return Ok(());
+        }
+        if let Some(kind) = super::qdot_k::KKind::new(w_dtype) {
+            super::qdot_k::matmul_q8k(ck, kind, x, t, k, w, row_bytes, n, out, pool);
             return Ok(());
         }
         if matches!(p, Packed::F16 | Packed::F32) {
