@@ -25,6 +25,7 @@
 
 use super::attention_ggml;
 use super::ggml::Numerics;
+use super::scratch::{AttnGuard, Scratch};
 use super::simd::Isa;
 use crate::error::{check_len, mul};
 use crate::pool::ThreadPool;
@@ -230,41 +231,36 @@ pub fn paged_attention_numerics<T: KvElem>(
     if numerics == Numerics::Ggml {
         let batched = plan.t >= 2;
         let fma = Isa::detect() != Isa::Scalar;
-        pool.for_each_chunk_mut(
-            out,
-            s.head_dim,
-            attention_ggml::Scratch::default,
-            |scratch, idx, o| {
-                let (tok, h) = (idx / s.n_heads, idx % s.n_heads);
-                let seq = inputs.token_seq[tok] as usize;
-                let table = &inputs.block_tables[seq * s.max_blocks_per_seq..];
-                let head_off = (h / group) * s.head_dim;
-                // Validated: every table entry below `len` is a block in 0..num_blocks.
-                let row_of = |p: usize| {
-                    let slot = table[p / s.block_size] as usize * s.block_size + p % s.block_size;
-                    slot * kv_row + head_off
-                };
-                attention_ggml::head(
-                    fma,
-                    &inputs.q[idx * s.head_dim..(idx + 1) * s.head_dim],
-                    k_cache,
-                    v_cache,
-                    row_of,
-                    inputs.positions[tok] as usize + 1,
-                    s.scale,
-                    batched,
-                    scratch,
-                    o,
-                );
-            },
-        );
+        pool.for_each_chunk_mut(out, s.head_dim, AttnGuard::take, |scratch, idx, o| {
+            let (tok, h) = (idx / s.n_heads, idx % s.n_heads);
+            let seq = inputs.token_seq[tok] as usize;
+            let table = &inputs.block_tables[seq * s.max_blocks_per_seq..];
+            let head_off = (h / group) * s.head_dim;
+            // Validated: every table entry below `len` is a block in 0..num_blocks.
+            let row_of = |p: usize| {
+                let slot = table[p / s.block_size] as usize * s.block_size + p % s.block_size;
+                slot * kv_row + head_off
+            };
+            attention_ggml::head(
+                fma,
+                &inputs.q[idx * s.head_dim..(idx + 1) * s.head_dim],
+                k_cache,
+                v_cache,
+                row_of,
+                inputs.positions[tok] as usize + 1,
+                s.scale,
+                batched,
+                scratch,
+                o,
+            );
+        });
         return Ok(());
     }
     pool.for_each_chunk_mut(
         out,
         s.head_dim,
-        Vec::new,
-        |scores: &mut Vec<f32>, idx, o| {
+        || Scratch::<f32>::zeroed(0),
+        |scores: &mut Scratch<f32>, idx, o| {
             let (tok, h) = (idx / s.n_heads, idx % s.n_heads);
             let seq = inputs.token_seq[tok] as usize;
             let len = inputs.positions[tok] as usize + 1;
@@ -380,7 +376,15 @@ fn validate(
     }
     let max_pos = mul(mb, s.block_size, "attention positions")?;
     // Blocks each sequence needs: max over its tokens of position / block_size + 1.
-    let mut need = vec![0usize; n_seqs];
+    // Up to 256 sequences on the stack (no allocation per step), more on the heap.
+    let mut stack = [0usize; 256];
+    let mut heap = Vec::new();
+    let need: &mut [usize] = if n_seqs <= stack.len() {
+        &mut stack[..n_seqs]
+    } else {
+        heap.resize(n_seqs, 0);
+        &mut heap
+    };
     for i in 0..t {
         let seq = inp.token_seq[i];
         if seq < 0 || seq as usize >= n_seqs {

@@ -27,6 +27,7 @@ use poot_core::DType;
 use super::decode::Packed;
 use super::ggml::Numerics;
 use super::qdot::QKind;
+use super::scratch::Scratch;
 use super::simd::{self, Isa, NR};
 use crate::error::{check_len, mul};
 use crate::pool::{SharedMut, ThreadPool};
@@ -129,7 +130,7 @@ pub fn matmul_numerics(
     let shared = SharedMut::new(out);
     pool.for_each_init(
         tasks,
-        || (vec![0.0f32; NR * k], vec![0.0f32; NR * t]),
+        || (Scratch::zeroed(NR * k), Scratch::zeroed(NR * t)),
         |(rows, res), task| {
             let g_end = ((task + 1) * per_task).min(groups);
             for g in task * per_task..g_end {

@@ -21,6 +21,7 @@
 
 use super::qact::{quantize_row_q8, BlockQ8, QK8};
 use super::qdot::{dot_rows, QKind};
+use super::scratch::Scratch;
 use super::simd::{Checked, NR};
 use crate::pool::{SharedMut, ThreadPool};
 
@@ -40,7 +41,7 @@ pub(crate) fn matmul_q8(
     pool: &ThreadPool,
 ) {
     let nb = k / QK8;
-    let mut xq = vec![BlockQ8::default(); t * nb];
+    let mut xq = Scratch::<BlockQ8>::zeroed(t * nb);
     for (xr, qr) in x.chunks_exact(k).zip(xq.chunks_exact_mut(nb)) {
         quantize_row_q8(xr, qr, kind.act_sum());
     }
@@ -49,10 +50,10 @@ pub(crate) fn matmul_q8(
     let per_task = groups.div_ceil(pool.n_threads() * 4).max(1);
     let tasks = groups.div_ceil(per_task);
     let shared = SharedMut::new(out);
-    let xq = &xq;
+    let xq = &xq[..];
     pool.for_each_init(
         tasks,
-        || vec![0.0f32; t * NR],
+        || Scratch::zeroed(t * NR),
         |res, task| {
             for g in task * per_task..((task + 1) * per_task).min(groups) {
                 let n0 = g * NR;

@@ -19,6 +19,7 @@ mod qdot_k_x86;
 #[cfg(target_arch = "x86_64")]
 mod qdot_x86;
 pub mod rope;
+mod scratch;
 pub mod simd;
 #[cfg(target_arch = "x86_64")]
 mod simd_decode;

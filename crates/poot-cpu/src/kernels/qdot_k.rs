@@ -20,6 +20,7 @@
 //! 256 values; activations are quantized once per matmul (292 bytes per 256 values).
 
 use super::decode::f16_to_f32;
+use super::scratch::Scratch;
 use super::simd::{Checked, Isa, NR};
 use crate::pool::{SharedMut, ThreadPool};
 
@@ -215,7 +216,7 @@ pub(crate) fn matmul_q8k(
     pool: &ThreadPool,
 ) {
     let nb = k / QK_K;
-    let mut xq = vec![BlockQ8K::default(); t * nb];
+    let mut xq = Scratch::<BlockQ8K>::zeroed(t * nb);
     for (xr, qr) in x.chunks_exact(k).zip(xq.chunks_exact_mut(nb)) {
         quantize_row_q8k(xr, qr);
     }
@@ -223,10 +224,10 @@ pub(crate) fn matmul_q8k(
     let per_task = groups.div_ceil(pool.n_threads() * 4).max(1);
     let tasks = groups.div_ceil(per_task);
     let shared = SharedMut::new(out);
-    let xq = &xq;
+    let xq = &xq[..];
     pool.for_each_init(
         tasks,
-        || vec![0.0f32; t],
+        || Scratch::zeroed(t),
         |res, task| {
             for g in task * per_task..((task + 1) * per_task).min(groups) {
                 for r in g * NR..((g + 1) * NR).min(n) {

@@ -2,9 +2,11 @@
 //!
 //! Invariants: the deadline is checked before every equation; inputs must match the traced
 //! dtype and shape exactly; weights are read from the store's mapped bytes (packed blocks are
-//! decoded inside the kernels; only small float vectors such as biases are decoded into a
-//! temporary); each activation buffer is dropped after its last reader, so peak memory is the
-//! plan's `artifact_bytes`.
+//! decoded inside the kernels; f32 vectors such as biases and norm weights are read in place,
+//! other small float vectors are decoded into a temporary); each activation buffer is returned
+//! to the runtime's [`Arena`] after its last reader, so peak memory is the plan's
+//! `artifact_bytes`, and buffers are reused across runs: once a plan has run, running it again
+//! allocates only its outputs (handed to the caller) and what `Op::Sample` builds.
 
 use std::borrow::Cow;
 
@@ -19,6 +21,7 @@ use super::{KvLayers, KvPool};
 use crate::kernels::{self, AttentionInputs, AttentionShape, KvCacheMut, Numerics};
 use crate::{DType, Isa, KernelError, ThreadPool};
 
+#[derive(Debug)]
 enum Buf {
     Empty,
     Weight,
@@ -33,10 +36,77 @@ fn kerr(op: &'static str) -> impl Fn(KernelError) -> RuntimeError {
     }
 }
 
+/// Activation buffers kept between runs (see the module docs). At most `KEEP` per element type
+/// are parked, none over `MAX_BYTES`, so what a long prefill needed goes back to the allocator.
+#[derive(Debug, Default)]
+pub(crate) struct Arena {
+    f32s: Vec<Vec<f32>>,
+    i32s: Vec<Vec<i32>>,
+    bufs: Vec<Buf>,
+}
+
+impl Arena {
+    const KEEP: usize = 64;
+    const MAX_BYTES: usize = 8 << 20;
+
+    fn give(&mut self, b: Buf) {
+        match b {
+            Buf::F32(v) if v.capacity() * 4 <= Self::MAX_BYTES && self.f32s.len() < Self::KEEP => {
+                self.f32s.push(v);
+            }
+            Buf::I32(v) if v.capacity() * 4 <= Self::MAX_BYTES && self.i32s.len() < Self::KEEP => {
+                self.i32s.push(v);
+            }
+            _ => {}
+        }
+    }
+
+    /// An empty f32 buffer (reserved for `cap` values).
+    fn f32s(&mut self, cap: usize) -> Vec<f32> {
+        best_fit(&mut self.f32s, cap)
+    }
+
+    /// An empty i32 buffer (reserved for `cap` values).
+    fn i32s(&mut self, cap: usize) -> Vec<i32> {
+        best_fit(&mut self.i32s, cap)
+    }
+
+    /// `n` zeros.
+    fn zeros(&mut self, n: usize) -> Vec<f32> {
+        let mut v = self.f32s(n);
+        v.resize(n, 0.0);
+        v
+    }
+
+    /// Bytes parked here (reported as the runtime's scratch memory).
+    pub(crate) fn parked_bytes(&self) -> u64 {
+        let f: usize = self.f32s.iter().map(|v| v.capacity() * 4).sum();
+        let i: usize = self.i32s.iter().map(|v| v.capacity() * 4).sum();
+        (f + i) as u64
+    }
+}
+
+/// The smallest parked buffer that holds `cap` values (so a run's requests find the buffers
+/// they had last run and nothing grows), else the largest one grown; emptied.
+fn best_fit<T>(parked: &mut Vec<Vec<T>>, cap: usize) -> Vec<T> {
+    let fit = parked
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| v.capacity() >= cap)
+        .min_by_key(|(_, v)| v.capacity())
+        .or_else(|| parked.iter().enumerate().max_by_key(|(_, v)| v.capacity()))
+        .map(|(i, _)| i);
+    let mut v = fit.map(|i| parked.swap_remove(i)).unwrap_or_default();
+    v.clear();
+    v.reserve(cap);
+    v
+}
+
 struct Exec<'a> {
     plan: &'a CpuPlan,
     bufs: Vec<Buf>,
     pool: &'a ThreadPool,
+    arena: &'a mut Arena,
 }
 
 impl<'a> Exec<'a> {
@@ -87,6 +157,15 @@ impl<'a> Exec<'a> {
     fn floats(&self, v: ValueId, op: &'static str) -> Result<Cow<'_, [f32]>, RuntimeError> {
         if let Buf::Weight = self.bufs[v.index()] {
             let (bytes, dtype) = self.weight(v, op)?;
+            #[cfg(target_endian = "little")]
+            if dtype == DType::F32 {
+                // SAFETY: every bit pattern is a valid f32; `align_to` only yields the aligned
+                // middle part, which is all of it when `prefix` and `suffix` are empty.
+                let (prefix, floats, suffix) = unsafe { bytes.align_to::<f32>() };
+                if prefix.is_empty() && suffix.is_empty() {
+                    return Ok(Cow::Borrowed(floats));
+                }
+            }
             let mut out = vec![0f32; self.graph().info(v).numel()];
             dequantize(dtype, bytes, &mut out).map_err(|e| RuntimeError::Kernel {
                 op,
@@ -129,16 +208,28 @@ impl<'a> Exec<'a> {
                     });
                 }
                 match host {
-                    HostTensor::F32 { data, .. } => Buf::F32(data.clone()),
-                    HostTensor::I32 { data, .. } => Buf::I32(data.clone()),
+                    HostTensor::F32 { data, .. } => {
+                        let mut v = self.arena.f32s(data.len());
+                        v.extend_from_slice(data);
+                        Buf::F32(v)
+                    }
+                    HostTensor::I32 { data, .. } => {
+                        let mut v = self.arena.i32s(data.len());
+                        v.extend_from_slice(data);
+                        Buf::I32(v)
+                    }
                 }
             }
             Op::Weight { .. } => Buf::Weight,
-            Op::Literal { data } => Buf::F32(data.clone()),
+            Op::Literal { data } => {
+                let mut v = self.arena.f32s(data.len());
+                v.extend_from_slice(data);
+                Buf::F32(v)
+            }
             Op::Embedding { table, ids } => {
                 let (bytes, dtype) = self.weight(*table, "embedding")?;
                 let tshape = self.shape(*table);
-                let mut out = vec![0f32; numel];
+                let mut out = self.arena.zeros(numel);
                 kernels::embedding(
                     bytes,
                     dtype,
@@ -152,7 +243,7 @@ impl<'a> Exec<'a> {
             }
             Op::RmsNorm { x, weight, eps } => {
                 let d = *info.shape.last().unwrap_or(&1);
-                let mut out = vec![0f32; numel];
+                let mut out = self.arena.zeros(numel);
                 let xs = self.f32(*x, "rms_norm")?;
                 let (wbytes, wdtype): (Cow<'_, [u8]>, DType) = match self.bufs[weight.index()] {
                     Buf::Weight => {
@@ -175,7 +266,7 @@ impl<'a> Exec<'a> {
                 let (bytes, dtype) = self.weight(*w, "matmul")?;
                 let xs = self.shape(*x);
                 let n = self.shape(*w)[0];
-                let mut out = vec![0f32; numel];
+                let mut out = self.arena.zeros(numel);
                 kernels::matmul_numerics(
                     self.plan.numerics,
                     Isa::detect(),
@@ -193,8 +284,8 @@ impl<'a> Exec<'a> {
             }
             Op::Add { a, b } | Op::Mul { a, b } => {
                 let name = op.name();
+                let mut out = self.arena.zeros(numel);
                 let bv = self.floats(*b, name)?;
-                let mut out = vec![0f32; numel];
                 let av = self.f32(*a, name)?;
                 if matches!(op, Op::Add { .. }) {
                     kernels::add(av, &bv, &mut out).map_err(kerr("add"))?;
@@ -204,7 +295,7 @@ impl<'a> Exec<'a> {
                 Buf::F32(out)
             }
             Op::Silu { x } | Op::Gelu { x } => {
-                let mut out = vec![0f32; numel];
+                let mut out = self.arena.zeros(numel);
                 let xv = self.f32(*x, op.name())?;
                 if matches!(op, Op::Silu { .. }) {
                     if self.plan.numerics == Numerics::Ggml {
@@ -219,7 +310,8 @@ impl<'a> Exec<'a> {
                 Buf::F32(out)
             }
             Op::Softmax { x } => {
-                let mut out = self.f32(*x, "softmax")?.to_vec();
+                let mut out = self.arena.f32s(numel);
+                out.extend_from_slice(self.f32(*x, "softmax")?);
                 kernels::softmax(&mut out, *info.shape.last().unwrap_or(&1))
                     .map_err(kerr("softmax"))?;
                 Buf::F32(out)
@@ -229,7 +321,8 @@ impl<'a> Exec<'a> {
                     op: "rope",
                     detail: "no rope table was compiled".into(),
                 })?;
-                let mut out = self.f32(*x, "rope")?.to_vec();
+                let mut out = self.arena.f32s(numel);
+                out.extend_from_slice(self.f32(*x, "rope")?);
                 kernels::rope(
                     &mut out,
                     info.shape[0],
@@ -273,6 +366,7 @@ impl<'a> Exec<'a> {
                         ),
                     });
                 }
+                let mut out = self.arena.zeros(numel);
                 let attn_inputs = AttentionInputs {
                     q: self.f32(*q, "paged_attention")?,
                     k: self.f32(*k, "paged_attention")?,
@@ -282,7 +376,7 @@ impl<'a> Exec<'a> {
                     positions: self.i32(meta.positions, "paged_attention")?,
                     block_tables: self.i32(meta.block_tables, "paged_attention")?,
                 };
-                let mut out = vec![0f32; numel];
+
                 let numerics = self.plan.numerics;
                 match &mut kv.layers {
                     KvLayers::F32 { k, v } => {
@@ -318,8 +412,16 @@ impl<'a> Exec<'a> {
                 Buf::F32(out)
             }
             Op::Reshape { x, .. } => match &self.bufs[x.index()] {
-                Buf::F32(d) => Buf::F32(d.clone()),
-                Buf::I32(d) => Buf::I32(d.clone()),
+                Buf::F32(d) => {
+                    let mut v = self.arena.f32s(d.len());
+                    v.extend_from_slice(d);
+                    Buf::F32(v)
+                }
+                Buf::I32(d) => {
+                    let mut v = self.arena.i32s(d.len());
+                    v.extend_from_slice(d);
+                    Buf::I32(v)
+                }
                 _ => {
                     return Err(RuntimeError::Kernel {
                         op: "reshape",
@@ -339,16 +441,16 @@ impl<'a> Exec<'a> {
                 let (dim, w) = (s[*axis], end - start);
                 let pick = |o: usize| (o * dim + start) * inner..(o * dim + start + w) * inner;
                 match &self.bufs[x.index()] {
-                    Buf::F32(d) => Buf::F32(
-                        (0..outer)
-                            .flat_map(|o| d[pick(o)].iter().copied())
-                            .collect(),
-                    ),
-                    Buf::I32(d) => Buf::I32(
-                        (0..outer)
-                            .flat_map(|o| d[pick(o)].iter().copied())
-                            .collect(),
-                    ),
+                    Buf::F32(d) => {
+                        let mut v = self.arena.f32s(outer * w * inner);
+                        (0..outer).for_each(|o| v.extend_from_slice(&d[pick(o)]));
+                        Buf::F32(v)
+                    }
+                    Buf::I32(d) => {
+                        let mut v = self.arena.i32s(outer * w * inner);
+                        (0..outer).for_each(|o| v.extend_from_slice(&d[pick(o)]));
+                        Buf::I32(v)
+                    }
                     _ => {
                         return Err(RuntimeError::Kernel {
                             op: "slice",
@@ -361,7 +463,7 @@ impl<'a> Exec<'a> {
                 let outer: usize = info.shape[..*axis].iter().product();
                 let inner: usize = info.shape[axis + 1..].iter().product();
                 if info.dtype == DType::I32 {
-                    let mut out = Vec::with_capacity(numel);
+                    let mut out = self.arena.i32s(numel);
                     for o in 0..outer {
                         for x in xs {
                             let c = self.shape(*x)[*axis] * inner;
@@ -370,7 +472,7 @@ impl<'a> Exec<'a> {
                     }
                     Buf::I32(out)
                 } else {
-                    let mut out = Vec::with_capacity(numel);
+                    let mut out = self.arena.f32s(numel);
                     for o in 0..outer {
                         for x in xs {
                             let c = self.shape(*x)[*axis] * inner;
@@ -383,8 +485,8 @@ impl<'a> Exec<'a> {
             Op::GatherRows { x, rows } => {
                 let d = self.shape(*x)[1];
                 let t = self.shape(*x)[0];
+                let mut out = self.arena.f32s(numel);
                 let xv = self.f32(*x, "gather_rows")?;
-                let mut out = Vec::with_capacity(numel);
                 for &r in self.i32(*rows, "gather_rows")? {
                     let r = usize::try_from(r).ok().filter(|&r| r < t).ok_or_else(|| {
                         RuntimeError::Kernel {
@@ -430,15 +532,42 @@ pub(crate) fn execute(
     pool: &ThreadPool,
     deadline: Deadline,
     profile: Option<&Profile>,
+    arena: &mut Arena,
 ) -> Result<Vec<(String, HostTensor)>, RuntimeError> {
     let n = plan.graph.equations.len();
     let run_start = profile.map(Profile::start_run);
     let mut decode = true;
+    let mut bufs = std::mem::take(&mut arena.bufs);
+    bufs.clear();
+    bufs.resize_with(n, || Buf::Empty);
     let mut exec = Exec {
         plan,
-        bufs: (0..n).map(|_| Buf::Empty).collect(),
+        bufs,
         pool,
+        arena,
     };
+    let result = run_all(&mut exec, inputs, &mut kv, deadline, profile, &mut decode);
+    // Every buffer goes back to the arena, also after an error.
+    let mut bufs = std::mem::take(&mut exec.bufs);
+    for b in bufs.iter_mut() {
+        exec.arena.give(std::mem::replace(b, Buf::Empty));
+    }
+    exec.arena.bufs = bufs;
+    if let (Some(p), Some(t0), true) = (profile, run_start, result.is_ok()) {
+        p.end_run(decode, t0.elapsed());
+    }
+    result
+}
+
+fn run_all(
+    exec: &mut Exec<'_>,
+    inputs: &[(&str, HostTensor)],
+    kv: &mut Option<&mut KvPool>,
+    deadline: Deadline,
+    profile: Option<&Profile>,
+    decode: &mut bool,
+) -> Result<Vec<(String, HostTensor)>, RuntimeError> {
+    let plan = exec.plan;
     for (i, op) in plan.graph.equations.iter().enumerate() {
         if deadline.expired() {
             return Err(RuntimeError::Timeout {
@@ -451,31 +580,39 @@ pub(crate) fn execute(
                 let t0 = std::time::Instant::now();
                 let buf = exec.run_op(i, op, inputs, kv.as_deref_mut())?;
                 let (kind, rows) = profile_kind(plan, op, i);
-                decode &= rows <= 1 || !matches!(op, Op::MatMul { .. });
+                *decode &= rows <= 1 || !matches!(op, Op::MatMul { .. });
                 p.add(&kind, rows, t0.elapsed());
                 buf
             }
         };
         exec.bufs[i] = buf;
-        for v in op.operands() {
+        for_each_operand(op, |v| {
             if plan.last_use[v.index()] == i {
-                exec.bufs[v.index()] = Buf::Empty;
+                let b = std::mem::replace(&mut exec.bufs[v.index()], Buf::Empty);
+                exec.arena.give(b);
             }
-        }
+        });
     }
     let mut outputs = Vec::with_capacity(plan.graph.outputs.len());
     for (name, v) in &plan.graph.outputs {
         let shape = plan.graph.info(*v).shape.clone();
-        let t = match &exec.bufs[v.index()] {
-            Buf::F32(d) => HostTensor::F32 {
-                shape,
-                data: d.clone(),
+        // The output's buffer is handed to the caller (no copy), unless another output named
+        // the same value first.
+        let t = match std::mem::replace(&mut exec.bufs[v.index()], Buf::Empty) {
+            Buf::F32(data) => HostTensor::F32 { shape, data },
+            Buf::I32(data) => HostTensor::I32 { shape, data },
+            Buf::Empty => match outputs.iter().find(|(n, _): &&(String, HostTensor)| {
+                plan.graph.outputs.iter().any(|(m, w)| m == n && w == v)
+            }) {
+                Some((_, t)) => t.clone(),
+                None => {
+                    return Err(RuntimeError::Kernel {
+                        op: "output",
+                        detail: format!("output '{name}' was never computed"),
+                    })
+                }
             },
-            Buf::I32(d) => HostTensor::I32 {
-                shape,
-                data: d.clone(),
-            },
-            _ => {
+            Buf::Weight => {
                 return Err(RuntimeError::Kernel {
                     op: "output",
                     detail: format!("output '{name}' is a weight; outputs are activations"),
@@ -484,10 +621,36 @@ pub(crate) fn execute(
         };
         outputs.push((name.clone(), t));
     }
-    if let (Some(p), Some(t0)) = (profile, run_start) {
-        p.end_run(decode, t0.elapsed());
-    }
     Ok(outputs)
+}
+
+/// Calls `f` on every operand of `op` (`Op::operands` without its allocation).
+fn for_each_operand(op: &Op, mut f: impl FnMut(ValueId)) {
+    match op {
+        Op::Input { .. } | Op::Weight { .. } | Op::Literal { .. } => {}
+        Op::Embedding { table, ids } => [*table, *ids].into_iter().for_each(f),
+        Op::RmsNorm { x, weight, .. } => [*x, *weight].into_iter().for_each(f),
+        Op::MatMul { x, w } => [*x, *w].into_iter().for_each(f),
+        Op::Add { a, b } | Op::Mul { a, b } => [*a, *b].into_iter().for_each(f),
+        Op::Silu { x } | Op::Gelu { x } | Op::Softmax { x } => f(*x),
+        Op::Rope { x, positions, .. } => [*x, *positions].into_iter().for_each(f),
+        Op::PagedAttention { q, k, v, meta, .. } => [
+            *q,
+            *k,
+            *v,
+            meta.slot_mapping,
+            meta.token_seq,
+            meta.positions,
+            meta.block_tables,
+        ]
+        .into_iter()
+        .for_each(f),
+        Op::Reshape { x, .. } | Op::Slice { x, .. } => f(*x),
+        Op::Concat { xs, .. } => xs.iter().copied().for_each(f),
+        Op::GatherRows { x, rows } => [*x, *rows].into_iter().for_each(f),
+        // Anything else (new ops): the graph's own list.
+        _ => op.operands().into_iter().for_each(f),
+    }
 }
 
 /// The profile bucket of equation `i` (matmuls by weight dtype) and its row count.

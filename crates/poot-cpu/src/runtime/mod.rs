@@ -98,6 +98,8 @@ pub struct CpuRuntime {
     kv: Mutex<Option<KvPool>>,
     poison: Poison,
     profile: Option<profile::Profile>,
+    /// Activation buffers reused across runs (see `exec.rs`).
+    arena: Mutex<exec::Arena>,
 }
 
 impl CpuRuntime {
@@ -111,6 +113,7 @@ impl CpuRuntime {
             options,
             kv: Mutex::new(None),
             poison: Poison::default(),
+            arena: Mutex::new(exec::Arena::default()),
             profile: (options.profile || std::env::var_os("POOT_CPU_PROFILE").is_some())
                 .then(profile::Profile::default),
         })
@@ -207,6 +210,7 @@ impl Runtime for CpuRuntime {
                 detail: "plan was compiled by another backend".into(),
             })?;
         let mut kv = self.kv_lock();
+        let mut arena = self.arena.lock().unwrap_or_else(|e| e.into_inner());
         let result = exec::execute(
             plan,
             inputs,
@@ -214,6 +218,7 @@ impl Runtime for CpuRuntime {
             &self.pool,
             deadline,
             self.profile.as_ref(),
+            &mut arena,
         );
         if let Err(RuntimeError::Timeout { during }) = &result {
             self.poison
@@ -228,9 +233,14 @@ impl Runtime for CpuRuntime {
             .as_ref()
             .and_then(|p| kv_bytes(&p.cfg, self.options.numerics))
             .unwrap_or(0);
+        let scratch_bytes = self
+            .arena
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .parked_bytes();
         MemoryReport {
             kv_bytes,
-            scratch_bytes: 0,
+            scratch_bytes,
         }
     }
 
