@@ -155,3 +155,35 @@ fn other_dtypes_keep_the_exact_path() {
         assert_eq!(a, b, "{dt}");
     }
 }
+
+#[test]
+fn cached_activations_give_the_uncached_bits() {
+    use super::super::matmul::{matmul_cached, ActCache};
+    let (t, k, n) = (3, 512, 8);
+    let x = Rng::new(8).vec(t * k, -2.0, 2.0);
+    let pool = ThreadPool::new(2).unwrap();
+    let mut cache = ActCache::default();
+    // Q4_0 then Q8_0 share Q8_0 activations, Q4_1 needs Q8_1, the k-quants Q8_K; a new key
+    // (another input) requantizes.
+    for (key, dt) in [
+        (1, DType::Q4_0),
+        (1, DType::Q8_0),
+        (1, DType::Q4_1),
+        (1, DType::Q4_K),
+        (1, DType::Q6_K),
+        (2, DType::Q4_0),
+    ] {
+        let xs: Vec<f32> = if key == 2 {
+            x.iter().map(|v| v * 0.5).collect()
+        } else {
+            x.clone()
+        };
+        let w = synthetic_weights(dt, n, k, 3);
+        let (mut a, mut b) = (vec![0.0; t * n], vec![0.0; t * n]);
+        let isa = Isa::detect();
+        matmul_numerics(Numerics::Ggml, isa, &xs, t, k, &w, dt, n, &mut a, &pool).unwrap();
+        let c = Some((&mut cache, key));
+        matmul_cached(Numerics::Ggml, isa, &xs, t, k, &w, dt, n, &mut b, &pool, c).unwrap();
+        assert_eq!(a, b, "{dt} key {key}");
+    }
+}

@@ -20,6 +20,7 @@
 //! 256 values; activations are quantized once per matmul (292 bytes per 256 values).
 
 use super::decode::f16_to_f32;
+use super::matmul::ActCache;
 use super::scratch::Scratch;
 use super::simd::{Checked, Isa, NR};
 use crate::pool::{SharedMut, ThreadPool};
@@ -214,17 +215,24 @@ pub(crate) fn matmul_q8k(
     n: usize,
     out: &mut [f32],
     pool: &ThreadPool,
+    cache: Option<(&mut ActCache, u64)>,
 ) {
     let nb = k / QK_K;
-    let mut xq = Scratch::<BlockQ8K>::zeroed(t * nb);
-    for (xr, qr) in x.chunks_exact(k).zip(xq.chunks_exact_mut(nb)) {
-        quantize_row_q8k(xr, qr);
-    }
+    // Super-blocks quantize independently, so quantizing `x` whole (the cache) equals row by
+    // row.
+    let mut local = Scratch::<BlockQ8K>::zeroed(0);
+    let xq: &[BlockQ8K] = match cache {
+        Some((c, key)) => c.q8k(key, x),
+        None => {
+            local.resize(t * nb, BlockQ8K::default());
+            quantize_row_q8k(x, &mut local);
+            &local
+        }
+    };
     let groups = n.div_ceil(NR);
     let per_task = groups.div_ceil(pool.n_threads() * 4).max(1);
     let tasks = groups.div_ceil(per_task);
     let shared = SharedMut::new(out);
-    let xq = &xq[..];
     pool.for_each_init(
         tasks,
         || Scratch::zeroed(t),

@@ -43,6 +43,9 @@ pub(crate) struct Arena {
     f32s: Vec<Vec<f32>>,
     i32s: Vec<Vec<i32>>,
     bufs: Vec<Buf>,
+    /// Quantized matmul inputs, keyed by run and value (`run << 32 | value`).
+    act: kernels::matmul::ActCache,
+    run: u64,
 }
 
 impl Arena {
@@ -267,10 +270,16 @@ impl<'a> Exec<'a> {
                 let xs = self.shape(*x);
                 let n = self.shape(*w)[0];
                 let mut out = self.arena.zeros(numel);
-                kernels::matmul_numerics(
+                self.f32(*x, "matmul")?; // a typed error unless x is an f32 activation
+                let Buf::F32(xv) = &self.bufs[x.index()] else {
+                    unreachable!("checked just above")
+                };
+                // Matmuls reading the same input (q/k/v, gate/up) quantize it once.
+                let key = (self.arena.run << 32) | x.index() as u64;
+                kernels::matmul::matmul_cached(
                     self.plan.numerics,
                     Isa::detect(),
-                    self.f32(*x, "matmul")?,
+                    xv,
                     xs[0],
                     xs[1],
                     bytes,
@@ -278,6 +287,7 @@ impl<'a> Exec<'a> {
                     n,
                     &mut out,
                     self.pool,
+                    Some((&mut self.arena.act, key)),
                 )
                 .map_err(kerr("matmul"))?;
                 Buf::F32(out)
@@ -537,6 +547,7 @@ pub(crate) fn execute(
     let n = plan.graph.equations.len();
     let run_start = profile.map(Profile::start_run);
     let mut decode = true;
+    arena.run = arena.run.wrapping_add(1);
     let mut bufs = std::mem::take(&mut arena.bufs);
     bufs.clear();
     bufs.resize_with(n, || Buf::Empty);
