@@ -4,7 +4,8 @@ Rows: SmolLM2-135M Q4_1 (the default model) and synthetic GGUFs (``cpu_synthetic
 Llama 3.2 1B shape in Q4_0, Q8_0, Q4_K, F16, BF16 and at Qwen2 0.5B shape in its Q4_K_M type
 mix. Per row: prefill of 512 tokens (tok/s of the prompt) and decode of 128 tokens after a
 64-token prompt (the 64+1 run subtracted from the 64+128 run), poot and llama.cpp alternating
-within each round (so both see the same machine load), the median of the rounds; the ratio
+within each round (so both see the same machine load), every run with a fresh prompt (no
+prefix-cache hits), the median of the rounds; the ratio
 poot/peer; and the decode roofline: bytes read per token (every weight the step reads, plus
 the KV cache at mid-decode) over the read bandwidth measured in the same run (numpy, the same
 thread count), and poot's fraction of it. Resident memory is poot's RSS growth during its
@@ -54,9 +55,14 @@ ROWS: list[tuple[str, str, syn.Shape | None, str]] = [
 ]
 
 
+_SALT = iter(range(1, 1 << 30))
+
+
 def _prompt(n: int) -> list[int]:
-    # Deterministic ordinary-text ids (not special tokens), BOS first.
-    return [1] + [(i * 7919) % 40000 + 1000 for i in range(n - 1)]
+    """Deterministic ordinary-text ids (not special tokens), BOS first, different on every
+    call: poot's prefix cache (and any peer cache) must not turn a measurement into a hit."""
+    salt = next(_SALT)
+    return [1] + [(i * 7919 + salt * 104729) % 40000 + 1000 for i in range(n - 1)]
 
 
 def read_bandwidth(threads: int = THREADS, mib: int = 1024) -> float:
@@ -155,12 +161,11 @@ def run_row(label: str, path: Path, bw: float, rounds: int, peer_ok: bool) -> Ro
         impls.append(("peer", theirs))
     pre: dict[str, list[float]] = {k: [] for k, _ in impls}
     dec: dict[str, list[float]] = {k: [] for k, _ in impls}
-    p512, p64 = _prompt(512), _prompt(64)
     for _ in range(rounds):
         for name, make in impls:
-            pre[name].append(512 / _timed(make(p512, 1)))
-            short = _timed(make(p64, 1))
-            long = _timed(make(p64, 129))
+            pre[name].append(512 / _timed(make(_prompt(512), 1)))
+            short = _timed(make(_prompt(64), 1))
+            long = _timed(make(_prompt(64), 129))
             dec[name].append(128 / max(long - short, 1e-9))
     row.prefill = {k: statistics.median(v) for k, v in pre.items()}
     row.decode = {k: statistics.median(v) for k, v in dec.items()}
