@@ -53,6 +53,27 @@ pub trait KvElem: Copy + Send + Sync + 'static {
     unsafe fn slice_to_f32_f16c(src: &[Self], dst: &mut [f32]) {
         Self::slice_to_f32(src, dst);
     }
+
+    /// ggml's `dot(row, q)` in `lanes` (8 or 32) FMA lanes folded as `attention_ggml` does,
+    /// reading `row` in place, or `None` where this element has no such path (the caller then
+    /// widens the row first; the result is the same).
+    ///
+    /// # Safety
+    /// As [`KvElem::slice_to_f32_f16c`], plus FMA enabled.
+    #[inline(always)]
+    unsafe fn dot_f16c(_row: &[Self], _q: &[f32], _lanes: usize) -> Option<f32> {
+        None
+    }
+
+    /// `acc[d] = fma(row[d], w, acc[d])` reading `row` in place; false where this element has
+    /// no such path (nothing is written then).
+    ///
+    /// # Safety
+    /// As [`KvElem::dot_f16c`].
+    #[inline(always)]
+    unsafe fn axpy_f16c(_row: &[Self], _w: f32, _acc: &mut [f32]) -> bool {
+        false
+    }
 }
 
 impl KvElem for f32 {
@@ -103,6 +124,61 @@ impl KvElem for half::f16 {
         for (d, s) in dst[i..n].iter_mut().zip(&src[i..n]) {
             *d = s.to_f32();
         }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn dot_f16c(row: &[Self], q: &[f32], lanes: usize) -> Option<f32> {
+        use std::arch::x86_64::*;
+        let hd = row.len().min(q.len());
+        if !hd.is_multiple_of(lanes) || !(lanes == 8 || lanes == 32) {
+            return None;
+        }
+        // SAFETY: every load reads 8 elements at `i < hd` with `hd` a multiple of 8, inside
+        // both slices; AVX, F16C and FMA are enabled by the caller (this function's contract).
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i < hd {
+                for (g, a) in acc.iter_mut().enumerate().take(lanes / 8) {
+                    let at = i + 8 * g;
+                    let k = _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(at).cast()));
+                    *a = _mm256_fmadd_ps(k, _mm256_loadu_ps(q.as_ptr().add(at)), *a);
+                }
+                i += lanes;
+            }
+            let mut out = [0.0f32; 32];
+            for (g, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(out.as_mut_ptr().add(8 * g), *a);
+            }
+            // Lane l of accumulator g is ggml's lane 8g + l: the same sums, folded the same way.
+            Some(if lanes == 8 {
+                super::ggml::hsum8(&out[..8].try_into().expect("8 lanes"))
+            } else {
+                super::ggml::fold32(&out)
+            })
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn axpy_f16c(row: &[Self], w: f32, acc: &mut [f32]) -> bool {
+        use std::arch::x86_64::*;
+        let hd = row.len().min(acc.len());
+        if !hd.is_multiple_of(8) {
+            return false;
+        }
+        // SAFETY: 8 elements at `i < hd` (a multiple of 8) are inside both slices; AVX, F16C
+        // and FMA are enabled by the caller.
+        unsafe {
+            let wv = _mm256_set1_ps(w);
+            for i in (0..hd).step_by(8) {
+                let v = _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(i).cast()));
+                let a = acc.as_mut_ptr().add(i);
+                _mm256_storeu_ps(a, _mm256_fmadd_ps(v, wv, _mm256_loadu_ps(a)));
+            }
+        }
+        true
     }
 
     /// Round to nearest even, as ggml's `fp32_to_fp16` (F16C) does.

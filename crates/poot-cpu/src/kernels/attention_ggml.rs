@@ -104,7 +104,20 @@ fn head_body<T: KvElem, F: Fn(usize) -> usize, const F16C: bool>(
     let tiny_kq = batched && hd.is_multiple_of(8);
     let mut max = f32::NEG_INFINITY;
     for p in 0..len {
-        widen::<T, F16C>(&k_cache[row_of(p)..][..hd], &mut s.k);
+        let row = &k_cache[row_of(p)..][..hd];
+        let fused = if F16C {
+            // SAFETY: `F16C` is true only inside `head_fma` (AVX2, FMA, F16C enabled).
+            unsafe { T::dot_f16c(row, &s.q, if tiny_kq { 8 } else { 32 }) }
+        } else {
+            None
+        };
+        if let Some(kq) = fused {
+            let x = kq * scale;
+            max = max.max(x);
+            s.scores.push(x);
+            continue;
+        }
+        widen::<T, F16C>(row, &mut s.k);
         let kq = if tiny_kq {
             dot_lanes8(&s.k, &s.q)
         } else {
@@ -136,8 +149,13 @@ fn head_body<T: KvElem, F: Fn(usize) -> usize, const F16C: bool>(
     s.acc.clear();
     s.acc.resize(hd * lanes, 0.0);
     for (p, &w) in s.scores.iter().enumerate() {
-        widen::<T, F16C>(&v_cache[row_of(p)..][..hd], &mut s.k);
         let lane = p % lanes;
+        let row = &v_cache[row_of(p)..][..hd];
+        // SAFETY: `F16C` is true only inside `head_fma` (AVX2, FMA, F16C enabled).
+        if F16C && unsafe { T::axpy_f16c(row, w, &mut s.acc[lane * hd..(lane + 1) * hd]) } {
+            continue;
+        }
+        widen::<T, F16C>(row, &mut s.k);
         for (a, &vd) in s.acc[lane * hd..(lane + 1) * hd].iter_mut().zip(&s.k) {
             *a = vd.mul_add(w, *a);
         }
