@@ -14,6 +14,7 @@ use poot_core::{dequantize, Deadline};
 use poot_graph::{Graph, Op, ValueId};
 use poot_runtime::{HostTensor, RuntimeError};
 
+use super::arena::{for_each_operand, Arena};
 use super::plan::CpuPlan;
 use super::profile::Profile;
 use super::sample::sample_row;
@@ -22,7 +23,7 @@ use crate::kernels::{self, AttentionInputs, AttentionShape, KvCacheMut, Numerics
 use crate::{DType, Isa, KernelError, ThreadPool};
 
 #[derive(Debug)]
-enum Buf {
+pub(super) enum Buf {
     Empty,
     Weight,
     F32(Vec<f32>),
@@ -34,75 +35,6 @@ fn kerr(op: &'static str) -> impl Fn(KernelError) -> RuntimeError {
         op,
         detail: e.to_string(),
     }
-}
-
-/// Activation buffers kept between runs (see the module docs). At most `KEEP` per element type
-/// are parked, none over `MAX_BYTES`, so what a long prefill needed goes back to the allocator.
-#[derive(Debug, Default)]
-pub(crate) struct Arena {
-    f32s: Vec<Vec<f32>>,
-    i32s: Vec<Vec<i32>>,
-    bufs: Vec<Buf>,
-    /// Quantized matmul inputs, keyed by run and value (`run << 32 | value`).
-    act: kernels::matmul::ActCache,
-    run: u64,
-}
-
-impl Arena {
-    const KEEP: usize = 64;
-    const MAX_BYTES: usize = 8 << 20;
-
-    fn give(&mut self, b: Buf) {
-        match b {
-            Buf::F32(v) if v.capacity() * 4 <= Self::MAX_BYTES && self.f32s.len() < Self::KEEP => {
-                self.f32s.push(v);
-            }
-            Buf::I32(v) if v.capacity() * 4 <= Self::MAX_BYTES && self.i32s.len() < Self::KEEP => {
-                self.i32s.push(v);
-            }
-            _ => {}
-        }
-    }
-
-    /// An empty f32 buffer (reserved for `cap` values).
-    fn f32s(&mut self, cap: usize) -> Vec<f32> {
-        best_fit(&mut self.f32s, cap)
-    }
-
-    /// An empty i32 buffer (reserved for `cap` values).
-    fn i32s(&mut self, cap: usize) -> Vec<i32> {
-        best_fit(&mut self.i32s, cap)
-    }
-
-    /// `n` zeros.
-    fn zeros(&mut self, n: usize) -> Vec<f32> {
-        let mut v = self.f32s(n);
-        v.resize(n, 0.0);
-        v
-    }
-
-    /// Bytes parked here (reported as the runtime's scratch memory).
-    pub(crate) fn parked_bytes(&self) -> u64 {
-        let f: usize = self.f32s.iter().map(|v| v.capacity() * 4).sum();
-        let i: usize = self.i32s.iter().map(|v| v.capacity() * 4).sum();
-        (f + i) as u64
-    }
-}
-
-/// The smallest parked buffer that holds `cap` values (so a run's requests find the buffers
-/// they had last run and nothing grows), else the largest one grown; emptied.
-fn best_fit<T>(parked: &mut Vec<Vec<T>>, cap: usize) -> Vec<T> {
-    let fit = parked
-        .iter()
-        .enumerate()
-        .filter(|(_, v)| v.capacity() >= cap)
-        .min_by_key(|(_, v)| v.capacity())
-        .or_else(|| parked.iter().enumerate().max_by_key(|(_, v)| v.capacity()))
-        .map(|(i, _)| i);
-    let mut v = fit.map(|i| parked.swap_remove(i)).unwrap_or_default();
-    v.clear();
-    v.reserve(cap);
-    v
 }
 
 struct Exec<'a> {
@@ -633,35 +565,6 @@ fn run_all(
         outputs.push((name.clone(), t));
     }
     Ok(outputs)
-}
-
-/// Calls `f` on every operand of `op` (`Op::operands` without its allocation).
-fn for_each_operand(op: &Op, mut f: impl FnMut(ValueId)) {
-    match op {
-        Op::Input { .. } | Op::Weight { .. } | Op::Literal { .. } => {}
-        Op::Embedding { table, ids } => [*table, *ids].into_iter().for_each(f),
-        Op::RmsNorm { x, weight, .. } => [*x, *weight].into_iter().for_each(f),
-        Op::MatMul { x, w } => [*x, *w].into_iter().for_each(f),
-        Op::Add { a, b } | Op::Mul { a, b } => [*a, *b].into_iter().for_each(f),
-        Op::Silu { x } | Op::Gelu { x } | Op::Softmax { x } => f(*x),
-        Op::Rope { x, positions, .. } => [*x, *positions].into_iter().for_each(f),
-        Op::PagedAttention { q, k, v, meta, .. } => [
-            *q,
-            *k,
-            *v,
-            meta.slot_mapping,
-            meta.token_seq,
-            meta.positions,
-            meta.block_tables,
-        ]
-        .into_iter()
-        .for_each(f),
-        Op::Reshape { x, .. } | Op::Slice { x, .. } => f(*x),
-        Op::Concat { xs, .. } => xs.iter().copied().for_each(f),
-        Op::GatherRows { x, rows } => [*x, *rows].into_iter().for_each(f),
-        // Anything else (new ops): the graph's own list.
-        _ => op.operands().into_iter().for_each(f),
-    }
 }
 
 /// The profile bucket of equation `i` (matmuls by weight dtype) and its row count.

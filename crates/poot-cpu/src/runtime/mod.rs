@@ -11,6 +11,7 @@
 //! tokens; its integer matmul is the cheaper one per decoded token. Plans compiled by one
 //! runtime carry its numerics.
 
+mod arena;
 mod exec;
 mod plan;
 mod profile;
@@ -99,7 +100,7 @@ pub struct CpuRuntime {
     poison: Poison,
     profile: Option<profile::Profile>,
     /// Activation buffers reused across runs (see `exec.rs`).
-    arena: Mutex<exec::Arena>,
+    arena: Mutex<arena::Arena>,
 }
 
 impl CpuRuntime {
@@ -113,7 +114,7 @@ impl CpuRuntime {
             options,
             kv: Mutex::new(None),
             poison: Poison::default(),
-            arena: Mutex::new(exec::Arena::default()),
+            arena: Mutex::new(arena::Arena::default()),
             profile: (options.profile || std::env::var_os("POOT_CPU_PROFILE").is_some())
                 .then(profile::Profile::default),
         })
