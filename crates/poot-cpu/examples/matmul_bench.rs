@@ -3,7 +3,7 @@
 //! (`all` skips a filter; numerics `exact` or `ggml`, the Q8-activation integer-dot path).
 //!
 //! Times `[t x 576] x [1536 x 576]^T` (SmolLM2-135M's ffn_gate shape; k = 768 for k-quants)
-//! for t = 1 and 64, on
+//! for t = 1 and 64 (`BENCH_N` sets another row count n, e.g. a big one to stream from DRAM), on
 //! every available ISA with 1 and 2 threads, with random packed weights (finite scales). No
 //! assertions: this prints GFLOP/s (2 * t * n * k flops per call) and calls per second.
 
@@ -75,7 +75,11 @@ fn main() {
     let threads_filter: Option<usize> = arg(4).map(|s| s.parse().expect("threads"));
     let numerics_filter = arg(5).map(|s| Numerics::from_name(&s).expect("exact or ggml"));
     // K-quants need k to be whole 256-blocks, so they run [1536 x 768] instead.
-    let (n, k) = (1536, if dtype.block_elems() == 256 { 768 } else { 576 });
+    let n: usize = std::env::var("BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1536);
+    let k = if dtype.block_elems() == 256 { 768 } else { 576 };
     let w = weights(dtype, n, k);
     for threads in threads_filter.map_or(vec![1, 2], |t| vec![t]) {
         let pool = ThreadPool::new(threads).expect("pool");

@@ -25,6 +25,7 @@
 
 use super::attention_ggml;
 use super::ggml::Numerics;
+use super::scratch::{AttnGuard, Scratch};
 use super::simd::Isa;
 use crate::error::{check_len, mul};
 use crate::pool::ThreadPool;
@@ -42,6 +43,37 @@ pub trait KvElem: Copy + Send + Sync + 'static {
     }
 
     fn from_f32(v: f32) -> Self;
+
+    /// [`KvElem::slice_to_f32`] inlined with F16C instructions where the element is f16.
+    ///
+    /// # Safety
+    /// The caller runs with AVX and F16C enabled (inside a `#[target_feature]` function whose
+    /// features were detected).
+    #[inline(always)]
+    unsafe fn slice_to_f32_f16c(src: &[Self], dst: &mut [f32]) {
+        Self::slice_to_f32(src, dst);
+    }
+
+    /// ggml's `dot(row, q)` in `lanes` (8 or 32) FMA lanes folded as `attention_ggml` does,
+    /// reading `row` in place, or `None` where this element has no such path (the caller then
+    /// widens the row first; the result is the same).
+    ///
+    /// # Safety
+    /// As [`KvElem::slice_to_f32_f16c`], plus FMA enabled.
+    #[inline(always)]
+    unsafe fn dot_f16c(_row: &[Self], _q: &[f32], _lanes: usize) -> Option<f32> {
+        None
+    }
+
+    /// `acc[d] = fma(row[d], w, acc[d])` reading `row` in place; false where this element has
+    /// no such path (nothing is written then).
+    ///
+    /// # Safety
+    /// As [`KvElem::dot_f16c`].
+    #[inline(always)]
+    unsafe fn axpy_f16c(_row: &[Self], _w: f32, _acc: &mut [f32]) -> bool {
+        false
+    }
 }
 
 impl KvElem for f32 {
@@ -72,6 +104,81 @@ impl KvElem for half::f16 {
         for (d, s) in dst.iter_mut().zip(src) {
             *d = s.to_f32();
         }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn slice_to_f32_f16c(src: &[Self], dst: &mut [f32]) {
+        use std::arch::x86_64::{_mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128};
+        let n = src.len().min(dst.len());
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: elements i..i + 8 are inside both slices (i + 8 <= n); the caller runs
+            // with AVX and F16C enabled (this function's contract).
+            unsafe {
+                let h = _mm_loadu_si128(src.as_ptr().add(i).cast());
+                _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+            }
+            i += 8;
+        }
+        for (d, s) in dst[i..n].iter_mut().zip(&src[i..n]) {
+            *d = s.to_f32();
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn dot_f16c(row: &[Self], q: &[f32], lanes: usize) -> Option<f32> {
+        use std::arch::x86_64::*;
+        let hd = row.len().min(q.len());
+        if !hd.is_multiple_of(lanes) || !(lanes == 8 || lanes == 32) {
+            return None;
+        }
+        // SAFETY: every load reads 8 elements at `i < hd` with `hd` a multiple of 8, inside
+        // both slices; AVX, F16C and FMA are enabled by the caller (this function's contract).
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i < hd {
+                for (g, a) in acc.iter_mut().enumerate().take(lanes / 8) {
+                    let at = i + 8 * g;
+                    let k = _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(at).cast()));
+                    *a = _mm256_fmadd_ps(k, _mm256_loadu_ps(q.as_ptr().add(at)), *a);
+                }
+                i += lanes;
+            }
+            let mut out = [0.0f32; 32];
+            for (g, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(out.as_mut_ptr().add(8 * g), *a);
+            }
+            // Lane l of accumulator g is ggml's lane 8g + l: the same sums, folded the same way.
+            Some(if lanes == 8 {
+                super::ggml::hsum8(&out[..8].try_into().expect("8 lanes"))
+            } else {
+                super::ggml::fold32(&out)
+            })
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn axpy_f16c(row: &[Self], w: f32, acc: &mut [f32]) -> bool {
+        use std::arch::x86_64::*;
+        let hd = row.len().min(acc.len());
+        if !hd.is_multiple_of(8) {
+            return false;
+        }
+        // SAFETY: 8 elements at `i < hd` (a multiple of 8) are inside both slices; AVX, F16C
+        // and FMA are enabled by the caller.
+        unsafe {
+            let wv = _mm256_set1_ps(w);
+            for i in (0..hd).step_by(8) {
+                let v = _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(i).cast()));
+                let a = acc.as_mut_ptr().add(i);
+                _mm256_storeu_ps(a, _mm256_fmadd_ps(v, wv, _mm256_loadu_ps(a)));
+            }
+        }
+        true
     }
 
     /// Round to nearest even, as ggml's `fp32_to_fp16` (F16C) does.
@@ -200,41 +307,36 @@ pub fn paged_attention_numerics<T: KvElem>(
     if numerics == Numerics::Ggml {
         let batched = plan.t >= 2;
         let fma = Isa::detect() != Isa::Scalar;
-        pool.for_each_chunk_mut(
-            out,
-            s.head_dim,
-            attention_ggml::Scratch::default,
-            |scratch, idx, o| {
-                let (tok, h) = (idx / s.n_heads, idx % s.n_heads);
-                let seq = inputs.token_seq[tok] as usize;
-                let table = &inputs.block_tables[seq * s.max_blocks_per_seq..];
-                let head_off = (h / group) * s.head_dim;
-                // Validated: every table entry below `len` is a block in 0..num_blocks.
-                let row_of = |p: usize| {
-                    let slot = table[p / s.block_size] as usize * s.block_size + p % s.block_size;
-                    slot * kv_row + head_off
-                };
-                attention_ggml::head(
-                    fma,
-                    &inputs.q[idx * s.head_dim..(idx + 1) * s.head_dim],
-                    k_cache,
-                    v_cache,
-                    row_of,
-                    inputs.positions[tok] as usize + 1,
-                    s.scale,
-                    batched,
-                    scratch,
-                    o,
-                );
-            },
-        );
+        pool.for_each_chunk_mut(out, s.head_dim, AttnGuard::take, |scratch, idx, o| {
+            let (tok, h) = (idx / s.n_heads, idx % s.n_heads);
+            let seq = inputs.token_seq[tok] as usize;
+            let table = &inputs.block_tables[seq * s.max_blocks_per_seq..];
+            let head_off = (h / group) * s.head_dim;
+            // Validated: every table entry below `len` is a block in 0..num_blocks.
+            let row_of = |p: usize| {
+                let slot = table[p / s.block_size] as usize * s.block_size + p % s.block_size;
+                slot * kv_row + head_off
+            };
+            attention_ggml::head(
+                fma,
+                &inputs.q[idx * s.head_dim..(idx + 1) * s.head_dim],
+                k_cache,
+                v_cache,
+                row_of,
+                inputs.positions[tok] as usize + 1,
+                s.scale,
+                batched,
+                scratch,
+                o,
+            );
+        });
         return Ok(());
     }
     pool.for_each_chunk_mut(
         out,
         s.head_dim,
-        Vec::new,
-        |scores: &mut Vec<f32>, idx, o| {
+        || Scratch::<f32>::zeroed(0),
+        |scores: &mut Scratch<f32>, idx, o| {
             let (tok, h) = (idx / s.n_heads, idx % s.n_heads);
             let seq = inputs.token_seq[tok] as usize;
             let len = inputs.positions[tok] as usize + 1;
@@ -350,7 +452,15 @@ fn validate(
     }
     let max_pos = mul(mb, s.block_size, "attention positions")?;
     // Blocks each sequence needs: max over its tokens of position / block_size + 1.
-    let mut need = vec![0usize; n_seqs];
+    // Up to 256 sequences on the stack (no allocation per step), more on the heap.
+    let mut stack = [0usize; 256];
+    let mut heap = Vec::new();
+    let need: &mut [usize] = if n_seqs <= stack.len() {
+        &mut stack[..n_seqs]
+    } else {
+        heap.resize(n_seqs, 0);
+        &mut heap
+    };
     for i in 0..t {
         let seq = inp.token_seq[i];
         if seq < 0 || seq as usize >= n_seqs {

@@ -54,17 +54,18 @@ pub(crate) fn head<T: KvElem, F: Fn(usize) -> usize>(
 ) {
     #[cfg(target_arch = "x86_64")]
     if fma {
-        // SAFETY: callers pass `fma` true only when AVX2 and FMA were detected on this CPU.
+        // SAFETY: callers pass `fma` true only when a SIMD `Isa` was detected, which includes
+        // AVX2, FMA and F16C.
         return unsafe { head_fma(q, k_cache, v_cache, row_of, len, scale, batched, s, o) };
     }
     let _ = fma;
-    head_body(q, k_cache, v_cache, row_of, len, scale, batched, s, o);
+    head_body::<T, F, false>(q, k_cache, v_cache, row_of, len, scale, batched, s, o);
 }
 
 /// [`head_body`] compiled with FMA, so `mul_add` is one instruction and the lane loops
 /// vectorize.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments, reason = "one head's inputs")]
 fn head_fma<T: KvElem, F: Fn(usize) -> usize>(
     q: &[f32],
@@ -77,12 +78,14 @@ fn head_fma<T: KvElem, F: Fn(usize) -> usize>(
     s: &mut Scratch,
     o: &mut [f32],
 ) {
-    head_body(q, k_cache, v_cache, row_of, len, scale, batched, s, o);
+    head_body::<T, F, true>(q, k_cache, v_cache, row_of, len, scale, batched, s, o);
 }
 
+/// The kernel body; `F16C`: the caller runs with AVX2, FMA and F16C enabled, so cache rows are
+/// widened inline with `vcvtph2ps` (the same exact values as the portable conversion).
 #[inline(always)]
 #[allow(clippy::too_many_arguments, reason = "one head's inputs")]
-fn head_body<T: KvElem, F: Fn(usize) -> usize>(
+fn head_body<T: KvElem, F: Fn(usize) -> usize, const F16C: bool>(
     q: &[f32],
     k_cache: &[T],
     v_cache: &[T],
@@ -101,7 +104,20 @@ fn head_body<T: KvElem, F: Fn(usize) -> usize>(
     let tiny_kq = batched && hd.is_multiple_of(8);
     let mut max = f32::NEG_INFINITY;
     for p in 0..len {
-        T::slice_to_f32(&k_cache[row_of(p)..][..hd], &mut s.k);
+        let row = &k_cache[row_of(p)..][..hd];
+        let fused = if F16C {
+            // SAFETY: `F16C` is true only inside `head_fma` (AVX2, FMA, F16C enabled).
+            unsafe { T::dot_f16c(row, &s.q, if tiny_kq { 8 } else { 32 }) }
+        } else {
+            None
+        };
+        if let Some(kq) = fused {
+            let x = kq * scale;
+            max = max.max(x);
+            s.scores.push(x);
+            continue;
+        }
+        widen::<T, F16C>(row, &mut s.k);
         let kq = if tiny_kq {
             dot_lanes8(&s.k, &s.q)
         } else {
@@ -133,8 +149,13 @@ fn head_body<T: KvElem, F: Fn(usize) -> usize>(
     s.acc.clear();
     s.acc.resize(hd * lanes, 0.0);
     for (p, &w) in s.scores.iter().enumerate() {
-        T::slice_to_f32(&v_cache[row_of(p)..][..hd], &mut s.k);
         let lane = p % lanes;
+        let row = &v_cache[row_of(p)..][..hd];
+        // SAFETY: `F16C` is true only inside `head_fma` (AVX2, FMA, F16C enabled).
+        if F16C && unsafe { T::axpy_f16c(row, w, &mut s.acc[lane * hd..(lane + 1) * hd]) } {
+            continue;
+        }
+        widen::<T, F16C>(row, &mut s.k);
         for (a, &vd) in s.acc[lane * hd..(lane + 1) * hd].iter_mut().zip(&s.k) {
             *a = vd.mul_add(w, *a);
         }
@@ -145,6 +166,18 @@ fn head_body<T: KvElem, F: Fn(usize) -> usize>(
         } else {
             fold32(&std::array::from_fn(|l| s.acc[l * hd + d]))
         };
+    }
+}
+
+/// One cache row to f32 (see [`head_body`]'s `F16C`).
+#[inline(always)]
+fn widen<T: KvElem, const F16C: bool>(src: &[T], dst: &mut [f32]) {
+    if F16C {
+        // SAFETY: `F16C` is true only inside `head_fma`, which runs with AVX2 and F16C
+        // enabled after the caller detected them.
+        unsafe { T::slice_to_f32_f16c(src, dst) }
+    } else {
+        T::slice_to_f32(src, dst);
     }
 }
 

@@ -6,8 +6,9 @@
 //! that greedy decoding follows llama.cpp's tokens even through near-ties:
 //! - matmul with Q4_0/Q4_1/Q5_0/Q8_0 weights quantizes each activation row to Q8_0 (Q8_1 for
 //!   Q4_1) and does integer block dot products (`matmul_q8.rs`); F16/F32 weights follow ggml's
-//!   float dot orders (`matmul_float_ggml.rs`); BF16, Q5_1 and k-quant weights (ggml: Q8_K
-//!   activations) are not reproduced and keep the exact matmul;
+//!   float dot orders (`matmul_float_ggml.rs`); Q4_K and Q6_K weights take Q8_K activations
+//!   and integer dots as ggml does (`qdot_k.rs`), in an order of their own (close to, not bit
+//!   for bit, llama.cpp's); BF16, Q5_1 and the other k-quants keep the exact matmul;
 //! - attention keeps an f16 KV cache, rounds `q` and the softmax weights to f16 and follows
 //!   ggml's lane order and `expf` (`attention_ggml.rs`);
 //! - RoPE builds `theta` by repeated multiplication and fuses as gcc does (`rope.rs`);

@@ -18,14 +18,16 @@
 //! [`matmul_numerics`] with [`Numerics::Ggml`] takes llama.cpp's arithmetic instead, bit for bit:
 //! for Q4_0, Q4_1, Q5_0, Q8_0 weights activations quantized to Q8 and integer block dots (the
 //! cheaper path for one token, `matmul_q8.rs`), for F16 and F32 weights ggml's float dot orders
-//! (`matmul_float_ggml.rs`); each states its bound. BF16, Q5_1 and k-quant weights keep this
-//! exact path under either numerics.
+//! (`matmul_float_ggml.rs`), for Q4_K and Q6_K Q8_K activations and integer super-block dots
+//! (`qdot_k.rs`); each states its bound. BF16, Q5_1 and the other k-quants keep this exact
+//! path under either numerics.
 
 use poot_core::DType;
 
 use super::decode::Packed;
 use super::ggml::Numerics;
 use super::qdot::QKind;
+use super::scratch::Scratch;
 use super::simd::{self, Isa, NR};
 use crate::error::{check_len, mul};
 use crate::pool::{SharedMut, ThreadPool};
@@ -89,6 +91,64 @@ pub fn matmul_numerics(
     out: &mut [f32],
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
+    matmul_cached(numerics, isa, x, t, k, w, w_dtype, n, out, pool, None)
+}
+
+/// Quantized activations kept between matmuls that read the same input (a layer's q/k/v, or
+/// gate/up), so each input is quantized once. `key` names the input uniquely for the cache's
+/// owner (the executor: run and value); a different key requantizes.
+#[derive(Debug, Default)]
+pub(crate) struct ActCache {
+    q8_key: Option<(u64, bool)>,
+    pub(crate) q8: Vec<super::qact::BlockQ8>,
+    q8k_key: Option<u64>,
+    pub(crate) q8k: Vec<super::qdot_k::BlockQ8K>,
+}
+
+impl ActCache {
+    /// `x` as Q8_0/Q8_1 blocks (`with_sum`), quantized unless `key` was quantized last.
+    pub(crate) fn q8(&mut self, key: u64, x: &[f32], with_sum: bool) -> &[super::qact::BlockQ8] {
+        if self.q8_key != Some((key, with_sum)) {
+            self.q8.clear();
+            self.q8
+                .resize(x.len() / super::qact::QK8, Default::default());
+            super::qact::quantize_row_q8(x, &mut self.q8, with_sum);
+            self.q8_key = Some((key, with_sum));
+        }
+        &self.q8
+    }
+
+    /// `x` as Q8_K blocks, quantized unless `key` was quantized last.
+    pub(crate) fn q8k(&mut self, key: u64, x: &[f32]) -> &[super::qdot_k::BlockQ8K] {
+        if self.q8k_key != Some(key) {
+            self.q8k.clear();
+            self.q8k
+                .resize(x.len() / super::qdot_k::QK_K, Default::default());
+            super::qdot_k::quantize_row_q8k(x, &mut self.q8k);
+            self.q8k_key = Some(key);
+        }
+        &self.q8k
+    }
+}
+
+/// [`matmul_numerics`] with an optional activation cache and the input's key in it.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the runtime's kernel signature plus the ISA, numerics and cache"
+)]
+pub(crate) fn matmul_cached(
+    numerics: Numerics,
+    isa: Isa,
+    x: &[f32],
+    t: usize,
+    k: usize,
+    w: &[u8],
+    w_dtype: DType,
+    n: usize,
+    out: &mut [f32],
+    pool: &ThreadPool,
+    cache: Option<(&mut ActCache, u64)>,
+) -> Result<(), KernelError> {
     let ck = isa.checked()?;
     let p = Packed::new(w_dtype).ok_or(KernelError::UnsupportedDType {
         op: "matmul",
@@ -107,7 +167,11 @@ pub fn matmul_numerics(
     }
     if numerics == Numerics::Ggml {
         if let Some(kind) = QKind::new(w_dtype) {
-            super::matmul_q8::matmul_q8(ck, kind, x, t, k, w, row_bytes, n, out, pool);
+            super::matmul_q8::matmul_q8(ck, kind, x, t, k, w, row_bytes, n, out, pool, cache);
+            return Ok(());
+        }
+        if let Some(kind) = super::qdot_k::KKind::new(w_dtype) {
+            super::qdot_k::matmul_q8k(ck, kind, x, t, k, w, row_bytes, n, out, pool, cache);
             return Ok(());
         }
         if matches!(p, Packed::F16 | Packed::F32) {
@@ -124,7 +188,7 @@ pub fn matmul_numerics(
     let shared = SharedMut::new(out);
     pool.for_each_init(
         tasks,
-        || (vec![0.0f32; NR * k], vec![0.0f32; NR * t]),
+        || (Scratch::zeroed(NR * k), Scratch::zeroed(NR * t)),
         |(rows, res), task| {
             let g_end = ((task + 1) * per_task).min(groups);
             for g in task * per_task..g_end {

@@ -13,7 +13,7 @@
 //! Cost: `2 * t * n * k` flops; memory: `NR * k` floats of scratch per thread, plus the rounded
 //! activations (`t * k`) for F16.
 
-use std::borrow::Cow;
+use super::scratch::Scratch;
 
 use super::decode::Packed;
 use super::ggml::{dot_lanes32, dot_lanes32_f32, dot_lanes8};
@@ -34,10 +34,12 @@ pub(crate) fn matmul_float_ggml(
     out: &mut [f32],
     pool: &ThreadPool,
 ) {
-    let x: Cow<'_, [f32]> = if p == Packed::F16 {
-        Cow::Owned(x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect())
+    let mut rounded = Scratch::<f32>::zeroed(0);
+    let x: &[f32] = if p == Packed::F16 {
+        rounded.extend(x.iter().map(|&v| half::f16::from_f32(v).to_f32()));
+        &rounded
     } else {
-        Cow::Borrowed(x)
+        x
     };
     let tiny = t >= 2 && k.is_multiple_of(8) && n.is_multiple_of(4);
     let f16 = p == Packed::F16;
@@ -46,10 +48,9 @@ pub(crate) fn matmul_float_ggml(
     let per_task = groups.div_ceil(pool.n_threads() * 4).max(1);
     let tasks = groups.div_ceil(per_task);
     let shared = SharedMut::new(out);
-    let x = &x;
     pool.for_each_init(
         tasks,
-        || vec![0.0f32; NR * k],
+        || Scratch::zeroed(NR * k),
         |rows, task| {
             for g in task * per_task..((task + 1) * per_task).min(groups) {
                 let n0 = g * NR;

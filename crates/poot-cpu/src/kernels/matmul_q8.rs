@@ -19,8 +19,10 @@
 //! Cost: `t * k` to quantize, then `t * n * k` integer multiply-adds; memory: `t * k / 32`
 //! blocks of 40 bytes.
 
+use super::matmul::ActCache;
 use super::qact::{quantize_row_q8, BlockQ8, QK8};
 use super::qdot::{dot_rows, QKind};
+use super::scratch::Scratch;
 use super::simd::{Checked, NR};
 use crate::pool::{SharedMut, ThreadPool};
 
@@ -38,21 +40,29 @@ pub(crate) fn matmul_q8(
     n: usize,
     out: &mut [f32],
     pool: &ThreadPool,
+    cache: Option<(&mut ActCache, u64)>,
 ) {
     let nb = k / QK8;
-    let mut xq = vec![BlockQ8::default(); t * nb];
-    for (xr, qr) in x.chunks_exact(k).zip(xq.chunks_exact_mut(nb)) {
-        quantize_row_q8(xr, qr, kind.act_sum());
-    }
+    // Rows quantize independently, so quantizing `x` whole (the cache) equals row by row.
+    let mut local = Scratch::<BlockQ8>::zeroed(0);
+    let xq: &[BlockQ8] = match cache {
+        Some((c, key)) => c.q8(key, x, kind.act_sum()),
+        None => {
+            local.resize(t * nb, BlockQ8::default());
+            for (xr, qr) in x.chunks_exact(k).zip(local.chunks_exact_mut(nb)) {
+                quantize_row_q8(xr, qr, kind.act_sum());
+            }
+            &local
+        }
+    };
     let groups = n.div_ceil(NR);
     // About four tasks per thread balances load when other processes share the cores.
     let per_task = groups.div_ceil(pool.n_threads() * 4).max(1);
     let tasks = groups.div_ceil(per_task);
     let shared = SharedMut::new(out);
-    let xq = &xq;
     pool.for_each_init(
         tasks,
-        || vec![0.0f32; t * NR],
+        || Scratch::zeroed(t * NR),
         |res, task| {
             for g in task * per_task..((task + 1) * per_task).min(groups) {
                 let n0 = g * NR;

@@ -144,7 +144,7 @@ fn other_dtypes_keep_the_exact_path() {
     let (n, k) = (5, 64);
     let x = Rng::new(2).vec(2 * k, -1.0, 1.0);
     let pool = ThreadPool::new(1).unwrap();
-    for dt in [DType::BF16, DType::Q5_1, DType::Q4_K] {
+    for dt in [DType::BF16, DType::Q5_1] {
         let k = if dt.block_elems() == 256 { 256 } else { k };
         let x = &x.iter().cycle().take(2 * k).copied().collect::<Vec<_>>();
         let w = synthetic_weights(dt, n, k, 4);
@@ -153,5 +153,37 @@ fn other_dtypes_keep_the_exact_path() {
             matmul_numerics(numerics, Isa::detect(), x, 2, k, &w, dt, n, out, &pool).unwrap();
         }
         assert_eq!(a, b, "{dt}");
+    }
+}
+
+#[test]
+fn cached_activations_give_the_uncached_bits() {
+    use super::super::matmul::{matmul_cached, ActCache};
+    let (t, k, n) = (3, 512, 8);
+    let x = Rng::new(8).vec(t * k, -2.0, 2.0);
+    let pool = ThreadPool::new(2).unwrap();
+    let mut cache = ActCache::default();
+    // Q4_0 then Q8_0 share Q8_0 activations, Q4_1 needs Q8_1, the k-quants Q8_K; a new key
+    // (another input) requantizes.
+    for (key, dt) in [
+        (1, DType::Q4_0),
+        (1, DType::Q8_0),
+        (1, DType::Q4_1),
+        (1, DType::Q4_K),
+        (1, DType::Q6_K),
+        (2, DType::Q4_0),
+    ] {
+        let xs: Vec<f32> = if key == 2 {
+            x.iter().map(|v| v * 0.5).collect()
+        } else {
+            x.clone()
+        };
+        let w = synthetic_weights(dt, n, k, 3);
+        let (mut a, mut b) = (vec![0.0; t * n], vec![0.0; t * n]);
+        let isa = Isa::detect();
+        matmul_numerics(Numerics::Ggml, isa, &xs, t, k, &w, dt, n, &mut a, &pool).unwrap();
+        let c = Some((&mut cache, key));
+        matmul_cached(Numerics::Ggml, isa, &xs, t, k, &w, dt, n, &mut b, &pool, c).unwrap();
+        assert_eq!(a, b, "{dt} key {key}");
     }
 }

@@ -13,9 +13,13 @@ mod matmul_q8;
 pub mod norm;
 pub mod qact;
 mod qdot;
+mod qdot_k;
+#[cfg(target_arch = "x86_64")]
+mod qdot_k_x86;
 #[cfg(target_arch = "x86_64")]
 mod qdot_x86;
 pub mod rope;
+mod scratch;
 pub mod simd;
 #[cfg(target_arch = "x86_64")]
 mod simd_decode;

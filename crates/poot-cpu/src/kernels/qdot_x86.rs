@@ -211,6 +211,7 @@ unsafe fn rows<const KIND: u8, const R: usize, const T: usize, const VNNI: bool>
     let bb = [18, 20, 22, 34][KIND as usize];
     debug_assert!(w.len() >= (R - 1) * row_bytes + nb * bb && a.len() >= T * nb);
     let wp = w.as_ptr();
+    let ahead = 4 * row_bytes;
     // SAFETY: block `b` of row `r` is bytes `r * row_bytes + b * bb ..+ bb`, inside `w` for
     // `r < R`, `b < nb`, and activation block `j * nb + b` is inside `a` for `j < T` (the
     // contract `call` asserts); the features are enabled by the caller.
@@ -225,6 +226,11 @@ unsafe fn rows<const KIND: u8, const R: usize, const T: usize, const VNNI: bool>
             let dy: [__m256; T] = std::array::from_fn(|j| _mm256_set1_ps(ab[j].d));
             for r in 0..R {
                 let p = wp.add(r * row_bytes + b * bb);
+                // Streaming from DRAM is latency-bound at one core's few outstanding misses;
+                // asking now for the same spot of the next 4-row group (the next bytes this
+                // thread will read, usually) keeps more of them in flight. A prefetch never
+                // faults, so running past the matrix's end is harmless.
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead).cast());
                 let dw = _mm256_set1_ps(f16_at(p));
                 // The weights as bytes: signed for the sign trick, or Q4_1's unsigned nibbles.
                 let x = match KIND {

@@ -214,7 +214,15 @@ pub fn rope(
     if half == 0 || row == 0 {
         return Ok(());
     }
-    let mut cs = vec![(0.0f32, 0.0f32); half];
+    // At most 256 pairs on the stack (head_dim 512); wider heads take the heap.
+    let mut stack = [(0.0f32, 0.0f32); 256];
+    let mut heap = Vec::new();
+    let cs: &mut [(f32, f32)] = if half <= stack.len() {
+        &mut stack[..half]
+    } else {
+        heap.resize(half, (0.0, 0.0));
+        &mut heap
+    };
     for (&pos, xt) in positions.iter().zip(x.chunks_exact_mut(row)) {
         let p = pos as f32;
         if let Some((theta_scale, freq_scale)) = table.ggml {
@@ -238,13 +246,13 @@ pub fn rope(
         for head in xt.chunks_exact_mut(hd) {
             match table.style {
                 RopeStyle::Interleaved => {
-                    for (pair, &cs) in head.chunks_exact_mut(2).zip(&cs) {
+                    for (pair, &cs) in head.chunks_exact_mut(2).zip(cs.iter()) {
                         (pair[0], pair[1]) = rotate(pair[0], pair[1], cs);
                     }
                 }
                 RopeStyle::NeoX => {
                     let (lo, hi) = head[..2 * half].split_at_mut(half);
-                    for ((a, b), &cs) in lo.iter_mut().zip(hi).zip(&cs) {
+                    for ((a, b), &cs) in lo.iter_mut().zip(hi).zip(cs.iter()) {
                         (*a, *b) = rotate(*a, *b, cs);
                     }
                 }

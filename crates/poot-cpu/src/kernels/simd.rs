@@ -52,13 +52,46 @@ impl Isa {
         }
     }
 
-    /// The best path this CPU runs.
+    /// The path the kernels take: the best one this CPU runs, or the one `POOT_CPU_ISA` forces
+    /// (`scalar`, `avx2`, `avx512`; a path this CPU lacks gives the best one below it). Read
+    /// once per process.
     pub fn detect() -> Isa {
+        static CHOSEN: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *CHOSEN.get_or_init(|| {
+            let cap = std::env::var("POOT_CPU_ISA")
+                .ok()
+                .and_then(|n| Isa::from_name(n.trim()))
+                .unwrap_or(Isa::Avx512);
+            Isa::ALL
+                .into_iter()
+                .rev()
+                .filter(|isa| *isa as u8 <= cap as u8)
+                .find(|isa| isa.is_available())
+                .unwrap_or(Isa::Scalar)
+        })
+    }
+
+    /// The best path this CPU runs, ignoring `POOT_CPU_ISA`.
+    pub fn best() -> Isa {
         Isa::ALL
             .into_iter()
             .rev()
             .find(|isa| isa.is_available())
             .unwrap_or(Isa::Scalar)
+    }
+
+    /// `"scalar"`, `"avx2"` or `"avx512"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    /// The path named `name` (see [`Isa::name`]).
+    pub fn from_name(name: &str) -> Option<Isa> {
+        Isa::ALL.into_iter().find(|i| i.name() == name)
     }
 
     /// The paths this CPU runs, scalar first.

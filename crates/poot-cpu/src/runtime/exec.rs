@@ -2,28 +2,32 @@
 //!
 //! Invariants: the deadline is checked before every equation; inputs must match the traced
 //! dtype and shape exactly; weights are read from the store's mapped bytes (packed blocks are
-//! decoded inside the kernels; only small float vectors such as biases are decoded into a
-//! temporary); each activation buffer is dropped after its last reader, so peak memory is the
-//! plan's `artifact_bytes`.
+//! decoded inside the kernels; f32 vectors such as biases and norm weights are read in place,
+//! other small float vectors are decoded into a temporary); each activation buffer is returned
+//! to the runtime's [`Arena`] after its last reader, so peak memory is the plan's
+//! `artifact_bytes`, and buffers are reused across runs: once a plan has run, running it again
+//! allocates only its outputs (handed to the caller) and what `Op::Sample` builds.
 
 use std::borrow::Cow;
 
 use poot_core::{dequantize, Deadline};
 use poot_graph::{Graph, Op, ValueId};
-use poot_runtime::sample::{
-    adjust_row, logprobs_row, mask_row, sample_row, top_k_row, Adjust, SampleSettings,
-};
 use poot_runtime::{HostTensor, LateInput, RuntimeError};
 
+use super::arena::{for_each_operand, Arena};
+
+mod sampling;
 use super::plan::CpuPlan;
+use super::profile::Profile;
 use super::{KvLayers, KvPool};
 use crate::kernels::{self, AttentionInputs, AttentionShape, KvCacheMut, Numerics};
 use crate::{DType, Isa, KernelError, ThreadPool};
 
 /// A run's inputs: those given up front and those supplied late (`LateInput`).
-type StepInputs<'i> = (&'i [(&'i str, HostTensor)], &'i [(&'i str, LateInput)]);
+pub(crate) type StepInputs<'i> = (&'i [(&'i str, HostTensor)], &'i [(&'i str, LateInput)]);
 
-enum Buf {
+#[derive(Debug)]
+pub(super) enum Buf {
     Empty,
     Weight,
     F32(Vec<f32>),
@@ -41,6 +45,7 @@ struct Exec<'a> {
     plan: &'a CpuPlan,
     bufs: Vec<Buf>,
     pool: &'a ThreadPool,
+    arena: &'a mut Arena,
 }
 
 impl<'a> Exec<'a> {
@@ -91,6 +96,15 @@ impl<'a> Exec<'a> {
     fn floats(&self, v: ValueId, op: &'static str) -> Result<Cow<'_, [f32]>, RuntimeError> {
         if let Buf::Weight = self.bufs[v.index()] {
             let (bytes, dtype) = self.weight(v, op)?;
+            #[cfg(target_endian = "little")]
+            if dtype == DType::F32 {
+                // SAFETY: every bit pattern is a valid f32; `align_to` only yields the aligned
+                // middle part, which is all of it when `prefix` and `suffix` are empty.
+                let (prefix, floats, suffix) = unsafe { bytes.align_to::<f32>() };
+                if prefix.is_empty() && suffix.is_empty() {
+                    return Ok(Cow::Borrowed(floats));
+                }
+            }
             let mut out = vec![0f32; self.graph().info(v).numel()];
             dequantize(dtype, bytes, &mut out).map_err(|e| RuntimeError::Kernel {
                 op,
@@ -141,16 +155,28 @@ impl<'a> Exec<'a> {
                     });
                 }
                 match host {
-                    HostTensor::F32 { data, .. } => Buf::F32(data.clone()),
-                    HostTensor::I32 { data, .. } => Buf::I32(data.clone()),
+                    HostTensor::F32 { data, .. } => {
+                        let mut v = self.arena.f32s(data.len());
+                        v.extend_from_slice(data);
+                        Buf::F32(v)
+                    }
+                    HostTensor::I32 { data, .. } => {
+                        let mut v = self.arena.i32s(data.len());
+                        v.extend_from_slice(data);
+                        Buf::I32(v)
+                    }
                 }
             }
             Op::Weight { .. } => Buf::Weight,
-            Op::Literal { data } => Buf::F32(data.clone()),
+            Op::Literal { data } => {
+                let mut v = self.arena.f32s(data.len());
+                v.extend_from_slice(data);
+                Buf::F32(v)
+            }
             Op::Embedding { table, ids } => {
                 let (bytes, dtype) = self.weight(*table, "embedding")?;
                 let tshape = self.shape(*table);
-                let mut out = vec![0f32; numel];
+                let mut out = self.arena.zeros(numel);
                 kernels::embedding(
                     bytes,
                     dtype,
@@ -164,7 +190,7 @@ impl<'a> Exec<'a> {
             }
             Op::RmsNorm { x, weight, eps } => {
                 let d = *info.shape.last().unwrap_or(&1);
-                let mut out = vec![0f32; numel];
+                let mut out = self.arena.zeros(numel);
                 let xs = self.f32(*x, "rms_norm")?;
                 let (wbytes, wdtype): (Cow<'_, [u8]>, DType) = match self.bufs[weight.index()] {
                     Buf::Weight => {
@@ -187,11 +213,17 @@ impl<'a> Exec<'a> {
                 let (bytes, dtype) = self.weight(*w, "matmul")?;
                 let xs = self.shape(*x);
                 let n = self.shape(*w)[0];
-                let mut out = vec![0f32; numel];
-                kernels::matmul_numerics(
+                let mut out = self.arena.zeros(numel);
+                self.f32(*x, "matmul")?; // a typed error unless x is an f32 activation
+                let Buf::F32(xv) = &self.bufs[x.index()] else {
+                    unreachable!("checked just above")
+                };
+                // Matmuls reading the same input (q/k/v, gate/up) quantize it once.
+                let key = (self.arena.run << 32) | x.index() as u64;
+                kernels::matmul::matmul_cached(
                     self.plan.numerics,
                     Isa::detect(),
-                    self.f32(*x, "matmul")?,
+                    xv,
                     xs[0],
                     xs[1],
                     bytes,
@@ -199,14 +231,15 @@ impl<'a> Exec<'a> {
                     n,
                     &mut out,
                     self.pool,
+                    Some((&mut self.arena.act, key)),
                 )
                 .map_err(kerr("matmul"))?;
                 Buf::F32(out)
             }
             Op::Add { a, b } | Op::Mul { a, b } => {
                 let name = op.name();
+                let mut out = self.arena.zeros(numel);
                 let bv = self.floats(*b, name)?;
-                let mut out = vec![0f32; numel];
                 let av = self.f32(*a, name)?;
                 if matches!(op, Op::Add { .. }) {
                     kernels::add(av, &bv, &mut out).map_err(kerr("add"))?;
@@ -216,7 +249,7 @@ impl<'a> Exec<'a> {
                 Buf::F32(out)
             }
             Op::Silu { x } | Op::Gelu { x } => {
-                let mut out = vec![0f32; numel];
+                let mut out = self.arena.zeros(numel);
                 let xv = self.f32(*x, op.name())?;
                 if matches!(op, Op::Silu { .. }) {
                     if self.plan.numerics == Numerics::Ggml {
@@ -231,7 +264,8 @@ impl<'a> Exec<'a> {
                 Buf::F32(out)
             }
             Op::Softmax { x } => {
-                let mut out = self.f32(*x, "softmax")?.to_vec();
+                let mut out = self.arena.f32s(numel);
+                out.extend_from_slice(self.f32(*x, "softmax")?);
                 kernels::softmax(&mut out, *info.shape.last().unwrap_or(&1))
                     .map_err(kerr("softmax"))?;
                 Buf::F32(out)
@@ -241,7 +275,8 @@ impl<'a> Exec<'a> {
                     op: "rope",
                     detail: "no rope table was compiled".into(),
                 })?;
-                let mut out = self.f32(*x, "rope")?.to_vec();
+                let mut out = self.arena.f32s(numel);
+                out.extend_from_slice(self.f32(*x, "rope")?);
                 kernels::rope(
                     &mut out,
                     info.shape[0],
@@ -285,6 +320,7 @@ impl<'a> Exec<'a> {
                         ),
                     });
                 }
+                let mut out = self.arena.zeros(numel);
                 let attn_inputs = AttentionInputs {
                     q: self.f32(*q, "paged_attention")?,
                     k: self.f32(*k, "paged_attention")?,
@@ -294,7 +330,7 @@ impl<'a> Exec<'a> {
                     positions: self.i32(meta.positions, "paged_attention")?,
                     block_tables: self.i32(meta.block_tables, "paged_attention")?,
                 };
-                let mut out = vec![0f32; numel];
+
                 let numerics = self.plan.numerics;
                 match &mut kv.layers {
                     KvLayers::F32 { k, v } => {
@@ -330,8 +366,16 @@ impl<'a> Exec<'a> {
                 Buf::F32(out)
             }
             Op::Reshape { x, .. } => match &self.bufs[x.index()] {
-                Buf::F32(d) => Buf::F32(d.clone()),
-                Buf::I32(d) => Buf::I32(d.clone()),
+                Buf::F32(d) => {
+                    let mut v = self.arena.f32s(d.len());
+                    v.extend_from_slice(d);
+                    Buf::F32(v)
+                }
+                Buf::I32(d) => {
+                    let mut v = self.arena.i32s(d.len());
+                    v.extend_from_slice(d);
+                    Buf::I32(v)
+                }
                 _ => {
                     return Err(RuntimeError::Kernel {
                         op: "reshape",
@@ -351,16 +395,16 @@ impl<'a> Exec<'a> {
                 let (dim, w) = (s[*axis], end - start);
                 let pick = |o: usize| (o * dim + start) * inner..(o * dim + start + w) * inner;
                 match &self.bufs[x.index()] {
-                    Buf::F32(d) => Buf::F32(
-                        (0..outer)
-                            .flat_map(|o| d[pick(o)].iter().copied())
-                            .collect(),
-                    ),
-                    Buf::I32(d) => Buf::I32(
-                        (0..outer)
-                            .flat_map(|o| d[pick(o)].iter().copied())
-                            .collect(),
-                    ),
+                    Buf::F32(d) => {
+                        let mut v = self.arena.f32s(outer * w * inner);
+                        (0..outer).for_each(|o| v.extend_from_slice(&d[pick(o)]));
+                        Buf::F32(v)
+                    }
+                    Buf::I32(d) => {
+                        let mut v = self.arena.i32s(outer * w * inner);
+                        (0..outer).for_each(|o| v.extend_from_slice(&d[pick(o)]));
+                        Buf::I32(v)
+                    }
                     _ => {
                         return Err(RuntimeError::Kernel {
                             op: "slice",
@@ -373,7 +417,7 @@ impl<'a> Exec<'a> {
                 let outer: usize = info.shape[..*axis].iter().product();
                 let inner: usize = info.shape[axis + 1..].iter().product();
                 if info.dtype == DType::I32 {
-                    let mut out = Vec::with_capacity(numel);
+                    let mut out = self.arena.i32s(numel);
                     for o in 0..outer {
                         for x in xs {
                             let c = self.shape(*x)[*axis] * inner;
@@ -382,7 +426,7 @@ impl<'a> Exec<'a> {
                     }
                     Buf::I32(out)
                 } else {
-                    let mut out = Vec::with_capacity(numel);
+                    let mut out = self.arena.f32s(numel);
                     for o in 0..outer {
                         for x in xs {
                             let c = self.shape(*x)[*axis] * inner;
@@ -395,8 +439,8 @@ impl<'a> Exec<'a> {
             Op::GatherRows { x, rows } => {
                 let d = self.shape(*x)[1];
                 let t = self.shape(*x)[0];
+                let mut out = self.arena.f32s(numel);
                 let xv = self.f32(*x, "gather_rows")?;
-                let mut out = Vec::with_capacity(numel);
                 for &r in self.i32(*rows, "gather_rows")? {
                     let r = usize::try_from(r).ok().filter(|&r| r < t).ok_or_else(|| {
                         RuntimeError::Kernel {
@@ -408,80 +452,11 @@ impl<'a> Exec<'a> {
                 }
                 Buf::F32(out)
             }
-            Op::Sample { logits, params } => {
-                let v = self.shape(*logits)[1];
-                let l = self.f32(*logits, "sample")?;
-                let temp = self.f32(params.temperature, "sample")?;
-                let top_k = self.i32(params.top_k, "sample")?;
-                let top_p = self.f32(params.top_p, "sample")?;
-                let min_p = self.f32(params.min_p, "sample")?;
-                let uniform = self.f32(params.uniform, "sample")?;
-                let mut out = Vec::with_capacity(numel);
-                for r in 0..numel {
-                    let s = SampleSettings {
-                        temperature: temp[r],
-                        top_k: top_k[r],
-                        top_p: top_p[r],
-                        min_p: min_p[r],
-                        uniform: uniform[r],
-                    };
-                    out.push(sample_row(&l[r * v..(r + 1) * v], s)?);
-                }
-                Buf::I32(out)
-            }
-            Op::AdjustLogits { logits, adjust } => {
-                let v = self.shape(*logits)[1];
-                let w = self.shape(adjust.ids)[1];
-                let mut out = self.f32(*logits, "adjust_logits")?.to_vec();
-                let ids = self.i32(adjust.ids, "adjust_logits")?;
-                let counts = self.i32(adjust.counts, "adjust_logits")?;
-                let bias = self.f32(adjust.bias, "adjust_logits")?;
-                let rep = self.f32(adjust.repetition, "adjust_logits")?;
-                let pres = self.f32(adjust.presence, "adjust_logits")?;
-                let freq = self.f32(adjust.frequency, "adjust_logits")?;
-                for (r, row) in out.chunks_mut(v).enumerate() {
-                    let a = Adjust {
-                        ids: &ids[r * w..(r + 1) * w],
-                        counts: &counts[r * w..(r + 1) * w],
-                        bias: &bias[r * w..(r + 1) * w],
-                        repetition: rep[r],
-                        presence: pres[r],
-                        frequency: freq[r],
-                    };
-                    adjust_row(row, &a)?;
-                }
-                Buf::F32(out)
-            }
-            Op::MaskLogits { logits, mask } => {
-                let v = self.shape(*logits)[1];
-                let words = self.shape(*mask)[1];
-                let mut out = self.f32(*logits, "mask_logits")?.to_vec();
-                let m = self.i32(*mask, "mask_logits")?;
-                for (r, row) in out.chunks_mut(v).enumerate() {
-                    mask_row(row, &m[r * words..(r + 1) * words]);
-                }
-                Buf::F32(out)
-            }
-            Op::TopK { x, k } => {
-                let v = self.shape(*x)[1];
-                let xv = self.f32(*x, "top_k")?;
-                let mut out = vec![0i32; numel];
-                for (row, o) in xv.chunks(v).zip(out.chunks_mut(*k)) {
-                    top_k_row(row, o);
-                }
-                Buf::I32(out)
-            }
-            Op::Logprobs { logits, ids } => {
-                let v = self.shape(*logits)[1];
-                let k = self.shape(*ids)[1];
-                let l = self.f32(*logits, "logprobs")?;
-                let idv = self.i32(*ids, "logprobs")?;
-                let mut out = vec![0f32; numel];
-                for ((row, i), o) in l.chunks(v).zip(idv.chunks(k)).zip(out.chunks_mut(k)) {
-                    logprobs_row(row, i, o)?;
-                }
-                Buf::F32(out)
-            }
+            Op::Sample { .. }
+            | Op::AdjustLogits { .. }
+            | Op::MaskLogits { .. }
+            | Op::TopK { .. }
+            | Op::Logprobs { .. } => self.sampling_op(op, numel)?,
         })
     }
 }
@@ -489,45 +464,100 @@ impl<'a> Exec<'a> {
 /// Runs every equation of `plan`; see the module docs.
 pub(crate) fn execute(
     plan: &CpuPlan,
-    inputs: &[(&str, HostTensor)],
-    late: &[(&str, LateInput)],
+    (inputs, late): StepInputs<'_>,
     mut kv: Option<&mut KvPool>,
     pool: &ThreadPool,
     deadline: Deadline,
+    profile: Option<&Profile>,
+    arena: &mut Arena,
 ) -> Result<Vec<(String, HostTensor)>, RuntimeError> {
     let n = plan.graph.equations.len();
+    let run_start = profile.map(Profile::start_run);
+    let mut decode = true;
+    arena.run = arena.run.wrapping_add(1);
+    let mut bufs = std::mem::take(&mut arena.bufs);
+    bufs.clear();
+    bufs.resize_with(n, || Buf::Empty);
     let mut exec = Exec {
         plan,
-        bufs: (0..n).map(|_| Buf::Empty).collect(),
+        bufs,
         pool,
+        arena,
     };
+    let result = run_all(
+        &mut exec,
+        (inputs, late),
+        &mut kv,
+        deadline,
+        profile,
+        &mut decode,
+    );
+    // Every buffer goes back to the arena, also after an error.
+    let mut bufs = std::mem::take(&mut exec.bufs);
+    for b in bufs.iter_mut() {
+        exec.arena.give(std::mem::replace(b, Buf::Empty));
+    }
+    exec.arena.bufs = bufs;
+    if let (Some(p), Some(t0), true) = (profile, run_start, result.is_ok()) {
+        p.end_run(decode, t0.elapsed());
+    }
+    result
+}
+
+fn run_all(
+    exec: &mut Exec<'_>,
+    (inputs, late): StepInputs<'_>,
+    kv: &mut Option<&mut KvPool>,
+    deadline: Deadline,
+    profile: Option<&Profile>,
+    decode: &mut bool,
+) -> Result<Vec<(String, HostTensor)>, RuntimeError> {
+    let plan = exec.plan;
     for (i, op) in plan.graph.equations.iter().enumerate() {
         if deadline.expired() {
             return Err(RuntimeError::Timeout {
                 during: format!("equation {i} ({})", op.name()),
             });
         }
-        let buf = exec.run_op(i, op, (inputs, late), kv.as_deref_mut(), deadline)?;
-        exec.bufs[i] = buf;
-        for v in op.operands() {
-            if plan.last_use[v.index()] == i {
-                exec.bufs[v.index()] = Buf::Empty;
+        let buf = match profile {
+            None => exec.run_op(i, op, (inputs, late), kv.as_deref_mut(), deadline)?,
+            Some(p) => {
+                let t0 = std::time::Instant::now();
+                let buf = exec.run_op(i, op, (inputs, late), kv.as_deref_mut(), deadline)?;
+                let (kind, rows) = profile_kind(plan, op, i);
+                *decode &= rows <= 1 || !matches!(op, Op::MatMul { .. });
+                p.add(&kind, rows, t0.elapsed());
+                buf
             }
-        }
+        };
+        exec.bufs[i] = buf;
+        for_each_operand(op, |v| {
+            if plan.last_use[v.index()] == i {
+                let b = std::mem::replace(&mut exec.bufs[v.index()], Buf::Empty);
+                exec.arena.give(b);
+            }
+        });
     }
     let mut outputs = Vec::with_capacity(plan.graph.outputs.len());
     for (name, v) in &plan.graph.outputs {
         let shape = plan.graph.info(*v).shape.clone();
-        let t = match &exec.bufs[v.index()] {
-            Buf::F32(d) => HostTensor::F32 {
-                shape,
-                data: d.clone(),
+        // The output's buffer is handed to the caller (no copy), unless another output named
+        // the same value first.
+        let t = match std::mem::replace(&mut exec.bufs[v.index()], Buf::Empty) {
+            Buf::F32(data) => HostTensor::F32 { shape, data },
+            Buf::I32(data) => HostTensor::I32 { shape, data },
+            Buf::Empty => match outputs.iter().find(|(n, _): &&(String, HostTensor)| {
+                plan.graph.outputs.iter().any(|(m, w)| m == n && w == v)
+            }) {
+                Some((_, t)) => t.clone(),
+                None => {
+                    return Err(RuntimeError::Kernel {
+                        op: "output",
+                        detail: format!("output '{name}' was never computed"),
+                    })
+                }
             },
-            Buf::I32(d) => HostTensor::I32 {
-                shape,
-                data: d.clone(),
-            },
-            _ => {
+            Buf::Weight => {
                 return Err(RuntimeError::Kernel {
                     op: "output",
                     detail: format!("output '{name}' is a weight; outputs are activations"),
@@ -537,4 +567,14 @@ pub(crate) fn execute(
         outputs.push((name.clone(), t));
     }
     Ok(outputs)
+}
+
+/// The profile bucket of equation `i` (matmuls by weight dtype) and its row count.
+fn profile_kind(plan: &CpuPlan, op: &Op, i: usize) -> (String, usize) {
+    let g = &plan.graph;
+    let rows = g.values[i].shape.first().copied().unwrap_or(1);
+    match op {
+        Op::MatMul { w, .. } => (format!("matmul {}", g.info(*w).dtype), rows),
+        _ => (op.name().to_string(), rows),
+    }
 }

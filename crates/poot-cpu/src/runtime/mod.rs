@@ -11,8 +11,10 @@
 //! tokens; its integer matmul is the cheaper one per decoded token. Plans compiled by one
 //! runtime carry its numerics.
 
+mod arena;
 mod exec;
 mod plan;
+mod profile;
 
 use std::sync::{Arc, Mutex};
 
@@ -72,6 +74,9 @@ pub struct CpuOptions {
     pub max_kv_bytes: u64,
     /// The arithmetic the kernels follow (see the module docs).
     pub numerics: Numerics,
+    /// Time every equation by op kind (see `profile.rs`); also on when `POOT_CPU_PROFILE` is
+    /// set in the environment.
+    pub profile: bool,
 }
 
 impl Default for CpuOptions {
@@ -80,6 +85,7 @@ impl Default for CpuOptions {
             threads: 0,
             max_kv_bytes: 8 << 30,
             numerics: Numerics::Exact,
+            profile: false,
         }
     }
 }
@@ -91,6 +97,9 @@ pub struct CpuRuntime {
     options: CpuOptions,
     kv: Mutex<Option<KvPool>>,
     poison: Poison,
+    profile: Option<profile::Profile>,
+    /// Activation buffers reused across runs (see `exec.rs`).
+    arena: Mutex<arena::Arena>,
 }
 
 impl CpuRuntime {
@@ -104,7 +113,15 @@ impl CpuRuntime {
             options,
             kv: Mutex::new(None),
             poison: Poison::default(),
+            arena: Mutex::new(arena::Arena::default()),
+            profile: (options.profile || std::env::var_os("POOT_CPU_PROFILE").is_some())
+                .then(profile::Profile::default),
         })
+    }
+
+    /// The per-op-kind timing table, when profiling is on (see `CpuOptions::profile`).
+    pub fn profile_report(&self) -> Option<String> {
+        self.profile.as_ref().map(profile::Profile::report)
     }
 
     pub fn threads(&self) -> usize {
@@ -205,7 +222,16 @@ impl Runtime for CpuRuntime {
                 detail: "plan was compiled by another backend".into(),
             })?;
         let mut kv = self.kv_lock();
-        let result = exec::execute(plan, inputs, late, kv.as_mut(), &self.pool, deadline);
+        let mut arena = self.arena.lock().unwrap_or_else(|e| e.into_inner());
+        let result = exec::execute(
+            plan,
+            (inputs, late),
+            kv.as_mut(),
+            &self.pool,
+            deadline,
+            self.profile.as_ref(),
+            &mut arena,
+        );
         if let Err(RuntimeError::Timeout { during }) = &result {
             self.poison
                 .poison(format!("deadline missed during {during}"));
@@ -219,14 +245,27 @@ impl Runtime for CpuRuntime {
             .as_ref()
             .and_then(|p| kv_bytes(&p.cfg, self.options.numerics))
             .unwrap_or(0);
+        let scratch_bytes = self
+            .arena
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .parked_bytes();
         MemoryReport {
             kv_bytes,
-            scratch_bytes: 0,
+            scratch_bytes,
         }
     }
 
     fn health(&self) -> Health {
         self.poison.health()
+    }
+}
+
+impl Drop for CpuRuntime {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            p.emit();
+        }
     }
 }
 

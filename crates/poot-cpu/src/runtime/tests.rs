@@ -89,6 +89,35 @@ fn runs_a_linear_layer() {
 }
 
 #[test]
+fn profile_counts_every_op_kind() {
+    let rt = CpuRuntime::new(CpuOptions {
+        profile: true,
+        ..CpuOptions::default()
+    })
+    .unwrap();
+    let plan = rt
+        .compile(&linear_graph(), store(), &CompileLimits::default())
+        .unwrap();
+    for _ in 0..3 {
+        rt.run(plan.as_ref(), &[("x", x())], Deadline::never())
+            .unwrap();
+    }
+    let report = rt.profile_report().unwrap();
+    assert!(report.contains("3 prefill runs"), "{report}");
+    let line = report.lines().find(|l| l.contains("matmul F32")).unwrap();
+    assert_eq!(line.split_whitespace().nth(4), Some("3"), "{report}");
+    assert!(
+        report.lines().any(|l| l.contains("prefill add")),
+        "{report}"
+    );
+    let off = CpuRuntime::new(CpuOptions::default()).unwrap();
+    assert_eq!(
+        off.profile_report().is_some(),
+        std::env::var_os("POOT_CPU_PROFILE").is_some()
+    );
+}
+
+#[test]
 fn inputs_are_checked() {
     let rt = CpuRuntime::new(CpuOptions::default()).unwrap();
     let plan = rt
@@ -157,6 +186,7 @@ fn kv_pool_case(numerics: Numerics, tol: f32) {
         threads: 1,
         max_kv_bytes: 1024,
         numerics,
+        ..CpuOptions::default()
     })
     .unwrap();
     let big = KvCacheConfig {

@@ -1,0 +1,286 @@
+"""The CPU performance table of issue 7: poot and llama.cpp side by side, same GGUF, 2 threads.
+
+Rows: SmolLM2-135M Q4_1 (the default model) and synthetic GGUFs (``cpu_synthetic.py``) at
+Llama 3.2 1B shape in Q4_0, Q8_0, Q4_K, F16, BF16 and at Qwen2 0.5B shape in its Q4_K_M type
+mix. Per row: prefill of 512 tokens (tok/s of the prompt) and decode of 128 tokens after a
+64-token prompt (the 64+1 run subtracted from the 64+128 run), poot and llama.cpp alternating
+within each round (so both see the same machine load), every run with a fresh prompt (no
+prefix-cache hits), the median of the rounds; the ratio
+poot/peer; and the decode roofline: bytes read per token (every weight the step reads, plus
+the KV cache at mid-decode) over the read bandwidth measured in the same run (numpy, the same
+thread count), and poot's fraction of it. Resident memory is poot's RSS growth during its
+runs against the GGUF size plus its KV pool.
+
+Run: ``python benches/bench_cpu_table.py [--rows smollm2,llama-q4_0,...] [--write-docs]`` (the
+full table takes tens of minutes on 2 cores), or under pytest, where only the SmolLM2 row runs
+unless ``POOT_BENCH_FULL=1``. ``--write-docs`` rewrites docs/performance.md with the table
+and the machine. No thresholds: the targets are printed, not asserted.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's BLAS threads must not spin here
+
+import argparse
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cpu_synthetic as syn  # noqa: E402
+
+THREADS = 2
+ROOT = Path(__file__).resolve().parents[1]
+
+# (row key, label, shape or None for the default model, storage type)
+ROWS: list[tuple[str, str, syn.Shape | None, str]] = [
+    ("smollm2", "SmolLM2-135M Q4_1", None, "Q4_1"),
+    ("llama-q4_0", "Llama-3.2-1B shape Q4_0", syn.LLAMA_1B, "Q4_0"),
+    ("llama-q8_0", "Llama-3.2-1B shape Q8_0", syn.LLAMA_1B, "Q8_0"),
+    ("llama-q4_k", "Llama-3.2-1B shape Q4_K", syn.LLAMA_1B, "Q4_K"),
+    ("llama-f16", "Llama-3.2-1B shape F16", syn.LLAMA_1B, "F16"),
+    ("llama-bf16", "Llama-3.2-1B shape BF16", syn.LLAMA_1B, "BF16"),
+    ("qwen2-mix", "Qwen2-0.5B shape Q5_0/Q8_0/Q4_K/Q6_K", syn.QWEN2_05B, "mix"),
+]
+
+
+_SALT = iter(range(1, 1 << 30))
+
+
+def _prompt(n: int) -> list[int]:
+    """Deterministic ordinary-text ids (not special tokens), BOS first, different on every
+    call: poot's prefix cache (and any peer cache) must not turn a measurement into a hit."""
+    salt = next(_SALT)
+    return [1] + [(i * 7919 + salt * 104729) % 40000 + 1000 for i in range(n - 1)]
+
+
+def read_bandwidth(threads: int = THREADS, mib: int = 1024) -> float:
+    """Bytes per second `threads` threads read from DRAM (best of 5 passes over `mib` MiB)."""
+    a = np.ones(mib << 18, dtype=np.float32)
+    parts = np.array_split(a, threads)
+    best = float("inf")
+    for _ in range(5):
+        ths = [threading.Thread(target=np.max, args=(p,)) for p in parts]
+        t0 = time.perf_counter()
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join()
+        best = min(best, time.perf_counter() - t0)
+    return a.nbytes / best
+
+
+def bytes_per_token(path: Path, ctx: int) -> tuple[int, int]:
+    """(weight bytes one decode step reads, KV bytes at context `ctx`) of the GGUF at `path`:
+    every tensor but the token embedding (one row of it is read), unless it is also the LM head
+    (no ``output.weight``); KV in f16."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+    names = {t.name for t in r.tensors}
+    tied = "output.weight" not in names
+    total = sum(int(t.n_bytes) for t in r.tensors if tied or t.name != "token_embd.weight")
+    arch = str(r.fields["general.architecture"].contents())
+    layers = int(r.fields[f"{arch}.block_count"].contents())
+    dim = int(r.fields[f"{arch}.embedding_length"].contents())
+    heads = int(r.fields[f"{arch}.attention.head_count"].contents())
+    kv_heads = int(r.fields[f"{arch}.attention.head_count_kv"].contents())
+    kv = 2 * layers * ctx * kv_heads * (dim // heads) * 2
+    return total, kv
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+@dataclass
+class Row:
+    label: str
+    size: int
+    prefill: dict[str, float] = field(default_factory=dict)  # impl -> tok/s
+    decode: dict[str, float] = field(default_factory=dict)
+    roofline: float = 0.0  # decode tok/s at the measured read bandwidth
+    rss_ratio: float = 0.0  # poot RSS growth / (GGUF size + KV pool)
+    numerics: str = ""
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def run_row(label: str, path: Path, bw: float, rounds: int, peer_ok: bool) -> Row:
+    import poot
+
+    row = Row(label, path.stat().st_size)
+    rss0 = _rss()
+    llm = poot.LLM(str(path), threads=THREADS, max_model_len=1024)
+    row.numerics = llm.numerics
+
+    def ours(prompt: list[int], n: int) -> Callable[[], Any]:
+        params = poot.SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+        return lambda: llm.generate([prompt], params)
+
+    ours(_prompt(8), 4)()  # warm up: plans compiled, pages touched
+    kv = llm.runtime.memory().get("kv_bytes", 0)
+    row.rss_ratio = (_rss() - rss0) / (row.size + kv)
+    peer = None
+    if peer_ok:
+        import llama_cpp
+
+        peer = llama_cpp.Llama(str(path), n_threads=THREADS, n_ctx=1024, n_batch=512, verbose=False)
+
+    def theirs(prompt: list[int], n: int) -> Callable[[], Any]:
+        def go() -> None:
+            assert peer is not None
+            peer.reset()
+            peer.create_completion(prompt, max_tokens=n, temperature=0.0)
+
+        return go
+
+    if peer is not None:
+        theirs(_prompt(8), 4)()
+    impls: list[tuple[str, Callable[[list[int], int], Callable[[], Any]]]] = [("poot", ours)]
+    if peer is not None:
+        impls.append(("peer", theirs))
+    pre: dict[str, list[float]] = {k: [] for k, _ in impls}
+    dec: dict[str, list[float]] = {k: [] for k, _ in impls}
+    for _ in range(rounds):
+        for name, make in impls:
+            pre[name].append(512 / _timed(make(_prompt(512), 1)))
+            short = _timed(make(_prompt(64), 1))
+            long = _timed(make(_prompt(64), 129))
+            dec[name].append(128 / max(long - short, 1e-9))
+    row.prefill = {k: statistics.median(v) for k, v in pre.items()}
+    row.decode = {k: statistics.median(v) for k, v in dec.items()}
+    weights, kvb = bytes_per_token(path, 64 + 64)
+    row.roofline = bw / (weights + kvb)
+    return row
+
+
+def machine() -> str:
+    model = platform.processor() or "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+        flags = next(
+            ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")
+        ).split()
+        simd = [f for f in flags if f.startswith(("avx512", "amx")) or f in ("avx2", "fma", "f16c")]
+    except (OSError, StopIteration):
+        simd = []
+    cores = os.cpu_count()
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{model}, {cores} cores, {mem:.0f} GiB; {' '.join(sorted(simd))}"
+
+
+def table(rows: list[Row], bw: float) -> str:
+    lines = [
+        f"Read bandwidth measured in this run ({THREADS} threads, numpy): {bw / 1e9:.1f} GB/s.",
+        "",
+        "| model | numerics | prefill 512 tok/s poot / llama.cpp | ratio | decode tok/s poot / "
+        "llama.cpp | ratio | roofline tok/s | poot / roofline | RSS / (GGUF + KV) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        pp, pq = r.prefill.get("poot", 0.0), r.prefill.get("peer")
+        dp, dq = r.decode.get("poot", 0.0), r.decode.get("peer")
+        lines.append(
+            f"| {r.label} | {r.numerics} | {pp:.1f} / {pq:.1f} | {pp / pq:.2f}x | "
+            if pq
+            else f"| {r.label} | {r.numerics} | {pp:.1f} / - | - | "
+        )
+        lines[-1] += (
+            f"{dp:.1f} / {dq:.1f} | {dp / dq:.2f}x | " if dq else f"{dp:.1f} / - | - | "
+        ) + f"{r.roofline:.1f} | {dp / r.roofline:.0%} | {r.rss_ratio:.2f} |"
+    return "\n".join(lines)
+
+
+def write_docs(text: str, profile: str | None) -> None:
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    doc = ROOT / "docs" / "performance.md"
+    old = doc.read_text() if doc.is_file() else ""
+    marker = "<!-- bench-table -->"
+    body = (
+        f"{marker}\n## Bench table\n\nMachine: {machine()}. Commit {commit}, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {THREADS} threads for both, "
+        "llama.cpp = llama-cpp-python 0.3.8 (its own build), same GGUF files.\n\n"
+        f"{text}\n{marker}\n"
+    )
+    if marker in old:
+        head, _, rest = old.partition(marker)
+        _, _, tail = rest.partition(marker + "\n")
+        doc.write_text(head + body + tail)
+    else:
+        doc.write_text((old or "# CPU performance\n\n") + body)
+
+
+def _peer_ok() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def run(keys: list[str], rounds: int | None = None) -> tuple[list[Row], float]:
+    from poot.checkpoints import cached_model
+
+    smollm = cached_model()
+    if smollm is None:
+        raise SystemExit("the default model is not cached: run `poot pull` first")
+    bw = read_bandwidth()
+    rows = []
+    peer_ok = _peer_ok()
+    for key, label, shape, quant in ROWS:
+        if key not in keys:
+            continue
+        path = smollm if shape is None else syn.synthetic_gguf(shape, quant, smollm)
+        n = rounds or (3 if path.stat().st_size < 300e6 else 1)
+        rows.append(run_row(label, path, bw, n, peer_ok))
+        print(table(rows[-1:], bw).splitlines()[-1], flush=True)
+    return rows, bw
+
+
+def test_cpu_table() -> None:
+    keys = [k for k, *_ in ROWS] if os.environ.get("POOT_BENCH_FULL") else ["smollm2"]
+    rows, bw = run(keys)
+    print()
+    print(table(rows, bw))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", default=",".join(k for k, *_ in ROWS))
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--write-docs", action="store_true")
+    args = ap.parse_args()
+    rows, bw = run(args.rows.split(","), args.rounds)
+    text = table(rows, bw)
+    print(text)
+    if args.write_docs:
+        write_docs(text, None)
+
+
+if __name__ == "__main__":
+    main()

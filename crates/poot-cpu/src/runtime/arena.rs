@@ -1,0 +1,110 @@
+//! The executor's reusable state: activation buffers parked between runs ([`Arena`]) and the
+//! quantized-activation cache, so a warm decode step allocates only what it returns.
+//!
+//! Invariants: a parked buffer is empty when handed out (`f32s`/`i32s`) or zero-filled
+//! (`zeros`); at most `KEEP` buffers per element type are parked and none over `MAX_BYTES`, so
+//! idle memory is bounded and a long prefill's buffers go back to the allocator; handing out
+//! picks the smallest buffer that fits, so a repeated plan meets the capacities it had.
+
+use poot_graph::{Op, ValueId};
+
+use super::exec::Buf;
+use crate::kernels::matmul::ActCache;
+
+/// Activation buffers kept between runs (see the module docs). At most `KEEP` per element type
+/// are parked, none over `MAX_BYTES`, so what a long prefill needed goes back to the allocator.
+#[derive(Debug, Default)]
+pub(crate) struct Arena {
+    f32s: Vec<Vec<f32>>,
+    i32s: Vec<Vec<i32>>,
+    pub(super) bufs: Vec<Buf>,
+    /// Quantized matmul inputs, keyed by run and value (`run << 32 | value`).
+    pub(super) act: ActCache,
+    pub(super) run: u64,
+}
+
+impl Arena {
+    const KEEP: usize = 64;
+    const MAX_BYTES: usize = 8 << 20;
+
+    pub(super) fn give(&mut self, b: Buf) {
+        match b {
+            Buf::F32(v) if v.capacity() * 4 <= Self::MAX_BYTES && self.f32s.len() < Self::KEEP => {
+                self.f32s.push(v);
+            }
+            Buf::I32(v) if v.capacity() * 4 <= Self::MAX_BYTES && self.i32s.len() < Self::KEEP => {
+                self.i32s.push(v);
+            }
+            _ => {}
+        }
+    }
+
+    /// An empty f32 buffer (reserved for `cap` values).
+    pub(super) fn f32s(&mut self, cap: usize) -> Vec<f32> {
+        best_fit(&mut self.f32s, cap)
+    }
+
+    /// An empty i32 buffer (reserved for `cap` values).
+    pub(super) fn i32s(&mut self, cap: usize) -> Vec<i32> {
+        best_fit(&mut self.i32s, cap)
+    }
+
+    /// `n` zeros.
+    pub(super) fn zeros(&mut self, n: usize) -> Vec<f32> {
+        let mut v = self.f32s(n);
+        v.resize(n, 0.0);
+        v
+    }
+
+    /// Bytes parked here (reported as the runtime's scratch memory).
+    pub(crate) fn parked_bytes(&self) -> u64 {
+        let f: usize = self.f32s.iter().map(|v| v.capacity() * 4).sum();
+        let i: usize = self.i32s.iter().map(|v| v.capacity() * 4).sum();
+        (f + i) as u64
+    }
+}
+
+/// The smallest parked buffer that holds `cap` values (so a run's requests find the buffers
+/// they had last run and nothing grows), else the largest one grown; emptied.
+fn best_fit<T>(parked: &mut Vec<Vec<T>>, cap: usize) -> Vec<T> {
+    let fit = parked
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| v.capacity() >= cap)
+        .min_by_key(|(_, v)| v.capacity())
+        .or_else(|| parked.iter().enumerate().max_by_key(|(_, v)| v.capacity()))
+        .map(|(i, _)| i);
+    let mut v = fit.map(|i| parked.swap_remove(i)).unwrap_or_default();
+    v.clear();
+    v.reserve(cap);
+    v
+}
+
+/// Calls `f` on every operand of `op` (`Op::operands` without its allocation).
+pub(super) fn for_each_operand(op: &Op, mut f: impl FnMut(ValueId)) {
+    match op {
+        Op::Input { .. } | Op::Weight { .. } | Op::Literal { .. } => {}
+        Op::Embedding { table, ids } => [*table, *ids].into_iter().for_each(f),
+        Op::RmsNorm { x, weight, .. } => [*x, *weight].into_iter().for_each(f),
+        Op::MatMul { x, w } => [*x, *w].into_iter().for_each(f),
+        Op::Add { a, b } | Op::Mul { a, b } => [*a, *b].into_iter().for_each(f),
+        Op::Silu { x } | Op::Gelu { x } | Op::Softmax { x } => f(*x),
+        Op::Rope { x, positions, .. } => [*x, *positions].into_iter().for_each(f),
+        Op::PagedAttention { q, k, v, meta, .. } => [
+            *q,
+            *k,
+            *v,
+            meta.slot_mapping,
+            meta.token_seq,
+            meta.positions,
+            meta.block_tables,
+        ]
+        .into_iter()
+        .for_each(f),
+        Op::Reshape { x, .. } | Op::Slice { x, .. } => f(*x),
+        Op::Concat { xs, .. } => xs.iter().copied().for_each(f),
+        Op::GatherRows { x, rows } => [*x, *rows].into_iter().for_each(f),
+        // Anything else (new ops): the graph's own list.
+        _ => op.operands().into_iter().for_each(f),
+    }
+}
