@@ -17,8 +17,10 @@
 //!   `Numerics::Ggml`): Q4_0/Q4_1/Q8_0 matmuls quantize activations to Q8 blocks and do integer
 //!   block dots in ggml's order (`matmul_q8.wgsl`), the KV pool holds f16-rounded values (still
 //!   f32 storage), and attention rounds q and its softmax weights to f16
-//!   (`attention_ggml.wgsl`). Other ops keep the exact kernels, so results track ggml's closely
-//!   (greedy ids on SmolLM2 match llama.cpp's) but are not bit-identical to it.
+//!   (`attention_ggml.wgsl`), and SiLU uses ggml's vector `expf`. RoPE and norms keep the exact
+//!   kernels and shader compilers may unfuse or reorder float steps, so results are a few ulps
+//!   per op from ggml's, which activation quantization can amplify into flipped quants: logits
+//!   are not bit-identical to llama.cpp's (greedy ids on SmolLM2 match its reference).
 //! - Fault injection for tests is real device work: [`WgpuRuntime::inject_stall`] makes every
 //!   later step start with a kernel that spins past any short deadline, and
 //!   [`WgpuRuntime::inject_device_loss`] destroys the device.

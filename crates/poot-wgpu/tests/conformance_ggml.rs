@@ -11,6 +11,9 @@
 //! - attention: both round q, K, V and the softmax weights to f16, but wgpu sums the q.k dot
 //!   sequentially and uses the shader's `exp`, so a weight can land one f16 ulp (2^-11
 //!   relative) away; with |v| <= 1 that is 1e-3 at worst, stated as atol 1e-3.
+//! - SiLU: ggml's vector `expf`, lane for lane, except that x * log2(e) is rounded with `round`
+//!   rather than ggml's magic-constant add (see `eltwise.wgsl`): equal but for rare half-integer
+//!   cases and `fma` fusion; stated as rtol 2e-7.
 mod common;
 
 use std::sync::Arc;
@@ -192,4 +195,30 @@ fn attention_matches_cpu_ggml() {
         let worst = run_both(&cpu, &rt, &what, &g, store, &inputs, (1e-3, 0.0));
         eprintln!("{what}: max |wgpu - cpu| = {worst:e}");
     }
+}
+
+/// SiLU with ggml's vector `expf` (`eltwise.wgsl` op 4) against the CPU's ggml SiLU.
+#[test]
+fn silu_matches_cpu_ggml() {
+    let Some(rt) = ggml_wgpu() else { return };
+    let cpu = ggml_cpu();
+    let (t, d) = (3usize, 64usize);
+    let store = Arc::new(Store::default());
+    let cat: Arc<dyn WeightCatalog> = store.clone();
+    let mut tr = Tracer::new(TraceLimits::default(), t, cat).unwrap();
+    let x = tr.input("x", DType::F32, vec![t, d]).unwrap();
+    let y = tr.silu(x).unwrap();
+    tr.output("y", y).unwrap();
+    let g = tr.finish();
+    let xs: Vec<f32> = (0..t * d).map(|i| (i as f32 - 96.0) * 0.173).collect();
+    let worst = run_both(
+        &cpu,
+        &rt,
+        "ggml silu",
+        &g,
+        store,
+        &[("x", f32s(vec![t, d], xs))],
+        (0.0, 2e-7),
+    );
+    eprintln!("ggml silu: max |wgpu - cpu| = {worst:e}");
 }

@@ -421,7 +421,12 @@ impl<'a> Exec<'a> {
             Op::Silu { x } | Op::Gelu { x } => {
                 let out = self.alloc(out_bytes);
                 let xb = self.buf(*x, op.name())?;
-                let code = if matches!(op, Op::Silu { .. }) { 2 } else { 3 };
+                let code = match op {
+                    // ggml's expf: see eltwise.wgsl.
+                    Op::Silu { .. } if self.rt.ggml() => 4,
+                    Op::Silu { .. } => 2,
+                    _ => 3,
+                };
                 let (grid, lanes_x) = lane_grid(numel);
                 let words = [numel as u32, 1, code, lanes_x];
                 self.dispatch(
