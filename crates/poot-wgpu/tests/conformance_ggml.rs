@@ -6,8 +6,10 @@
 //! - Q8_0/Q4_0/Q4_1 matmul: the activation quantization is the same IEEE operations (a
 //!   correctly rounded divide, half-even rounding, f16 rounding of d and s), the block dots are
 //!   exact integers, and the float steps run in ggml's order, so only the fusion of WGSL's
-//!   `fma` (the spec allows an unfused one: one more rounding per block) separates them; seen
-//!   on lavapipe: a few ulps (<= 1.6e-5 on outputs of size ~10); stated as atol 1e-5, rtol 1e-5.
+//!   `fma` (the spec allows an unfused one: one more rounding per block) separates them. On
+//!   lavapipe the quantization is bit-exact (`activation_quantization_is_bit_exact`) and so is a
+//!   one-block dot (k = 32), while k >= 64 differs by ulps: its `fma` is unfused. Seen: <= 1.6e-5
+//!   on outputs of size ~10; stated as atol 1e-5, rtol 1e-5.
 //! - attention: both round q, K, V and the softmax weights to f16, but wgpu sums the q.k dot
 //!   sequentially and uses the shader's `exp`, so a weight can land one f16 ulp (2^-11
 //!   relative) away; with |v| <= 1 that is 1e-3 at worst, stated as atol 1e-3.
@@ -221,4 +223,34 @@ fn silu_matches_cpu_ggml() {
         (0.0, 2e-7),
     );
     eprintln!("ggml silu: max |wgpu - cpu| = {worst:e}");
+}
+
+/// The activation quantization alone, bit for bit: a Q8_0 weight whose row `j` picks column `j`
+/// (d = 1, q = 1) makes every output one quant times its block's scale, with no rounding left.
+#[test]
+fn activation_quantization_is_bit_exact() {
+    let Some(rt) = ggml_wgpu() else { return };
+    let cpu = ggml_cpu();
+    let mut rng = Rng(24);
+    let (t, k) = (5usize, 128usize);
+    let mut bytes = Vec::new();
+    for j in 0..k {
+        for b in 0..k / 32 {
+            bytes.extend_from_slice(&half::f16::from_f32(1.0).to_le_bytes());
+            bytes.extend((0..32).map(|e| u8::from(b * 32 + e == j)));
+        }
+    }
+    let mut s = Store::default();
+    s.add("w", DType::Q8_0, vec![k, k], bytes);
+    let store = Arc::new(s);
+    let cat: Arc<dyn WeightCatalog> = store.clone();
+    let mut tr = Tracer::new(TraceLimits::default(), t, cat).unwrap();
+    let x = tr.input("x", DType::F32, vec![t, k]).unwrap();
+    let w = tr.weight("w").unwrap();
+    let y = tr.matmul(x, w).unwrap();
+    tr.output("y", y).unwrap();
+    let g = tr.finish();
+    let xs: Vec<f32> = rng.vec(t * k).iter().map(|v| v * v * v * 5.0).collect();
+    let inputs = [("x", f32s(vec![t, k], xs))];
+    run_both(&cpu, &rt, "q8 quantization", &g, store, &inputs, (0.0, 0.0));
 }
