@@ -1,12 +1,17 @@
 """The wgpu backend (lavapipe in CI) against the CPU runtime and references written by others.
 
-Bounds: wgpu runs the CPU's ``"exact"`` arithmetic (f32, f32 KV cache) with another summation
-order, so its logits stay within 1e-4 of the CPU's on stories260K and greedy ids are equal. On
-SmolLM2 Q4_1, llama.cpp's reference follows llama.cpp's own arithmetic (poot's ``"ggml"``
-numerics on the CPU); an exact evaluation matches its greedy ids only up to the first near-tie
-(step 5, 0.22 apart; see ``test_models_smollm2.py``), so wgpu is held to: 32/32 greedy ids
-equal to the CPU's exact run, ids equal to llama.cpp's before the near-tie, logits[0:32]
-within 0.35 of llama.cpp's.
+Bounds: with ``numerics="exact"`` wgpu runs the CPU's exact arithmetic (f32, f32 KV cache) with
+another summation order, so its logits stay within 1e-4 of the CPU's on stories260K and greedy
+ids are equal. On SmolLM2 Q4_1, llama.cpp's reference follows llama.cpp's own arithmetic; an
+exact evaluation matches its greedy ids only up to the first near-tie (step 5, 0.22 apart; see
+``test_models_smollm2.py``), so exact wgpu is held to: 32/32 greedy ids equal to the CPU's exact
+run, ids equal to llama.cpp's before the near-tie, logits[0:32] within 0.35 of llama.cpp's.
+wgpu's ``"ggml"`` numerics (Q8-quantized activations with integer dots, f16-rounded KV, q and
+attention weights; the default for quantized checkpoints) is held to llama.cpp's 32 greedy ids.
+Its logits are not bit-exact like the CPU's ggml mode: RoPE and norms stay exact, a few ulps
+from ggml's, and quantizing activations amplifies an ulp into a flipped quant (amax/127)
+wherever a value sits near a rounding boundary; over 30 layers that measures 0.58 from
+llama.cpp's logits[0:32] after the prompt (exact: 0.34), stated as atol 0.75.
 
 Skips (with the reason) only where no wgpu adapter exists; ``make test-device-wgpu`` sets
 ``POOT_REQUIRE_WGPU=1``, which turns that skip into a failure.
@@ -47,7 +52,7 @@ def wgpu_ok() -> None:
 def test_stories_greedy_ids_equal_the_cpu(wgpu_ok: None, stories: Path, name: str) -> None:
     path = str(stories / name)
     cpu = poot.LLM(path, numerics="exact", threads=1)
-    gpu = poot.LLM(path, backend="wgpu")
+    gpu = poot.LLM(path, backend="wgpu", numerics="exact")
     assert gpu.backend == "wgpu" and gpu.numerics == "exact"
     prompt = "Once upon a time"
     want = cpu.generate(prompt, GREEDY64)[0].outputs[0].token_ids
@@ -77,11 +82,26 @@ def test_stories_sampling_equals_the_cpu(wgpu_ok: None, stories: Path) -> None:
     assert gpu.generate("Once upon a time", params)[0].outputs[0].token_ids == want
 
 
-def test_smollm2_greedy(wgpu_ok: None, default_model_path: Path, shared_models: Path) -> None:
+def test_smollm2_greedy_ggml_equals_llama_cpp(
+    wgpu_ok: None, default_model_path: Path, shared_models: Path
+) -> None:
     ref: dict[str, Any] = json.loads((shared_models / "smollm2" / "reference.json").read_text())
     run = ref["runs"][0]
     params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
-    gpu = poot.LLM(str(default_model_path), backend="wgpu")
+    gpu = poot.LLM(str(default_model_path), backend="wgpu")  # "auto": ggml for Q4_1
+    assert gpu.numerics == "ggml"
+    assert gpu.runtime.adapter["numerics"] == "ggml"
+    got = gpu.generate(run["prompt_ids"], params)[0].outputs[0].token_ids
+    assert got == run["gen_ids"]
+    logits = gpu.logits(run["prompt_ids"])
+    np.testing.assert_allclose(logits[:32], run["logits_after_prompt_first32"], rtol=0, atol=0.75)
+
+
+def test_smollm2_greedy_exact(wgpu_ok: None, default_model_path: Path, shared_models: Path) -> None:
+    ref: dict[str, Any] = json.loads((shared_models / "smollm2" / "reference.json").read_text())
+    run = ref["runs"][0]
+    params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    gpu = poot.LLM(str(default_model_path), backend="wgpu", numerics="exact")
     got = gpu.generate(run["prompt_ids"], params)[0].outputs[0].token_ids
     cpu = poot.LLM(str(default_model_path), numerics="exact")
     want = cpu.generate(run["prompt_ids"], params)[0].outputs[0].token_ids
@@ -97,7 +117,7 @@ def test_backend_must_be_known(stories: Path) -> None:
     with pytest.raises(ConfigError):
         poot.LLM(str(stories / "hf"), backend="tpu")  # type: ignore[arg-type]
     with pytest.raises(ConfigError):
-        poot.LLM(str(stories / "hf"), backend="wgpu", numerics="ggml")
+        poot.LLM(str(stories / "hf"), backend="wgpu", numerics="fast")  # type: ignore[arg-type]
 
 
 def test_stories_full_sampling_step_equals_the_cpu(wgpu_ok: None, stories: Path) -> None:

@@ -37,6 +37,22 @@ def test_adapter_and_discovery() -> None:
         a["name"] for a in adapters
     }
     assert rt.adapter["max_binding_bytes"] > 0
+    assert rt.adapter["numerics"] == "exact"
+
+
+def test_numerics_selection(stories: Path) -> None:
+    from poot._native import WgpuRuntime
+
+    assert WgpuRuntime(numerics="ggml").adapter["numerics"] == "ggml"
+    with pytest.raises(ValueError, match="numerics"):
+        WgpuRuntime(numerics="fast")  # type: ignore[arg-type]
+    # "auto" follows the CPU: ggml for quantized checkpoints, exact for float ones.
+    q = poot.LLM(str(stories / "stories260K-Q8_0.gguf"), backend="wgpu")
+    assert q.numerics == "ggml" and q.runtime.adapter["numerics"] == "ggml"
+    f = poot.LLM(str(stories / "stories260K-f32.gguf"), backend="wgpu")
+    assert f.numerics == "exact" and f.runtime.adapter["numerics"] == "exact"
+    e = poot.LLM(str(stories / "stories260K-Q8_0.gguf"), backend="wgpu", numerics="exact")
+    assert e.runtime.adapter["numerics"] == "exact"
 
 
 def test_a_stalled_step_times_out_and_poisons_the_llm(stories: Path) -> None:

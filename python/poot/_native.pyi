@@ -342,8 +342,10 @@ class WgpuRuntime:
     """The wgpu runtime: WGSL kernels over packed weights on the first Vulkan adapter.
 
     Raises ``BackendNotCompiledError`` when the build lacks the ``wgpu`` feature. Arithmetic is
-    the CPU runtime's ``"exact"`` mode (f32, f32 KV cache); every wait is bounded by
-    ``timeout_s`` and each run's own, and a timeout or a lost device poisons the runtime.
+    the CPU runtime's ``"exact"`` mode (f32, f32 KV cache) or, with ``numerics="ggml"``,
+    llama.cpp's (Q8-quantized activations and integer dots for Q4_0/Q4_1/Q8_0 weights, f16-rounded
+    KV, q and attention weights); every wait is bounded by ``timeout_s`` and each run's own, and
+    a timeout or a lost device poisons the runtime.
     """
 
     def __new__(
@@ -351,6 +353,7 @@ class WgpuRuntime:
         timeout_s: float = 600.0,
         max_binding_bytes: int | None = None,
         f16_arithmetic: bool = False,
+        numerics: Literal["exact", "ggml"] = "exact",
     ) -> WgpuRuntime: ...
     @property
     def name(self) -> str: ...

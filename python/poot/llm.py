@@ -70,10 +70,12 @@ def _make_runtime(
     return _native.CpuRuntime(threads, numerics)
 
 
-def _make_wgpu_runtime(timeout_s: float) -> _native.WgpuRuntime:
+def _make_wgpu_runtime(
+    timeout_s: float, numerics: Literal["ggml", "exact"] = "exact"
+) -> _native.WgpuRuntime:
     """The wgpu runtime (``backend="wgpu"``): the first Vulkan adapter, waits bounded by
     ``timeout_s``."""
-    return _native.WgpuRuntime(timeout_s)
+    return _native.WgpuRuntime(timeout_s, numerics=numerics)
 
 
 def _numerics_for(numerics: Numerics, files: ModelFiles) -> Literal["ggml", "exact"]:
@@ -133,8 +135,10 @@ class LLM:
         timeout_s: the deadline of each step on the device.
         config: a ``poot.CompileConfig``: plan the model with ``poot.compile`` (devices, budgets,
             streaming) and run that plan; the result is ``llm.compiled``. None: no planner.
-        backend: ``"cpu"`` (default) or ``"wgpu"`` (Vulkan through wgpu; exact numerics
-            only, so ``"auto"`` resolves to ``"exact"`` there).
+        backend: ``"cpu"`` (default) or ``"wgpu"`` (Vulkan through wgpu). ``numerics``
+            resolves the same way on both; wgpu's ``"ggml"`` reproduces llama.cpp's integer
+            dots and f16 rounding of KV, q and attention weights (greedy ids follow
+            llama.cpp's) but is not bit-identical to the CPU's.
         enable_prefix_caching: reuse the KV of full blocks shared with earlier prompts (same
             token ids from the start, same checkpoint and numerics) instead of prefilling
             them again; logits and greedy output are unchanged. See ``stats``.
@@ -190,10 +194,6 @@ class LLM:
         )
         if backend not in ("cpu", "wgpu"):
             raise ConfigError(f'backend must be "cpu" or "wgpu", got {backend!r}')
-        if backend == "wgpu":
-            if numerics == "ggml":
-                raise ConfigError('backend="wgpu" runs exact numerics only, not "ggml"')
-            numerics = "exact"
         resolved = _numerics_for(numerics, self.files)
         if opts.max_step_tokens > trace_limits.max_tokens:
             raise ConfigError(
@@ -207,7 +207,8 @@ class LLM:
                 f"max_model_len must be in 2..{h.context_length} (the model's context), "
                 f"got {max_model_len}"
             )
-        entry_bytes = 2 if resolved == "ggml" else 4  # f16 or f32 KV entries
+        # f16 or f32 KV entries; wgpu's ggml mode keeps f16-rounded values in f32 storage.
+        entry_bytes = 2 if resolved == "ggml" and backend == "cpu" else 4
         opts = opts.resolve(h, max_model_len, entry_bytes)
         assert opts.num_blocks is not None
         self.driver = opts
@@ -224,7 +225,9 @@ class LLM:
         self.numerics = resolved
         self.backend = backend
         self.runtime: _native.CpuRuntime | _native.WgpuRuntime = (
-            _make_runtime(threads, resolved) if backend == "cpu" else _make_wgpu_runtime(timeout_s)
+            _make_runtime(threads, resolved)
+            if backend == "cpu"
+            else _make_wgpu_runtime(timeout_s, resolved)
         )
         self.enable_prefix_caching = enable_prefix_caching
         self.model_key = _model_key(self.files, resolved)

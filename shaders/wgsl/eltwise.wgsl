@@ -1,4 +1,7 @@
-// Elementwise ops over f32: 0 add, 1 mul (b broadcast by `i % bn`), 2 silu, 3 gelu (tanh).
+// Elementwise ops over f32: 0 add, 1 mul (b broadcast by `i % bn`), 2 silu, 3 gelu (tanh),
+// 4 silu with ggml's vector expf (ggml numerics: the CPU runtime's ggml::expf, lane for lane,
+// so SiLU outputs match ggml's where `fma` is fused instead of differing by the shader exp's
+// ulps, which the Q8 quantization of the next matmul would amplify).
 struct P { n: u32, bn: u32, op: u32, lanes_x: u32 }
 @group(0) @binding(0) var<storage, read> a: array<f32>;
 @group(0) @binding(1) var<storage, read> b: array<f32>;
@@ -16,9 +19,34 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         case 0u: { r = v + u; }
         case 1u: { r = v * u; }
         case 2u: { r = v / (1.0 + exp(-v)); }
+        case 4u: { r = v / (1.0 + ggml_expf(0.0 - v)); }
         default: {
             r = 0.5 * v * (1.0 + tanh(0.7978845608 * (v + 0.044715 * v * v * v)));
         }
     }
     y[i] = r;
+}
+
+// One lane of ggml's AVX2 ggml_v_expf (ARM optimized-routines expf); see poot-cpu's ggml.rs.
+fn ggml_expf(x: f32) -> f32 {
+    // ggml rounds x * log2(e) to an integer with the magic constant 0x1.8p23 (z = fma(x, log2e,
+    // 0x1.8p23); n = z - 0x1.8p23): shader compilers may fold that to n = x * log2e (lavapipe
+    // does), so it is `round` here (half-even, as the magic add), and the exponent bits of z
+    // are n << 23. They differ only when x * log2e rounds across a half-integer (rare).
+    let n = round(x * bitcast<f32>(0x3fb8aa3bu));
+    let b = fma(-n, bitcast<f32>(0x35bfbe8eu), fma(-n, bitcast<f32>(0x3f317200u), x));
+    let e = bitcast<u32>(i32(n)) << 23u;
+    let k = bitcast<f32>(e + 0x3f800000u); // 2^n: + the bits of 1.0
+    let u = b * b;
+    let j = fma(
+        fma(fma(bitcast<f32>(0x3c072010u), b, bitcast<f32>(0x3d2b9f17u)), u,
+            fma(bitcast<f32>(0x3e2aaf33u), b, bitcast<f32>(0x3efffedbu))),
+        u, bitcast<f32>(0x3f7ffff6u) * b);
+    if (abs(n) <= 126.0) { return fma(j, k, k); }
+    var g = 0u;
+    if (n <= 0.0) { g = 0x82000000u; }
+    let s1 = bitcast<f32>(g + 0x7f000000u);
+    if (abs(n) > 192.0) { return s1 * s1; }
+    let s2 = bitcast<f32>(e - g);
+    return fma(s2, j, s2) * s1;
 }

@@ -52,11 +52,13 @@ fn open(
     timeout_s: f64,
     max_binding_bytes: Option<u64>,
     f16_arithmetic: bool,
+    ggml: bool,
 ) -> Result<Inner, RuntimeError> {
     let options = poot_wgpu::WgpuOptions {
         timeout: std::time::Duration::from_secs_f64(timeout_s),
         max_binding_bytes,
         f16_arithmetic,
+        ggml,
         ..poot_wgpu::WgpuOptions::default()
     };
     Ok(Arc::new(poot_wgpu::WgpuRuntime::new(options)?))
@@ -67,6 +69,7 @@ fn open(
     _timeout_s: f64,
     _max_binding_bytes: Option<u64>,
     _f16_arithmetic: bool,
+    _ggml: bool,
 ) -> Result<Inner, RuntimeError> {
     Err(RuntimeError::NotCompiledIn { backend: "wgpu" })
 }
@@ -93,22 +96,35 @@ impl PyWgpuRuntime {
 impl PyWgpuRuntime {
     /// Opens the first Vulkan adapter. `timeout_s` bounds every device wait (on top of each
     /// run's own); `max_binding_bytes` lowers the per-binding size (tests of weight splitting);
-    /// `f16_arithmetic` takes F16-weight products in f16 where the adapter offers it.
+    /// `f16_arithmetic` takes F16-weight products in f16 where the adapter offers it;
+    /// `numerics` is `"exact"` (f32) or `"ggml"` (llama.cpp's CPU arithmetic: Q8-quantized
+    /// activations with integer dots for Q4_0/Q4_1/Q8_0 weights, f16-rounded KV, q and
+    /// attention weights).
     #[new]
-    #[pyo3(signature = (timeout_s=600.0, max_binding_bytes=None, f16_arithmetic=false))]
+    #[pyo3(signature = (timeout_s=600.0, max_binding_bytes=None, f16_arithmetic=false, numerics="exact"))]
     fn py_new(
         py: Python<'_>,
         timeout_s: f64,
         max_binding_bytes: Option<u64>,
         f16_arithmetic: bool,
+        numerics: &str,
     ) -> PyResult<Self> {
+        let ggml = match numerics {
+            "exact" => false,
+            "ggml" => true,
+            other => {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "numerics must be \"exact\" or \"ggml\", got {other:?}"
+                )))
+            }
+        };
         if !(timeout_s.is_finite() && timeout_s > 0.0) {
             return Err(pyo3::exceptions::PyValueError::new_err(format!(
                 "timeout_s must be finite and > 0, got {timeout_s}"
             )));
         }
         let inner = without_gil(py, move || {
-            open(timeout_s, max_binding_bytes, f16_arithmetic)
+            open(timeout_s, max_binding_bytes, f16_arithmetic, ggml)
         })?
         .map_err(|e| runtime_error(py, e))?;
         Ok(Self { inner })
@@ -120,7 +136,7 @@ impl PyWgpuRuntime {
     }
 
     /// The adapter: `{"name", "backend", "device_type", "driver", "shader_f16",
-    /// "f16_arithmetic", "max_binding_bytes"}`.
+    /// "f16_arithmetic", "max_binding_bytes", "numerics"}`.
     #[getter]
     fn adapter<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
@@ -134,6 +150,7 @@ impl PyWgpuRuntime {
             d.set_item("shader_f16", self.inner.has_f16())?;
             d.set_item("f16_arithmetic", self.inner.uses_f16_arithmetic())?;
             d.set_item("max_binding_bytes", self.inner.max_binding_bytes())?;
+            d.set_item("numerics", if self.inner.ggml() { "ggml" } else { "exact" })?;
         }
         Ok(d)
     }

@@ -20,6 +20,10 @@ pub(crate) enum Kernel {
     MatMul,
     /// F16 weights with f16 products (adapters with `shader-f16`, opted in).
     MatMulF16,
+    /// Integer block dots against Q8 activations (ggml numerics, Q4_0/Q4_1/Q8_0 weights).
+    MatMulQ8,
+    /// Activation rows to Q8_0/Q8_1 blocks (ggml numerics).
+    QuantQ8,
     Embedding,
     Dequant,
     RmsNorm,
@@ -28,6 +32,8 @@ pub(crate) enum Kernel {
     Rope,
     KvWrite,
     Attention,
+    /// Attention with f16-rounded q and softmax weights (ggml numerics).
+    AttentionGgml,
     Copy,
     Gather,
     Argmax,
@@ -39,6 +45,8 @@ impl Kernel {
         match self {
             Kernel::MatMul => "matmul",
             Kernel::MatMulF16 => "matmul_f16",
+            Kernel::MatMulQ8 => "matmul_q8",
+            Kernel::QuantQ8 => "quant_q8",
             Kernel::Embedding => "embedding",
             Kernel::Dequant => "dequant",
             Kernel::RmsNorm => "rms_norm",
@@ -47,6 +55,7 @@ impl Kernel {
             Kernel::Rope => "rope",
             Kernel::KvWrite => "kv_write",
             Kernel::Attention => "attention",
+            Kernel::AttentionGgml => "attention_ggml",
             Kernel::Copy => "copy",
             Kernel::Gather => "gather",
             Kernel::Argmax => "argmax",
@@ -58,6 +67,8 @@ impl Kernel {
         match self {
             Kernel::MatMul => include_str!("../../../shaders/wgsl/matmul.wgsl"),
             Kernel::MatMulF16 => include_str!("../../../shaders/wgsl/matmul_f16.wgsl"),
+            Kernel::MatMulQ8 => include_str!("../../../shaders/wgsl/matmul_q8.wgsl"),
+            Kernel::QuantQ8 => include_str!("../../../shaders/wgsl/quant_q8.wgsl"),
             Kernel::Embedding => include_str!("../../../shaders/wgsl/embedding.wgsl"),
             Kernel::Dequant => include_str!("../../../shaders/wgsl/dequant.wgsl"),
             Kernel::RmsNorm => include_str!("../../../shaders/wgsl/rms_norm.wgsl"),
@@ -66,6 +77,7 @@ impl Kernel {
             Kernel::Rope => include_str!("../../../shaders/wgsl/rope.wgsl"),
             Kernel::KvWrite => include_str!("../../../shaders/wgsl/kv_write.wgsl"),
             Kernel::Attention => include_str!("../../../shaders/wgsl/attention.wgsl"),
+            Kernel::AttentionGgml => include_str!("../../../shaders/wgsl/attention_ggml.wgsl"),
             Kernel::Copy => include_str!("../../../shaders/wgsl/copy.wgsl"),
             Kernel::Gather => include_str!("../../../shaders/wgsl/gather.wgsl"),
             Kernel::Argmax => include_str!("../../../shaders/wgsl/argmax.wgsl"),
@@ -75,7 +87,10 @@ impl Kernel {
 
     /// Kernels that read a stored weight and so are specialized per dtype.
     pub fn reads_weights(self) -> bool {
-        matches!(self, Kernel::MatMul | Kernel::Embedding | Kernel::Dequant)
+        matches!(
+            self,
+            Kernel::MatMul | Kernel::MatMulQ8 | Kernel::Embedding | Kernel::Dequant
+        )
     }
 }
 
@@ -96,12 +111,28 @@ pub(crate) fn decoder(dtype: DType) -> Option<&'static str> {
     })
 }
 
+/// The integer decoder of a stored dtype for `matmul_q8.wgsl` (`qdecode32`: the block's quants
+/// as `i32` and its `(d, m)`), or `None` when ggml numerics has no integer dot for it here.
+pub(crate) fn qdecoder(dtype: DType) -> Option<&'static str> {
+    Some(match dtype {
+        DType::Q8_0 => include_str!("../../../shaders/wgsl/qdec_q8_0.wgsl"),
+        DType::Q4_0 => include_str!("../../../shaders/wgsl/qdec_q4_0.wgsl"),
+        DType::Q4_1 => include_str!("../../../shaders/wgsl/qdec_q4_1.wgsl"),
+        _ => return None,
+    })
+}
+
 /// The full WGSL of `kernel` for weights of `dtype` (ignored by kernels that read none).
 pub(crate) fn source(kernel: Kernel, dtype: DType) -> Result<String, CompileError> {
     if !kernel.reads_weights() {
         return Ok(kernel.source().to_owned());
     }
-    let dec = decoder(dtype).ok_or_else(|| {
+    let dec = if kernel == Kernel::MatMulQ8 {
+        qdecoder(dtype)
+    } else {
+        decoder(dtype)
+    };
+    let dec = dec.ok_or_else(|| {
         CompileError::Invalid(format!(
             "wgpu: no WGSL decoder for stored dtype {dtype} ({})",
             kernel.name()
@@ -232,6 +263,8 @@ mod tests {
         for k in [
             Kernel::MatMul,
             Kernel::Attention,
+            Kernel::AttentionGgml,
+            Kernel::QuantQ8,
             Kernel::Argmax,
             Kernel::Rope,
         ] {
@@ -240,6 +273,16 @@ mod tests {
                 check_body(k.name(), &src, &limits).unwrap();
             }
         }
+    }
+
+    #[test]
+    fn the_q8_matmul_fits_for_its_dtypes_only() {
+        let limits = CompileLimits::default();
+        for dt in [DType::Q8_0, DType::Q4_0, DType::Q4_1] {
+            let src = source(Kernel::MatMulQ8, dt).unwrap();
+            check_body("matmul_q8", &src, &limits).unwrap();
+        }
+        assert!(source(Kernel::MatMulQ8, DType::Q4_K).is_err());
     }
 
     #[test]

@@ -13,6 +13,14 @@
 //!   are stated in the conformance tests (`tests/conformance.rs`). Opting in to
 //!   [`WgpuOptions::f16_arithmetic`] takes F16-weight products in f16 where the adapter offers
 //!   `shader-f16`, under a looser stated bound.
+//! - [`WgpuOptions::ggml`] follows llama.cpp's CPU arithmetic instead (the CPU runtime's
+//!   `Numerics::Ggml`): Q4_0/Q4_1/Q8_0 matmuls quantize activations to Q8 blocks and do integer
+//!   block dots in ggml's order (`matmul_q8.wgsl`), the KV pool holds f16-rounded values (still
+//!   f32 storage), and attention rounds q and its softmax weights to f16
+//!   (`attention_ggml.wgsl`), and SiLU uses ggml's vector `expf`. RoPE and norms keep the exact
+//!   kernels and shader compilers may unfuse or reorder float steps, so results are a few ulps
+//!   per op from ggml's, which activation quantization can amplify into flipped quants: logits
+//!   are not bit-identical to llama.cpp's (greedy ids on SmolLM2 match its reference).
 //! - Fault injection for tests is real device work: [`WgpuRuntime::inject_stall`] makes every
 //!   later step start with a kernel that spins past any short deadline, and
 //!   [`WgpuRuntime::inject_device_loss`] destroys the device.
@@ -58,6 +66,8 @@ pub struct WgpuOptions {
     /// F16 weights multiply in f16 (`matmul_f16.wgsl`) where the adapter offers `shader-f16`;
     /// off by default because it loosens the bound against the CPU (see the conformance suite).
     pub f16_arithmetic: bool,
+    /// llama.cpp's CPU numerics (see the crate docs) instead of exact f32 arithmetic.
+    pub ggml: bool,
 }
 
 impl Default for WgpuOptions {
@@ -67,6 +77,7 @@ impl Default for WgpuOptions {
             timeout: DEFAULT_DEVICE_TIMEOUT,
             max_binding_bytes: None,
             f16_arithmetic: false,
+            ggml: false,
         }
     }
 }
@@ -135,6 +146,17 @@ impl WgpuRuntime {
         } else {
             Kernel::MatMul
         }
+    }
+
+    /// Whether this runtime follows llama.cpp's numerics ([`WgpuOptions::ggml`]).
+    pub fn ggml(&self) -> bool {
+        self.options.ggml
+    }
+
+    /// Whether a `[t, k]` by `dtype` matmul takes the Q8 integer path here (ggml numerics, a
+    /// dtype with an integer decoder, whole 32-blocks).
+    pub(crate) fn q8_matmul(&self, dtype: DType, k: usize) -> bool {
+        self.options.ggml && k.is_multiple_of(32) && kernels::qdecoder(dtype).is_some()
     }
 
     /// Bytes one storage binding may hold here.

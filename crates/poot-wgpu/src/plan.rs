@@ -86,7 +86,14 @@ fn kernels_of(rt: &WgpuRuntime, graph: &Graph, op: &Op) -> Vec<(Kernel, DType)> 
     };
     match op {
         Op::Embedding { table, .. } => vec![(Kernel::Embedding, wdt(*table))],
-        Op::MatMul { w, .. } => vec![(rt.matmul_kernel(wdt(*w)), wdt(*w))],
+        Op::MatMul { w, .. } => {
+            let k = graph.info(*w).shape.get(1).copied().unwrap_or(0);
+            if rt.q8_matmul(wdt(*w), k) {
+                vec![(Kernel::QuantQ8, DType::F32), (Kernel::MatMulQ8, wdt(*w))]
+            } else {
+                vec![(rt.matmul_kernel(wdt(*w)), wdt(*w))]
+            }
+        }
         Op::RmsNorm { weight, .. } => [deq(*weight), vec![(Kernel::RmsNorm, DType::F32)]].concat(),
         Op::Add { b, .. } | Op::Mul { b, .. } => {
             [deq(*b), vec![(Kernel::Eltwise, DType::F32)]].concat()
@@ -96,7 +103,11 @@ fn kernels_of(rt: &WgpuRuntime, graph: &Graph, op: &Op) -> Vec<(Kernel, DType)> 
         Op::Rope { .. } => vec![(Kernel::Rope, DType::F32)],
         Op::PagedAttention { .. } => vec![
             (Kernel::KvWrite, DType::F32),
-            (Kernel::Attention, DType::F32),
+            if rt.ggml() {
+                (Kernel::AttentionGgml, DType::F32)
+            } else {
+                (Kernel::Attention, DType::F32)
+            },
         ],
         Op::Slice { .. } | Op::Concat { .. } => vec![(Kernel::Copy, DType::F32)],
         Op::GatherRows { .. } => vec![(Kernel::Gather, DType::F32)],

@@ -52,7 +52,8 @@ impl Exec<'_> {
             kc.clone(),
             vc.clone(),
         ];
-        let words = [t as u32, row as u32, slots as u32, lanes_x];
+        let ggml = self.rt.ggml();
+        let words = [t as u32, row as u32, slots as u32, lanes_x, u32::from(ggml)];
         self.dispatch(Kernel::KvWrite, DType::F32, bufs, &words, grid)?;
         let out = self.alloc(numel as u64 * 4);
         let bufs = vec![
@@ -75,13 +76,12 @@ impl Exec<'_> {
             cfg.scale.to_bits(),
             tables[0] as u32,
         ];
-        self.dispatch(
-            Kernel::Attention,
-            DType::F32,
-            bufs,
-            &words,
-            [t as u32, cfg.n_heads, 1],
-        )?;
+        let kernel = if ggml {
+            Kernel::AttentionGgml
+        } else {
+            Kernel::Attention
+        };
+        self.dispatch(kernel, DType::F32, bufs, &words, [t as u32, cfg.n_heads, 1])?;
         Ok(out)
     }
 

@@ -23,6 +23,7 @@ use crate::sample::SampleParams;
 use crate::{KvPool, WgpuRuntime};
 
 mod attention_sample;
+mod matmul_q8;
 
 const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_SRC)
@@ -361,6 +362,10 @@ impl<'a> Exec<'a> {
                 let n = self.shape(*w)[0];
                 let out = self.alloc(out_bytes);
                 let xb = self.buf(*x, "matmul")?;
+                if self.rt.q8_matmul(wt.dtype, k) {
+                    self.matmul_q8(&wt, xb, out.clone(), t, k, n)?;
+                    return Ok(Some(out));
+                }
                 for part in &wt.parts {
                     // One lane per row: workgroups of 64 rows, wrapped into y past 65535.
                     let groups = part.rows.div_ceil(64).max(1);
@@ -416,7 +421,12 @@ impl<'a> Exec<'a> {
             Op::Silu { x } | Op::Gelu { x } => {
                 let out = self.alloc(out_bytes);
                 let xb = self.buf(*x, op.name())?;
-                let code = if matches!(op, Op::Silu { .. }) { 2 } else { 3 };
+                let code = match op {
+                    // ggml's expf: see eltwise.wgsl.
+                    Op::Silu { .. } if self.rt.ggml() => 4,
+                    Op::Silu { .. } => 2,
+                    _ => 3,
+                };
                 let (grid, lanes_x) = lane_grid(numel);
                 let words = [numel as u32, 1, code, lanes_x];
                 self.dispatch(

@@ -1,0 +1,73 @@
+//! The ggml-numerics matmul: the activation rows quantized to Q8_0/Q8_1 blocks
+//! (`quant_q8.wgsl`), then integer block dots against the packed weight (`matmul_q8.wgsl`).
+//!
+//! Invariants: only taken for weights with an integer decoder and `k % 32 == 0`
+//! (`WgpuRuntime::q8_matmul`); Q4_1 weights pair with Q8_1 activations (with the block sums),
+//! the others with Q8_0, as ggml's `vec_dot_type`s do. The quantized activations live in a
+//! scratch buffer that goes back to the pool right after the matmul is recorded: passes run in
+//! recording order, so a later writer of that buffer runs after the matmul has read it.
+
+use std::sync::Arc;
+
+use poot_core::DType;
+use poot_runtime::RuntimeError;
+
+use super::{lane_grid, Exec};
+use crate::kernels::Kernel;
+use crate::weights::GpuWeight;
+
+/// Words per quantized block: 32 i8 quants in 8 words, then `d` and `s` (see `quant_q8.wgsl`).
+const BLOCK_WORDS: u64 = 10;
+/// Tokens per lane in `matmul_q8.wgsl` (its `TT`).
+const TT: usize = 4;
+
+impl Exec<'_> {
+    /// Records `out[t, n] = W[n] . x[t]` with ggml's quantized activations and integer dots.
+    pub(super) fn matmul_q8(
+        &mut self,
+        wt: &GpuWeight,
+        xb: Arc<wgpu::Buffer>,
+        out: Arc<wgpu::Buffer>,
+        t: usize,
+        k: usize,
+        n: usize,
+    ) -> Result<(), RuntimeError> {
+        let chunks = k / 32;
+        let blocks = t * chunks;
+        let qa = self.alloc(blocks as u64 * BLOCK_WORDS * 4);
+        let with_sum = u32::from(wt.dtype == DType::Q4_1);
+        let (grid, lanes_x) = lane_grid(blocks);
+        self.dispatch(
+            Kernel::QuantQ8,
+            DType::F32,
+            vec![xb, qa.clone()],
+            &[blocks as u32, with_sum, lanes_x],
+            grid,
+        )?;
+        for part in &wt.parts {
+            // One lane per row: workgroups of 64 rows, wrapped into y past 65535.
+            let groups = part.rows.div_ceil(64).max(1);
+            let gx = groups.min(65535);
+            let grid = [
+                gx as u32,
+                groups.div_ceil(gx) as u32,
+                t.div_ceil(TT).max(1) as u32,
+            ];
+            let words = [
+                part.rows as u32,
+                k as u32,
+                t as u32,
+                wt.row_bytes as u32,
+                part.row0 as u32,
+                n as u32,
+                chunks as u32,
+                gx as u32,
+            ];
+            let bufs = vec![Arc::new(part.buffer.clone()), qa.clone(), out.clone()];
+            self.dispatch(Kernel::MatMulQ8, wt.dtype, bufs, &words, grid)?;
+        }
+        let size = qa.size();
+        self.free.entry(size).or_default().push(qa);
+        Ok(())
+    }
+}
