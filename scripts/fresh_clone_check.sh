@@ -25,6 +25,9 @@ cleanup() {
 trap cleanup EXIT
 
 git clone -q "$repo" "$work/poot"
+# Tests read real checkpoints at ../shared/models, beside the checkout (CI has the same copy).
+shared="$(cd "$repo/.." && pwd)/shared"
+[[ -d "$shared" ]] && ln -s "$shared" "$work/shared"
 cd "$work/poot"
 
 # The fenced commands under "## The two commands", in order.

@@ -126,15 +126,12 @@ def test_messages_name_their_numbers(cls: type[errors.PootError], stories_gguf: 
     assert e.hint in str(e)
 
 
-def test_sampling_and_input_errors_name_the_value() -> None:
+def test_sampling_and_input_errors_name_the_value(stories_gguf: Path) -> None:
     with pytest.raises(errors.SamplingParamsError) as e:
         poot.SamplingParams(top_p=1.5)
     assert "1.5" in e.value.message and "top_p" in e.value.message
     with pytest.raises(errors.GraphInputError) as g:
-        poot.LLM(
-            str(Path(__file__).parents[2] / "shared/models/stories260K/stories260K-f32.gguf"),
-            num_blocks=8,
-        ).generate([9999])
+        poot.LLM(str(stories_gguf), num_blocks=8).generate([9999])
     assert "9999" in g.value.message and "512" in g.value.message
 
 
