@@ -7,20 +7,20 @@
 //! 1e-5 * K * max|x| * max|w| per element, stated here as atol 2e-4 on outputs of size ~1;
 //! elementwise and norm ops 1e-6 to 1e-5 (exp/tanh/sqrt differ by ulps across libms); rope
 //! uses the host's cos/sin, so only the unfused rotation rounds (1e-6); attention's online
-//! softmax reorders sums (2e-5); sampling returns identical ids.
+//! softmax reorders sums (2e-5). Sampling is in conformance_sample.rs.
 mod common;
 
 use std::sync::Arc;
 
+use common::compare::{assert_close, compare, cpu, f32s, i32s, open};
 use common::{packed, Rng, Store};
 use poot_core::{DType, Deadline};
-use poot_cpu::{CpuOptions, CpuRuntime};
 use poot_graph::{
-    AttentionConfig, AttentionMeta, CompileLimits, RopeConfig, RopeScaling, RopeStyle,
-    SampleInputs, TraceLimits, Tracer, ValueId, WeightCatalog,
+    AttentionConfig, AttentionMeta, CompileLimits, RopeConfig, RopeScaling, RopeStyle, TraceLimits,
+    Tracer, WeightCatalog,
 };
-use poot_runtime::{HostTensor, KvCacheConfig, Runtime};
-use poot_wgpu::{WgpuOptions, WgpuRuntime};
+use poot_runtime::{KvCacheConfig, Runtime};
+use poot_wgpu::WgpuOptions;
 
 const WEIGHT_DTYPES: [DType; 8] = [
     DType::F32,
@@ -32,79 +32,6 @@ const WEIGHT_DTYPES: [DType; 8] = [
     DType::Q4_K,
     DType::Q6_K,
 ];
-
-fn f32s(shape: Vec<usize>, data: Vec<f32>) -> HostTensor {
-    HostTensor::F32 { shape, data }
-}
-
-fn i32s(shape: Vec<usize>, data: Vec<i32>) -> HostTensor {
-    HostTensor::I32 { shape, data }
-}
-
-fn cpu() -> CpuRuntime {
-    CpuRuntime::new(CpuOptions {
-        threads: 1,
-        ..CpuOptions::default()
-    })
-    .unwrap()
-}
-
-/// Traces `build` once and runs it on both runtimes; compares every output.
-fn compare(
-    rt: &WgpuRuntime,
-    what: &str,
-    store: Store,
-    tokens: usize,
-    build: impl Fn(&mut Tracer) -> Vec<(&'static str, ValueId)>,
-    inputs: &[(&str, HostTensor)],
-    (atol, rtol): (f32, f32),
-) {
-    let store = Arc::new(store);
-    let cat: Arc<dyn WeightCatalog> = store.clone();
-    let mut t = Tracer::new(TraceLimits::default(), tokens, cat).unwrap();
-    for (name, v) in build(&mut t) {
-        t.output(name, v).unwrap();
-    }
-    let g = t.finish();
-    let limits = CompileLimits::default();
-    let cpu = cpu();
-    let want = cpu
-        .run(
-            cpu.compile(&g, store.clone(), &limits).unwrap().as_ref(),
-            inputs,
-            Deadline::never(),
-        )
-        .unwrap();
-    let plan = rt.compile(&g, store, &limits).unwrap();
-    let got = rt
-        .run(plan.as_ref(), inputs, Deadline::default_device())
-        .unwrap();
-    assert_eq!(want.len(), got.len());
-    for ((name, w), (_, g)) in want.iter().zip(&got) {
-        assert_close(&format!("{what}: {name}"), w, g, atol, rtol);
-    }
-}
-
-fn assert_close(what: &str, want: &HostTensor, got: &HostTensor, atol: f32, rtol: f32) {
-    match (want, got) {
-        (HostTensor::F32 { shape: s1, data: a }, HostTensor::F32 { shape: s2, data: b }) => {
-            assert_eq!(s1, s2, "{what}: shape");
-            for (i, (x, y)) in a.iter().zip(b).enumerate() {
-                let bound = atol + rtol * x.abs();
-                assert!(
-                    (x - y).abs() <= bound || (x.is_nan() && y.is_nan()),
-                    "{what}[{i}]: cpu {x}, wgpu {y}, bound {bound}"
-                );
-            }
-        }
-        (HostTensor::I32 { .. }, HostTensor::I32 { .. }) => assert_eq!(want, got, "{what}"),
-        _ => panic!("{what}: dtypes differ: {want:?} vs {got:?}"),
-    }
-}
-
-fn open(options: WgpuOptions) -> Option<WgpuRuntime> {
-    common::runtime(options)
-}
 
 #[test]
 fn matmul_every_dtype_and_token_tile() {
@@ -342,66 +269,6 @@ fn data_movement_is_exact() {
         &[("x", x), ("y", y), ("rows", i32s(vec![3], vec![3, 0, 3]))],
         (0.0, 0.0),
     );
-}
-
-fn sample_inputs(
-    s: usize,
-    (temp, top_k, top_p, min_p): (f32, i32, f32, f32),
-    u: &[f32],
-) -> Vec<(&'static str, HostTensor)> {
-    vec![
-        ("temp", f32s(vec![s], vec![temp; s])),
-        ("top_k", i32s(vec![s], vec![top_k; s])),
-        ("top_p", f32s(vec![s], vec![top_p; s])),
-        ("min_p", f32s(vec![s], vec![min_p; s])),
-        ("u", f32s(vec![s], u.to_vec())),
-    ]
-}
-
-#[test]
-fn sampling_greedy_and_stochastic_rows_match() {
-    let Some(rt) = open(WgpuOptions::default()) else {
-        return;
-    };
-    let mut rng = Rng(14);
-    let (s, v) = (5, 1000);
-    let mut logits = rng.vec(s * v);
-    logits[v + 500] = 5.0; // row 1: a clear maximum
-    logits[2 * v + 7] = 5.0; // row 2: a tie, the first wins
-    logits[2 * v + 900] = 5.0;
-    logits[3 * v + 321] = f32::NAN; // row 3: broken logits sample -1
-    logits[4 * v..].fill(f32::NEG_INFINITY); // row 4: nothing allowed, -1
-    let cases = [
-        (0.0, 0, 1.0, 0.0),
-        (0.8, 0, 1.0, 0.0),
-        (1.0, 20, 0.9, 0.0),
-        (1.5, 0, 0.5, 0.0),
-        (1.0, 0, 1.0, 0.05),
-    ];
-    for (temp, top_k, top_p, min_p) in cases {
-        let u = [0.1, 0.5, 0.93, 0.2, 0.7];
-        let mut inputs = sample_inputs(s, (temp, top_k, top_p, min_p), &u);
-        inputs.push(("logits", f32s(vec![s, v], logits.clone())));
-        compare(
-            &rt,
-            &format!("sample t={temp} k={top_k} p={top_p} min_p={min_p}"),
-            Store::default(),
-            s,
-            |tr| {
-                let l = tr.input("logits", DType::F32, vec![s, v]).unwrap();
-                let p = SampleInputs {
-                    temperature: tr.input("temp", DType::F32, vec![s]).unwrap(),
-                    top_k: tr.input("top_k", DType::I32, vec![s]).unwrap(),
-                    top_p: tr.input("top_p", DType::F32, vec![s]).unwrap(),
-                    min_p: tr.input("min_p", DType::F32, vec![s]).unwrap(),
-                    uniform: tr.input("u", DType::F32, vec![s]).unwrap(),
-                };
-                vec![("ids", tr.sample(l, p).unwrap())]
-            },
-            &inputs,
-            (0.0, 0.0),
-        );
-    }
 }
 
 /// Two steps through the paged KV pool (a 5-token prefill over two blocks, then one decode

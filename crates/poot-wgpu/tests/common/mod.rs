@@ -3,6 +3,8 @@
 //! packed test weights.
 #![allow(dead_code)]
 
+pub mod compare;
+
 use std::collections::HashMap;
 
 use poot_core::DType;
