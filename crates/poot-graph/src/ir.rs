@@ -428,6 +428,27 @@ impl Graph {
             })
     }
 
+    /// Peak bytes of live buffers when equations run in order and each value's buffer is
+    /// freed after `last_use[v]` (the index of its last reader; outputs carry a value past
+    /// the end). `bytes(i)` is what value `i` holds (0 for values with no buffer of their own).
+    pub fn peak_live_bytes(&self, last_use: &[usize], bytes: impl Fn(usize) -> u64) -> u64 {
+        let mut frees: Vec<Vec<usize>> = vec![Vec::new(); self.equations.len()];
+        for (v, &last) in last_use.iter().enumerate() {
+            if last < frees.len() {
+                frees[last].push(v);
+            }
+        }
+        let (mut live, mut peak) = (0u64, 0u64);
+        for (i, freed) in frees.iter().enumerate() {
+            live = live.saturating_add(bytes(i));
+            peak = peak.max(live);
+            for &v in freed {
+                live = live.saturating_sub(bytes(v));
+            }
+        }
+        peak
+    }
+
     /// Names of the stored tensors the graph reads, in definition order.
     pub fn weights(&self) -> impl Iterator<Item = (&str, ValueId, &ValueInfo)> {
         self.equations

@@ -180,26 +180,6 @@ fn value_bytes(graph: &Graph, i: usize) -> u64 {
     }
 }
 
-/// Peak bytes of live root buffers when equations run in order and each is freed after its
-/// last reader; small temporaries (decoded norm weights, rope tables) are not counted.
-fn peak_bytes(graph: &Graph, last_use: &[usize]) -> u64 {
-    let mut frees: Vec<Vec<usize>> = vec![Vec::new(); graph.equations.len()];
-    for (v, &last) in last_use.iter().enumerate() {
-        if last < frees.len() {
-            frees[last].push(v);
-        }
-    }
-    let (mut live, mut peak) = (0u64, 0u64);
-    for (i, freed) in frees.iter().enumerate() {
-        live = live.saturating_add(value_bytes(graph, i));
-        peak = peak.max(live);
-        for &v in freed {
-            live = live.saturating_sub(value_bytes(graph, v));
-        }
-    }
-    peak
-}
-
 pub(crate) fn compile(
     rt: &WgpuRuntime,
     graph: &Graph,
@@ -268,7 +248,9 @@ pub(crate) fn compile(
         rt.pipeline(k, dt, limits)?;
     }
     let records = (n as u64).saturating_mul(std::mem::size_of::<Op>() as u64 + 64);
-    let artifact_bytes = peak_bytes(&graph, &last_use).saturating_add(records);
+    let artifact_bytes = graph
+        .peak_live_bytes(&last_use, |i| value_bytes(&graph, i))
+        .saturating_add(records);
     if artifact_bytes > limits.max_artifact_bytes {
         return Err(CompileError::ArtifactTooLarge {
             limit: limits.max_artifact_bytes,

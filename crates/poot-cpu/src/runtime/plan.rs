@@ -77,26 +77,6 @@ fn value_bytes(graph: &Graph, i: usize) -> u64 {
     }
 }
 
-/// Peak bytes of live activation buffers when equations run in order and each buffer is freed
-/// after its last use.
-fn peak_activation_bytes(graph: &Graph, last_use: &[usize]) -> u64 {
-    let mut frees: Vec<Vec<usize>> = vec![Vec::new(); graph.equations.len()];
-    for (v, &last) in last_use.iter().enumerate() {
-        if last < frees.len() {
-            frees[last].push(v);
-        }
-    }
-    let (mut live, mut peak) = (0u64, 0u64);
-    for (i, freed) in frees.iter().enumerate() {
-        live = live.saturating_add(value_bytes(graph, i));
-        peak = peak.max(live);
-        for &v in freed {
-            live = live.saturating_sub(value_bytes(graph, v));
-        }
-    }
-    peak
-}
-
 pub(crate) fn compile(
     graph: &Graph,
     weights: Arc<dyn WeightStore>,
@@ -148,7 +128,8 @@ pub(crate) fn compile(
         last_use[v.index()] = usize::MAX;
     }
     let rope_bytes: u64 = rope.values().map(|t| t.inv_freq().len() as u64 * 4).sum();
-    let artifact_bytes = peak_activation_bytes(&graph, &last_use)
+    let artifact_bytes = graph
+        .peak_live_bytes(&last_use, |i| value_bytes(&graph, i))
         .saturating_add(rope_bytes)
         .saturating_add((n as u64).saturating_mul(std::mem::size_of::<Op>() as u64 + 32));
     if artifact_bytes > limits.max_artifact_bytes {
