@@ -3,13 +3,16 @@
 //! (`all` skips a filter; numerics `exact` or `ggml`, the Q8-activation integer-dot path).
 //!
 //! Times `[t x 576] x [1536 x 576]^T` (SmolLM2-135M's ffn_gate shape; k = 768 for k-quants)
-//! for t = 1 and 64 (`BENCH_N` sets another row count n, e.g. a big one to stream from DRAM), on
+//! for t = 1 and 64 (`BENCH_N` sets another row count n, e.g. a big one to stream from DRAM, `BENCH_K` another k), on
 //! every available ISA with 1 and 2 threads, with random packed weights (finite scales). No
 //! assertions: this prints GFLOP/s (2 * t * n * k flops per call) and calls per second.
+//! `BENCH_REPACK=1` runs ggml numerics on the 8-row interleaved layout where the dtype has one
+//! (`kernels::matmul::repack_for`), as the runtime does.
 
 use std::time::{Duration, Instant};
 
 use poot_core::quant::layout;
+use poot_cpu::kernels::matmul::{matmul_repacked, repack_for};
 use poot_cpu::kernels::matmul_numerics;
 use poot_cpu::{DType, Isa, Numerics, ThreadPool};
 
@@ -79,7 +82,10 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1536);
-    let k = if dtype.block_elems() == 256 { 768 } else { 576 };
+    let k = std::env::var("BENCH_K")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if dtype.block_elems() == 256 { 768 } else { 576 });
     let w = weights(dtype, n, k);
     for threads in threads_filter.map_or(vec![1, 2], |t| vec![t]) {
         let pool = ThreadPool::new(threads).expect("pool");
@@ -101,9 +107,12 @@ fn main() {
                 }
                 let x: Vec<f32> = (0..t * k).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
                 let mut out = vec![0.0; t * n];
-                let run = |out: &mut [f32]| {
-                    matmul_numerics(numerics, isa, &x, t, k, &w, dtype, n, out, &pool)
-                        .expect("matmul")
+                let repacked = std::env::var_os("BENCH_REPACK")
+                    .and_then(|_| repack_for(numerics, isa, &w, dtype, n, k).expect("repack"));
+                let run = |out: &mut [f32]| match &repacked {
+                    Some(rp) => matmul_repacked(isa, &x, t, k, rp, out, &pool).expect("matmul"),
+                    None => matmul_numerics(numerics, isa, &x, t, k, &w, dtype, n, out, &pool)
+                        .expect("matmul"),
                 };
                 run(&mut out); // warm up
                 let (mut calls, start, cpu0) = (0u32, Instant::now(), cpu_ns());
@@ -128,8 +137,9 @@ fn main() {
                     )
                 });
                 println!(
-                    "{dtype} [{t}x{k}]x[{n}x{k}] threads={threads} {isa:?} {:5} t={t:>2}: {:>8.1} us/call {gflops:>6.1} GFLOP/s \
+                    "{dtype}{} [{t}x{k}]x[{n}x{k}] threads={threads} {isa:?} {:5} t={t:>2}: {:>8.1} us/call {gflops:>6.1} GFLOP/s \
                      {:>8.0} tok/s{idle}",
+                    if repacked.is_some() { " r8" } else { "" },
                     numerics.name(),
                     per_call * 1e6,
                     t as f64 / per_call

@@ -85,4 +85,10 @@ impl GgufFile {
     pub fn tensor_bytes(&self, t: &TensorInfo) -> &[u8] {
         crate::tensor::slice_of(&self.map, t, &self.path)
     }
+
+    /// Drops `t`'s pages from the process's resident set (see `Mapped::release`): for a caller
+    /// that keeps its own copy of the tensor. Later reads of it still work.
+    pub fn release_tensor(&self, t: &TensorInfo) {
+        self.map.release(self.tensor_bytes(t));
+    }
 }

@@ -219,7 +219,8 @@ impl PyCpuRuntime {
         run_on(&self.inner, py, plan, inputs, timeout_s, late)
     }
 
-    /// Bytes the runtime holds: `{"kv_bytes": ..., "scratch_bytes": ...}`.
+    /// Bytes the runtime holds: `{"kv_bytes": ..., "scratch_bytes": ..., "weight_bytes": ...}`
+    /// (`weight_bytes`: re-laid weight copies, whose stored pages were released).
     fn memory<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         memory_of(&self.inner, py)
     }
@@ -314,6 +315,7 @@ pub(crate) fn memory_of<'py>(
     let d = PyDict::new(py);
     d.set_item("kv_bytes", m.kv_bytes)?;
     d.set_item("scratch_bytes", m.scratch_bytes)?;
+    d.set_item("weight_bytes", m.weight_bytes)?;
     Ok(d)
 }
 

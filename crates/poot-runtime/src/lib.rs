@@ -71,6 +71,9 @@ pub trait CompiledPlan: Send + Sync + Debug {
 pub struct MemoryReport {
     pub kv_bytes: u64,
     pub scratch_bytes: u64,
+    /// Host bytes of weight copies the runtime made (re-laid layouts); 0 when every weight is
+    /// read in place from the checkpoint's map.
+    pub weight_bytes: u64,
 }
 
 /// Whether a runtime can still be used.

@@ -16,6 +16,11 @@ pub trait WeightStore: WeightCatalog {
     fn bytes(&self, name: &str) -> Option<&[u8]>;
     /// Total bytes of all stored tensors (what "packed stays packed" is measured against).
     fn total_bytes(&self) -> u64;
+    /// A hint that a runtime now holds its own copy of `name` (a re-laid layout) and will not
+    /// read the stored bytes for a while: a file-mapped store drops their pages from the
+    /// resident set, so the copy does not count twice. `bytes` still works afterwards (the
+    /// pages come back from the file). The default does nothing, which is always correct.
+    fn release(&self, _name: &str) {}
 }
 
 fn shape_usize(shape: &[u64]) -> Option<Vec<usize>> {
@@ -63,6 +68,12 @@ impl WeightStore for GgufWeights {
 
     fn total_bytes(&self) -> u64 {
         self.file.tensors().iter().map(|t| t.nbytes).sum()
+    }
+
+    fn release(&self, name: &str) {
+        if let Some(&i) = self.index.get(name) {
+            self.file.release_tensor(&self.file.tensors()[i]);
+        }
     }
 }
 

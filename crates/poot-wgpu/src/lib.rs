@@ -337,6 +337,8 @@ impl Runtime for WgpuRuntime {
         MemoryReport {
             kv_bytes,
             scratch_bytes: 0,
+            // Weights live in device buffers, not host copies.
+            weight_bytes: 0,
         }
     }
 

@@ -60,6 +60,46 @@ pub fn embedding(
     Ok(())
 }
 
+/// [`embedding`] from a table in the 8-row layout (`repack.rs`): each row is rebuilt in its
+/// stored form in a reused buffer, then decoded as above, so `out` is bit-identical.
+pub(crate) fn embedding_repacked(
+    table: &super::repack::Repacked,
+    dtype: DType,
+    ids: &[i32],
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    let ck = Isa::detect().checked()?;
+    let p = Packed::new(dtype).ok_or(KernelError::UnsupportedDType {
+        op: "embedding",
+        dtype,
+    })?;
+    let (n_vocab, dim) = (table.n, table.nb * 32);
+    let row = row_bytes("embedding", dtype, dim)?;
+    check_len(
+        "embedding out",
+        mul(ids.len(), dim, "embedding out")?,
+        out.len(),
+    )?;
+    if let Some((at, &id)) = ids
+        .iter()
+        .enumerate()
+        .find(|(_, &id)| id < 0 || id as usize >= n_vocab)
+    {
+        return Err(KernelError::IndexOutOfRange {
+            what: "embedding ids",
+            at,
+            value: i64::from(id),
+            bound: n_vocab,
+        });
+    }
+    let mut bytes = super::scratch::Scratch::<u8>::zeroed(row);
+    for (&id, dst) in ids.iter().zip(out.chunks_exact_mut(dim.max(1))) {
+        table.stored_row(id as usize, &mut bytes);
+        simd::decode(ck, p, &bytes, dst);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,5 +196,28 @@ mod tests {
             })
         );
         assert!(out.iter().all(|&v| v == 9.0));
+    }
+
+    #[test]
+    fn repacked_tables_give_the_same_rows() {
+        use crate::kernels::qdot::QKind;
+        use crate::kernels::repack::Repacked;
+        for dt in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {
+            let (n, dim) = (19, 96);
+            let table = synthetic_weights(dt, n, dim, 8);
+            let rp = Repacked::new(QKind::new(dt).unwrap(), &table, n, dim / 32);
+            let ids = [18, 0, 7, 8, 18];
+            let mut want = vec![0.0f32; ids.len() * dim];
+            embedding(&table, dt, n, dim, &ids, &mut want).unwrap();
+            let mut got = vec![f32::NAN; ids.len() * dim];
+            embedding_repacked(&rp, dt, &ids, &mut got).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{dt}");
+            let err = embedding_repacked(&rp, dt, &[3, 19], &mut got[..2 * dim]).unwrap_err();
+            assert!(
+                matches!(err, KernelError::IndexOutOfRange { at: 1, .. }),
+                "{err}"
+            );
+        }
     }
 }

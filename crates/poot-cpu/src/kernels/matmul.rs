@@ -27,6 +27,7 @@ use poot_core::DType;
 use super::decode::Packed;
 use super::ggml::Numerics;
 use super::qdot::QKind;
+use super::repack::Repacked;
 use super::scratch::Scratch;
 use super::simd::{self, Isa, NR};
 use crate::error::{check_len, mul};
@@ -210,6 +211,78 @@ pub(crate) fn matmul_cached(
             }
         },
     );
+    Ok(())
+}
+
+/// `w` (`n` rows of `k` elements of `w_dtype`, as stored) re-laid for a faster kernel on this
+/// `isa` under `numerics`, or `None` when the stored layout is already the fast one: under
+/// [`Numerics::Ggml`] on AVX2 and AVX-512, Q4_0, Q4_1 and Q8_0 go 8 rows at a time
+/// (`repack.rs`; the results stay bit-identical). The copy is the tensor's size; the caller
+/// owns it and passes it to [`matmul_repacked`].
+pub fn repack_for(
+    numerics: Numerics,
+    isa: Isa,
+    w: &[u8],
+    w_dtype: DType,
+    n: usize,
+    k: usize,
+) -> Result<Option<Repacked>, KernelError> {
+    let kind = match QKind::new(w_dtype) {
+        Some(kind) if numerics == Numerics::Ggml && Repacked::supports(kind) => kind,
+        _ => return Ok(None),
+    };
+    if !matches!(isa.checked()?.isa(), Isa::Avx2 | Isa::Avx512) {
+        return Ok(None);
+    }
+    let rb = row_bytes("matmul", w_dtype, k)?;
+    check_len("matmul w", mul(n, rb, "matmul w")?, w.len())?;
+    Ok(Some(Repacked::new(kind, w, n, k / 32)))
+}
+
+/// [`matmul_numerics`] under [`Numerics::Ggml`] with weights from [`repack_for`] (`[n, k]`),
+/// bit-identical to the stored layout's result; the same shape checks.
+#[allow(clippy::too_many_arguments, reason = "the runtime's kernel signature")]
+pub fn matmul_repacked(
+    isa: Isa,
+    x: &[f32],
+    t: usize,
+    k: usize,
+    w: &Repacked,
+    out: &mut [f32],
+    pool: &ThreadPool,
+) -> Result<(), KernelError> {
+    matmul_repacked_cached(isa, x, t, k, w, out, pool, None)
+}
+
+/// [`matmul_repacked`] with the activation cache of [`matmul_cached`].
+#[allow(
+    clippy::too_many_arguments,
+    reason = "matmul_repacked's plus the cache"
+)]
+pub(crate) fn matmul_repacked_cached(
+    isa: Isa,
+    x: &[f32],
+    t: usize,
+    k: usize,
+    w: &Repacked,
+    out: &mut [f32],
+    pool: &ThreadPool,
+    cache: Option<(&mut ActCache, u64)>,
+) -> Result<(), KernelError> {
+    let ck = isa.checked()?;
+    if k != w.nb * 32 {
+        return Err(KernelError::Length {
+            what: "matmul k (repacked weights)",
+            expected: w.nb * 32,
+            got: k,
+        });
+    }
+    check_len("matmul x", mul(t, k, "matmul x")?, x.len())?;
+    check_len("matmul out", mul(t, w.n, "matmul out")?, out.len())?;
+    if t == 0 || w.n == 0 {
+        return Ok(());
+    }
+    super::matmul_r8::matmul_r8(ck, w, x, t, k, out, pool, cache);
     Ok(())
 }
 

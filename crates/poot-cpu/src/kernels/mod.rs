@@ -10,6 +10,7 @@ pub mod ggml;
 pub mod matmul;
 mod matmul_float_ggml;
 mod matmul_q8;
+mod matmul_r8;
 pub mod norm;
 pub mod qact;
 mod qdot;
@@ -17,7 +18,10 @@ mod qdot_k;
 #[cfg(target_arch = "x86_64")]
 mod qdot_k_x86;
 #[cfg(target_arch = "x86_64")]
+mod qdot_r8_x86;
+#[cfg(target_arch = "x86_64")]
 mod qdot_x86;
+pub mod repack;
 pub mod rope;
 mod scratch;
 pub mod simd;

@@ -46,6 +46,8 @@ macro_rules! parked {
 parked!(f32, F32S);
 parked!(BlockQ8, Q8S);
 parked!(BlockQ8K, Q8KS);
+parked!([i32; 8], CORRS);
+parked!(u8, BYTES);
 
 /// A buffer borrowed from this thread's stack (see the module docs).
 #[derive(Debug)]

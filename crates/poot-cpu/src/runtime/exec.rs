@@ -78,11 +78,14 @@ impl<'a> Exec<'a> {
         let graph = self.graph();
         match graph.op(v) {
             Op::Weight { name } => {
-                let bytes = self
-                    .plan
-                    .weights
-                    .bytes(name)
-                    .ok_or_else(|| RuntimeError::MissingWeight { name: name.clone() })?;
+                let bytes = match self.plan.copied.get(&v.index()) {
+                    Some(copy) => copy,
+                    None => self
+                        .plan
+                        .weights
+                        .bytes(name)
+                        .ok_or_else(|| RuntimeError::MissingWeight { name: name.clone() })?,
+                };
                 Ok((bytes, graph.info(v).dtype))
             }
             _ => Err(RuntimeError::Kernel {
@@ -177,6 +180,12 @@ impl<'a> Exec<'a> {
                 let (bytes, dtype) = self.weight(*table, "embedding")?;
                 let tshape = self.shape(*table);
                 let mut out = self.arena.zeros(numel);
+                if let Some(rp) = self.plan.repacked.get(&table.index()) {
+                    let ids = self.i32(*ids, "embedding")?;
+                    kernels::embedding::embedding_repacked(rp, dtype, ids, &mut out)
+                        .map_err(kerr("embedding"))?;
+                    return Ok(Buf::F32(out));
+                }
                 kernels::embedding(
                     bytes,
                     dtype,
@@ -220,6 +229,20 @@ impl<'a> Exec<'a> {
                 };
                 // Matmuls reading the same input (q/k/v, gate/up) quantize it once.
                 let key = (self.arena.run << 32) | x.index() as u64;
+                if let Some(rp) = self.plan.repacked.get(&w.index()) {
+                    kernels::matmul::matmul_repacked_cached(
+                        Isa::detect(),
+                        xv,
+                        xs[0],
+                        xs[1],
+                        rp,
+                        &mut out,
+                        self.pool,
+                        Some((&mut self.arena.act, key)),
+                    )
+                    .map_err(kerr("matmul"))?;
+                    return Ok(Buf::F32(out));
+                }
                 kernels::matmul::matmul_cached(
                     self.plan.numerics,
                     Isa::detect(),

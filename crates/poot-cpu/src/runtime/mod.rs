@@ -16,7 +16,8 @@ mod exec;
 mod plan;
 mod profile;
 
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
 
 use half::f16;
 use poot_core::Deadline;
@@ -28,7 +29,9 @@ use poot_runtime::{
 
 pub use plan::CpuPlan;
 
+use crate::kernels::repack::Repacked;
 use crate::kernels::Numerics;
+use crate::Isa;
 use crate::ThreadPool;
 
 /// Per layer, K and V of `[num_blocks, block_size, n_kv_heads, head_dim]` entries.
@@ -100,7 +103,14 @@ pub struct CpuRuntime {
     profile: Option<profile::Profile>,
     /// Activation buffers reused across runs (see `exec.rs`).
     arena: Mutex<arena::Arena>,
+    /// Weights re-laid for a faster kernel (`kernels::repack`), shared by every plan compiled
+    /// against the same store; an entry lives while its store does.
+    repacks: Mutex<RepackCache>,
 }
+
+/// Re-laid weights by (store address, tensor name); the `Weak` tells a live store from a new
+/// one that reuses a freed address.
+type RepackCache = HashMap<(usize, String), (Weak<dyn WeightStore>, Arc<Repacked>)>;
 
 impl CpuRuntime {
     pub fn new(options: CpuOptions) -> Result<Self, RuntimeError> {
@@ -114,6 +124,7 @@ impl CpuRuntime {
             kv: Mutex::new(None),
             poison: Poison::default(),
             arena: Mutex::new(arena::Arena::default()),
+            repacks: Mutex::new(HashMap::new()),
             profile: (options.profile || std::env::var_os("POOT_CPU_PROFILE").is_some())
                 .then(profile::Profile::default),
         })
@@ -140,6 +151,84 @@ impl CpuRuntime {
     fn kv_lock(&self) -> std::sync::MutexGuard<'_, Option<KvPool>> {
         self.kv.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// For every matmul of `plan` whose stored weight has a faster layout on this CPU, the
+    /// re-laid copy (made once per store and tensor, then shared). When there are any, the
+    /// small weights other ops read each step are copied too, and the store is told to drop
+    /// the stored pages of all of them, so resident memory holds each weight once.
+    ///
+    /// Why the small copies: the kernel maps a whole page-cache folio (up to megabytes) on a
+    /// fault, so reading a 2 KiB norm weight from the map would bring back the released
+    /// matmul weights stored beside it. Tied embeddings read their rows from the copy too.
+    fn prepare_weights(
+        &self,
+        plan: &mut CpuPlan,
+        weights: &Arc<dyn WeightStore>,
+    ) -> Result<(), RuntimeError> {
+        const SMALL: usize = 1 << 20;
+        let g = &plan.graph;
+        let key = Arc::as_ptr(weights).cast::<()>() as usize;
+        let mut cache = self.repacks.lock().unwrap_or_else(|e| e.into_inner());
+        cache.retain(|_, (store, _)| store.strong_count() > 0);
+        let stored = |name: &String| {
+            weights
+                .bytes(name)
+                .ok_or_else(|| RuntimeError::MissingWeight { name: name.clone() })
+        };
+        for op in &g.equations {
+            let Op::MatMul { w, .. } = op else { continue };
+            let Op::Weight { name } = &g.equations[w.index()] else {
+                continue;
+            };
+            let ck = (key, name.clone());
+            if let Some((store, rp)) = cache.get(&ck) {
+                if store.upgrade().is_some_and(|s| Arc::ptr_eq(&s, weights)) {
+                    plan.repacked.insert(w.index(), rp.clone());
+                    continue;
+                }
+            }
+            let info = g.info(*w);
+            let rp = crate::kernels::matmul::repack_for(
+                self.options.numerics,
+                Isa::detect(),
+                stored(name)?,
+                info.dtype,
+                info.shape[0],
+                info.shape[1],
+            )
+            .map_err(|e| RuntimeError::Kernel {
+                op: "matmul",
+                detail: e.to_string(),
+            })?;
+            if let Some(rp) = rp {
+                let rp = Arc::new(rp);
+                cache.insert(ck, (Arc::downgrade(weights), rp.clone()));
+                plan.repacked.insert(w.index(), rp);
+            }
+        }
+        if plan.repacked.is_empty() {
+            return Ok(());
+        }
+        for op in &g.equations {
+            for v in op.operands() {
+                let Op::Weight { name } = &g.equations[v.index()] else {
+                    continue;
+                };
+                let bytes = stored(name)?;
+                if bytes.len() <= SMALL && !plan.repacked.contains_key(&v.index()) {
+                    plan.copied.entry(v.index()).or_insert_with(|| bytes.into());
+                }
+            }
+        }
+        // Released once every copy is made: copying a tensor maps its neighbours' pages too.
+        // Repeating this for tensors released by an earlier plan is cheap.
+        for i in plan.repacked.keys().chain(plan.copied.keys()) {
+            if let Op::Weight { name } = &g.equations[*i] {
+                weights.release(name);
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Runtime for CpuRuntime {
@@ -158,12 +247,9 @@ impl Runtime for CpuRuntime {
         limits: &CompileLimits,
     ) -> Result<Arc<dyn CompiledPlan>, RuntimeError> {
         self.poison.check()?;
-        Ok(Arc::new(plan::compile(
-            graph,
-            weights,
-            limits,
-            self.options.numerics,
-        )?))
+        let mut plan = plan::compile(graph, weights.clone(), limits, self.options.numerics)?;
+        self.prepare_weights(&mut plan, &weights)?;
+        Ok(Arc::new(plan))
     }
 
     fn configure_kv(&self, cfg: KvCacheConfig) -> Result<(), RuntimeError> {
@@ -250,9 +336,18 @@ impl Runtime for CpuRuntime {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .parked_bytes();
+        let weight_bytes = self
+            .repacks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|(store, _)| store.strong_count() > 0)
+            .map(|(_, rp)| rp.bytes() as u64)
+            .sum();
         MemoryReport {
             kv_bytes,
             scratch_bytes,
+            weight_bytes,
         }
     }
 

@@ -26,6 +26,12 @@ pub struct CpuPlan {
     /// For each value, the index of the last equation that reads it (or usize::MAX for outputs).
     pub(crate) last_use: Vec<usize>,
     pub(crate) artifact_bytes: u64,
+    /// Re-laid copies of matmul weights by the weight's value index (filled by the runtime
+    /// after compiling; shared with its other plans). Matmuls over these read the copy.
+    pub(crate) repacked: HashMap<usize, Arc<crate::kernels::repack::Repacked>>,
+    /// Copies of the small weights other ops read every step (norm weights, biases), by value
+    /// index, made alongside `repacked` so that a run reads nothing from a released map.
+    pub(crate) copied: HashMap<usize, Arc<[u8]>>,
 }
 
 impl std::fmt::Debug for CpuPlan {
@@ -146,5 +152,7 @@ pub(crate) fn compile(
         numerics,
         last_use,
         artifact_bytes,
+        repacked: HashMap::new(),
+        copied: HashMap::new(),
     })
 }

@@ -1,0 +1,128 @@
+//! The ggml-numerics matmul over 8-row interleaved weights (`repack.rs`).
+//!
+//! How: as `matmul_q8.rs` (each activation row quantized once, to Q8_1 for Q4_1 and Q8_0
+//! otherwise), plus, per activation block, the 8 lane corrections the integer steps fold in
+//! (`-8 * sum(y)` over each lane's 4 activations for Q4_0; `-128 * sum(y)` for Q8_0 on VNNI;
+//! none otherwise). Tasks are runs of whole 8-row groups claimed by the pool's threads; each
+//! group's superblocks are read as one sequential stream and dotted against 1 (AVX2) or 2 (VNNI)
+//! tokens per pass.
+//!
+//! Numerics: bit-identical to `matmul_q8.rs` (and so to llama.cpp's vec_dot/tinyBLAS), on every
+//! ISA and thread count: see `qdot_r8_x86.rs`. The scalar path rebuilds each stored row and
+//! runs `qdot::dot_scalar`.
+//!
+//! Cost: as `matmul_q8.rs`, with about half the vector work per weight block; memory: the
+//! corrections, `t * k / 32` entries of 32 bytes, in reused scratch.
+
+use super::matmul::ActCache;
+use super::qact::{quantize_row_q8, BlockQ8, QK8};
+use super::qdot::{dot_scalar, QKind};
+use super::repack::{Repacked, RG};
+use super::scratch::Scratch;
+use super::simd::{Checked, Isa};
+use crate::pool::{SharedMut, ThreadPool};
+
+/// Fills `corr[i]` with `-mult * sum(y[4l..4l+4])` for each lane `l` of activation block `i`.
+fn corrections(a: &[BlockQ8], mult: i32, corr: &mut [[i32; 8]]) {
+    for (c, b) in corr.iter_mut().zip(a) {
+        for (l, v) in c.iter_mut().enumerate() {
+            let s: i32 = b.qs[4 * l..4 * l + 4].iter().map(|&q| i32::from(q)).sum();
+            *v = -mult * s;
+        }
+    }
+}
+
+/// `out[t][n] = dot(W[n], Q8(x[t]))` with `W` repacked; `x` is `[t, k]` with `k = 32 * nb`
+/// (validated by the caller, as for `matmul_q8`).
+#[allow(clippy::too_many_arguments, reason = "matmul's validated arguments")]
+pub(crate) fn matmul_r8(
+    ck: Checked,
+    w: &Repacked,
+    x: &[f32],
+    t: usize,
+    k: usize,
+    out: &mut [f32],
+    pool: &ThreadPool,
+    cache: Option<(&mut ActCache, u64)>,
+) {
+    let (kind, n, nb) = (w.kind, w.n, w.nb);
+    debug_assert!(k == nb * QK8 && x.len() == t * k && out.len() == t * n);
+    let mut local = Scratch::<BlockQ8>::zeroed(0);
+    let xq: &[BlockQ8] = match cache {
+        Some((c, key)) => c.q8(key, x, kind.act_sum()),
+        None => {
+            local.resize(t * nb, BlockQ8::default());
+            for (xr, qr) in x.chunks_exact(k).zip(local.chunks_exact_mut(nb)) {
+                quantize_row_q8(xr, qr, kind.act_sum());
+            }
+            &local
+        }
+    };
+    #[cfg(target_arch = "x86_64")]
+    let simd = matches!(ck.isa(), Isa::Avx2 | Isa::Avx512);
+    #[cfg(not(target_arch = "x86_64"))]
+    let simd = false;
+    #[cfg(target_arch = "x86_64")]
+    let vnni = ck.isa() == Isa::Avx512 && super::qdot_r8_x86::has_vnni();
+    #[cfg(not(target_arch = "x86_64"))]
+    let vnni = false;
+    let mult = match kind {
+        QKind::Q4_0 => 8,
+        QKind::Q8_0 if vnni => 128,
+        _ => 0,
+    };
+    let mut corr = Scratch::<[i32; 8]>::zeroed(0);
+    corr.resize(t * nb, [0; 8]);
+    if simd && mult != 0 {
+        corrections(xq, mult, &mut corr);
+    }
+    let corr: &[[i32; 8]] = &corr;
+    let groups = w.groups();
+    // About four tasks per thread balances load when other processes share the cores.
+    let per_task = groups.div_ceil(pool.n_threads() * 4).max(1);
+    let tasks = groups.div_ceil(per_task);
+    let shared = SharedMut::new(out);
+    let write = |g: usize, tok: usize, res: &[f32]| {
+        for (r, &v) in res.iter().enumerate().take(RG.min(n - g * RG)) {
+            // SAFETY: rows of group g belong to this task only, so no other task writes
+            // index tok * n + 8g + r.
+            unsafe { shared.write(tok * n + g * RG + r, v) };
+        }
+    };
+    pool.for_each(tasks, |task| {
+        for g in task * per_task..((task + 1) * per_task).min(groups) {
+            if !simd {
+                let mut row = vec![0u8; nb * kind.block_bytes()];
+                let mut res = [0.0f32; RG];
+                for tok in 0..t {
+                    for (r, v) in res.iter_mut().enumerate().take(RG.min(n - g * RG)) {
+                        w.stored_row(g * RG + r, &mut row);
+                        *v = dot_scalar(kind, &row, &xq[tok * nb..(tok + 1) * nb]);
+                    }
+                    write(g, tok, &res);
+                }
+                continue;
+            }
+            #[cfg(target_arch = "x86_64")]
+            {
+                use super::qdot_r8_x86::{group, tile_tokens};
+                let grp = w.group(g);
+                let mut res = [0.0f32; 2 * RG];
+                let mut tok = 0;
+                while tok < t {
+                    let tt = tile_tokens(vnni).min(t - tok);
+                    let (a, c) = (&xq[tok * nb..], &corr[tok * nb..]);
+                    group(vnni, kind, grp, nb, a, c, tt, &mut res);
+                    for j in 0..tt {
+                        write(g, tok + j, &res[j * RG..(j + 1) * RG]);
+                    }
+                    tok += tt;
+                }
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+#[path = "matmul_r8_tests.rs"]
+mod tests;

@@ -1,0 +1,215 @@
+//! x86 paths of the 8-row interleaved integer dot (`repack.rs`, `matmul_r8.rs`).
+//!
+//! One 256-bit register holds 4 quant bytes of each of 8 rows (one row per 32-bit lane), so each
+//! integer step yields ggml's lane sum `l` for 8 rows at once; the float steps are ggml's, per
+//! row: `acc[l] = fma(dw * dy, lane_l, acc[l])` block after block, then
+//! `((a0+a4) + (a2+a6)) + ((a1+a5) + (a3+a7))` (`hsum_float_8`), plus Q4_1's
+//! `summs = fma(m, s, summs)`. So results are bit-identical to `qdot::dot_scalar`.
+//!
+//! Integer steps: Q4 nibbles are unsigned (`0..16`) against the signed activations, so
+//! `maddubs` + `madd` (AVX2) or `vpdpbusd` (VNNI) apply directly; Q4_0's `-8` offset is folded
+//! in as `-8 * sum(y)` over the lane's 4 activations, precomputed per block (`corr`). Q8_0 on
+//! VNNI flips the sign bit (`w + 128`, unsigned) and folds `-128 * sum(y)` the same way; on AVX2
+//! it takes the sign trick (`|w|` times `y * sign(w)`), as `qdot_x86.rs` does. Every lane sum is
+//! exact in `i32`, so only the float steps above decide the result.
+//!
+//! Invariant (soundness): reached only through `matmul_r8` with a `Checked` AVX2 or AVX-512
+//! token (AVX2, FMA, F16C detected), and the VNNI variant only after `avx512vnni` and
+//! `avx512vl` were detected.
+
+use std::arch::x86_64::*;
+
+use super::qact::BlockQ8;
+use super::qdot::QKind;
+use super::repack::{header_bytes, superblock_bytes, RG};
+
+/// Whether this CPU has the 256-bit VNNI dot (`vpdpbusd ymm`).
+pub(super) fn has_vnni() -> bool {
+    is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
+}
+
+/// Tokens one call handles: VNNI machines have 32 vector registers (16 accumulators fit).
+pub(super) fn tile_tokens(vnni: bool) -> usize {
+    if vnni {
+        2
+    } else {
+        1
+    }
+}
+
+/// `out[j * 8 + r]` = row `r` of group `grp` (`nb` superblocks of `kind`) dotted with token `j`
+/// (`a[j * nb..]`, corrections `corr[j * nb..]`) for `j < t` (1, or 2 with VNNI).
+///
+/// # Panics
+/// If the slices are shorter than that (internal invariant; `matmul_r8` sizes them).
+#[allow(clippy::too_many_arguments, reason = "one tile's operands")]
+pub(super) fn group(
+    vnni: bool,
+    kind: QKind,
+    grp: &[u8],
+    nb: usize,
+    a: &[BlockQ8],
+    corr: &[[i32; 8]],
+    t: usize,
+    out: &mut [f32],
+) {
+    assert!(grp.len() >= nb * superblock_bytes(kind));
+    assert!(t >= 1 && t <= tile_tokens(vnni) && a.len() >= t * nb && corr.len() >= t * nb);
+    assert!(out.len() >= t * RG);
+    macro_rules! go {
+        ($k:literal) => {
+            // SAFETY (all three): AVX2/FMA/F16C by the module invariant, VNNI/VL by `has_vnni`
+            // when `vnni`; the asserts above are the bounds every call reads within.
+            match (vnni, t) {
+                // SAFETY: see above.
+                (true, 2) => unsafe { group_vnni::<$k, 2>(grp, nb, a, corr, out) },
+                // SAFETY: see above.
+                (true, _) => unsafe { group_vnni::<$k, 1>(grp, nb, a, corr, out) },
+                // SAFETY: see above.
+                (false, _) => unsafe { group_avx2::<$k>(grp, nb, a, corr, out) },
+            }
+        };
+    }
+    match kind {
+        QKind::Q4_0 => go!(0),
+        QKind::Q4_1 => go!(1),
+        QKind::Q8_0 => go!(3),
+        QKind::Q5_0 => unreachable!("Q5_0 is not repacked"),
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group_avx2<const KIND: u8>(
+    grp: &[u8],
+    nb: usize,
+    a: &[BlockQ8],
+    corr: &[[i32; 8]],
+    out: &mut [f32],
+) {
+    // SAFETY: same contract; this function's features cover the body's.
+    unsafe { body::<KIND, 1, false>(grp, nb, a, corr, out) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+unsafe fn group_vnni<const KIND: u8, const T: usize>(
+    grp: &[u8],
+    nb: usize,
+    a: &[BlockQ8],
+    corr: &[[i32; 8]],
+    out: &mut [f32],
+) {
+    // SAFETY: same contract; this function's features cover the body's, VNNI included.
+    unsafe { body::<KIND, T, true>(grp, nb, a, corr, out) }
+}
+
+/// The 32-bit word at `p` in every lane.
+#[inline(always)]
+unsafe fn bcast(p: *const i8) -> __m256i {
+    // SAFETY: 4 readable bytes at `p` (caller); AVX enabled by the caller.
+    unsafe { _mm256_set1_epi32(p.cast::<i32>().read_unaligned()) }
+}
+
+/// Exact per-lane `init + sum(u * s)` (4 byte products per lane), `u` unsigned with `u * s`
+/// pairs that fit `i16` (`maddubs` cannot saturate: callers pass `u <= 15`, or `|w| <= 128`
+/// against `|y| <= 127`).
+#[inline(always)]
+unsafe fn lanes<const VNNI: bool>(init: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    // SAFETY: AVX2 (and for VNNI, AVX512-VNNI + VL) enabled by the caller.
+    unsafe {
+        if VNNI {
+            _mm256_dpbusd_epi32(init, u, s)
+        } else {
+            let p = _mm256_madd_epi16(_mm256_set1_epi16(1), _mm256_maddubs_epi16(u, s));
+            _mm256_add_epi32(p, init)
+        }
+    }
+}
+
+/// KIND: 0 Q4_0, 1 Q4_1, 3 Q8_0 (`qdot_x86.rs`' numbering). See [`group`].
+#[inline(always)]
+unsafe fn body<const KIND: u8, const T: usize, const VNNI: bool>(
+    grp: &[u8],
+    nb: usize,
+    a: &[BlockQ8],
+    corr: &[[i32; 8]],
+    out: &mut [f32],
+) {
+    let kind = [QKind::Q4_0, QKind::Q4_1, QKind::Q5_0, QKind::Q8_0][KIND as usize];
+    let (sb, hdr) = (superblock_bytes(kind), header_bytes(kind));
+    // SAFETY: superblock `b < nb` is inside `grp`, activation/correction `j * nb + b` inside
+    // `a`/`corr` for `j < T`, and `out` holds `T * 8` values (asserted by `group`); the
+    // features are enabled by the caller.
+    unsafe {
+        let gp = grp.as_ptr();
+        let mut acc = [[_mm256_setzero_ps(); 8]; T];
+        let mut summs = [_mm256_setzero_ps(); T];
+        let m4 = _mm256_set1_epi8(0x0f);
+        for b in 0..nb {
+            let s = gp.add(b * sb);
+            // The next group's stream starts far away; within a group the hardware prefetcher
+            // follows the sequential superblocks, so a few lines ahead is enough.
+            _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(4 * sb).cast());
+            let d8 = _mm256_cvtph_ps(_mm_loadu_si128(s.cast()));
+            let ab: [&BlockQ8; T] = std::array::from_fn(|j| a.get_unchecked(j * nb + b));
+            let cj: [&[i32; 8]; T] = std::array::from_fn(|j| corr.get_unchecked(j * nb + b));
+            // ggml's `dw * dy`, 8 rows at once.
+            let sc: [__m256; T] =
+                std::array::from_fn(|j| _mm256_mul_ps(d8, _mm256_set1_ps(ab[j].d)));
+            if KIND == 1 {
+                let m8 = _mm256_cvtph_ps(_mm_loadu_si128(s.add(16).cast()));
+                for j in 0..T {
+                    summs[j] = _mm256_fmadd_ps(m8, _mm256_set1_ps(ab[j].s), summs[j]);
+                }
+            }
+            let q = s.add(hdr);
+            if KIND == 3 {
+                for c in 0..8 {
+                    let w = _mm256_loadu_si256(q.add(32 * c).cast());
+                    let u = if VNNI {
+                        _mm256_xor_si256(w, _mm256_set1_epi8(-128))
+                    } else {
+                        _mm256_sign_epi8(w, w)
+                    };
+                    for j in 0..T {
+                        let y = bcast(ab[j].qs.as_ptr().add(4 * c));
+                        let l = if VNNI {
+                            lanes::<true>(_mm256_set1_epi32(cj[j][c]), u, y)
+                        } else {
+                            lanes::<false>(_mm256_setzero_si256(), u, _mm256_sign_epi8(y, w))
+                        };
+                        acc[j][c] = _mm256_fmadd_ps(sc[j], _mm256_cvtepi32_ps(l), acc[j][c]);
+                    }
+                }
+            } else {
+                for c in 0..4 {
+                    let v = _mm256_loadu_si256(q.add(32 * c).cast());
+                    let lo = _mm256_and_si256(v, m4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+                    for j in 0..T {
+                        let y = ab[j].qs.as_ptr();
+                        let (il, ih) = if KIND == 0 {
+                            (_mm256_set1_epi32(cj[j][c]), _mm256_set1_epi32(cj[j][4 + c]))
+                        } else {
+                            (_mm256_setzero_si256(), _mm256_setzero_si256())
+                        };
+                        let ll = lanes::<VNNI>(il, lo, bcast(y.add(4 * c)));
+                        let lh = lanes::<VNNI>(ih, hi, bcast(y.add(16 + 4 * c)));
+                        acc[j][c] = _mm256_fmadd_ps(sc[j], _mm256_cvtepi32_ps(ll), acc[j][c]);
+                        acc[j][4 + c] =
+                            _mm256_fmadd_ps(sc[j], _mm256_cvtepi32_ps(lh), acc[j][4 + c]);
+                    }
+                }
+            }
+        }
+        for j in 0..T {
+            let x = &acc[j];
+            let lo = _mm256_add_ps(_mm256_add_ps(x[0], x[4]), _mm256_add_ps(x[2], x[6]));
+            let hi = _mm256_add_ps(_mm256_add_ps(x[1], x[5]), _mm256_add_ps(x[3], x[7]));
+            let mut r = _mm256_add_ps(lo, hi);
+            if KIND == 1 {
+                r = _mm256_add_ps(r, summs[j]);
+            }
+            _mm256_storeu_ps(out.as_mut_ptr().add(8 * j), r);
+        }
+    }
+}
