@@ -2,8 +2,9 @@
 
 ``doctor`` lists what is visible (discovery) and whether each device has a validated profile for
 this poot version; it runs nothing on a device. ``validate-hardware`` runs the conformance
-subset and benchmarks (``validate``), stores the profiles of devices that pass and exits 1 when
-any device failed (a device with no runtime in this build is skipped, not failed).
+subset and benchmarks (``validate``; wgpu adapters in ``validate_wgpu``), stores the profiles of
+devices that pass and exits 1 when any device failed (a device with no runtime in this build is
+skipped, not failed).
 """
 
 from __future__ import annotations
@@ -103,6 +104,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
                 "matmul_us": round(p.matmul_s * 1e6, 3),
                 "segment_us": round(p.segment_s * 1e6, 3),
                 "stage_gbps": round(p.stage_bw / 1e9, 2),
+                "link_gbps": round(p.link_bw / 1e9, 3),
+                "link_latency_us": round(p.link_latency_s * 1e6, 3),
             }
         out.append(entry)
     if args.json:

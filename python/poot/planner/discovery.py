@@ -165,6 +165,16 @@ def parse_vulkaninfo_summary(text: str) -> list[DeviceInfo]:
     return out
 
 
+def _vendor_of(name: str, driver: str) -> str:
+    # The runtime's adapter list has no vendor id; its names and drivers say enough.
+    text = f"{name} {driver}".lower()
+    for word, vendor in (("mesa", "mesa"), ("nvidia", "nvidia"), ("radeon", "amd"),
+                         ("amd", "amd"), ("intel", "intel"), ("apple", "apple")):  # fmt: skip
+        if word in text:
+            return vendor
+    return "unknown"
+
+
 def wgpu_adapters() -> tuple[list[DeviceInfo], str]:
     """wgpu adapters: from the wgpu runtime when built in, else from vulkaninfo."""
     from poot import _native
@@ -177,7 +187,7 @@ def wgpu_adapters() -> tuple[list[DeviceInfo], str]:
             sw = bool(_SOFTWARE.search(name)) or a.get("device_type") == "Cpu"
             limits = {k: int(v) for k, v in dict(a.get("limits", {})).items()}
             found.append(
-                DeviceInfo(f"wgpu:{i}", "wgpu", name, str(a.get("vendor", "unknown")),
+                DeviceInfo(f"wgpu:{i}", "wgpu", name, _vendor_of(name, str(a.get("driver", ""))),
                            str(a.get("driver", "")), int(limits.get("max_buffer_size", 0)),
                            0, ("software",) if sw else (), limits, sw)
             )  # fmt: skip

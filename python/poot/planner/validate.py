@@ -1,6 +1,7 @@
 """``poot validate-hardware``: a conformance subset and micro-benchmarks per device.
 
-For each visible device with a runtime in this build (the CPU here), it:
+For each visible device with a runtime in this build (the CPU; the wgpu adapter the wgpu
+runtime opens, in ``validate_wgpu``), it:
 
 1. runs a conformance subset: matmul over F32, F16, Q8_0 and Q4_1 weights, rms_norm, silu, add
    and softmax, each compared with a numpy reference under a stated bound (float weights: 1e-4
@@ -12,8 +13,10 @@ For each visible device with a runtime in this build (the CPU here), it:
    per-equation dispatch cost (a chain of tiny adds);
 3. stores the profile (``profiles.store_profile``) only when every check passed.
 
-A device without a runtime in this build (a wgpu adapter before poot-wgpu lands) is reported as
-skipped, not failed. The command exits non-zero on any failure.
+For the CPU, (1) compares with numpy and (2) is as above; a wgpu adapter is compared with the CPU
+runtime and benchmarked as ``validate_wgpu`` describes. A device without a runtime in this build
+(a wgpu adapter in a build without poot-wgpu, a CUDA device) is reported as skipped, not
+failed. The command exits non-zero on any failure.
 """
 
 from __future__ import annotations
@@ -111,7 +114,7 @@ class _Bench:
 
     def run(
         self,
-        rt: _native.CpuRuntime,
+        rt: _native.CpuRuntime | _native.WgpuRuntime,
         rows: int,
         body: Callable[[_native.Tracer, _native.Value], _native.Value],
         x: npt.NDArray[np.float32],
@@ -190,7 +193,11 @@ def _tiled_weights(folder: Path, k: int, target: int, rng: np.random.Generator) 
 
 
 def _time_matmul(
-    rt: _native.CpuRuntime, w: _native.Weights, name: str, rows: int, repeat: int
+    rt: _native.CpuRuntime | _native.WgpuRuntime,
+    w: _native.Weights,
+    name: str,
+    rows: int,
+    repeat: int,
 ) -> tuple[float, int, int]:
     """Best seconds of ``rows`` x ``name``; with the weight's out and in sizes."""
     described = w.describe(name)
@@ -374,9 +381,14 @@ def validate_all(
     disc = disc or discover()
     reports = []
     for d in disc.devices:
-        if d.kind == "cpu":
+        if d.kind == "cpu" or (d.kind == "wgpu" and "wgpu" not in disc.notes):
             try:
-                r = validate_cpu(d, quick=quick)
+                if d.kind == "cpu":
+                    r = validate_cpu(d, quick=quick)
+                else:
+                    from poot.planner.validate_wgpu import validate_wgpu
+
+                    r = validate_wgpu(d, quick=quick)
             except Exception as e:  # noqa: BLE001 - a crash in a check is that device's failure
                 r = DeviceReport(d, "failed", {"run": f"{type(e).__name__}: {e}"})
             if r.profile is not None and store:
