@@ -179,7 +179,9 @@ class LlamaModel:
         """Traces one step of ``shape`` into ``t`` (inputs and outputs per ``poot.models.step``)."""
         self.trace_units(t, shape, 0, self.hparams.n_layers + 2)
 
-    def trace_units(self, t: Tracer, shape: StepShape, start: int, end: int) -> None:
+    def trace_units(
+        self, t: Tracer, shape: StepShape, start: int, end: int, kv_base: int = 0
+    ) -> None:
         """Traces units ``[start, end)`` of one step: unit 0 is the embedding, unit ``i + 1``
         layer ``i`` and unit ``n_layers + 1`` the head and sampling step.
 
@@ -187,7 +189,9 @@ class LlamaModel:
         [rows, hidden_size]: ``tokens`` rows, or ``seqs`` after the last layer gathered each
         sequence's last row); one that does not end at the head outputs it as ``"hidden"``.
         Segments chained in order compute exactly what the whole trace computes (the planner
-        streams a model this way, ``poot.planner.streaming``).
+        streams a model this way, ``poot.planner.streaming``, and splits it over devices,
+        ``poot.planner.split``). Layer ``i`` reads and writes KV layer ``i - kv_base`` of the
+        runtime's pool, so a device holding only layers ``kv_base..`` holds only their KV.
         """
         h, n = self.hparams, self.names
         ins = declare_inputs(t, shape)
@@ -219,7 +223,7 @@ class LlamaModel:
                 k,
                 v,
                 **meta,
-                layer=i,
+                layer=i - kv_base,
                 n_heads=h.n_heads,
                 n_kv_heads=h.n_kv_heads,
                 head_dim=h.head_dim,

@@ -28,11 +28,12 @@ from poot.errors import CapacityError, ConfigError, PlannerError
 from poot.models import model_definition
 from poot.planner.cost import Placement
 from poot.planner.discovery import Discovery, discover
+from poot.planner.explain import versus
 from poot.planner.graphstats import ModelStats, Workload, model_stats
 from poot.planner.ledger import CapacityLedger, Generations
 from poot.planner.profiles import DeviceProfile, HostProfile, estimated_cpu_profile, load_profile
 from poot.planner.record import Recorder
-from poot.planner.search import Budgets, Candidate, search
+from poot.planner.search import Budgets, Candidate, forced, search
 from poot.planner.simulate import SimResult, simulate_step
 from poot.planner.spill import check_spill_dir
 
@@ -57,6 +58,12 @@ class CompileConfig:
         allow_tmpfs_spill: accept a tmpfs spill dir (refused otherwise).
         stall_timeout_s: a wait with no progress for this long raises ``Stalled``.
         rows, context: the workload a step is planned for (tokens per step, KV positions read).
+        force_placement: pins the plan instead of searching: ``(device key, start unit, end
+            unit)`` per segment in step order, covering units ``0 .. n_layers + 2`` (unit 0 the
+            embedding, unit ``i + 1`` layer ``i``, the last the head), each device at most once,
+            e.g. ``(("cpu", 0, 3), ("wgpu:0", 3, 7))``. Each range is resident where it fits the
+            device's budget, else streamed; the pinned plan is costed, simulated and explained
+            like a searched one. For tests and for pinning a known split; None searches.
     """
 
     allow_gpu: bool = True
@@ -70,6 +77,7 @@ class CompileConfig:
     stall_timeout_s: float = 30.0
     rows: int = 1
     context: int = 256
+    force_placement: tuple[tuple[str, int, int], ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("device_budget_bytes", "host_budget_bytes", "disk_budget_bytes"):
@@ -85,6 +93,19 @@ class CompileConfig:
                 f"CompileConfig: planner_workers={self.planner_workers} must be >= 0, "
                 f"rows={self.rows} and context={self.context} >= 1"
             )
+
+        if self.force_placement is not None:
+            segs = tuple(tuple(x) for x in self.force_placement)
+            keys = [x[0] for x in segs]
+            ok = bool(segs) and all(len(x) == 3 for x in segs) and len(set(keys)) == len(keys)
+            ok = ok and segs[0][1] == 0 and all(x[1] < x[2] for x in segs)
+            ok = ok and all(a[2] == b[1] for a, b in zip(segs, segs[1:], strict=False))
+            if not ok:
+                raise ConfigError(
+                    "CompileConfig.force_placement must be (device, start, end) triples in step "
+                    "order, contiguous from unit 0, each device once; got "
+                    f"{self.force_placement!r}"
+                )
 
     def workers(self) -> int:
         if self.planner_workers > 0:
@@ -278,7 +299,12 @@ def place(
         else:
             eligible[key] = p
     budgets = _budgets(config, eligible, host, spill)
-    result = search(stats, eligible, host, budgets, allow_mixed_vendor=config.allow_mixed_vendor)
+    if config.force_placement is not None:
+        result = forced(stats, eligible, host, budgets, config.force_placement, dropped)
+    else:
+        result = search(
+            stats, eligible, host, budgets, allow_mixed_vendor=config.allow_mixed_vendor
+        )
     if not result.candidates:
         if config.disk_budget_bytes == 0:
             raise CapacityError(
@@ -307,9 +333,11 @@ def place(
         if best is None:
             dropped[key] = result.infeasible.get(key, "no feasible placement uses it")
         else:
+            used = [eligible[k] for k in chosen.placement.devices]
             dropped[key] = (
                 f"best plan using it ({best.placement.describe(stats)}) costs "
-                f"{best.score * 1e3:.3f} ms vs {chosen.score * 1e3:.3f} ms chosen"
+                f"{best.score * 1e3:.3f} ms vs {chosen.score * 1e3:.3f} ms chosen; "
+                + versus(eligible[key], used, stats)
             )
     return Placed(eligible, budgets, chosen, runner_up, result.candidates, dropped, sim)
 

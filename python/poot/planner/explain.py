@@ -11,9 +11,11 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from poot.planner.compiled import CompiledModel
+    from poot.planner.graphstats import ModelStats
+    from poot.planner.profiles import DeviceProfile
     from poot.planner.search import Candidate
 
-__all__ = ["explain"]
+__all__ = ["explain", "versus"]
 
 
 def _mib(n: int) -> str:
@@ -23,6 +25,32 @@ def _mib(n: int) -> str:
 def _line(c: Candidate, compiled: CompiledModel) -> str:
     sim = "" if c.simulated_s is None else f"; simulated {c.simulated_s * 1e3:.3f} ms"
     return f"{c.placement.describe(compiled.stats)}\n    cost {c.cost.summary()}{sim}"
+
+
+def versus(p: DeviceProfile, chosen: list[DeviceProfile], stats: ModelStats) -> str:
+    """Why ``p`` costs more than the chosen devices, in its measured numbers: one-row matmul
+    rate on the model's main weight dtype, dispatch cost, its link, and whether it shares the
+    CPU's cores."""
+    by_dtype: dict[str, int] = {}
+    for u in stats.units:
+        for dt, n in u.bytes_by_dtype.items():
+            by_dtype[dt] = by_dtype.get(dt, 0) + n
+    dt = max(by_dtype, key=lambda d: by_dtype[d]) if by_dtype else "F32"
+    tag = "measured" if p.validated else p.source
+    parts = [
+        f"{dt} one-row matmul {p.gemv(dt) / 1e9:.2f} GB/s vs "
+        + ", ".join(f"{q.gemv(dt) / 1e9:.2f} on {q.key}" for q in chosen),
+        f"dispatch {p.dispatch_s * 1e6:.1f} us vs "
+        + ", ".join(f"{q.dispatch_s * 1e6:.1f}" for q in chosen),
+    ]
+    if not p.is_host:
+        parts.append(
+            f"host link {p.link_bw / 1e9:.2f} GB/s + {p.link_latency_s * 1e6:.1f} us per transfer"
+        )
+    text = f"{tag}: " + "; ".join(parts)
+    if p.software:
+        text += "; a software adapter, it computes on the CPU's own cores (contention)"
+    return text
 
 
 def explain(compiled: CompiledModel) -> str:
@@ -36,6 +64,8 @@ def explain(compiled: CompiledModel) -> str:
         + f"; host {_mib(compiled.budgets.host)}; disk {_mib(compiled.budgets.disk)}",
         f"chosen: {_line(compiled.chosen, compiled)}",
     ]
+    if compiled.config.force_placement is not None:
+        lines.append("    pinned by CompileConfig.force_placement (no search)")
     if compiled.direct:
         lines.append("    path: direct (one resident segment: no segmenting, loader or buffer)")
     elif compiled.streams:

@@ -16,11 +16,12 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+from poot.errors import ConfigError, PlannerError
 from poot.planner.cost import Cost, Placement, Residency, Segment, step_cost
 from poot.planner.graphstats import ModelStats
 from poot.planner.profiles import DeviceProfile, HostProfile
 
-__all__ = ["Budgets", "Candidate", "SearchResult", "chunk_units", "search"]
+__all__ = ["Budgets", "Candidate", "SearchResult", "chunk_units", "forced", "search"]
 
 MAX_DEVICES = 3
 MAX_CUTS = 16
@@ -149,4 +150,48 @@ def search(
     for c in result.candidates:
         for d in c.placement.devices:
             result.best_with.setdefault(d, c)
+    return result
+
+
+def forced(
+    stats: ModelStats,
+    profiles: dict[str, DeviceProfile],
+    host: HostProfile,
+    budgets: Budgets,
+    spec: tuple[tuple[str, int, int], ...],
+    dropped: dict[str, str],
+) -> SearchResult:
+    """The one placement ``spec`` names (``CompileConfig.force_placement``), costed.
+
+    Raises:
+        ConfigError: ``spec`` does not end at the model's last unit.
+        PlannerError: a device in ``spec`` is not eligible (``dropped`` says why) or a range
+            does not fit its device's budgets.
+    """
+    n = len(stats.units)
+    if spec[-1][2] != n:
+        raise ConfigError(
+            f"CompileConfig.force_placement must end at unit {n} (this model has "
+            f"{stats.n_layers} layers: units 0..{n - 1}); got {spec!r}"
+        )
+    segs: list[Segment] = []
+    for dev, a, b in spec:
+        if dev not in profiles:
+            why = dropped.get(dev, "no such device")
+            raise PlannerError(
+                f"CompileConfig.force_placement uses {dev}, which is not eligible: {why}",
+                reasons={dev: why},
+            )
+        seg = _segment(stats, dev, a, b, budgets, profiles[dev].is_host)
+        if isinstance(seg, str):
+            raise PlannerError(f"CompileConfig.force_placement: {seg}", reasons={dev: seg})
+        segs.append(seg)
+    placement = Placement(tuple(segs))
+    cand = Candidate(placement, step_cost(stats, placement, profiles, host))
+    result = SearchResult([cand], considered=1)
+    for d in placement.devices:
+        result.best_with[d] = cand
+    for d in profiles:
+        if d not in placement.devices:
+            result.infeasible[d] = "not in CompileConfig.force_placement"
     return result

@@ -93,6 +93,8 @@ class StreamingRuntime:
         compile_limits: CompileLimits,
         recorder: Recorder | None = None,
         activation_bytes: int = 0,
+        kv_base: int = 0,
+        lane: str = "cpu",
     ) -> None:
         self.inner = inner
         self.name = inner.name
@@ -107,6 +109,9 @@ class StreamingRuntime:
         self.compile_limits = compile_limits
         self.recorder = recorder
         self.activation_bytes = activation_bytes
+        # The first layer whose KV this runtime's pool holds (a segment of a split plan).
+        self.kv_base = kv_base
+        self.lane = lane
         self.loader = ThreadPoolExecutor(1, thread_name_prefix="poot-stream")
         # Tests replace this to simulate a source that stops delivering.
         self.copy: Callable[[Sequence[TensorInfo], Path, Callable[[int], None]], int] = (
@@ -134,7 +139,7 @@ class StreamingRuntime:
         tensors = []
         for a, b in chunks:
             t = Tracer(self.weights, shape.tokens, self.trace_limits)
-            self.definition.trace_units(t, shape, a, b)
+            self.definition.trace_units(t, shape, a, b, self.kv_base)
             names = sorted({w[0] for w in t.finish().weights()})
             tensors.append([self.tensors[n] for n in names])
         return SegmentedPlan(shape, chunks, tensors, labels)
@@ -145,16 +150,25 @@ class StreamingRuntime:
         inputs: Mapping[str, npt.NDArray[Any]],
         timeout_s: float = 600.0,
         late: Mapping[str, LateInput] | None = None,
+        *,
+        generation: int | None = None,
     ) -> dict[str, npt.NDArray[Any]]:
-        """Runs the chunks in order, loading each through the double buffer."""
-        gen = self.generations.begin()
+        """Runs the chunks in order, loading each through the double buffer.
+
+        ``generation``: run as one segment of a caller's step (``poot.planner.split``): the
+        caller began that generation, the recorder's step and leased the activations; the
+        input ``"hidden"``, if given, feeds the first chunk.
+        """
+        nested = generation is not None
+        gen = generation if generation is not None else self.generations.begin()
         self.current_generation = gen
         rec = self.recorder
-        if rec is not None:
+        if rec is not None and not nested:
             rec.begin_step()
-        host = self.ledger.lease(host=self.activation_bytes, wait_s=self.stall_timeout_s)
+        held: list[Lease] = []
+        if not nested:
+            held.append(self.ledger.lease(host=self.activation_bytes, wait_s=self.stall_timeout_s))
         pending: dict[int, Future[tuple[Lease, Path]]] = {}
-        held: list[Lease] = [host]
         try:
             pending[0] = self.loader.submit(self._load, plan, 0, gen)
             hidden: npt.NDArray[Any] | None = None
@@ -170,7 +184,7 @@ class StreamingRuntime:
                 weights = Weights(GgufFile(path))
                 path.unlink()  # the mapping keeps the bytes; no buffer file outlives its chunk
                 tracer = Tracer(weights, plan.shape.tokens, self.trace_limits)
-                self.definition.trace_units(tracer, plan.shape, a, b)
+                self.definition.trace_units(tracer, plan.shape, a, b, self.kv_base)
                 graph = tracer.finish()
                 compiled = self.inner.compile(graph, weights, self.compile_limits)
                 names = {x[0] for x in graph.inputs()}
@@ -182,7 +196,9 @@ class StreamingRuntime:
                 hidden = out.get("hidden")
                 del compiled, graph, tracer, weights  # unmap the slot before it is reused
                 if rec is not None:
-                    rec.span("cpu", f"compute {plan.labels[i]}", t0, time.perf_counter(), "compute")
+                    rec.span(
+                        self.lane, f"compute {plan.labels[i]}", t0, time.perf_counter(), "compute"
+                    )
                 lease.release()
                 held.remove(lease)
                 with self._lock:
@@ -196,7 +212,8 @@ class StreamingRuntime:
                     fut.add_done_callback(_discard)
             for lease in held:
                 lease.release()
-            self.generations.end(gen)
+            if not nested:
+                self.generations.end(gen)
 
     # ---- loading ------------------------------------------------------------------------------
 
@@ -212,7 +229,7 @@ class StreamingRuntime:
             self.copy(plan.tensors[i], path, self._note_progress)
             if self.recorder is not None:
                 self.recorder.span(
-                    "cpu load", f"load {plan.labels[i]}", t0, time.perf_counter(), "load"
+                    f"{self.lane} load", f"load {plan.labels[i]}", t0, time.perf_counter(), "load"
                 )
             return lease, path
         except BaseException:
