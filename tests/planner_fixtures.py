@@ -61,3 +61,19 @@ def scaled_stats(gguf: Path, total: int, workload: Workload | None = None) -> Mo
     return model_stats(
         model_definition(files), _native.Weights(files.gguf), sizes, workload or Workload()
     )
+
+
+def kv_bytes(gguf: Path, workload: Workload | None = None) -> int:
+    """The KV pool bytes the planner keeps for ``gguf`` under ``workload`` (default: one row,
+    context 256): a device budget holds them on top of the weights it streams."""
+    from poot import _native
+    from poot.checkpoints import resolve_model_files
+    from poot.models import model_definition
+
+    files = resolve_model_files(gguf)
+    sizes = {t.name: t.nbytes for t in files.tensors()}
+    assert files.gguf is not None
+    stats = model_stats(
+        model_definition(files), _native.Weights(files.gguf), sizes, workload or Workload()
+    )
+    return stats.kv_of(0, len(stats.units))

@@ -91,3 +91,19 @@ def test_compile_config_rejects_bad_values(kw: dict[str, float]) -> None:
 
     with pytest.raises(ConfigError):
         CompileConfig(**kw)  # type: ignore[arg-type]
+
+
+def test_each_device_has_its_own_pool() -> None:
+    ledger = CapacityLedger(host=None, device=100, disk=None, devices=("cpu", "wgpu:0"))
+    with ledger.lease(devices={"cpu": 100, "wgpu:0": 60}):
+        # Each device has the whole per-device budget; the other's use does not count.
+        with ledger.lease(device=40, on="wgpu:0"):
+            snap = ledger.snapshot()
+            assert snap["device:cpu"]["used"] == 100 and snap["device:wgpu:0"]["used"] == 100
+            assert snap["device"] == {"budget": 200, "used": 200, "peak": 200}
+        with pytest.raises(CapacityError) as e:
+            ledger.lease(device=1)  # the first device, cpu, is full
+        assert e.value.pool == "device" and "device:cpu" in str(e.value)
+        with pytest.raises(ValueError, match="not in this plan"):
+            ledger.lease(device=1, on="cuda:0")
+    assert all(v["used"] == 0 for v in ledger.snapshot().values())

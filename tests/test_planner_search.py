@@ -180,3 +180,52 @@ def test_explain_names_choice_runner_up_costs_and_drops(gguf: Path) -> None:
     assert "ms" in text and "dropped:" in text
     assert "path: direct" in text
     assert compiled.direct
+
+
+def test_the_kv_pool_counts_against_each_device_budget(gguf: Path) -> None:
+    from planner_fixtures import kv_bytes
+
+    from poot.planner.compiled import standing_bytes
+
+    stats = scaled_stats(gguf, 4 * GB, Workload(rows=8, context=4096))
+    kv = kv_bytes(gguf, Workload(rows=8, context=4096))
+    assert kv == stats.kv_of(0, len(stats.units)) > 0
+    # Weights alone fit 4.5 GB; with the KV pool of 8 x 4096 positions they stream.
+    fits = stats.total_weight_bytes + kv
+    near = cpu(memory=fits - 1)
+    placed = _place(stats, [near])
+    assert placed.chosen.placement.segments[0].streamed
+    placed = _place(stats, [cpu(memory=fits)])
+    assert not placed.chosen.placement.segments[0].streamed
+    held = standing_bytes(stats, placed.chosen.placement)
+    assert held == {"cpu": fits}
+    # A split keeps each segment's layers' KV on its own device.
+    split = Placement((Segment("cpu", 0, 3), Segment("cuda:0", 3, len(stats.units))))
+    held = standing_bytes(stats, split)
+    assert held["cpu"] == stats.bytes_of(0, 3) + stats.kv_of(0, 3)
+    assert held["cuda:0"] - stats.bytes_of(3, len(stats.units)) == stats.kv_of(3, len(stats.units))
+    # A budget the KV alone fills holds nothing.
+    with pytest.raises(PlannerError, match="KV pool"):
+        _place(stats, [cpu(memory=kv)], CompileConfig(disk_budget_bytes=10 * GB))
+
+
+def test_force_placement_pins_a_split_and_is_checked(model4g) -> None:  # type: ignore[no-untyped-def]
+    from poot.errors import ConfigError
+
+    n = len(model4g.units)
+    spec = (("cpu", 0, 3), ("cuda:0", 3, n))
+    placed = _place(model4g, [cpu(), gpu()], CompileConfig(force_placement=spec))
+    assert [(s.device, s.start, s.end) for s in placed.chosen.placement.segments] == list(spec)
+    assert len(placed.candidates) == 1 and placed.chosen.simulated_s is not None
+    with pytest.raises(PlannerError, match="not eligible") as e:
+        _place(model4g, [cpu()], CompileConfig(force_placement=spec))
+    assert "cuda:0" in e.value.reasons
+    with pytest.raises(ConfigError, match=f"must end at unit {n}"):
+        _place(model4g, [cpu()], CompileConfig(force_placement=(("cpu", 0, 3),)))
+    for bad in [
+        (("cpu", 1, n),),
+        (("cpu", 0, 3), ("cuda:0", 4, n)),
+        (("cpu", 0, 3), ("cpu", 3, n)),
+    ]:
+        with pytest.raises(ConfigError, match="force_placement"):
+            CompileConfig(force_placement=bad)

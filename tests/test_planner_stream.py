@@ -3,6 +3,7 @@ budget smaller than the model, through a bounded double buffer; stalls, spill di
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 import poot
 from poot.errors import Cancelled, SpillDirError, Stalled
 from poot.planner import CompileConfig
+from poot.planner.compiled import CompiledModel, standing_bytes
 
 PROMPT = "Once upon a time"
 
@@ -26,17 +28,32 @@ def stories_q8(stories: Path) -> Path:
     return stories / "stories260K-Q8_0.gguf"
 
 
+@functools.cache
+def _kv(gguf: Path) -> int:
+    """The KV pool the device budget holds besides weights (the default workload's)."""
+    from planner_fixtures import kv_bytes
+
+    return kv_bytes(gguf)
+
+
+def _returned(c: CompiledModel) -> bool:
+    """Every forward gave its bytes back: only the standing lease (weights, KV) is held."""
+    snap = c.ledger.snapshot()
+    held = sum(standing_bytes(c.stats, c.placement).values())
+    return snap["device"]["used"] == held and snap["host"]["used"] == snap["disk"]["used"] == 0
+
+
 def test_stories_streams_with_resident_ids(stories_q8: Path, tmp_path: Path) -> None:
     want = _greedy(poot.LLM(stories_q8), 24)
     size = stories_q8.stat().st_size
-    cfg = CompileConfig(device_budget_bytes=size // 2, spill_dir=tmp_path)
+    cfg = CompileConfig(device_budget_bytes=_kv(stories_q8) + size // 2, spill_dir=tmp_path)
     llm = poot.LLM(stories_q8, config=cfg)
     c = llm.compiled
     assert c is not None and c.streams and not c.direct
     assert _greedy(llm, 24) == want
     snap = c.ledger.snapshot()
-    assert 0 < snap["device"]["peak"] <= size // 2
-    assert all(v["used"] == 0 for v in snap.values())
+    assert 0 < snap["device"]["peak"] <= _kv(stories_q8) + size // 2
+    assert snap["device"]["used"] == _kv(stories_q8) and _returned(c)
     assert "streamed through a double buffer" in c.explain()
     spans = c.recorder.last()
     assert {s.kind for s in spans} == {"load", "compute"}
@@ -45,7 +62,7 @@ def test_stories_streams_with_resident_ids(stories_q8: Path, tmp_path: Path) -> 
 
 def test_default_model_streams_with_resident_ids(default_model_path: Path, tmp_path: Path) -> None:
     want = _greedy(poot.LLM(default_model_path), 8)
-    budget = default_model_path.stat().st_size * 7 // 10
+    budget = _kv(default_model_path) + default_model_path.stat().st_size * 7 // 10
     llm = poot.LLM(
         default_model_path, config=CompileConfig(device_budget_bytes=budget, spill_dir=tmp_path)
     )
@@ -60,9 +77,9 @@ def test_resident_plan_takes_the_direct_path(stories_q8: Path) -> None:
     assert _greedy(llm, 8) == _greedy(poot.LLM(stories_q8), 8)
     ledger = llm.compiled.ledger
     assert ledger.leases > 1  # the standing lease, then one per forward
-    # Resident weights hold their bytes; every forward returned its own.
-    assert ledger.snapshot()["device"]["used"] == llm.compiled.stats.total_weight_bytes
-    assert ledger.snapshot()["host"]["used"] == 0
+    # Resident weights and the KV pool hold their bytes; every forward returned its own.
+    want = llm.compiled.stats.total_weight_bytes + _kv(stories_q8)
+    assert ledger.snapshot()["device"]["used"] == want and _returned(llm.compiled)
 
 
 def test_tmpfs_spill_dir_is_refused(stories_q8: Path) -> None:
@@ -74,18 +91,22 @@ def test_tmpfs_spill_dir_is_refused(stories_q8: Path) -> None:
         pytest.skip("no /dev/shm here")
     spill = Path(tempfile.mkdtemp(prefix="poot-spill-test-", dir=shm))
     try:
-        cfg = CompileConfig(device_budget_bytes=120_000, spill_dir=spill)
+        cfg = CompileConfig(device_budget_bytes=_kv(stories_q8) + 120_000, spill_dir=spill)
         with pytest.raises(SpillDirError) as e:
             poot.compile(stories_q8, cfg)
         assert e.value.fs_type == 0x01021994 and str(spill) in str(e.value)
-        ok = CompileConfig(device_budget_bytes=120_000, spill_dir=spill, allow_tmpfs_spill=True)
+        ok = CompileConfig(
+            device_budget_bytes=_kv(stories_q8) + 120_000, spill_dir=spill, allow_tmpfs_spill=True
+        )
         assert poot.compile(stories_q8, ok).streams
     finally:
         shutil.rmtree(spill, ignore_errors=True)
 
 
 def test_a_stalled_load_raises_stalled_naming_the_chunk(stories_q8: Path, tmp_path: Path) -> None:
-    cfg = CompileConfig(device_budget_bytes=120_000, spill_dir=tmp_path, stall_timeout_s=0.3)
+    cfg = CompileConfig(
+        device_budget_bytes=_kv(stories_q8) + 120_000, spill_dir=tmp_path, stall_timeout_s=0.3
+    )
     llm = poot.LLM(stories_q8, config=cfg)
     gate = threading.Event()
     runtime = llm.runner.runtime
@@ -102,13 +123,13 @@ def test_a_stalled_load_raises_stalled_naming_the_chunk(stories_q8: Path, tmp_pa
     assert llm.compiled is not None
     # The stuck loader gives its slot back once its copy ends (here: fails).
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and llm.compiled.ledger.snapshot()["device"]["used"]:
+    while time.monotonic() < deadline and not _returned(llm.compiled):
         time.sleep(0.01)
-    assert all(v["used"] == 0 for v in llm.compiled.ledger.snapshot().values())
+    assert _returned(llm.compiled)
 
 
 def test_cancel_stops_only_its_own_forward(stories_q8: Path, tmp_path: Path) -> None:
-    cfg = CompileConfig(device_budget_bytes=120_000, spill_dir=tmp_path)
+    cfg = CompileConfig(device_budget_bytes=_kv(stories_q8) + 120_000, spill_dir=tmp_path)
     llm = poot.LLM(stories_q8, config=cfg)
     c = llm.compiled
     assert c is not None
@@ -139,7 +160,9 @@ def test_async_engine_over_a_streamed_model(stories_q8: Path, tmp_path: Path) ->
     params = poot.SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     resident = poot.LLM(stories_q8)
     want = [resident.generate([p], params)[0].outputs[0].token_ids for p in prompts]
-    cfg = CompileConfig(device_budget_bytes=stories_q8.stat().st_size // 2, spill_dir=tmp_path)
+    cfg = CompileConfig(
+        device_budget_bytes=_kv(stories_q8) + stories_q8.stat().st_size // 2, spill_dir=tmp_path
+    )
     llm = poot.LLM(stories_q8, config=cfg)
     assert llm.compiled is not None and llm.compiled.streams
     engine = poot.AsyncEngine(llm)
@@ -153,7 +176,7 @@ def test_async_engine_over_a_streamed_model(stories_q8: Path, tmp_path: Path) ->
         return list(got)
 
     assert asyncio.run(main()) == want
-    assert all(v["used"] == 0 for v in llm.compiled.ledger.snapshot().values())
+    assert _returned(llm.compiled)
 
 
 def test_streamed_logprobs_and_logits_match_resident(stories_q8: Path, tmp_path: Path) -> None:
@@ -161,7 +184,9 @@ def test_streamed_logprobs_and_logits_match_resident(stories_q8: Path, tmp_path:
 
     params = poot.SamplingParams(max_tokens=6, temperature=0.0, logprobs=3)
     resident = poot.LLM(stories_q8)
-    cfg = CompileConfig(device_budget_bytes=stories_q8.stat().st_size // 2, spill_dir=tmp_path)
+    cfg = CompileConfig(
+        device_budget_bytes=_kv(stories_q8) + stories_q8.stat().st_size // 2, spill_dir=tmp_path
+    )
     streamed = poot.LLM(stories_q8, config=cfg)
     a = resident.generate([PROMPT], params)[0].outputs[0]
     b = streamed.generate([PROMPT], params)[0].outputs[0]
@@ -173,7 +198,9 @@ def test_streamed_logprobs_and_logits_match_resident(stories_q8: Path, tmp_path:
 def test_streams_from_disk_when_the_host_budget_is_short(stories_q8: Path, tmp_path: Path) -> None:
     size = stories_q8.stat().st_size
     cfg = CompileConfig(
-        device_budget_bytes=size // 2, host_budget_bytes=size * 6 // 10, spill_dir=tmp_path
+        device_budget_bytes=_kv(stories_q8) + size // 2,
+        host_budget_bytes=_kv(stories_q8) + size * 6 // 10,
+        spill_dir=tmp_path,
     )
     llm = poot.LLM(stories_q8, config=cfg)
     assert llm.compiled is not None

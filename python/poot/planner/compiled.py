@@ -37,7 +37,7 @@ from poot.planner.search import Budgets, Candidate, forced, search
 from poot.planner.simulate import SimResult, simulate_step
 from poot.planner.spill import check_spill_dir
 
-__all__ = ["CompileConfig", "CompiledModel", "Placed", "compile", "place"]
+__all__ = ["CompileConfig", "CompiledModel", "Placed", "compile", "place", "standing_bytes"]
 
 TOP_SIMULATED = 3
 _UNLIMITED = 1 << 62
@@ -249,17 +249,26 @@ def compile(  # noqa: A001 - the public name the issue asks for (poot.compile)
         host=config.host_budget_bytes,
         device=config.device_budget_bytes,
         disk=config.disk_budget_bytes,
+        devices=chosen.placement.devices,
     )
-    # Resident weights hold their device bytes for the model's life (one standing lease);
-    # forwards then lease only what they add. The search already fit them in the budget.
-    resident = sum(
-        stats.bytes_of(s.start, s.end) for s in chosen.placement.segments if not s.streamed
-    )
-    ledger.resident = ledger.lease(device=resident)
+    # Resident weights and each device's KV pool hold their device bytes for the model's life
+    # (one standing lease); forwards then lease only what they add. The search already fit
+    # them in each device's budget.
+    ledger.resident = ledger.lease(devices=standing_bytes(stats, chosen.placement))
     return CompiledModel(
         files, definition, weights, config, stats, placed.eligible, host, placed.budgets, chosen,
         placed.runner_up, placed.candidates, placed.dropped, placed.simulation, spill_dir, ledger,
     )  # fmt: skip
+
+
+def standing_bytes(stats: ModelStats, placement: Placement) -> dict[str, int]:
+    """Per device, the bytes a placement holds for the model's life: its resident segments'
+    weights and the KV pool of every segment's layers."""
+    held: dict[str, int] = {}
+    for s in placement.segments:
+        n = stats.kv_of(s.start, s.end) + (0 if s.streamed else stats.bytes_of(s.start, s.end))
+        held[s.device] = held.get(s.device, 0) + n
+    return held
 
 
 @dataclass

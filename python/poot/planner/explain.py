@@ -1,8 +1,9 @@
 """``CompiledModel.explain()``: the plan in words.
 
-It states the chosen placement and its cost (analytic and simulated), the runner-up and its
-cost, the budgets, whether the plan runs on the direct path or streams, and for each device not
-in the plan why it was dropped. Every number printed is one the planner used.
+It states the chosen placement and its cost (analytic and simulated), what it holds on each
+device (resident weights and KV pool), the runner-up and its cost, the budgets, whether the plan
+runs on the direct path or streams, and for each device not in the plan why it was dropped.
+Every number printed is one the planner used.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def versus(p: DeviceProfile, chosen: list[DeviceProfile], stats: ModelStats) -> 
 
 def explain(compiled: CompiledModel) -> str:
     """The explanation text (see the module docs)."""
+    from poot.planner.compiled import standing_bytes
+
     s, w = compiled.stats, compiled.stats.workload
     lines = [
         f"model: {compiled.files.path} ({s.n_layers} layers, {_mib(s.total_weight_bytes)} weights)",
@@ -64,6 +67,11 @@ def explain(compiled: CompiledModel) -> str:
         + f"; host {_mib(compiled.budgets.host)}; disk {_mib(compiled.budgets.disk)}",
         f"chosen: {_line(compiled.chosen, compiled)}",
     ]
+    held = standing_bytes(compiled.stats, compiled.placement)
+    lines.append(
+        "    held per device (resident weights + KV pool): "
+        + ", ".join(f"{k} {_mib(v)}" for k, v in held.items())
+    )
     if compiled.config.force_placement is not None:
         lines.append("    pinned by CompileConfig.force_placement (no search)")
     if compiled.direct:

@@ -3,7 +3,8 @@
 The planner does not guess a model's cost from its hyperparameters: it traces one step of the
 workload's shape (``poot.models``' own definition, the same trace the runtime compiles) and sums,
 per *unit*, the stored bytes of the weights it reads, the matmul FLOPs, the KV bytes attention
-reads and the number of equations. Units are ``pre`` (embedding), each layer (weights named
+reads (and keeps: the KV pool of its layer, which stays on the unit's device) and the number of
+equations. Units are ``pre`` (embedding), each layer (weights named
 ``blk.{i}.`` or ``layers.{i}.``) and ``post`` (final norm, output head, sampling step); the
 placement search cuts the model only at unit boundaries.
 
@@ -54,6 +55,9 @@ class UnitStats:
         bytes_by_dtype: the same per stored dtype (matmul weights only).
         matmul_flops: 2 * rows * in * out summed over matmuls, per weight dtype.
         kv_bytes: KV cache bytes attention reads (f32 entries, ``context`` positions).
+        kv_pool_bytes: KV cache bytes the unit's layer keeps on its device for the workload
+            (``rows`` sequences of ``context`` positions, K and V, f32 entries: the widest any
+            runtime stores).
         attn_flops: attention FLOPs.
         equations: graph equations in the unit (each pays a dispatch).
         matmuls: matmuls over stored weights (each pays a fixed cost too).
@@ -65,6 +69,7 @@ class UnitStats:
     bytes_by_dtype: dict[str, int] = field(default_factory=dict)
     matmul_flops: dict[str, int] = field(default_factory=dict)
     kv_bytes: int = 0
+    kv_pool_bytes: int = 0
     attn_flops: int = 0
     equations: int = 0
     matmuls: int = 0
@@ -83,6 +88,10 @@ class ModelStats:
     @property
     def n_layers(self) -> int:
         return len(self.units) - 2
+
+    def kv_of(self, start: int, end: int) -> int:
+        """KV pool bytes units [start, end) keep on their device."""
+        return sum(u.kv_pool_bytes for u in self.units[start:end])
 
     def bytes_of(self, start: int, end: int) -> int:
         """Stored bytes of the distinct weights units [start, end) read."""
@@ -136,6 +145,7 @@ def model_stats(
             hd, nkv, nh = int(attrs["head_dim"]), int(attrs["n_kv_heads"]), int(attrs["n_heads"])
             rows = int(out_shape[0])
             u.kv_bytes += 2 * rows * workload.context * nkv * hd * 4
+            u.kv_pool_bytes += 2 * workload.rows * workload.context * nkv * hd * 4
             u.attn_flops += 4 * rows * workload.context * nh * hd
     act = workload.rows * definition.hparams.hidden_size * 4
     total = sum(sizes.get(n, 0) for n in set().union(*(u.weights for u in units)))

@@ -1,21 +1,23 @@
 """CapacityLedger: the bytes one compiled model's forwards may hold at once.
 
-Three pools (host, device, disk), each with a budget. A forward ``lease``s the incremental bytes
+Pools: host, disk and one per device of the plan (``"device:cpu"``, ``"device:wgpu:0"``), each
+with a budget (every device gets the per-device budget). A forward ``lease``s the incremental bytes
 it needs (activations, a streaming buffer slot, a spill file) and returns them when done (the
 lease is a context manager). A lease that does not fit *now* waits, bounded by ``wait_s``, for
 other forwards to return bytes, then raises ``CapacityError``; one that could never fit (more
 than the budget) raises at once, and a pool whose budget is zero refuses every non-zero request
 at once: a zero budget fails closed, it never means "unlimited" (that is ``None``).
 
-A compiled model's resident weights hold one standing device lease (``resident``) for its
-life, so what forwards lease on top is checked against what is left.
+A compiled model's resident weights and each device's KV pool hold one standing lease
+(``resident``) for its life, so what forwards lease on top is checked against what is left.
+``snapshot()["device"]`` sums the device pools (budget, used, peak of the sum).
 
 Cancellation is generation-scoped (``Generations``): each forward gets its own generation
 number; ``cancel(g)`` marks only ``g`` and ``end(g)`` forgets only ``g``, so one forward finishing
 never clears another's cancel.
 
-Invariants: ``used[pool] <= budget[pool]`` always; every byte leased is returned exactly once
-(double release is a no-op); leases are all-or-nothing across pools.
+Invariants: ``used[pool] <= budget[pool]`` always, per device; every byte leased is returned
+exactly once (double release is a no-op); leases are all-or-nothing across pools.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -30,6 +33,7 @@ from poot.errors import Cancelled, CapacityError
 
 __all__ = ["POOLS", "CapacityLedger", "Generations", "Lease"]
 
+# The kinds of pool (``CapacityError.pool``); each device of a plan has its own device pool.
 POOLS = ("host", "device", "disk")
 
 
@@ -59,18 +63,36 @@ class Lease:
 
 
 class CapacityLedger:
-    """Budgets per pool (bytes; None = unlimited) and the bytes leased now."""
+    """Budgets per pool (bytes; None = unlimited) and the bytes leased now.
 
-    def __init__(self, *, host: int | None, device: int | None, disk: int | None) -> None:
-        self.budget: dict[str, int | None] = {"host": host, "device": device, "disk": disk}
-        self.used = dict.fromkeys(POOLS, 0)
-        self.peak = dict.fromkeys(POOLS, 0)
+    Args:
+        host, disk: the host and spill budgets.
+        device: the budget of each device in ``devices``.
+        devices: the plan's device keys; a lease's ``device`` bytes go to the first unless it
+            names another (``on``).
+    """
+
+    def __init__(
+        self,
+        *,
+        host: int | None,
+        device: int | None,
+        disk: int | None,
+        devices: Sequence[str] = ("cpu",),
+    ) -> None:
+        self.devices = tuple(devices) or ("cpu",)
+        self.budget: dict[str, int | None] = {"host": host, "disk": disk}
+        self.budget.update({_pool(d): device for d in self.devices})
+        self.used = dict.fromkeys(self.budget, 0)
+        self.peak = dict.fromkeys(self.budget, 0)
+        self.device_peak = 0
         self.leases = 0
-        self.resident: Lease | None = None  # the model's standing lease (resident weights)
+        self.resident: Lease | None = None  # the model's standing lease (weights and KV)
         self._cond = threading.Condition()
 
     def _check(self, pool: str, n: int) -> None:
         limit = self.budget[pool]
+        kind = pool.split(":")[0]
         if n < 0:
             raise ValueError(f"a lease of {n} B of {pool} memory is negative")
         if limit is None or n == 0:
@@ -78,13 +100,13 @@ class CapacityLedger:
         if limit == 0:
             raise CapacityError(
                 f"{pool} budget is 0 B (fails closed): requested {n} B, available 0 B",
-                pool=pool, requested=n, available=0, limit=0,
+                pool=kind, requested=n, available=0, limit=0,
             )  # fmt: skip
         if n > limit:
             raise CapacityError(
                 f"{pool}: requested {n} B exceeds the budget of {limit} B "
                 f"(available {limit - self.used[pool]} B)",
-                pool=pool, requested=n, available=limit - self.used[pool], limit=limit,
+                pool=kind, requested=n, available=limit - self.used[pool], limit=limit,
             )  # fmt: skip
 
     def _fits(self, amounts: dict[str, int]) -> str | None:
@@ -94,13 +116,37 @@ class CapacityLedger:
                 return pool
         return None
 
-    def lease(self, *, host: int = 0, device: int = 0, disk: int = 0, wait_s: float = 0.0) -> Lease:
-        """Takes the bytes, waiting up to ``wait_s`` for them to be free.
+    def lease(
+        self,
+        *,
+        host: int = 0,
+        device: int = 0,
+        disk: int = 0,
+        on: str | None = None,
+        devices: Mapping[str, int] | None = None,
+        wait_s: float = 0.0,
+    ) -> Lease:
+        """Takes the bytes (all or nothing), waiting up to ``wait_s`` for them to be free.
+
+        Args:
+            host, disk: bytes of those pools.
+            device: bytes of device ``on`` (default: the plan's first device).
+            devices: more device bytes, per device key.
+            wait_s: how long to wait for bytes others hold.
 
         Raises:
             CapacityError: a zero budget, a request over the budget, or no room in ``wait_s``.
+            ValueError: a device that is not in the plan.
         """
-        amounts = {"host": host, "device": device, "disk": disk}
+        amounts = {"host": host, "disk": disk}
+        per = dict(devices or {})
+        if device:
+            key = on or self.devices[0]
+            per[key] = per.get(key, 0) + device
+        for key, n in per.items():
+            if _pool(key) not in self.budget:
+                raise ValueError(f"device {key!r} is not in this plan ({', '.join(self.devices)})")
+            amounts[_pool(key)] = n
         for pool, n in amounts.items():
             self._check(pool, n)
         deadline = time.monotonic() + wait_s
@@ -112,15 +158,19 @@ class CapacityLedger:
                     raise CapacityError(
                         f"{short}: requested {amounts[short]} B, available "
                         f"{limit - self.used[short]} B of {limit} B after waiting {wait_s:g} s",
-                        pool=short, requested=amounts[short],
+                        pool=short.split(":")[0], requested=amounts[short],
                         available=limit - self.used[short], limit=limit,
                     )  # fmt: skip
                 self._cond.wait(left)
             for pool, n in amounts.items():
                 self.used[pool] += n
                 self.peak[pool] = max(self.peak[pool], self.used[pool])
+            self.device_peak = max(self.device_peak, self._device_used())
             self.leases += 1
         return Lease(self, amounts)
+
+    def _device_used(self) -> int:
+        return sum(n for p, n in self.used.items() if p.startswith("device:"))
 
     def _give_back(self, amounts: dict[str, int]) -> None:
         with self._cond:
@@ -129,12 +179,22 @@ class CapacityLedger:
             self._cond.notify_all()
 
     def snapshot(self) -> dict[str, dict[str, int | None]]:
-        """Budget, used and peak bytes per pool."""
+        """Budget, used and peak bytes per pool, and ``"device"``: the device pools summed."""
         with self._cond:
-            return {
+            snap: dict[str, dict[str, int | None]] = {
                 p: {"budget": self.budget[p], "used": self.used[p], "peak": self.peak[p]}
-                for p in POOLS
+                for p in self.budget
             }
+            budgets = [self.budget[_pool(d)] for d in self.devices]
+            total = None if any(b is None for b in budgets) else sum(b or 0 for b in budgets)
+            snap["device"] = {
+                "budget": total, "used": self._device_used(), "peak": self.device_peak
+            }  # fmt: skip
+            return snap
+
+
+def _pool(device: str) -> str:
+    return f"device:{device}"
 
 
 class Generations:

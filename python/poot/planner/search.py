@@ -2,11 +2,13 @@
 
 Candidates are built from eligible devices only (a profile, allowed by the config) and are
 contiguous: an ordered subset of at most ``MAX_DEVICES`` devices cuts the model's units into as
-many ranges (cut positions coarsened to ``MAX_CUTS`` per model so the count stays small). A range
-is resident when its distinct weights fit the device's budget; otherwise it streams from host
-memory (if the host budget holds the weights) or from disk (if the disk budget holds its double
-buffer), through a double buffer of chunks each at most half the device budget. Each candidate is
-scored by ``cost.step_cost``; ``simulate`` then re-ranks the best ``top``.
+many ranges (cut positions coarsened to ``MAX_CUTS`` per model so the count stays small). A
+range is resident when its distinct weights fit the device's budget; otherwise it streams from
+host memory (if the host budget holds the weights) or from disk (if the disk budget holds its
+double buffer), through a double buffer of chunks each at most half the device budget. The KV
+pool of a range's layers (``ModelStats.kv_of``) stays on its device and comes off its budget
+first. Each candidate is scored by ``cost.step_cost``; ``simulate`` then re-ranks the best
+``top``.
 
 Invariant: every returned candidate covers every unit exactly once, and fits every budget.
 """
@@ -80,14 +82,23 @@ def chunk_units(stats: ModelStats, start: int, end: int, limit: int) -> list[tup
 def _segment(
     stats: ModelStats, dev: str, a: int, b: int, budgets: Budgets, is_host: bool
 ) -> Segment | str:
-    """The cheapest feasible way to hold units [a, b) on ``dev``, or why none is."""
-    need = stats.bytes_of(a, b)
+    """The cheapest feasible way to hold units [a, b) on ``dev``, or why none is.
+
+    The KV pool of the range's layers stays on ``dev`` either way: it counts against the
+    device's budget before any weight does.
+    """
+    weights, kv = stats.bytes_of(a, b), stats.kv_of(a, b)
     budget = budgets.device.get(dev, 0)
-    if need <= budget:
+    if weights + kv <= budget:
         return Segment(dev, a, b, "resident")
-    chunks = chunk_units(stats, a, b, budget // 2)
+    if kv >= budget:
+        return f"{dev}: the KV pool of its layers ({kv} B) fills its {budget} B budget"
+    chunks = chunk_units(stats, a, b, (budget - kv) // 2)
     if not chunks:
-        return f"{dev}: one layer needs more than half of its {budget} B budget (double buffer)"
+        return (
+            f"{dev}: one layer needs more than half of its {budget} B budget less {kv} B of KV "
+            "(double buffer)"
+        )
     biggest = max(stats.bytes_of(x, y) for x, y in chunks)
     source: Residency
     if is_host and budgets.disk < 2 * biggest:
@@ -95,14 +106,16 @@ def _segment(
         return (
             f"{dev}: streaming needs {2 * biggest} B of spill disk, the budget is {budgets.disk} B"
         )
-    if budgets.host >= need:
+    # On the CPU the KV pool is host memory too: what the host budget holds besides it.
+    host_left = budgets.host - (kv if is_host else 0)
+    if host_left >= weights:
         source = "host"
     elif budgets.disk >= 2 * biggest:
         source = "disk"
     else:
         return (
-            f"{dev}: {need} B do not fit its {budget} B budget, the host budget "
-            f"({budgets.host} B) or the disk budget ({budgets.disk} B)"
+            f"{dev}: {weights} B (and {kv} B of KV) do not fit its {budget} B budget, the host "
+            f"budget ({budgets.host} B) or the disk budget ({budgets.disk} B)"
         )
     return Segment(dev, a, b, source, tuple(chunks))
 

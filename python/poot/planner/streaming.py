@@ -94,7 +94,7 @@ class StreamingRuntime:
         recorder: Recorder | None = None,
         activation_bytes: int = 0,
         kv_base: int = 0,
-        lane: str = "cpu",
+        lane: str = "cpu",  # the device key: its ledger pool and its spans' lane
     ) -> None:
         self.inner = inner
         self.name = inner.name
@@ -221,7 +221,9 @@ class StreamingRuntime:
         nbytes = plan.chunk_bytes[i]
         # The slot: device bytes for the buffer, disk bytes for its file. With chunks at most
         # half the budget, chunk i + 2 waits here until chunk i is released.
-        lease = self.ledger.lease(device=nbytes, disk=nbytes, wait_s=self.stall_timeout_s)
+        lease = self.ledger.lease(
+            device=nbytes, disk=nbytes, on=self.lane, wait_s=self.stall_timeout_s
+        )
         try:
             self.generations.check(gen)
             path = self.spill_dir / f"slot{i % 2}-{id(self):x}.gguf"
