@@ -95,17 +95,8 @@ class CompileConfig:
             )
 
         if self.force_placement is not None:
-            segs = tuple(tuple(x) for x in self.force_placement)
-            keys = [x[0] for x in segs]
-            ok = bool(segs) and all(len(x) == 3 for x in segs) and len(set(keys)) == len(keys)
-            ok = ok and segs[0][1] == 0 and all(x[1] < x[2] for x in segs)
-            ok = ok and all(a[2] == b[1] for a, b in zip(segs, segs[1:], strict=False))
-            if not ok:
-                raise ConfigError(
-                    "CompileConfig.force_placement must be (device, start, end) triples in step "
-                    "order, contiguous from unit 0, each device once; got "
-                    f"{self.force_placement!r}"
-                )
+            # Stored as plain tuples (lists are accepted): the config stays hashable.
+            object.__setattr__(self, "force_placement", _placement_spec(self.force_placement))
 
     def workers(self) -> int:
         if self.planner_workers > 0:
@@ -168,6 +159,26 @@ class CompiledModel:
         from poot.planner.visualize import write_timeline
 
         return write_timeline(self, Path(path), measured=measured)
+
+
+def _placement_spec(spec: Any) -> tuple[tuple[str, int, int], ...]:
+    """``spec`` as ``(device, start, end)`` triples, checked: in step order, contiguous from
+    unit 0, each device once (whether it ends at the model's last unit is checked when
+    placing, where the model is known)."""
+    try:
+        segs = tuple((str(d), int(a), int(b)) for d, a, b in spec)
+    except (TypeError, ValueError):
+        segs = ()
+    keys = [x[0] for x in segs]
+    ok = bool(segs) and len(set(keys)) == len(keys) and segs[0][1] == 0
+    ok = ok and all(a < b for _, a, b in segs)
+    ok = ok and all(x[2] == y[1] for x, y in zip(segs, segs[1:], strict=False))
+    if not ok:
+        raise ConfigError(
+            "CompileConfig.force_placement must be (device, start, end) triples in step order, "
+            f"contiguous from unit 0, each device once; got {spec!r}"
+        )
+    return segs
 
 
 def _profiles_from(

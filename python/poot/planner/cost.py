@@ -12,8 +12,12 @@ is the sum over segments of
   each chunk pays the device's ``segment_s`` to start;
 - transfers: activations across each cut (device to device over ``peer_bw``, else through the
   host over both links) plus the step's inputs and token ids when the ends are not the host;
-- contention: a software adapter runs on the CPU's cores (both slow down while both are used),
-  and host memory bandwidth spent streaming to a device is taken from a CPU computing meanwhile.
+- contention: work that overlaps on the same cores or memory. A step runs its segments in
+  order, so a software adapter (lavapipe: the CPU's own cores) and the CPU never compute at
+  once; its measured rates already are what those cores give it. What does overlap is a
+  loader thread staging the next chunk while the CPU or a software adapter computes (it takes
+  a core, ``loaded_compute_s``), and host memory bandwidth spent streaming to a device while
+  the CPU computes.
 
 The model is deliberately simple and explainable; ``simulate`` checks the best few candidates
 with a discrete-event run of the same step.
@@ -120,9 +124,10 @@ def loaded_compute_s(compute: float, load: float, p: DeviceProfile) -> float:
 
 
 def loader_slowdown(p: DeviceProfile) -> float:
-    """How much slower a CPU computes while its own loader thread stages the next chunk: the
-    loader takes one of its cores (1 when the core count is unknown or not the CPU)."""
-    return p.cores / (p.cores - 1) if p.is_host and p.cores > 1 else 1.0
+    """How much slower a device computes while a loader thread stages the next chunk on the
+    host: the loader takes one of its cores. That is the CPU, and a software adapter, whose
+    cores are the CPU's (1 for other devices or an unknown core count)."""
+    return p.cores / (p.cores - 1) if (p.is_host or p.software) and p.cores > 1 else 1.0
 
 
 def _cut_s(stats: ModelStats, a: DeviceProfile, b: DeviceProfile) -> float:
@@ -142,10 +147,7 @@ def step_cost(
     """The analytic cost of one step of ``placement`` (see the module docs)."""
     c = Cost()
     used = [profiles[k] for k in placement.devices]
-    software = any(p.software for p in used)
     cpu_used = any(p.is_host for p in used)
-    # Both the CPU and a software adapter spin the same cores: each gets about half.
-    slow = 2.0 if software and cpu_used else 1.0
     host_stream_bytes = 0
     cpu_compute = 0.0
     for s in placement.segments:
@@ -154,10 +156,9 @@ def step_cost(
         for u in stats.units[s.start : s.end]:
             a, b = unit_compute_s(u, p)
             mm, other = mm + a, other + b
-        compute = (mm + other) * (slow if (p.software or p.is_host) else 1.0)
+        compute = mm + other
         c.compute_s += mm
         c.memory_s += other
-        c.contention_s += compute - (mm + other)
         seg = compute
         if s.streamed:
             nbytes = stats.bytes_of(s.start, s.end)

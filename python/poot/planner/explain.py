@@ -50,7 +50,7 @@ def versus(p: DeviceProfile, chosen: list[DeviceProfile], stats: ModelStats) -> 
         )
     text = f"{tag}: " + "; ".join(parts)
     if p.software:
-        text += "; a software adapter, it computes on the CPU's own cores (contention)"
+        text += "; a software adapter: it computes on the CPU's own cores, more slowly"
     return text
 
 

@@ -209,11 +209,8 @@ def attach(llm: LLM, config: CompileConfig) -> CompiledModel:
         recorder=compiled.recorder, activation_bytes=act, stall_timeout_s=config.stall_timeout_s,
     )  # fmt: skip
     llm.runner = SplitStepRunner(
-        llm.definition,
-        llm.weights,
-        split,
-        **common,  # type: ignore[arg-type]
-    )
+        llm.definition, llm.weights, split, **common,  # type: ignore[arg-type]
+    )  # fmt: skip
     return compiled
 
 

@@ -102,13 +102,11 @@ def simulate_step(
 ) -> SimResult:
     """Simulates one step of ``placement`` (see the module docs)."""
     tasks: list[Task] = []
-    used = [profiles[k] for k in placement.devices]
-    slow = 2.0 if any(p.software for p in used) and any(p.is_host for p in used) else 1.0
     last_compute: int | None = None
     prev_dev: str | None = None
     for seg in placement.segments:
         p = profiles[seg.device]
-        factor = slow if (p.software or p.is_host) else 1.0
+        factor = 1.0
         if prev_dev is not None and prev_dev != seg.device:
             q = profiles[prev_dev]
             act = stats.activation_bytes
@@ -128,8 +126,9 @@ def simulate_step(
         chunks = list(seg.chunks) if seg.streamed else [(seg.start, seg.end)]
         chunk_done: list[int] = []
         bw = load_bw(p, host, seg.residency)
-        if seg.streamed and p.is_host:
-            # The CPU's own loader takes a core while it stages (``cost.loaded_compute_s``).
+        if seg.streamed and (p.is_host or p.software):
+            # A loader on the host takes one of the cores this device computes on while it
+            # stages (``cost.loaded_compute_s``).
             base = sum(sum(unit_compute_s(u, p)) for u in stats.units[seg.start : seg.end])
             load = stats.bytes_of(seg.start, seg.end) / bw
             factor *= loaded_compute_s(base, load, p) / base if base > 0 else 1.0
