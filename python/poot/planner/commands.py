@@ -104,6 +104,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
                 "matmul_us": round(p.matmul_s * 1e6, 3),
                 "segment_us": round(p.segment_s * 1e6, 3),
                 "stage_gbps": round(p.stage_bw / 1e9, 2),
+                "stage_us": round(p.stage_s * 1e6, 3),
+                "overlap_slowdown": p.overlap_slowdown
+                and [round(x, 2) for x in p.overlap_slowdown],
                 "link_gbps": round(p.link_bw / 1e9, 3),
                 "link_latency_us": round(p.link_latency_s * 1e6, 3),
             }

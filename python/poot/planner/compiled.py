@@ -51,7 +51,8 @@ class CompileConfig:
         allow_gpu: consider GPUs (wgpu, CUDA) at all.
         allow_mixed_vendor: allow GPUs of different vendors in one plan.
         planner_workers: threads simulating candidates (0 = automatic: up to 4, by cores).
-        device_budget_bytes: bytes of weights and buffers per device (None: its memory; 0 fails).
+        device_budget_bytes: bytes of weights, buffers and the KV pool of its layers, per
+            device (None: its memory; 0 fails).
         host_budget_bytes: host bytes for weights streamed from RAM and activations (None: RAM).
         disk_budget_bytes: spill bytes (None: the spill disk's free space; 0: no spilling).
         spill_dir: where streamed weights' buffer files go (None: ``<cache>/spill``).

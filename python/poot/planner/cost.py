@@ -9,7 +9,7 @@ is the sum over segments of
   ``read_bw``, and ``dispatch_s`` per equation;
 - streaming: a streamed range is loaded through a double buffer, so loading overlaps compute:
   ``max(compute, load) + load / chunks`` (the first chunk is loaded before anything runs), and
-  each chunk pays the device's ``segment_s`` to start;
+  each chunk pays the device's ``segment_s`` to start and ``stage_s`` to stage;
 - transfers: activations across each cut (device to device over ``peer_bw``, else through the
   host over both links) plus the step's inputs and token ids when the ends are not the host;
 - contention: work that overlaps on the same cores or memory. A step runs its segments in
@@ -114,20 +114,25 @@ def load_bw(p: DeviceProfile, host: HostProfile, residency: Residency) -> float:
     return src if p.link_bw <= 0 else min(src, p.link_bw)
 
 
-def loaded_compute_s(compute: float, load: float, p: DeviceProfile) -> float:
+def loaded_compute_s(compute: float, load: float, p: DeviceProfile, staging: bool = False) -> float:
     """Seconds work of ``compute`` seconds takes while ``load`` seconds of other work run beside
-    it on the same cores: slowed by ``loader_slowdown`` while both run, full speed after (used
-    both ways: compute beside the loader, and the loader beside compute)."""
-    k = loader_slowdown(p)
+    it on the same cores: slowed by ``loader_slowdown`` while both run, full speed after. Used
+    both ways: compute beside the loader, and (``staging``) the loader beside compute."""
+    k = loader_slowdown(p, staging)
     overlap = min(compute * k, load)
     return overlap + (compute - overlap / k)
 
 
-def loader_slowdown(p: DeviceProfile) -> float:
+def loader_slowdown(p: DeviceProfile, staging: bool = False) -> float:
     """How much slower a device computes while a loader thread stages the next chunk on the
-    host: the loader takes one of its cores. That is the CPU, and a software adapter, whose
-    cores are the CPU's (1 for other devices or an unknown core count)."""
-    return p.cores / (p.cores - 1) if (p.is_host or p.software) and p.cores > 1 else 1.0
+    host (``staging``: how much slower the loader stages meanwhile). The measured
+    ``overlap_slowdown`` where there is one; else the loader takes one of ``cores``. Only the
+    CPU and a software adapter (whose cores are the CPU's) share cores with the loader."""
+    if not (p.is_host or p.software):
+        return 1.0
+    if p.overlap_slowdown is not None:
+        return max(1.0, p.overlap_slowdown[1 if staging else 0])
+    return p.cores / (p.cores - 1) if p.cores > 1 else 1.0
 
 
 def _cut_s(stats: ModelStats, a: DeviceProfile, b: DeviceProfile) -> float:
@@ -162,8 +167,8 @@ def step_cost(
         seg = compute
         if s.streamed:
             nbytes = stats.bytes_of(s.start, s.end)
-            load = nbytes / load_bw(p, host, s.residency)
             n = max(1, len(s.chunks))
+            load = nbytes / load_bw(p, host, s.residency) + n * p.stage_s
             # Each chunk is started (opened, compiled) and its fresh buffer first touched.
             start = n * p.segment_s + (nbytes / p.fresh_map_bw if p.fresh_map_bw > 0 else 0.0)
             compute += start
@@ -171,7 +176,7 @@ def step_cost(
             # The CPU's loader and its compute threads share the cores both ways.
             shared, load_shared = (
                 loaded_compute_s(compute, load, p),
-                loaded_compute_s(load, compute, p),
+                loaded_compute_s(load, compute, p, staging=True),
             )
             c.contention_s += shared - compute
             compute, load = shared, load_shared

@@ -49,10 +49,17 @@ class DeviceProfile:
         matmul_s: fixed cost per matmul on top (splitting rows over threads and joining).
         segment_s: fixed cost to start one streamed chunk (on the CPU: open its buffer, trace
             and compile the chunk's graph).
+        stage_s: fixed cost to stage one streamed chunk on top of its bytes (the CPU: create
+            the buffer file, write its header, close it); 0 = not measured.
         stage_bw: bytes/s of staging a streamed chunk into its buffer (the CPU: writing the
             buffer file); 0 = not measured.
         fresh_map_bw: bytes/s of the extra first-touch cost (page faults) of computing over a
             freshly staged buffer; 0 = none.
+        overlap_slowdown: (compute, staging): how much slower the device computes while a
+            loader stages a chunk beside it, and how much slower staging runs meanwhile
+            (measured together: on a CPU with few cores the loader steals a core from a thread
+            pool whose every matmul waits for its slowest thread, far worse than
+            ``cores / (cores - 1)``); None = not measured (that ratio is assumed both ways).
         cores: cores the device computes with (the CPU: a loader thread takes one of them).
         copy_bw: host memory copy bytes/s measured on this device (the CPU; 0 elsewhere).
         link_bw: host<->device bytes/s (0 for the CPU: it reads host memory directly).
@@ -75,8 +82,10 @@ class DeviceProfile:
     dispatch_s: float = 2e-6
     matmul_s: float = 0.0
     segment_s: float = 0.0
+    stage_s: float = 0.0
     stage_bw: float = 0.0
     fresh_map_bw: float = 0.0
+    overlap_slowdown: tuple[float, float] | None = None
     cores: int = 0
     copy_bw: float = 0.0
     link_bw: float = 0.0
@@ -109,7 +118,10 @@ class DeviceProfile:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> DeviceProfile:
-        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+        kw = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        if kw.get("overlap_slowdown") is not None:
+            kw["overlap_slowdown"] = tuple(kw["overlap_slowdown"])
+        return cls(**kw)
 
 
 def _fallback(table: dict[str, float], default: float) -> float:

@@ -126,21 +126,23 @@ def simulate_step(
         chunks = list(seg.chunks) if seg.streamed else [(seg.start, seg.end)]
         chunk_done: list[int] = []
         bw = load_bw(p, host, seg.residency)
+        stage_s = p.stage_s
         if seg.streamed and (p.is_host or p.software):
             # A loader on the host takes one of the cores this device computes on while it
             # stages (``cost.loaded_compute_s``).
             base = sum(sum(unit_compute_s(u, p)) for u in stats.units[seg.start : seg.end])
-            load = stats.bytes_of(seg.start, seg.end) / bw
+            load = stats.bytes_of(seg.start, seg.end) / bw + len(chunks) * stage_s
             factor *= loaded_compute_s(base, load, p) / base if base > 0 else 1.0
             if load > 0:
-                bw *= load / loaded_compute_s(load, base, p)
+                slowed = load / loaded_compute_s(load, base, p, staging=True)
+                bw, stage_s = bw * slowed, stage_s / slowed
         for ci, (a, b) in enumerate(chunks):
             deps = []
             if seg.streamed:
                 ldeps = [chunk_done[ci - 2]] if ci >= 2 else []
                 res = "disk" if seg.residency == "disk" else f"{seg.device} load"
-                tasks.append(Task(f"load {_span(stats, a, b)}", res, stats.bytes_of(a, b) / bw,
-                                  ldeps, "load"))  # fmt: skip
+                dur = stats.bytes_of(a, b) / bw + stage_s
+                tasks.append(Task(f"load {_span(stats, a, b)}", res, dur, ldeps, "load"))
                 deps.append(len(tasks) - 1)
             if seg.streamed and (p.segment_s > 0 or p.fresh_map_bw > 0):
                 d = list(deps) + ([] if last_compute is None else [last_compute])

@@ -231,6 +231,60 @@ def _time_staging(source: Path, folder: Path) -> float:
     return n / best
 
 
+def _time_stage_fixed(source: Path, folder: Path) -> float:
+    """Best seconds of staging a buffer file of one small tensor (8.5 KiB), the per-chunk
+    fixed cost (create, header, close) that a small layer's chunk pays on top of its bytes."""
+    tensor = next(t for t in _native.GgufFile(source).tensors() if t.name == "small.Q8_0")
+    dest = folder / "stage-small.gguf"
+    best = float("inf")
+    for _ in range(20):
+        t0 = time.perf_counter()
+        write_gguf_subset([tensor], dest)
+        best = min(best, time.perf_counter() - t0)
+        dest.unlink()
+    return best
+
+
+def _time_overlap(
+    source: Path, folder: Path, rt: _native.CpuRuntime, w: _native.Weights, alone: float
+) -> tuple[float, float]:
+    """(compute, staging) slowdowns while both run at once, as a streamed step overlaps them:
+    a loader thread stages the big weights over and over while the runtime runs the one-row
+    Q8_0 matmul (``alone`` seconds by itself); each side's median time beside the other over
+    its best time alone."""
+    import threading
+
+    tensors = [t for t in _native.GgufFile(source).tensors() if t.name.startswith("big.")]
+    dest = folder / "stage-overlap.gguf"
+    stage_alone = float("inf")
+    for _ in range(2):
+        t0 = time.perf_counter()
+        write_gguf_subset(tensors, dest)
+        stage_alone = min(stage_alone, time.perf_counter() - t0)
+    stop = threading.Event()
+    staged: list[float] = []
+
+    def loader() -> None:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            write_gguf_subset(tensors, dest)
+            staged.append(time.perf_counter() - t0)
+
+    thread = threading.Thread(target=loader, name="poot-validate-loader")
+    thread.start()
+    try:
+        computed = [_time_matmul(rt, w, "big.Q8_0", 1, 0)[0] for _ in range(9)]
+        while len(staged) < 3 and thread.is_alive():
+            _time_matmul(rt, w, "big.Q8_0", 1, 0)  # keep computing beside the loader
+    finally:
+        stop.set()
+        thread.join()
+    dest.unlink(missing_ok=True)
+    # Medians, not bests: the cost is a thread now and then descheduled for a whole time slice
+    # while every other thread of the pool waits for it, which a best-of hides.
+    return float(np.median(computed)) / alone, float(np.median(staged)) / stage_alone
+
+
 def _time_fresh_map(
     source: Path, folder: Path, threads: int | None, gemv: dict[str, float]
 ) -> float:
@@ -344,13 +398,18 @@ def benchmark_cpu(
             run_s = min(run_s, time.perf_counter() - t0)
         segment = _time_segment_start(Path(tmp), rng)
         stage = _time_staging(Path(tmp) / "bench-big.gguf", Path(tmp))
+        stage_s = _time_stage_fixed(Path(tmp) / "bench-big.gguf", Path(tmp))
+        rt = _native.CpuRuntime(threads, "ggml")
+        alone, _, _ = _time_matmul(rt, w, "big.Q8_0", 1, 3)
+        overlap = _time_overlap(Path(tmp) / "bench-big.gguf", Path(tmp), rt, w, alone)
         fresh = _time_fresh_map(Path(tmp) / "bench-big.gguf", Path(tmp), threads, gemv)
     matmul_s = max(0.0, float(np.median(fixed)) - run_s)
     return DeviceProfile(
         key=info.key, kind="cpu", name=info.name, vendor="cpu", driver=info.driver,
         memory_bytes=info.memory_bytes, read_bw=buf.nbytes / read, gemv_bw=gemv,
         gemm_flops=gemm, dispatch_s=dispatch, matmul_s=matmul_s, link_bw=0.0,
-        segment_s=segment, stage_bw=stage, cores=info.cores, fresh_map_bw=fresh,
+        segment_s=segment, stage_s=stage_s, stage_bw=stage, overlap_slowdown=overlap,
+        cores=info.cores, fresh_map_bw=fresh,
         copy_bw=buf.nbytes / copy, source="measured", poot_version=_native.__version__,
     )  # fmt: skip
 

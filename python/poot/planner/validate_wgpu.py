@@ -18,8 +18,10 @@ one validated, and any other wgpu adapter is reported skipped, naming which one 
    - host<->device transfer: a run of ``add(x, x)`` over a few MiB ``x`` (upload, the add, read
      back) less a tiny run's time, as 2 bytes moved per input byte over the seconds: it
      includes the add's own pass, so the link rate is, if anything, underestimated;
-     ``link_latency_s`` is a tiny run's time (submit, wait, read back);
-   - the per-equation dispatch cost (a chain of tiny adds) and the per-matmul fixed cost.
+     ``link_latency_s``, charged per transfer, is half a tiny run's time (submit, wait, read
+     back) less its one dispatch;
+   - the per-equation dispatch cost (a chain of tiny adds) and the per-matmul fixed cost (16
+     small matmuls in one run, less the run's cost, their dispatches and weight bytes).
 3. The profile is returned only when every check passed (``validate.validate_all`` stores it).
 
 A software adapter (lavapipe) runs on the CPU's cores: its profile says ``software`` and counts
@@ -153,13 +155,32 @@ def _chain(t: _native.Tracer, v: _native.Value, n: int) -> _native.Value:
     return v
 
 
+def _matmul_fixed(
+    rt: _native.WgpuRuntime, w: _native.Weights, dispatch: float, run_s: float, read_s: float
+) -> float:
+    """Seconds a matmul costs beyond its dispatch and its weight bytes: a graph of 16 one-row
+    matmuls over the same small F32 weight, summed by 15 adds, less the run's own cost, the
+    31 dispatches and 16 weight reads (``read_s`` each), per matmul. Many matmuls in one run
+    average out the noise of a difference of two short timings."""
+    n = 16
+
+    def body(t: _native.Tracer, v: _native.Value) -> _native.Value:
+        weight = t.weight("small.F32")
+        acc = t.matmul(v, weight)
+        for _ in range(n - 1):
+            acc = t.add(acc, t.matmul(v, weight))
+        return acc
+
+    _, total = _run_graph(rt, w, 1, 256, body, np.ones((1, 256), np.float32), 5)
+    return max(0.0, (total - run_s - (2 * n - 1) * dispatch) / n - read_s)
+
+
 def benchmark_wgpu(info: DeviceInfo, *, quick: bool = False) -> DeviceProfile:
     """Measures the adapter's profile (see the module docs); ``quick`` halves the buffers."""
     rng = np.random.default_rng(0)
     size = (4 if quick else 8) << 20
     gemv: dict[str, float] = {}
     gemm: dict[str, float] = {}
-    fixed: list[float] = []
     runtimes = {n: _open(n) for n in ("exact", "ggml")}
     with tempfile.TemporaryDirectory(prefix="poot-validate-wgpu-") as tmp:
         w = _tiled_weights(Path(tmp), 1024, size, rng)
@@ -167,7 +188,6 @@ def benchmark_wgpu(info: DeviceInfo, *, quick: bool = False) -> DeviceProfile:
         for dt in _BOUNDS:
             rt = runtimes[_numerics(dt)]
             small, _, _ = _time_matmul(rt, w, f"small.{dt}", 1, 5)
-            fixed.append(small)
             s1, _, _ = _time_matmul(rt, w, f"big.{dt}", 1, 3)
             gemv[dt] = sizes[f"big.{dt}"] / max(1e-9, s1 - small)
             s64, n, k = _time_matmul(rt, w, f"small.{dt}", 64, 3)
@@ -176,12 +196,16 @@ def benchmark_wgpu(info: DeviceInfo, *, quick: bool = False) -> DeviceProfile:
         tiny = np.ones((1, 256), np.float32)
         _, run_s = _run_graph(rt, w, 1, 256, lambda t, v: t.add(v, v), tiny, 10)
         chain = 64
-        _, chain_s = _run_graph(rt, w, 1, 256, lambda t, v: _chain(t, v, chain), tiny, 5)
+        _, chain_s = _run_graph(rt, w, 1, 256, lambda t, v: _chain(t, v, chain), tiny, 10)
         dispatch = max(0.0, chain_s - run_s) / chain
+        matmul_s = _matmul_fixed(rt, w, dispatch, run_s, sizes["small.F32"] / gemv["F32"])
         rows = size // (4 * 1024)
         big = np.ones((rows, 1024), np.float32)
         _, moved_s = _run_graph(rt, w, rows, 1024, lambda t, v: t.add(v, v), big, 3)
     link_bw = 2 * big.nbytes / max(1e-9, moved_s - run_s)
+    # The cost model charges a latency per transfer (inputs in, outputs out) and a dispatch per
+    # equation: a tiny run is two transfers and one dispatch.
+    latency = max(0.0, run_s - dispatch) / 2
     cores = info.cores or (len(os.sched_getaffinity(0)) if info.software else 0)
     memory = info.memory_bytes
     if not memory and info.software:
@@ -191,8 +215,8 @@ def benchmark_wgpu(info: DeviceInfo, *, quick: bool = False) -> DeviceProfile:
     return DeviceProfile(
         key=info.key, kind="wgpu", name=info.name, vendor=info.vendor, driver=info.driver,
         memory_bytes=memory, read_bw=gemv["F32"], gemv_bw=gemv, gemm_flops=gemm,
-        dispatch_s=dispatch, matmul_s=max(0.0, float(np.median(fixed)) - run_s),
-        cores=cores, link_bw=link_bw, link_latency_s=run_s, software=info.software,
+        dispatch_s=dispatch, matmul_s=matmul_s,
+        cores=cores, link_bw=link_bw, link_latency_s=latency, software=info.software,
         source="measured", poot_version=_native.__version__,
     )  # fmt: skip
 
