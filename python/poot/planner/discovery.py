@@ -186,10 +186,12 @@ def wgpu_adapters() -> tuple[list[DeviceInfo], str]:
             name = str(a.get("name", f"adapter {i}"))
             sw = bool(_SOFTWARE.search(name)) or a.get("device_type") == "Cpu"
             limits = {k: int(v) for k, v in dict(a.get("limits", {})).items()}
+            # A software adapter's memory is host RAM; a GPU's is unknown here (0).
+            memory = _meminfo()[0] if sw else int(limits.get("max_buffer_size", 0))
             found.append(
                 DeviceInfo(f"wgpu:{i}", "wgpu", name, _vendor_of(name, str(a.get("driver", ""))),
-                           str(a.get("driver", "")), int(limits.get("max_buffer_size", 0)),
-                           0, ("software",) if sw else (), limits, sw)
+                           str(a.get("driver", "")), memory, 0, ("software",) if sw else (),
+                           limits, sw)
             )  # fmt: skip
         return found, ""
     text, why = _run(["vulkaninfo", "--summary"])
