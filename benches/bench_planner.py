@@ -41,9 +41,13 @@ def test_decode(benchmark: Any, default_model_path: Path, tmp_path: Path, mode: 
     if mode == "direct":
         config = poot.CompileConfig()
     elif mode == "streamed":
-        # The KV pool of the planned workload, then 70% of the weights: it must stream.
-        stats = poot.compile(str(default_model_path)).stats
-        budget = stats.kv_of(0, len(stats.units)) + default_model_path.stat().st_size * 7 // 10
+        # The LLM's KV pool (f16 entries in ggml numerics), then 70% of the weights: it must
+        # stream.
+        plain = poot.LLM(str(default_model_path))
+        layers, heads, dim = plain.definition.kv_shape
+        entry = 2 if plain.numerics == "ggml" else 4
+        kv = (plain.runner.num_blocks + 1) * plain.block_size * layers * 2 * heads * dim * entry
+        budget = kv + default_model_path.stat().st_size * 7 // 10
         config = poot.CompileConfig(device_budget_bytes=budget, spill_dir=tmp_path)
     llm = poot.LLM(str(default_model_path), threads=THREADS, config=config)
     assert benchmark.pedantic(_decode, (llm,), rounds=3) == 16

@@ -77,3 +77,15 @@ def kv_bytes(gguf: Path, workload: Workload | None = None) -> int:
         model_definition(files), _native.Weights(files.gguf), sizes, workload or Workload()
     )
     return stats.kv_of(0, len(stats.units))
+
+
+def llm_kv_bytes(gguf: Path) -> int:
+    """The KV pool a default ``poot.LLM`` of ``gguf`` keeps on the CPU (its blocks, one more for
+    the null block, f16 entries in ggml numerics): what a compiled LLM's device budget holds
+    besides weights."""
+    import poot
+
+    llm = poot.LLM(gguf)
+    layers, heads, dim = llm.definition.kv_shape
+    entry = 2 if llm.numerics == "ggml" else 4
+    return (llm.runner.num_blocks + 1) * llm.block_size * layers * 2 * heads * dim * entry

@@ -30,10 +30,10 @@ def stories_q8(stories: Path) -> Path:
 
 @functools.cache
 def _kv(gguf: Path) -> int:
-    """The KV pool the device budget holds besides weights (the default workload's)."""
-    from planner_fixtures import kv_bytes
+    """The KV pool the device budget holds besides weights (the LLM's own)."""
+    from planner_fixtures import llm_kv_bytes
 
-    return kv_bytes(gguf)
+    return llm_kv_bytes(gguf)
 
 
 def _returned(c: CompiledModel) -> bool:
@@ -89,14 +89,18 @@ def test_tmpfs_spill_dir_is_refused(stories_q8: Path) -> None:
     shm = Path("/dev/shm")
     if not shm.is_dir():
         pytest.skip("no /dev/shm here")
+    from planner_fixtures import kv_bytes
+
     spill = Path(tempfile.mkdtemp(prefix="poot-spill-test-", dir=shm))
+    # poot.compile alone plans the workload's KV pool (an LLM passes its own, bigger one).
+    kv = kv_bytes(stories_q8)
     try:
-        cfg = CompileConfig(device_budget_bytes=_kv(stories_q8) + 120_000, spill_dir=spill)
+        cfg = CompileConfig(device_budget_bytes=kv + 120_000, spill_dir=spill)
         with pytest.raises(SpillDirError) as e:
             poot.compile(stories_q8, cfg)
         assert e.value.fs_type == 0x01021994 and str(spill) in str(e.value)
         ok = CompileConfig(
-            device_budget_bytes=_kv(stories_q8) + 120_000, spill_dir=spill, allow_tmpfs_spill=True
+            device_budget_bytes=kv + 120_000, spill_dir=spill, allow_tmpfs_spill=True
         )
         assert poot.compile(stories_q8, ok).streams
     finally:

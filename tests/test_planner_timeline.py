@@ -18,9 +18,9 @@ from poot.planner import CompileConfig
 def streamed(stories: Path, tmp_path_factory: pytest.TempPathFactory) -> poot.LLM:
     gguf = stories / "stories260K-Q8_0.gguf"
     spill = tmp_path_factory.mktemp("spill")
-    from planner_fixtures import kv_bytes
+    from planner_fixtures import llm_kv_bytes
 
-    budget = kv_bytes(gguf) + gguf.stat().st_size // 2  # the KV pool, then half the weights
+    budget = llm_kv_bytes(gguf) + gguf.stat().st_size // 2  # the KV pool, then half the weights
     llm = poot.LLM(gguf, config=CompileConfig(device_budget_bytes=budget, spill_dir=spill))
     llm.generate(["Once"], poot.SamplingParams(max_tokens=3, temperature=0.0))
     return llm

@@ -133,6 +133,8 @@ def test_the_planner_drops_lavapipe_for_the_cpu_with_measured_numbers(
 def test_a_split_plan_runs_with_the_cpu_greedy_ids(
     cache: Path, f32: Path, tmp_path: Path, spec: tuple[tuple[str, int, int], ...]
 ) -> None:
+    from planner_fixtures import llm_kv_bytes
+
     from poot.planner.runners import SplitStepRunner
 
     want = _greedy(poot.LLM(f32), 32)
@@ -145,6 +147,15 @@ def test_a_split_plan_runs_with_the_cpu_greedy_ids(
     # Each device holds the KV of its own layers only (stories260K: 5 layers).
     assert [p.layers for p in parts] == [(0, spec[0][2] - 1), (spec[0][2] - 1, 6 - spec[0][2])]
     assert _greedy(llm, 32) == want
+    # Each device's ledger pool holds its segment's weights and the KV of its layers; the two
+    # KV shares make up the LLM's pool (f32 entries on both in exact numerics).
+    c = llm.compiled
+    snap = c.ledger.snapshot()
+    kv = {s.device: c.stats.kv_of(s.start, s.end, s.device) for s in c.placement.segments}
+    for s in c.placement.segments:
+        want_held = c.stats.bytes_of(s.start, s.end) + kv[s.device]
+        assert snap[f"device:{s.device}"]["used"] == want_held
+    assert sum(kv.values()) == llm_kv_bytes(f32) and all(kv.values())
     lanes = {s.lane for s in llm.compiled.recorder.last()}
     assert lanes == {"cpu", "wgpu:0"}
     page = llm.compiled.visualize(tmp_path / "split.html", measured=True).read_text()
@@ -172,11 +183,11 @@ def test_the_whole_model_on_the_adapter_takes_the_direct_path(cache: Path, f32: 
 
 
 def test_streaming_to_the_adapter_is_refused(cache: Path, f32: Path) -> None:
-    from planner_fixtures import kv_bytes
+    from planner_fixtures import llm_kv_bytes
 
     from poot.errors import BackendNotCompiledError
 
-    budget = kv_bytes(f32) + f32.stat().st_size // 2  # the KV pool, then half the weights
+    budget = llm_kv_bytes(f32) + f32.stat().st_size // 2  # the KV pool, then half the weights
     cfg = CompileConfig(force_placement=(("wgpu:0", 0, 7),), device_budget_bytes=budget)
     with pytest.raises(BackendNotCompiledError, match="streams weights to wgpu:0") as e:
         poot.LLM(f32, config=cfg)

@@ -210,6 +210,7 @@ def compile(  # noqa: A001 - the public name the issue asks for (poot.compile)
     definition: Any = None,
     weights: _native.Weights | None = None,
     settings: Settings | None = None,
+    kv_pool: tuple[int, dict[str, int]] | None = None,
 ) -> CompiledModel:
     """Places ``model_spec`` under ``config``; see the module docs.
 
@@ -220,6 +221,9 @@ def compile(  # noqa: A001 - the public name the issue asks for (poot.compile)
         host: the host side of streaming (default: from discovery / measured copy rates).
         definition, weights: an already-loaded definition and weights (``LLM`` passes its own).
         settings: where stored profiles and the default spill dir live.
+        kv_pool: the KV pool the runtimes will hold, as ``(positions, bytes per entry by
+            device kind)`` (``LLM`` passes its blocks times block size); None: the workload's
+            ``rows * context`` positions in f32.
 
     Raises:
         CapacityError: a zero device budget, or a zero disk budget with only streaming plans.
@@ -235,7 +239,9 @@ def compile(  # noqa: A001 - the public name the issue asks for (poot.compile)
         assert source is not None
         weights = _native.Weights(source)
     sizes = {t.name: t.nbytes for t in files.tensors()}
-    workload = Workload(config.rows, config.context)
+    positions, entries = kv_pool or (0, {})
+    workload = Workload(config.rows, config.context, kv_positions=positions,
+                        kv_entry_bytes=tuple(sorted(entries.items())))  # fmt: skip
     stats = model_stats(definition, weights, sizes, workload)
     if config.device_budget_bytes == 0:
         raise CapacityError(
@@ -278,7 +284,8 @@ def standing_bytes(stats: ModelStats, placement: Placement) -> dict[str, int]:
     weights and the KV pool of every segment's layers."""
     held: dict[str, int] = {}
     for s in placement.segments:
-        n = stats.kv_of(s.start, s.end) + (0 if s.streamed else stats.bytes_of(s.start, s.end))
+        n = stats.kv_of(s.start, s.end, s.device)
+        n += 0 if s.streamed else stats.bytes_of(s.start, s.end)
         held[s.device] = held.get(s.device, 0) + n
     return held
 

@@ -33,11 +33,21 @@ _LAYER = re.compile(r"(?:^|\.)(?:blk|layers|h)\.(\d+)\.")
 
 @dataclass(frozen=True)
 class Workload:
-    """What one step does: ``rows`` tokens (one per sequence when decoding) over ``context``."""
+    """What one step does: ``rows`` tokens (one per sequence when decoding) over ``context``,
+    and the KV pool the runtimes keep.
+
+    Attributes:
+        kv_positions: positions the KV pool holds (an ``LLM``'s blocks times block size); 0:
+            ``rows * context``, the step's own.
+        kv_entry_bytes: per device kind, bytes of one stored K or V value (the CPU in ggml
+            numerics keeps f16: 2); a kind not listed: 4 (f32, the widest any runtime keeps).
+    """
 
     rows: int = 1
     context: int = 256
     block_size: int = 16
+    kv_positions: int = 0
+    kv_entry_bytes: tuple[tuple[str, int], ...] = ()
 
     def shape(self) -> StepShape:
         blocks = max(1, math.ceil(self.context / self.block_size))
@@ -55,9 +65,9 @@ class UnitStats:
         bytes_by_dtype: the same per stored dtype (matmul weights only).
         matmul_flops: 2 * rows * in * out summed over matmuls, per weight dtype.
         kv_bytes: KV cache bytes attention reads (f32 entries, ``context`` positions).
-        kv_pool_bytes: KV cache bytes the unit's layer keeps on its device for the workload
-            (``rows`` sequences of ``context`` positions, K and V, f32 entries: the widest any
-            runtime stores).
+        kv_pool_bytes: KV cache bytes the unit's layer keeps on its device: K and V of the
+            workload's ``kv_positions``, in f32 entries (``ModelStats.kv_of`` scales them to a
+            device's entry size).
         attn_flops: attention FLOPs.
         equations: graph equations in the unit (each pays a dispatch).
         matmuls: matmuls over stored weights (each pays a fixed cost too).
@@ -89,9 +99,11 @@ class ModelStats:
     def n_layers(self) -> int:
         return len(self.units) - 2
 
-    def kv_of(self, start: int, end: int) -> int:
-        """KV pool bytes units [start, end) keep on their device."""
-        return sum(u.kv_pool_bytes for u in self.units[start:end])
+    def kv_of(self, start: int, end: int, device: str = "") -> int:
+        """KV pool bytes units [start, end) keep on ``device`` (a key such as ``"wgpu:0"``: its
+        kind sets the entry size)."""
+        entry = dict(self.workload.kv_entry_bytes).get(device.split(":")[0], 4)
+        return sum(u.kv_pool_bytes for u in self.units[start:end]) * entry // 4
 
     def bytes_of(self, start: int, end: int) -> int:
         """Stored bytes of the distinct weights units [start, end) read."""
@@ -145,7 +157,8 @@ def model_stats(
             hd, nkv, nh = int(attrs["head_dim"]), int(attrs["n_kv_heads"]), int(attrs["n_heads"])
             rows = int(out_shape[0])
             u.kv_bytes += 2 * rows * workload.context * nkv * hd * 4
-            u.kv_pool_bytes += 2 * workload.rows * workload.context * nkv * hd * 4
+            positions = workload.kv_positions or workload.rows * workload.context
+            u.kv_pool_bytes += 2 * positions * nkv * hd * 4
             u.attn_flops += 4 * rows * workload.context * nh * hd
     act = workload.rows * definition.hparams.hidden_size * 4
     total = sum(sizes.get(n, 0) for n in set().union(*(u.weights for u in units)))

@@ -161,9 +161,16 @@ def attach(llm: LLM, config: CompileConfig) -> CompiledModel:
     """Compiles ``llm``'s model under ``config`` and rewires ``llm.runner`` to run the plan:
     the direct path (one resident segment, on whichever device), streaming (one CPU segment)
     or a split over devices (``split``)."""
-    compiled = compile(llm.files, config, definition=llm.definition, weights=llm.weights)
-    _check_runnable(compiled)
     old = llm.runner
+    # The KV pool every device holds (for its own layers) is the LLM's: its blocks, f16 entries
+    # on a CPU in ggml numerics, f32 elsewhere.
+    positions = (old.num_blocks + 1) * old.block_size
+    entries = {"cpu": 2 if llm.numerics == "ggml" else 4, "wgpu": 4}
+    compiled = compile(
+        llm.files, config, definition=llm.definition, weights=llm.weights,
+        kv_pool=(positions, entries),
+    )  # fmt: skip
+    _check_runnable(compiled)
     act = 4 * old.max_step_tokens * llm.files.hparams.hidden_size * 2
     segments = compiled.placement.segments
     runtimes = {s.device: _runtime_for(llm, compiled, s.device) for s in segments}

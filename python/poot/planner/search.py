@@ -87,7 +87,7 @@ def _segment(
     The KV pool of the range's layers stays on ``dev`` either way: it counts against the
     device's budget before any weight does.
     """
-    weights, kv = stats.bytes_of(a, b), stats.kv_of(a, b)
+    weights, kv = stats.bytes_of(a, b), stats.kv_of(a, b, dev)
     budget = budgets.device.get(dev, 0)
     if weights + kv <= budget:
         return Segment(dev, a, b, "resident")
