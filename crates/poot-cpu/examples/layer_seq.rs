@@ -12,7 +12,17 @@ fn main() {
     let pool = ThreadPool::new(threads).unwrap();
     let isa = Isa::detect();
     let shapes: Vec<(usize, usize)> = (0..16)
-        .flat_map(|_| [(2048, 2048), (512, 2048), (512, 2048), (2048, 2048), (8192, 2048), (8192, 2048), (2048, 8192)])
+        .flat_map(|_| {
+            [
+                (2048, 2048),
+                (512, 2048),
+                (512, 2048),
+                (2048, 2048),
+                (8192, 2048),
+                (8192, 2048),
+                (2048, 8192),
+            ]
+        })
         .chain([(128256, 2048)])
         .collect();
     let mut seed = 1u32;
@@ -20,9 +30,22 @@ fn main() {
         .iter()
         .map(|&(n, k)| {
             let bytes = n * k / 32 * 18;
-            let mut w: Vec<u8> = (0..bytes).map(|_| { seed = seed.wrapping_mul(1664525).wrapping_add(1013904223); (seed >> 24) as u8 }).collect();
-            for b in w.chunks_exact_mut(18) { b[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes()); }
-            (repack_for(Numerics::Ggml, isa, &w, DType::Q4_0, n, k).unwrap().unwrap(), n, k)
+            let mut w: Vec<u8> = (0..bytes)
+                .map(|_| {
+                    seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
+                    (seed >> 24) as u8
+                })
+                .collect();
+            for b in w.chunks_exact_mut(18) {
+                b[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+            }
+            (
+                repack_for(Numerics::Ggml, isa, &w, DType::Q4_0, n, k)
+                    .unwrap()
+                    .unwrap(),
+                n,
+                k,
+            )
         })
         .collect();
     let total: usize = mats.iter().map(|(r, _, _)| r.bytes()).sum();
@@ -34,6 +57,10 @@ fn main() {
             matmul_repacked(isa, &x[..*k], 1, *k, rp, &mut out[..*n], &pool).unwrap();
         }
         let s = t0.elapsed().as_secs_f64();
-        println!("round {round}: {:.2} ms/step, {:.1} GB/s", s * 1e3, total as f64 / s / 1e9);
+        println!(
+            "round {round}: {:.2} ms/step, {:.1} GB/s",
+            s * 1e3,
+            total as f64 / s / 1e9
+        );
     }
 }

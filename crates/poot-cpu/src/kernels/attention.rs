@@ -74,6 +74,16 @@ pub trait KvElem: Copy + Send + Sync + 'static {
     unsafe fn axpy_f16c(_row: &[Self], _w: f32, _acc: &mut [f32]) -> bool {
         false
     }
+
+    /// `x[i] = round_to_elem(x[i] * w)` (multiply, then round to this element and back), 8
+    /// at a time; false where this element has no such path (nothing is written then).
+    ///
+    /// # Safety
+    /// As [`KvElem::slice_to_f32_f16c`].
+    #[inline(always)]
+    unsafe fn scale_round_f16c(_x: &mut [f32], _w: f32) -> bool {
+        false
+    }
 }
 
 impl KvElem for f32 {
@@ -147,16 +157,23 @@ impl KvElem for half::f16 {
                 }
                 i += lanes;
             }
-            let mut out = [0.0f32; 32];
-            for (g, a) in acc.iter().enumerate() {
-                _mm256_storeu_ps(out.as_mut_ptr().add(8 * g), *a);
-            }
-            // Lane l of accumulator g is ggml's lane 8g + l: the same sums, folded the same way.
-            Some(if lanes == 8 {
-                super::ggml::hsum8(&out[..8].try_into().expect("8 lanes"))
+            // Lane l of accumulator g is ggml's lane 8g + l: the same sums, folded the same way
+            // (`fold32`: `(0 + 2) + (1 + 3)` by accumulator, then two `hadd`s; `hsum8`: halves,
+            // `movehl`, `movehdup`), in registers.
+            let s = if lanes == 8 {
+                let h = _mm_add_ps(
+                    _mm256_extractf128_ps::<1>(acc[0]),
+                    _mm256_castps256_ps128(acc[0]),
+                );
+                let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+                _mm_add_ss(h, _mm_movehdup_ps(h))
             } else {
-                super::ggml::fold32(&out)
-            })
+                let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+                let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+                let h = _mm_hadd_ps(h, h);
+                _mm_hadd_ps(h, h)
+            };
+            Some(_mm_cvtss_f32(s))
         }
     }
 
@@ -177,6 +194,30 @@ impl KvElem for half::f16 {
                 let a = acc.as_mut_ptr().add(i);
                 _mm256_storeu_ps(a, _mm256_fmadd_ps(v, wv, _mm256_loadu_ps(a)));
             }
+        }
+        true
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn scale_round_f16c(x: &mut [f32], w: f32) -> bool {
+        use std::arch::x86_64::*;
+        let whole = x.len() & !7;
+        // SAFETY: 8 values at `i < whole` are inside `x`; AVX and F16C are enabled by the
+        // caller. `vcvtps2ph` with round-to-nearest-even is `half::f16::from_f32`'s rounding.
+        unsafe {
+            let wv = _mm256_set1_ps(w);
+            for i in (0..whole).step_by(8) {
+                let p = x.as_mut_ptr().add(i);
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_mul_ps(
+                    _mm256_loadu_ps(p),
+                    wv,
+                ));
+                _mm256_storeu_ps(p, _mm256_cvtph_ps(h));
+            }
+        }
+        for v in &mut x[whole..] {
+            *v = half::f16::from_f32(*v * w).to_f32();
         }
         true
     }
@@ -276,6 +317,19 @@ pub fn paged_attention<T: KvElem>(
     paged_attention_numerics(Numerics::Exact, shape, inputs, cache, out, pool)
 }
 
+/// The cache slot of position `p` under a block table: `table[p / bs] * bs + p % bs`. Block
+/// sizes are powers of two in practice, and a shift and mask there instead of a 64-bit
+/// division per position (twice per head and position) was a tenth of decode attention.
+#[inline(always)]
+fn block_slot(table: &[i32], bs: usize, p: usize) -> usize {
+    let (blk, off) = if bs.is_power_of_two() {
+        (p >> bs.trailing_zeros(), p & (bs - 1))
+    } else {
+        (p / bs, p % bs)
+    };
+    table[blk] as usize * bs + off
+}
+
 /// [`paged_attention`] under a chosen [`Numerics`] (the same contract and checks).
 pub fn paged_attention_numerics<T: KvElem>(
     numerics: Numerics,
@@ -314,7 +368,7 @@ pub fn paged_attention_numerics<T: KvElem>(
             let head_off = (h / group) * s.head_dim;
             // Validated: every table entry below `len` is a block in 0..num_blocks.
             let row_of = |p: usize| {
-                let slot = table[p / s.block_size] as usize * s.block_size + p % s.block_size;
+                let slot = block_slot(table, s.block_size, p);
                 slot * kv_row + head_off
             };
             attention_ggml::head(
@@ -345,7 +399,7 @@ pub fn paged_attention_numerics<T: KvElem>(
             let head_off = (h / group) * s.head_dim;
             // Validated: every table entry below `len` is a block in 0..num_blocks.
             let row_of = |p: usize| {
-                let slot = table[p / s.block_size] as usize * s.block_size + p % s.block_size;
+                let slot = block_slot(table, s.block_size, p);
                 slot * kv_row + head_off
             };
             scores.clear();

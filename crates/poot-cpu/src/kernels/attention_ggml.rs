@@ -130,6 +130,15 @@ fn head_body<T: KvElem, F: Fn(usize) -> usize, const F16C: bool>(
     let mut sum = 0.0f64;
     for chunk in s.scores.chunks_mut(8) {
         let mut e = [0.0f32; 8];
+        #[cfg(target_arch = "x86_64")]
+        if F16C && chunk.len() == 8 {
+            let x: [f32; 8] = std::array::from_fn(|l| chunk[l] - max);
+            // SAFETY: `F16C` is true only inside `head_fma` (AVX2, FMA, F16C enabled).
+            e = unsafe { super::ggml::expf8(&x) };
+            chunk.copy_from_slice(&e);
+            sum += f64::from(hsum8(&e));
+            continue;
+        }
         for (x, e) in chunk.iter_mut().zip(e.iter_mut()) {
             *x = expf(*x - max);
             *e = *x;
@@ -137,8 +146,11 @@ fn head_body<T: KvElem, F: Fn(usize) -> usize, const F16C: bool>(
         sum += f64::from(hsum8(&e));
     }
     let inv = (1.0 / sum) as f32;
-    for x in s.scores.iter_mut() {
-        *x = T::from_f32(*x * inv).to_f32();
+    // SAFETY: `F16C` is true only inside `head_fma` (AVX2, FMA, F16C enabled).
+    if !(F16C && unsafe { T::scale_round_f16c(&mut s.scores, inv) }) {
+        for x in s.scores.iter_mut() {
+            *x = T::from_f32(*x * inv).to_f32();
+        }
     }
     let lanes = if batched && hd.is_multiple_of(4) {
         8
@@ -149,7 +161,7 @@ fn head_body<T: KvElem, F: Fn(usize) -> usize, const F16C: bool>(
     s.acc.clear();
     s.acc.resize(hd * lanes, 0.0);
     for (p, &w) in s.scores.iter().enumerate() {
-        let lane = p % lanes;
+        let lane = p & (lanes - 1); // lanes is 8 or 32
         let row = &v_cache[row_of(p)..][..hd];
         // SAFETY: `F16C` is true only inside `head_fma` (AVX2, FMA, F16C enabled).
         if F16C && unsafe { T::axpy_f16c(row, w, &mut s.acc[lane * hd..(lane + 1) * hd]) } {

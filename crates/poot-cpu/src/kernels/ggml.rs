@@ -208,6 +208,41 @@ fn lanes32(a: &[f32], b: &[f32]) -> [f32; 32] {
     acc
 }
 
+/// [`expf`] on 8 lanes at once (`x[l]` to `out[l]`), bit-identical lane by lane: the same
+/// operations as ggml's `ggml_v_expf`, vectorized; lanes that need its slow path (`|n| > 126`)
+/// take the scalar function.
+///
+/// # Safety
+/// The caller has detected AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn expf8(x: &[f32; 8]) -> [f32; 8] {
+    use std::arch::x86_64::*;
+    // SAFETY: AVX2 and FMA by the caller's contract; loads and stores stay in the arrays.
+    unsafe {
+        let c = |bits: u32| _mm256_set1_ps(f32::from_bits(bits));
+        let xv = _mm256_loadu_ps(x.as_ptr());
+        let r = c(0x4b40_0000);
+        let z = _mm256_fmadd_ps(xv, c(0x3fb8_aa3b), r);
+        let n = _mm256_sub_ps(z, r);
+        let b = _mm256_fnmadd_ps(n, c(0x35bf_be8e), _mm256_fnmadd_ps(n, c(0x3f31_7200), xv));
+        let e = _mm256_slli_epi32::<23>(_mm256_castps_si256(z));
+        let k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_set1_epi32(0x3f80_0000)));
+        let abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+        if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, c(0x42fc_0000))) != 0 {
+            return x.map(expf);
+        }
+        let u = _mm256_mul_ps(b, b);
+        let hi = _mm256_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17));
+        let lo = _mm256_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb));
+        let j = _mm256_fmadd_ps(hi, u, lo);
+        let j = _mm256_fmadd_ps(j, u, _mm256_mul_ps(c(0x3f7f_fff6), b));
+        let mut out = [0.0f32; 8];
+        _mm256_storeu_ps(out.as_mut_ptr(), _mm256_fmadd_ps(j, k, k));
+        out
+    }
+}
+
 /// `GGML_F32x8_REDUCE` of four 8-lane accumulators (`acc[8j..8j+8]` is accumulator `j`):
 /// `(0 + 2) + (1 + 3)` lane by lane, then [`hsum8_hadd`].
 #[inline(always)]
@@ -275,5 +310,43 @@ mod tests {
         assert_eq!(hsum8(&a), 0.0 + (1.5 + 4.0));
         assert_eq!(hsum8_hadd(&a), (1e8 + 1.5) + (-1e8 + 4.0));
         assert_ne!(hsum8(&a), hsum8_hadd(&a));
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn expf8_is_expf_lane_by_lane() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            return;
+        }
+        let mut x = -110.0f32;
+        while x < 95.0 {
+            let v: [f32; 8] = std::array::from_fn(|l| x + l as f32 * 0.37);
+            // SAFETY: AVX2 and FMA were just detected.
+            let got = unsafe { expf8(&v) };
+            for l in 0..8 {
+                assert_eq!(got[l].to_bits(), expf(v[l]).to_bits(), "x = {}", v[l]);
+            }
+            x += 0.913;
+        }
+        let special = [
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            1e-30,
+            -1e-30,
+            88.0,
+            -87.0,
+            1.0,
+        ];
+        // SAFETY: as above.
+        let got = unsafe { expf8(&special) };
+        for l in 0..8 {
+            assert_eq!(
+                got[l].to_bits(),
+                expf(special[l]).to_bits(),
+                "x = {}",
+                special[l]
+            );
+        }
     }
 }

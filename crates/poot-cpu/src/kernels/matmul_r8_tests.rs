@@ -31,7 +31,10 @@ fn stored_rows_round_trip() {
 }
 
 /// Both matmuls, stored and repacked, on `isa`; returns (stored, repacked) result bits.
-#[allow(clippy::too_many_arguments, reason = "a matmul's shapes plus the ISA and threads")]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "a matmul's shapes plus the ISA and threads"
+)]
 fn both(
     isa: Isa,
     dt: DType,

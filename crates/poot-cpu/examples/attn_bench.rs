@@ -1,0 +1,73 @@
+//! One decode token's ggml paged attention at Llama-3.2-1B's head shape (32 query heads, 8 KV
+//! heads, head_dim 64, f16 cache), one thread: on-CPU microseconds per call at a few context
+//! lengths. `cargo run --release -p poot-cpu --example attn_bench`
+use half::f16;
+use poot_cpu::kernels::{
+    paged_attention_numerics, AttentionInputs, AttentionShape, KvCacheMut, Numerics,
+};
+use poot_cpu::ThreadPool;
+
+/// This thread's on-CPU nanoseconds.
+fn cpu_ns() -> u64 {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
+    stat.split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn main() {
+    let pool = ThreadPool::new(1).unwrap();
+    let (nh, nkv, hd, bs) = (32, 8, 64, 16);
+    for ctx in [64usize, 256, 1024] {
+        let nblocks = ctx.div_ceil(bs) + 1;
+        let shape = AttentionShape {
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            block_size: bs,
+            num_blocks: nblocks,
+            max_blocks_per_seq: nblocks,
+            scale: 0.125,
+        };
+        let cells = nblocks * bs * nkv * hd;
+        let mut kc: Vec<f16> = (0..cells)
+            .map(|i| f16::from_f32(((i % 13) as f32 - 6.0) / 7.0))
+            .collect();
+        let mut vc = kc.clone();
+        let q: Vec<f32> = (0..nh * hd)
+            .map(|i| ((i % 11) as f32 - 5.0) / 5.0)
+            .collect();
+        let kv: Vec<f32> = (0..nkv * hd)
+            .map(|i| ((i % 7) as f32 - 3.0) / 3.0)
+            .collect();
+        let table: Vec<i32> = (0..nblocks as i32).collect();
+        let pos = [ctx as i32 - 1];
+        let inputs = AttentionInputs {
+            q: &q,
+            k: &kv,
+            v: &kv,
+            slot_mapping: &pos,
+            token_seq: &[0],
+            positions: &pos,
+            block_tables: &table,
+        };
+        let mut out = vec![0f32; nh * hd];
+        let mut run = || {
+            let c = KvCacheMut {
+                k: &mut kc,
+                v: &mut vc,
+            };
+            paged_attention_numerics(Numerics::Ggml, &shape, &inputs, c, &mut out, &pool).unwrap();
+        };
+        run();
+        let (n, t0) = (400, cpu_ns());
+        for _ in 0..n {
+            run();
+        }
+        println!(
+            "ctx {ctx:>5}: {:>8.1} us/call on-CPU",
+            (cpu_ns() - t0) as f64 / 1e3 / n as f64
+        );
+    }
+}
