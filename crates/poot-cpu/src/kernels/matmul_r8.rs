@@ -7,16 +7,23 @@
 //! group's superblocks are read as one sequential stream and dotted against 1 (AVX2) or 2 (VNNI)
 //! tokens per pass.
 //!
-//! Numerics: bit-identical to `matmul_q8.rs` (and so to llama.cpp's vec_dot/tinyBLAS), on every
-//! ISA and thread count: see `qdot_r8_x86.rs`. The scalar path rebuilds each stored row and
-//! runs `qdot::dot_scalar`.
+//! Numerics: one-token calls, and Q4_1 always, are bit-identical to `matmul_q8.rs` (and so to
+//! llama.cpp's vec_dot/tinyBLAS), on every ISA and thread count: see `qdot_r8_x86.rs`.
+//! Multi-token Q4_0 and Q8_0 calls (prefill) take the block order instead: each block's 32
+//! products summed exactly in `i32`, then one FMA per block (`qdot::dot_scalar_blocks`; the
+//! order of llama.cpp's repacked Q4_0 GEMM), which needs an eighth of the float work. Both
+//! orders quantize the activations the same way; they differ only in `f32` rounding, within
+//! `(k / 32 + 8) * 2^-24 * sum_b |dw dx sum_b|` of each other (tested), far below the
+//! activation rounding `matmul_q8.rs` bounds. Results do not depend on the thread count or on
+//! how tokens are tiled, so every chunking of a prefill with two or more tokens per step gives
+//! the same bits. The scalar path rebuilds each stored row and runs the `qdot` references.
 //!
 //! Cost: as `matmul_q8.rs`, with about half the vector work per weight block; memory: the
 //! corrections, `t * k / 32` entries of 32 bytes, in reused scratch.
 
 use super::matmul::ActCache;
 use super::qact::{quantize_row_q8, BlockQ8, QK8};
-use super::qdot::{dot_scalar, QKind};
+use super::qdot::{dot_scalar, dot_scalar_blocks, QKind};
 use super::repack::{Repacked, RG};
 use super::scratch::Scratch;
 use super::simd::{Checked, Isa};
@@ -71,10 +78,17 @@ pub(crate) fn matmul_r8(
         QKind::Q8_0 if vnni => 128,
         _ => 0,
     };
+    // Multi-token Q4_0/Q8_0 calls take the block order (see the module docs).
+    let blocks = t >= 2 && matches!(kind, QKind::Q4_0 | QKind::Q8_0);
     let mut corr = Scratch::<[i32; 8]>::zeroed(0);
     corr.resize(t * nb, [0; 8]);
     if simd && mult != 0 {
         corrections(xq, mult, &mut corr);
+        if blocks {
+            for c in corr.iter_mut() {
+                *c = [c.iter().sum(), 0, 0, 0, 0, 0, 0, 0];
+            }
+        }
     }
     let corr: &[[i32; 8]] = &corr;
     let groups = w.groups();
@@ -97,7 +111,12 @@ pub(crate) fn matmul_r8(
                 for tok in 0..t {
                     for (r, v) in res.iter_mut().enumerate().take(RG.min(n - g * RG)) {
                         w.stored_row(g * RG + r, &mut row);
-                        *v = dot_scalar(kind, &row, &xq[tok * nb..(tok + 1) * nb]);
+                        let a = &xq[tok * nb..(tok + 1) * nb];
+                        *v = if blocks {
+                            dot_scalar_blocks(kind, &row, a)
+                        } else {
+                            dot_scalar(kind, &row, a)
+                        };
                     }
                     write(g, tok, &res);
                 }
@@ -105,14 +124,18 @@ pub(crate) fn matmul_r8(
             }
             #[cfg(target_arch = "x86_64")]
             {
-                use super::qdot_r8_x86::{group, tile_tokens};
+                use super::qdot_r8_x86::{group, group_blocks, tile_tokens};
                 let grp = w.group(g);
-                let mut res = [0.0f32; 2 * RG];
+                let mut res = [0.0f32; 4 * RG];
                 let mut tok = 0;
                 while tok < t {
-                    let tt = tile_tokens(vnni).min(t - tok);
+                    let tt = tile_tokens(vnni, blocks).min(t - tok);
                     let (a, c) = (&xq[tok * nb..], &corr[tok * nb..]);
-                    group(vnni, kind, grp, nb, a, c, tt, &mut res);
+                    if blocks {
+                        group_blocks(vnni, kind, grp, nb, a, c, tt, &mut res);
+                    } else {
+                        group(vnni, kind, grp, nb, a, c, tt, &mut res);
+                    }
                     for j in 0..tt {
                         write(g, tok + j, &res[j * RG..(j + 1) * RG]);
                     }

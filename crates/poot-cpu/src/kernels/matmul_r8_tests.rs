@@ -4,6 +4,7 @@
 use super::*;
 use crate::kernels::matmul::ActCache;
 use crate::kernels::matmul_q8::matmul_q8;
+use crate::kernels::qact::quantize_row_q8;
 use crate::testutil::{real_slices, synthetic_weights, Rng};
 use poot_core::DType;
 
@@ -30,7 +31,8 @@ fn stored_rows_round_trip() {
     }
 }
 
-/// Both matmuls, stored and repacked, on `isa`; returns (stored, repacked) result bits.
+/// The repacked matmul on `isa` and what it must equal bit for bit: the stored-layout matmul
+/// (ggml's order), or for multi-token Q4_0/Q8_0 calls the block order's scalar reference.
 #[allow(
     clippy::too_many_arguments,
     reason = "a matmul's shapes plus the ISA and threads"
@@ -49,7 +51,23 @@ fn both(
     let ck = isa.checked().unwrap();
     let pool = ThreadPool::new(threads).unwrap();
     let mut want = vec![0.0f32; t * n];
-    matmul_q8(ck, kind, x, t, k, w, w.len() / n, n, &mut want, &pool, None);
+    if t >= 2 && matches!(kind, QKind::Q4_0 | QKind::Q8_0) {
+        // The block order of multi-token calls, from its scalar reference.
+        let nb = k / 32;
+        let mut a = vec![BlockQ8::default(); t * nb];
+        for (xr, ar) in x.chunks_exact(k).zip(a.chunks_exact_mut(nb)) {
+            quantize_row_q8(xr, ar, false);
+        }
+        let rb = w.len() / n;
+        for j in 0..t {
+            for r in 0..n {
+                let row = &w[r * rb..(r + 1) * rb];
+                want[j * n + r] = dot_scalar_blocks(kind, row, &a[j * nb..(j + 1) * nb]);
+            }
+        }
+    } else {
+        matmul_q8(ck, kind, x, t, k, w, w.len() / n, n, &mut want, &pool, None);
+    }
     let rp = Repacked::new(kind, w, n, k / 32);
     let mut got = vec![f32::NAN; t * n];
     let mut cache = ActCache::default();
@@ -59,10 +77,10 @@ fn both(
 }
 
 #[test]
-fn bit_identical_to_the_stored_layout_on_every_isa() {
+fn bit_identical_to_the_reference_orders_on_every_isa() {
     let mut rng = Rng::new(9);
     for dt in KINDS {
-        // Ragged rows (not a multiple of 8), and 1, 2 and 3 tokens (the VNNI pair + a single).
+        // Ragged rows (not a multiple of 8), and 1, 2, 3 and 5 tokens (every tile and a tail).
         for (n, k, t) in [(21, 256, 1), (8, 64, 2), (19, 160, 3), (40, 512, 5)] {
             let w = synthetic_weights(dt, n, k, 17);
             let x: Vec<f32> = (0..t * k)
@@ -113,5 +131,61 @@ fn extreme_weights_and_activations_stay_exact() {
     for isa in Isa::available() {
         let (want, got) = both(isa, DType::Q8_0, &w, n, k, &x, t, 2);
         assert_eq!(got, want, "{isa:?}");
+    }
+}
+
+#[test]
+fn the_block_order_stays_within_f32_rounding_of_ggmls() {
+    let mut rng = Rng::new(21);
+    for dt in [DType::Q4_0, DType::Q8_0] {
+        let kind = QKind::new(dt).unwrap();
+        let (n, k, t) = (24, 1024, 4);
+        let w = synthetic_weights(dt, n, k, 2);
+        let x = rng.vec(t * k, -3.0, 3.0);
+        let ck = Isa::detect().checked().unwrap();
+        let pool = ThreadPool::new(2).unwrap();
+        let mut ggml = vec![0.0f32; t * n];
+        matmul_q8(
+            ck,
+            kind,
+            &x,
+            t,
+            k,
+            &w,
+            w.len() / n,
+            n,
+            &mut ggml,
+            &pool,
+            None,
+        );
+        let rp = Repacked::new(kind, &w, n, k / 32);
+        let mut got = vec![0.0f32; t * n];
+        matmul_r8(ck, &rp, &x, t, k, &mut got, &pool, None);
+        // The bound of the module docs: sum_b |dw dx sum_b| from the blocks' own terms.
+        let nb = k / 32;
+        let rb = w.len() / n;
+        for j in 0..t {
+            let mut a = vec![BlockQ8::default(); nb];
+            quantize_row_q8(&x[j * k..(j + 1) * k], &mut a, false);
+            for r in 0..n {
+                let row = &w[r * rb..(r + 1) * rb];
+                let mag: f64 = (0..nb)
+                    .map(|b| {
+                        let one = dot_scalar_blocks(
+                            kind,
+                            &row[b * rb / nb..(b + 1) * rb / nb],
+                            &a[b..=b],
+                        );
+                        f64::from(one.abs())
+                    })
+                    .sum();
+                let tol = (nb + 8) as f64 * 2f64.powi(-24) * mag;
+                let (g, e) = (f64::from(got[j * n + r]), f64::from(ggml[j * n + r]));
+                assert!(
+                    (g - e).abs() <= tol,
+                    "{dt} tok {j} row {r}: {g} vs {e}, bound {tol:e}"
+                );
+            }
+        }
     }
 }

@@ -123,6 +123,24 @@ pub(crate) fn dot_scalar(kind: QKind, w: &[u8], a: &[BlockQ8]) -> f32 {
     }
 }
 
+/// The block order of multi-token matmuls (`matmul_r8.rs`): each block's 32 products summed
+/// exactly in `i32`, then `acc = fma(dw * dx, sum, acc)` block after block. Q4_0 and Q8_0
+/// only (no Q4_1 `m` term). The portable reference of that order.
+pub(crate) fn dot_scalar_blocks(kind: QKind, w: &[u8], a: &[BlockQ8]) -> f32 {
+    debug_assert!(matches!(kind, QKind::Q4_0 | QKind::Q8_0));
+    let mut acc = 0.0f32;
+    for (wb, ab) in w.chunks_exact(kind.block_bytes()).zip(a) {
+        let (q, d, _) = unpack(kind, wb);
+        let sum: i32 = q
+            .iter()
+            .zip(&ab.qs)
+            .map(|(&x, &y)| i32::from(x) * i32::from(y))
+            .sum();
+        acc = (d * ab.d).mul_add(sum as f32, acc);
+    }
+    acc
+}
+
 /// `out[j * nr + r] = dot(row r, token j)` for `nr` (at most 4) consecutive weight rows of
 /// `row_bytes` bytes starting at `w`, and `t` activation rows of `row_bytes / block_bytes`
 /// blocks each, on the path `ck` names (bit-identical across paths, see the module docs).

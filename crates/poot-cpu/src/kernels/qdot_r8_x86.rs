@@ -28,12 +28,146 @@ pub(super) fn has_vnni() -> bool {
     is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
 }
 
-/// Tokens one call handles: VNNI machines have 32 vector registers (16 accumulators fit).
-pub(super) fn tile_tokens(vnni: bool) -> usize {
-    if vnni {
-        2
-    } else {
-        1
+/// Tokens one call handles: VNNI machines have 32 vector registers (16 accumulators fit);
+/// the block order needs 2 registers per token, not 8.
+pub(super) fn tile_tokens(vnni: bool, blocks: bool) -> usize {
+    match (vnni, blocks) {
+        (true, true) => 4,
+        (false, true) | (true, false) => 2,
+        (false, false) => 1,
+    }
+}
+
+/// `out[j * 8 + r]` = row `r` of group `grp` dotted with token `j` in the block order of
+/// `qdot::dot_scalar_blocks` (Q4_0 and Q8_0), for `j < t` (up to [`tile_tokens`]);
+/// `corr[j * nb + b][0]` holds block `b`'s whole correction (`matmul_r8`).
+///
+/// # Panics
+/// As [`group`].
+#[allow(clippy::too_many_arguments, reason = "one tile's operands")]
+pub(super) fn group_blocks(
+    vnni: bool,
+    kind: QKind,
+    grp: &[u8],
+    nb: usize,
+    a: &[BlockQ8],
+    corr: &[[i32; 8]],
+    t: usize,
+    out: &mut [f32],
+) {
+    assert!(grp.len() >= nb * superblock_bytes(kind));
+    assert!(t >= 1 && t <= tile_tokens(vnni, true) && a.len() >= t * nb && corr.len() >= t * nb);
+    assert!(out.len() >= t * RG);
+    macro_rules! go {
+        ($k:literal) => {
+            // SAFETY (every arm): AVX2/FMA/F16C by the module invariant, VNNI/VL by
+            // `has_vnni` when `vnni`; the asserts above are the bounds every call reads within.
+            match (vnni, t) {
+                // SAFETY: see above.
+                (true, 4) => unsafe { blocks_vnni::<$k, 4>(grp, nb, a, corr, out) },
+                // SAFETY: see above.
+                (true, 3) => unsafe { blocks_vnni::<$k, 3>(grp, nb, a, corr, out) },
+                // SAFETY: see above.
+                (true, 2) => unsafe { blocks_vnni::<$k, 2>(grp, nb, a, corr, out) },
+                // SAFETY: see above.
+                (true, _) => unsafe { blocks_vnni::<$k, 1>(grp, nb, a, corr, out) },
+                // SAFETY: see above.
+                (false, 2) => unsafe { blocks_avx2::<$k, 2>(grp, nb, a, corr, out) },
+                // SAFETY: see above.
+                (false, _) => unsafe { blocks_avx2::<$k, 1>(grp, nb, a, corr, out) },
+            }
+        };
+    }
+    match kind {
+        QKind::Q4_0 => go!(0),
+        QKind::Q8_0 => go!(3),
+        _ => unreachable!("the block order is Q4_0 and Q8_0 only"),
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn blocks_avx2<const KIND: u8, const T: usize>(
+    grp: &[u8],
+    nb: usize,
+    a: &[BlockQ8],
+    corr: &[[i32; 8]],
+    out: &mut [f32],
+) {
+    // SAFETY: same contract; this function's features cover the body's.
+    unsafe { blocks_body::<KIND, T, false>(grp, nb, a, corr, out) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+unsafe fn blocks_vnni<const KIND: u8, const T: usize>(
+    grp: &[u8],
+    nb: usize,
+    a: &[BlockQ8],
+    corr: &[[i32; 8]],
+    out: &mut [f32],
+) {
+    // SAFETY: same contract; this function's features cover the body's, VNNI included.
+    unsafe { blocks_body::<KIND, T, true>(grp, nb, a, corr, out) }
+}
+
+/// See [`group_blocks`]: the same integer steps as [`body`], summed into one `i32` per row
+/// and token for the whole block (exact: at most `32 * 128 * 128`), then one FMA.
+#[inline(always)]
+unsafe fn blocks_body<const KIND: u8, const T: usize, const VNNI: bool>(
+    grp: &[u8],
+    nb: usize,
+    a: &[BlockQ8],
+    corr: &[[i32; 8]],
+    out: &mut [f32],
+) {
+    let kind = if KIND == 0 { QKind::Q4_0 } else { QKind::Q8_0 };
+    let (sb, hdr) = (superblock_bytes(kind), header_bytes(kind));
+    // SAFETY: as `body` (bounds asserted by `group_blocks`, features enabled by the caller).
+    unsafe {
+        let gp = grp.as_ptr();
+        let mut acc = [_mm256_setzero_ps(); T];
+        let m4 = _mm256_set1_epi8(0x0f);
+        for b in 0..nb {
+            let s = gp.add(b * sb);
+            _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(4 * sb).cast());
+            let d8 = _mm256_cvtph_ps(_mm_loadu_si128(s.cast()));
+            let ab: [&BlockQ8; T] = std::array::from_fn(|j| a.get_unchecked(j * nb + b));
+            let mut isum: [__m256i; T] =
+                std::array::from_fn(|j| _mm256_set1_epi32(corr.get_unchecked(j * nb + b)[0]));
+            let q = s.add(hdr);
+            if KIND == 3 {
+                for c in 0..8 {
+                    let w = _mm256_loadu_si256(q.add(32 * c).cast());
+                    let u = if VNNI {
+                        _mm256_xor_si256(w, _mm256_set1_epi8(-128))
+                    } else {
+                        _mm256_sign_epi8(w, w)
+                    };
+                    for j in 0..T {
+                        let y = bcast(ab[j].qs.as_ptr().add(4 * c));
+                        let y = if VNNI { y } else { _mm256_sign_epi8(y, w) };
+                        isum[j] = lanes::<VNNI>(isum[j], u, y);
+                    }
+                }
+            } else {
+                for c in 0..4 {
+                    let v = _mm256_loadu_si256(q.add(32 * c).cast());
+                    let lo = _mm256_and_si256(v, m4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+                    for j in 0..T {
+                        let y = ab[j].qs.as_ptr();
+                        isum[j] = lanes::<VNNI>(isum[j], lo, bcast(y.add(4 * c)));
+                        isum[j] = lanes::<VNNI>(isum[j], hi, bcast(y.add(16 + 4 * c)));
+                    }
+                }
+            }
+            for j in 0..T {
+                let sc = _mm256_mul_ps(d8, _mm256_set1_ps(ab[j].d));
+                acc[j] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(isum[j]), acc[j]);
+            }
+        }
+        for (j, v) in acc.iter().enumerate() {
+            _mm256_storeu_ps(out.as_mut_ptr().add(8 * j), *v);
+        }
     }
 }
 
@@ -54,7 +188,7 @@ pub(super) fn group(
     out: &mut [f32],
 ) {
     assert!(grp.len() >= nb * superblock_bytes(kind));
-    assert!(t >= 1 && t <= tile_tokens(vnni) && a.len() >= t * nb && corr.len() >= t * nb);
+    assert!(t >= 1 && t <= tile_tokens(vnni, false) && a.len() >= t * nb && corr.len() >= t * nb);
     assert!(out.len() >= t * RG);
     macro_rules! go {
         ($k:literal) => {
