@@ -30,15 +30,25 @@ fn invalid(detail: String) -> RuntimeError {
     }
 }
 
-/// Index of the first maximum; NaN never wins.
+/// Index of the first maximum; NaN never wins (0 when every value is NaN).
+///
+/// Two branch-free passes (the maximum over 16 lanes, which the compiler vectorizes, then the
+/// first index holding it) instead of one compare-and-branch per value: greedy decoding runs
+/// this over the whole vocabulary every step.
 fn argmax(row: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &x) in row.iter().enumerate() {
-        if x > row[best] || row[best].is_nan() && !x.is_nan() {
-            best = i;
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let chunks = row.chunks_exact(16);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            *m = m.max(x); // `max` ignores a NaN operand
         }
     }
-    best
+    let m = lanes
+        .iter()
+        .chain(tail)
+        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    row.iter().position(|&x| x == m).unwrap_or(0)
 }
 
 /// True when `row` holds a NaN or +inf (the model's output is broken).
@@ -188,6 +198,29 @@ mod tests {
     #[test]
     fn greedy_is_first_argmax() {
         assert_eq!(draw(&[1.0, 3.0, 3.0, -1.0], 0.0, 0, 1.0, 0.0, 0.5), 1);
+        // Against the one-pass definition, over lengths around the 16 lanes and the tail.
+        let naive = |row: &[f32]| {
+            let mut best = 0;
+            for (i, &x) in row.iter().enumerate() {
+                if x > row[best] || row[best].is_nan() && !x.is_nan() {
+                    best = i;
+                }
+            }
+            best
+        };
+        for len in [1, 15, 16, 17, 40, 1000] {
+            for at in [0, len / 2, len - 1] {
+                let mut row: Vec<f32> = (0..len).map(|i| ((i * 37) % 11) as f32).collect();
+                row[at] = 50.0;
+                if len > 2 {
+                    row[len - 2] = 50.0; // a tie: the first wins
+                    row[1] = f32::NAN;
+                }
+                assert_eq!(argmax(&row), naive(&row), "len {len} at {at}");
+            }
+        }
+        assert_eq!(argmax(&[f32::NAN, f32::NEG_INFINITY]), 1);
+        assert_eq!(argmax(&[f32::NAN, f32::NAN]), 0);
     }
 
     #[test]
