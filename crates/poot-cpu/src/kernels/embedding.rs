@@ -202,7 +202,7 @@ mod tests {
     fn repacked_tables_give_the_same_rows() {
         use crate::kernels::qdot::QKind;
         use crate::kernels::repack::Repacked;
-        for dt in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {
+        for dt in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0] {
             let (n, dim) = (19, 96);
             let table = synthetic_weights(dt, n, dim, 8);
             let rp = Repacked::new(QKind::new(dt).unwrap(), &table, n, dim / 32);

@@ -9,7 +9,7 @@
 //!
 //! Numerics: one-token calls, and Q4_1 always, are bit-identical to `matmul_q8.rs` (and so to
 //! llama.cpp's vec_dot/tinyBLAS), on every ISA and thread count: see `qdot_r8_x86.rs`.
-//! Multi-token Q4_0 and Q8_0 calls (prefill) take the block order instead: each block's 32
+//! Multi-token Q4_0, Q5_0 and Q8_0 calls (prefill) take the block order instead: each block's 32
 //! products summed exactly in `i32`, then one FMA per block (`qdot::dot_scalar_blocks`; the
 //! order of llama.cpp's repacked Q4_0 GEMM), which needs an eighth of the float work. Both
 //! orders quantize the activations the same way; they differ only in `f32` rounding, within
@@ -75,11 +75,12 @@ pub(crate) fn matmul_r8(
     let vnni = false;
     let mult = match kind {
         QKind::Q4_0 => 8,
+        QKind::Q5_0 => 16,
         QKind::Q8_0 if vnni => 128,
         _ => 0,
     };
-    // Multi-token Q4_0/Q8_0 calls take the block order (see the module docs).
-    let blocks = t >= 2 && matches!(kind, QKind::Q4_0 | QKind::Q8_0);
+    // Multi-token calls but Q4_1's take the block order (see the module docs).
+    let blocks = t >= 2 && kind != QKind::Q4_1;
     let mut corr = Scratch::<[i32; 8]>::zeroed(0);
     corr.resize(t * nb, [0; 8]);
     if simd && mult != 0 {

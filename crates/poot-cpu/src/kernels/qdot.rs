@@ -124,10 +124,10 @@ pub(crate) fn dot_scalar(kind: QKind, w: &[u8], a: &[BlockQ8]) -> f32 {
 }
 
 /// The block order of multi-token matmuls (`matmul_r8.rs`): each block's 32 products summed
-/// exactly in `i32`, then `acc = fma(dw * dx, sum, acc)` block after block. Q4_0 and Q8_0
-/// only (no Q4_1 `m` term). The portable reference of that order.
+/// exactly in `i32`, then `acc = fma(dw * dx, sum, acc)` block after block. Q4_0, Q5_0 and
+/// Q8_0 (not Q4_1: no `m` term). The portable reference of that order.
 pub(crate) fn dot_scalar_blocks(kind: QKind, w: &[u8], a: &[BlockQ8]) -> f32 {
-    debug_assert!(matches!(kind, QKind::Q4_0 | QKind::Q8_0));
+    debug_assert!(kind != QKind::Q4_1);
     let mut acc = 0.0f32;
     for (wb, ab) in w.chunks_exact(kind.block_bytes()).zip(a) {
         let (q, d, _) = unpack(kind, wb);

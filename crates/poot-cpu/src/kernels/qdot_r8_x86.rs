@@ -39,7 +39,7 @@ pub(super) fn tile_tokens(vnni: bool, blocks: bool) -> usize {
 }
 
 /// `out[j * 8 + r]` = row `r` of group `grp` dotted with token `j` in the block order of
-/// `qdot::dot_scalar_blocks` (Q4_0 and Q8_0), for `j < t` (up to [`tile_tokens`]);
+/// `qdot::dot_scalar_blocks` (Q4_0, Q5_0 and Q8_0), for `j < t` (up to [`tile_tokens`]);
 /// `corr[j * nb + b][0]` holds block `b`'s whole correction (`matmul_r8`).
 ///
 /// # Panics
@@ -80,8 +80,9 @@ pub(super) fn group_blocks(
     }
     match kind {
         QKind::Q4_0 => go!(0),
+        QKind::Q5_0 => go!(2),
         QKind::Q8_0 => go!(3),
-        _ => unreachable!("the block order is Q4_0 and Q8_0 only"),
+        QKind::Q4_1 => unreachable!("Q4_1 keeps ggml's order"),
     }
 }
 
@@ -119,7 +120,7 @@ unsafe fn blocks_body<const KIND: u8, const T: usize, const VNNI: bool>(
     corr: &[[i32; 8]],
     out: &mut [f32],
 ) {
-    let kind = if KIND == 0 { QKind::Q4_0 } else { QKind::Q8_0 };
+    let kind = [QKind::Q4_0, QKind::Q4_1, QKind::Q5_0, QKind::Q8_0][KIND as usize];
     let (sb, hdr) = (superblock_bytes(kind), header_bytes(kind));
     // SAFETY: as `body` (bounds asserted by `group_blocks`, features enabled by the caller).
     unsafe {
@@ -151,8 +152,13 @@ unsafe fn blocks_body<const KIND: u8, const T: usize, const VNNI: bool>(
             } else {
                 for c in 0..4 {
                     let v = _mm256_loadu_si256(q.add(32 * c).cast());
-                    let lo = _mm256_and_si256(v, m4);
-                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+                    let mut lo = _mm256_and_si256(v, m4);
+                    let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+                    if KIND == 2 {
+                        let (bl, bh) = fifth_bits(s.add(16 + 8 * c));
+                        lo = _mm256_or_si256(lo, bl);
+                        hi = _mm256_or_si256(hi, bh);
+                    }
                     for j in 0..T {
                         let y = ab[j].qs.as_ptr();
                         isum[j] = lanes::<VNNI>(isum[j], lo, bcast(y.add(4 * c)));
@@ -207,8 +213,8 @@ pub(super) fn group(
     match kind {
         QKind::Q4_0 => go!(0),
         QKind::Q4_1 => go!(1),
+        QKind::Q5_0 => go!(2),
         QKind::Q8_0 => go!(3),
-        QKind::Q5_0 => unreachable!("Q5_0 is not repacked"),
     }
 }
 
@@ -259,7 +265,32 @@ unsafe fn lanes<const VNNI: bool>(init: __m256i, u: __m256i, s: __m256i) -> __m2
     }
 }
 
-/// KIND: 0 Q4_0, 1 Q4_1, 3 Q8_0 (`qdot_x86.rs`' numbering). See [`group`].
+/// Q5_0's fifth bits of chunk `c` as `0x10` bytes: the low and the high nibbles' (see
+/// `repack.rs`: byte `r` of the 8 at `hb` is row `r`'s, bit `j` for element `j` of the lane's
+/// low nibbles, bit `4 + j` of its high ones).
+#[inline(always)]
+unsafe fn fifth_bits(hb: *const u8) -> (__m256i, __m256i) {
+    // SAFETY: 8 readable bytes at `hb` (caller); AVX2 enabled by the caller.
+    unsafe {
+        let bytes = _mm256_set1_epi64x(hb.cast::<i64>().read_unaligned());
+        // Row r's byte into every byte of lane r (rows 0-3 in the low half, 4-7 in the high).
+        let spread = _mm256_set_epi64x(
+            0x0707_0707_0606_0606,
+            0x0505_0505_0404_0404,
+            0x0303_0303_0202_0202,
+            0x0101_0101_0000_0000,
+        );
+        let h = _mm256_shuffle_epi8(bytes, spread);
+        let sel = |m: i32| {
+            let m = _mm256_set1_epi32(m);
+            let set = _mm256_cmpeq_epi8(_mm256_and_si256(h, m), m);
+            _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+        };
+        (sel(0x0804_0201), sel(0x8040_2010_u32 as i32))
+    }
+}
+
+/// KIND: 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q8_0 (`qdot_x86.rs`' numbering). See [`group`].
 #[inline(always)]
 unsafe fn body<const KIND: u8, const T: usize, const VNNI: bool>(
     grp: &[u8],
@@ -317,11 +348,16 @@ unsafe fn body<const KIND: u8, const T: usize, const VNNI: bool>(
             } else {
                 for c in 0..4 {
                     let v = _mm256_loadu_si256(q.add(32 * c).cast());
-                    let lo = _mm256_and_si256(v, m4);
-                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+                    let mut lo = _mm256_and_si256(v, m4);
+                    let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+                    if KIND == 2 {
+                        let (bl, bh) = fifth_bits(s.add(16 + 8 * c));
+                        lo = _mm256_or_si256(lo, bl);
+                        hi = _mm256_or_si256(hi, bh);
+                    }
                     for j in 0..T {
                         let y = ab[j].qs.as_ptr();
-                        let (il, ih) = if KIND == 0 {
+                        let (il, ih) = if KIND == 0 || KIND == 2 {
                             (_mm256_set1_epi32(cj[j][c]), _mm256_set1_epi32(cj[j][4 + c]))
                         } else {
                             (_mm256_setzero_si256(), _mm256_setzero_si256())

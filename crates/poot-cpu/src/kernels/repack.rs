@@ -1,4 +1,4 @@
-//! Q4_0 / Q4_1 / Q8_0 weights re-laid 8 rows at a time, for the ggml-numerics integer matmul.
+//! Q4_0 / Q4_1 / Q5_0 / Q8_0 weights re-laid 8 rows at a time, for the ggml-numerics integer matmul.
 //!
 //! Why: in the stored layout each row's block is dotted alone, so every 32-value block pays its
 //! own scale conversion, broadcast and lane bookkeeping (about 14 vector ops per row block).
@@ -10,13 +10,15 @@
 //! Layout: rows are taken in groups of 8 (the last group padded with zero rows: scale 0, quants
 //! 0, so padded outputs are 0 and never written). Group `g` is `nb` superblocks in block order;
 //! superblock `b` holds, for rows `8g..8g+8`:
-//! - `d[8]`: the 8 rows' f16 scales (16 bytes), then for Q4_1 `m[8]`: their f16 offsets;
+//! - `d[8]`: the 8 rows' f16 scales (16 bytes), then for Q4_1 `m[8]`: their f16 offsets, or for
+//!   Q5_0 32 bytes of fifth bits: byte `8c + r` holds row `r`'s bits for chunk `c` (low
+//!   nibble: the elements of the chunk's low nibbles, high nibble: of its high ones);
 //! - the quants as 32-byte chunks. Chunk `c`, lane `r` (bytes `4r..4r+4`) = bytes `4c..4c+4` of
 //!   row `r`'s block quants. Q4 blocks have 4 chunks (16 bytes of nibbles per row: the low
 //!   nibbles of chunk `c` are elements `4c..4c+4`, the high ones `16+4c..16+4c+4`); Q8_0 blocks
 //!   have 8 (element `4c..4c+4`).
 //!
-//! So a superblock is exactly 8 stored blocks (144, 160 or 272 bytes): the copy is the size of
+//! So a superblock is exactly 8 stored blocks (144, 160, 176 or 272 bytes): the copy is the size of
 //! the tensor, and nothing is decoded. ggml's lane `l` of a block dot (elements `4l..4l+4`) is
 //! chunk `l` (Q8_0), or the low (`l < 4`) / high (`l >= 4`) nibbles of chunk `l % 4` (Q4), so
 //! every integer lane sum of `qdot.rs` is available per row and the float steps stay ggml's:
@@ -51,10 +53,11 @@ impl std::fmt::Debug for Repacked {
     }
 }
 
-/// Bytes of the header (scales, and Q4_1's offsets) of one superblock.
+/// Bytes of the header (scales, and Q4_1's offsets or Q5_0's high bits) of one superblock.
 pub(crate) const fn header_bytes(kind: QKind) -> usize {
     match kind {
         QKind::Q4_1 => 32,
+        QKind::Q5_0 => 48,
         _ => 16,
     }
 }
@@ -72,10 +75,21 @@ pub(crate) const fn superblock_bytes(kind: QKind) -> usize {
     header_bytes(kind) + 32 * chunks(kind)
 }
 
+/// Q5_0's fifth bits of chunk `c` in one byte: bits `4c..4c+4` of `qh` (the low-nibble
+/// elements `4c..4c+4`) low, bits `16+4c..16+4c+4` (the high-nibble ones) high.
+fn high_bits(qh: u32, c: usize) -> u8 {
+    (((qh >> (4 * c)) & 0xf) | (((qh >> (16 + 4 * c)) & 0xf) << 4)) as u8
+}
+
+/// The inverse of [`high_bits`]: chunk `c`'s bits back at their places in `qh`.
+fn spread_bits(b: u8, c: usize) -> u32 {
+    (u32::from(b & 0xf) << (4 * c)) | (u32::from(b >> 4) << (16 + 4 * c))
+}
+
 impl Repacked {
-    /// Whether `kind` has this layout (Q5_0 keeps the stored one).
+    /// Whether `kind` has this layout (all four do).
     pub(crate) fn supports(kind: QKind) -> bool {
-        matches!(kind, QKind::Q4_0 | QKind::Q4_1 | QKind::Q8_0)
+        matches!(kind, QKind::Q4_0 | QKind::Q4_1 | QKind::Q5_0 | QKind::Q8_0)
     }
 
     /// Re-lays `n` stored rows of `nb` blocks (`w.len() == n * nb * block_bytes`).
@@ -99,6 +113,12 @@ impl Repacked {
                     s[2 * r..2 * r + 2].copy_from_slice(&src[..2]);
                     if kind == QKind::Q4_1 {
                         s[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&src[2..4]);
+                    }
+                    if kind == QKind::Q5_0 {
+                        let qh = u32::from_le_bytes([src[2], src[3], src[4], src[5]]);
+                        for c in 0..4 {
+                            s[16 + 8 * c + r] = high_bits(qh, c);
+                        }
                     }
                     for c in 0..chunks(kind) {
                         let at = hdr + 32 * c + 4 * r;
@@ -134,6 +154,10 @@ impl Repacked {
             dst[..2].copy_from_slice(&s[2 * lane..2 * lane + 2]);
             if kind == QKind::Q4_1 {
                 dst[2..4].copy_from_slice(&s[16 + 2 * lane..16 + 2 * lane + 2]);
+            }
+            if kind == QKind::Q5_0 {
+                let qh = (0..4).fold(0u32, |qh, c| qh | spread_bits(s[16 + 8 * c + lane], c));
+                dst[2..6].copy_from_slice(&qh.to_le_bytes());
             }
             for c in 0..chunks(kind) {
                 let at = hdr + 32 * c + 4 * lane;
