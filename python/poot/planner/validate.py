@@ -179,7 +179,8 @@ def _conformance(bench: _Bench, threads: int | None, rng: np.random.Generator) -
 
 def _tiled_weights(folder: Path, k: int, target: int, rng: np.random.Generator) -> _native.Weights:
     """Per dtype a [n, k] weight of about ``target`` bytes (a quantized block of rows, tiled:
-    the values do not matter for speed, only that they are finite), plus a tiny one."""
+    the values do not matter for speed, only that they are finite), a [1024, k] one and a
+    tiny one."""
     entries = []
     for dt in _BOUNDS:
         raw, _ = quantize(rng.standard_normal((64, k), dtype=np.float32) * 0.05, dt)
@@ -187,6 +188,14 @@ def _tiled_weights(folder: Path, k: int, target: int, rng: np.random.Generator) 
         entries.append((f"big.{dt}", dt, (64 * reps, k), raw * reps))
         small, _ = quantize(rng.standard_normal((64, 256), dtype=np.float32) * 0.05, dt)
         entries.append((f"small.{dt}", dt, (64, 256), small))
+        # For the 64-row throughput: big enough that fixed costs vanish, small enough to stay
+        # in cache (a prefill's arithmetic, not its memory traffic).
+        entries.append((f"mid.{dt}", dt, (1024, k), raw * 16))
+        # For the one-row rate: distinct [k, k] matrices, as many as ``target`` bytes hold,
+        # run as one chain (see ``_time_chain``).
+        square, _ = quantize(rng.standard_normal((64, k), dtype=np.float32) * 0.05, dt)
+        for i in range(max(2, target // (len(square) * (k // 64)))):
+            entries.append((f"chain{i}.{dt}", dt, (k, k), square * (k // 64)))
     path = folder / "bench-big.gguf"
     write_gguf_arrays(entries, path)
     return _native.Weights(_native.GgufFile(path))
@@ -215,6 +224,33 @@ def _time_matmul(
         rt.run(plan, x)
         best = min(best, time.perf_counter() - t0)
     return best, n, k
+
+
+def _time_chain(
+    rt: _native.CpuRuntime, w: _native.Weights, dt: str, sizes: dict[str, int]
+) -> tuple[float, int, int]:
+    """Best seconds of one row through every ``chain*.{dt}`` matrix in turn, in one run: a
+    step's matmuls stream many distinct, mid-sized weights from memory, each paying the
+    prefetchers' ramp (a single big matrix would hide that); with the bytes and the count."""
+    names = [t for t in sizes if t.startswith("chain") and t.endswith(f".{dt}")]
+    described = w.describe(names[0])
+    assert described is not None
+    k = described[1][1]
+    t = _native.Tracer(w, 1)
+    v = t.input("x", "f32", [1, k])
+    for name in names:
+        v = t.matmul(v, t.weight(name))
+    t.output("y", v)
+    plan = rt.compile(t.finish(), w)
+    x = {"x": np.full((1, k), 0.01, np.float32)}
+    rt.run(plan, x)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        rt.run(plan, x)
+        best = min(best, time.perf_counter() - t0)
+    nbytes = sum(sizes[n] for n in names)
+    return best, nbytes, len(names)
 
 
 def _time_staging(source: Path, folder: Path) -> float:
@@ -366,9 +402,9 @@ def benchmark_cpu(
             rt = _native.CpuRuntime(threads, _numerics(dt))
             small, _, _ = _time_matmul(rt, w, f"small.{dt}", 1, 20)
             fixed.append(small)
-            s1, _, _ = _time_matmul(rt, w, f"big.{dt}", 1, 5)
-            gemv[dt] = sizes[f"big.{dt}"] / max(1e-9, s1 - small)
-            s64, n, k = _time_matmul(rt, w, f"small.{dt}", 64, 10)
+            chain, nbytes, count = _time_chain(rt, w, dt, sizes)
+            gemv[dt] = nbytes / max(1e-9, chain - count * small)
+            s64, n, k = _time_matmul(rt, w, f"mid.{dt}", 64, 5)
             gemm[dt] = 2 * 64 * n * k / s64
         rt = _native.CpuRuntime(threads, "exact")
         t = _native.Tracer(w, 1)
