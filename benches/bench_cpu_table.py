@@ -24,6 +24,7 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's BLAS threads must not spin here
 
 import argparse
+import gc
 import platform
 import statistics
 import subprocess
@@ -129,6 +130,9 @@ def run_row(label: str, path: Path, bw: float, rounds: int, peer_ok: bool) -> Ro
     import poot
 
     row = Row(label, path.stat().st_size)
+    # The previous row's engines must be gone first, or their release during this row makes
+    # this row's growth look smaller than it is.
+    gc.collect()
     rss0 = _rss()
     llm = poot.LLM(str(path), threads=THREADS, max_model_len=1024)
     row.numerics = llm.numerics
