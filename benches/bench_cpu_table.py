@@ -8,8 +8,8 @@ within each round (so both see the same machine load), every run with a fresh pr
 prefix-cache hits), the median of the rounds; the ratio
 poot/peer; and the decode roofline: bytes read per token (every weight the step reads, plus
 the KV cache at mid-decode) over the read bandwidth measured in the same run (numpy, the same
-thread count), and poot's fraction of it. Resident memory is poot's RSS growth during its
-runs against the GGUF size plus its KV pool.
+thread count), and poot's fraction of it. Resident memory is poot's RSS growth while it
+loads the model and generates, in a fresh interpreter, against the GGUF size plus its KV pool.
 
 Run: ``python benches/bench_cpu_table.py [--rows smollm2,llama-q4_0,...] [--write-docs]`` (the
 full table takes tens of minutes on 2 cores), or under pytest, where only the SmolLM2 row runs
@@ -24,7 +24,7 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's BLAS threads must not spin here
 
 import argparse
-import gc
+import json
 import platform
 import statistics
 import subprocess
@@ -101,12 +101,32 @@ def bytes_per_token(path: Path, ctx: int) -> tuple[int, int]:
     return total, kv
 
 
-def _rss() -> int:
+_RSS_SCRIPT = r"""
+import json, sys
+def rss():
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
-    return 0
+import numpy, poot
+base = rss()
+llm = poot.LLM(sys.argv[1], threads=int(sys.argv[2]), max_model_len=1024)
+p = poot.SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+llm.generate([[1] + [1000 + i for i in range(63)]], p)
+print(json.dumps({"grown": rss() - base, "kv": llm.runtime.memory().get("kv_bytes", 0)}))
+"""
+
+
+def _rss_ratio(path: Path) -> float:
+    """poot's resident-memory growth over (GGUF size + KV pool), loading the model and
+    generating in a fresh interpreter: in this process other rows' engines (and llama.cpp's)
+    come and go, and their memory returning to the system hid part of a row's growth."""
+    out = subprocess.run(
+        [sys.executable, "-c", _RSS_SCRIPT, str(path), str(THREADS)],
+        capture_output=True, text=True, check=True, timeout=900,
+    )  # fmt: skip
+    m = json.loads(out.stdout.strip().splitlines()[-1])
+    return float(m["grown"]) / (path.stat().st_size + m["kv"])
 
 
 @dataclass
@@ -130,10 +150,7 @@ def run_row(label: str, path: Path, bw: float, rounds: int, peer_ok: bool) -> Ro
     import poot
 
     row = Row(label, path.stat().st_size)
-    # The previous row's engines must be gone first, or their release during this row makes
-    # this row's growth look smaller than it is.
-    gc.collect()
-    rss0 = _rss()
+    row.rss_ratio = _rss_ratio(path)
     llm = poot.LLM(str(path), threads=THREADS, max_model_len=1024)
     row.numerics = llm.numerics
 
@@ -142,8 +159,6 @@ def run_row(label: str, path: Path, bw: float, rounds: int, peer_ok: bool) -> Ro
         return lambda: llm.generate([prompt], params)
 
     ours(_prompt(8), 4)()  # warm up: plans compiled, pages touched
-    kv = llm.runtime.memory().get("kv_bytes", 0)
-    row.rss_ratio = (_rss() - rss0) / (row.size + kv)
     peer = None
     if peer_ok:
         import llama_cpp
