@@ -42,19 +42,9 @@ pub(crate) fn matmul_q8(
     pool: &ThreadPool,
     cache: Option<(&mut ActCache, u64)>,
 ) {
-    let nb = k / QK8;
-    // Rows quantize independently, so quantizing `x` whole (the cache) equals row by row.
+    debug_assert!(k.is_multiple_of(QK8) && x.len() == t * k);
     let mut local = Scratch::<BlockQ8>::zeroed(0);
-    let xq: &[BlockQ8] = match cache {
-        Some((c, key)) => c.q8(key, x, kind.act_sum()),
-        None => {
-            local.resize(t * nb, BlockQ8::default());
-            for (xr, qr) in x.chunks_exact(k).zip(local.chunks_exact_mut(nb)) {
-                quantize_row_q8(xr, qr, kind.act_sum());
-            }
-            &local
-        }
-    };
+    let xq = quantized(x, kind.act_sum(), cache, &mut local);
     let groups = n.div_ceil(NR);
     // About four tasks per thread balances load when other processes share the cores.
     let per_task = groups.div_ceil(pool.n_threads() * 4).max(1);
@@ -79,6 +69,25 @@ pub(crate) fn matmul_q8(
             }
         },
     );
+}
+
+/// `x` (whole 32-blocks) as Q8 blocks (`with_sum`: Q8_1): from the activation cache when there
+/// is one, else quantized into `local`. Rows quantize independently, so quantizing `x` whole
+/// (what the cache does) equals row by row.
+pub(crate) fn quantized<'a>(
+    x: &[f32],
+    with_sum: bool,
+    cache: Option<(&'a mut ActCache, u64)>,
+    local: &'a mut Scratch<BlockQ8>,
+) -> &'a [BlockQ8] {
+    match cache {
+        Some((c, key)) => c.q8(key, x, with_sum),
+        None => {
+            local.resize(x.len() / QK8, BlockQ8::default());
+            quantize_row_q8(x, local, with_sum);
+            local
+        }
+    }
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@
 //! corrections, `t * k / 32` entries of 32 bytes, in reused scratch.
 
 use super::matmul::ActCache;
-use super::qact::{quantize_row_q8, BlockQ8, QK8};
+use super::qact::{BlockQ8, QK8};
 use super::qdot::{dot_scalar, dot_scalar_blocks, QKind};
 use super::repack::{Repacked, RG};
 use super::scratch::Scratch;
@@ -55,16 +55,7 @@ pub(crate) fn matmul_r8(
     let (kind, n, nb) = (w.kind, w.n, w.nb);
     debug_assert!(k == nb * QK8 && x.len() == t * k && out.len() == t * n);
     let mut local = Scratch::<BlockQ8>::zeroed(0);
-    let xq: &[BlockQ8] = match cache {
-        Some((c, key)) => c.q8(key, x, kind.act_sum()),
-        None => {
-            local.resize(t * nb, BlockQ8::default());
-            for (xr, qr) in x.chunks_exact(k).zip(local.chunks_exact_mut(nb)) {
-                quantize_row_q8(xr, qr, kind.act_sum());
-            }
-            &local
-        }
-    };
+    let xq = super::matmul_q8::quantized(x, kind.act_sum(), cache, &mut local);
     #[cfg(target_arch = "x86_64")]
     let simd = matches!(ck.isa(), Isa::Avx2 | Isa::Avx512);
     #[cfg(not(target_arch = "x86_64"))]
