@@ -547,7 +547,7 @@ fn run_all(
             Some(p) => {
                 let t0 = std::time::Instant::now();
                 let buf = exec.run_op(i, op, (inputs, late), kv.as_deref_mut(), deadline)?;
-                let (kind, rows) = profile_kind(plan, op, i);
+                let (kind, rows) = super::profile::kind_of(plan, op, i);
                 *decode &= rows <= 1 || !matches!(op, Op::MatMul { .. });
                 p.add(&kind, rows, t0.elapsed());
                 buf
@@ -590,14 +590,4 @@ fn run_all(
         outputs.push((name.clone(), t));
     }
     Ok(outputs)
-}
-
-/// The profile bucket of equation `i` (matmuls by weight dtype) and its row count.
-fn profile_kind(plan: &CpuPlan, op: &Op, i: usize) -> (String, usize) {
-    let g = &plan.graph;
-    let rows = g.values[i].shape.first().copied().unwrap_or(1);
-    match op {
-        Op::MatMul { w, .. } => (format!("matmul {}", g.info(*w).dtype), rows),
-        _ => (op.name().to_string(), rows),
-    }
 }

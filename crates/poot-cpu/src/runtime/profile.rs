@@ -125,3 +125,13 @@ impl Profile {
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
+
+/// The profile bucket of equation `i` (matmuls by weight dtype) and its row count.
+pub(super) fn kind_of(plan: &super::CpuPlan, op: &poot_graph::Op, i: usize) -> (String, usize) {
+    let g = &plan.graph;
+    let rows = g.values[i].shape.first().copied().unwrap_or(1);
+    match op {
+        poot_graph::Op::MatMul { w, .. } => (format!("matmul {}", g.info(*w).dtype), rows),
+        _ => (op.name().to_string(), rows),
+    }
+}
