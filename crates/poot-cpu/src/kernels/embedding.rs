@@ -35,21 +35,7 @@ pub fn embedding(
         mul(n_vocab, row, "embedding table")?,
         table.len(),
     )?;
-    check_len(
-        "embedding out",
-        mul(ids.len(), dim, "embedding out")?,
-        out.len(),
-    )?;
-    for (at, &id) in ids.iter().enumerate() {
-        if id < 0 || id as usize >= n_vocab {
-            return Err(KernelError::IndexOutOfRange {
-                what: "embedding ids",
-                at,
-                value: i64::from(id),
-                bound: n_vocab,
-            });
-        }
-    }
+    check_ids_and_out(ids, n_vocab, dim, out)?;
     if dim == 0 {
         return Ok(());
     }
@@ -58,6 +44,34 @@ pub fn embedding(
         simd::decode(ck, p, &table[id * row..(id + 1) * row], dst);
     }
     Ok(())
+}
+
+/// `out` holds `ids.len()` rows of `dim`, and every id is in `0..n_vocab` (the first bad one is
+/// the error), before anything is written.
+fn check_ids_and_out(
+    ids: &[i32],
+    n_vocab: usize,
+    dim: usize,
+    out: &[f32],
+) -> Result<(), KernelError> {
+    check_len(
+        "embedding out",
+        mul(ids.len(), dim, "embedding out")?,
+        out.len(),
+    )?;
+    match ids
+        .iter()
+        .enumerate()
+        .find(|(_, &id)| id < 0 || id as usize >= n_vocab)
+    {
+        Some((at, &id)) => Err(KernelError::IndexOutOfRange {
+            what: "embedding ids",
+            at,
+            value: i64::from(id),
+            bound: n_vocab,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// [`embedding`] from a table in the 8-row layout (`repack.rs`): each row is rebuilt in its
@@ -75,23 +89,7 @@ pub(crate) fn embedding_repacked(
     })?;
     let (n_vocab, dim) = (table.n, table.nb * 32);
     let row = row_bytes("embedding", dtype, dim)?;
-    check_len(
-        "embedding out",
-        mul(ids.len(), dim, "embedding out")?,
-        out.len(),
-    )?;
-    if let Some((at, &id)) = ids
-        .iter()
-        .enumerate()
-        .find(|(_, &id)| id < 0 || id as usize >= n_vocab)
-    {
-        return Err(KernelError::IndexOutOfRange {
-            what: "embedding ids",
-            at,
-            value: i64::from(id),
-            bound: n_vocab,
-        });
-    }
+    check_ids_and_out(ids, n_vocab, dim, out)?;
     let mut bytes = super::scratch::Scratch::<u8>::zeroed(row);
     for (&id, dst) in ids.iter().zip(out.chunks_exact_mut(dim.max(1))) {
         table.stored_row(id as usize, &mut bytes);
