@@ -3,7 +3,7 @@
 //! (`all` skips a filter; numerics `exact` or `ggml`, the Q8-activation integer-dot path).
 //!
 //! Times `[t x 576] x [1536 x 576]^T` (SmolLM2-135M's ffn_gate shape; k = 768 for k-quants)
-//! for t = 1 and 64 (`BENCH_N` sets another row count n, e.g. a big one to stream from DRAM, `BENCH_K` another k), on
+//! for t = 1 and 64 (or the given t; `BENCH_N` sets another row count n, e.g. a big one to stream from DRAM, `BENCH_K` another k), on
 //! every available ISA with 1 and 2 threads, with random packed weights (finite scales). No
 //! assertions: this prints GFLOP/s (2 * t * n * k flops per call) and calls per second.
 //! `BENCH_REPACK=1` runs ggml numerics on the 8-row interleaved layout where the dtype has one
@@ -96,13 +96,12 @@ fn main() {
             {
                 continue;
             }
-            for (t, numerics) in [1, 64]
+            for (t, numerics) in t_filter
+                .map_or(vec![1, 64], |t| vec![t])
                 .into_iter()
                 .flat_map(|t| [Numerics::Exact, Numerics::Ggml].map(|nu| (t, nu)))
             {
-                if t_filter.is_some_and(|f| f != t)
-                    || numerics_filter.is_some_and(|f| f != numerics)
-                {
+                if numerics_filter.is_some_and(|f| f != numerics) {
                     continue;
                 }
                 let x: Vec<f32> = (0..t * k).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();

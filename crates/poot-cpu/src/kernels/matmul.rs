@@ -1,11 +1,13 @@
 //! `out[t][n] = sum_k x[t][k] * W[n][k]` with `W` in its stored (packed) dtype.
 //!
-//! How: rows of `W` are split into tasks of whole `NR`-row groups, claimed dynamically by the
-//! pool's threads. For each group the thread decodes the `NR` rows (whole `k`, exact, see
-//! `decode.rs`) into its own scratch of `NR * k` floats, then runs a register-tiled dot product
-//! of those rows against every token. So each weight byte is read and decoded once per call,
-//! whatever `t` is (prefill costs one pass over the weights, not `t`), and no weight is ever
-//! dequantized beyond one row group per thread.
+//! How: rows of `W` are split into tasks of whole row blocks (about 256 KiB of decoded `f32`,
+//! a multiple of `NR` rows), claimed dynamically by the pool's threads. For each block the
+//! thread decodes its rows (whole `k`, exact, see `decode.rs`) into its own scratch, then runs
+//! register-tiled dot products of each `NR`-row quad against tiles of tokens, every token tile
+//! against the whole block before the next. So each weight byte is read and decoded once per
+//! call whatever `t` is (prefill costs one pass over the weights, not `t`), an activation tile
+//! is read from memory once per block, and no weight is dequantized beyond one block per
+//! thread. One token against F16 or BF16 weights skips the scratch (`matmul_float.rs`).
 //!
 //! Numerics: decoding is exact (bit-identical to poot-core's reference), so the only error is
 //! `f32` accumulation: 8 (AVX2, scalar) or 16 (AVX-512) lanes of FMAs/multiply-adds along `k`,
@@ -13,7 +15,8 @@
 //! path (the tests assert this bound on real weights). Results are deterministic for a given
 //! ISA (independent of the thread count).
 //!
-//! Cost: `2 * t * n * k` flops; memory: `NR * k + NR * t` floats of scratch per thread.
+//! Cost: `2 * t * n * k` flops; memory: a row block plus `NR * TOKEN_TILE` floats of scratch
+//! per thread.
 //!
 //! [`matmul_numerics`] with [`Numerics::Ggml`] takes llama.cpp's arithmetic instead, bit for bit:
 //! for Q4_0, Q4_1, Q5_0, Q8_0 weights activations quantized to Q8 and integer block dots (the
@@ -166,6 +169,11 @@ pub(crate) fn matmul_cached(
         out.fill(0.0);
         return Ok(());
     }
+    if super::matmul_float::applies(ck, p, t) {
+        let f = super::matmul_float::gemv_float;
+        f(ck, numerics, p, x, k, w, row_bytes, n, out, pool);
+        return Ok(());
+    }
     if numerics == Numerics::Ggml {
         if let Some(kind) = QKind::new(w_dtype) {
             super::matmul_q8::matmul_q8(ck, kind, x, t, k, w, row_bytes, n, out, pool, cache);
@@ -182,30 +190,41 @@ pub(crate) fn matmul_cached(
         }
     }
 
-    let groups = n.div_ceil(NR);
+    // Rows are decoded a block at a time (about 256 KiB of f32, so it stays in L2) and every
+    // token tile is run against the whole block before the next one: an activation tile is
+    // then read from memory once per block rather than once per NR rows (a 512-token prefill
+    // re-read its activations from L3 hundreds of times per matmul before).
+    let block = (BLOCK_FLOATS / k / NR).clamp(1, 16) * NR;
+    let blocks = n.div_ceil(block);
     // About four tasks per thread balances load when other processes share the cores.
-    let per_task = groups.div_ceil(pool.n_threads() * 4).max(1);
-    let tasks = groups.div_ceil(per_task);
+    let per_task = blocks.div_ceil(pool.n_threads() * 4).max(1);
+    let tasks = blocks.div_ceil(per_task);
     let shared = SharedMut::new(out);
     pool.for_each_init(
         tasks,
-        || (Scratch::zeroed(NR * k), Scratch::zeroed(NR * t)),
+        || (Scratch::zeroed(block * k), Scratch::zeroed(NR * TOKEN_TILE)),
         |(rows, res), task| {
-            let g_end = ((task + 1) * per_task).min(groups);
-            for g in task * per_task..g_end {
-                let n0 = g * NR;
-                let nr = NR.min(n - n0);
+            for b in task * per_task..((task + 1) * per_task).min(blocks) {
+                let n0 = b * block;
+                let nr = block.min(n - n0);
                 for r in 0..nr {
                     let src = &w[(n0 + r) * row_bytes..(n0 + r + 1) * row_bytes];
                     simd::decode(ck, p, src, &mut rows[r * k..(r + 1) * k]);
                 }
-                // Rows nr..NR keep stale or zero values; their results are never written.
-                simd::dot_rows(ck, rows, k, x, t, res);
-                for tok in 0..t {
-                    for r in 0..nr {
-                        // SAFETY: row n0 + r belongs to this task's groups only, so no other
-                        // task writes index tok * n + n0 + r.
-                        unsafe { shared.write(tok * n + n0 + r, res[tok * NR + r]) };
+                for tok0 in (0..t).step_by(TOKEN_TILE) {
+                    let tt = TOKEN_TILE.min(t - tok0);
+                    let xs = &x[tok0 * k..(tok0 + tt) * k];
+                    for q in (0..nr).step_by(NR) {
+                        // Rows past nr in the last quad keep stale values; never written.
+                        simd::dot_rows(ck, &rows[q * k..(q + NR) * k], k, xs, tt, res);
+                        for tok in 0..tt {
+                            for r in 0..NR.min(nr - q) {
+                                let i = (tok0 + tok) * n + n0 + q + r;
+                                // SAFETY: row n0 + q + r belongs to this task's blocks only,
+                                // so no other task writes index i.
+                                unsafe { shared.write(i, res[tok * NR + r]) };
+                            }
+                        }
                     }
                 }
             }
@@ -213,6 +232,12 @@ pub(crate) fn matmul_cached(
     );
     Ok(())
 }
+
+/// Decoded-row block size, in floats (see `matmul_cached`).
+pub(crate) const BLOCK_FLOATS: usize = 64 * 1024;
+/// Tokens run against a row block per pass: a multiple of every `dot_rows` tile width, so
+/// the tiles (and so the results) are the same as one pass over all tokens.
+pub(crate) const TOKEN_TILE: usize = 4;
 
 /// `w` (`n` rows of `k` elements of `w_dtype`, as stored) re-laid for a faster kernel on this
 /// `isa` under `numerics`, or `None` when the stored layout is already the fast one: under

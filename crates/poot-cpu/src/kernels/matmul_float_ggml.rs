@@ -10,13 +10,14 @@
 //! Bound vs the exact product: F32 weights `(k / 8 + 4) * 2^-24 * sum |w x|`; F16 weights add
 //! the activation rounding, `2^-11 * sum |w x|` (the tests assert both).
 //!
-//! Cost: `2 * t * n * k` flops; memory: `NR * k` floats of scratch per thread, plus the rounded
-//! activations (`t * k`) for F16.
+//! Cost: `2 * t * n * k` flops; memory: a row block of scratch per thread (as `matmul.rs`),
+//! plus the rounded activations (`t * k`) for F16.
 
 use super::scratch::Scratch;
 
 use super::decode::Packed;
 use super::ggml::{dot_lanes32, dot_lanes32_f32, dot_lanes8};
+use super::matmul::{BLOCK_FLOATS, TOKEN_TILE};
 use super::simd::{self, Checked, Isa, NR};
 use crate::pool::{SharedMut, ThreadPool};
 
@@ -44,33 +45,83 @@ pub(crate) fn matmul_float_ggml(
     let tiny = t >= 2 && k.is_multiple_of(8) && n.is_multiple_of(4);
     let f16 = p == Packed::F16;
     let fma = matches!(ck.isa(), Isa::Avx2 | Isa::Avx512);
-    let groups = n.div_ceil(NR);
-    let per_task = groups.div_ceil(pool.n_threads() * 4).max(1);
-    let tasks = groups.div_ceil(per_task);
+    // Row blocks and token tiles as in `matmul_cached` (activations stay in cache).
+    let block = (BLOCK_FLOATS / k / NR).clamp(1, 16) * NR;
+    let blocks = n.div_ceil(block);
+    let per_task = blocks.div_ceil(pool.n_threads() * 4).max(1);
+    let tasks = blocks.div_ceil(per_task);
     let shared = SharedMut::new(out);
     pool.for_each_init(
         tasks,
-        || Scratch::zeroed(NR * k),
-        |rows, task| {
-            for g in task * per_task..((task + 1) * per_task).min(groups) {
-                let n0 = g * NR;
-                let nr = NR.min(n - n0);
+        || (Scratch::zeroed(block * k), Scratch::zeroed(NR * TOKEN_TILE)),
+        |(rows, res), task| {
+            for b in task * per_task..((task + 1) * per_task).min(blocks) {
+                let n0 = b * block;
+                let nr = block.min(n - n0);
                 for r in 0..nr {
                     let src = &w[(n0 + r) * row_bytes..(n0 + r + 1) * row_bytes];
                     simd::decode(ck, p, src, &mut rows[r * k..(r + 1) * k]);
                 }
-                for tok in 0..t {
-                    let xr = &x[tok * k..(tok + 1) * k];
-                    for r in 0..nr {
-                        let v = dot(fma, tiny, f16, &rows[r * k..(r + 1) * k], xr);
-                        // SAFETY: row n0 + r belongs to this task's groups only, so no other
-                        // task writes index tok * n + n0 + r.
-                        unsafe { shared.write(tok * n + n0 + r, v) };
+                for tok0 in (0..t).step_by(TOKEN_TILE) {
+                    let tt = TOKEN_TILE.min(t - tok0);
+                    let xs = &x[tok0 * k..(tok0 + tt) * k];
+                    for q in (0..nr).step_by(NR) {
+                        let quad = &rows[q * k..(q + NR) * k];
+                        let live = NR.min(nr - q);
+                        if tiny && fma {
+                            tiles8(ck, quad, k, xs, tt, res);
+                        } else {
+                            for tok in 0..tt {
+                                for r in 0..live {
+                                    let row = &quad[r * k..(r + 1) * k];
+                                    let xr = &xs[tok * k..(tok + 1) * k];
+                                    res[tok * NR + r] = dot(fma, tiny, f16, row, xr);
+                                }
+                            }
+                        }
+                        for tok in 0..tt {
+                            for r in 0..live {
+                                let i = (tok0 + tok) * n + n0 + q + r;
+                                // SAFETY: row n0 + q + r belongs to this task's blocks only,
+                                // so no other task writes index i.
+                                unsafe { shared.write(i, res[tok * NR + r]) };
+                            }
+                        }
                     }
                 }
             }
         },
     );
+}
+
+/// tinyBLAS's 8-lane order for `NR` decoded rows against `t` tokens, on the SIMD paths.
+fn tiles8(ck: Checked, quad: &[f32], k: usize, x: &[f32], t: usize, res: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::fdot_x86::{tile8_avx2, tile8_avx512};
+        let wide = ck.isa() == Isa::Avx512 && std::arch::is_x86_feature_detected!("avx512vl");
+        let mut tok = 0;
+        while tok < t {
+            let (xs, rs) = (&x[tok * k..], &mut res[tok * NR..]);
+            let step = match (wide, t - tok) {
+                (true, 4..) => 4,
+                (_, 2..) => 2,
+                _ => 1,
+            };
+            // SAFETY: `Checked` proves AVX2 and FMA (and AVX-512F on that path; VL checked
+            // above); the tiles assert their own shapes.
+            unsafe {
+                match step {
+                    4 => tile8_avx512::<4>(quad, k, xs, rs),
+                    2 => tile8_avx2::<2>(quad, k, xs, rs),
+                    _ => tile8_avx2::<1>(quad, k, xs, rs),
+                }
+            }
+            tok += step;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("no SIMD path off x86-64: {ck:?} {quad:?} {k} {x:?} {t} {res:?}");
 }
 
 /// One dot in the order `tiny` and the weight type pick; `fma` says the CPU has FMA (so
@@ -114,10 +165,11 @@ mod tests {
         for dt in [DType::F16, DType::F32] {
             // k = 72: one 32-group plus a tail of 8 for the one-token order; n = 8 and 6:
             // tinyBLAS and, for 6 rows, vec_dot even with several tokens.
-            for (n, k) in [(8, 72), (6, 72)] {
+            // n = 72, k = 1024: two row blocks and several token tiles.
+            for (n, k) in [(8, 72), (6, 72), (72, 1024)] {
                 let w = synthetic_weights(dt, n, k, 3);
                 let wf = reference(dt, &w, n * k);
-                for t in [1, 3] {
+                for t in [1, 3, 9] {
                     let x = Rng::new(t as u32).vec(t * k, -2.0, 2.0);
                     let mut first: Option<Vec<f32>> = None;
                     for isa in Isa::available() {

@@ -6,8 +6,11 @@ pub mod attention;
 mod attention_ggml;
 pub mod decode;
 pub mod embedding;
+#[cfg(target_arch = "x86_64")]
+mod fdot_x86;
 pub mod ggml;
 pub mod matmul;
+mod matmul_float;
 mod matmul_float_ggml;
 mod matmul_q8;
 mod matmul_r8;

@@ -1,0 +1,294 @@
+//! x86 inner loops for float weights read as stored (F16 / BF16 halves, widened in registers).
+//!
+//! - [`gemv`]: `R` rows against one token, one FMA accumulator of `L` lanes (8 on AVX2, 16 on
+//!   AVX-512) per row, then a lane sum and a scalar tail: the exact path's order for one token
+//!   (see `matmul_float.rs` for the bound).
+//! - [`gemv_lanes32`]: `R` rows against one token in ggml's `ggml_vec_dot_f16` lane order
+//!   (lane `i % 32` over whole 32-groups); the caller folds the lanes and adds the tail.
+//! - [`tile8`]: 4 decoded f32 rows against `TT` tokens in 8 lanes (llamafile tinyBLAS's order),
+//!   each result summed by `ggml::hsum8`.
+//!
+//! Invariant (soundness): every function here is `unsafe` with the contract that the caller
+//! holds a `Checked` token for the ISA the function's `target_feature` names, and that the
+//! pointers cover the lengths stated on each function.
+
+use std::arch::x86_64::*;
+
+use super::decode::f16_to_f32;
+use super::ggml::hsum8;
+use super::simd::NR;
+
+/// Weight kinds (const-generic parameter values).
+pub(crate) const F16: u8 = 0;
+pub(crate) const BF16: u8 = 1;
+
+/// One stored element of kind `KIND` as `f32` (exact).
+#[inline(always)]
+fn scalar<const KIND: u8>(lo: u8, hi: u8) -> f32 {
+    let bits = u16::from_le_bytes([lo, hi]);
+    if KIND == F16 {
+        f16_to_f32(bits)
+    } else {
+        f32::from_bits(u32::from(bits) << 16)
+    }
+}
+
+/// 16 stored halves at `p` widened to `f32` (exact).
+#[inline(always)]
+unsafe fn load16<const KIND: u8>(p: *const u8) -> __m512 {
+    // SAFETY: the caller's contract: AVX-512F and F16C, 32 readable bytes at `p`.
+    unsafe {
+        let h = _mm256_loadu_si256(p.cast());
+        if KIND == F16 {
+            _mm512_cvtph_ps(h)
+        } else {
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+        }
+    }
+}
+
+/// 8 stored halves at `p` widened to `f32` (exact).
+#[inline(always)]
+unsafe fn load8<const KIND: u8>(p: *const u8) -> __m256 {
+    // SAFETY: the caller's contract: AVX2 and F16C, 16 readable bytes at `p`.
+    unsafe {
+        let h = _mm_loadu_si128(p.cast());
+        if KIND == F16 {
+            _mm256_cvtph_ps(h)
+        } else {
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+        }
+    }
+}
+
+#[inline(always)]
+fn hsum256(v: __m256) -> f32 {
+    let mut a = [0.0f32; 8];
+    // SAFETY: `a` holds 8 floats; AVX is implied by every caller's target features.
+    unsafe { _mm256_storeu_ps(a.as_mut_ptr(), v) };
+    ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))
+}
+
+/// `out[r] = dot(row r, x)` for `R` rows of `k` halves starting at `w + r * rb`, on AVX-512.
+///
+/// # Safety
+/// AVX-512F, AVX2, FMA and F16C detected; `R` rows of `2 * k` bytes at `w + r * rb`; `k`
+/// floats at `x`.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(crate) unsafe fn gemv_avx512<const KIND: u8, const R: usize>(
+    w: *const u8,
+    rb: usize,
+    k: usize,
+    x: *const f32,
+) -> [f32; R] {
+    let mut acc = [_mm512_setzero_ps(); R];
+    let main = k & !15;
+    let mut i = 0;
+    // SAFETY: i + 16 <= main <= k for every load (the function's contract covers the rest).
+    unsafe {
+        while i < main {
+            let xv = _mm512_loadu_ps(x.add(i));
+            for (r, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_fmadd_ps(load16::<KIND>(w.add(r * rb + 2 * i)), xv, *a);
+            }
+            i += 16;
+        }
+    }
+    let mut out = [0.0f32; R];
+    for (r, o) in out.iter_mut().enumerate() {
+        let mut s = _mm512_reduce_add_ps(acc[r]);
+        for j in main..k {
+            // SAFETY: j < k: inside row r and x.
+            let (lo, hi, xj) = unsafe {
+                (
+                    *w.add(r * rb + 2 * j),
+                    *w.add(r * rb + 2 * j + 1),
+                    *x.add(j),
+                )
+            };
+            s += scalar::<KIND>(lo, hi) * xj;
+        }
+        *o = s;
+    }
+    out
+}
+
+/// [`gemv_avx512`] on AVX2 (8 lanes).
+///
+/// # Safety
+/// AVX2, FMA and F16C detected; as [`gemv_avx512`] otherwise.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn gemv_avx2<const KIND: u8, const R: usize>(
+    w: *const u8,
+    rb: usize,
+    k: usize,
+    x: *const f32,
+) -> [f32; R] {
+    let mut acc = [_mm256_setzero_ps(); R];
+    let main = k & !7;
+    let mut i = 0;
+    // SAFETY: i + 8 <= main <= k for every load.
+    unsafe {
+        while i < main {
+            let xv = _mm256_loadu_ps(x.add(i));
+            for (r, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(load8::<KIND>(w.add(r * rb + 2 * i)), xv, *a);
+            }
+            i += 8;
+        }
+    }
+    let mut out = [0.0f32; R];
+    for (r, o) in out.iter_mut().enumerate() {
+        let mut s = hsum256(acc[r]);
+        for j in main..k {
+            // SAFETY: j < k: inside row r and x.
+            let (lo, hi, xj) = unsafe {
+                (
+                    *w.add(r * rb + 2 * j),
+                    *w.add(r * rb + 2 * j + 1),
+                    *x.add(j),
+                )
+            };
+            s += scalar::<KIND>(lo, hi) * xj;
+        }
+        *o = s;
+    }
+    out
+}
+
+/// ggml's 32 lanes of F16 rows against one token: `out[r][l] = sum over whole 32-groups g of
+/// fma(w[32g + l], x[32g + l])`, in `g` order, for `k32` (a multiple of 32) elements.
+///
+/// # Safety
+/// AVX-512F, AVX2, FMA and F16C detected; `R` rows of `2 * k32` bytes at `w + r * rb`; `k32`
+/// floats at `x`.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(crate) unsafe fn lanes32_avx512<const R: usize>(
+    w: *const u8,
+    rb: usize,
+    k32: usize,
+    x: *const f32,
+) -> [[f32; 32]; R] {
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    let mut i = 0;
+    // SAFETY: i + 32 <= k32 for every load.
+    unsafe {
+        while i < k32 {
+            let x0 = _mm512_loadu_ps(x.add(i));
+            let x1 = _mm512_loadu_ps(x.add(i + 16));
+            for (r, a) in acc.iter_mut().enumerate() {
+                let p = w.add(r * rb + 2 * i);
+                a[0] = _mm512_fmadd_ps(load16::<F16>(p), x0, a[0]);
+                a[1] = _mm512_fmadd_ps(load16::<F16>(p.add(32)), x1, a[1]);
+            }
+            i += 32;
+        }
+    }
+    let mut out = [[0.0f32; 32]; R];
+    for (o, a) in out.iter_mut().zip(&acc) {
+        // SAFETY: each half of `o` holds 16 floats.
+        unsafe {
+            _mm512_storeu_ps(o.as_mut_ptr(), a[0]);
+            _mm512_storeu_ps(o.as_mut_ptr().add(16), a[1]);
+        }
+    }
+    out
+}
+
+/// [`lanes32_avx512`] on AVX2 (four 8-lane accumulators per row).
+///
+/// # Safety
+/// AVX2, FMA and F16C detected; as [`lanes32_avx512`] otherwise.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn lanes32_avx2<const R: usize>(
+    w: *const u8,
+    rb: usize,
+    k32: usize,
+    x: *const f32,
+) -> [[f32; 32]; R] {
+    let mut acc = [[_mm256_setzero_ps(); 4]; R];
+    let mut i = 0;
+    // SAFETY: i + 32 <= k32 for every load.
+    unsafe {
+        while i < k32 {
+            for q in 0..4 {
+                let xv = _mm256_loadu_ps(x.add(i + 8 * q));
+                for a in acc.iter_mut().enumerate() {
+                    let p = w.add(a.0 * rb + 2 * (i + 8 * q));
+                    a.1[q] = _mm256_fmadd_ps(load8::<F16>(p), xv, a.1[q]);
+                }
+            }
+            i += 32;
+        }
+    }
+    let mut out = [[0.0f32; 32]; R];
+    for (o, a) in out.iter_mut().zip(&acc) {
+        for (q, v) in a.iter().enumerate() {
+            // SAFETY: o[8q..8q+8] is inside `o`.
+            unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(8 * q), *v) };
+        }
+    }
+    out
+}
+
+/// tinyBLAS's 8-lane order for `NR` decoded rows (`w`, `NR * k` floats) against `TT` tokens
+/// (`x`, `TT * k` floats, `k % 8 == 0`): `res[tok * NR + r] = hsum8(lanes)` where lane `l`
+/// accumulates `fma(w[r][8g + l], x[tok][8g + l])` in `g` order.
+#[inline(always)]
+unsafe fn tile8_body<const TT: usize>(w: &[f32], k: usize, x: &[f32], res: &mut [f32]) {
+    assert!(w.len() >= NR * k && x.len() >= TT * k && res.len() >= TT * NR && k.is_multiple_of(8));
+    let (wp, xp) = (w.as_ptr(), x.as_ptr());
+    // SAFETY: i + 8 <= k for every load, rows r < NR and tokens j < TT (asserted above); the
+    // target features come from the callers.
+    let acc = unsafe {
+        let mut acc = [[_mm256_setzero_ps(); TT]; NR];
+        let mut i = 0;
+        while i < k {
+            let mut xv = [_mm256_setzero_ps(); TT];
+            for (j, v) in xv.iter_mut().enumerate() {
+                *v = _mm256_loadu_ps(xp.add(j * k + i));
+            }
+            for (r, a) in acc.iter_mut().enumerate() {
+                let wv = _mm256_loadu_ps(wp.add(r * k + i));
+                for (j, a) in a.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(wv, xv[j], *a);
+                }
+            }
+            i += 8;
+        }
+        acc
+    };
+    for (r, a) in acc.iter().enumerate() {
+        for (j, v) in a.iter().enumerate() {
+            let mut l = [0.0f32; 8];
+            // SAFETY: `l` holds 8 floats.
+            unsafe { _mm256_storeu_ps(l.as_mut_ptr(), *v) };
+            res[j * NR + r] = hsum8(&l);
+        }
+    }
+}
+
+/// [`tile8_body`] for 2 tokens on AVX2 (16 registers).
+///
+/// # Safety
+/// AVX2 and FMA detected.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn tile8_avx2<const TT: usize>(w: &[f32], k: usize, x: &[f32], res: &mut [f32]) {
+    // SAFETY: the features this function enables.
+    unsafe { tile8_body::<TT>(w, k, x, res) }
+}
+
+/// [`tile8_body`] with AVX-512VL's 32 vector registers (so 4 tokens fit).
+///
+/// # Safety
+/// AVX-512F and AVX-512VL, AVX2 and FMA detected.
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+pub(crate) unsafe fn tile8_avx512<const TT: usize>(
+    w: &[f32],
+    k: usize,
+    x: &[f32],
+    res: &mut [f32],
+) {
+    // SAFETY: the features this function enables.
+    unsafe { tile8_body::<TT>(w, k, x, res) }
+}
