@@ -292,3 +292,81 @@ pub(crate) unsafe fn tile8_avx512<const TT: usize>(
     // SAFETY: the features this function enables.
     unsafe { tile8_body::<TT>(w, k, x, res) }
 }
+
+/// Whether this CPU has `vdpbf16ps` (AVX512-BF16) and the byte masks the tail needs (BW).
+pub(crate) fn has_bf16_dot() -> bool {
+    is_x86_feature_detected!("avx512bf16") && is_x86_feature_detected!("avx512bw")
+}
+
+/// `NR` BF16 rows (as stored, `w + r * rb`) against `TT` tokens of bf16 activations (`x + j *
+/// 2k`), `k` elements each: `res[j * NR + r]` = 16 lanes of `vdpbf16ps` (pairs of exact
+/// products added to each lane in `f32`) along `k`, then the lane sum. The `k % 32` tail is
+/// loaded with a zeroing mask, so it adds exact zeros.
+///
+/// # Safety
+/// AVX-512F, AVX-512BW and AVX512-BF16 detected ([`has_bf16_dot`]); `NR` rows of `2k` bytes
+/// at `w + r * rb`, `TT * 2k` bytes at `x`; `res.len() >= TT * NR`.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx2,fma")]
+pub(crate) unsafe fn dot_bf16<const TT: usize>(
+    w: *const u8,
+    rb: usize,
+    k: usize,
+    x: *const u8,
+    res: &mut [f32],
+) {
+    assert!(res.len() >= TT * NR);
+    let main = k & !31;
+    let mut acc = [[_mm512_setzero_ps(); TT]; NR];
+    // SAFETY: i + 32 <= main <= k for the full loads; the tail's masked loads touch only its
+    // `k - main` elements (the function's contract covers both).
+    unsafe {
+        let mut i = 0;
+        while i < main {
+            dot_bf16_step::<TT>(&mut acc, w, rb, k, x, i, !0);
+            i += 32;
+        }
+        if main < k {
+            dot_bf16_step::<TT>(&mut acc, w, rb, k, x, main, (1u32 << (k - main)) - 1);
+        }
+    }
+    for (r, a) in acc.iter().enumerate() {
+        for (j, v) in a.iter().enumerate() {
+            res[j * NR + r] = _mm512_reduce_add_ps(*v);
+        }
+    }
+}
+
+/// One 32-element step of [`dot_bf16`] at element `i`, loading the elements `mask` selects
+/// (zeros elsewhere).
+#[inline(always)]
+unsafe fn dot_bf16_step<const TT: usize>(
+    acc: &mut [[__m512; TT]; NR],
+    w: *const u8,
+    rb: usize,
+    k: usize,
+    x: *const u8,
+    i: usize,
+    mask: __mmask32,
+) {
+    // SAFETY: the caller's (`dot_bf16`'s) contract and features; `__m512i` and `__m512bh`
+    // are the same 64 bytes.
+    unsafe {
+        let mut xv = [load_bf16(mask, x.add(2 * i)); TT];
+        for (j, v) in xv.iter_mut().enumerate().skip(1) {
+            *v = load_bf16(mask, x.add(2 * (j * k + i)));
+        }
+        for (r, a) in acc.iter_mut().enumerate() {
+            let wv = load_bf16(mask, w.add(r * rb + 2 * i));
+            for (j, a) in a.iter_mut().enumerate() {
+                *a = _mm512_dpbf16_ps(*a, wv, xv[j]);
+            }
+        }
+    }
+}
+
+/// The 32 bf16 values at `p` that `mask` selects (zeros elsewhere).
+#[inline(always)]
+unsafe fn load_bf16(mask: __mmask32, p: *const u8) -> __m512bh {
+    // SAFETY: the caller's features and bounds; `__m512i` and `__m512bh` are the same 64 bytes.
+    unsafe { std::mem::transmute(_mm512_maskz_loadu_epi16(mask, p.cast())) }
+}

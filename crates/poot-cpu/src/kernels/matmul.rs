@@ -22,8 +22,8 @@
 //! for Q4_0, Q4_1, Q5_0, Q8_0 weights activations quantized to Q8 and integer block dots (the
 //! cheaper path for one token, `matmul_q8.rs`), for F16 and F32 weights ggml's float dot orders
 //! (`matmul_float_ggml.rs`), for Q4_K and Q6_K Q8_K activations and integer super-block dots
-//! (`qdot_k.rs`); each states its bound. BF16, Q5_1 and the other k-quants keep this exact
-//! path under either numerics.
+//! (`qdot_k.rs`), for BF16 activations rounded to bf16 (`matmul_bf16.rs`); each states its
+//! bound. Q5_1 and the other k-quants keep this exact path under either numerics.
 
 use poot_core::DType;
 
@@ -168,6 +168,10 @@ pub(crate) fn matmul_cached(
     if k == 0 {
         out.fill(0.0);
         return Ok(());
+    }
+    if numerics == Numerics::Ggml && p == Packed::BF16 {
+        let f = super::matmul_bf16::matmul_bf16_ggml;
+        return f(ck, x, t, k, w, row_bytes, n, out, pool);
     }
     if super::matmul_float::applies(ck, p, t) {
         let f = super::matmul_float::gemv_float;

@@ -4,8 +4,8 @@
 //! is what made the decode-then-dot path run at half the memory's speed on these dtypes.
 //!
 //! Numerics:
-//! - [`Numerics::Exact`] (and BF16 under either numerics, which has no ggml order here): one
-//!   `f32` FMA accumulator of 16 lanes (AVX-512) or 8 (AVX2) per row along `k`, a lane sum, then
+//! - [`Numerics::Exact`] (and BF16's ggml activations once rounded, off AVX512-BF16, see
+//!   `matmul_bf16.rs`): one `f32` FMA accumulator of 16 lanes (AVX-512) or 8 (AVX2) per row along `k`, a lane sum, then
 //!   the `k % 16` (or `% 8`) tail in order; the exact path's bound,
 //!   `(k / 8 + 16) * 2^-24 * sum_k |x||w|`, holds (the tests assert it).
 //! - [`Numerics::Ggml`] with F16 weights: activations rounded to f16, then `ggml_vec_dot_f16`'s

@@ -144,7 +144,8 @@ fn other_dtypes_keep_the_exact_path() {
     let (n, k) = (5, 64);
     let x = Rng::new(2).vec(2 * k, -1.0, 1.0);
     let pool = ThreadPool::new(1).unwrap();
-    for dt in [DType::BF16, DType::Q5_1] {
+    // (BF16 has its own ggml path since its activations are rounded: `matmul_bf16.rs`.)
+    for dt in [DType::Q5_1] {
         let k = if dt.block_elems() == 256 { 256 } else { k };
         let x = &x.iter().cycle().take(2 * k).copied().collect::<Vec<_>>();
         let w = synthetic_weights(dt, n, k, 4);

@@ -10,6 +10,7 @@ pub mod embedding;
 mod fdot_x86;
 pub mod ggml;
 pub mod matmul;
+mod matmul_bf16;
 mod matmul_float;
 mod matmul_float_ggml;
 mod matmul_q8;

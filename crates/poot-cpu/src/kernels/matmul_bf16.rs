@@ -1,0 +1,240 @@
+//! BF16 weights under [`Numerics::Ggml`]: activations rounded to bf16 (llama.cpp's
+//! `vec_dot_type` for BF16, its round-to-nearest-even `GGML_FP32_TO_BF16`), then products of
+//! the two bf16 values, which are exact in `f32`, summed in `f32`.
+//!
+//! On CPUs with AVX512-BF16 the sums are `vdpbf16ps` lanes (16 lanes, each adding a pair of
+//! products per step; weights read as stored, no decoding), in row blocks and token tiles as
+//! `matmul.rs`: about half the instructions of widening to `f32` and FMAs, which is what
+//! llama.cpp's BF16 prefill uses too. Elsewhere the rounded activations go through the exact
+//! path. Either way, per output, `|got - sum_k w x'|` is at most
+//! `(k / 8 + 16) * 2^-24 * sum_k |w x'| + k * 2^-126`, with `x'` the rounded activations (`vdpbf16ps` flushes subnormal values to
+//! zero, hence the absolute term); the rounding itself is at most `2^-9 * sum_k |w x|`. The
+//! tests assert both. Results do not depend on the thread count or the token tiling; they are
+//! not llama.cpp's bits (its lane order is not reproduced).
+//!
+//! Cost: `2 * t * n * k` flops; memory: the rounded activations (`2 * t * k` bytes, or
+//! `4 * t * k` off the fast path) and, for a last partial row quad, one padded quad.
+
+use super::ggml::Numerics;
+use super::matmul::{matmul_cached, BLOCK_FLOATS, TOKEN_TILE};
+use super::scratch::Scratch;
+use super::simd::{Checked, Isa, NR};
+use crate::pool::{SharedMut, ThreadPool};
+use crate::KernelError;
+
+/// `v` rounded to bf16 as ggml does (nearest even; NaNs stay NaNs, quieted).
+pub(crate) fn round_bf16(v: f32) -> u16 {
+    let u = v.to_bits();
+    if u & 0x7fff_ffff > 0x7f80_0000 {
+        return ((u >> 16) | 64) as u16;
+    }
+    ((u + (0x7fff + ((u >> 16) & 1))) >> 16) as u16
+}
+
+/// See the module docs; shapes were validated by `matmul_cached`.
+#[allow(clippy::too_many_arguments, reason = "matmul's validated arguments")]
+pub(crate) fn matmul_bf16_ggml(
+    ck: Checked,
+    x: &[f32],
+    t: usize,
+    k: usize,
+    w: &[u8],
+    row_bytes: usize,
+    n: usize,
+    out: &mut [f32],
+    pool: &ThreadPool,
+) -> Result<(), KernelError> {
+    #[cfg(target_arch = "x86_64")]
+    if ck.isa() == Isa::Avx512 && super::fdot_x86::has_bf16_dot() {
+        dot_blocks(x, t, k, w, row_bytes, n, out, pool);
+        return Ok(());
+    }
+    let mut rounded = Scratch::<f32>::zeroed(0);
+    rounded.extend(
+        x.iter()
+            .map(|&v| f32::from_bits(u32::from(round_bf16(v)) << 16)),
+    );
+    let bf16 = poot_core::DType::BF16;
+    let exact = Numerics::Exact;
+    matmul_cached(exact, ck.isa(), &rounded, t, k, w, bf16, n, out, pool, None)
+}
+
+/// The AVX512-BF16 path: row blocks of stored weights, token tiles of bf16 activations.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments, reason = "matmul's validated arguments")]
+fn dot_blocks(
+    x: &[f32],
+    t: usize,
+    k: usize,
+    w: &[u8],
+    row_bytes: usize,
+    n: usize,
+    out: &mut [f32],
+    pool: &ThreadPool,
+) {
+    use super::fdot_x86::dot_bf16;
+    let mut xb = Scratch::<u8>::zeroed(0);
+    xb.extend(x.iter().flat_map(|&v| round_bf16(v).to_le_bytes()));
+    // Blocks of about 256 KiB of weights, as the f32 blocks of `matmul.rs`.
+    let block = (2 * BLOCK_FLOATS / k / NR).clamp(1, 16) * NR;
+    let blocks = n.div_ceil(block);
+    let per_task = blocks.div_ceil(pool.n_threads() * 4).max(1);
+    let tasks = blocks.div_ceil(per_task);
+    let shared = SharedMut::new(out);
+    let xb: &[u8] = &xb;
+    pool.for_each_init(
+        tasks,
+        || {
+            (
+                Scratch::<u8>::zeroed(NR * row_bytes),
+                [0.0f32; NR * TOKEN_TILE],
+            )
+        },
+        |(pad, res), task| {
+            for b in task * per_task..((task + 1) * per_task).min(blocks) {
+                let n0 = b * block;
+                let nr = block.min(n - n0);
+                for tok0 in (0..t).step_by(TOKEN_TILE) {
+                    let tt = TOKEN_TILE.min(t - tok0);
+                    let xs = &xb[2 * tok0 * k..2 * (tok0 + tt) * k];
+                    for q in (0..nr).step_by(NR) {
+                        let live = NR.min(nr - q);
+                        let rows = &w[(n0 + q) * row_bytes..(n0 + q + live) * row_bytes];
+                        // A last partial quad is read from a zero-padded copy (the kernel
+                        // reads NR rows).
+                        let quad: &[u8] = if live == NR {
+                            rows
+                        } else {
+                            pad[..rows.len()].copy_from_slice(rows);
+                            pad[rows.len()..].fill(0);
+                            pad
+                        };
+                        assert!(quad.len() >= NR * row_bytes && xs.len() >= 2 * tt * k);
+                        let mut tok = 0;
+                        while tok < tt {
+                            let step = match tt - tok {
+                                4.. => 4,
+                                2..=3 => 2,
+                                _ => 1,
+                            };
+                            let (wp, xp) = (quad.as_ptr(), xs[2 * tok * k..].as_ptr());
+                            let rs = &mut res[tok * NR..];
+                            // SAFETY: `has_bf16_dot` and the AVX-512 `Checked` token were
+                            // checked by the caller; NR rows of row_bytes >= 2k bytes and
+                            // step tokens of 2k bytes are asserted above.
+                            unsafe {
+                                match step {
+                                    4 => dot_bf16::<4>(wp, row_bytes, k, xp, rs),
+                                    2 => dot_bf16::<2>(wp, row_bytes, k, xp, rs),
+                                    _ => dot_bf16::<1>(wp, row_bytes, k, xp, rs),
+                                }
+                            }
+                            tok += step;
+                        }
+                        for tok in 0..tt {
+                            for r in 0..live {
+                                let i = (tok0 + tok) * n + n0 + q + r;
+                                // SAFETY: row n0 + q + r belongs to this task's blocks only,
+                                // so no other task writes index i.
+                                unsafe { shared.write(i, res[tok * NR + r]) };
+                            }
+                        }
+                    }
+                }
+            }
+        },
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use poot_core::DType;
+
+    use super::round_bf16;
+    use crate::kernels::ggml::Numerics;
+    use crate::kernels::matmul::matmul_numerics;
+    use crate::testutil::{reference, synthetic_weights, Rng};
+    use crate::{Isa, ThreadPool};
+
+    #[test]
+    fn rounding_is_ggmls() {
+        for v in [
+            1.0f32,
+            -2.5,
+            1.0 + 2f32.powi(-8),
+            1.0 + 3.0 * 2f32.powi(-8),
+            3.0e-40,
+            1e38,
+        ] {
+            assert_eq!(round_bf16(v), half::bf16::from_f32(v).to_bits(), "{v}");
+        }
+        // Ties go to even: 1 + 2^-8 is halfway between 1 and 1 + 2^-7.
+        assert_eq!(round_bf16(1.0 + 2f32.powi(-8)), 0x3f80);
+        let nan = f32::from_bits(0x7f80_0001);
+        assert!(f32::from_bits(u32::from(round_bf16(nan)) << 16).is_nan());
+    }
+
+    #[test]
+    fn within_bound_and_thread_independent_on_every_isa() {
+        // k = 45 and 72: masked tails; n = 70, k = 1024: several row blocks and token tiles
+        // and a last partial quad.
+        for (n, k) in [(7, 45), (9, 72), (70, 1024)] {
+            let w = synthetic_weights(DType::BF16, n, k, 41);
+            let wf = reference(DType::BF16, &w, n * k);
+            for t in [1, 3, 9] {
+                let x = Rng::new(5 + t as u32).vec(t * k, -2.0, 2.0);
+                let xr: Vec<f32> = x
+                    .iter()
+                    .map(|&v| f32::from_bits(u32::from(round_bf16(v)) << 16))
+                    .collect();
+                for isa in Isa::available() {
+                    let mut runs = Vec::new();
+                    for threads in [1, 2] {
+                        let pool = ThreadPool::new(threads).unwrap();
+                        let mut out = vec![f32::NAN; t * n];
+                        matmul_numerics(
+                            Numerics::Ggml,
+                            isa,
+                            &x,
+                            t,
+                            k,
+                            &w,
+                            DType::BF16,
+                            n,
+                            &mut out,
+                            &pool,
+                        )
+                        .unwrap();
+                        runs.push(out);
+                    }
+                    assert!(
+                        runs[0]
+                            .iter()
+                            .zip(&runs[1])
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{isa:?} n={n} k={k} t={t}: depends on the thread count"
+                    );
+                    for tok in 0..t {
+                        for r in 0..n {
+                            let (mut s, mut a, mut s0, mut a0) = (0.0f64, 0.0f64, 0.0f64, 0.0);
+                            for i in 0..k {
+                                let wv = f64::from(wf[r * k + i]);
+                                let p = wv * f64::from(xr[tok * k + i]);
+                                let p0 = wv * f64::from(x[tok * k + i]);
+                                (s, a, s0, a0) = (s + p, a + p.abs(), s0 + p0, a0 + p0.abs());
+                            }
+                            let got = f64::from(runs[0][tok * n + r]);
+                            let tol = (k / 8 + 16) as f64 * 2f64.powi(-24) * a
+                                + k as f64 * 2f64.powi(-126);
+                            let err = (got - s).abs();
+                            assert!(err <= tol, "{isa:?} n={n} k={k} [{tok},{r}]: {err:e}");
+                            // The activation rounding, vs the unrounded product.
+                            let err0 = (got - s0).abs();
+                            assert!(err0 <= tol + 2f64.powi(-9) * a0, "{isa:?} [{tok},{r}]");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
