@@ -42,6 +42,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cpu_synthetic as syn  # noqa: E402
 
 THREADS = 2
+# Every row runs under ggml numerics, llama.cpp's arithmetic (the peer's): activations
+# rounded or quantized as llama.cpp does and an f16 KV cache. Quantized GGUFs get it by
+# default; F16/BF16 ones would default to "exact" (f32 activations and KV cache).
+NUMERICS = "ggml"
 ROOT = Path(__file__).resolve().parents[1]
 
 # (row key, label, shape or None for the default model, storage type)
@@ -110,7 +114,7 @@ def rss():
                 return int(line.split()[1]) * 1024
 import numpy, poot
 base = rss()
-llm = poot.LLM(sys.argv[1], threads=int(sys.argv[2]), max_model_len=1024)
+llm = poot.LLM(sys.argv[1], threads=int(sys.argv[2]), max_model_len=1024, numerics=sys.argv[3])
 p = poot.SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
 llm.generate([[1] + [1000 + i for i in range(63)]], p)
 print(json.dumps({"grown": rss() - base, "kv": llm.runtime.memory().get("kv_bytes", 0)}))
@@ -122,7 +126,7 @@ def _rss_ratio(path: Path) -> float:
     generating in a fresh interpreter: in this process other rows' engines (and llama.cpp's)
     come and go, and their memory returning to the system hid part of a row's growth."""
     out = subprocess.run(
-        [sys.executable, "-c", _RSS_SCRIPT, str(path), str(THREADS)],
+        [sys.executable, "-c", _RSS_SCRIPT, str(path), str(THREADS), NUMERICS],
         capture_output=True, text=True, check=True, timeout=900,
     )  # fmt: skip
     m = json.loads(out.stdout.strip().splitlines()[-1])
@@ -151,7 +155,7 @@ def run_row(label: str, path: Path, bw: float, rounds: int, peer_ok: bool) -> Ro
 
     row = Row(label, path.stat().st_size)
     row.rss_ratio = _rss_ratio(path)
-    llm = poot.LLM(str(path), threads=THREADS, max_model_len=1024)
+    llm = poot.LLM(str(path), threads=THREADS, max_model_len=1024, numerics=NUMERICS)
     row.numerics = llm.numerics
 
     def ours(prompt: list[int], n: int) -> Callable[[], Any]:

@@ -5,8 +5,8 @@
 //! On CPUs with AVX512-BF16 the sums are `vdpbf16ps` lanes (16 lanes, each adding a pair of
 //! products per step; weights read as stored, no decoding), in row blocks and token tiles as
 //! `matmul.rs`: about half the instructions of widening to `f32` and FMAs, which is what
-//! llama.cpp's BF16 prefill uses too. Elsewhere the rounded activations go through the exact
-//! path. Either way, per output, `|got - sum_k w x'|` is at most
+//! llama.cpp's BF16 prefill uses too. Elsewhere, and for one token (bound by memory, not
+//! arithmetic), the rounded activations go through the exact path. Either way, per output, `|got - sum_k w x'|` is at most
 //! `(k / 8 + 16) * 2^-24 * sum_k |w x'| + k * 2^-126`, with `x'` the rounded activations (`vdpbf16ps` flushes subnormal values to
 //! zero, hence the absolute term); the rounding itself is at most `2^-9 * sum_k |w x|`. The
 //! tests assert both. Results do not depend on the thread count or the token tiling; they are
@@ -44,8 +44,10 @@ pub(crate) fn matmul_bf16_ggml(
     out: &mut [f32],
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
+    // One token is bound by reading the weights, which one row at a time does best
+    // (`matmul_float.rs`), so it takes the rounded activations through the exact path.
     #[cfg(target_arch = "x86_64")]
-    if ck.isa() == Isa::Avx512 && super::fdot_x86::has_bf16_dot() {
+    if t >= 2 && ck.isa() == Isa::Avx512 && super::fdot_x86::has_bf16_dot() {
         dot_blocks(x, t, k, w, row_bytes, n, out, pool);
         return Ok(());
     }
