@@ -77,7 +77,7 @@ fn check_ids_and_out(
 /// [`embedding`] from a table in the 8-row layout (`repack.rs`): each row is rebuilt in its
 /// stored form in a reused buffer, then decoded as above, so `out` is bit-identical.
 pub(crate) fn embedding_repacked(
-    table: &super::repack::Repacked,
+    table: &super::repack::Repack,
     dtype: DType,
     ids: &[i32],
     out: &mut [f32],
@@ -87,7 +87,7 @@ pub(crate) fn embedding_repacked(
         op: "embedding",
         dtype,
     })?;
-    let (n_vocab, dim) = (table.n, table.nb * 32);
+    let (n_vocab, dim) = (table.n(), table.k());
     let row = row_bytes("embedding", dtype, dim)?;
     check_ids_and_out(ids, n_vocab, dim, out)?;
     let mut bytes = super::scratch::Scratch::<u8>::zeroed(row);
@@ -199,11 +199,30 @@ mod tests {
     #[test]
     fn repacked_tables_give_the_same_rows() {
         use crate::kernels::qdot::QKind;
-        use crate::kernels::repack::Repacked;
-        for dt in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0] {
-            let (n, dim) = (19, 96);
+        use crate::kernels::qdot_k::KKind;
+        use crate::kernels::repack::{Repack, Repacked};
+        use crate::kernels::repack_k::RepackedK;
+        let kinds = [
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q5_0,
+            DType::Q8_0,
+            DType::Q4_K,
+            DType::Q6_K,
+        ];
+        for dt in kinds {
+            let dim = if dt.block_elems() == 256 { 512 } else { 96 };
+            let n = 19;
             let table = synthetic_weights(dt, n, dim, 8);
-            let rp = Repacked::new(QKind::new(dt).unwrap(), &table, n, dim / 32);
+            let rp = match QKind::new(dt) {
+                Some(kind) => Repack::Q(Repacked::new(kind, &table, n, dim / 32)),
+                None => Repack::K(RepackedK::new(
+                    KKind::new(dt).unwrap(),
+                    &table,
+                    n,
+                    dim / 256,
+                )),
+            };
             let ids = [18, 0, 7, 8, 18];
             let mut want = vec![0.0f32; ids.len() * dim];
             embedding(&table, dt, n, dim, &ids, &mut want).unwrap();

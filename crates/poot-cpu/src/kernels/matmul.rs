@@ -30,7 +30,8 @@ use poot_core::DType;
 use super::decode::Packed;
 use super::ggml::Numerics;
 use super::qdot::QKind;
-use super::repack::Repacked;
+use super::repack::{Repack, Repacked};
+use super::repack_k::RepackedK;
 use super::scratch::Scratch;
 use super::simd::{self, Isa, NR};
 use crate::error::{check_len, mul};
@@ -245,9 +246,9 @@ pub(crate) const TOKEN_TILE: usize = 4;
 
 /// `w` (`n` rows of `k` elements of `w_dtype`, as stored) re-laid for a faster kernel on this
 /// `isa` under `numerics`, or `None` when the stored layout is already the fast one: under
-/// [`Numerics::Ggml`] on AVX2 and AVX-512, Q4_0, Q4_1 and Q8_0 go 8 rows at a time
-/// (`repack.rs`; the results stay bit-identical). The copy is the tensor's size; the caller
-/// owns it and passes it to [`matmul_repacked`].
+/// [`Numerics::Ggml`] on AVX2 and AVX-512, Q4_0, Q4_1, Q5_0 and Q8_0 (`repack.rs`) and Q4_K and
+/// Q6_K (`repack_k.rs`) go 8 rows at a time (the results stay bit-identical). The copy is the
+/// tensor's size; the caller owns it and passes it to [`matmul_repacked`].
 pub fn repack_for(
     numerics: Numerics,
     isa: Isa,
@@ -255,17 +256,21 @@ pub fn repack_for(
     w_dtype: DType,
     n: usize,
     k: usize,
-) -> Result<Option<Repacked>, KernelError> {
-    let kind = match QKind::new(w_dtype) {
-        Some(kind) if numerics == Numerics::Ggml && Repacked::supports(kind) => kind,
-        _ => return Ok(None),
-    };
-    if !matches!(isa.checked()?.isa(), Isa::Avx2 | Isa::Avx512) {
+) -> Result<Option<Repack>, KernelError> {
+    if numerics != Numerics::Ggml || !matches!(isa.checked()?.isa(), Isa::Avx2 | Isa::Avx512) {
+        return Ok(None);
+    }
+    let (q, kq) = (QKind::new(w_dtype), super::qdot_k::KKind::new(w_dtype));
+    if !q.is_some_and(Repacked::supports) && kq.is_none() {
         return Ok(None);
     }
     let rb = row_bytes("matmul", w_dtype, k)?;
     check_len("matmul w", mul(n, rb, "matmul w")?, w.len())?;
-    Ok(Some(Repacked::new(kind, w, n, k / 32)))
+    Ok(Some(match (q, kq) {
+        (Some(kind), _) => Repack::Q(Repacked::new(kind, w, n, k / 32)),
+        (None, Some(kind)) => Repack::K(RepackedK::new(kind, w, n, k / super::qdot_k::QK_K)),
+        (None, None) => unreachable!("returned above"),
+    }))
 }
 
 /// [`matmul_numerics`] under [`Numerics::Ggml`] with weights from [`repack_for`] (`[n, k]`),
@@ -276,7 +281,7 @@ pub fn matmul_repacked(
     x: &[f32],
     t: usize,
     k: usize,
-    w: &Repacked,
+    w: &Repack,
     out: &mut [f32],
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
@@ -293,25 +298,28 @@ pub(crate) fn matmul_repacked_cached(
     x: &[f32],
     t: usize,
     k: usize,
-    w: &Repacked,
+    w: &Repack,
     out: &mut [f32],
     pool: &ThreadPool,
     cache: Option<(&mut ActCache, u64)>,
 ) -> Result<(), KernelError> {
     let ck = isa.checked()?;
-    if k != w.nb * 32 {
+    if k != w.k() {
         return Err(KernelError::Length {
             what: "matmul k (repacked weights)",
-            expected: w.nb * 32,
+            expected: w.k(),
             got: k,
         });
     }
     check_len("matmul x", mul(t, k, "matmul x")?, x.len())?;
-    check_len("matmul out", mul(t, w.n, "matmul out")?, out.len())?;
-    if t == 0 || w.n == 0 {
+    check_len("matmul out", mul(t, w.n(), "matmul out")?, out.len())?;
+    if t == 0 || w.n() == 0 {
         return Ok(());
     }
-    super::matmul_r8::matmul_r8(ck, w, x, t, k, out, pool, cache);
+    match w {
+        Repack::Q(w) => super::matmul_r8::matmul_r8(ck, w, x, t, k, out, pool, cache),
+        Repack::K(w) => super::matmul_rk::matmul_rk(ck, w, x, t, k, out, pool, cache),
+    }
     Ok(())
 }
 

@@ -15,6 +15,7 @@ mod matmul_float;
 mod matmul_float_ggml;
 mod matmul_q8;
 mod matmul_r8;
+mod matmul_rk;
 pub mod norm;
 pub mod qact;
 mod qdot;
@@ -24,8 +25,11 @@ mod qdot_k_x86;
 #[cfg(target_arch = "x86_64")]
 mod qdot_r8_x86;
 #[cfg(target_arch = "x86_64")]
+mod qdot_rk_x86;
+#[cfg(target_arch = "x86_64")]
 mod qdot_x86;
 pub mod repack;
+pub mod repack_k;
 pub mod rope;
 mod scratch;
 pub mod simd;

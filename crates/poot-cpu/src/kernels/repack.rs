@@ -28,6 +28,7 @@
 //! built and is only read by `matmul_r8.rs`.
 
 use super::qdot::QKind;
+use super::repack_k::RepackedK;
 
 /// Rows per interleaved group.
 pub(crate) const RG: usize = 8;
@@ -169,5 +170,49 @@ impl Repacked {
     /// Bytes this copy holds.
     pub fn bytes(&self) -> usize {
         self.data.len()
+    }
+}
+
+/// A weight matrix in one of the 8-row layouts: the 32-value quants' (this module) or the
+/// k-quants' (`repack_k.rs`). What the runtime keeps per re-laid tensor.
+#[derive(Debug)]
+pub enum Repack {
+    /// Q4_0, Q4_1, Q5_0, Q8_0.
+    Q(Repacked),
+    /// Q4_K, Q6_K.
+    K(RepackedK),
+}
+
+impl Repack {
+    /// Rows of the stored matrix.
+    pub(crate) fn n(&self) -> usize {
+        match self {
+            Repack::Q(r) => r.n,
+            Repack::K(r) => r.n,
+        }
+    }
+
+    /// Elements per row.
+    pub(crate) fn k(&self) -> usize {
+        match self {
+            Repack::Q(r) => r.nb * 32,
+            Repack::K(r) => r.nb * super::qdot_k::QK_K,
+        }
+    }
+
+    /// Row `r`'s stored bytes, rebuilt from the layout.
+    pub(crate) fn stored_row(&self, r: usize, out: &mut [u8]) {
+        match self {
+            Repack::Q(rp) => rp.stored_row(r, out),
+            Repack::K(rp) => rp.stored_row(r, out),
+        }
+    }
+
+    /// Bytes this copy holds.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Repack::Q(r) => r.bytes(),
+            Repack::K(r) => r.bytes(),
+        }
     }
 }

@@ -34,7 +34,7 @@ use poot_runtime::{
 
 pub use plan::CpuPlan;
 
-use crate::kernels::repack::Repacked;
+use crate::kernels::repack::Repack;
 use crate::kernels::Numerics;
 use crate::Isa;
 use crate::ThreadPool;
@@ -115,7 +115,7 @@ pub struct CpuRuntime {
 
 /// Re-laid weights by (store address, tensor name); the `Weak` tells a live store from a new
 /// one that reuses a freed address.
-type RepackCache = HashMap<(usize, String), (Weak<dyn WeightStore>, Arc<Repacked>)>;
+type RepackCache = HashMap<(usize, String), (Weak<dyn WeightStore>, Arc<Repack>)>;
 
 impl CpuRuntime {
     pub fn new(options: CpuOptions) -> Result<Self, RuntimeError> {

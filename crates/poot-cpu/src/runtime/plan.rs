@@ -28,7 +28,7 @@ pub struct CpuPlan {
     pub(crate) artifact_bytes: u64,
     /// Re-laid copies of matmul weights by the weight's value index (filled by the runtime
     /// after compiling; shared with its other plans). Matmuls over these read the copy.
-    pub(crate) repacked: HashMap<usize, Arc<crate::kernels::repack::Repacked>>,
+    pub(crate) repacked: HashMap<usize, Arc<crate::kernels::repack::Repack>>,
     /// Copies of the small weights other ops read every step (norm weights, biases), by value
     /// index, made alongside `repacked` so that a run reads nothing from a released map.
     pub(crate) copied: HashMap<usize, Arc<[u8]>>,

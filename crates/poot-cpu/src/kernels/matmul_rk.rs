@@ -1,0 +1,103 @@
+//! The ggml-numerics k-quant matmul over 8-row interleaved weights (`repack_k.rs`).
+//!
+//! How: as `qdot_k::matmul_q8k` (each activation row quantized to Q8_K once, through the
+//! activation cache when the caller has one), then tasks of whole 8-row groups claimed by the
+//! pool's threads; each group's super-blocks are read as one sequential stream and dotted
+//! against up to 4 (Q4_K) or 2 (Q6_K) tokens per pass (`qdot_rk_x86.rs`).
+//!
+//! Numerics: bit-identical to `qdot_k::matmul_q8k` on the stored rows, on every ISA, thread
+//! count and token tiling (the integer steps are exact and the float steps run per row in
+//! block order). The scalar path rebuilds each stored row and runs `qdot_k::dot_scalar`.
+//!
+//! Cost: the integer work of `matmul_q8k`, without its per-row-block scale unpacking, two
+//! horizontal sums and scalar f16 conversions; memory: the Q8_K activations (292 bytes per 256
+//! values and token) in reused scratch.
+
+use super::matmul::ActCache;
+use super::qdot_k::{dot_scalar, quantize_row_q8k, BlockQ8K, QK_K};
+use super::repack::RG;
+use super::repack_k::RepackedK;
+use super::scratch::Scratch;
+use super::simd::{Checked, Isa};
+use crate::pool::{SharedMut, ThreadPool};
+
+/// `out[t][n] = dot(W[n], Q8_K(x[t]))` with `W` repacked; `x` is `[t, k]` with `k = 256 * nb`
+/// (validated by the caller).
+#[allow(clippy::too_many_arguments, reason = "matmul's validated arguments")]
+pub(crate) fn matmul_rk(
+    ck: Checked,
+    w: &RepackedK,
+    x: &[f32],
+    t: usize,
+    k: usize,
+    out: &mut [f32],
+    pool: &ThreadPool,
+    cache: Option<(&mut ActCache, u64)>,
+) {
+    let (kind, n, nb) = (w.kind, w.n, w.nb);
+    debug_assert!(k == nb * QK_K && x.len() == t * k && out.len() == t * n);
+    let mut local = Scratch::<BlockQ8K>::zeroed(0);
+    let xq: &[BlockQ8K] = match cache {
+        Some((c, key)) => c.q8k(key, x),
+        None => {
+            local.resize(t * nb, BlockQ8K::default());
+            quantize_row_q8k(x, &mut local);
+            &local
+        }
+    };
+    #[cfg(target_arch = "x86_64")]
+    let simd = matches!(ck.isa(), Isa::Avx2 | Isa::Avx512);
+    #[cfg(not(target_arch = "x86_64"))]
+    let simd = false;
+    let groups = w.groups();
+    // About four tasks per thread balances load when other processes share the cores.
+    let per_task = groups.div_ceil(pool.n_threads() * 4).max(1);
+    let tasks = groups.div_ceil(per_task);
+    let shared = SharedMut::new(out);
+    let write = |g: usize, tok: usize, res: &[f32]| {
+        for (r, &v) in res.iter().enumerate().take(RG.min(n - g * RG)) {
+            // SAFETY: rows of group g belong to this task only, so no other task writes
+            // index tok * n + 8g + r.
+            unsafe { shared.write(tok * n + g * RG + r, v) };
+        }
+    };
+    let row_bytes = nb * kind.block_bytes();
+    pool.for_each_init(
+        tasks,
+        || Scratch::<u8>::zeroed(if simd { 0 } else { row_bytes }),
+        |row, task| {
+            for g in task * per_task..((task + 1) * per_task).min(groups) {
+                if !simd {
+                    let mut res = [0.0f32; RG];
+                    for tok in 0..t {
+                        for (r, v) in res.iter_mut().enumerate().take(RG.min(n - g * RG)) {
+                            w.stored_row(g * RG + r, row);
+                            *v = dot_scalar(kind, row, &xq[tok * nb..(tok + 1) * nb]);
+                        }
+                        write(g, tok, &res);
+                    }
+                    continue;
+                }
+                #[cfg(target_arch = "x86_64")]
+                {
+                    use super::qdot_rk_x86::{group, tile_tokens};
+                    let grp = w.group(g);
+                    let mut res = [0.0f32; 4 * RG];
+                    let mut tok = 0;
+                    while tok < t {
+                        let tt = tile_tokens(kind, t - tok);
+                        group(ck, kind, grp, nb, &xq[tok * nb..], tt, &mut res);
+                        for j in 0..tt {
+                            write(g, tok + j, &res[j * RG..(j + 1) * RG]);
+                        }
+                        tok += tt;
+                    }
+                }
+            }
+        },
+    );
+}
+
+#[cfg(test)]
+#[path = "matmul_rk_tests.rs"]
+mod tests;
