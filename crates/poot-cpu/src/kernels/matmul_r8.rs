@@ -26,7 +26,7 @@ use super::qact::{BlockQ8, QK8};
 use super::qdot::{dot_scalar, dot_scalar_blocks, QKind};
 use super::repack::{Repacked, RG};
 use super::scratch::Scratch;
-use super::simd::{Checked, Isa};
+use super::simd::{prefetch_ahead, Checked, Isa};
 use crate::pool::{SharedMut, ThreadPool};
 
 /// Fills `corr[i]` with `-mult * sum(y[4l..4l+4])` for each lane `l` of activation block `i`.
@@ -96,6 +96,10 @@ pub(crate) fn matmul_r8(
         }
     };
     pool.for_each(tasks, |task| {
+        if simd && t == 1 {
+            let first = w.group(task * per_task);
+            super::simd::prefetch_range(first.as_ptr(), first.len().min(prefetch_ahead()));
+        }
         for g in task * per_task..((task + 1) * per_task).min(groups) {
             if !simd {
                 let mut row = vec![0u8; nb * kind.block_bytes()];

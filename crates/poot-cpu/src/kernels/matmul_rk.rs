@@ -18,7 +18,7 @@ use super::qdot_k::{dot_scalar, quantize_row_q8k, BlockQ8K, QK_K};
 use super::repack::RG;
 use super::repack_k::RepackedK;
 use super::scratch::Scratch;
-use super::simd::{Checked, Isa};
+use super::simd::{prefetch_ahead, Checked, Isa};
 use crate::pool::{SharedMut, ThreadPool};
 
 /// `out[t][n] = dot(W[n], Q8_K(x[t]))` with `W` repacked; `x` is `[t, k]` with `k = 256 * nb`
@@ -66,6 +66,10 @@ pub(crate) fn matmul_rk(
         tasks,
         || Scratch::<u8>::zeroed(if simd { 0 } else { row_bytes }),
         |row, task| {
+            if simd && t == 1 {
+                let first = w.group(task * per_task);
+                super::simd::prefetch_range(first.as_ptr(), first.len().min(prefetch_ahead()));
+            }
             for g in task * per_task..((task + 1) * per_task).min(groups) {
                 if !simd {
                     let mut res = [0.0f32; RG];

@@ -106,13 +106,20 @@ unsafe fn q4k_avx2<const T: usize>(grp: &[u8], nb: usize, a: &[BlockQ8K], out: &
         let k2 = _mm256_set1_epi32(0x0f0f_0f0f);
         let k3 = _mm256_set1_epi32(0x0303_0303);
         let pick = pick_masks();
+        let ahead = super::simd::prefetch_ahead();
         let mut acc = [_mm256_setzero_ps(); T];
         let mut accm = [_mm256_setzero_ps(); T];
         for b in 0..nb {
             let s = gp.add(b * sb);
             // The hardware prefetcher follows a group's sequential super-blocks; this only
             // starts the next lines early.
-            _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(4 * sb).cast());
+            if ahead == 0 {
+                _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(4 * sb).cast());
+            } else {
+                for off in (0..sb).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(ahead + off).cast());
+                }
+            }
             let ab: [&BlockQ8K; T] = std::array::from_fn(|j| a.get_unchecked(j * nb + b));
             // ggml's 12-byte scale unpacking (its kmask1..3), one row per lane: bytes of
             // `sc[0]`, `sc[1]` are sub-blocks 0-3, 4-7's scales; `mn[0]`, `mn[1]` their mins.
@@ -197,10 +204,17 @@ unsafe fn q6k_avx2<const T: usize>(grp: &[u8], nb: usize, a: &[BlockQ8K], out: &
         let gp = grp.as_ptr();
         let m4 = _mm256_set1_epi8(0x0f);
         let ones = _mm256_set1_epi16(1);
+        let ahead = super::simd::prefetch_ahead();
         let mut acc = [_mm256_setzero_ps(); T];
         for b in 0..nb {
             let s = gp.add(b * sb);
-            _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(4 * sb).cast());
+            if ahead == 0 {
+                _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(4 * sb).cast());
+            } else {
+                for off in (0..sb).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(ahead + off).cast());
+                }
+            }
             let ab: [&BlockQ8K; T] = std::array::from_fn(|j| a.get_unchecked(j * nb + b));
             let mut isum = [_mm256_setzero_si256(); T];
             for n in 0..2 {
