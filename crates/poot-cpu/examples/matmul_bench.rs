@@ -7,7 +7,8 @@
 //! every available ISA with 1 and 2 threads, with random packed weights (finite scales). No
 //! assertions: this prints GFLOP/s (2 * t * n * k flops per call) and calls per second.
 //! `BENCH_REPACK=1` runs ggml numerics on the 8-row interleaved layout where the dtype has one
-//! (`kernels::matmul::repack_for`), as the runtime does.
+//! (`kernels::matmul::repack_for`), as the runtime does; `BENCH_COPIES=N` cycles through N
+//! distinct copies of the weights, so a small matrix streams from DRAM as in a decode step.
 
 use std::time::{Duration, Instant};
 
@@ -106,12 +107,32 @@ fn main() {
                 }
                 let x: Vec<f32> = (0..t * k).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
                 let mut out = vec![0.0; t * n];
-                let repacked = std::env::var_os("BENCH_REPACK")
-                    .and_then(|_| repack_for(numerics, isa, &w, dtype, n, k).expect("repack"));
-                let run = |out: &mut [f32]| match &repacked {
-                    Some(rp) => matmul_repacked(isa, &x, t, k, rp, out, &pool).expect("matmul"),
-                    None => matmul_numerics(numerics, isa, &x, t, k, &w, dtype, n, out, &pool)
-                        .expect("matmul"),
+                // BENCH_COPIES distinct copies of the weights, used in turn, so that a matrix
+                // smaller than the caches still streams from DRAM as in a decode step.
+                let copies: usize = std::env::var("BENCH_COPIES")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(1);
+                let ws: Vec<Vec<u8>> = (0..copies).map(|_| w.clone()).collect();
+                let repacked: Vec<_> = ws
+                    .iter()
+                    .filter_map(|w| {
+                        std::env::var_os("BENCH_REPACK").and_then(|_| {
+                            repack_for(numerics, isa, w, dtype, n, k).expect("repack")
+                        })
+                    })
+                    .collect();
+                let turn = std::cell::Cell::new(0usize);
+                let run = |out: &mut [f32]| {
+                    let i = turn.get();
+                    turn.set((i + 1) % copies);
+                    match repacked.get(i) {
+                        Some(rp) => matmul_repacked(isa, &x, t, k, rp, out, &pool).expect("matmul"),
+                        None => {
+                            matmul_numerics(numerics, isa, &x, t, k, &ws[i], dtype, n, out, &pool)
+                                .expect("matmul")
+                        }
+                    }
                 };
                 run(&mut out); // warm up
                 let (mut calls, start, cpu0) = (0u32, Instant::now(), cpu_ns());
@@ -138,7 +159,7 @@ fn main() {
                 println!(
                     "{dtype}{} [{t}x{k}]x[{n}x{k}] threads={threads} {isa:?} {:5} t={t:>2}: {:>8.1} us/call {gflops:>6.1} GFLOP/s \
                      {:>8.0} tok/s{idle}",
-                    if repacked.is_some() { " r8" } else { "" },
+                    if repacked.is_empty() { "" } else { " r8" },
                     numerics.name(),
                     per_call * 1e6,
                     t as f64 / per_call

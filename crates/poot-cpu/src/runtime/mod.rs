@@ -11,8 +11,9 @@
 //! tokens; its integer matmul is the cheaper one per decoded token. Plans compiled by one
 //! runtime carry its numerics.
 //!
-//! Weight copies: under ggml numerics on AVX2+, compiling re-lays Q4_0/Q4_1/Q5_0/Q8_0 matmul
-//! weights 8 rows at a time (`kernels::repack`, once per store and tensor, shared by plans),
+//! Weight copies: under ggml numerics on AVX2+, compiling re-lays Q4_0/Q4_1/Q5_0/Q8_0 and
+//! Q4_K/Q6_K matmul weights 8 rows at a time (`kernels::repack`, `kernels::repack_k`, once per
+//! store and tensor, shared by plans),
 //! copies the small weights other ops read, and then releases those tensors' mapped pages, so
 //! resident memory holds each weight once; `memory().weight_bytes` counts the copies.
 
