@@ -48,4 +48,6 @@ pub use embedding::embedding;
 pub use ggml::Numerics;
 pub use matmul::{matmul, matmul_numerics, matmul_with, MATMUL_DTYPES};
 pub use norm::rms_norm;
-pub use rope::{rope, RopeConfig, RopeScaling, RopeStyle, RopeTable};
+pub use rope::{
+    rope, rope_angles, rope_with_angles, RopeConfig, RopeScaling, RopeStyle, RopeTable,
+};

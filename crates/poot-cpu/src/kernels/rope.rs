@@ -27,7 +27,8 @@
 //! factor`). `Llama3` follows HF `_compute_llama3_parameters` step by step in `f32`.
 //!
 //! Cost: building a [`RopeTable`] is O(rot_dim); [`rope`] is O(t * rot_dim) `sin`/`cos` plus
-//! O(t * n_heads * rot_dim) multiply-adds, with one `rot_dim`-sized scratch per call.
+//! O(t * n_heads * rot_dim) multiply-adds, with one `rot_dim`-sized scratch per call;
+//! [`rope_angles`] once per step and [`rope_with_angles`] per op split the two parts.
 
 use super::ggml::Numerics;
 use crate::error::{check_len, mul};
@@ -198,20 +199,9 @@ pub fn rope(
     positions: &[i32],
     table: &RopeTable,
 ) -> Result<(), KernelError> {
-    let hd = table.head_dim;
-    let row = mul(n_heads, hd, "rope x")?;
-    check_len("rope x", mul(t, row, "rope x")?, x.len())?;
-    check_len("rope positions", t, positions.len())?;
-    if let Some(at) = positions.iter().position(|&p| p < 0) {
-        return Err(KernelError::IndexOutOfRange {
-            what: "rope positions",
-            at,
-            value: i64::from(positions[at]),
-            bound: i32::MAX as usize,
-        });
-    }
+    check(x, t, n_heads, positions, table)?;
     let half = table.inv_freq.len();
-    if half == 0 || row == 0 {
+    if half == 0 || n_heads * table.head_dim == 0 {
         return Ok(());
     }
     // At most 256 pairs on the stack (head_dim 512); wider heads take the heap.
@@ -223,43 +213,126 @@ pub fn rope(
         heap.resize(half, (0.0, 0.0));
         &mut heap
     };
-    for (&pos, xt) in positions.iter().zip(x.chunks_exact_mut(row)) {
-        let p = pos as f32;
-        if let Some((theta_scale, freq_scale)) = table.ggml {
-            let mut theta = p;
-            for c in cs.iter_mut() {
-                let angle = freq_scale * theta;
-                *c = (angle.cos(), angle.sin());
-                theta *= theta_scale;
-            }
-        } else {
-            for (c, &f) in cs.iter_mut().zip(&table.inv_freq) {
-                let angle = p * f;
-                *c = (angle.cos(), angle.sin());
-            }
+    for (&pos, xt) in positions
+        .iter()
+        .zip(x.chunks_exact_mut(n_heads * table.head_dim))
+    {
+        angles(pos, table, cs);
+        rotate_token(xt, table, cs);
+    }
+    Ok(())
+}
+
+/// `(cos, sin)` of every rotation pair at every position of `positions`, `rot_dim / 2` pairs
+/// per position, into `cs` (cleared first): what [`rope_with_angles`] takes. A step's layers
+/// share their positions and table, so the runtime computes these once per step instead of
+/// once per rope op (the `cosf`/`sinf` calls were most of rope's time).
+pub fn rope_angles(
+    positions: &[i32],
+    table: &RopeTable,
+    cs: &mut Vec<(f32, f32)>,
+) -> Result<(), KernelError> {
+    check_positions(positions)?;
+    let half = table.inv_freq.len();
+    cs.clear();
+    cs.resize(positions.len() * half, (0.0, 0.0));
+    if half > 0 {
+        for (&pos, c) in positions.iter().zip(cs.chunks_exact_mut(half)) {
+            angles(pos, table, c);
         }
-        let rotate = if table.ggml.is_some() {
-            rotate_ggml
-        } else {
-            rotate_plain
-        };
-        for head in xt.chunks_exact_mut(hd) {
-            match table.style {
-                RopeStyle::Interleaved => {
-                    for (pair, &cs) in head.chunks_exact_mut(2).zip(cs.iter()) {
-                        (pair[0], pair[1]) = rotate(pair[0], pair[1], cs);
-                    }
+    }
+    Ok(())
+}
+
+/// [`rope`] with the angles from [`rope_angles`] of the same `positions` and `table`: the same
+/// bits. Checks lengths (and the angles' count) before touching `x`.
+pub fn rope_with_angles(
+    x: &mut [f32],
+    t: usize,
+    n_heads: usize,
+    positions: &[i32],
+    table: &RopeTable,
+    cs: &[(f32, f32)],
+) -> Result<(), KernelError> {
+    check(x, t, n_heads, positions, table)?;
+    let half = table.inv_freq.len();
+    check_len("rope angles", mul(t, half, "rope angles")?, cs.len())?;
+    if half == 0 || n_heads * table.head_dim == 0 {
+        return Ok(());
+    }
+    let rows = x.chunks_exact_mut(n_heads * table.head_dim);
+    for (xt, c) in rows.zip(cs.chunks_exact(half)) {
+        rotate_token(xt, table, c);
+    }
+    Ok(())
+}
+
+fn check(
+    x: &[f32],
+    t: usize,
+    n_heads: usize,
+    positions: &[i32],
+    table: &RopeTable,
+) -> Result<(), KernelError> {
+    let row = mul(n_heads, table.head_dim, "rope x")?;
+    check_len("rope x", mul(t, row, "rope x")?, x.len())?;
+    check_len("rope positions", t, positions.len())?;
+    check_positions(positions)
+}
+
+fn check_positions(positions: &[i32]) -> Result<(), KernelError> {
+    if let Some(at) = positions.iter().position(|&p| p < 0) {
+        return Err(KernelError::IndexOutOfRange {
+            what: "rope positions",
+            at,
+            value: i64::from(positions[at]),
+            bound: i32::MAX as usize,
+        });
+    }
+    Ok(())
+}
+
+/// `(cos, sin)` of each pair's angle at position `pos` (see the module docs for both recipes).
+fn angles(pos: i32, table: &RopeTable, cs: &mut [(f32, f32)]) {
+    let p = pos as f32;
+    if let Some((theta_scale, freq_scale)) = table.ggml {
+        let mut theta = p;
+        for c in cs.iter_mut() {
+            let angle = freq_scale * theta;
+            *c = (angle.cos(), angle.sin());
+            theta *= theta_scale;
+        }
+    } else {
+        for (c, &f) in cs.iter_mut().zip(&table.inv_freq) {
+            let angle = p * f;
+            *c = (angle.cos(), angle.sin());
+        }
+    }
+}
+
+/// Rotates every head of one token (`xt`, `n_heads * head_dim` values) by the pairs `cs`.
+fn rotate_token(xt: &mut [f32], table: &RopeTable, cs: &[(f32, f32)]) {
+    let half = cs.len();
+    let rotate = if table.ggml.is_some() {
+        rotate_ggml
+    } else {
+        rotate_plain
+    };
+    for head in xt.chunks_exact_mut(table.head_dim) {
+        match table.style {
+            RopeStyle::Interleaved => {
+                for (pair, &cs) in head.chunks_exact_mut(2).zip(cs.iter()) {
+                    (pair[0], pair[1]) = rotate(pair[0], pair[1], cs);
                 }
-                RopeStyle::NeoX => {
-                    let (lo, hi) = head[..2 * half].split_at_mut(half);
-                    for ((a, b), &cs) in lo.iter_mut().zip(hi).zip(cs.iter()) {
-                        (*a, *b) = rotate(*a, *b, cs);
-                    }
+            }
+            RopeStyle::NeoX => {
+                let (lo, hi) = head[..2 * half].split_at_mut(half);
+                for ((a, b), &cs) in lo.iter_mut().zip(hi).zip(cs.iter()) {
+                    (*a, *b) = rotate(*a, *b, cs);
                 }
             }
         }
     }
-    Ok(())
 }
 
 /// `(x0 cos - x1 sin, x0 sin + x1 cos)`, every product rounded.

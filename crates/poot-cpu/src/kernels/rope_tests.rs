@@ -242,3 +242,36 @@ fn ggml_recipe_within_its_recurrence_bound() {
         }
     }
 }
+
+#[test]
+fn precomputed_angles_give_the_same_bits() {
+    let (hd, n_heads) = (64, 3);
+    let positions = [0, 5, 17, 4095, 2];
+    for style in [RopeStyle::Interleaved, RopeStyle::NeoX] {
+        for numerics in [Numerics::Exact, Numerics::Ggml] {
+            let table = RopeTable::with_numerics(&cfg(style, hd, 48), numerics).unwrap();
+            let x0 = Rng::new(8).vec(positions.len() * n_heads * hd, -2.0, 2.0);
+            let mut want = x0.clone();
+            rope(&mut want, positions.len(), n_heads, &positions, &table).unwrap();
+            let mut cs = vec![(9.0, 9.0); 3];
+            rope_angles(&positions, &table, &mut cs).unwrap();
+            assert_eq!(cs.len(), positions.len() * 24);
+            let mut got = x0.clone();
+            rope_with_angles(&mut got, positions.len(), n_heads, &positions, &table, &cs).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{style:?} {numerics:?}");
+            // Angles of another step's length are a typed error, and x is untouched.
+            let mut y = x0.clone();
+            let err =
+                rope_with_angles(&mut y, 4, n_heads, &positions[..4], &table, &cs).unwrap_err();
+            assert!(matches!(err, KernelError::Length { .. }), "{err}");
+            assert_eq!(bits(&y), bits(&x0));
+        }
+    }
+    let table = RopeTable::new(&cfg(RopeStyle::NeoX, hd, hd)).unwrap();
+    let err = rope_angles(&[3, -1], &table, &mut Vec::new()).unwrap_err();
+    assert!(
+        matches!(err, KernelError::IndexOutOfRange { at: 1, .. }),
+        "{err}"
+    );
+}

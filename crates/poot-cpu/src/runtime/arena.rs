@@ -20,6 +20,10 @@ pub(crate) struct Arena {
     pub(super) bufs: Vec<Buf>,
     /// Quantized matmul inputs, keyed by run and value (`run << 32 | value`).
     pub(super) act: ActCache,
+    /// Rope angles of one run's positions under one table: `(run, positions value, table)`
+    /// and the `(cos, sin)` pairs (`kernels::rope_angles`), shared by the run's rope ops.
+    pub(super) rope_key: Option<(u64, usize, usize)>,
+    pub(super) rope_angles: Vec<(f32, f32)>,
     pub(super) run: u64,
 }
 

@@ -16,11 +16,12 @@ use poot_runtime::{HostTensor, LateInput, RuntimeError};
 
 use super::arena::{for_each_operand, Arena};
 
+mod rows;
 mod sampling;
 use super::plan::CpuPlan;
 use super::profile::Profile;
 use super::{KvLayers, KvPool};
-use crate::kernels::{self, AttentionInputs, AttentionShape, KvCacheMut, Numerics};
+use crate::kernels::{self, AttentionInputs, AttentionShape, KvCacheMut};
 use crate::{DType, Isa, KernelError, ThreadPool};
 
 /// A run's inputs: those given up front and those supplied late (`LateInput`).
@@ -197,27 +198,7 @@ impl<'a> Exec<'a> {
                 .map_err(kerr("embedding"))?;
                 Buf::F32(out)
             }
-            Op::RmsNorm { x, weight, eps } => {
-                let d = *info.shape.last().unwrap_or(&1);
-                let mut out = self.arena.zeros(numel);
-                let xs = self.f32(*x, "rms_norm")?;
-                let (wbytes, wdtype): (Cow<'_, [u8]>, DType) = match self.bufs[weight.index()] {
-                    Buf::Weight => {
-                        let (b, dt) = self.weight(*weight, "rms_norm")?;
-                        (Cow::Borrowed(b), dt)
-                    }
-                    _ => {
-                        let w = self.f32(*weight, "rms_norm")?;
-                        (
-                            Cow::Owned(w.iter().flat_map(|f| f.to_le_bytes()).collect()),
-                            DType::F32,
-                        )
-                    }
-                };
-                kernels::rms_norm(xs, numel / d.max(1), d, &wbytes, wdtype, *eps, &mut out)
-                    .map_err(kerr("rms_norm"))?;
-                Buf::F32(out)
-            }
+            Op::RmsNorm { x, weight, eps } => self.rms_norm(*x, *weight, *eps, &info.shape)?,
             Op::MatMul { x, w } => {
                 let (bytes, dtype) = self.weight(*w, "matmul")?;
                 let xs = self.shape(*x);
@@ -271,21 +252,7 @@ impl<'a> Exec<'a> {
                 }
                 Buf::F32(out)
             }
-            Op::Silu { x } | Op::Gelu { x } => {
-                let mut out = self.arena.zeros(numel);
-                let xv = self.f32(*x, op.name())?;
-                if matches!(op, Op::Silu { .. }) {
-                    if self.plan.numerics == Numerics::Ggml {
-                        let d = *info.shape.last().unwrap_or(&1);
-                        kernels::ggml::silu_rows_to(xv, d, &mut out).map_err(kerr("silu"))?;
-                    } else {
-                        kernels::silu_to(xv, &mut out).map_err(kerr("silu"))?;
-                    }
-                } else {
-                    kernels::gelu_tanh_to(xv, &mut out).map_err(kerr("gelu"))?;
-                }
-                Buf::F32(out)
-            }
+            Op::Silu { x } | Op::Gelu { x } => self.activation(op, *x, &info.shape)?,
             Op::Softmax { x } => {
                 let mut out = self.arena.f32s(numel);
                 out.extend_from_slice(self.f32(*x, "softmax")?);
@@ -294,21 +261,7 @@ impl<'a> Exec<'a> {
                 Buf::F32(out)
             }
             Op::Rope { x, positions, cfg } => {
-                let table = self.plan.rope.get(&i).ok_or_else(|| RuntimeError::Kernel {
-                    op: "rope",
-                    detail: "no rope table was compiled".into(),
-                })?;
-                let mut out = self.arena.f32s(numel);
-                out.extend_from_slice(self.f32(*x, "rope")?);
-                kernels::rope(
-                    &mut out,
-                    info.shape[0],
-                    cfg.n_heads as usize,
-                    self.i32(*positions, "rope")?,
-                    table,
-                )
-                .map_err(kerr("rope"))?;
-                Buf::F32(out)
+                self.rope(i, *x, *positions, cfg.n_heads as usize, &info.shape)?
             }
             Op::PagedAttention { q, k, v, meta, cfg } => {
                 let kv = kv.ok_or(RuntimeError::KvNotConfigured)?;

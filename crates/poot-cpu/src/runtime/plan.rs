@@ -19,8 +19,10 @@ use crate::DType;
 pub struct CpuPlan {
     pub(crate) graph: Graph,
     pub(crate) weights: Arc<dyn WeightStore>,
-    /// Rope tables by equation index.
-    pub(crate) rope: HashMap<usize, RopeTable>,
+    /// Rope ops' tables: equation index to an index into `rope_tables`, where equal tables
+    /// (every layer's, in practice) are stored once, so a run can share their angles.
+    pub(crate) rope: HashMap<usize, usize>,
+    pub(crate) rope_tables: Vec<RopeTable>,
     /// The arithmetic the kernels follow (the runtime's at compile time).
     pub(crate) numerics: Numerics,
     /// For each value, the index of the last equation that reads it (or usize::MAX for outputs).
@@ -92,6 +94,7 @@ pub(crate) fn compile(
     let graph = run_passes(graph, &[&DeadCodeElimination], limits)?;
     let n = graph.equations.len();
     let mut rope = HashMap::new();
+    let mut rope_tables: Vec<RopeTable> = Vec::new();
     let mut last_use = vec![0usize; n];
     for (i, op) in graph.equations.iter().enumerate() {
         if !supports(op) {
@@ -119,7 +122,15 @@ pub(crate) fn compile(
                 }
             }
             Op::Rope { cfg, .. } => {
-                rope.insert(i, rope_table(cfg, numerics)?);
+                let table = rope_table(cfg, numerics)?;
+                let at = match rope_tables.iter().position(|t| *t == table) {
+                    Some(at) => at,
+                    None => {
+                        rope_tables.push(table);
+                        rope_tables.len() - 1
+                    }
+                };
+                rope.insert(i, at);
             }
             Op::Input { .. } => {
                 let dt = graph.values[i].dtype;
@@ -133,7 +144,10 @@ pub(crate) fn compile(
     for (_, v) in &graph.outputs {
         last_use[v.index()] = usize::MAX;
     }
-    let rope_bytes: u64 = rope.values().map(|t| t.inv_freq().len() as u64 * 4).sum();
+    let rope_bytes: u64 = rope_tables
+        .iter()
+        .map(|t| t.inv_freq().len() as u64 * 4)
+        .sum();
     let artifact_bytes = graph
         .peak_live_bytes(&last_use, |i| value_bytes(&graph, i))
         .saturating_add(rope_bytes)
@@ -149,6 +163,7 @@ pub(crate) fn compile(
         graph,
         weights,
         rope,
+        rope_tables,
         numerics,
         last_use,
         artifact_bytes,
