@@ -61,17 +61,9 @@ pub(crate) fn gemv_float(
     let per_task = quads.div_ceil(pool.n_threads() * 4).max(1);
     let tasks = quads.div_ceil(per_task);
     let shared = SharedMut::new(out);
-    let ahead = super::simd::prefetch_ahead();
     pool.for_each(tasks, |task| {
-        let (r0, r_end) = (
-            task * per_task * ROWS,
-            ((task + 1) * per_task * ROWS).min(n),
-        );
-        // Each row's stream starts `ahead` bytes early (see `simd::prefetch_ahead`).
-        let at = |r: usize| w.as_ptr().wrapping_add(r * row_bytes);
-        super::simd::prefetch_range(at(r0), ahead.min((r_end - r0) * row_bytes));
-        for r in r0..r_end {
-            super::simd::prefetch_range(at(r).wrapping_add(ahead), row_bytes);
+        let r_end = ((task + 1) * per_task * ROWS).min(n);
+        for r in task * per_task * ROWS..r_end {
             let v = row_dot(ck, ggml, p, &w[r * row_bytes..(r + 1) * row_bytes], k, x);
             // SAFETY: row r belongs to this task only, so no other task writes it.
             unsafe { shared.write(r, v) };
