@@ -14,7 +14,7 @@
 //! values and token) in reused scratch.
 
 use super::matmul::ActCache;
-use super::qdot_k::{dot_scalar, quantize_row_q8k, BlockQ8K, QK_K};
+use super::qdot_k::{dot_scalar, quantized_k, BlockQ8K, QK_K};
 use super::repack::RG;
 use super::repack_k::RepackedK;
 use super::scratch::Scratch;
@@ -37,14 +37,7 @@ pub(crate) fn matmul_rk(
     let (kind, n, nb) = (w.kind, w.n, w.nb);
     debug_assert!(k == nb * QK_K && x.len() == t * k && out.len() == t * n);
     let mut local = Scratch::<BlockQ8K>::zeroed(0);
-    let xq: &[BlockQ8K] = match cache {
-        Some((c, key)) => c.q8k(key, x),
-        None => {
-            local.resize(t * nb, BlockQ8K::default());
-            quantize_row_q8k(x, &mut local);
-            &local
-        }
-    };
+    let xq = quantized_k(x, cache, &mut local);
     #[cfg(target_arch = "x86_64")]
     let simd = matches!(ck.isa(), Isa::Avx2 | Isa::Avx512);
     #[cfg(not(target_arch = "x86_64"))]

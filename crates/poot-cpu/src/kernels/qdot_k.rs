@@ -201,6 +201,23 @@ fn dot_tokens(ck: Checked, kind: KKind, w: &[u8], a: &[BlockQ8K], nb: usize, out
     }
 }
 
+/// `x` (whole super-blocks) as Q8_K blocks: from the activation cache when the caller has one,
+/// else quantized into `local`.
+pub(crate) fn quantized_k<'a>(
+    x: &[f32],
+    cache: Option<(&'a mut ActCache, u64)>,
+    local: &'a mut Scratch<BlockQ8K>,
+) -> &'a [BlockQ8K] {
+    match cache {
+        Some((c, key)) => c.q8k(key, x),
+        None => {
+            local.resize(x.len() / QK_K, BlockQ8K::default());
+            quantize_row_q8k(x, local);
+            local
+        }
+    }
+}
+
 /// `out[t][n] = dot(W[n], Q8_K(x[t]))`; shapes validated by `matmul_numerics` (`k` whole
 /// super-blocks, `w` `n` rows of `row_bytes`).
 #[allow(clippy::too_many_arguments, reason = "matmul's validated arguments")]
@@ -221,14 +238,7 @@ pub(crate) fn matmul_q8k(
     // Super-blocks quantize independently, so quantizing `x` whole (the cache) equals row by
     // row.
     let mut local = Scratch::<BlockQ8K>::zeroed(0);
-    let xq: &[BlockQ8K] = match cache {
-        Some((c, key)) => c.q8k(key, x),
-        None => {
-            local.resize(t * nb, BlockQ8K::default());
-            quantize_row_q8k(x, &mut local);
-            &local
-        }
-    };
+    let xq = quantized_k(x, cache, &mut local);
     let groups = n.div_ceil(NR);
     let per_task = groups.div_ceil(pool.n_threads() * 4).max(1);
     let tasks = groups.div_ceil(per_task);

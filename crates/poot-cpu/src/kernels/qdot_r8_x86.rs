@@ -338,13 +338,7 @@ unsafe fn body<const KIND: u8, const T: usize, const VNNI: bool>(
             let s = gp.add(b * sb);
             // The next group's stream starts far away; within a group the hardware prefetcher
             // follows the sequential superblocks, so a few lines ahead is enough.
-            if ahead == 0 {
-                _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(4 * sb).cast());
-            } else {
-                for off in (0..sb).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(ahead + off).cast());
-                }
-            }
+            super::simd::prefetch_stream(s, sb, ahead);
             let d8 = _mm256_cvtph_ps(_mm_loadu_si128(s.cast()));
             let ab: [&BlockQ8; T] = std::array::from_fn(|j| a.get_unchecked(j * nb + b));
             let cj: [&[i32; 8]; T] = std::array::from_fn(|j| corr.get_unchecked(j * nb + b));

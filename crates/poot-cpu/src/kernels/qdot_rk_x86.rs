@@ -113,13 +113,7 @@ unsafe fn q4k_avx2<const T: usize>(grp: &[u8], nb: usize, a: &[BlockQ8K], out: &
             let s = gp.add(b * sb);
             // The hardware prefetcher follows a group's sequential super-blocks; this only
             // starts the next lines early.
-            if ahead == 0 {
-                _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(4 * sb).cast());
-            } else {
-                for off in (0..sb).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(ahead + off).cast());
-                }
-            }
+            super::simd::prefetch_stream(s, sb, ahead);
             let ab: [&BlockQ8K; T] = std::array::from_fn(|j| a.get_unchecked(j * nb + b));
             // ggml's 12-byte scale unpacking (its kmask1..3), one row per lane: bytes of
             // `sc[0]`, `sc[1]` are sub-blocks 0-3, 4-7's scales; `mn[0]`, `mn[1]` their mins.
@@ -208,13 +202,7 @@ unsafe fn q6k_avx2<const T: usize>(grp: &[u8], nb: usize, a: &[BlockQ8K], out: &
         let mut acc = [_mm256_setzero_ps(); T];
         for b in 0..nb {
             let s = gp.add(b * sb);
-            if ahead == 0 {
-                _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(4 * sb).cast());
-            } else {
-                for off in (0..sb).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(ahead + off).cast());
-                }
-            }
+            super::simd::prefetch_stream(s, sb, ahead);
             let ab: [&BlockQ8K; T] = std::array::from_fn(|j| a.get_unchecked(j * nb + b));
             let mut isum = [_mm256_setzero_si256(); T];
             for n in 0..2 {

@@ -38,10 +38,22 @@ pub(crate) fn prefetch_ahead() -> usize {
     })
 }
 
+/// The streaming kernels' per-super-block prefetch for the super-block of `sb` bytes at `s`:
+/// every line `ahead` bytes on ([`prefetch_ahead`]), or with `ahead == 0` one line four
+/// super-blocks on (the old scheme).
+#[inline(always)]
+pub(crate) fn prefetch_stream(s: *const u8, sb: usize, ahead: usize) {
+    if ahead == 0 {
+        prefetch_range(s.wrapping_add(4 * sb), 1);
+    } else {
+        prefetch_range(s.wrapping_add(ahead), sb);
+    }
+}
+
 /// Prefetches the cache lines of `p..p + len` into L1 (a hint: it never faults, and does
 /// nothing off x86). A task's first [`prefetch_ahead`] bytes, before its stream's own
 /// prefetches reach them.
-#[inline]
+#[inline(always)]
 pub(crate) fn prefetch_range(p: *const u8, len: usize) {
     #[cfg(target_arch = "x86_64")]
     for off in (0..len).step_by(64) {
