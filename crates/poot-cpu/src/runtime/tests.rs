@@ -276,3 +276,124 @@ fn kv_pool_case(numerics: Numerics, tol: f32) {
         "{data:?}"
     );
 }
+
+/// rms_norm -> silu -> rope twice (two layers sharing positions and a table) over `t` rows.
+fn rowwise_graph(t: usize, store: Arc<Store>) -> poot_graph::Graph {
+    let s: Arc<dyn WeightCatalog> = store;
+    let mut tr = Tracer::new(TraceLimits::default(), 2, s).unwrap();
+    let x = tr.input("x", DType::F32, vec![t, 128]).unwrap();
+    let pos = tr.input("pos", DType::I32, vec![t]).unwrap();
+    let w = tr.weight("norm").unwrap();
+    let cfg = poot_graph::RopeConfig {
+        n_heads: 2,
+        head_dim: 64,
+        rot_dim: 64,
+        theta: 10000.0,
+        style: poot_graph::RopeStyle::NeoX,
+        scaling: poot_graph::RopeScaling::None,
+    };
+    let mut y = x;
+    for _ in 0..2 {
+        y = tr.rms_norm(y, w, 1e-5).unwrap();
+        y = tr.silu(y).unwrap();
+        y = tr.rope(y, pos, cfg).unwrap();
+    }
+    tr.output("y", y).unwrap();
+    tr.finish()
+}
+
+#[test]
+fn rowwise_ops_give_the_same_bits_on_any_thread_count() {
+    let norm: Vec<u8> = (0..128)
+        .flat_map(|i| (0.5 + i as f32 / 128.0).to_le_bytes())
+        .collect();
+    let store = Arc::new(Store(HashMap::from([(
+        "norm".to_owned(),
+        (vec![128], norm),
+    )])));
+    // 300 rows of 128: over the row-parallel threshold; 1 row: inline.
+    for t in [300usize, 1] {
+        let x = HostTensor::F32 {
+            shape: vec![t, 128],
+            data: (0..t * 128)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+                .collect(),
+        };
+        let pos = |r: i32| HostTensor::I32 {
+            shape: vec![t],
+            data: (0..t as i32).map(|p| p * 3 + 1 + 7 * r).collect(),
+        };
+        let mut outs = Vec::new();
+        for (threads, numerics) in [
+            (1, Numerics::Ggml),
+            (2, Numerics::Ggml),
+            (1, Numerics::Exact),
+            (2, Numerics::Exact),
+        ] {
+            let rt = CpuRuntime::new(CpuOptions {
+                threads,
+                numerics,
+                ..CpuOptions::default()
+            })
+            .unwrap();
+            let plan = rt
+                .compile(
+                    &rowwise_graph(t, store.clone()),
+                    store.clone(),
+                    &CompileLimits::default(),
+                )
+                .unwrap();
+            // Two runs at other positions: the second must not reuse the first's rope angles.
+            for r in 0..2 {
+                let out = rt
+                    .run(
+                        plan.as_ref(),
+                        &[("x", x.clone()), ("pos", pos(r))],
+                        Deadline::never(),
+                    )
+                    .unwrap();
+                let HostTensor::F32 { data, .. } = &out[0].1 else {
+                    panic!("f32 output")
+                };
+                outs.push((
+                    threads,
+                    numerics,
+                    data.iter().map(|f| f.to_bits()).collect::<Vec<_>>(),
+                ));
+            }
+        }
+        // [1 thread r0, r1, 2 threads r0, r1] per numerics: the same bits for each r.
+        for group in outs.chunks(4) {
+            for r in 0..2 {
+                let (a, b) = (&group[r], &group[2 + r]);
+                assert_eq!(a.2, b.2, "t={t} r={r}: {:?} differs across threads", a.1);
+            }
+        }
+        // And the kernels called directly, one thread, exact numerics.
+        let HostTensor::F32 { data: xs, .. } = &x else {
+            unreachable!()
+        };
+        let HostTensor::I32 { data: ps, .. } = &pos(1) else {
+            unreachable!()
+        };
+        let table = crate::kernels::RopeTable::new(&crate::kernels::RopeConfig {
+            style: poot_graph::RopeStyle::NeoX,
+            head_dim: 64,
+            rot_dim: 64,
+            theta: 10000.0,
+            scaling: poot_graph::RopeScaling::None,
+        })
+        .unwrap();
+        let (_, bytes) = &store.0["norm"];
+        let mut y = xs.clone();
+        for _ in 0..2 {
+            let mut n = vec![0.0; y.len()];
+            crate::kernels::rms_norm(&y, t, 128, bytes, DType::F32, 1e-5, &mut n).unwrap();
+            crate::kernels::silu(&mut n);
+            crate::kernels::rope(&mut n, t, 2, ps, &table).unwrap();
+            y = n;
+        }
+        let want: Vec<u32> = y.iter().map(|f| f.to_bits()).collect();
+        assert_eq!(outs[5].2, want, "t={t}: exact numerics vs the kernels");
+    }
+}
