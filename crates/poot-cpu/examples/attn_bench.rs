@@ -1,6 +1,7 @@
 //! One decode token's ggml paged attention at Llama-3.2-1B's head shape (32 query heads, 8 KV
 //! heads, head_dim 64, f16 cache), one thread: on-CPU microseconds per call at a few context
-//! lengths. `cargo run --release -p poot-cpu --example attn_bench`
+//! lengths. `cargo run --release -p poot-cpu --example attn_bench`; `BENCH_T=512` runs a
+//! 512-token prefill step instead (positions 0..512, causal), on-CPU ms per call.
 use half::f16;
 use poot_cpu::kernels::{
     paged_attention_numerics, AttentionInputs, AttentionShape, KvCacheMut, Numerics,
@@ -20,6 +21,12 @@ fn main() {
     let pool = ThreadPool::new(1).unwrap();
     let (nh, nkv, hd, bs) = (32, 8, 64, 16);
     for ctx in [64usize, 256, 1024] {
+        // A prefill step of `t` tokens at positions 0..t, or one decode token at ctx - 1.
+        let t: usize = std::env::var("BENCH_T")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let (t, ctx) = if t > 0 { (t, t) } else { (1, ctx) };
         let nblocks = ctx.div_ceil(bs) + 1;
         let shape = AttentionShape {
             n_heads: nh,
@@ -35,24 +42,29 @@ fn main() {
             .map(|i| f16::from_f32(((i % 13) as f32 - 6.0) / 7.0))
             .collect();
         let mut vc = kc.clone();
-        let q: Vec<f32> = (0..nh * hd)
+        let q: Vec<f32> = (0..t * nh * hd)
             .map(|i| ((i % 11) as f32 - 5.0) / 5.0)
             .collect();
-        let kv: Vec<f32> = (0..nkv * hd)
+        let kv: Vec<f32> = (0..t * nkv * hd)
             .map(|i| ((i % 7) as f32 - 3.0) / 3.0)
             .collect();
         let table: Vec<i32> = (0..nblocks as i32).collect();
-        let pos = [ctx as i32 - 1];
+        let pos: Vec<i32> = if t > 1 {
+            (0..t as i32).collect()
+        } else {
+            vec![ctx as i32 - 1]
+        };
+        let seqs = vec![0i32; t];
         let inputs = AttentionInputs {
             q: &q,
             k: &kv,
             v: &kv,
             slot_mapping: &pos,
-            token_seq: &[0],
+            token_seq: &seqs,
             positions: &pos,
             block_tables: &table,
         };
-        let mut out = vec![0f32; nh * hd];
+        let mut out = vec![0f32; t * nh * hd];
         let mut run = || {
             let c = KvCacheMut {
                 k: &mut kc,
@@ -61,7 +73,7 @@ fn main() {
             paged_attention_numerics(Numerics::Ggml, &shape, &inputs, c, &mut out, &pool).unwrap();
         };
         run();
-        let (n, t0) = (400, cpu_ns());
+        let (n, t0) = (if t > 1 { 5 } else { 400 }, cpu_ns());
         for _ in 0..n {
             run();
         }

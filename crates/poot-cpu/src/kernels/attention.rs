@@ -44,6 +44,11 @@ pub trait KvElem: Copy + Send + Sync + 'static {
 
     fn from_f32(v: f32) -> Self;
 
+    /// `s` as f16 elements, where this element is f16 (the grouped ggml path reads those).
+    fn as_f16(_s: &[Self]) -> Option<&[half::f16]> {
+        None
+    }
+
     /// [`KvElem::slice_to_f32`] inlined with F16C instructions where the element is f16.
     ///
     /// # Safety
@@ -99,6 +104,10 @@ impl KvElem for f32 {
 }
 
 impl KvElem for half::f16 {
+    fn as_f16(s: &[Self]) -> Option<&[half::f16]> {
+        Some(s)
+    }
+
     #[inline(always)]
     fn to_f32(self) -> f32 {
         half::f16::to_f32(self)
@@ -232,7 +241,7 @@ impl KvElem for half::f16 {
 /// `dst[i] = src[i]` widened with `vcvtph2ps`, 8 at a time, then one by one.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx,f16c")]
-fn f16_to_f32_f16c(src: &[half::f16], dst: &mut [f32]) {
+pub(crate) fn f16_to_f32_f16c(src: &[half::f16], dst: &mut [f32]) {
     use std::arch::x86_64::{_mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128};
     let n = src.len().min(dst.len());
     let mut i = 0;
@@ -321,7 +330,7 @@ pub fn paged_attention<T: KvElem>(
 /// sizes are powers of two in practice, and a shift and mask there instead of a 64-bit
 /// division per position (twice per head and position) was a tenth of decode attention.
 #[inline(always)]
-fn block_slot(table: &[i32], bs: usize, p: usize) -> usize {
+pub(crate) fn block_slot(table: &[i32], bs: usize, p: usize) -> usize {
     let (blk, off) = if bs.is_power_of_two() {
         (p >> bs.trailing_zeros(), p & (bs - 1))
     } else {
@@ -361,6 +370,12 @@ pub fn paged_attention_numerics<T: KvElem>(
     if numerics == Numerics::Ggml {
         let batched = plan.t >= 2;
         let fma = Isa::detect() != Isa::Scalar;
+        // A batched step over an f16 cache takes each KV head's query heads together, so every
+        // K and V row is widened once per group (bit-identical to the per-head path).
+        let grouped = attention_ggml::paged_grouped;
+        if grouped(fma, s, inputs, k_cache, v_cache, plan.t, out, pool) {
+            return Ok(());
+        }
         pool.for_each_chunk_mut(out, s.head_dim, AttnGuard::take, |scratch, idx, o| {
             let (tok, h) = (idx / s.n_heads, idx % s.n_heads);
             let seq = inputs.token_seq[tok] as usize;

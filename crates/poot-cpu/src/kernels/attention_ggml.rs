@@ -127,31 +127,7 @@ fn head_body<T: KvElem, F: Fn(usize) -> usize, const F16C: bool>(
         max = max.max(x);
         s.scores.push(x);
     }
-    let mut sum = 0.0f64;
-    for chunk in s.scores.chunks_mut(8) {
-        let mut e = [0.0f32; 8];
-        #[cfg(target_arch = "x86_64")]
-        if F16C && chunk.len() == 8 {
-            let x: [f32; 8] = std::array::from_fn(|l| chunk[l] - max);
-            // SAFETY: `F16C` is true only inside `head_fma` (AVX2, FMA, F16C enabled).
-            e = unsafe { super::ggml::expf8(&x) };
-            chunk.copy_from_slice(&e);
-            sum += f64::from(hsum8(&e));
-            continue;
-        }
-        for (x, e) in chunk.iter_mut().zip(e.iter_mut()) {
-            *x = expf(*x - max);
-            *e = *x;
-        }
-        sum += f64::from(hsum8(&e));
-    }
-    let inv = (1.0 / sum) as f32;
-    // SAFETY: `F16C` is true only inside `head_fma` (AVX2, FMA, F16C enabled).
-    if !(F16C && unsafe { T::scale_round_f16c(&mut s.scores, inv) }) {
-        for x in s.scores.iter_mut() {
-            *x = T::from_f32(*x * inv).to_f32();
-        }
-    }
+    softmax_round::<T, F16C>(&mut s.scores, max);
     let lanes = if batched && hd.is_multiple_of(4) {
         8
     } else {
@@ -178,6 +154,181 @@ fn head_body<T: KvElem, F: Fn(usize) -> usize, const F16C: bool>(
         } else {
             fold32(&std::array::from_fn(|l| s.acc[l * hd + d]))
         };
+    }
+}
+
+/// Step 3 of the module docs on one head's scores (`max` their maximum), in place: ggml's
+/// `expf`, the `f64` sum of `hsum8` groups, `p * (1 / sum)` rounded to the cache element.
+#[inline(always)]
+fn softmax_round<T: KvElem, const F16C: bool>(scores: &mut [f32], max: f32) {
+    let mut sum = 0.0f64;
+    for chunk in scores.chunks_mut(8) {
+        let mut e = [0.0f32; 8];
+        #[cfg(target_arch = "x86_64")]
+        if F16C && chunk.len() == 8 {
+            let x: [f32; 8] = std::array::from_fn(|l| chunk[l] - max);
+            // SAFETY: `F16C` is true only inside `head_fma` or `heads_f16` (AVX2, FMA, F16C
+            // enabled).
+            e = unsafe { super::ggml::expf8(&x) };
+            chunk.copy_from_slice(&e);
+            sum += f64::from(hsum8(&e));
+            continue;
+        }
+        for (x, e) in chunk.iter_mut().zip(e.iter_mut()) {
+            *x = expf(*x - max);
+            *e = *x;
+        }
+        sum += f64::from(hsum8(&e));
+    }
+    let inv = (1.0 / sum) as f32;
+    // SAFETY: `F16C` is true only inside `head_fma` or `heads_f16` (AVX2, FMA, F16C enabled).
+    if !(F16C && unsafe { T::scale_round_f16c(scores, inv) }) {
+        for x in scores.iter_mut() {
+            *x = T::from_f32(*x * inv).to_f32();
+        }
+    }
+}
+
+/// Per-thread scratch of [`heads_f16`]: the heads' rounded queries, scores and V lanes, and
+/// one widened cache row.
+#[derive(Debug, Default)]
+pub(crate) struct GroupScratch {
+    q: Vec<f32>,
+    row: Vec<f32>,
+    scores: Vec<f32>,
+    acc: Vec<f32>,
+}
+
+/// [`head`]'s batched path (two or more tokens in the step) for the `g = q.len() / hd` query
+/// heads that share one KV head, over an f16 cache: each K and V row is widened once for all
+/// `g` heads instead of once per head. Every head's arithmetic is `head`'s (8-lane dots in
+/// the same order, the same softmax, 8 V lanes folded by `hsum8`), so `o` is bit-identical to
+/// `g` calls of `head` (tested). Needs `hd % 8 == 0`.
+///
+/// # Safety
+/// The caller detected AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments, reason = "one KV head's inputs")]
+pub(crate) unsafe fn heads_f16<F: Fn(usize) -> usize>(
+    hd: usize,
+    q: &[f32],
+    k_cache: &[half::f16],
+    v_cache: &[half::f16],
+    row_of: F,
+    len: usize,
+    scale: f32,
+    s: &mut GroupScratch,
+    o: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    assert!(hd > 0 && hd.is_multiple_of(8) && q.len() == o.len() && q.len().is_multiple_of(hd));
+    let g = q.len() / hd;
+    s.q.clear();
+    s.q.extend(q.iter().map(|&v| half::f16::from_f32(v).to_f32()));
+    s.row.resize(hd, 0.0);
+    s.scores.clear();
+    s.scores.resize(g * len, 0.0);
+    let mut max = [f32::NEG_INFINITY; 64];
+    assert!(g <= max.len(), "at most 64 query heads per KV head");
+    for p in 0..len {
+        let row = &k_cache[row_of(p)..][..hd];
+        super::attention::f16_to_f32_f16c(row, &mut s.row);
+        for (h, mh) in max.iter_mut().enumerate().take(g) {
+            let qh = &s.q[h * hd..(h + 1) * hd];
+            // SAFETY: `hd` floats at `s.row` and `qh` (sized above); AVX2/FMA enabled here.
+            // The same FMA order and fold as `KvElem::dot_f16c` with 8 lanes.
+            let kq = unsafe {
+                let mut acc = _mm256_setzero_ps();
+                for i in (0..hd).step_by(8) {
+                    let k = _mm256_loadu_ps(s.row.as_ptr().add(i));
+                    acc = _mm256_fmadd_ps(k, _mm256_loadu_ps(qh.as_ptr().add(i)), acc);
+                }
+                let v = _mm_add_ps(_mm256_extractf128_ps::<1>(acc), _mm256_castps256_ps128(acc));
+                let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+                _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)))
+            };
+            let x = kq * scale;
+            *mh = mh.max(x);
+            s.scores[h * len + p] = x;
+        }
+    }
+    for (h, &mh) in max.iter().enumerate().take(g) {
+        softmax_round::<half::f16, true>(&mut s.scores[h * len..(h + 1) * len], mh);
+    }
+    s.acc.clear();
+    s.acc.resize(g * 8 * hd, 0.0);
+    for p in 0..len {
+        let lane = p & 7;
+        super::attention::f16_to_f32_f16c(&v_cache[row_of(p)..][..hd], &mut s.row);
+        for h in 0..g {
+            let w = s.scores[h * len + p];
+            let acc = &mut s.acc[(h * 8 + lane) * hd..(h * 8 + lane + 1) * hd];
+            // SAFETY: `hd` floats at `s.row` and `acc`; AVX2/FMA enabled here. The same op as
+            // `KvElem::axpy_f16c`: `fma(v, w, acc)`.
+            unsafe {
+                let wv = _mm256_set1_ps(w);
+                for i in (0..hd).step_by(8) {
+                    let v = _mm256_loadu_ps(s.row.as_ptr().add(i));
+                    let a = acc.as_mut_ptr().add(i);
+                    _mm256_storeu_ps(a, _mm256_fmadd_ps(v, wv, _mm256_loadu_ps(a)));
+                }
+            }
+        }
+    }
+    for h in 0..g {
+        for d in 0..hd {
+            o[h * hd + d] = hsum8(&std::array::from_fn(|l| s.acc[(h * 8 + l) * hd + d]));
+        }
+    }
+}
+
+/// The batched ggml path over an f16 cache with grouped query heads: runs [`heads_f16`] for
+/// every (token, KV head) of the step on the pool and returns `true`, or returns `false`
+/// (nothing written) where it does not apply: one token, no F16C, no GQA, `head_dim % 8 != 0`,
+/// or an f32 cache. Inputs are validated by the caller (`paged_attention_numerics`).
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one attention call's validated operands"
+)]
+pub(crate) fn paged_grouped<T: KvElem>(
+    fma: bool,
+    s: &super::attention::AttentionShape,
+    inputs: &super::attention::AttentionInputs<'_>,
+    k_cache: &[T],
+    v_cache: &[T],
+    t: usize,
+    out: &mut [f32],
+    pool: &crate::ThreadPool,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (hd, group) = (s.head_dim, s.n_heads / s.n_kv_heads.max(1));
+        let (Some(kc), Some(vc)) = (T::as_f16(k_cache), T::as_f16(v_cache)) else {
+            return false;
+        };
+        if t < 2 || !fma || !(2..=64).contains(&group) || !hd.is_multiple_of(8) {
+            return false;
+        }
+        let kv_row = s.n_kv_heads * hd;
+        pool.for_each_chunk_mut(out, group * hd, GroupScratch::default, |scratch, idx, o| {
+            let (tok, kvh) = (idx / s.n_kv_heads, idx % s.n_kv_heads);
+            let seq = inputs.token_seq[tok] as usize;
+            let table = &inputs.block_tables[seq * s.max_blocks_per_seq..];
+            let row_of =
+                |p: usize| super::attention::block_slot(table, s.block_size, p) * kv_row + kvh * hd;
+            let q0 = (tok * s.n_heads + kvh * group) * hd;
+            let len = inputs.positions[tok] as usize + 1;
+            let q = &inputs.q[q0..q0 + group * hd];
+            // SAFETY: `fma` means a SIMD `Isa` was detected (AVX2, FMA, F16C).
+            unsafe { heads_f16(hd, q, kc, vc, row_of, len, s.scale, scratch, o) };
+        });
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (fma, s, inputs, k_cache, v_cache, t, out, pool);
+        false
     }
 }
 
@@ -311,6 +462,56 @@ mod tests {
             for p in 13..40 {
                 step(hd, p, 1, &mut rng, &mut cache, &mut hist);
             }
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod group_tests {
+    use super::*;
+    use crate::testutil::Rng;
+    use half::f16;
+
+    #[test]
+    fn grouped_heads_are_bit_identical_to_the_per_head_path() {
+        if crate::Isa::detect() == crate::Isa::Scalar {
+            return;
+        }
+        let mut rng = Rng::new(12);
+        for (hd, g, len) in [
+            (64, 3, 1),
+            (64, 3, 37),
+            (64, 7, 200),
+            (128, 4, 9),
+            (8, 2, 300),
+        ] {
+            // Two KV heads per cache row; this group reads the second (offset hd).
+            let (kv_heads, slots) = (2, len + 5);
+            let row = kv_heads * hd;
+            let cache = |rng: &mut Rng| -> Vec<f16> {
+                rng.vec(slots * row, -2.0, 2.0)
+                    .into_iter()
+                    .map(f16::from_f32)
+                    .collect()
+            };
+            let (kc, vc) = (cache(&mut rng), cache(&mut rng));
+            // Scattered slots: position p lives at slot (p * 7) % slots... kept unique.
+            let slot = |p: usize| (p * 7 + 3) % slots;
+            let row_of = |p: usize| slot(p) * row + hd;
+            let q = rng.vec(g * hd, -3.0, 3.0);
+            let scale = (hd as f32).powf(-0.5);
+            let mut want = vec![0.0f32; g * hd];
+            let mut sc = Scratch::default();
+            for h in 0..g {
+                let (qh, oh) = (&q[h * hd..(h + 1) * hd], &mut want[h * hd..(h + 1) * hd]);
+                head(true, qh, &kc, &vc, row_of, len, scale, true, &mut sc, oh);
+            }
+            let mut got = vec![f32::NAN; g * hd];
+            let mut gs = GroupScratch::default();
+            // SAFETY: a SIMD Isa was detected (AVX2, FMA, F16C).
+            unsafe { heads_f16(hd, &q, &kc, &vc, row_of, len, scale, &mut gs, &mut got) };
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "hd={hd} g={g} len={len}");
         }
     }
 }
