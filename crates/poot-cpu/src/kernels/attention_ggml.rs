@@ -26,6 +26,8 @@
 
 use super::attention::KvElem;
 use super::ggml::{dot_lanes32, dot_lanes8, expf, fold32, hsum8};
+#[cfg(target_arch = "x86_64")]
+use super::scratch::AttnGuard;
 
 /// Per-thread scratch of the ggml path.
 #[derive(Debug, Default)]
@@ -189,16 +191,6 @@ fn softmax_round<T: KvElem, const F16C: bool>(scores: &mut [f32], max: f32) {
     }
 }
 
-/// Per-thread scratch of [`heads_f16`]: the heads' rounded queries, scores and V lanes, and
-/// one widened cache row.
-#[derive(Debug, Default)]
-pub(crate) struct GroupScratch {
-    q: Vec<f32>,
-    row: Vec<f32>,
-    scores: Vec<f32>,
-    acc: Vec<f32>,
-}
-
 /// [`head`]'s batched path (two or more tokens in the step) for the `g = q.len() / hd` query
 /// heads that share one KV head, over an f16 cache: each K and V row is widened once for all
 /// `g` heads instead of once per head. Every head's arithmetic is `head`'s (8-lane dots in
@@ -218,30 +210,31 @@ pub(crate) unsafe fn heads_f16<F: Fn(usize) -> usize>(
     row_of: F,
     len: usize,
     scale: f32,
-    s: &mut GroupScratch,
+    s: &mut Scratch,
     o: &mut [f32],
 ) {
-    use std::arch::x86_64::*;
     assert!(hd > 0 && hd.is_multiple_of(8) && q.len() == o.len() && q.len().is_multiple_of(hd));
     let g = q.len() / hd;
     s.q.clear();
     s.q.extend(q.iter().map(|&v| half::f16::from_f32(v).to_f32()));
-    s.row.resize(hd, 0.0);
+    // `s.k` holds one widened cache row at a time, `s.scores` the heads' rows of `len`.
+    s.k.resize(hd, 0.0);
     s.scores.clear();
     s.scores.resize(g * len, 0.0);
     let mut max = [f32::NEG_INFINITY; 64];
     assert!(g <= max.len(), "at most 64 query heads per KV head");
     for p in 0..len {
-        let row = &k_cache[row_of(p)..][..hd];
-        super::attention::f16_to_f32_f16c(row, &mut s.row);
+        super::attention::f16_to_f32_f16c(&k_cache[row_of(p)..][..hd], &mut s.k);
         for (h, mh) in max.iter_mut().enumerate().take(g) {
             let qh = &s.q[h * hd..(h + 1) * hd];
-            // SAFETY: `hd` floats at `s.row` and `qh` (sized above); AVX2/FMA enabled here.
-            // The same FMA order and fold as `KvElem::dot_f16c` with 8 lanes.
+            // `head`'s batched dot (`dot_lanes8`: 8 FMA lanes, `hsum8`), folded in registers
+            // as `KvElem::dot_f16c` does: `dot_lanes8` itself made this path a third slower.
+            // SAFETY: `hd` floats at `s.k` and `qh` (sized above); AVX2/FMA enabled here.
             let kq = unsafe {
+                use std::arch::x86_64::*;
                 let mut acc = _mm256_setzero_ps();
                 for i in (0..hd).step_by(8) {
-                    let k = _mm256_loadu_ps(s.row.as_ptr().add(i));
+                    let k = _mm256_loadu_ps(s.k.as_ptr().add(i));
                     acc = _mm256_fmadd_ps(k, _mm256_loadu_ps(qh.as_ptr().add(i)), acc);
                 }
                 let v = _mm_add_ps(_mm256_extractf128_ps::<1>(acc), _mm256_castps256_ps128(acc));
@@ -256,29 +249,22 @@ pub(crate) unsafe fn heads_f16<F: Fn(usize) -> usize>(
     for (h, &mh) in max.iter().enumerate().take(g) {
         softmax_round::<half::f16, true>(&mut s.scores[h * len..(h + 1) * len], mh);
     }
+    // `head`'s 8 lane-major V accumulators per head (`acc[(h * 8 + lane) * hd + d]`).
     s.acc.clear();
     s.acc.resize(g * 8 * hd, 0.0);
     for p in 0..len {
-        let lane = p & 7;
-        super::attention::f16_to_f32_f16c(&v_cache[row_of(p)..][..hd], &mut s.row);
+        super::attention::f16_to_f32_f16c(&v_cache[row_of(p)..][..hd], &mut s.k);
         for h in 0..g {
             let w = s.scores[h * len + p];
-            let acc = &mut s.acc[(h * 8 + lane) * hd..(h * 8 + lane + 1) * hd];
-            // SAFETY: `hd` floats at `s.row` and `acc`; AVX2/FMA enabled here. The same op as
-            // `KvElem::axpy_f16c`: `fma(v, w, acc)`.
-            unsafe {
-                let wv = _mm256_set1_ps(w);
-                for i in (0..hd).step_by(8) {
-                    let v = _mm256_loadu_ps(s.row.as_ptr().add(i));
-                    let a = acc.as_mut_ptr().add(i);
-                    _mm256_storeu_ps(a, _mm256_fmadd_ps(v, wv, _mm256_loadu_ps(a)));
-                }
+            let at = (h * 8 + (p & 7)) * hd;
+            for (a, &vd) in s.acc[at..at + hd].iter_mut().zip(&s.k) {
+                *a = vd.mul_add(w, *a);
             }
         }
     }
-    for h in 0..g {
-        for d in 0..hd {
-            o[h * hd + d] = hsum8(&std::array::from_fn(|l| s.acc[(h * 8 + l) * hd + d]));
+    for (h, oh) in o.chunks_exact_mut(hd).enumerate() {
+        for (d, od) in oh.iter_mut().enumerate() {
+            *od = hsum8(&std::array::from_fn(|l| s.acc[(h * 8 + l) * hd + d]));
         }
     }
 }
@@ -311,7 +297,7 @@ pub(crate) fn paged_grouped<T: KvElem>(
             return false;
         }
         let kv_row = s.n_kv_heads * hd;
-        pool.for_each_chunk_mut(out, group * hd, GroupScratch::default, |scratch, idx, o| {
+        pool.for_each_chunk_mut(out, group * hd, AttnGuard::take, |scratch, idx, o| {
             let (tok, kvh) = (idx / s.n_kv_heads, idx % s.n_kv_heads);
             let seq = inputs.token_seq[tok] as usize;
             let table = &inputs.block_tables[seq * s.max_blocks_per_seq..];
@@ -507,7 +493,7 @@ mod group_tests {
                 head(true, qh, &kc, &vc, row_of, len, scale, true, &mut sc, oh);
             }
             let mut got = vec![f32::NAN; g * hd];
-            let mut gs = GroupScratch::default();
+            let mut gs = Scratch::default();
             // SAFETY: a SIMD Isa was detected (AVX2, FMA, F16C).
             unsafe { heads_f16(hd, &q, &kc, &vc, row_of, len, scale, &mut gs, &mut got) };
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
