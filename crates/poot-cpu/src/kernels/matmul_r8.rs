@@ -83,26 +83,16 @@ pub(crate) fn matmul_r8(
         }
     }
     let corr: &[[i32; 8]] = &corr;
-    let groups = w.groups();
-    // About four tasks per thread balances load when other processes share the cores.
-    let per_task = groups.div_ceil(pool.n_threads() * 4).max(1);
-    let tasks = groups.div_ceil(per_task);
-    let shared = SharedMut::new(out);
-    let write = |g: usize, tok: usize, res: &[f32]| {
-        for (r, &v) in res.iter().enumerate().take(RG.min(n - g * RG)) {
-            // SAFETY: rows of group g belong to this task only, so no other task writes
-            // index tok * n + 8g + r.
-            unsafe { shared.write(tok * n + g * RG + r, v) };
-        }
-    };
-    pool.for_each(tasks, |task| {
-        if simd && t == 1 {
-            let first = w.group(task * per_task);
-            super::simd::prefetch_range(first.as_ptr(), first.len().min(prefetch_ahead()));
-        }
-        for g in task * per_task..((task + 1) * per_task).min(groups) {
+    let stream = simd && t == 1;
+    over_groups(
+        pool,
+        w.groups(),
+        n,
+        out,
+        stream.then_some(&|g| w.group(g)),
+        |g, write| {
             if !simd {
-                let mut row = vec![0u8; nb * kind.block_bytes()];
+                let mut row = Scratch::<u8>::zeroed(nb * kind.block_bytes());
                 let mut res = [0.0f32; RG];
                 for tok in 0..t {
                     for (r, v) in res.iter_mut().enumerate().take(RG.min(n - g * RG)) {
@@ -114,9 +104,9 @@ pub(crate) fn matmul_r8(
                             dot_scalar(kind, &row, a)
                         };
                     }
-                    write(g, tok, &res);
+                    write(tok, &res);
                 }
-                continue;
+                return;
             }
             #[cfg(target_arch = "x86_64")]
             {
@@ -133,11 +123,48 @@ pub(crate) fn matmul_r8(
                         group(vnni, kind, grp, nb, a, c, tt, &mut res);
                     }
                     for j in 0..tt {
-                        write(g, tok + j, &res[j * RG..(j + 1) * RG]);
+                        write(tok + j, &res[j * RG..(j + 1) * RG]);
                     }
                     tok += tt;
                 }
             }
+        },
+    );
+}
+
+/// The task loop of the 8-row matmuls (`matmul_r8`, `matmul_rk`): `body(g, write)` runs for
+/// every 8-row group `g` of a matrix of `n` rows (`groups` groups), in tasks of whole groups
+/// claimed by the pool's threads (about four per thread, which balances load when other
+/// processes share the cores); `write(tok, res)` stores group `g`'s rows for token `tok` into
+/// `out` (`[t, n]`, padding rows dropped). With `first`, each task prefetches the first
+/// [`prefetch_ahead`] bytes of its first group (`first(g)` gives a group's bytes) before its
+/// stream's own prefetches reach them.
+pub(super) fn over_groups<'w, B>(
+    pool: &ThreadPool,
+    groups: usize,
+    n: usize,
+    out: &mut [f32],
+    first: Option<&(dyn Fn(usize) -> &'w [u8] + Sync)>,
+    body: B,
+) where
+    B: Fn(usize, &dyn Fn(usize, &[f32])) + Sync,
+{
+    let per_task = groups.div_ceil(pool.n_threads() * 4).max(1);
+    let tasks = groups.div_ceil(per_task);
+    let shared = SharedMut::new(out);
+    pool.for_each(tasks, |task| {
+        if let Some(first) = first {
+            let bytes = first(task * per_task);
+            super::simd::prefetch_range(bytes.as_ptr(), bytes.len().min(prefetch_ahead()));
+        }
+        for g in task * per_task..((task + 1) * per_task).min(groups) {
+            body(g, &|tok, res| {
+                for (r, &v) in res.iter().enumerate().take(RG.min(n - g * RG)) {
+                    // SAFETY: rows of group g belong to this task only, so no other task
+                    // writes index tok * n + 8g + r.
+                    unsafe { shared.write(tok * n + g * RG + r, v) };
+                }
+            });
         }
     });
 }

@@ -14,12 +14,13 @@
 //! values and token) in reused scratch.
 
 use super::matmul::ActCache;
+use super::matmul_r8::over_groups;
 use super::qdot_k::{dot_scalar, quantized_k, BlockQ8K, QK_K};
 use super::repack::RG;
 use super::repack_k::RepackedK;
 use super::scratch::Scratch;
-use super::simd::{prefetch_ahead, Checked, Isa};
-use crate::pool::{SharedMut, ThreadPool};
+use super::simd::{Checked, Isa};
+use crate::pool::ThreadPool;
 
 /// `out[t][n] = dot(W[n], Q8_K(x[t]))` with `W` repacked; `x` is `[t, k]` with `k = 256 * nb`
 /// (validated by the caller).
@@ -42,53 +43,39 @@ pub(crate) fn matmul_rk(
     let simd = matches!(ck.isa(), Isa::Avx2 | Isa::Avx512);
     #[cfg(not(target_arch = "x86_64"))]
     let simd = false;
-    let groups = w.groups();
-    // About four tasks per thread balances load when other processes share the cores.
-    let per_task = groups.div_ceil(pool.n_threads() * 4).max(1);
-    let tasks = groups.div_ceil(per_task);
-    let shared = SharedMut::new(out);
-    let write = |g: usize, tok: usize, res: &[f32]| {
-        for (r, &v) in res.iter().enumerate().take(RG.min(n - g * RG)) {
-            // SAFETY: rows of group g belong to this task only, so no other task writes
-            // index tok * n + 8g + r.
-            unsafe { shared.write(tok * n + g * RG + r, v) };
-        }
-    };
-    let row_bytes = nb * kind.block_bytes();
-    pool.for_each_init(
-        tasks,
-        || Scratch::<u8>::zeroed(if simd { 0 } else { row_bytes }),
-        |row, task| {
-            if simd && t == 1 {
-                let first = w.group(task * per_task);
-                super::simd::prefetch_range(first.as_ptr(), first.len().min(prefetch_ahead()));
-            }
-            for g in task * per_task..((task + 1) * per_task).min(groups) {
-                if !simd {
-                    let mut res = [0.0f32; RG];
-                    for tok in 0..t {
-                        for (r, v) in res.iter_mut().enumerate().take(RG.min(n - g * RG)) {
-                            w.stored_row(g * RG + r, row);
-                            *v = dot_scalar(kind, row, &xq[tok * nb..(tok + 1) * nb]);
-                        }
-                        write(g, tok, &res);
+    let stream = simd && t == 1;
+    over_groups(
+        pool,
+        w.groups(),
+        n,
+        out,
+        stream.then_some(&|g| w.group(g)),
+        |g, write| {
+            if !simd {
+                let mut row = Scratch::<u8>::zeroed(nb * kind.block_bytes());
+                let mut res = [0.0f32; RG];
+                for tok in 0..t {
+                    for (r, v) in res.iter_mut().enumerate().take(RG.min(n - g * RG)) {
+                        w.stored_row(g * RG + r, &mut row);
+                        *v = dot_scalar(kind, &row, &xq[tok * nb..(tok + 1) * nb]);
                     }
-                    continue;
+                    write(tok, &res);
                 }
-                #[cfg(target_arch = "x86_64")]
-                {
-                    use super::qdot_rk_x86::{group, tile_tokens};
-                    let grp = w.group(g);
-                    let mut res = [0.0f32; 4 * RG];
-                    let mut tok = 0;
-                    while tok < t {
-                        let tt = tile_tokens(kind, t - tok);
-                        group(ck, kind, grp, nb, &xq[tok * nb..], tt, &mut res);
-                        for j in 0..tt {
-                            write(g, tok + j, &res[j * RG..(j + 1) * RG]);
-                        }
-                        tok += tt;
+                return;
+            }
+            #[cfg(target_arch = "x86_64")]
+            {
+                use super::qdot_rk_x86::{group, tile_tokens};
+                let grp = w.group(g);
+                let mut res = [0.0f32; 4 * RG];
+                let mut tok = 0;
+                while tok < t {
+                    let tt = tile_tokens(kind, t - tok);
+                    group(ck, kind, grp, nb, &xq[tok * nb..], tt, &mut res);
+                    for j in 0..tt {
+                        write(tok + j, &res[j * RG..(j + 1) * RG]);
                     }
+                    tok += tt;
                 }
             }
         },
