@@ -260,17 +260,27 @@ pub fn repack_for(
     if numerics != Numerics::Ggml || !matches!(isa.checked()?.isa(), Isa::Avx2 | Isa::Avx512) {
         return Ok(None);
     }
-    let (q, kq) = (QKind::new(w_dtype), super::qdot_k::KKind::new(w_dtype));
-    if !q.is_some_and(Repacked::supports) && kq.is_none() {
-        return Ok(None);
-    }
-    let rb = row_bytes("matmul", w_dtype, k)?;
-    check_len("matmul w", mul(n, rb, "matmul w")?, w.len())?;
-    Ok(Some(match (q, kq) {
-        (Some(kind), _) => Repack::Q(Repacked::new(kind, w, n, k / 32)),
-        (None, Some(kind)) => Repack::K(RepackedK::new(kind, w, n, k / super::qdot_k::QK_K)),
-        (None, None) => unreachable!("returned above"),
-    }))
+    let checked = || -> Result<(), KernelError> {
+        let rb = row_bytes("matmul", w_dtype, k)?;
+        check_len("matmul w", mul(n, rb, "matmul w")?, w.len())
+    };
+    let q = QKind::new(w_dtype).filter(|&kind| Repacked::supports(kind));
+    Ok(match (q, super::qdot_k::KKind::new(w_dtype)) {
+        (Some(kind), _) => {
+            checked()?;
+            Some(Repack::Q(Repacked::new(kind, w, n, k / 32)))
+        }
+        (None, Some(kind)) => {
+            checked()?;
+            Some(Repack::K(RepackedK::new(
+                kind,
+                w,
+                n,
+                k / super::qdot_k::QK_K,
+            )))
+        }
+        (None, None) => None,
+    })
 }
 
 /// [`matmul_numerics`] under [`Numerics::Ggml`] with weights from [`repack_for`] (`[n, k]`),

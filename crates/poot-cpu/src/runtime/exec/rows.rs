@@ -106,9 +106,7 @@ impl Exec<'_> {
         let xv = self.f32(x, op.name())?;
         let silu = matches!(op, Op::Silu { .. });
         let ggml = self.plan.numerics == Numerics::Ggml;
-        if xv.len() != numel {
-            kernels::silu_to(xv, &mut out).map_err(kerr(op.name()))?;
-        }
+        crate::error::check_len("activation x", numel, xv.len()).map_err(kerr(op.name()))?;
         par_rows(self.pool, &mut out, d, |r, o| {
             let xr = &xv[r.start * d..r.end * d];
             match (silu, ggml) {
