@@ -1,6 +1,6 @@
 """Every forced CPU kernel path (``POOT_CPU_ISA``) gives the default path's logits to the bit.
 
-The ggml-numerics kernels are built so that scalar, AVX2 and AVX-512 code compute the same
+The ggml-numerics kernels are built so that scalar, AVX2, AVX-512 and AMX code compute the same
 float steps (integer dots are exact), and the Rust tests check this kernel by kernel; this
 checks it end to end on the default model (SmolLM2-135M Q4_1: integer matvecs, the Q8_0 LM
 head, f16-KV attention, ggml's RoPE and SiLU), prefill and decode, in subprocesses because the
@@ -45,12 +45,17 @@ def _cpu_has(flag: str) -> bool:
         return False
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2"])
+_NEEDS = {"avx2": "avx2", "avx512": "avx512f"}
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
 def test_forced_paths_match_the_default_bit_for_bit(
     default_model_path: Path, tmp_path: Path, isa: str
 ) -> None:
-    if isa == "avx2" and not _cpu_has("avx2"):
-        pytest.skip("this CPU has no AVX2")
+    # On an AMX machine the default path is `amx` (tiles for the prefill's integer matmuls), so
+    # `avx512` checks those against AVX-512's registers.
+    if isa in _NEEDS and not _cpu_has(_NEEDS[isa]):
+        pytest.skip(f"this CPU has no {_NEEDS[isa]}")
     want = _logits(default_model_path, None, tmp_path / "default.npy")
     got = _logits(default_model_path, isa, tmp_path / f"{isa}.npy")
     assert np.isfinite(want).all()

@@ -112,12 +112,18 @@ pub(crate) struct ActCache {
 
 impl ActCache {
     /// `x` as Q8_0/Q8_1 blocks (`with_sum`), quantized unless `key` was quantized last.
-    pub(crate) fn q8(&mut self, key: u64, x: &[f32], with_sum: bool) -> &[super::qact::BlockQ8] {
+    pub(crate) fn q8(
+        &mut self,
+        key: u64,
+        x: &[f32],
+        with_sum: bool,
+        pool: &ThreadPool,
+    ) -> &[super::qact::BlockQ8] {
         if self.q8_key != Some((key, with_sum)) {
             self.q8.clear();
             self.q8
                 .resize(x.len() / super::qact::QK8, Default::default());
-            super::qact::quantize_row_q8(x, &mut self.q8, with_sum);
+            super::qact::quantize_rows_q8(x, &mut self.q8, with_sum, pool);
             self.q8_key = Some((key, with_sum));
         }
         &self.q8
@@ -246,9 +252,11 @@ pub(crate) const TOKEN_TILE: usize = 4;
 
 /// `w` (`n` rows of `k` elements of `w_dtype`, as stored) re-laid for a faster kernel on this
 /// `isa` under `numerics`, or `None` when the stored layout is already the fast one: under
-/// [`Numerics::Ggml`] on AVX2 and AVX-512, Q4_0, Q4_1, Q5_0 and Q8_0 (`repack.rs`) and Q4_K and
-/// Q6_K (`repack_k.rs`) go 8 rows at a time (the results stay bit-identical). The copy is the
-/// tensor's size; the caller owns it and passes it to [`matmul_repacked`].
+/// [`Numerics::Ggml`], Q4_0, Q4_1, Q5_0 and Q8_0 (`repack.rs`) and Q4_K and Q6_K
+/// (`repack_k.rs`) go 8 rows at a time. On every path, the scalar one too, so that a forced
+/// path computes what the fast ones do: multi-token calls on this layout take the block order
+/// (`matmul_r8.rs`). The copy is the tensor's size; the caller owns it and passes it to
+/// [`matmul_repacked`].
 pub fn repack_for(
     numerics: Numerics,
     isa: Isa,
@@ -257,7 +265,8 @@ pub fn repack_for(
     n: usize,
     k: usize,
 ) -> Result<Option<Repack>, KernelError> {
-    if numerics != Numerics::Ggml || !matches!(isa.checked()?.isa(), Isa::Avx2 | Isa::Avx512) {
+    isa.checked()?;
+    if numerics != Numerics::Ggml {
         return Ok(None);
     }
     let checked = || -> Result<(), KernelError> {

@@ -18,7 +18,7 @@
 use super::ggml::Numerics;
 use super::matmul::{matmul_cached, BLOCK_FLOATS, TOKEN_TILE};
 use super::scratch::Scratch;
-use super::simd::{Checked, Isa, NR};
+use super::simd::{Checked, NR};
 use crate::pool::{SharedMut, ThreadPool};
 use crate::KernelError;
 
@@ -47,7 +47,7 @@ pub(crate) fn matmul_bf16_ggml(
     // One token is bound by reading the weights, which one row at a time does best
     // (`matmul_float.rs`), so it takes the rounded activations through the exact path.
     #[cfg(target_arch = "x86_64")]
-    if t >= 2 && ck.isa() == Isa::Avx512 && super::fdot_x86::has_bf16_dot() {
+    if t >= 2 && ck.isa().avx512() && super::fdot_x86::has_bf16_dot() {
         dot_blocks(x, t, k, w, row_bytes, n, out, pool);
         return Ok(());
     }

@@ -28,7 +28,7 @@ const ROWS: usize = 4;
 pub(crate) fn applies(ck: Checked, p: Packed, t: usize) -> bool {
     t == 1
         && matches!(p, Packed::F16 | Packed::BF16)
-        && matches!(ck.isa(), Isa::Avx2 | Isa::Avx512)
+        && matches!(ck.isa(), Isa::Avx2 | Isa::Avx512 | Isa::Amx)
         && cfg!(target_arch = "x86_64")
 }
 
@@ -79,7 +79,7 @@ fn row_dot(ck: Checked, ggml: bool, p: Packed, row: &[u8], k: usize, x: &[f32]) 
     {
         use super::fdot_x86::{self as f, BF16, F16};
         let (wp, xp) = (row.as_ptr(), x.as_ptr());
-        let avx512 = ck.isa() == Isa::Avx512;
+        let avx512 = ck.isa().avx512();
         if ggml {
             let k32 = k & !31;
             // SAFETY: `Checked` proves the ISA's features (AVX-512 implies the AVX2 set

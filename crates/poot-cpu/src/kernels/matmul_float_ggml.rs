@@ -44,7 +44,7 @@ pub(crate) fn matmul_float_ggml(
     };
     let tiny = t >= 2 && k.is_multiple_of(8) && n.is_multiple_of(4);
     let f16 = p == Packed::F16;
-    let fma = matches!(ck.isa(), Isa::Avx2 | Isa::Avx512);
+    let fma = matches!(ck.isa(), Isa::Avx2 | Isa::Avx512 | Isa::Amx);
     // Row blocks and token tiles as in `matmul_cached` (activations stay in cache).
     let block = (BLOCK_FLOATS / k / NR).clamp(1, 16) * NR;
     let blocks = n.div_ceil(block);
@@ -99,7 +99,7 @@ fn tiles8(ck: Checked, quad: &[f32], k: usize, x: &[f32], t: usize, res: &mut [f
     #[cfg(target_arch = "x86_64")]
     {
         use super::fdot_x86::{tile8_avx2, tile8_avx512};
-        let wide = ck.isa() == Isa::Avx512 && std::arch::is_x86_feature_detected!("avx512vl");
+        let wide = ck.isa().avx512() && std::arch::is_x86_feature_detected!("avx512vl");
         let mut tok = 0;
         while tok < t {
             let (xs, rs) = (&x[tok * k..], &mut res[tok * NR..]);

@@ -20,7 +20,7 @@
 //! blocks of 40 bytes.
 
 use super::matmul::ActCache;
-use super::qact::{quantize_row_q8, BlockQ8, QK8};
+use super::qact::{quantize_rows_q8, BlockQ8, QK8};
 use super::qdot::{dot_rows, QKind};
 use super::scratch::Scratch;
 use super::simd::{Checked, NR};
@@ -44,7 +44,7 @@ pub(crate) fn matmul_q8(
 ) {
     debug_assert!(k.is_multiple_of(QK8) && x.len() == t * k);
     let mut local = Scratch::<BlockQ8>::zeroed(0);
-    let xq = quantized(x, kind.act_sum(), cache, &mut local);
+    let xq = quantized(x, kind.act_sum(), cache, &mut local, pool);
     let groups = n.div_ceil(NR);
     // About four tasks per thread balances load when other processes share the cores.
     let per_task = groups.div_ceil(pool.n_threads() * 4).max(1);
@@ -79,12 +79,13 @@ pub(crate) fn quantized<'a>(
     with_sum: bool,
     cache: Option<(&'a mut ActCache, u64)>,
     local: &'a mut Scratch<BlockQ8>,
+    pool: &ThreadPool,
 ) -> &'a [BlockQ8] {
     match cache {
-        Some((c, key)) => c.q8(key, x, with_sum),
+        Some((c, key)) => c.q8(key, x, with_sum, pool),
         None => {
             local.resize(x.len() / QK8, BlockQ8::default());
-            quantize_row_q8(x, local, with_sum);
+            quantize_rows_q8(x, local, with_sum, pool);
             local
         }
     }

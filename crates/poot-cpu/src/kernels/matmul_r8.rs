@@ -7,11 +7,13 @@
 //! group's superblocks are read as one sequential stream and dotted against 1 (AVX2) or 2 (VNNI)
 //! tokens per pass.
 //!
-//! Numerics: one-token calls, and Q4_1 always, are bit-identical to `matmul_q8.rs` (and so to
-//! llama.cpp's vec_dot/tinyBLAS), on every ISA and thread count: see `qdot_r8_x86.rs`.
-//! Multi-token Q4_0, Q5_0 and Q8_0 calls (prefill) take the block order instead: each block's 32
-//! products summed exactly in `i32`, then one FMA per block (`qdot::dot_scalar_blocks`; the
-//! order of llama.cpp's repacked Q4_0 GEMM), which needs an eighth of the float work. Both
+//! Numerics: one-token calls are bit-identical to `matmul_q8.rs` (and so to llama.cpp's
+//! vec_dot/tinyBLAS), on every ISA and thread count: see `qdot_r8_x86.rs`. Multi-token calls
+//! (prefill) take the block order instead: each block's 32 products summed exactly in `i32`,
+//! then one FMA per block, plus one for Q4_1's offset term (`qdot::dot_scalar_blocks`; the
+//! order of llama.cpp's repacked Q4_0 GEMM and of its AMX kernels), which needs an eighth of the
+//! float work and is the one order an AMX tile (whole-block `i32` sums) can give: `amx.rs`
+//! runs it there, bit-identical to the other paths. Both
 //! orders quantize the activations the same way; they differ only in `f32` rounding, within
 //! `(k / 32 + 8) * 2^-24 * sum_b |dw dx sum_b|` of each other (tested), far below the
 //! activation rounding `matmul_q8.rs` bounds. Results do not depend on the thread count or on
@@ -55,13 +57,13 @@ pub(crate) fn matmul_r8(
     let (kind, n, nb) = (w.kind, w.n, w.nb);
     debug_assert!(k == nb * QK8 && x.len() == t * k && out.len() == t * n);
     let mut local = Scratch::<BlockQ8>::zeroed(0);
-    let xq = super::matmul_q8::quantized(x, kind.act_sum(), cache, &mut local);
+    let xq = super::matmul_q8::quantized(x, kind.act_sum(), cache, &mut local, pool);
     #[cfg(target_arch = "x86_64")]
-    let simd = matches!(ck.isa(), Isa::Avx2 | Isa::Avx512);
+    let simd = matches!(ck.isa(), Isa::Avx2 | Isa::Avx512 | Isa::Amx);
     #[cfg(not(target_arch = "x86_64"))]
     let simd = false;
     #[cfg(target_arch = "x86_64")]
-    let vnni = ck.isa() == Isa::Avx512 && super::qdot_r8_x86::has_vnni();
+    let vnni = ck.isa().avx512() && super::qdot_r8_x86::has_vnni();
     #[cfg(not(target_arch = "x86_64"))]
     let vnni = false;
     let mult = match kind {
@@ -70,8 +72,13 @@ pub(crate) fn matmul_r8(
         QKind::Q8_0 if vnni => 128,
         _ => 0,
     };
-    // Multi-token calls but Q4_1's take the block order (see the module docs).
-    let blocks = t >= 2 && kind != QKind::Q4_1;
+    // Multi-token calls take the block order (see the module docs).
+    let blocks = t >= 2;
+    #[cfg(target_arch = "x86_64")]
+    if blocks && ck.isa() == Isa::Amx {
+        super::amx::matmul(w, xq, t, out, pool);
+        return;
+    }
     let mut corr = Scratch::<[i32; 8]>::zeroed(0);
     corr.resize(t * nb, [0; 8]);
     if simd && mult != 0 {
@@ -92,19 +99,22 @@ pub(crate) fn matmul_r8(
         stream.then_some(&|g| w.group(g)),
         |g, write| {
             if !simd {
+                // Each stored row rebuilt once, then dotted with every token.
                 let mut row = Scratch::<u8>::zeroed(nb * kind.block_bytes());
-                let mut res = [0.0f32; RG];
-                for tok in 0..t {
-                    for (r, v) in res.iter_mut().enumerate().take(RG.min(n - g * RG)) {
-                        w.stored_row(g * RG + r, &mut row);
+                let mut res = Scratch::<f32>::zeroed(t * RG);
+                for r in 0..RG.min(n - g * RG) {
+                    w.stored_row(g * RG + r, &mut row);
+                    for tok in 0..t {
                         let a = &xq[tok * nb..(tok + 1) * nb];
-                        *v = if blocks {
+                        res[tok * RG + r] = if blocks {
                             dot_scalar_blocks(kind, &row, a)
                         } else {
                             dot_scalar(kind, &row, a)
                         };
                     }
-                    write(tok, &res);
+                }
+                for tok in 0..t {
+                    write(tok, &res[tok * RG..(tok + 1) * RG]);
                 }
                 return;
             }

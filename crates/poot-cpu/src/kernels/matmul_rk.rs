@@ -40,7 +40,7 @@ pub(crate) fn matmul_rk(
     let mut local = Scratch::<BlockQ8K>::zeroed(0);
     let xq = quantized_k(x, cache, &mut local);
     #[cfg(target_arch = "x86_64")]
-    let simd = matches!(ck.isa(), Isa::Avx2 | Isa::Avx512);
+    let simd = matches!(ck.isa(), Isa::Avx2 | Isa::Avx512 | Isa::Amx);
     #[cfg(not(target_arch = "x86_64"))]
     let simd = false;
     let stream = simd && t == 1;

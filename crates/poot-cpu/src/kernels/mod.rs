@@ -2,6 +2,8 @@
 //! (the error bound its tests assert) and cost.
 
 pub mod act;
+#[cfg(target_arch = "x86_64")]
+mod amx;
 pub mod attention;
 mod attention_ggml;
 pub mod decode;

@@ -59,12 +59,80 @@ pub fn quantize_row_q8(x: &[f32], out: &mut [BlockQ8], with_sum: bool) {
     quantize(x, out, with_sum);
 }
 
-/// [`quantize`] with AVX2 enabled: rounding is `vroundps` rather than a libm `rintf` call (the
-/// same IEEE operation, so the same results).
+/// [`quantize`] in AVX2 registers, one block at a time: the same IEEE steps (`|x|` maxima in
+/// lanes, then across them; `x * id` rounded half-even by `vroundps`; saturating packs, which
+/// are the clamp), so the same bits, about 10x faster than the scalar loop (whose per-value
+/// rounding and clamp did not vectorize: 3.6 ns a value, a tenth of a 512-token prefill).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 fn quantize_avx2(x: &[f32], out: &mut [BlockQ8], with_sum: bool) {
-    quantize(x, out, with_sum);
+    use std::arch::x86_64::*;
+    for (xb, yb) in x.chunks_exact(QK8).zip(out.iter_mut()) {
+        // SAFETY: 32 readable floats in `xb` and 32 writable bytes in `yb.qs`; AVX2 enabled.
+        unsafe {
+            let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(xb.as_ptr().add(8 * i)));
+            let sign = _mm256_set1_ps(-0.0);
+            // `max(a, m)` keeps `m` where `a` is NaN, as the scalar fold's `f32::max` does.
+            let mut m = _mm256_setzero_ps();
+            for vi in v {
+                m = _mm256_max_ps(_mm256_andnot_ps(sign, vi), m);
+            }
+            let m4 = _mm_max_ps(_mm256_extractf128_ps::<1>(m), _mm256_castps256_ps128(m));
+            let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+            let d = amax / 127.0;
+            let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+            let r: [__m256i; 4] = std::array::from_fn(|i| {
+                let q = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                    _mm256_mul_ps(v[i], id),
+                );
+                // A NaN converts to `i32::MIN` here but to 0 through the scalar `as i32`.
+                _mm256_cvtps_epi32(_mm256_and_ps(q, _mm256_cmp_ps::<_CMP_ORD_Q>(q, q)))
+            });
+            let p = _mm256_packs_epi16(
+                _mm256_packs_epi32(r[0], r[1]),
+                _mm256_packs_epi32(r[2], r[3]),
+            );
+            let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(yb.qs.as_mut_ptr().cast(), p);
+            yb.d = round_f16(d);
+            yb.s = if with_sum {
+                let s =
+                    _mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3]));
+                let s4 = _mm_add_epi32(_mm256_extracti128_si256::<1>(s), _mm256_castsi256_si128(s));
+                let s4 = _mm_add_epi32(s4, _mm_shuffle_epi32::<0b01_00_11_10>(s4));
+                let s4 = _mm_add_epi32(s4, _mm_shuffle_epi32::<0b10_11_00_01>(s4));
+                round_f16(d * _mm_cvtsi128_si32(s4) as f32)
+            } else {
+                0.0
+            };
+        }
+    }
+}
+
+/// [`quantize_row_q8`] split over the pool when `x` is long (a prefill's rows): blocks are
+/// independent, so any split gives the same bits.
+pub(crate) fn quantize_rows_q8(
+    x: &[f32],
+    out: &mut [BlockQ8],
+    with_sum: bool,
+    pool: &crate::ThreadPool,
+) {
+    assert_eq!(x.len(), out.len() * QK8, "quantize_rows_q8 lengths");
+    const CHUNK: usize = 1024;
+    if out.len() < 2 * CHUNK || pool.n_threads() < 2 {
+        quantize_row_q8(x, out, with_sum);
+        return;
+    }
+    pool.for_each_chunk_mut(
+        out,
+        CHUNK,
+        || (),
+        |_, i, o| {
+            let at = i * CHUNK * QK8;
+            quantize_row_q8(&x[at..at + o.len() * QK8], o, with_sum);
+        },
+    );
 }
 
 #[inline(always)]
@@ -129,5 +197,39 @@ mod tests {
         // An all-zero block quantizes to zeros with d = 0.
         quantize_row_q8(&[0.0; 32], &mut b, true);
         assert_eq!(b[0], BlockQ8::default());
+    }
+
+    #[test]
+    fn the_vector_and_pooled_paths_give_the_scalar_bits() {
+        let mut rng = Rng::new(11);
+        // Values at every scale, exact ties (x.5 after scaling by id = 1), zeros and a NaN.
+        let mut x: Vec<f32> = (0..32 * 3000)
+            .map(|i| rng.uniform(-1.0, 1.0) * 10f32.powi(i % 7 - 3))
+            .collect();
+        x[..32]
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = i as f32 - 15.5);
+        x[31] = 127.0;
+        x[32..64].fill(0.0);
+        x[70] = f32::NAN;
+        for with_sum in [false, true] {
+            let mut want = vec![BlockQ8::default(); 3000];
+            quantize(&x, &mut want, with_sum);
+            let mut got = vec![BlockQ8::default(); 3000];
+            quantize_row_q8(&x, &mut got, with_sum);
+            let bits = |v: &[BlockQ8]| -> Vec<(Vec<i8>, u32, u32)> {
+                v.iter()
+                    .map(|b| (b.qs.to_vec(), b.d.to_bits(), b.s.to_bits()))
+                    .collect()
+            };
+            let first_diff =
+                |a: &[BlockQ8]| bits(a).iter().zip(bits(&want)).position(|(x, y)| *x != y);
+            assert_eq!(first_diff(&got), None, "row path, sum {with_sum}");
+            let pool = crate::ThreadPool::new(3).unwrap();
+            let mut par = vec![BlockQ8::default(); 3000];
+            quantize_rows_q8(&x, &mut par, with_sum, &pool);
+            assert_eq!(first_diff(&par), None, "pooled, sum {with_sum}");
+        }
     }
 }

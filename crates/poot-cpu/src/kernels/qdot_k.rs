@@ -192,7 +192,9 @@ pub(crate) fn dot_scalar(kind: KKind, w: &[u8], a: &[BlockQ8K]) -> f32 {
 fn dot_tokens(ck: Checked, kind: KKind, w: &[u8], a: &[BlockQ8K], nb: usize, out: &mut [f32]) {
     match ck.isa() {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::Avx512 => super::qdot_k_x86::dot_tokens(ck, kind, w, a, nb, out),
+        Isa::Avx2 | Isa::Avx512 | Isa::Amx => {
+            super::qdot_k_x86::dot_tokens(ck, kind, w, a, nb, out)
+        }
         _ => {
             for (j, o) in out.iter_mut().enumerate() {
                 *o = dot_scalar(kind, w, &a[j * nb..(j + 1) * nb]);

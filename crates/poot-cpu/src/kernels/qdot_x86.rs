@@ -14,7 +14,7 @@ use std::arch::x86_64::*;
 
 use super::qact::BlockQ8;
 use super::qdot::QKind;
-use super::simd::{Checked, Isa};
+use super::simd::Checked;
 
 /// Whether this CPU has the 256-bit VNNI dot (`vpdpbusd ymm`).
 fn has_vnni() -> bool {
@@ -39,7 +39,7 @@ pub(super) fn dot_rows(
     let nb = row_bytes / kind.block_bytes();
     assert!(nr <= 4 && w.len() >= nr * row_bytes && a.len() >= t * nb && out.len() >= t * nr);
     // The AVX2 path stays within AVX2 (so tests cover `maddubs` on any CPU); AVX-512 adds VNNI.
-    let vnni = ck.isa() == Isa::Avx512 && has_vnni();
+    let vnni = ck.isa().avx512() && has_vnni();
     macro_rules! tile {
         ($r:literal, $t:literal, $w:expr, $a:expr, $out:expr) => {
             match kind {

@@ -75,11 +75,14 @@ pub enum Isa {
     Avx2,
     /// x86-64 AVX-512F (plus the AVX2 set).
     Avx512,
+    /// [`Isa::Avx512`] plus AMX-INT8 tiles for the multi-token integer matmuls (`amx.rs`);
+    /// every other kernel runs its AVX-512 path. Needs the kernel's grant of tile state.
+    Amx,
 }
 
 impl Isa {
     /// Every path, best last.
-    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx];
 
     /// Whether this CPU can run the path.
     pub fn is_available(self) -> bool {
@@ -93,21 +96,23 @@ impl Isa {
             }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => Isa::Avx2.is_available() && is_x86_feature_detected!("avx512f"),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Amx => Isa::Avx512.is_available() && super::amx::available(),
             #[cfg(not(target_arch = "x86_64"))]
-            Isa::Avx2 | Isa::Avx512 => false,
+            Isa::Avx2 | Isa::Avx512 | Isa::Amx => false,
         }
     }
 
     /// The path the kernels take: the best one this CPU runs, or the one `POOT_CPU_ISA` forces
-    /// (`scalar`, `avx2`, `avx512`; a path this CPU lacks gives the best one below it). Read
-    /// once per process.
+    /// (`scalar`, `avx2`, `avx512`, `amx`; a path this CPU lacks gives the best one below it).
+    /// Read once per process.
     pub fn detect() -> Isa {
         static CHOSEN: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
         *CHOSEN.get_or_init(|| {
             let cap = std::env::var("POOT_CPU_ISA")
                 .ok()
                 .and_then(|n| Isa::from_name(n.trim()))
-                .unwrap_or(Isa::Avx512);
+                .unwrap_or(Isa::Amx);
             Isa::ALL
                 .into_iter()
                 .rev()
@@ -126,12 +131,13 @@ impl Isa {
             .unwrap_or(Isa::Scalar)
     }
 
-    /// `"scalar"`, `"avx2"` or `"avx512"`.
+    /// `"scalar"`, `"avx2"`, `"avx512"` or `"amx"`.
     pub fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Amx => "amx",
         }
     }
 
@@ -143,6 +149,11 @@ impl Isa {
     /// The paths this CPU runs, scalar first.
     pub fn available() -> Vec<Isa> {
         Isa::ALL.into_iter().filter(|i| i.is_available()).collect()
+    }
+
+    /// Whether the path has AVX-512 (the AMX path runs AVX-512 code outside its tiles).
+    pub(crate) fn avx512(self) -> bool {
+        matches!(self, Isa::Avx512 | Isa::Amx)
     }
 
     pub(crate) fn checked(self) -> Result<Checked, KernelError> {
@@ -171,9 +182,11 @@ pub(crate) fn decode(ck: Checked, p: Packed, src: &[u8], dst: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Checked` proves AVX2, FMA and F16C were detected (AVX-512 implies them here).
         // The AVX-512 path decodes with the AVX2 code (decoding is not the bottleneck there).
-        Isa::Avx2 | Isa::Avx512 => unsafe { super::simd_decode::decode_avx2(p, src, dst) },
+        Isa::Avx2 | Isa::Avx512 | Isa::Amx => unsafe {
+            super::simd_decode::decode_avx2(p, src, dst)
+        },
         #[cfg(not(target_arch = "x86_64"))]
-        Isa::Avx2 | Isa::Avx512 => decode_run(p, src, dst),
+        Isa::Avx2 | Isa::Avx512 | Isa::Amx => decode_run(p, src, dst),
     }
 }
 
@@ -194,9 +207,9 @@ pub(crate) fn dot_rows(ck: Checked, w: &[f32], k: usize, x: &[f32], t: usize, re
         Isa::Avx2 => unsafe { x86::dot_rows_avx2(w, k, x, t, res) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Checked` proves AVX-512F was detected; shapes asserted above.
-        Isa::Avx512 => unsafe { x86::dot_rows_avx512(w, k, x, t, res) },
+        Isa::Avx512 | Isa::Amx => unsafe { x86::dot_rows_avx512(w, k, x, t, res) },
         #[cfg(not(target_arch = "x86_64"))]
-        Isa::Avx2 | Isa::Avx512 => dot_rows_scalar(w, k, x, t, res),
+        Isa::Avx2 | Isa::Avx512 | Isa::Amx => dot_rows_scalar(w, k, x, t, res),
     }
 }
 

@@ -1,0 +1,64 @@
+//! The AMX tiles: present where the CPU says so, and bit-identical to the block order's scalar
+//! reference on every kind, ragged shape, partial token tile and pool thread.
+
+use super::*;
+use crate::kernels::qact::quantize_row_q8;
+use crate::kernels::qdot::dot_scalar_blocks;
+use crate::testutil::{synthetic_weights, Rng};
+use poot_core::DType;
+
+fn cpuinfo_has(flag: &str) -> bool {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .map(|s| s.split_whitespace().any(|w| w == flag))
+        .unwrap_or(false)
+}
+
+#[test]
+fn available_where_the_cpu_and_linux_have_tiles() {
+    // Linux lists amx_int8 only where the kernel manages tile state, and then grants it on
+    // request; a refusal here would silently drop the fast path.
+    let listed = cfg!(target_os = "linux") && cpuinfo_has("amx_int8") && cpuinfo_has("avx512bw");
+    assert_eq!(available(), listed, "AMX availability vs /proc/cpuinfo");
+    println!("AMX available: {}", available());
+}
+
+#[test]
+fn bit_identical_to_the_block_order_on_every_thread() {
+    if !available() {
+        println!("no AMX on this CPU: nothing to run");
+        return;
+    }
+    let mut rng = Rng::new(5);
+    for dt in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0] {
+        let kind = QKind::new(dt).unwrap();
+        // Panels cut by the matrix's end (n = 8 and 40: a missing second group; 21: ragged),
+        // token tiles whole, partial, and both; up to 20 panels over 4 threads.
+        for (n, k, t) in [(8, 64, 2), (21, 96, 17), (40, 512, 16), (320, 128, 35)] {
+            let w = synthetic_weights(dt, n, k, 29);
+            let nb = k / 32;
+            let x: Vec<f32> = (0..t * k)
+                .map(|i| rng.uniform(-3.0, 3.0) * (i % 9) as f32)
+                .collect();
+            let mut a = vec![BlockQ8::default(); t * nb];
+            for (xr, ar) in x.chunks_exact(k).zip(a.chunks_exact_mut(nb)) {
+                quantize_row_q8(xr, ar, kind.act_sum());
+            }
+            let rb = w.len() / n;
+            let want: Vec<u32> = (0..t * n)
+                .map(|i| {
+                    let (j, r) = (i / n, i % n);
+                    let row = &w[r * rb..(r + 1) * rb];
+                    dot_scalar_blocks(kind, row, &a[j * nb..(j + 1) * nb]).to_bits()
+                })
+                .collect();
+            let rp = Repacked::new(kind, &w, n, nb);
+            for threads in [1, 4] {
+                let pool = ThreadPool::new(threads).unwrap();
+                let mut out = vec![f32::NAN; t * n];
+                matmul(&rp, &a, t, &mut out, &pool);
+                let got: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
+                assert_eq!(got, want, "{dt} n={n} k={k} t={t} x{threads}");
+            }
+        }
+    }
+}
