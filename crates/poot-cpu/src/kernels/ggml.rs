@@ -132,11 +132,33 @@ pub fn silu_rows_to(x: &[f32], d: usize, out: &mut [f32]) -> Result<(), KernelEr
     Ok(())
 }
 
-/// [`silu_rows`] with FMA instructions for `mul_add` (same results, no libm `fmaf` calls).
+/// [`silu_rows`] in AVX2 registers: each whole group of 8 through [`expf8`] (the same float
+/// steps as [`expf`], lane by lane), then `x / (1 + e)` (IEEE division, as the scalar one), so
+/// the same bits; the scalar loop did not vectorize (about 2.5 ns a value, 9% of a prefill).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn silu_rows_fma(x: &[f32], d: usize, out: &mut [f32]) {
-    silu_rows(x, d, out);
+    use std::arch::x86_64::*;
+    let body = d - d % 8;
+    for (xr, yr) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        for (y, v) in yr[..body]
+            .chunks_exact_mut(8)
+            .zip(xr[..body].chunks_exact(8))
+        {
+            // SAFETY: 8 floats in `v` and `y`; AVX2 and FMA enabled here.
+            unsafe {
+                let xv = _mm256_loadu_ps(v.as_ptr());
+                let mut neg = [0.0f32; 8];
+                _mm256_storeu_ps(neg.as_mut_ptr(), _mm256_sub_ps(_mm256_setzero_ps(), xv));
+                let e = _mm256_loadu_ps(expf8(&neg).as_ptr());
+                let r = _mm256_div_ps(xv, _mm256_add_ps(_mm256_set1_ps(1.0), e));
+                _mm256_storeu_ps(y.as_mut_ptr(), r);
+            }
+        }
+        for (y, &v) in yr[body..].iter_mut().zip(&xr[body..]) {
+            *y = silu_libm(v);
+        }
+    }
 }
 
 #[inline(always)]
@@ -310,6 +332,25 @@ mod tests {
         assert_eq!(hsum8(&a), 0.0 + (1.5 + 4.0));
         assert_eq!(hsum8_hadd(&a), (1e8 + 1.5) + (-1e8 + 4.0));
         assert_ne!(hsum8(&a), hsum8_hadd(&a));
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn silu_rows_in_registers_give_the_scalar_bits() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            return;
+        }
+        // Rows of 21 (two groups of 8 and a libm tail); values across expf's range, past its
+        // saturation (|x| > 87: the scalar fallback inside expf8), zeros of both signs, infinities.
+        let mut x: Vec<f32> = (0..21 * 40).map(|i| (i as f32 - 420.0) * 0.37).collect();
+        x[..6].copy_from_slice(&[0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, 1e-40, -200.0]);
+        let mut want = vec![0.0f32; x.len()];
+        silu_rows(&x, 21, &mut want);
+        let mut got = vec![f32::NAN; x.len()];
+        // SAFETY: AVX2 and FMA detected above.
+        unsafe { silu_rows_fma(&x, 21, &mut got) };
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want));
     }
 
     #[cfg(target_arch = "x86_64")]
