@@ -117,6 +117,16 @@ struct TileConfig {
 }
 
 impl TileConfig {
+    fn zeroed() -> TileConfig {
+        TileConfig {
+            palette: 0,
+            start_row: 0,
+            _reserved: [0; 14],
+            colsb: [0; 16],
+            rows: [0; 16],
+        }
+    }
+
     fn new() -> TileConfig {
         let mut c = TileConfig {
             palette: 1,
@@ -135,26 +145,42 @@ impl TileConfig {
     }
 }
 
-/// This thread's tile configuration for one task of [`matmul`]: loaded on creation, released
-/// on drop (so the thread leaves no tile state behind, whatever runs on it next). Loading it
-/// per 16-token tile instead cost about a third of a SmolLM2-shaped matmul.
-struct Tiles(());
+/// This thread's tile configuration for one task of [`matmul`]: loaded on creation; on drop,
+/// the configuration the thread had before is put back (or the tiles released if it had
+/// none). Other libraries in the process may keep their own configuration on a thread across
+/// calls (llama.cpp's AMX kernels do, and died with SIGILL after a plain release here, on the
+/// caller's thread that both pools share), so a task leaves the thread as it found it.
+struct Tiles {
+    before: TileConfig,
+}
 
 impl Tiles {
     fn load() -> Tiles {
         assert!(available(), "AMX path without AMX");
+        let mut before = TileConfig::zeroed();
         let cfg = TileConfig::new();
-        // SAFETY: the process holds the tile permission (`available`); the configuration is a
-        // valid palette-1 one (`TileConfig::new`).
-        unsafe { asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, readonly)) };
-        Tiles(())
+        // SAFETY: the process holds the tile permission (`available`); `sttilecfg` writes the
+        // 64-byte configuration (zeros when the tiles are released) into `before`, and the
+        // loaded one is a valid palette-1 configuration (`TileConfig::new`).
+        unsafe {
+            asm!("sttilecfg [{}]", in(reg) &mut before, options(nostack));
+            asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, readonly));
+        }
+        Tiles { before }
     }
 }
 
 impl Drop for Tiles {
     fn drop(&mut self) {
-        // SAFETY: tiles were configured on this thread by `load` (a `Tiles` is never sent).
-        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+        // SAFETY: tiles were configured on this thread by `load` (a `Tiles` is never sent);
+        // `before` is what `sttilecfg` stored, so a valid configuration when its palette is set.
+        unsafe {
+            if self.before.palette == 0 {
+                asm!("tilerelease", options(nostack, nomem));
+            } else {
+                asm!("ldtilecfg [{}]", in(reg) &self.before, options(nostack, readonly));
+            }
+        }
     }
 }
 

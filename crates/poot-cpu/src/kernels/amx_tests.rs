@@ -6,6 +6,7 @@ use crate::kernels::qact::quantize_row_q8;
 use crate::kernels::qdot::dot_scalar_blocks;
 use crate::testutil::{synthetic_weights, Rng};
 use poot_core::DType;
+use std::arch::asm;
 
 fn cpuinfo_has(flag: &str) -> bool {
     std::fs::read_to_string("/proc/cpuinfo")
@@ -61,4 +62,37 @@ fn bit_identical_to_the_block_order_on_every_thread() {
             }
         }
     }
+}
+
+#[test]
+fn a_configuration_the_thread_had_survives_a_call() {
+    if !available() {
+        println!("no AMX on this CPU: nothing to run");
+        return;
+    }
+    // Another library's tiles on the calling thread (which runs tasks too): tmm7 as 2 x 8.
+    let mut theirs = TileConfig::zeroed();
+    theirs.palette = 1;
+    theirs.colsb[7] = 8;
+    theirs.rows[7] = 2;
+    // SAFETY: tile permission held (`available`); a valid palette-1 configuration.
+    unsafe { asm!("ldtilecfg [{}]", in(reg) &theirs, options(nostack, readonly)) };
+    let (n, k, t) = (64, 128, 20);
+    let w = synthetic_weights(DType::Q4_0, n, k, 3);
+    let a = vec![BlockQ8::default(); t * k / 32];
+    let rp = Repacked::new(QKind::Q4_0, &w, n, k / 32);
+    let mut out = vec![0.0f32; t * n];
+    for threads in [1, 2] {
+        let pool = ThreadPool::new(threads).unwrap();
+        matmul(&rp, &a, t, &mut out, &pool);
+    }
+    let mut after = TileConfig::zeroed();
+    // SAFETY: as above; a tile instruction on tmm7 faults unless its configuration is back.
+    unsafe {
+        asm!("tilezero tmm7", options(nostack, nomem));
+        asm!("sttilecfg [{}]", in(reg) &mut after, options(nostack));
+        asm!("tilerelease", options(nostack, nomem));
+    }
+    assert_eq!((after.palette, after.colsb[7], after.rows[7]), (1, 8, 2));
+    assert_eq!((after.colsb[0], after.rows[0]), (0, 0), "ours is gone");
 }
