@@ -26,15 +26,18 @@ pub(crate) const NR: usize = 4;
 /// super-blocks ahead, 16.2 GB/s with every line 4 KiB ahead (1 to 8 KiB all did about as
 /// well), and 16.4 -> 20.5 tok/s decoding the Llama-1B-shaped Q4_0 GGUF. The F16/BF16 matvec
 /// does not take it: per-row prefetches made that decode slower (5.2-6.2 -> 4.5-4.8 tok/s),
-/// its long rows already stream well. `POOT_CPU_PREFETCH` overrides it for tuning on another
-/// machine (`0`: the old one-line-per-super-block prefetch).
+/// its long rows already stream well. On a 2-core Sapphire Rapids-class VM (`layer_seq`, 2
+/// threads, three rounds each) 2 KiB did best: 21.0-22.3 GB/s against 19.4-20.1 at 4 KiB,
+/// 20.9-21.1 at 1 KiB, 19.0 at 8 KiB and 18.0 with the old scheme; 2 KiB is within Zen 3's
+/// flat 1-8 KiB range, so it is the default. `POOT_CPU_PREFETCH` overrides it for tuning on
+/// another machine (`0`: the old one-line-per-super-block prefetch).
 pub(crate) fn prefetch_ahead() -> usize {
     static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *AHEAD.get_or_init(|| {
         std::env::var("POOT_CPU_PREFETCH")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(4096)
+            .unwrap_or(2048)
     })
 }
 

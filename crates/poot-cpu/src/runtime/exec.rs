@@ -240,18 +240,7 @@ impl<'a> Exec<'a> {
                 .map_err(kerr("matmul"))?;
                 Buf::F32(out)
             }
-            Op::Add { a, b } | Op::Mul { a, b } => {
-                let name = op.name();
-                let mut out = self.arena.zeros(numel);
-                let bv = self.floats(*b, name)?;
-                let av = self.f32(*a, name)?;
-                if matches!(op, Op::Add { .. }) {
-                    kernels::add(av, &bv, &mut out).map_err(kerr("add"))?;
-                } else {
-                    kernels::mul(av, &bv, &mut out).map_err(kerr("mul"))?;
-                }
-                Buf::F32(out)
-            }
+            Op::Add { a, b } | Op::Mul { a, b } => self.binary(op, *a, *b, &info.shape)?,
             Op::Silu { x } | Op::Gelu { x } => self.activation(op, *x, &info.shape)?,
             Op::Softmax { x } => {
                 let mut out = self.arena.f32s(numel);

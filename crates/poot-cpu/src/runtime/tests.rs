@@ -297,6 +297,9 @@ fn rowwise_graph(t: usize, store: Arc<Store>) -> poot_graph::Graph {
         y = tr.rms_norm(y, w, 1e-5).unwrap();
         y = tr.silu(y).unwrap();
         y = tr.rope(y, pos, cfg).unwrap();
+        // Elementwise, row-split too: a row broadcast and a same-shape operand.
+        y = tr.mul(y, w).unwrap();
+        y = tr.add(y, x).unwrap();
     }
     tr.output("y", y).unwrap();
     tr.finish()

@@ -94,6 +94,51 @@ impl Exec<'_> {
         Ok(Buf::F32(out))
     }
 
+    /// `Add` and `Mul`: `b` of `a`'s shape or one row of it; rows split over the pool when
+    /// big (elementwise, so the same bits on any split), any other shape left to the kernel's
+    /// checks.
+    pub(super) fn binary(
+        &mut self,
+        op: &Op,
+        a: ValueId,
+        b: ValueId,
+        shape: &[usize],
+    ) -> Result<Buf, RuntimeError> {
+        let name = op.name();
+        let d = *shape.last().unwrap_or(&1);
+        let numel: usize = shape.iter().product();
+        let mut out = self.arena.zeros(numel);
+        let bv = self.floats(b, name)?;
+        let av = self.f32(a, name)?;
+        let add = matches!(op, Op::Add { .. });
+        let run = |a: &[f32], b: &[f32], o: &mut [f32]| {
+            if add {
+                kernels::add(a, b, o)
+            } else {
+                kernels::mul(a, b, o)
+            }
+        };
+        let (same, row) = (bv.len() == av.len(), bv.len() == d);
+        if av.len() == numel && d > 0 && (same || row) {
+            par_rows(self.pool, &mut out, d, |r, o| {
+                let ar = &av[r.start * d..r.end * d];
+                run(
+                    ar,
+                    if same {
+                        &bv[r.start * d..r.end * d]
+                    } else {
+                        &bv
+                    },
+                    o,
+                )
+            })
+        } else {
+            run(av, &bv, &mut out)
+        }
+        .map_err(kerr(name))?;
+        Ok(Buf::F32(out))
+    }
+
     pub(super) fn activation(
         &mut self,
         op: &Op,
