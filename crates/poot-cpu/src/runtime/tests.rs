@@ -394,7 +394,13 @@ fn rowwise_ops_give_the_same_bits_on_any_thread_count() {
             crate::kernels::rms_norm(&y, t, 128, bytes, DType::F32, 1e-5, &mut n).unwrap();
             crate::kernels::silu(&mut n);
             crate::kernels::rope(&mut n, t, 2, ps, &table).unwrap();
-            y = n;
+            let g: Vec<f32> = bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            let mut m = vec![0.0; y.len()];
+            crate::kernels::mul(&n, &g, &mut m).unwrap();
+            crate::kernels::add(&m, xs, &mut y).unwrap();
         }
         let want: Vec<u32> = y.iter().map(|f| f.to_bits()).collect();
         assert_eq!(outs[5].2, want, "t={t}: exact numerics vs the kernels");
