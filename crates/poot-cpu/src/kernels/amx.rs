@@ -8,13 +8,12 @@
 //! zeros past the matrix). A task first lays its panel out as tiles, once for every token:
 //! per 32-value block, 8 tile rows of 64 bytes, row `c` holding elements `4c..4c+4` of weight
 //! row `r` at bytes `4r..4r+4` as signed int8 (the layout a B tile takes: Q4_0 nibbles minus 8,
-//! Q5_0's with the fifth bit minus 16, Q4_1's as they are, Q8_0's copied), plus the 16 rows'
-//! scales (and Q4_1's offsets) as `f32`. The quantized activations are copied once per call
+//! Q5_0's with the fifth bit minus 16, Q8_0's copied), plus the 16 rows' scales as `f32`. The quantized activations are copied once per call
 //! into tile order (16 tokens' 32 quants of a block as 512 contiguous bytes, the last tile
 //! zero-padded, and their scales side by side). Then for every 16-token tile, block after
 //! block: one tile load of each operand, one `tdpbssd`, one store of the 16x16 sums, and per
-//! token `acc = fma(dw * dx, sum, acc)` in AVX-512 (plus `fma(m, s, acc)` for Q4_1), 16 rows a
-//! vector.
+//! token `acc = fma(dw * dx, sum, acc)` in AVX-512, 16 rows a vector. Q4_1 does not come
+//! here: it keeps ggml's order (`matmul_r8.rs`), which whole-block sums cannot give.
 //!
 //! Numerics: exactly `qdot::dot_scalar_blocks` (integer sums exact, then the same float steps in
 //! the same order), so bit-identical to the block order of the other paths on every thread
@@ -185,23 +184,24 @@ impl Drop for Tiles {
 }
 
 /// `out[j][r] = dot(W[r], a[j])` in the block order for every token `j < t` and row `r < n`
-/// (`out` is `[t, n]`), with `w` repacked and `a` its quantized activations (`t * nb` blocks,
-/// Q8_1 for Q4_1).
+/// (`out` is `[t, n]`), with `w` repacked (Q4_0, Q5_0 or Q8_0) and `a` its quantized
+/// activations (`t * nb` blocks).
 ///
 /// # Panics
 /// If the slices disagree with the shapes (internal invariant; `matmul_r8` sizes them), or if
 /// AMX is not [`available`] (callers choose this path only through `Isa::Amx`).
 pub(super) fn matmul(w: &Repacked, a: &[BlockQ8], t: usize, out: &mut [f32], pool: &ThreadPool) {
     assert!(available(), "AMX path without AMX");
+    assert!(w.kind != QKind::Q4_1, "Q4_1 keeps ggml's order");
     let (n, nb) = (w.n, w.nb);
     assert!(a.len() >= t * nb && out.len() >= t * n);
     // The activations in tile order, once for every panel: token tile `i`, block `b` is 16
     // rows of 32 quants (512 contiguous bytes: one A tile at stride 32), with the 16 tokens'
-    // scales at `dx[(i * nb + b) * 16..]` and Q4_1's sums at `dx[(tiles + i * nb + b) * 16..]`;
-    // rows past `t` stay zero (their outputs are never written).
+    // scales at `dx[(i * nb + b) * 16..]`; rows past `t` stay zero (their outputs are never
+    // written).
     let tiles = t.div_ceil(P);
     let mut aq = Scratch::<u8>::zeroed(tiles * nb * 32 * P);
-    let mut dx = Scratch::<f32>::zeroed(2 * tiles * nb * P);
+    let mut dx = Scratch::<f32>::zeroed(tiles * nb * P);
     for (tok, blocks) in a[..t * nb].chunks_exact(nb).enumerate() {
         let (i, m) = (tok / P, tok % P);
         for (b, blk) in blocks.iter().enumerate() {
@@ -210,18 +210,16 @@ pub(super) fn matmul(w: &Repacked, a: &[BlockQ8], t: usize, out: &mut [f32], poo
                 *d = q as u8;
             }
             dx[at] = blk.d;
-            dx[tiles * nb * P + at] = blk.s;
         }
     }
     let (aq, dx) = (&aq[..], &dx[..]);
-    let (dxs, sxs) = dx.split_at(tiles * nb * P);
     let panels = w.groups().div_ceil(2);
     let per_task = panels.div_ceil(pool.n_threads() * 4).max(1);
     let shared = SharedMut::new(out);
     pool.for_each(panels.div_ceil(per_task), |task| {
         let _tiles = Tiles::load();
         let mut wt = Scratch::<u8>::zeroed(nb * BT);
-        let mut scales = Scratch::<f32>::zeroed(2 * nb * P);
+        let mut scales = Scratch::<f32>::zeroed(nb * P);
         let mut res = [0.0f32; P * P];
         for p in task * per_task..((task + 1) * per_task).min(panels) {
             let cols = P.min(n - p * P);
@@ -232,18 +230,11 @@ pub(super) fn matmul(w: &Repacked, a: &[BlockQ8], t: usize, out: &mut [f32], poo
                 let r = i * nb * P..(i + 1) * nb * P;
                 let tile = Tokens {
                     q: &aq[32 * r.start..32 * r.end],
-                    d: &dxs[r.clone()],
-                    s: &sxs[r],
+                    d: &dx[r],
                 };
                 // SAFETY: tiles configured on this thread (`_tiles`); `tile` holds 16 tokens'
                 // `nb` blocks, the panel's scratch `nb` blocks' tiles and scales.
-                unsafe {
-                    if w.kind == QKind::Q4_1 {
-                        tile_tokens::<true>(nb, &tile, &wt, &scales, &mut res);
-                    } else {
-                        tile_tokens::<false>(nb, &tile, &wt, &scales, &mut res);
-                    }
-                }
+                unsafe { tile_tokens(nb, &tile, &wt, &scales, &mut res) };
                 for j in 0..P.min(t - i * P) {
                     let at = (i * P + j) * n + p * P;
                     // SAFETY: columns p*16.. of every row belong to this panel's task alone.
@@ -256,20 +247,19 @@ pub(super) fn matmul(w: &Repacked, a: &[BlockQ8], t: usize, out: &mut [f32], poo
 }
 
 /// One token tile of the activations (see `matmul`): `nb` blocks of 16 rows of 32 quants, and
-/// per block the 16 tokens' scales and Q4_1 sums.
+/// per block the 16 tokens' scales.
 struct Tokens<'a> {
     q: &'a [u8],
     d: &'a [f32],
-    s: &'a [f32],
 }
 
 /// Lays panel `p` (groups `2p`, `2p + 1`) out as B tiles in `tiles` (`nb * 512` bytes) and its
-/// scales in `scales[b * 16..]` (Q4_1's offsets at `scales[(nb + b) * 16..]`).
+/// scales in `scales[b * 16..]`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
 unsafe fn lay_panel(w: &Repacked, p: usize, tiles: &mut [u8], scales: &mut [f32]) {
     let (kind, nb) = (w.kind, w.nb);
     let (sb, hdr) = (superblock_bytes(kind), header_bytes(kind));
-    assert!(tiles.len() >= nb * BT && scales.len() >= 2 * nb * P);
+    assert!(tiles.len() >= nb * BT && scales.len() >= nb * P);
     let g0 = w.group(2 * p);
     let g1 = (2 * p + 1 < w.groups()).then(|| w.group(2 * p + 1));
     // SAFETY: every read is within a superblock of `g0`/`g1` (`nb * sb` bytes each), every
@@ -291,10 +281,6 @@ unsafe fn lay_panel(w: &Repacked, p: usize, tiles: &mut [u8], scales: &mut [f32]
             let s = b * sb;
             let d = _mm256_set_m128i(half16(g1, s), half16(Some(g0), s));
             _mm512_storeu_ps(scales.as_mut_ptr().add(b * P), _mm512_cvtph_ps(d));
-            if kind == QKind::Q4_1 {
-                let m = _mm256_set_m128i(half16(g1, s + 16), half16(Some(g0), s + 16));
-                _mm512_storeu_ps(scales.as_mut_ptr().add((nb + b) * P), _mm512_cvtph_ps(m));
-            }
             let t = tiles.as_mut_ptr().add(b * BT);
             if kind == QKind::Q8_0 {
                 for c in 0..8 {
@@ -334,18 +320,18 @@ unsafe fn lay_panel(w: &Repacked, p: usize, tiles: &mut [u8], scales: &mut [f32]
 }
 
 /// `res[j * 16 + r]` = panel row `r` dotted with token `j` of `a` in the block order, from
-/// the panel's tiles `wt` and `scales` (`lay_panel`); `Q41` adds Q4_1's offset terms. The
-/// caller holds this thread's [`Tiles`].
+/// the panel's tiles `wt` and `scales` (`lay_panel`). The caller holds this thread's
+/// [`Tiles`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn tile_tokens<const Q41: bool>(
+unsafe fn tile_tokens(
     nb: usize,
     a: &Tokens<'_>,
     wt: &[u8],
     scales: &[f32],
     res: &mut [f32; P * P],
 ) {
-    assert!(a.q.len() >= nb * 32 * P && a.d.len() >= nb * P && a.s.len() >= nb * P);
-    assert!(wt.len() >= nb * BT && scales.len() >= 2 * nb * P);
+    assert!(a.q.len() >= nb * 32 * P && a.d.len() >= nb * P);
+    assert!(wt.len() >= nb * BT && scales.len() >= nb * P);
     // `DEPTH + 2` sum buffers of 1 KiB: the float steps of blocks `b, b + 1` read sums stored
     // `DEPTH` blocks earlier, while the tiles of `b + DEPTH, b + DEPTH + 1` run. (Measured on
     // a Sapphire Rapids-class VM: the two units barely overlap either way, about 15 ns of tile
@@ -401,16 +387,9 @@ unsafe fn tile_tokens<const Q41: bool>(
         while b < nb {
             issue(b + DEPTH);
             issue(b + DEPTH + 1);
-            scale_add::<Q41>(&mut acc, &*sp.add(b % (DEPTH + 2)), scales, a, nb, b);
+            scale_add(&mut acc, &*sp.add(b % (DEPTH + 2)), scales, a, b);
             if b + 1 < nb {
-                scale_add::<Q41>(
-                    &mut acc,
-                    &*sp.add((b + 1) % (DEPTH + 2)),
-                    scales,
-                    a,
-                    nb,
-                    b + 1,
-                );
+                scale_add(&mut acc, &*sp.add((b + 1) % (DEPTH + 2)), scales, a, b + 1);
             }
             b += 2;
         }
@@ -420,29 +399,24 @@ unsafe fn tile_tokens<const Q41: bool>(
     }
 }
 
-/// Block `b`'s float steps for 16 tokens: `acc[j] = fma(dw * dx_j, sums_j, acc[j])` and for
-/// Q4_1 `acc[j] = fma(m, s_j, acc[j])` (`qdot::dot_scalar_blocks`' order), 16 rows a vector.
+/// Block `b`'s float steps for 16 tokens: `acc[j] = fma(dw * dx_j, sums_j, acc[j])`
+/// (`qdot::dot_scalar_blocks`' order), 16 rows a vector.
 #[inline(always)]
-unsafe fn scale_add<const Q41: bool>(
+unsafe fn scale_add(
     acc: &mut [__m512; P],
     sums: &[i32; P * P],
     scales: &[f32],
     a: &Tokens<'_>,
-    nb: usize,
     b: usize,
 ) {
     // SAFETY: `b < nb` and the lengths `tile_tokens` asserted; AVX-512F enabled there.
     unsafe {
         let dw = _mm512_loadu_ps(scales.as_ptr().add(b * P));
-        let mw = _mm512_loadu_ps(scales.as_ptr().add((nb + b) * P));
-        let (dx, sx) = (a.d.as_ptr().add(b * P), a.s.as_ptr().add(b * P));
+        let dx = a.d.as_ptr().add(b * P);
         for (j, acc) in acc.iter_mut().enumerate() {
             let sum = _mm512_cvtepi32_ps(_mm512_loadu_si512(sums.as_ptr().add(j * P).cast()));
             let sc = _mm512_mul_ps(dw, _mm512_set1_ps(*dx.add(j)));
             *acc = _mm512_fmadd_ps(sc, sum, *acc);
-            if Q41 {
-                *acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(*sx.add(j)), *acc);
-            }
         }
     }
 }

@@ -7,13 +7,16 @@
 //! group's superblocks are read as one sequential stream and dotted against 1 (AVX2) or 2 (VNNI)
 //! tokens per pass.
 //!
-//! Numerics: one-token calls are bit-identical to `matmul_q8.rs` (and so to llama.cpp's
-//! vec_dot/tinyBLAS), on every ISA and thread count: see `qdot_r8_x86.rs`. Multi-token calls
-//! (prefill) take the block order instead: each block's 32 products summed exactly in `i32`,
-//! then one FMA per block, plus one for Q4_1's offset term (`qdot::dot_scalar_blocks`; the
+//! Numerics: one-token calls, and Q4_1 always, are bit-identical to `matmul_q8.rs` (and so to
+//! llama.cpp's vec_dot/tinyBLAS), on every ISA and thread count: see `qdot_r8_x86.rs`.
+//! Multi-token Q4_0, Q5_0 and Q8_0 calls (prefill) take the block order instead: each block's 32
+//! products summed exactly in `i32`, then one FMA per block (`qdot::dot_scalar_blocks`; the
 //! order of llama.cpp's repacked Q4_0 GEMM and of its AMX kernels), which needs an eighth of the
-//! float work and is the one order an AMX tile (whole-block `i32` sums) can give: `amx.rs`
-//! runs it there, bit-identical to the other paths. Both
+//! float work and is the one order an AMX tile (whole-block `i32` sums) gives: `amx.rs` runs
+//! it there, bit-identical to the other paths. Q4_1 stays in ggml's order so that the default
+//! model's logits match llama.cpp's AVX2 reference to 1e-5 (`tests/test_models_smollm2.py`);
+//! a Q4_1 block order on AMX measured 15-25% faster matmuls but moved those logits by 0.57,
+//! activation quantization amplifying the rounding differences. Both
 //! orders quantize the activations the same way; they differ only in `f32` rounding, within
 //! `(k / 32 + 8) * 2^-24 * sum_b |dw dx sum_b|` of each other (tested), far below the
 //! activation rounding `matmul_q8.rs` bounds. Results do not depend on the thread count or on
@@ -72,8 +75,8 @@ pub(crate) fn matmul_r8(
         QKind::Q8_0 if vnni => 128,
         _ => 0,
     };
-    // Multi-token calls take the block order (see the module docs).
-    let blocks = t >= 2;
+    // Multi-token calls but Q4_1's take the block order (see the module docs).
+    let blocks = t >= 2 && kind != QKind::Q4_1;
     #[cfg(target_arch = "x86_64")]
     if blocks && ck.isa() == Isa::Amx {
         super::amx::matmul(w, xq, t, out, pool);

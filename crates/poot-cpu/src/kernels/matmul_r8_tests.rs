@@ -32,7 +32,7 @@ fn stored_rows_round_trip() {
 }
 
 /// The repacked matmul on `isa` and what it must equal bit for bit: the stored-layout matmul
-/// (ggml's order), or for multi-token calls the block order's scalar reference.
+/// (ggml's order), or for multi-token Q4_0/Q5_0/Q8_0 calls the block order's scalar reference.
 #[allow(
     clippy::too_many_arguments,
     reason = "a matmul's shapes plus the ISA and threads"
@@ -51,7 +51,7 @@ fn both(
     let ck = isa.checked().unwrap();
     let pool = ThreadPool::new(threads).unwrap();
     let mut want = vec![0.0f32; t * n];
-    if t >= 2 {
+    if t >= 2 && kind != QKind::Q4_1 {
         // The block order of multi-token calls, from its scalar reference.
         let nb = k / 32;
         let mut a = vec![BlockQ8::default(); t * nb];
@@ -137,7 +137,7 @@ fn extreme_weights_and_activations_stay_exact() {
 #[test]
 fn the_block_order_stays_within_f32_rounding_of_ggmls() {
     let mut rng = Rng::new(21);
-    for dt in KINDS {
+    for dt in [DType::Q4_0, DType::Q5_0, DType::Q8_0] {
         let kind = QKind::new(dt).unwrap();
         let (n, k, t) = (24, 1024, 4);
         let w = synthetic_weights(dt, n, k, 2);
@@ -172,16 +172,7 @@ fn the_block_order_stays_within_f32_rounding_of_ggmls() {
                 let mag: f64 = (0..nb)
                     .map(|b| {
                         let blk = &row[b * rb / nb..(b + 1) * rb / nb];
-                        let one = f64::from(dot_scalar_blocks(kind, blk, &a[b..=b]).abs());
-                        // Q4_1's block holds two terms, `dw dx sum + m s`; bound each one's size
-                        // by `|one| + |m s|`.
-                        let ms = if kind == QKind::Q4_1 {
-                            let m = half::f16::from_le_bytes([blk[2], blk[3]]).to_f32();
-                            f64::from((m * a[b].s).abs())
-                        } else {
-                            0.0
-                        };
-                        one + 2.0 * ms
+                        f64::from(dot_scalar_blocks(kind, blk, &a[b..=b]).abs())
                     })
                     .sum();
                 let tol = (nb + 8) as f64 * 2f64.powi(-24) * mag;

@@ -124,22 +124,20 @@ pub(crate) fn dot_scalar(kind: QKind, w: &[u8], a: &[BlockQ8]) -> f32 {
 }
 
 /// The block order of multi-token matmuls (`matmul_r8.rs`): each block's 32 products summed
-/// exactly in `i32`, then `acc = fma(dw * dx, sum, acc)` block after block, and for Q4_1
-/// `acc = fma(m, s, acc)` right after each block's. The portable reference of that order.
+/// exactly in `i32`, then `acc = fma(dw * dx, sum, acc)` block after block. Q4_0, Q5_0 and
+/// Q8_0 (not Q4_1, which keeps ggml's order: see `matmul_r8.rs`). The portable reference of
+/// that order.
 pub(crate) fn dot_scalar_blocks(kind: QKind, w: &[u8], a: &[BlockQ8]) -> f32 {
+    debug_assert!(kind != QKind::Q4_1);
     let mut acc = 0.0f32;
     for (wb, ab) in w.chunks_exact(kind.block_bytes()).zip(a) {
-        let (q, d, m) = unpack(kind, wb);
+        let (q, d, _) = unpack(kind, wb);
         let sum: i32 = q
             .iter()
             .zip(&ab.qs)
             .map(|(&x, &y)| i32::from(x) * i32::from(y))
             .sum();
         acc = (d * ab.d).mul_add(sum as f32, acc);
-        if kind == QKind::Q4_1 {
-            // Q4_1's offset term, `m * d_x * sum(y)`, right after its block's product.
-            acc = m.mul_add(ab.s, acc);
-        }
     }
     acc
 }

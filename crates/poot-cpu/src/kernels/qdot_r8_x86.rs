@@ -39,7 +39,7 @@ pub(super) fn tile_tokens(vnni: bool, blocks: bool) -> usize {
 }
 
 /// `out[j * 8 + r]` = row `r` of group `grp` dotted with token `j` in the block order of
-/// `qdot::dot_scalar_blocks` (all four kinds), for `j < t` (up to [`tile_tokens`]);
+/// `qdot::dot_scalar_blocks` (Q4_0, Q5_0 and Q8_0), for `j < t` (up to [`tile_tokens`]);
 /// `corr[j * nb + b][0]` holds block `b`'s whole correction (`matmul_r8`).
 ///
 /// # Panics
@@ -82,7 +82,7 @@ pub(super) fn group_blocks(
         QKind::Q4_0 => go!(0),
         QKind::Q5_0 => go!(2),
         QKind::Q8_0 => go!(3),
-        QKind::Q4_1 => go!(1),
+        QKind::Q4_1 => unreachable!("Q4_1 keeps ggml's order"),
     }
 }
 
@@ -150,12 +150,12 @@ unsafe fn blocks_body<const KIND: u8, const T: usize, const VNNI: bool>(
                     }
                 }
             } else {
-                // Q4_0 and Q4_1 without VNNI: `maddubs` pairs are added in `i16` across the 4 chunks (one
+                // Q4_0 without VNNI: `maddubs` pairs are added in `i16` across the 4 chunks (one
                 // sum for the low nibbles, one for the high: at most 4 * 2 * 15 * 127 = 15240,
                 // so exact), then widened once: 2 `madd`s per block and token, not 8 (about 10%
                 // less CPU per prefill matmul on Zen 3). Q5_0's fifth bits left no registers for
                 // the sums (slower), so it keeps one `madd` per chunk.
-                let widen_once = !VNNI && KIND <= 1;
+                let widen_once = !VNNI && KIND == 0;
                 let mut p16 = [[_mm256_setzero_si256(); 2]; T];
                 for c in 0..4 {
                     let v = _mm256_loadu_si256(q.add(32 * c).cast());
@@ -193,14 +193,6 @@ unsafe fn blocks_body<const KIND: u8, const T: usize, const VNNI: bool>(
             for j in 0..T {
                 let sc = _mm256_mul_ps(d8, _mm256_set1_ps(ab[j].d));
                 acc[j] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(isum[j]), acc[j]);
-            }
-            if KIND == 1 {
-                // Q4_1's offsets times `d_x * sum(y)`, after the block's product (the order of
-                // `qdot::dot_scalar_blocks`).
-                let m8 = _mm256_cvtph_ps(_mm_loadu_si128(s.add(16).cast()));
-                for j in 0..T {
-                    acc[j] = _mm256_fmadd_ps(m8, _mm256_set1_ps(ab[j].s), acc[j]);
-                }
             }
         }
         for (j, v) in acc.iter().enumerate() {
