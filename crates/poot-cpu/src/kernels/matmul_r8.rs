@@ -94,9 +94,15 @@ pub(crate) fn matmul_r8(
     }
     let corr: &[[i32; 8]] = &corr;
     let stream = simd && t == 1;
+    // ggml's order on AVX-512 VNNI takes two groups per step (`qdot_r16_x86.rs`).
+    #[cfg(target_arch = "x86_64")]
+    let pairs = !blocks && vnni && super::qdot_r16_x86::has_vnni512();
+    #[cfg(not(target_arch = "x86_64"))]
+    let pairs = false;
     over_groups(
         pool,
         w.groups(),
+        if pairs { 2 } else { 1 },
         n,
         out,
         stream.then_some(&|g| w.group(g)),
@@ -118,6 +124,23 @@ pub(crate) fn matmul_r8(
                 }
                 for tok in 0..t {
                     write(tok, &res[tok * RG..(tok + 1) * RG]);
+                }
+                return;
+            }
+            #[cfg(target_arch = "x86_64")]
+            if pairs && g + 1 < w.groups() {
+                use super::qdot_r16_x86::{groups2, TOKENS};
+                let (g0, g1) = (w.group(g), w.group(g + 1));
+                let mut res = [0.0f32; TOKENS * 2 * RG];
+                let mut tok = 0;
+                while tok < t {
+                    let tt = TOKENS.min(t - tok);
+                    let (a, c) = (&xq[tok * nb..], &corr[tok * nb..]);
+                    groups2(kind, g0, g1, nb, a, c, tt, &mut res);
+                    for j in 0..tt {
+                        write(tok + j, &res[j * 2 * RG..(j + 1) * 2 * RG]);
+                    }
+                    tok += tt;
                 }
                 return;
             }
@@ -146,15 +169,17 @@ pub(crate) fn matmul_r8(
 }
 
 /// The task loop of the 8-row matmuls (`matmul_r8`, `matmul_rk`): `body(g, write)` runs for
-/// every 8-row group `g` of a matrix of `n` rows (`groups` groups), in tasks of whole groups
-/// claimed by the pool's threads (about four per thread, which balances load when other
-/// processes share the cores); `write(tok, res)` stores group `g`'s rows for token `tok` into
+/// every `per`-th 8-row group `g` (`per` is 1, or 2 for kernels that take two groups at once)
+/// of a matrix of `n` rows (`groups` groups), in tasks of whole units of `per` groups claimed by
+/// the pool's threads (about four per thread, which balances load when other processes share
+/// the cores); `write(tok, res)` stores `res` (rows `8g..8g + res.len()`) for token `tok` into
 /// `out` (`[t, n]`, padding rows dropped). With `first`, each task prefetches the first
 /// [`prefetch_ahead`] bytes of its first group (`first(g)` gives a group's bytes) before its
 /// stream's own prefetches reach them.
 pub(super) fn over_groups<'w, B>(
     pool: &ThreadPool,
     groups: usize,
+    per: usize,
     n: usize,
     out: &mut [f32],
     first: Option<&(dyn Fn(usize) -> &'w [u8] + Sync)>,
@@ -162,19 +187,21 @@ pub(super) fn over_groups<'w, B>(
 ) where
     B: Fn(usize, &dyn Fn(usize, &[f32])) + Sync,
 {
-    let per_task = groups.div_ceil(pool.n_threads() * 4).max(1);
-    let tasks = groups.div_ceil(per_task);
+    let units = groups.div_ceil(per);
+    let per_task = units.div_ceil(pool.n_threads() * 4).max(1);
+    let tasks = units.div_ceil(per_task);
     let shared = SharedMut::new(out);
     pool.for_each(tasks, |task| {
         if let Some(first) = first {
-            let bytes = first(task * per_task);
+            let bytes = first(task * per_task * per);
             super::simd::prefetch_range(bytes.as_ptr(), bytes.len().min(prefetch_ahead()));
         }
-        for g in task * per_task..((task + 1) * per_task).min(groups) {
+        for u in task * per_task..((task + 1) * per_task).min(units) {
+            let g = u * per;
             body(g, &|tok, res| {
-                for (r, &v) in res.iter().enumerate().take(RG.min(n - g * RG)) {
-                    // SAFETY: rows of group g belong to this task only, so no other task
-                    // writes index tok * n + 8g + r.
+                for (r, &v) in res.iter().enumerate().take(n.saturating_sub(g * RG)) {
+                    // SAFETY: rows of unit u belong to this task only, so no other task writes
+                    // index tok * n + 8g + r (r < per * 8).
                     unsafe { shared.write(tok * n + g * RG + r, v) };
                 }
             });

@@ -47,6 +47,7 @@ pub(crate) fn matmul_rk(
     over_groups(
         pool,
         w.groups(),
+        1,
         n,
         out,
         stream.then_some(&|g| w.group(g)),

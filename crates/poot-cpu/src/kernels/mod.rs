@@ -25,6 +25,8 @@ mod qdot_k;
 #[cfg(target_arch = "x86_64")]
 mod qdot_k_x86;
 #[cfg(target_arch = "x86_64")]
+mod qdot_r16_x86;
+#[cfg(target_arch = "x86_64")]
 mod qdot_r8_x86;
 #[cfg(target_arch = "x86_64")]
 mod qdot_rk_x86;

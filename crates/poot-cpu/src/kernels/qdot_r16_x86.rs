@@ -1,0 +1,182 @@
+//! The 8-row layout's ggml-order dot (`qdot_r8_x86.rs`) two groups at a time in 512-bit
+//! registers, for AVX-512 VNNI: lanes 0-7 hold group `g`'s rows, lanes 8-15 group `g + 1`'s.
+//!
+//! Why: the one-token matvec of decode (and Q4_1's prefill, which keeps ggml's order) was
+//! bound by its instructions more than by memory on a Sapphire Rapids-class core (a hot 8-row
+//! Q4_0 matvec ran at about 29 GB/s a core, barely twice DRAM's share); each step here does 16
+//! rows' work for the same instruction count.
+//!
+//! Numerics: every lane runs exactly the 256-bit body's steps for its row (the same integer lane
+//! sums, the same `fma(dw * dy, lane, acc)` block after block, the same fold and Q4_1 term), so
+//! results are bit-identical to `qdot_r8_x86::group` and `qdot::dot_scalar` (tested).
+//!
+//! Invariant (soundness): reached only through `matmul_r8` after `has_vnni512` was true.
+
+use std::arch::x86_64::*;
+
+use super::qact::BlockQ8;
+use super::qdot::QKind;
+use super::repack::{header_bytes, superblock_bytes, RG};
+
+/// Whether this CPU has the 512-bit VNNI dot and the byte ops the Q4 unpacking uses.
+pub(super) fn has_vnni512() -> bool {
+    super::qdot_r8_x86::has_vnni()
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+}
+
+/// Tokens one call handles (8 accumulators of 16 rows each per token).
+pub(super) const TOKENS: usize = 2;
+
+/// `out[j * 16 + r]` = row `r` of groups `g0` (`r < 8`) and `g1` (`r >= 8`) dotted with token
+/// `j < t` (`t <= TOKENS`) in ggml's order; `a`, `corr` as for `qdot_r8_x86::group`.
+///
+/// # Panics
+/// If the slices are shorter than that (internal invariant; `matmul_r8` sizes them).
+#[allow(clippy::too_many_arguments, reason = "one tile's operands")]
+pub(super) fn groups2(
+    kind: QKind,
+    g0: &[u8],
+    g1: &[u8],
+    nb: usize,
+    a: &[BlockQ8],
+    corr: &[[i32; 8]],
+    t: usize,
+    out: &mut [f32],
+) {
+    let need = nb * superblock_bytes(kind);
+    assert!(g0.len() >= need && g1.len() >= need && has_vnni512());
+    assert!((1..=TOKENS).contains(&t) && a.len() >= t * nb && corr.len() >= t * nb);
+    assert!(out.len() >= t * 2 * RG);
+    macro_rules! go {
+        ($k:literal) => {
+            if t == 2 {
+                // SAFETY: AVX-512 F/BW/VL/VNNI and F16C detected (`has_vnni512`, the module
+                // invariant); the asserts above are the bounds every call reads within.
+                unsafe { body::<$k, 2>(g0, g1, nb, a, corr, out) }
+            } else {
+                // SAFETY: as above.
+                unsafe { body::<$k, 1>(g0, g1, nb, a, corr, out) }
+            }
+        };
+    }
+    match kind {
+        QKind::Q4_0 => go!(0),
+        QKind::Q4_1 => go!(1),
+        QKind::Q5_0 => go!(2),
+        QKind::Q8_0 => go!(3),
+    }
+}
+
+/// Two 256-bit halves as one register: `lo` in lanes 0-7, `hi` in 8-15.
+#[inline(always)]
+unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
+    // SAFETY: AVX-512F enabled by the caller.
+    unsafe { _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi) }
+}
+
+/// 32 bytes at `p` of each group.
+#[inline(always)]
+unsafe fn load2(p0: *const u8, p1: *const u8) -> __m512i {
+    // SAFETY: 32 readable bytes at each pointer (caller); AVX-512F enabled by the caller.
+    unsafe { join(_mm256_loadu_si256(p0.cast()), _mm256_loadu_si256(p1.cast())) }
+}
+
+/// 8 f16 values at `p` of each group, widened.
+#[inline(always)]
+unsafe fn halves2(p0: *const u8, p1: *const u8) -> __m512 {
+    // SAFETY: 16 readable bytes at each pointer (caller); AVX-512F enabled by the caller.
+    unsafe {
+        let h = _mm256_set_m128i(_mm_loadu_si128(p1.cast()), _mm_loadu_si128(p0.cast()));
+        _mm512_cvtph_ps(h)
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn body<const KIND: u8, const T: usize>(
+    g0: &[u8],
+    g1: &[u8],
+    nb: usize,
+    a: &[BlockQ8],
+    corr: &[[i32; 8]],
+    out: &mut [f32],
+) {
+    let kind = [QKind::Q4_0, QKind::Q4_1, QKind::Q5_0, QKind::Q8_0][KIND as usize];
+    let (sb, hdr) = (superblock_bytes(kind), header_bytes(kind));
+    // SAFETY: superblock `b < nb` is inside both groups, activation/correction `j * nb + b`
+    // inside `a`/`corr` for `j < T`, and `out` holds `T * 16` values (asserted by `groups2`);
+    // the features are this function's.
+    unsafe {
+        let (p0, p1) = (g0.as_ptr(), g1.as_ptr());
+        let mut acc = [[_mm512_setzero_ps(); 8]; T];
+        let mut summs = [_mm512_setzero_ps(); T];
+        let m4 = _mm512_set1_epi8(0x0f);
+        let ahead = super::simd::prefetch_ahead();
+        for b in 0..nb {
+            let (s0, s1) = (p0.add(b * sb), p1.add(b * sb));
+            super::simd::prefetch_stream(s0, sb, ahead);
+            super::simd::prefetch_stream(s1, sb, ahead);
+            let d16 = halves2(s0, s1);
+            let ab: [&BlockQ8; T] = std::array::from_fn(|j| a.get_unchecked(j * nb + b));
+            let cj: [&[i32; 8]; T] = std::array::from_fn(|j| corr.get_unchecked(j * nb + b));
+            let sc: [__m512; T] =
+                std::array::from_fn(|j| _mm512_mul_ps(d16, _mm512_set1_ps(ab[j].d)));
+            if KIND == 1 {
+                let m16 = halves2(s0.add(16), s1.add(16));
+                for j in 0..T {
+                    summs[j] = _mm512_fmadd_ps(m16, _mm512_set1_ps(ab[j].s), summs[j]);
+                }
+            }
+            let word = |j: usize, at: usize| {
+                _mm512_set1_epi32(ab[j].qs.as_ptr().add(at).cast::<i32>().read_unaligned())
+            };
+            let (q0, q1) = (s0.add(hdr), s1.add(hdr));
+            if KIND == 3 {
+                for c in 0..8 {
+                    let u = _mm512_xor_si512(
+                        load2(q0.add(32 * c), q1.add(32 * c)),
+                        _mm512_set1_epi8(-128),
+                    );
+                    for j in 0..T {
+                        let l = _mm512_dpbusd_epi32(_mm512_set1_epi32(cj[j][c]), u, word(j, 4 * c));
+                        acc[j][c] = _mm512_fmadd_ps(sc[j], _mm512_cvtepi32_ps(l), acc[j][c]);
+                    }
+                }
+            } else {
+                for c in 0..4 {
+                    let v = load2(q0.add(32 * c), q1.add(32 * c));
+                    let mut lo = _mm512_and_si512(v, m4);
+                    let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+                    if KIND == 2 {
+                        let (l0, h0) = super::qdot_r8_x86::fifth_bits(s0.add(16 + 8 * c));
+                        let (l1, h1) = super::qdot_r8_x86::fifth_bits(s1.add(16 + 8 * c));
+                        lo = _mm512_or_si512(lo, join(l0, l1));
+                        hi = _mm512_or_si512(hi, join(h0, h1));
+                    }
+                    for j in 0..T {
+                        let (il, ih) = if KIND == 0 || KIND == 2 {
+                            (_mm512_set1_epi32(cj[j][c]), _mm512_set1_epi32(cj[j][4 + c]))
+                        } else {
+                            (_mm512_setzero_si512(), _mm512_setzero_si512())
+                        };
+                        let ll = _mm512_dpbusd_epi32(il, lo, word(j, 4 * c));
+                        let lh = _mm512_dpbusd_epi32(ih, hi, word(j, 16 + 4 * c));
+                        acc[j][c] = _mm512_fmadd_ps(sc[j], _mm512_cvtepi32_ps(ll), acc[j][c]);
+                        acc[j][4 + c] =
+                            _mm512_fmadd_ps(sc[j], _mm512_cvtepi32_ps(lh), acc[j][4 + c]);
+                    }
+                }
+            }
+        }
+        for j in 0..T {
+            let x = &acc[j];
+            let lo = _mm512_add_ps(_mm512_add_ps(x[0], x[4]), _mm512_add_ps(x[2], x[6]));
+            let hi = _mm512_add_ps(_mm512_add_ps(x[1], x[5]), _mm512_add_ps(x[3], x[7]));
+            let mut r = _mm512_add_ps(lo, hi);
+            if KIND == 1 {
+                r = _mm512_add_ps(r, summs[j]);
+            }
+            _mm512_storeu_ps(out.as_mut_ptr().add(16 * j), r);
+        }
+    }
+}
