@@ -107,16 +107,16 @@ fn os_grants_tiles() -> bool {
 /// The tile configuration (palette 1): tmm0/tmm3 the 16x16 `i32` sums, tmm1/tmm4 16 tokens'
 /// 32 quants, tmm2/tmm5 one block's B tile (8 rows of 64 bytes).
 #[repr(C, align(64))]
-struct TileConfig {
-    palette: u8,
+pub(super) struct TileConfig {
+    pub(super) palette: u8,
     start_row: u8,
     _reserved: [u8; 14],
-    colsb: [u16; 16],
-    rows: [u8; 16],
+    pub(super) colsb: [u16; 16],
+    pub(super) rows: [u8; 16],
 }
 
 impl TileConfig {
-    fn zeroed() -> TileConfig {
+    pub(super) fn zeroed() -> TileConfig {
         TileConfig {
             palette: 0,
             start_row: 0,
@@ -126,6 +126,7 @@ impl TileConfig {
         }
     }
 
+    /// This module's int8 configuration (see the type's docs).
     fn new() -> TileConfig {
         let mut c = TileConfig {
             palette: 1,
@@ -149,21 +150,25 @@ impl TileConfig {
 /// none). Other libraries in the process may keep their own configuration on a thread across
 /// calls (llama.cpp's AMX kernels do, and died with SIGILL after a plain release here, on the
 /// caller's thread that both pools share), so a task leaves the thread as it found it.
-struct Tiles {
+pub(super) struct Tiles {
     before: TileConfig,
 }
 
 impl Tiles {
     fn load() -> Tiles {
+        Tiles::load_config(&TileConfig::new())
+    }
+
+    /// Loads `cfg` (a valid palette-1 configuration) on this thread.
+    pub(super) fn load_config(cfg: &TileConfig) -> Tiles {
         assert!(available(), "AMX path without AMX");
         let mut before = TileConfig::zeroed();
-        let cfg = TileConfig::new();
         // SAFETY: the process holds the tile permission (`available`); `sttilecfg` writes the
         // 64-byte configuration (zeros when the tiles are released) into `before`, and the
         // loaded one is a valid palette-1 configuration (`TileConfig::new`).
         unsafe {
             asm!("sttilecfg [{}]", in(reg) &mut before, options(nostack));
-            asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, readonly));
+            asm!("ldtilecfg [{}]", in(reg) cfg, options(nostack, readonly));
         }
         Tiles { before }
     }

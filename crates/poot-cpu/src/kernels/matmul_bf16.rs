@@ -8,7 +8,9 @@
 //! llama.cpp's BF16 prefill uses too. Elsewhere, and for one token (bound by memory, not
 //! arithmetic), the rounded activations go through the exact path. Either way, per output, `|got - sum_k w x'|` is at most
 //! `(k / 8 + 16) * 2^-24 * sum_k |w x'| + k * 2^-126`, with `x'` the rounded activations (`vdpbf16ps` flushes subnormal values to
-//! zero, hence the absolute term); the rounding itself is at most `2^-9 * sum_k |w x|`. The
+//! zero, hence the absolute term); the rounding itself is at most `2^-9 * sum_k |w x|`. On
+//! [`Isa::Amx`](super::simd::Isa) with AMX-BF16, prefill takes tiles instead (`amx_bf16.rs`),
+//! one `f32` chain per output, so `k + 16` replaces `k / 8 + 16` in that bound. The
 //! tests assert both. Results do not depend on the thread count or the token tiling; they are
 //! not llama.cpp's bits (its lane order is not reproduced).
 //!
@@ -46,6 +48,14 @@ pub(crate) fn matmul_bf16_ggml(
 ) -> Result<(), KernelError> {
     // One token is bound by reading the weights, which one row at a time does best
     // (`matmul_float.rs`), so it takes the rounded activations through the exact path.
+    // AMX-BF16 tiles where the path has them (`amx_bf16.rs`: one `f32` chain per output).
+    #[cfg(target_arch = "x86_64")]
+    if t >= 2 && ck.isa() == super::simd::Isa::Amx && super::amx_bf16::applies(k) {
+        let mut xb = Scratch::<u8>::zeroed(0);
+        xb.extend(x.iter().flat_map(|&v| round_bf16(v).to_le_bytes()));
+        super::amx_bf16::matmul(&xb, t, k, w, row_bytes, n, out, pool);
+        return Ok(());
+    }
     #[cfg(target_arch = "x86_64")]
     if t >= 2 && ck.isa().avx512() && super::fdot_x86::has_bf16_dot() {
         dot_blocks(x, t, k, w, row_bytes, n, out, pool);
@@ -158,6 +168,16 @@ mod tests {
     use crate::testutil::{reference, synthetic_weights, Rng};
     use crate::{Isa, ThreadPool};
 
+    #[cfg(target_arch = "x86_64")]
+    fn amx_tiles(k: usize) -> bool {
+        crate::kernels::amx_bf16::applies(k)
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn amx_tiles(_: usize) -> bool {
+        false
+    }
+
     #[test]
     fn rounding_is_ggmls() {
         for v in [
@@ -183,7 +203,7 @@ mod tests {
         for (n, k) in [(7, 45), (9, 72), (70, 1024)] {
             let w = synthetic_weights(DType::BF16, n, k, 41);
             let wf = reference(DType::BF16, &w, n * k);
-            for t in [1, 3, 9] {
+            for t in [1, 3, 9, 20] {
                 let x = Rng::new(5 + t as u32).vec(t * k, -2.0, 2.0);
                 let xr: Vec<f32> = x
                     .iter()
@@ -226,7 +246,13 @@ mod tests {
                                 (s, a, s0, a0) = (s + p, a + p.abs(), s0 + p0, a0 + p0.abs());
                             }
                             let got = f64::from(runs[0][tok * n + r]);
-                            let tol = (k / 8 + 16) as f64 * 2f64.powi(-24) * a
+                            // The AMX-BF16 tiles sum each output in one chain.
+                            let tiles = isa == Isa::Amx
+                                && t >= 2
+                                && cfg!(target_arch = "x86_64")
+                                && amx_tiles(k);
+                            let chain = if tiles { k } else { k / 8 };
+                            let tol = (chain + 16) as f64 * 2f64.powi(-24) * a
                                 + k as f64 * 2f64.powi(-126);
                             let err = (got - s).abs();
                             assert!(err <= tol, "{isa:?} n={n} k={k} [{tok},{r}]: {err:e}");

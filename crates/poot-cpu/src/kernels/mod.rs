@@ -4,6 +4,8 @@
 pub mod act;
 #[cfg(target_arch = "x86_64")]
 mod amx;
+#[cfg(target_arch = "x86_64")]
+mod amx_bf16;
 pub mod attention;
 mod attention_ggml;
 pub mod decode;
