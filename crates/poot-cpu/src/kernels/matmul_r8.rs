@@ -94,9 +94,12 @@ pub(crate) fn matmul_r8(
     }
     let corr: &[[i32; 8]] = &corr;
     let stream = simd && t == 1;
-    // ggml's order on AVX-512 VNNI takes two groups per step (`qdot_r16_x86.rs`).
+    // ggml's order with two or more tokens (Q4_1's prefill) on AVX-512 VNNI takes two groups
+    // per step (`qdot_r16_x86.rs`). One-token calls keep one group per step: pairs made the
+    // default model's decode slower (about 175 against 200 tok/s, alternating runs), its small
+    // matrices splitting into half as many units.
     #[cfg(target_arch = "x86_64")]
-    let pairs = !blocks && vnni && super::qdot_r16_x86::has_vnni512();
+    let pairs = !blocks && t >= 2 && vnni && super::qdot_r16_x86::has_vnni512();
     #[cfg(not(target_arch = "x86_64"))]
     let pairs = false;
     over_groups(

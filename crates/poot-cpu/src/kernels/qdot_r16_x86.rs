@@ -1,10 +1,10 @@
 //! The 8-row layout's ggml-order dot (`qdot_r8_x86.rs`) two groups at a time in 512-bit
 //! registers, for AVX-512 VNNI: lanes 0-7 hold group `g`'s rows, lanes 8-15 group `g + 1`'s.
 //!
-//! Why: the one-token matvec of decode (and Q4_1's prefill, which keeps ggml's order) was
-//! bound by its instructions more than by memory on a Sapphire Rapids-class core (a hot 8-row
-//! Q4_0 matvec ran at about 29 GB/s a core, barely twice DRAM's share); each step here does 16
-//! rows' work for the same instruction count.
+//! Why: Q4_1's prefill keeps ggml's order (8 lane sums per block, which AMX tiles cannot give),
+//! so it is bound by these instructions; each step here does 16 rows' work for the same count.
+//! The one-token matvec was faster too when hot (Q4_0: 100-105 -> 118-119 GFLOP/s a core), but
+//! the default model's decode slower end to end, so `matmul_r8` uses this for prefill only.
 //!
 //! Numerics: every lane runs exactly the 256-bit body's steps for its row (the same integer lane
 //! sums, the same `fma(dw * dy, lane, acc)` block after block, the same fold and Q4_1 term), so
@@ -177,6 +177,77 @@ unsafe fn body<const KIND: u8, const T: usize>(
                 r = _mm512_add_ps(r, summs[j]);
             }
             _mm512_storeu_ps(out.as_mut_ptr().add(16 * j), r);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::qact::quantize_row_q8;
+    use crate::kernels::repack::Repacked;
+    use crate::testutil::{synthetic_weights, Rng};
+    use poot_core::DType;
+
+    #[test]
+    fn two_groups_give_each_groups_bits_on_every_kind() {
+        if !has_vnni512() {
+            println!("no AVX-512 VNNI on this CPU: nothing to run");
+            return;
+        }
+        let mut rng = Rng::new(31);
+        for dt in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0] {
+            let kind = QKind::new(dt).unwrap();
+            let (n, k) = (16, 256);
+            let nb = k / 32;
+            let rp = Repacked::new(kind, &synthetic_weights(dt, n, k, 7), n, nb);
+            for t in 1..=TOKENS {
+                let x: Vec<f32> = (0..t * k).map(|_| rng.uniform(-3.0, 3.0)).collect();
+                let mut a = vec![BlockQ8::default(); t * nb];
+                for (xr, ar) in x.chunks_exact(k).zip(a.chunks_exact_mut(nb)) {
+                    quantize_row_q8(xr, ar, kind.act_sum());
+                }
+                // The corrections `matmul_r8` folds in (Q4_0: -8, Q5_0: -16, Q8_0: -128 on
+                // VNNI, per lane of 4 activations).
+                let mult = [8, 0, 16, 128][[QKind::Q4_0, QKind::Q4_1, QKind::Q5_0, QKind::Q8_0]
+                    .iter()
+                    .position(|&q| q == kind)
+                    .unwrap()];
+                let corr: Vec<[i32; 8]> = a
+                    .iter()
+                    .map(|b| {
+                        std::array::from_fn(|l| {
+                            -mult
+                                * b.qs[4 * l..4 * l + 4]
+                                    .iter()
+                                    .map(|&q| i32::from(q))
+                                    .sum::<i32>()
+                        })
+                    })
+                    .collect();
+                let mut want = vec![0.0f32; t * 16];
+                for g in 0..2 {
+                    let mut one = [0.0f32; 4 * RG];
+                    super::super::qdot_r8_x86::group(
+                        true,
+                        kind,
+                        rp.group(g),
+                        nb,
+                        &a,
+                        &corr,
+                        t,
+                        &mut one,
+                    );
+                    for j in 0..t {
+                        want[j * 16 + g * 8..j * 16 + g * 8 + 8]
+                            .copy_from_slice(&one[j * 8..j * 8 + 8]);
+                    }
+                }
+                let mut got = vec![f32::NAN; t * 16];
+                groups2(kind, rp.group(0), rp.group(1), nb, &a, &corr, t, &mut got);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{dt} t={t}");
+            }
         }
     }
 }
