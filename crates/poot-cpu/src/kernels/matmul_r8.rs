@@ -34,6 +34,9 @@ use super::scratch::Scratch;
 use super::simd::{prefetch_ahead, Checked, Isa};
 use crate::pool::{SharedMut, ThreadPool};
 
+/// Groups (of 8 rows) from which one-token calls take two groups per step: 2048 rows.
+const PAIRS_FROM: usize = 256;
+
 /// Fills `corr[i]` with `-mult * sum(y[4l..4l+4])` for each lane `l` of activation block `i`.
 fn corrections(a: &[BlockQ8], mult: i32, corr: &mut [[i32; 8]]) {
     for (c, b) in corr.iter_mut().zip(a) {
@@ -94,12 +97,16 @@ pub(crate) fn matmul_r8(
     }
     let corr: &[[i32; 8]] = &corr;
     let stream = simd && t == 1;
-    // ggml's order with two or more tokens (Q4_1's prefill) on AVX-512 VNNI takes two groups
-    // per step (`qdot_r16_x86.rs`). One-token calls keep one group per step: pairs made the
-    // default model's decode slower (about 175 against 200 tok/s, alternating runs), its small
-    // matrices splitting into half as many units.
+    // ggml's order on AVX-512 VNNI takes two groups per step (`qdot_r16_x86.rs`) with two or
+    // more tokens (Q4_1's prefill) and for large one-token matrices: decoding the 1B Q8_0
+    // model went 15.7-15.8 -> 17.4-18.0 tok/s (alternating runs). Small ones keep one group per
+    // step: pairs on every matrix made the default model's decode slower (about 175 against
+    // 200 tok/s), its small matrices splitting into half as many units.
     #[cfg(target_arch = "x86_64")]
-    let pairs = !blocks && t >= 2 && vnni && super::qdot_r16_x86::has_vnni512();
+    let pairs = !blocks
+        && (t >= 2 || w.groups() >= PAIRS_FROM)
+        && vnni
+        && super::qdot_r16_x86::has_vnni512();
     #[cfg(not(target_arch = "x86_64"))]
     let pairs = false;
     over_groups(
