@@ -80,8 +80,16 @@ fn both(
 fn bit_identical_to_the_reference_orders_on_every_isa() {
     let mut rng = Rng::new(9);
     for dt in KINDS {
-        // Ragged rows (not a multiple of 8), and 1, 2, 3 and 5 tokens (every tile and a tail).
-        for (n, k, t) in [(21, 256, 1), (8, 64, 2), (19, 160, 3), (40, 512, 5)] {
+        // Ragged rows (not a multiple of 8), and 1, 2, 3 and 5 tokens (every tile and a tail);
+        // 2056 rows: a one-token matrix large enough for two groups per step, with an odd
+        // group count.
+        for (n, k, t) in [
+            (21, 256, 1),
+            (8, 64, 2),
+            (19, 160, 3),
+            (40, 512, 5),
+            (2056, 64, 1),
+        ] {
             let w = synthetic_weights(dt, n, k, 17);
             let x: Vec<f32> = (0..t * k)
                 .map(|i| rng.uniform(-4.0, 4.0) * (i % 7) as f32)
