@@ -31,6 +31,8 @@ mod qdot_r16_x86;
 #[cfg(target_arch = "x86_64")]
 mod qdot_r8_x86;
 #[cfg(target_arch = "x86_64")]
+mod qdot_rk16_x86;
+#[cfg(target_arch = "x86_64")]
 mod qdot_rk_x86;
 #[cfg(target_arch = "x86_64")]
 mod qdot_x86;
