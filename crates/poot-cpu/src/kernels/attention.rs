@@ -372,7 +372,7 @@ pub fn paged_attention_numerics<T: KvElem>(
         let fma = Isa::detect() != Isa::Scalar;
         // A batched step over an f16 cache takes each KV head's query heads together, so every
         // K and V row is widened once per group (bit-identical to the per-head path).
-        let grouped = attention_ggml::paged_grouped;
+        let grouped = super::attention_grouped::paged_grouped;
         if grouped(fma, s, inputs, k_cache, v_cache, plan.t, out, pool) {
             return Ok(());
         }

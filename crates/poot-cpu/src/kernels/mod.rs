@@ -8,6 +8,7 @@ mod amx;
 mod amx_bf16;
 pub mod attention;
 mod attention_ggml;
+mod attention_grouped;
 pub mod decode;
 pub mod embedding;
 #[cfg(target_arch = "x86_64")]
