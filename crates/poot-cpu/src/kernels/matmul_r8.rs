@@ -142,16 +142,17 @@ pub(crate) fn matmul_r8(
                 use super::qdot_r16_x86::{groups2, TOKENS};
                 let (g0, g1) = (w.group(g), w.group(g + 1));
                 let mut res = [0.0f32; TOKENS * 2 * RG];
-                let mut tok = 0;
-                while tok < t {
-                    let tt = TOKENS.min(t - tok);
-                    let (a, c) = (&xq[tok * nb..], &corr[tok * nb..]);
-                    groups2(kind, g0, g1, nb, a, c, tt, &mut res);
-                    for j in 0..tt {
-                        write(tok + j, &res[j * 2 * RG..(j + 1) * 2 * RG]);
-                    }
-                    tok += tt;
-                }
+                over_tokens(
+                    t,
+                    |_| TOKENS,
+                    2 * RG,
+                    &mut res,
+                    write,
+                    |tok, tt, res| {
+                        let (a, c) = (&xq[tok * nb..], &corr[tok * nb..]);
+                        groups2(kind, g0, g1, nb, a, c, tt, res);
+                    },
+                );
                 return;
             }
             #[cfg(target_arch = "x86_64")]
@@ -159,23 +160,40 @@ pub(crate) fn matmul_r8(
                 use super::qdot_r8_x86::{group, group_blocks, tile_tokens};
                 let grp = w.group(g);
                 let mut res = [0.0f32; 4 * RG];
-                let mut tok = 0;
-                while tok < t {
-                    let tt = tile_tokens(vnni, blocks).min(t - tok);
+                let tile = |_| tile_tokens(vnni, blocks);
+                over_tokens(t, tile, RG, &mut res, write, |tok, tt, res| {
                     let (a, c) = (&xq[tok * nb..], &corr[tok * nb..]);
                     if blocks {
-                        group_blocks(vnni, kind, grp, nb, a, c, tt, &mut res);
+                        group_blocks(vnni, kind, grp, nb, a, c, tt, res);
                     } else {
-                        group(vnni, kind, grp, nb, a, c, tt, &mut res);
+                        group(vnni, kind, grp, nb, a, c, tt, res);
                     }
-                    for j in 0..tt {
-                        write(tok + j, &res[j * RG..(j + 1) * RG]);
-                    }
-                    tok += tt;
-                }
+                });
             }
         },
     );
+}
+
+/// The token loop of one group's (or pair's) kernel: `kernel(tok, tt, res)` fills `res` with
+/// `tt` tokens' `width` results from token `tok` on, `tt` being `tile(left)` capped at the
+/// tokens left; `write` then stores each token's results.
+pub(super) fn over_tokens(
+    t: usize,
+    tile: impl Fn(usize) -> usize,
+    width: usize,
+    res: &mut [f32],
+    write: &dyn Fn(usize, &[f32]),
+    mut kernel: impl FnMut(usize, usize, &mut [f32]),
+) {
+    let mut tok = 0;
+    while tok < t {
+        let tt = tile(t - tok).min(t - tok);
+        kernel(tok, tt, res);
+        for j in 0..tt {
+            write(tok + j, &res[j * width..(j + 1) * width]);
+        }
+        tok += tt;
+    }
 }
 
 /// The task loop of the 8-row matmuls (`matmul_r8`, `matmul_rk`): `body(g, write)` runs for

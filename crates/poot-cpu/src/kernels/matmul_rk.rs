@@ -14,7 +14,7 @@
 //! values and token) in reused scratch.
 
 use super::matmul::ActCache;
-use super::matmul_r8::over_groups;
+use super::matmul_r8::{over_groups, over_tokens};
 use super::qdot_k::{dot_scalar, quantized_k, BlockQ8K, KKind, QK_K};
 use super::repack::RG;
 use super::repack_k::RepackedK;
@@ -80,15 +80,16 @@ pub(crate) fn matmul_rk(
                 use super::qdot_rk16_x86::{groups2, TOKENS};
                 let (g0, g1) = (w.group(g), w.group(g + 1));
                 let mut res = [0.0f32; TOKENS * 2 * RG];
-                let mut tok = 0;
-                while tok < t {
-                    let tt = TOKENS.min(t - tok);
-                    groups2(g0, g1, nb, &xq[tok * nb..], tt, &mut res);
-                    for j in 0..tt {
-                        write(tok + j, &res[j * 2 * RG..(j + 1) * 2 * RG]);
-                    }
-                    tok += tt;
-                }
+                over_tokens(
+                    t,
+                    |_| TOKENS,
+                    2 * RG,
+                    &mut res,
+                    write,
+                    |tok, tt, res| {
+                        groups2(g0, g1, nb, &xq[tok * nb..], tt, res);
+                    },
+                );
                 return;
             }
             #[cfg(target_arch = "x86_64")]
@@ -96,15 +97,10 @@ pub(crate) fn matmul_rk(
                 use super::qdot_rk_x86::{group, tile_tokens};
                 let grp = w.group(g);
                 let mut res = [0.0f32; 4 * RG];
-                let mut tok = 0;
-                while tok < t {
-                    let tt = tile_tokens(kind, t - tok);
-                    group(ck, kind, grp, nb, &xq[tok * nb..], tt, &mut res);
-                    for j in 0..tt {
-                        write(tok + j, &res[j * RG..(j + 1) * RG]);
-                    }
-                    tok += tt;
-                }
+                let tile = |left| tile_tokens(kind, left);
+                over_tokens(t, tile, RG, &mut res, write, |tok, tt, res| {
+                    group(ck, kind, grp, nb, &xq[tok * nb..], tt, res);
+                });
             }
         },
     );
