@@ -5,8 +5,9 @@
 //!   (see `matmul_float.rs` for the bound).
 //! - [`gemv_lanes32`]: `R` rows against one token in ggml's `ggml_vec_dot_f16` lane order
 //!   (lane `i % 32` over whole 32-groups); the caller folds the lanes and adds the tail.
-//! - [`tile8`]: 4 decoded f32 rows against `TT` tokens in 8 lanes (llamafile tinyBLAS's order),
-//!   each result summed by `ggml::hsum8`.
+//! - [`chunk8_avx2`]: 4 decoded f32 rows against `TT` tokens in 8 lanes (llamafile tinyBLAS's
+//!   order) over one chunk of `k`, the lane chains carried between chunks, each result summed by
+//!   `ggml::hsum8`.
 //!
 //! Invariant (soundness): every function here is `unsafe` with the contract that the caller
 //! holds a `Checked` token for the ISA the function's `target_feature` names, and that the
@@ -202,66 +203,213 @@ pub(crate) unsafe fn lanes32_avx2<const R: usize>(
     out
 }
 
-/// tinyBLAS's 8-lane order for `NR` decoded rows (`w`, `NR * k` floats) against `TT` tokens
-/// (`x`, `TT * k` floats, `k % 8 == 0`): `res[tok * NR + r] = hsum8(lanes)` where lane `l`
-/// accumulates `fma(w[r][8g + l], x[tok][8g + l])` in `g` order.
+/// An element of [`chunk8_avx2`]'s packed operands: f16 bits (widened by F16C, exact) or `f32`.
+pub(crate) trait Lane8: Copy + super::scratch::Parked + Send + Sync {
+    /// 8 elements at `p` as `f32`.
+    ///
+    /// # Safety
+    /// AVX2 and F16C detected; 8 readable elements at `p`.
+    unsafe fn load8(p: *const Self) -> __m256;
+    /// Whether `Self` is `u16` (f16 bits), which [`chunk8_avx2`]'s hand-allocated loop takes.
+    const HALF: bool;
+}
+
+impl Lane8 for u16 {
+    const HALF: bool = true;
+    #[inline(always)]
+    unsafe fn load8(p: *const u16) -> __m256 {
+        // SAFETY: the caller's contract (F16C, 16 readable bytes).
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+}
+
+impl Lane8 for f32 {
+    const HALF: bool = false;
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> __m256 {
+        // SAFETY: the caller's contract (32 readable bytes).
+        unsafe { _mm256_loadu_ps(p) }
+    }
+}
+
+/// One k-chunk of tinyBLAS's 8-lane order for `NR` rows against `TT` tokens, both packed in
+/// 8-element slices: slice `s` of row `r` at `w + (s * NR + r) * 8`, of token `j` at `x + (s *
+/// TT + j) * 8`, `s < len / 8`. Lane `l` of output `(j, r)` continues its chain with `fma(w,
+/// x, lane)` slice after slice. The chains start at zero when `first`, else from `part` (`TT
+/// * NR * 8` floats: `part[(j * NR + r) * 8 + l]`); when `last` the lane sums (`ggml::hsum8`)
+/// go to `res[j * NR + r]`, else the lanes go back to `part`. Splitting `k` into chunks
+/// changes no bit: each chain is the same sequence of FMAs as one pass over `k`.
+///
+/// # Safety
+/// The callers' target features (AVX2, FMA, F16C); `NR * len` elements at `w`, `TT * len` at
+/// `x`, `len % 8 == 0`; `part.len() >= TT * NR * 8` and `res.len() >= TT * NR`.
 #[inline(always)]
-unsafe fn tile8_body<const TT: usize>(w: &[f32], k: usize, x: &[f32], res: &mut [f32]) {
-    assert!(w.len() >= NR * k && x.len() >= TT * k && res.len() >= TT * NR && k.is_multiple_of(8));
-    let (wp, xp) = (w.as_ptr(), x.as_ptr());
-    // SAFETY: i + 8 <= k for every load, rows r < NR and tokens j < TT (asserted above); the
-    // target features come from the callers.
-    let acc = unsafe {
-        let mut acc = [[_mm256_setzero_ps(); TT]; NR];
-        let mut i = 0;
-        while i < k {
-            let mut xv = [_mm256_setzero_ps(); TT];
-            for (j, v) in xv.iter_mut().enumerate() {
-                *v = _mm256_loadu_ps(xp.add(j * k + i));
-            }
-            for (r, a) in acc.iter_mut().enumerate() {
-                let wv = _mm256_loadu_ps(wp.add(r * k + i));
-                for (j, a) in a.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(wv, xv[j], *a);
+unsafe fn chunk8_body<E: Lane8, const TT: usize>(
+    w: *const E,
+    x: *const E,
+    len: usize,
+    part: &mut [f32],
+    (first, last): (bool, bool),
+    res: &mut [f32],
+) {
+    assert!(part.len() >= TT * NR * 8 && res.len() >= TT * NR);
+    let pp = part.as_mut_ptr();
+    // SAFETY: slice s < len / 8 stays inside both operands (the contract); `part` holds
+    // TT * NR * 8 floats (asserted).
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); NR]; TT];
+        if !first {
+            for (j, a) in acc.iter_mut().enumerate() {
+                for (r, v) in a.iter_mut().enumerate() {
+                    *v = _mm256_loadu_ps(pp.add((j * NR + r) * 8));
                 }
             }
-            i += 8;
         }
-        acc
-    };
-    for (r, a) in acc.iter().enumerate() {
-        for (j, v) in a.iter().enumerate() {
-            let mut l = [0.0f32; 8];
-            // SAFETY: `l` holds 8 floats.
-            unsafe { _mm256_storeu_ps(l.as_mut_ptr(), *v) };
-            res[j * NR + r] = hsum8(&l);
+        let (mut wp, mut xp) = (w, x);
+        for _ in 0..len / 8 {
+            let mut xv = [_mm256_setzero_ps(); TT];
+            for (j, v) in xv.iter_mut().enumerate() {
+                *v = E::load8(xp.add(j * 8));
+            }
+            for r in 0..NR {
+                let wv = E::load8(wp.add(r * 8));
+                for (j, a) in acc.iter_mut().enumerate() {
+                    a[r] = _mm256_fmadd_ps(wv, xv[j], a[r]);
+                }
+            }
+            wp = wp.add(NR * 8);
+            xp = xp.add(TT * 8);
+        }
+        for (j, a) in acc.iter().enumerate() {
+            for (r, v) in a.iter().enumerate() {
+                if last {
+                    let mut l = [0.0f32; 8];
+                    _mm256_storeu_ps(l.as_mut_ptr(), *v);
+                    res[j * NR + r] = hsum8(&l);
+                } else {
+                    _mm256_storeu_ps(pp.add((j * NR + r) * 8), *v);
+                }
+            }
         }
     }
 }
 
-/// [`tile8_body`] for 2 tokens on AVX2 (16 registers).
+/// [`chunk8_body`] on AVX2's 16 registers (up to 3 tokens: 12 chains, 3 tokens, 1 row).
 ///
 /// # Safety
-/// AVX2 and FMA detected.
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn tile8_avx2<const TT: usize>(w: &[f32], k: usize, x: &[f32], res: &mut [f32]) {
-    // SAFETY: the features this function enables.
-    unsafe { tile8_body::<TT>(w, k, x, res) }
-}
-
-/// [`tile8_body`] with AVX-512VL's 32 vector registers (so 4 tokens fit).
-///
-/// # Safety
-/// AVX-512F and AVX-512VL, AVX2 and FMA detected.
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-pub(crate) unsafe fn tile8_avx512<const TT: usize>(
-    w: &[f32],
-    k: usize,
-    x: &[f32],
+/// AVX2, FMA and F16C detected; [`chunk8_body`]'s pointer contract.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn chunk8_avx2<E: Lane8, const TT: usize>(
+    w: *const E,
+    x: *const E,
+    len: usize,
+    part: &mut [f32],
+    ends: (bool, bool),
     res: &mut [f32],
 ) {
-    // SAFETY: the features this function enables.
-    unsafe { tile8_body::<TT>(w, k, x, res) }
+    if E::HALF && TT == 3 {
+        // SAFETY: E is u16 (`HALF`), so the pointers are f16 bits; the contract carries over.
+        return unsafe { chunk8_h3(w.cast(), x.cast(), len, part, ends, res) };
+    }
+    // SAFETY: the features this function enables; the pointer contract is the caller's.
+    unsafe { chunk8_body::<E, TT>(w, x, len, part, ends, res) }
+}
+
+/// [`chunk8_body`] for f16 operands and 3 tokens with the 16 registers allocated by hand:
+/// chains in ymm0-11 (`acc[j][r]` in `ymm(4j + r)`), the 3 tokens' slices in ymm12-14, a row's
+/// in ymm15. The compiler's allocation of the same loop spilled one chain to the stack, which
+/// put a store and a reload on that chain's FMA latency every step (half the speed). Same
+/// FMAs in the same order, so the same bits.
+///
+/// # Safety
+/// AVX2, FMA and F16C detected; [`chunk8_body`]'s contract with `TT = 3`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn chunk8_h3(
+    w: *const u16,
+    x: *const u16,
+    len: usize,
+    part: &mut [f32],
+    (first, last): (bool, bool),
+    res: &mut [f32],
+) {
+    assert!(part.len() >= 3 * NR * 8 && res.len() >= 3 * NR && len.is_multiple_of(8));
+    let pp = part.as_mut_ptr();
+    let mut a = [_mm256_setzero_ps(); 12];
+    if !first {
+        for (i, v) in a.iter_mut().enumerate() {
+            // SAFETY: i * 8 + 8 <= 12 * 8 floats of `part` (asserted).
+            *v = unsafe { _mm256_loadu_ps(pp.add(i * 8)) };
+        }
+    }
+    if len > 0 {
+        // SAFETY: len / 8 steps read 64 bytes of `w` and 48 of `x` each, inside the operands
+        // (the contract); only the named registers are written.
+        unsafe {
+            std::arch::asm!(
+                "2:",
+                "vcvtph2ps ymm12, xmmword ptr [{x}]",
+                "vcvtph2ps ymm13, xmmword ptr [{x} + 16]",
+                "vcvtph2ps ymm14, xmmword ptr [{x} + 32]",
+                "vcvtph2ps ymm15, xmmword ptr [{w}]",
+                "vfmadd231ps ymm0, ymm15, ymm12",
+                "vfmadd231ps ymm4, ymm15, ymm13",
+                "vfmadd231ps ymm8, ymm15, ymm14",
+                "vcvtph2ps ymm15, xmmword ptr [{w} + 16]",
+                "vfmadd231ps ymm1, ymm15, ymm12",
+                "vfmadd231ps ymm5, ymm15, ymm13",
+                "vfmadd231ps ymm9, ymm15, ymm14",
+                "vcvtph2ps ymm15, xmmword ptr [{w} + 32]",
+                "vfmadd231ps ymm2, ymm15, ymm12",
+                "vfmadd231ps ymm6, ymm15, ymm13",
+                "vfmadd231ps ymm10, ymm15, ymm14",
+                "vcvtph2ps ymm15, xmmword ptr [{w} + 48]",
+                "vfmadd231ps ymm3, ymm15, ymm12",
+                "vfmadd231ps ymm7, ymm15, ymm13",
+                "vfmadd231ps ymm11, ymm15, ymm14",
+                "add {w}, 64",
+                "add {x}, 48",
+                "dec {n}",
+                "jnz 2b",
+                w = inout(reg) w => _,
+                x = inout(reg) x => _,
+                n = inout(reg) len / 8 => _,
+                inout("ymm0") a[0], inout("ymm1") a[1], inout("ymm2") a[2], inout("ymm3") a[3],
+                inout("ymm4") a[4], inout("ymm5") a[5], inout("ymm6") a[6], inout("ymm7") a[7],
+                inout("ymm8") a[8], inout("ymm9") a[9], inout("ymm10") a[10],
+                inout("ymm11") a[11],
+                out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
+                options(nostack, readonly),
+            );
+        }
+    }
+    for (i, v) in a.iter().enumerate() {
+        if last {
+            let mut l = [0.0f32; 8];
+            // SAFETY: `l` holds 8 floats.
+            unsafe { _mm256_storeu_ps(l.as_mut_ptr(), *v) };
+            res[i] = hsum8(&l);
+        } else {
+            // SAFETY: inside `part` (asserted).
+            unsafe { _mm256_storeu_ps(pp.add(i * 8), *v) };
+        }
+    }
+}
+
+/// [`chunk8_body`] with AVX-512VL's 32 vector registers (up to 6 tokens).
+///
+/// # Safety
+/// AVX-512F and AVX-512VL, AVX2, FMA and F16C detected; [`chunk8_body`]'s pointer contract.
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn chunk8_avx512<E: Lane8, const TT: usize>(
+    w: *const E,
+    x: *const E,
+    len: usize,
+    part: &mut [f32],
+    ends: (bool, bool),
+    res: &mut [f32],
+) {
+    // SAFETY: the features this function enables; the pointer contract is the caller's.
+    unsafe { chunk8_body::<E, TT>(w, x, len, part, ends, res) }
 }
 
 /// Whether this CPU has `vdpbf16ps` (AVX512-BF16) and the byte masks the tail needs (BW).

@@ -18,6 +18,7 @@ use super::scratch::Scratch;
 use super::decode::Packed;
 use super::ggml::{dot_lanes32, dot_lanes32_f32, dot_lanes8};
 use super::matmul::{BLOCK_FLOATS, TOKEN_TILE};
+use super::matmul_lanes8;
 use super::simd::{self, Checked, Isa, NR};
 use crate::pool::{SharedMut, ThreadPool};
 
@@ -35,6 +36,12 @@ pub(crate) fn matmul_float_ggml(
     out: &mut [f32],
     pool: &ThreadPool,
 ) {
+    let tiny = t >= 2 && k.is_multiple_of(8) && n.is_multiple_of(4);
+    if tiny && matmul_lanes8::applies(ck, p, t, k) {
+        let f = matmul_lanes8::matmul_lanes8;
+        f(ck, p, x, (t, k), (w, row_bytes, n), out, pool);
+        return;
+    }
     let mut rounded = Scratch::<f32>::zeroed(0);
     let x: &[f32] = if p == Packed::F16 {
         rounded.extend(x.iter().map(|&v| half::f16::from_f32(v).to_f32()));
@@ -42,7 +49,6 @@ pub(crate) fn matmul_float_ggml(
     } else {
         x
     };
-    let tiny = t >= 2 && k.is_multiple_of(8) && n.is_multiple_of(4);
     let f16 = p == Packed::F16;
     let fma = matches!(ck.isa(), Isa::Avx2 | Isa::Avx512 | Isa::Amx);
     // Row blocks and token tiles as in `matmul_cached` (activations stay in cache).
@@ -68,15 +74,11 @@ pub(crate) fn matmul_float_ggml(
                     for q in (0..nr).step_by(NR) {
                         let quad = &rows[q * k..(q + NR) * k];
                         let live = NR.min(nr - q);
-                        if tiny && fma {
-                            tiles8(ck, quad, k, xs, tt, res);
-                        } else {
-                            for tok in 0..tt {
-                                for r in 0..live {
-                                    let row = &quad[r * k..(r + 1) * k];
-                                    let xr = &xs[tok * k..(tok + 1) * k];
-                                    res[tok * NR + r] = dot(fma, tiny, f16, row, xr);
-                                }
+                        for tok in 0..tt {
+                            for r in 0..live {
+                                let row = &quad[r * k..(r + 1) * k];
+                                let xr = &xs[tok * k..(tok + 1) * k];
+                                res[tok * NR + r] = dot(fma, tiny, f16, row, xr);
                             }
                         }
                         for tok in 0..tt {
@@ -92,36 +94,6 @@ pub(crate) fn matmul_float_ggml(
             }
         },
     );
-}
-
-/// tinyBLAS's 8-lane order for `NR` decoded rows against `t` tokens, on the SIMD paths.
-fn tiles8(ck: Checked, quad: &[f32], k: usize, x: &[f32], t: usize, res: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use super::fdot_x86::{tile8_avx2, tile8_avx512};
-        let wide = ck.isa().avx512() && std::arch::is_x86_feature_detected!("avx512vl");
-        let mut tok = 0;
-        while tok < t {
-            let (xs, rs) = (&x[tok * k..], &mut res[tok * NR..]);
-            let step = match (wide, t - tok) {
-                (true, 4..) => 4,
-                (_, 2..) => 2,
-                _ => 1,
-            };
-            // SAFETY: `Checked` proves AVX2 and FMA (and AVX-512F on that path; VL checked
-            // above); the tiles assert their own shapes.
-            unsafe {
-                match step {
-                    4 => tile8_avx512::<4>(quad, k, xs, rs),
-                    2 => tile8_avx2::<2>(quad, k, xs, rs),
-                    _ => tile8_avx2::<1>(quad, k, xs, rs),
-                }
-            }
-            tok += step;
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("no SIMD path off x86-64: {ck:?} {quad:?} {k} {x:?} {t} {res:?}");
 }
 
 /// One dot in the order `tiny` and the weight type pick; `fma` says the CPU has FMA (so
@@ -166,10 +138,13 @@ mod tests {
             // k = 72: one 32-group plus a tail of 8 for the one-token order; n = 8 and 6:
             // tinyBLAS and, for 6 rows, vec_dot even with several tokens.
             // n = 72, k = 1024: two row blocks and several token tiles.
-            for (n, k) in [(8, 72), (6, 72), (72, 1024)] {
+            // n = 36, k = 2056 with 29 tokens: the packed tiles' three k-chunks (the last
+            // one 8 long), two full token groups and a partial one (`matmul_lanes8.rs`).
+            for (n, k) in [(8, 72), (6, 72), (72, 1024), (36, 2056)] {
                 let w = synthetic_weights(dt, n, k, 3);
                 let wf = reference(dt, &w, n * k);
-                for t in [1, 3, 9] {
+                let ts: &[usize] = if k > 2048 { &[2, 29] } else { &[1, 3, 9] };
+                for &t in ts {
                     let x = Rng::new(t as u32).vec(t * k, -2.0, 2.0);
                     let mut first: Option<Vec<f32>> = None;
                     for isa in Isa::available() {

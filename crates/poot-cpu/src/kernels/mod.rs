@@ -18,6 +18,7 @@ pub mod matmul;
 mod matmul_bf16;
 mod matmul_float;
 mod matmul_float_ggml;
+mod matmul_lanes8;
 mod matmul_q8;
 mod matmul_r8;
 mod matmul_rk;
