@@ -5,8 +5,10 @@
 //! On CPUs with AVX512-BF16 the sums are `vdpbf16ps` lanes (16 lanes, each adding a pair of
 //! products per step; weights read as stored, no decoding), in row blocks and token tiles as
 //! `matmul.rs`: about half the instructions of widening to `f32` and FMAs, which is what
-//! llama.cpp's BF16 prefill uses too. Elsewhere, and for one token (bound by memory, not
-//! arithmetic), the rounded activations go through the exact path. Either way, per output, `|got - sum_k w x'|` is at most
+//! llama.cpp's BF16 prefill uses too. Without AVX512-BF16, several tokens with `k % 8 == 0`
+//! take packed tiles in tinyBLAS's 8-lane order (`matmul_lanes8.rs`, 16-bit operands widened
+//! in registers). Otherwise, and for one token (bound by memory, not arithmetic), the rounded
+//! activations go through the exact path. Either way, per output, `|got - sum_k w x'|` is at most
 //! `(k / 8 + 16) * 2^-24 * sum_k |w x'| + k * 2^-126`, with `x'` the rounded activations (`vdpbf16ps` flushes subnormal values to
 //! zero, hence the absolute term); the rounding itself is at most `2^-9 * sum_k |w x|`. On
 //! [`Isa::Amx`](super::simd::Isa) with AMX-BF16, prefill takes tiles instead (`amx_bf16.rs`),
@@ -17,6 +19,7 @@
 //! Cost: `2 * t * n * k` flops; memory: the rounded activations (`2 * t * k` bytes, or
 //! `4 * t * k` off the fast path) and, for a last partial row quad, one padded quad.
 
+use super::decode::Packed;
 use super::ggml::Numerics;
 use super::matmul::{matmul_cached, BLOCK_FLOATS, TOKEN_TILE};
 use super::scratch::Scratch;
@@ -59,6 +62,12 @@ pub(crate) fn matmul_bf16_ggml(
     #[cfg(target_arch = "x86_64")]
     if t >= 2 && ck.isa().avx512() && super::fdot_x86::has_bf16_dot() {
         dot_blocks(x, t, k, w, row_bytes, n, out, pool);
+        return Ok(());
+    }
+    // AVX2: packed tiles in tinyBLAS's 8-lane order (`matmul_lanes8.rs`).
+    if super::matmul_lanes8::applies(ck, Packed::BF16, t, k) {
+        let f = super::matmul_lanes8::matmul_lanes8;
+        f(ck, Packed::BF16, x, (t, k), (w, row_bytes, n), out, pool);
         return Ok(());
     }
     let mut rounded = Scratch::<f32>::zeroed(0);
@@ -199,8 +208,8 @@ mod tests {
     #[test]
     fn within_bound_and_thread_independent_on_every_isa() {
         // k = 45 and 72: masked tails; n = 70, k = 1024: several row blocks and token tiles
-        // and a last partial quad.
-        for (n, k) in [(7, 45), (9, 72), (70, 1024)] {
+        // and a last partial quad; k = 2056: the packed tiles' three k-chunks (AVX2).
+        for (n, k) in [(7, 45), (9, 72), (70, 1024), (36, 2056)] {
             let w = synthetic_weights(DType::BF16, n, k, 41);
             let wf = reference(DType::BF16, &w, n * k);
             for t in [1, 3, 9, 20] {
