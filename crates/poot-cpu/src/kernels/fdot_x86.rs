@@ -280,16 +280,24 @@ unsafe fn chunk8_body<E: Lane8, const TT: usize>(
             wp = wp.add(NR * 8);
             xp = xp.add(TT * 8);
         }
-        for (j, a) in acc.iter().enumerate() {
-            for (r, v) in a.iter().enumerate() {
-                if last {
-                    let mut l = [0.0f32; 8];
-                    _mm256_storeu_ps(l.as_mut_ptr(), *v);
-                    res[j * NR + r] = hsum8(&l);
-                } else {
-                    _mm256_storeu_ps(pp.add((j * NR + r) * 8), *v);
-                }
-            }
+        finish_chains(acc.as_flattened(), part, last, res);
+    }
+}
+
+/// The chains `acc[i]` (`i = j * NR + r`) of a tile: their lane sums (`ggml::hsum8`) into
+/// `res[i]` when `last`, else the lanes back into `part[i * 8..]`.
+#[inline(always)]
+fn finish_chains(acc: &[__m256], part: &mut [f32], last: bool, res: &mut [f32]) {
+    assert!(part.len() >= acc.len() * 8 && res.len() >= acc.len());
+    for (i, v) in acc.iter().enumerate() {
+        if last {
+            let mut l = [0.0f32; 8];
+            // SAFETY: `l` holds 8 floats.
+            unsafe { _mm256_storeu_ps(l.as_mut_ptr(), *v) };
+            res[i] = hsum8(&l);
+        } else {
+            // SAFETY: i * 8 + 8 <= part.len() (asserted).
+            unsafe { _mm256_storeu_ps(part.as_mut_ptr().add(i * 8), *v) };
         }
     }
 }
@@ -382,17 +390,7 @@ unsafe fn chunk8_h3(
             );
         }
     }
-    for (i, v) in a.iter().enumerate() {
-        if last {
-            let mut l = [0.0f32; 8];
-            // SAFETY: `l` holds 8 floats.
-            unsafe { _mm256_storeu_ps(l.as_mut_ptr(), *v) };
-            res[i] = hsum8(&l);
-        } else {
-            // SAFETY: inside `part` (asserted).
-            unsafe { _mm256_storeu_ps(pp.add(i * 8), *v) };
-        }
-    }
+    finish_chains(&a, part, last, res);
 }
 
 /// [`chunk8_body`] with AVX-512VL's 32 vector registers (up to 6 tokens).
