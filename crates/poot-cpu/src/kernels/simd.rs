@@ -41,6 +41,20 @@ pub(crate) fn prefetch_ahead() -> usize {
     })
 }
 
+/// How far ahead (bytes) the AVX-512 one-token F16/BF16 loops prefetch their row stream
+/// (`POOT_CPU_PREFETCH_FLOAT`, default 4096: one 2048-wide row on; `0` turns it off). On an
+/// Emerald Rapids VM, 2 threads streaming a 32 MiB F16 matrix from DRAM went from 14.5 to
+/// 18.8 GB/s with it (2048: 18.5, 8192: 19.0, 16384: 18.1).
+pub(crate) fn prefetch_float_ahead() -> usize {
+    static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *AHEAD.get_or_init(|| {
+        std::env::var("POOT_CPU_PREFETCH_FLOAT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(4096)
+    })
+}
+
 /// The streaming kernels' per-super-block prefetch for the super-block of `sb` bytes at `s`:
 /// every line `ahead` bytes on ([`prefetch_ahead`]), or with `ahead == 0` one line four
 /// super-blocks on (the old scheme).
