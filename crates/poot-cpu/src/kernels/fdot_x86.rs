@@ -75,7 +75,7 @@ fn hsum256(v: __m256) -> f32 {
 ///
 /// One row at a time on purpose: each thread then reads one sequential stream, which the
 /// hardware prefetchers follow at close to the memory's speed; four rows side by side (four
-/// streams a page apart) ran about a quarter slower from DRAM. Each line is prefetched
+/// streams a page apart) ran about a quarter slower from DRAM. Each line is prefetched into L2
 /// [`prefetch_float_ahead`](super::simd::prefetch_float_ahead) bytes on (AVX-512 only: on
 /// the Zen 3 the AVX2 loop was measured on, software prefetch made it slower).
 ///
@@ -91,7 +91,7 @@ pub(crate) unsafe fn gemv_avx512<const KIND: u8>(w: *const u8, k: usize, x: *con
     // a prefetch never faults.
     unsafe {
         while i < main {
-            _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(2 * i + ahead).cast());
+            _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add(2 * i + ahead).cast());
             a0 = _mm512_fmadd_ps(load16::<KIND>(w.add(2 * i)), _mm512_loadu_ps(x.add(i)), a0);
             let (w1, x1) = (w.add(2 * i + 32), x.add(i + 16));
             a1 = _mm512_fmadd_ps(load16::<KIND>(w1), _mm512_loadu_ps(x1), a1);
@@ -153,7 +153,7 @@ pub(crate) unsafe fn lanes32_avx512<const R: usize>(
     unsafe {
         while i < k32 {
             for r in 0..R {
-                _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(r * rb + 2 * i + ahead).cast());
+                _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add(r * rb + 2 * i + ahead).cast());
             }
             let x0 = _mm512_loadu_ps(x.add(i));
             let x1 = _mm512_loadu_ps(x.add(i + 16));
