@@ -2,29 +2,29 @@
 //! `vec_dot_type` for BF16, its round-to-nearest-even `GGML_FP32_TO_BF16`), then products of
 //! the two bf16 values, which are exact in `f32`, summed in `f32`.
 //!
-//! On CPUs with AVX512-BF16 the sums are `vdpbf16ps` lanes (16 lanes, each adding a pair of
-//! products per step; weights read as stored, no decoding), in row blocks and token tiles as
-//! `matmul.rs`: about half the instructions of widening to `f32` and FMAs, which is what
-//! llama.cpp's BF16 prefill uses too. Without AVX512-BF16, several tokens with `k % 8 == 0`
-//! take packed tiles in tinyBLAS's 8-lane order (`matmul_lanes8.rs`, 16-bit operands widened
-//! in registers). Otherwise, and for one token (bound by memory, not arithmetic), the rounded
-//! activations go through the exact path. Either way, per output, `|got - sum_k w x'|` is at most
-//! `(k / 8 + 16) * 2^-24 * sum_k |w x'| + k * 2^-126`, with `x'` the rounded activations (`vdpbf16ps` flushes subnormal values to
-//! zero, hence the absolute term); the rounding itself is at most `2^-9 * sum_k |w x|`. On
-//! [`Isa::Amx`](super::simd::Isa) with AMX-BF16, prefill takes tiles instead (`amx_bf16.rs`),
-//! one `f32` chain per output, so `k + 16` replaces `k / 8 + 16` in that bound. The
-//! tests assert both. Results do not depend on the thread count or the token tiling; they are
-//! not llama.cpp's bits (its lane order is not reproduced).
+//! Several tokens with `k % 8 == 0` take packed tiles in tinyBLAS's 8-lane order
+//! (`matmul_lanes8.rs`, the rounded operands as `f32`), on AVX2 and AVX-512 alike. CPUs with
+//! AVX512-BF16 used to take `vdpbf16ps` lanes over the stored weights here (16 lanes, a pair of
+//! products per lane and step, in-place 4x4 tiles); on an Emerald Rapids VM a 512x2048x2048
+//! matmul on one core ran at 53-75 GFLOP/s that way against 105 through the 512-bit packed
+//! tiles (`k = 8192`: 59 against 69), so they were dropped. Otherwise, and for one token
+//! (bound by memory, not arithmetic), the rounded activations go through the exact path.
+//! Either way, per output, `|got - sum_k w x'|` is at most `(k / 8 + 16) * 2^-24 * sum_k |w
+//! x'| + k * 2^-126`, with `x'` the rounded activations; the rounding itself is at most
+//! `2^-9 * sum_k |w x|`. On [`Isa::Amx`](super::simd::Isa) with AMX-BF16, prefill takes tiles
+//! instead (`amx_bf16.rs`), one `f32` chain per output, so `k + 16` replaces `k / 8 + 16` in
+//! that bound. The tests assert both. Results do not depend on the thread count or the token
+//! tiling; they are not llama.cpp's bits (its lane order is not reproduced).
 //!
-//! Cost: `2 * t * n * k` flops; memory: the rounded activations (`2 * t * k` bytes, or
-//! `4 * t * k` off the fast path) and, for a last partial row quad, one padded quad.
+//! Cost: `2 * t * n * k` flops; memory: the rounded activations (`4 * t * k` bytes; AMX:
+//! `2 * t * k`).
 
 use super::decode::Packed;
 use super::ggml::Numerics;
-use super::matmul::{matmul_cached, BLOCK_FLOATS, TOKEN_TILE};
+use super::matmul::matmul_cached;
 use super::scratch::Scratch;
-use super::simd::{Checked, NR};
-use crate::pool::{SharedMut, ThreadPool};
+use super::simd::Checked;
+use crate::pool::ThreadPool;
 use crate::KernelError;
 
 /// `v` rounded to bf16 as ggml does (nearest even; NaNs stay NaNs, quieted).
@@ -59,12 +59,7 @@ pub(crate) fn matmul_bf16_ggml(
         super::amx_bf16::matmul(&xb, t, k, w, row_bytes, n, out, pool);
         return Ok(());
     }
-    #[cfg(target_arch = "x86_64")]
-    if t >= 2 && ck.isa().avx512() && super::fdot_x86::has_bf16_dot() {
-        dot_blocks(x, t, k, w, row_bytes, n, out, pool);
-        return Ok(());
-    }
-    // AVX2: packed tiles in tinyBLAS's 8-lane order (`matmul_lanes8.rs`).
+    // AVX2 and AVX-512: packed tiles in tinyBLAS's 8-lane order (`matmul_lanes8.rs`).
     if super::matmul_lanes8::applies(ck, Packed::BF16, t, k) {
         let f = super::matmul_lanes8::matmul_lanes8;
         f(ck, Packed::BF16, x, (t, k), (w, row_bytes, n), out, pool);
@@ -78,93 +73,6 @@ pub(crate) fn matmul_bf16_ggml(
     let bf16 = poot_core::DType::BF16;
     let exact = Numerics::Exact;
     matmul_cached(exact, ck.isa(), &rounded, t, k, w, bf16, n, out, pool, None)
-}
-
-/// The AVX512-BF16 path: row blocks of stored weights, token tiles of bf16 activations.
-#[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments, reason = "matmul's validated arguments")]
-fn dot_blocks(
-    x: &[f32],
-    t: usize,
-    k: usize,
-    w: &[u8],
-    row_bytes: usize,
-    n: usize,
-    out: &mut [f32],
-    pool: &ThreadPool,
-) {
-    use super::fdot_x86::dot_bf16;
-    let mut xb = Scratch::<u8>::zeroed(0);
-    xb.extend(x.iter().flat_map(|&v| round_bf16(v).to_le_bytes()));
-    // Blocks of about 256 KiB of weights, as the f32 blocks of `matmul.rs`.
-    let block = (2 * BLOCK_FLOATS / k / NR).clamp(1, 16) * NR;
-    let blocks = n.div_ceil(block);
-    let per_task = blocks.div_ceil(pool.n_threads() * 4).max(1);
-    let tasks = blocks.div_ceil(per_task);
-    let shared = SharedMut::new(out);
-    let xb: &[u8] = &xb;
-    pool.for_each_init(
-        tasks,
-        || {
-            (
-                Scratch::<u8>::zeroed(NR * row_bytes),
-                [0.0f32; NR * TOKEN_TILE],
-            )
-        },
-        |(pad, res), task| {
-            for b in task * per_task..((task + 1) * per_task).min(blocks) {
-                let n0 = b * block;
-                let nr = block.min(n - n0);
-                for tok0 in (0..t).step_by(TOKEN_TILE) {
-                    let tt = TOKEN_TILE.min(t - tok0);
-                    let xs = &xb[2 * tok0 * k..2 * (tok0 + tt) * k];
-                    for q in (0..nr).step_by(NR) {
-                        let live = NR.min(nr - q);
-                        let rows = &w[(n0 + q) * row_bytes..(n0 + q + live) * row_bytes];
-                        // A last partial quad is read from a zero-padded copy (the kernel
-                        // reads NR rows).
-                        let quad: &[u8] = if live == NR {
-                            rows
-                        } else {
-                            pad[..rows.len()].copy_from_slice(rows);
-                            pad[rows.len()..].fill(0);
-                            pad
-                        };
-                        assert!(quad.len() >= NR * row_bytes && xs.len() >= 2 * tt * k);
-                        let mut tok = 0;
-                        while tok < tt {
-                            let step = match tt - tok {
-                                4.. => 4,
-                                2..=3 => 2,
-                                _ => 1,
-                            };
-                            let (wp, xp) = (quad.as_ptr(), xs[2 * tok * k..].as_ptr());
-                            let rs = &mut res[tok * NR..];
-                            // SAFETY: `has_bf16_dot` and the AVX-512 `Checked` token were
-                            // checked by the caller; NR rows of row_bytes >= 2k bytes and
-                            // step tokens of 2k bytes are asserted above.
-                            unsafe {
-                                match step {
-                                    4 => dot_bf16::<4>(wp, row_bytes, k, xp, rs),
-                                    2 => dot_bf16::<2>(wp, row_bytes, k, xp, rs),
-                                    _ => dot_bf16::<1>(wp, row_bytes, k, xp, rs),
-                                }
-                            }
-                            tok += step;
-                        }
-                        for tok in 0..tt {
-                            for r in 0..live {
-                                let i = (tok0 + tok) * n + n0 + q + r;
-                                // SAFETY: row n0 + q + r belongs to this task's blocks only,
-                                // so no other task writes index i.
-                                unsafe { shared.write(i, res[tok * NR + r]) };
-                            }
-                        }
-                    }
-                }
-            }
-        },
-    );
 }
 
 #[cfg(test)]

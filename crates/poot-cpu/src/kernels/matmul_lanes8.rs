@@ -1,41 +1,51 @@
 //! The multi-token matmul in llamafile tinyBLAS's order (`ggml::dot_lanes8`: 8 FMA lanes per
 //! output along `k`, then `ggml::hsum8`) for F16, BF16 and F32 weights, on the AVX2 and AVX-512
-//! paths (BF16 only where there is no AVX512-BF16 or AMX path, `matmul_bf16.rs`).
+//! paths (BF16 where there is no AMX-BF16 path, `matmul_bf16.rs`).
 //!
 //! Both operands are packed once, in 8-element slices, in the order the tiles read them:
-//! - the activations per call, rounded as ggml does (F16 weights: to f16, kept as f16 bits;
-//!   BF16: to bf16, kept as `f32`), by groups of [`TG`] tokens, then chunks of [`KC`] elements
-//!   along `k`, then token tiles;
-//! - each row block (about 256 KiB) as the thread takes it, by chunks, then row quads (F16
-//!   weights copied as stored, f16 bits; BF16 ones decoded to `f32`, exact; F32 as they are).
-//!   For BF16, widening bf16 bits in the loop (two integer ops a slice) measured slower than
-//!   `f32` operands, which the FMAs take straight from memory: 512x2048x2048 on 2 threads
-//!   went from 42-50 GFLOP/s (the exact path) to 85 with `f32`, against 49 with bf16 bits.
+//! - the activations per call, rounded as ggml does (F16 weights: to f16; BF16: to bf16), by
+//!   groups of [`TG`] tokens, then chunks of the tiling's `kc` elements along `k`, then token
+//!   tiles;
+//! - each row block as the thread takes it, by chunks, then row quads.
 //!
-//! Loops: a token group, then a row quad, then the chunks, then tiles of 3 tokens (AVX2's 16
-//! registers: 12 chains) or 6 (AVX-512VL's 32). A quad's chunk stays in L1 while every tile of
-//! the group runs over it, every read is sequential (no 4 KiB aliasing between rows `k` apart),
-//! and f16 operands halve the bytes the loop pulls from L2 (`vcvtph2ps` widens them exactly).
-//! On the Zen 3 this was written on, a 512x2048x2048 F16 matmul on one core went from about
-//! 35 GFLOP/s (decoded f32 rows read in place) to about 60; its FMA peak is about 89.
+//! Two tilings ([`Tiling`]):
+//! - [`WIDE`] (AVX-512): `f32` operands (f16 and bf16 values widened when packed, exact),
+//!   one tile per group: `NR` rows against 12 tokens, two tokens' chains per 512-bit register
+//!   (`fdot16_x86`). Loops: group, chunk, quad; the group's chunk (48 KiB) stays in L1 while
+//!   the block's quads stream past it from L2, each quad's chains parked in `part` between
+//!   chunks; the block is about 1 MiB so that every group reads it back from L2. Buffers start
+//!   on 64-byte lines ([`Aligned`]). On an Emerald Rapids VM, a 512x2048x2048 F16 matmul on one
+//!   core went from 50-54 GFLOP/s (the 8-lane tiles below, 4x6 in `ymm`) to 107-112; with
+//!   `k = 8192`, 55-60 with 256 KiB blocks and 82-92 with 1 MiB (noisy: the VM's FMA peak read
+//!   136 to 169 the same hour).
+//! - [`NARROW`] (AVX2): F16 operands as f16 bits (widened by `vcvtph2ps`, exact), BF16 as
+//!   `f32` (widening bf16 bits in the loop, two integer ops a slice, measured slower: 512x2048
+//!   x2048 on 2 Zen 3 threads 85 GFLOP/s with `f32` against 49), 256 KiB blocks, tiles of 3
+//!   tokens (AVX2's 16 registers: 12 chains). Loops: group, quad, chunk, tile. A quad's chunk
+//!   stays in L1 while every tile of the group runs over it, every read is sequential (no 4
+//!   KiB aliasing between rows `k` apart), and f16 operands halve the bytes pulled from L2. On
+//!   the Zen 3 this was written on, a 512x2048x2048 F16 matmul on one core went from about 35
+//!   GFLOP/s (decoded f32 rows read in place) to about 53-60; its FMA peak is about 89.
 //!
 //! Invariant: every output is bit-identical to `dot_lanes8(row, rounded x)`, whatever the
 //! chunking, tiling or thread count (each lane's chain is the same FMA sequence).
 //!
 //! Cost: `2 * t * n * k` flops; memory: the packed activations (`t * k` elements) and, per
-//! thread, a packed row block and the group's chains (`TG * NR * 8` floats).
+//! thread, a packed row block and the chains (`TG * NR * 8` floats; [`WIDE`]: `TG * 8` per
+//! block row).
 
 use super::decode::Packed;
 use super::scratch::{Parked, Scratch};
 use super::simd::{self, Checked, Isa, NR};
 use crate::pool::{SharedMut, ThreadPool};
 
-/// Tokens per group: a group's activations (`TG * k` elements) stay in L2 beside the block.
+/// Tokens per group.
 const TG: usize = 12;
-/// Elements per chunk along `k` (a multiple of 8).
-const KC: usize = 1024;
 /// Bytes of one packed row block.
 const BLOCK_BYTES: usize = 256 * 1024;
+/// Bytes of one packed row block on the [`WIDE`] path, where every group reads the block back
+/// from L2 (its quads stream past the group's chunk).
+const WIDE_BLOCK_BYTES: usize = 1024 * 1024;
 
 /// Whether [`matmul_lanes8`] runs: a SIMD path, several tokens, `k % 8 == 0`, F16, F32 or
 /// BF16.
@@ -63,24 +73,43 @@ pub(crate) fn matmul_lanes8(
     assert!(w.len() >= n * row_bytes);
     #[cfg(target_arch = "x86_64")]
     {
-        let cap = tile_cap(ck);
-        if p == Packed::F16 {
-            let xp = pack_x(x, t, k, cap, |v| half::f16::from_f32(v).to_bits());
+        use super::fdot16_x86::{f16_bits8, f16_round8};
+        let bf = |s: &[f32; 8], d: &mut [f32; 8]| {
+            for (d, &v) in d.iter_mut().zip(s) {
+                *d = f32::from_bits(u32::from(super::matmul_bf16::round_bf16(v)) << 16);
+            }
+        };
+        let id = |s: &[f32; 8], d: &mut [f32; 8]| *d = *s;
+        let r16 = |s: &[f32; 8], d: &mut [f32; 8]| {
+            // SAFETY: `applies` excludes the scalar path, so `ck` proves F16C.
+            *d = unsafe { f16_round8(s) }
+        };
+        let row = |src: &[u8], dst: &mut [f32]| simd::decode(ck, p, src, dst);
+        if ck.isa().avx512() {
+            let xp = match p {
+                Packed::F16 => pack_x(x, t, k, WIDE, r16),
+                Packed::BF16 => pack_x(x, t, k, WIDE, bf),
+                _ => pack_x(x, t, k, WIDE, id),
+            };
+            run(ck, (WIDE, wide_tiles), &xp, (t, k), (w, row_bytes, n), row, out, pool);
+        } else if p == Packed::F16 {
+            let h = |s: &[f32; 8], d: &mut [u16; 8]| {
+                // SAFETY: as above.
+                *d = unsafe { f16_bits8(s) }
+            };
+            let xp = pack_x(x, t, k, NARROW, h);
             let row = |src: &[u8], dst: &mut [u16]| {
                 for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
                     *d = u16::from_le_bytes([s[0], s[1]]);
                 }
             };
-            run(ck, &xp, (t, k), (w, row_bytes, n), row, out, pool);
+            run(ck, (NARROW, narrow_tiles), &xp, (t, k), (w, row_bytes, n), row, out, pool);
         } else if p == Packed::BF16 {
-            let r = |v: f32| f32::from_bits(u32::from(super::matmul_bf16::round_bf16(v)) << 16);
-            let xp = pack_x(x, t, k, cap, r);
-            let row = |src: &[u8], dst: &mut [f32]| simd::decode(ck, p, src, dst);
-            run(ck, &xp, (t, k), (w, row_bytes, n), row, out, pool);
+            let xp = pack_x(x, t, k, NARROW, bf);
+            run(ck, (NARROW, narrow_tiles), &xp, (t, k), (w, row_bytes, n), row, out, pool);
         } else {
-            let xp = pack_x(x, t, k, cap, |v| v);
-            let row = |src: &[u8], dst: &mut [f32]| simd::decode(ck, p, src, dst);
-            run(ck, &xp, (t, k), (w, row_bytes, n), row, out, pool);
+            let xp = pack_x(x, t, k, NARROW, id);
+            run(ck, (NARROW, narrow_tiles), &xp, (t, k), (w, row_bytes, n), row, out, pool);
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -90,16 +119,21 @@ pub(crate) fn matmul_lanes8(
     );
 }
 
-/// Tokens per tile on this path.
-#[cfg(target_arch = "x86_64")]
-fn tile_cap(ck: Checked) -> usize {
-    let wide = ck.isa().avx512() && std::arch::is_x86_feature_detected!("avx512vl");
-    if wide {
-        6
-    } else {
-        3
-    }
+/// How a path tiles the operands: tokens per tile (`cap`) and elements per chunk of `k`
+/// (`kc`, a multiple of 8).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Tiling {
+    cap: usize,
+    kc: usize,
 }
+
+/// AVX2: 3-token tiles, f16 or `f32` operands, 1024-element chunks; loops group, quad, chunk.
+const NARROW: Tiling = Tiling { cap: 3, kc: 1024 };
+
+/// AVX-512: the whole group in one tile (two tokens a register, `fdot16_x86`), `f32`
+/// operands, 512-element chunks; loops group, chunk, quad, so the group's chunk (24 KiB)
+/// stays in L1 while the block's quads stream past it.
+const WIDE: Tiling = Tiling { cap: TG, kc: 1024 };
 
 /// Calls `f(g0, gt, c0, kc, j, step)` for every token tile of every chunk of every group, in
 /// the packed activations' order (tile `j..j + step` of group `g0..g0 + gt`, chunk
@@ -107,16 +141,16 @@ fn tile_cap(ck: Checked) -> usize {
 fn for_tiles(
     t: usize,
     k: usize,
-    cap: usize,
+    tl: Tiling,
     mut f: impl FnMut(usize, usize, usize, usize, usize, usize),
 ) {
     for g0 in (0..t).step_by(TG) {
         let gt = TG.min(t - g0);
-        for c0 in (0..k).step_by(KC) {
-            let kc = KC.min(k - c0);
+        for c0 in (0..k).step_by(tl.kc) {
+            let kc = tl.kc.min(k - c0);
             let mut j = 0;
             while j < gt {
-                let step = cap.min(gt - j);
+                let step = tl.cap.min(gt - j);
                 f(g0, gt, c0, kc, j, step);
                 j += step;
             }
@@ -130,33 +164,69 @@ fn x_offset(g0: usize, gt: usize, k: usize, c0: usize, kc: usize, j: usize) -> u
 }
 
 /// The activations in tile order: in each tile, slice `s` of token `jj` at `(s * step + jj)
-/// * 8`, each value through `conv`.
+/// * 8`, each slice through `conv` (8 values in, 8 out).
 fn pack_x<E: Copy + Parked>(
     x: &[f32],
     t: usize,
     k: usize,
-    cap: usize,
-    conv: impl Fn(f32) -> E,
-) -> Scratch<E> {
-    let mut xp = Scratch::<E>::zeroed(t * k);
-    for_tiles(t, k, cap, |g0, gt, c0, kc, j, step| {
+    tl: Tiling,
+    conv: impl Fn(&[f32; 8], &mut [E; 8]),
+) -> Aligned<E> {
+    let mut xp = Aligned::<E>::zeroed(t * k);
+    for_tiles(t, k, tl, |g0, gt, c0, kc, j, step| {
         let base = x_offset(g0, gt, k, c0, kc, j);
         for jj in 0..step {
             let src = &x[(g0 + j + jj) * k + c0..(g0 + j + jj) * k + c0 + kc];
             for (s, piece) in src.chunks_exact(8).enumerate() {
                 let at = base + (s * step + jj) * 8;
-                for (d, &v) in xp[at..at + 8].iter_mut().zip(piece) {
-                    *d = conv(v);
-                }
+                let dst = (&mut xp[at..at + 8]).try_into().expect("8 elements");
+                conv(piece.try_into().expect("8 values"), dst);
             }
         }
     });
     xp
 }
 
+/// `len` zeroed elements starting on a 64-byte boundary, so that no 512-bit load of the
+/// packed operands splits a cache line (misaligned, every one of them would).
+struct Aligned<E: Parked> {
+    buf: Scratch<E>,
+    off: usize,
+    len: usize,
+}
+
+impl<E: Parked + Copy> Aligned<E> {
+    fn zeroed(len: usize) -> Self {
+        let per = 64 / size_of::<E>();
+        let buf = Scratch::<E>::zeroed(len + per);
+        let off = buf.as_ptr().align_offset(64).min(per);
+        Self { buf, off, len }
+    }
+}
+
+impl<E: Parked> std::ops::Deref for Aligned<E> {
+    type Target = [E];
+    fn deref(&self) -> &[E] {
+        &self.buf[self.off..self.off + self.len]
+    }
+}
+
+impl<E: Parked> std::ops::DerefMut for Aligned<E> {
+    fn deref_mut(&mut self) -> &mut [E] {
+        &mut self.buf[self.off..self.off + self.len]
+    }
+}
+
+/// The loops over one packed block: `(isa, (rows, block, nr), xp, (t, k), part, put)`.
+type Tiles<E> = fn(Checked, (&[E], usize, usize), &[E], (usize, usize), &mut [f32], Put<'_>);
+/// `put(token, first row, values)`: a token's results for consecutive rows of the block.
+type Put<'a> = &'a mut dyn FnMut(usize, usize, &[f32]);
+
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments, reason = "matmul's validated arguments")]
 fn run<E: super::fdot_x86::Lane8>(
     ck: Checked,
+    (tl, tiles): (Tiling, Tiles<E>),
     xp: &[E],
     (t, k): (usize, usize),
     (w, row_bytes, n): (&[u8], usize, usize),
@@ -164,18 +234,20 @@ fn run<E: super::fdot_x86::Lane8>(
     out: &mut [f32],
     pool: &ThreadPool,
 ) {
-    let block = (BLOCK_BYTES / size_of::<E>() / k / NR).clamp(1, 32) * NR;
+    let bytes = if tl == WIDE { WIDE_BLOCK_BYTES } else { BLOCK_BYTES };
+    let block = (bytes / size_of::<E>() / k / NR).clamp(1, 32) * NR;
     let blocks = n.div_ceil(block);
     // About four tasks per thread balances load when other processes share the cores.
     let per_task = blocks.div_ceil(pool.n_threads() * 4).max(1);
     let tasks = blocks.div_ceil(per_task);
-    let cap = tile_cap(ck);
+    // The wide loops keep every quad's chains of the group between chunks.
+    let lanes = if tl == WIDE { block * TG * 8 } else { TG * NR * 8 };
     let shared = SharedMut::new(out);
     pool.for_each_init(
         tasks,
         || {
-            let (rows, one) = (Scratch::<E>::zeroed(block * k), Scratch::<E>::zeroed(k));
-            (rows, one, Scratch::<f32>::zeroed(TG * NR * 8))
+            let (rows, one) = (Aligned::<E>::zeroed(block * k), Scratch::<E>::zeroed(k));
+            (rows, one, Scratch::<f32>::zeroed(lanes))
         },
         |(rows, one, part), task| {
             for b in task * per_task..((task + 1) * per_task).min(blocks) {
@@ -183,14 +255,15 @@ fn run<E: super::fdot_x86::Lane8>(
                 let nr = block.min(n - n0);
                 for r in 0..nr {
                     row(&w[(n0 + r) * row_bytes..(n0 + r + 1) * row_bytes], one);
-                    pack_row(one, r, block, k, rows);
+                    pack_row(one, r, block, k, tl.kc, rows);
                 }
-                let put = |tok: usize, r: usize, v: f32| {
-                    // SAFETY: row n0 + r belongs to this task's blocks only, so no other task
-                    // writes this index.
-                    unsafe { shared.write(tok * n + n0 + r, v) }
+                let mut put = |tok: usize, r: usize, v: &[f32]| {
+                    let at = tok * n + n0 + r;
+                    // SAFETY: rows n0 + r.. (inside the block) belong to this task's blocks
+                    // only, so no other task writes these indices.
+                    unsafe { shared.slice_mut(at..at + v.len()) }.copy_from_slice(v);
                 };
-                block_tiles(cap, (rows, block, nr), xp, (t, k), part, put);
+                tiles(ck, (rows, block, nr), xp, (t, k), part, &mut put);
             }
         },
     );
@@ -199,38 +272,40 @@ fn run<E: super::fdot_x86::Lane8>(
 /// Row `r` of a block (`one`, `k` elements) into the block's packed order: chunk `c0` at
 /// `c0 * block`, quad `q` of it at `q * kc`, slice `s` of the quad's row `r % NR` at
 /// `(s * NR + r % NR) * 8`.
-fn pack_row<E: Copy>(one: &[E], r: usize, block: usize, k: usize, rows: &mut [E]) {
+fn pack_row<E: Copy>(one: &[E], r: usize, block: usize, k: usize, kc: usize, rows: &mut [E]) {
     let (q, rr) = (r / NR * NR, r % NR);
-    for c0 in (0..k).step_by(KC) {
-        let kc = KC.min(k - c0);
+    for c0 in (0..k).step_by(kc) {
+        let kc = kc.min(k - c0);
         let base = c0 * block + q * kc;
         for (s, piece) in one[c0..c0 + kc].chunks_exact(8).enumerate() {
             let at = base + (s * NR + rr) * 8;
-            rows[at..at + 8].copy_from_slice(piece);
+            let dst: &mut [E; 8] = (&mut rows[at..at + 8]).try_into().expect("8 elements");
+            *dst = piece.try_into().expect("8 elements");
         }
     }
 }
 
-/// Every tile of one packed row block (`nr` of its `block` rows) against the packed
-/// activations: `put(token, row, value)` per result.
+/// Every 3-token tile of one packed row block (`nr` of its `block` rows) against the packed
+/// activations ([`NARROW`]): `put(token, row, value)` per result.
 #[cfg(target_arch = "x86_64")]
-fn block_tiles<E: super::fdot_x86::Lane8>(
-    cap: usize,
+fn narrow_tiles<E: super::fdot_x86::Lane8>(
+    ck: Checked,
     (rows, block, nr): (&[E], usize, usize),
     xp: &[E],
     (t, k): (usize, usize),
     part: &mut [f32],
-    mut put: impl FnMut(usize, usize, f32),
+    put: Put<'_>,
 ) {
-    use super::fdot_x86::{chunk8_avx2 as a2, chunk8_avx512 as a5};
+    use super::fdot_x86::chunk8_avx2 as a2;
     assert!(rows.len() >= block * k && block.is_multiple_of(NR) && nr <= block);
-    assert!(xp.len() >= t * k && part.len() >= TG * NR * 8 && (cap == 3 || cap == 6));
-    let mut res = [0.0f32; 6 * NR];
+    assert!(xp.len() >= t * k && part.len() >= TG * NR * 8 && ck.isa() != Isa::Scalar);
+    let (cap, kcs) = (NARROW.cap, NARROW.kc);
+    let mut res = [0.0f32; 3 * NR];
     for g0 in (0..t).step_by(TG) {
         let gt = TG.min(t - g0);
         for q in (0..nr).step_by(NR) {
-            for c0 in (0..k).step_by(KC) {
-                let kc = KC.min(k - c0);
+            for c0 in (0..k).step_by(kcs) {
+                let kc = kcs.min(k - c0);
                 let ends = (c0 == 0, c0 + kc == k);
                 let wq = rows[c0 * block + q * kc..].as_ptr();
                 let mut j = 0;
@@ -238,16 +313,13 @@ fn block_tiles<E: super::fdot_x86::Lane8>(
                     let step = cap.min(gt - j);
                     let xs = xp[x_offset(g0, gt, k, c0, kc, j)..].as_ptr();
                     let (pt, rs) = (&mut part[j * NR * 8..], &mut res[..]);
-                    // SAFETY: the caller's `Checked` proves AVX2, FMA and F16C (and cap 6 only
-                    // comes with AVX-512F and VL detected, `tile_cap`). Quad q's chunk c0 holds NR * kc
-                    // elements from c0 * block + q * kc (q + NR <= block); the tile's step * kc
-                    // elements start at its packed offset (`pack_x`, the same tiling); kc is a
-                    // multiple of 8 as k and KC are; `part` holds TG * NR * 8 lanes (asserted).
+                    // SAFETY: the caller's `Checked` proves AVX2, FMA and F16C (asserted not
+                    // scalar). Quad q's chunk c0 holds NR * kc elements from c0 * block + q *
+                    // kc (q + NR <= block); the tile's step * kc elements start at its packed
+                    // offset (`pack_x`, the same tiling); kc is a multiple of 8 as k and the
+                    // tiling's chunk are; `part` holds TG * NR * 8 lanes (asserted).
                     unsafe {
                         match step {
-                            6 => a5::<E, 6>(wq, xs, kc, pt, ends, rs),
-                            5 => a5::<E, 5>(wq, xs, kc, pt, ends, rs),
-                            4 => a5::<E, 4>(wq, xs, kc, pt, ends, rs),
                             3 => a2::<E, 3>(wq, xs, kc, pt, ends, rs),
                             2 => a2::<E, 2>(wq, xs, kc, pt, ends, rs),
                             _ => a2::<E, 1>(wq, xs, kc, pt, ends, rs),
@@ -255,12 +327,61 @@ fn block_tiles<E: super::fdot_x86::Lane8>(
                     }
                     if ends.1 {
                         for jj in 0..step {
-                            for r in 0..NR.min(nr - q) {
-                                put(g0 + j + jj, q + r, res[jj * NR + r]);
-                            }
+                            put(g0 + j + jj, q, &res[jj * NR..jj * NR + NR.min(nr - q)]);
                         }
                     }
                     j += step;
+                }
+            }
+        }
+    }
+}
+
+/// [`narrow_tiles`] for the [`WIDE`] tiling: per group and chunk, every quad of the block
+/// against the whole group, each quad's chains kept in `part` (`block * TG * 8` floats)
+/// between chunks.
+#[cfg(target_arch = "x86_64")]
+fn wide_tiles(
+    ck: Checked,
+    (rows, block, nr): (&[f32], usize, usize),
+    xp: &[f32],
+    (t, k): (usize, usize),
+    part: &mut [f32],
+    put: Put<'_>,
+) {
+    use super::fdot16_x86::chunk16 as z;
+    assert!(rows.len() >= block * k && block.is_multiple_of(NR) && nr <= block);
+    assert!(xp.len() >= t * k && part.len() >= block * TG * 8 && ck.isa().avx512());
+    let mut res = [0.0f32; TG * NR];
+    for g0 in (0..t).step_by(TG) {
+        let gt = TG.min(t - g0);
+        for c0 in (0..k).step_by(WIDE.kc) {
+            let kc = WIDE.kc.min(k - c0);
+            let ends = (c0 == 0, c0 + kc == k);
+            let xs = xp[x_offset(g0, gt, k, c0, kc, 0)..].as_ptr();
+            let lo = (kc, gt % 2 == 1);
+            for q in (0..nr).step_by(NR) {
+                let wq = rows[c0 * block + q * kc..].as_ptr();
+                let (pt, rs) = (&mut part[q * TG * 8..], &mut res[..]);
+                // SAFETY: the caller's `Checked` proves AVX-512F with AVX2, FMA and F16C
+                // (asserted). Quad q's chunk c0 holds NR * kc floats from c0 * block + q * kc
+                // (q + NR <= block); the group's gt * kc floats of chunk c0 start at its
+                // packed offset (`pack_x`, one tile a group); kc is a multiple of 8 as k and
+                // the chunk are; quad q's chains are `part[q * TG * 8..][..NR * TG * 8]`.
+                unsafe {
+                    match gt {
+                        11.. => z::<6>(wq, xs, lo, pt, ends, rs),
+                        9.. => z::<5>(wq, xs, lo, pt, ends, rs),
+                        7.. => z::<4>(wq, xs, lo, pt, ends, rs),
+                        5.. => z::<3>(wq, xs, lo, pt, ends, rs),
+                        3.. => z::<2>(wq, xs, lo, pt, ends, rs),
+                        _ => z::<1>(wq, xs, lo, pt, ends, rs),
+                    }
+                }
+                if ends.1 {
+                    for jj in 0..gt {
+                        put(g0 + jj, q, &res[jj * NR..jj * NR + NR.min(nr - q)]);
+                    }
                 }
             }
         }

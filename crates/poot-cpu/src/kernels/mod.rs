@@ -12,6 +12,8 @@ mod attention_grouped;
 pub mod decode;
 pub mod embedding;
 #[cfg(target_arch = "x86_64")]
+mod fdot16_x86;
+#[cfg(target_arch = "x86_64")]
 mod fdot_x86;
 pub mod ggml;
 pub mod matmul;

@@ -1,0 +1,144 @@
+//! tinyBLAS's 8-lane order in 512-bit registers: each `zmm` holds the 8-lane chains of two
+//! tokens against one row (lanes 0-7 token `2p`, lanes 8-15 token `2p + 1`), the row's slice
+//! broadcast to both halves. Every lane is still its output's own chain of FMAs along `k`, in
+//! the same order as the 8-lane `ymm` tiles (`fdot_x86::chunk8_body`), so the results are the
+//! same bits with twice the work per instruction.
+//!
+//! A tile is `NR` rows against up to 6 token pairs (12 tokens: 24 chains, the 4 rows' slices
+//! and one token pair in 29 of the 32 registers); the last pair may be half (an odd token
+//! count), its upper lanes then multiply zeros and are dropped.
+//!
+//! Both operands are `f32` (f16 or bf16 values widened when packed): a widening `vcvtph2ps`
+//! of 16 halves is two of this loop's vector ports' uops, and with one per activation pair
+//! and row slice the loop would spend nearly as long converting as multiplying.
+//!
+//! Invariant (soundness): every function here is `unsafe` with the contract that the caller
+//! has detected AVX-512F, AVX2, FMA and F16C, and that the pointers cover the lengths stated.
+
+use std::arch::x86_64::*;
+
+use super::ggml::hsum8;
+use super::simd::NR;
+
+/// 16 floats at `p`, or 8 with zeros above when `half`.
+///
+/// # Safety
+/// AVX-512F detected; 16 (or with `half` 8) readable floats at `p`.
+#[inline(always)]
+unsafe fn load16(p: *const f32, half: bool) -> __m512 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if half {
+            _mm512_zextps256_ps512(_mm256_loadu_ps(p))
+        } else {
+            _mm512_loadu_ps(p)
+        }
+    }
+}
+
+/// The 8 floats at `p` in both halves.
+///
+/// # Safety
+/// AVX-512F detected; 8 readable floats at `p`.
+#[inline(always)]
+unsafe fn bcast8(p: *const f32) -> __m512 {
+    // SAFETY: the caller's contract; the bits move unchanged.
+    unsafe { _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd(p.cast()))) }
+}
+
+/// One k-chunk of `NR` rows against `P` token pairs (`2P` tokens, or `2P - 1` when `odd`),
+/// both packed in 8-element slices: slice `s` of row `r` at `w + (s * NR + r) * 8`, of token
+/// `j` at `x + (s * tt + j) * 8` with `tt` the token count. Lane `l` of output `(j, r)`
+/// continues its chain with `fma(w, x, lane)` slice after slice. The chains start at zero
+/// when `first`, else from `part` (`P * NR * 16` floats: pair `p`, row `r` at `(p * NR + r) *
+/// 16`, token `2p`'s lanes first); when `last` the lane sums (`ggml::hsum8`) go to `res[j *
+/// NR + r]`, else the lanes go back to `part`. Splitting `k` into chunks changes no bit.
+///
+/// # Safety
+/// AVX-512F, AVX2, FMA and F16C detected; `NR * len` floats at `w`, `tt * len` at `x`,
+/// `len % 8 == 0`; `part.len() >= P * NR * 16`, `res.len() >= tt * NR`.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(crate) unsafe fn chunk16<const P: usize>(
+    w: *const f32,
+    x: *const f32,
+    (len, odd): (usize, bool),
+    part: &mut [f32],
+    (first, last): (bool, bool),
+    res: &mut [f32],
+) {
+    let tt = 2 * P - usize::from(odd);
+    assert!(part.len() >= P * NR * 16 && res.len() >= tt * NR && len.is_multiple_of(8));
+    let pp = part.as_mut_ptr();
+    // SAFETY: slice s < len / 8 stays inside both operands (the contract; the half pair reads
+    // only its 8 elements); `part` holds P * NR * 16 floats (asserted).
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); NR]; P];
+        if !first {
+            for (p, a) in acc.iter_mut().enumerate() {
+                for (r, v) in a.iter_mut().enumerate() {
+                    *v = _mm512_loadu_ps(pp.add((p * NR + r) * 16));
+                }
+            }
+        }
+        let (mut wp, mut xp) = (w, x);
+        for _ in 0..len / 8 {
+            let mut wv = [_mm512_setzero_ps(); NR];
+            for (r, v) in wv.iter_mut().enumerate() {
+                *v = bcast8(wp.add(r * 8));
+            }
+            for (p, a) in acc.iter_mut().enumerate() {
+                let xv = load16(xp.add(p * 16), odd && p == P - 1);
+                for (r, v) in a.iter_mut().enumerate() {
+                    *v = _mm512_fmadd_ps(wv[r], xv, *v);
+                }
+            }
+            wp = wp.add(NR * 8);
+            xp = xp.add(tt * 8);
+        }
+        for (p, a) in acc.iter().enumerate() {
+            for (r, v) in a.iter().enumerate() {
+                if last {
+                    let mut l = [0.0f32; 16];
+                    _mm512_storeu_ps(l.as_mut_ptr(), *v);
+                    let (lo, hi) = l.split_at(8);
+                    res[2 * p * NR + r] = hsum8(lo.try_into().expect("8 lanes"));
+                    if 2 * p + 1 < tt {
+                        res[(2 * p + 1) * NR + r] = hsum8(hi.try_into().expect("8 lanes"));
+                    }
+                } else {
+                    _mm512_storeu_ps(pp.add((p * NR + r) * 16), *v);
+                }
+            }
+        }
+    }
+}
+
+/// 8 floats rounded to f16 (to nearest even, as `half::f16::from_f32`), as f16 bits.
+///
+/// # Safety
+/// F16C detected.
+#[target_feature(enable = "avx,f16c")]
+pub(crate) unsafe fn f16_bits8(v: &[f32; 8]) -> [u16; 8] {
+    let mut out = [0u16; 8];
+    // SAFETY: 8 floats in, 8 halves out; the features this function enables.
+    unsafe {
+        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(v.as_ptr()));
+        _mm_storeu_si128(out.as_mut_ptr().cast(), h);
+    }
+    out
+}
+
+/// 8 floats rounded to f16 and widened back (exact), as ggml's F16 `vec_dot_type` sees them.
+///
+/// # Safety
+/// F16C detected.
+#[target_feature(enable = "avx,f16c")]
+pub(crate) unsafe fn f16_round8(v: &[f32; 8]) -> [f32; 8] {
+    let mut out = [0f32; 8];
+    // SAFETY: 8 floats in and out; the features this function enables.
+    unsafe {
+        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(v.as_ptr()));
+        _mm256_storeu_ps(out.as_mut_ptr(), _mm256_cvtph_ps(h));
+    }
+    out
+}
