@@ -17,7 +17,6 @@
 
 use std::arch::x86_64::*;
 
-use super::ggml::hsum8;
 use super::simd::NR;
 
 /// 16 floats at `p`, or 8 with zeros above when `half`.
@@ -50,9 +49,10 @@ unsafe fn bcast8(p: *const f32) -> __m512 {
 /// both packed in 8-element slices: slice `s` of row `r` at `w + (s * NR + r) * 8`, of token
 /// `j` at `x + (s * tt + j) * 8` with `tt` the token count. Lane `l` of output `(j, r)`
 /// continues its chain with `fma(w, x, lane)` slice after slice. The chains start at zero
-/// when `first`, else from `part` (`P * NR * 16` floats: pair `p`, row `r` at `(p * NR + r) *
-/// 16`, token `2p`'s lanes first); when `last` the lane sums (`ggml::hsum8`) go to `res[j *
-/// NR + r]`, else the lanes go back to `part`. Splitting `k` into chunks changes no bit.
+/// when `first`, else from `part` (`P * NR * 16` floats from a 64-byte boundary: pair `p`,
+/// row `r` at `(p * NR + r) * 16`, token `2p`'s lanes first); when `last` the lane sums
+/// (`ggml::hsum8`) go to `res[j * NR + r]`, else the lanes go back to `part`. Splitting `k`
+/// into chunks changes no bit.
 ///
 /// # Safety
 /// AVX-512F, AVX2, FMA and F16C detected; `NR * len` floats at `w`, `tt * len` at `x`,
@@ -69,6 +69,10 @@ pub(crate) unsafe fn chunk16<const P: usize>(
     let tt = 2 * P - usize::from(odd);
     assert!(part.len() >= P * NR * 16 && res.len() >= tt * NR && len.is_multiple_of(8));
     let pp = part.as_mut_ptr();
+    assert!(
+        pp.cast::<__m512>().is_aligned(),
+        "`part` starts on a 64-byte boundary"
+    );
     // SAFETY: slice s < len / 8 stays inside both operands (the contract; the half pair reads
     // only its 8 elements); `part` holds P * NR * 16 floats (asserted).
     unsafe {
@@ -76,7 +80,10 @@ pub(crate) unsafe fn chunk16<const P: usize>(
         if !first {
             for (p, a) in acc.iter_mut().enumerate() {
                 for (r, v) in a.iter_mut().enumerate() {
-                    *v = _mm512_loadu_ps(pp.add((p * NR + r) * 16));
+                    // Volatile: the compiler otherwise turns these loads into a `memcpy` to
+                    // the stack and reloads the registers from there (15% of a 256-element
+                    // chunk's time).
+                    *v = pp.add((p * NR + r) * 16).cast::<__m512>().read_volatile();
                 }
             }
         }
@@ -98,19 +105,38 @@ pub(crate) unsafe fn chunk16<const P: usize>(
         for (p, a) in acc.iter().enumerate() {
             for (r, v) in a.iter().enumerate() {
                 if last {
-                    let mut l = [0.0f32; 16];
-                    _mm512_storeu_ps(l.as_mut_ptr(), *v);
-                    let (lo, hi) = l.split_at(8);
-                    res[2 * p * NR + r] = hsum8(lo.try_into().expect("8 lanes"));
+                    let l = hsum8x2(*v);
+                    res[2 * p * NR + r] = l[0];
                     if 2 * p + 1 < tt {
-                        res[(2 * p + 1) * NR + r] = hsum8(hi.try_into().expect("8 lanes"));
+                        res[(2 * p + 1) * NR + r] = l[8];
                     }
                 } else {
-                    _mm512_storeu_ps(pp.add((p * NR + r) * 16), *v);
+                    // Volatile, as the loads above.
+                    pp.add((p * NR + r) * 16)
+                        .cast::<__m512>()
+                        .write_volatile(*v);
                 }
             }
         }
     }
+}
+
+/// `ggml::hsum8` of each 8-lane half of `v`, in lanes 0 and 8: `(a4 + a0)`-style pairs,
+/// then `(r0 + r2) + (r1 + r3)`, the same additions (each commutes, none reassociates).
+#[inline(always)]
+fn hsum8x2(v: __m512) -> [f32; 16] {
+    let mut l = [0.0f32; 16];
+    // SAFETY: AVX-512F is enabled in every caller (`chunk16`); `l` holds 16 floats.
+    unsafe {
+        // Lanes i and i + 4 of each half: swap the 128-bit quarters within each half.
+        let r = _mm512_add_ps(v, _mm512_shuffle_f32x4::<0b10_11_00_01>(v, v));
+        // r0 + r2 and r1 + r3.
+        let s = _mm512_add_ps(r, _mm512_permute_ps::<0b01_00_11_10>(r));
+        // (r0 + r2) + (r1 + r3).
+        let u = _mm512_add_ps(s, _mm512_permute_ps::<0b10_11_00_01>(s));
+        _mm512_storeu_ps(l.as_mut_ptr(), u);
+    }
+    l
 }
 
 /// 8 floats rounded to f16 (to nearest even, as `half::f16::from_f32`), as f16 bits.

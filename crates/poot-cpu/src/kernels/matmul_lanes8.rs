@@ -11,13 +11,15 @@
 //! Two tilings ([`Tiling`]):
 //! - [`WIDE`] (AVX-512): `f32` operands (f16 and bf16 values widened when packed, exact),
 //!   one tile per group: `NR` rows against 12 tokens, two tokens' chains per 512-bit register
-//!   (`fdot16_x86`). Loops: group, chunk, quad; the group's chunk (48 KiB) stays in L1 while
+//!   (`fdot16_x86`). Loops: group, chunk, quad; the group's chunk (24 KiB) stays in L1 while
 //!   the block's quads stream past it from L2, each quad's chains parked in `part` between
 //!   chunks; the block is about 1 MiB so that every group reads it back from L2. Buffers start
 //!   on 64-byte lines ([`Aligned`]). On an Emerald Rapids VM, a 512x2048x2048 F16 matmul on one
-//!   core went from 50-54 GFLOP/s (the 8-lane tiles below, 4x6 in `ymm`) to 107-112; with
-//!   `k = 8192`, 55-60 with 256 KiB blocks and 82-92 with 1 MiB (noisy: the VM's FMA peak read
-//!   136 to 169 the same hour).
+//!   core went from 50-54 GFLOP/s (the 8-lane tiles below, 4x6 in `ymm`) to 114-124 (the FMA
+//!   peak: 169-174); with `k = 8192`, 55-60 with 256 KiB blocks, 73-100 with 1 MiB. The VM is
+//!   noisy (its FMA peak read 117 to 174 within the hour), so these are the best of several
+//!   runs; 512- to 2048-element chunks measured alike once the parked chains stopped going
+//!   through `memcpy` (`fdot16_x86::chunk16`).
 //! - [`NARROW`] (AVX2): F16 operands as f16 bits (widened by `vcvtph2ps`, exact), BF16 as
 //!   `f32` (widening bf16 bits in the loop, two integer ops a slice, measured slower: 512x2048
 //!   x2048 on 2 Zen 3 threads 85 GFLOP/s with `f32` against 49), 256 KiB blocks, tiles of 3
@@ -91,7 +93,16 @@ pub(crate) fn matmul_lanes8(
                 Packed::BF16 => pack_x(x, t, k, WIDE, bf),
                 _ => pack_x(x, t, k, WIDE, id),
             };
-            run(ck, (WIDE, wide_tiles), &xp, (t, k), (w, row_bytes, n), row, out, pool);
+            run(
+                ck,
+                (WIDE, wide_tiles),
+                &xp,
+                (t, k),
+                (w, row_bytes, n),
+                row,
+                out,
+                pool,
+            );
         } else if p == Packed::F16 {
             let h = |s: &[f32; 8], d: &mut [u16; 8]| {
                 // SAFETY: as above.
@@ -103,13 +114,40 @@ pub(crate) fn matmul_lanes8(
                     *d = u16::from_le_bytes([s[0], s[1]]);
                 }
             };
-            run(ck, (NARROW, narrow_tiles), &xp, (t, k), (w, row_bytes, n), row, out, pool);
+            run(
+                ck,
+                (NARROW, narrow_tiles),
+                &xp,
+                (t, k),
+                (w, row_bytes, n),
+                row,
+                out,
+                pool,
+            );
         } else if p == Packed::BF16 {
             let xp = pack_x(x, t, k, NARROW, bf);
-            run(ck, (NARROW, narrow_tiles), &xp, (t, k), (w, row_bytes, n), row, out, pool);
+            run(
+                ck,
+                (NARROW, narrow_tiles),
+                &xp,
+                (t, k),
+                (w, row_bytes, n),
+                row,
+                out,
+                pool,
+            );
         } else {
             let xp = pack_x(x, t, k, NARROW, id);
-            run(ck, (NARROW, narrow_tiles), &xp, (t, k), (w, row_bytes, n), row, out, pool);
+            run(
+                ck,
+                (NARROW, narrow_tiles),
+                &xp,
+                (t, k),
+                (w, row_bytes, n),
+                row,
+                out,
+                pool,
+            );
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -133,7 +171,7 @@ const NARROW: Tiling = Tiling { cap: 3, kc: 1024 };
 /// AVX-512: the whole group in one tile (two tokens a register, `fdot16_x86`), `f32`
 /// operands, 512-element chunks; loops group, chunk, quad, so the group's chunk (24 KiB)
 /// stays in L1 while the block's quads stream past it.
-const WIDE: Tiling = Tiling { cap: TG, kc: 1024 };
+const WIDE: Tiling = Tiling { cap: TG, kc: 512 };
 
 /// Calls `f(g0, gt, c0, kc, j, step)` for every token tile of every chunk of every group, in
 /// the packed activations' order (tile `j..j + step` of group `g0..g0 + gt`, chunk
@@ -234,20 +272,28 @@ fn run<E: super::fdot_x86::Lane8>(
     out: &mut [f32],
     pool: &ThreadPool,
 ) {
-    let bytes = if tl == WIDE { WIDE_BLOCK_BYTES } else { BLOCK_BYTES };
+    let bytes = if tl == WIDE {
+        WIDE_BLOCK_BYTES
+    } else {
+        BLOCK_BYTES
+    };
     let block = (bytes / size_of::<E>() / k / NR).clamp(1, 32) * NR;
     let blocks = n.div_ceil(block);
     // About four tasks per thread balances load when other processes share the cores.
     let per_task = blocks.div_ceil(pool.n_threads() * 4).max(1);
     let tasks = blocks.div_ceil(per_task);
     // The wide loops keep every quad's chains of the group between chunks.
-    let lanes = if tl == WIDE { block * TG * 8 } else { TG * NR * 8 };
+    let lanes = if tl == WIDE {
+        block * TG * 8
+    } else {
+        TG * NR * 8
+    };
     let shared = SharedMut::new(out);
     pool.for_each_init(
         tasks,
         || {
             let (rows, one) = (Aligned::<E>::zeroed(block * k), Scratch::<E>::zeroed(k));
-            (rows, one, Scratch::<f32>::zeroed(lanes))
+            (rows, one, Aligned::<f32>::zeroed(lanes))
         },
         |(rows, one, part), task| {
             for b in task * per_task..((task + 1) * per_task).min(blocks) {
@@ -261,7 +307,15 @@ fn run<E: super::fdot_x86::Lane8>(
                     let at = tok * n + n0 + r;
                     // SAFETY: rows n0 + r.. (inside the block) belong to this task's blocks
                     // only, so no other task writes these indices.
-                    unsafe { shared.slice_mut(at..at + v.len()) }.copy_from_slice(v);
+                    let dst = unsafe { shared.slice_mut(at..at + v.len()) };
+                    // A whole quad as one 16-byte move (`copy_from_slice` called `memmove`).
+                    match (
+                        <&mut [f32; NR]>::try_from(&mut *dst),
+                        <&[f32; NR]>::try_from(v),
+                    ) {
+                        (Ok(d), Ok(v)) => *d = *v,
+                        _ => dst.iter_mut().zip(v).for_each(|(d, v)| *d = *v),
+                    }
                 };
                 tiles(ck, (rows, block, nr), xp, (t, k), part, &mut put);
             }
