@@ -181,6 +181,131 @@ unsafe fn body<const KIND: u8, const T: usize>(
     }
 }
 
+/// Tokens one [`groups2_blocks`] call handles (one `f32` and one `i32` accumulator of 16
+/// rows each per token, the unpacked nibbles shared by all of them).
+pub(super) const BLOCK_TOKENS: usize = 8;
+
+/// `out[j * 16 + r]` = row `r` of groups `g0` (`r < 8`) and `g1` (`r >= 8`) dotted with token
+/// `j < t` (`t <= BLOCK_TOKENS`) in the block order of `qdot::dot_scalar_blocks` (Q4_0, Q5_0
+/// and Q8_0): each lane runs `qdot_r8_x86::group_blocks`'s steps for its row, so the bits are
+/// that function's. `corr[j * nb + b][0]` holds block `b`'s whole correction (`matmul_r8`).
+///
+/// Why: the 256-bit kernel does 8 rows per `vpdpbusd`; here each one does 16, and the nibble
+/// unpacking is shared by twice the tokens.
+///
+/// # Panics
+/// If the slices are shorter than that (internal invariant; `matmul_r8` sizes them).
+#[allow(clippy::too_many_arguments, reason = "one tile's operands")]
+pub(super) fn groups2_blocks(
+    kind: QKind,
+    g0: &[u8],
+    g1: &[u8],
+    nb: usize,
+    a: &[BlockQ8],
+    corr: &[[i32; 8]],
+    t: usize,
+    out: &mut [f32],
+) {
+    let need = nb * superblock_bytes(kind);
+    assert!(g0.len() >= need && g1.len() >= need && has_vnni512());
+    assert!((1..=BLOCK_TOKENS).contains(&t) && a.len() >= t * nb && corr.len() >= t * nb);
+    assert!(out.len() >= t * 2 * RG);
+    macro_rules! go {
+        ($k:literal) => {
+            // SAFETY (every arm): AVX-512 F/BW/VL/VNNI and F16C detected (`has_vnni512`, the
+            // module invariant); the asserts above are the bounds every call reads within.
+            match t {
+                // SAFETY: see above.
+                8 => unsafe { body_blocks::<$k, 8>(g0, g1, nb, a, corr, out) },
+                // SAFETY: see above.
+                7 => unsafe { body_blocks::<$k, 7>(g0, g1, nb, a, corr, out) },
+                // SAFETY: see above.
+                6 => unsafe { body_blocks::<$k, 6>(g0, g1, nb, a, corr, out) },
+                // SAFETY: see above.
+                5 => unsafe { body_blocks::<$k, 5>(g0, g1, nb, a, corr, out) },
+                // SAFETY: see above.
+                4 => unsafe { body_blocks::<$k, 4>(g0, g1, nb, a, corr, out) },
+                // SAFETY: see above.
+                3 => unsafe { body_blocks::<$k, 3>(g0, g1, nb, a, corr, out) },
+                // SAFETY: see above.
+                2 => unsafe { body_blocks::<$k, 2>(g0, g1, nb, a, corr, out) },
+                // SAFETY: see above.
+                _ => unsafe { body_blocks::<$k, 1>(g0, g1, nb, a, corr, out) },
+            }
+        };
+    }
+    match kind {
+        QKind::Q4_0 => go!(0),
+        QKind::Q5_0 => go!(2),
+        QKind::Q8_0 => go!(3),
+        QKind::Q4_1 => unreachable!("Q4_1 keeps ggml's order"),
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn body_blocks<const KIND: u8, const T: usize>(
+    g0: &[u8],
+    g1: &[u8],
+    nb: usize,
+    a: &[BlockQ8],
+    corr: &[[i32; 8]],
+    out: &mut [f32],
+) {
+    let kind = [QKind::Q4_0, QKind::Q4_1, QKind::Q5_0, QKind::Q8_0][KIND as usize];
+    let (sb, hdr) = (superblock_bytes(kind), header_bytes(kind));
+    // SAFETY: as `body` (bounds asserted by `groups2_blocks`, features this function's).
+    unsafe {
+        let (p0, p1) = (g0.as_ptr(), g1.as_ptr());
+        let mut acc = [_mm512_setzero_ps(); T];
+        let m4 = _mm512_set1_epi8(0x0f);
+        for b in 0..nb {
+            let (s0, s1) = (p0.add(b * sb), p1.add(b * sb));
+            let d16 = halves2(s0, s1);
+            let ab: [&BlockQ8; T] = std::array::from_fn(|j| a.get_unchecked(j * nb + b));
+            let mut isum: [__m512i; T] =
+                std::array::from_fn(|j| _mm512_set1_epi32(corr.get_unchecked(j * nb + b)[0]));
+            let word = |j: usize, at: usize| {
+                _mm512_set1_epi32(ab[j].qs.as_ptr().add(at).cast::<i32>().read_unaligned())
+            };
+            let (q0, q1) = (s0.add(hdr), s1.add(hdr));
+            if KIND == 3 {
+                for c in 0..8 {
+                    let u = _mm512_xor_si512(
+                        load2(q0.add(32 * c), q1.add(32 * c)),
+                        _mm512_set1_epi8(-128),
+                    );
+                    for (j, v) in isum.iter_mut().enumerate() {
+                        *v = _mm512_dpbusd_epi32(*v, u, word(j, 4 * c));
+                    }
+                }
+            } else {
+                for c in 0..4 {
+                    let v = load2(q0.add(32 * c), q1.add(32 * c));
+                    let mut lo = _mm512_and_si512(v, m4);
+                    let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+                    if KIND == 2 {
+                        let (l0, h0) = super::qdot_r8_x86::fifth_bits(s0.add(16 + 8 * c));
+                        let (l1, h1) = super::qdot_r8_x86::fifth_bits(s1.add(16 + 8 * c));
+                        lo = _mm512_or_si512(lo, join(l0, l1));
+                        hi = _mm512_or_si512(hi, join(h0, h1));
+                    }
+                    for (j, v) in isum.iter_mut().enumerate() {
+                        *v = _mm512_dpbusd_epi32(*v, lo, word(j, 4 * c));
+                        *v = _mm512_dpbusd_epi32(*v, hi, word(j, 16 + 4 * c));
+                    }
+                }
+            }
+            for j in 0..T {
+                let sc = _mm512_mul_ps(d16, _mm512_set1_ps(ab[j].d));
+                acc[j] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(isum[j]), acc[j]);
+            }
+        }
+        for (j, v) in acc.iter().enumerate() {
+            _mm512_storeu_ps(out.as_mut_ptr().add(16 * j), *v);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,6 +370,61 @@ mod tests {
                 }
                 let mut got = vec![f32::NAN; t * 16];
                 groups2(kind, rp.group(0), rp.group(1), nb, &a, &corr, t, &mut got);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{dt} t={t}");
+            }
+        }
+    }
+
+    #[test]
+    fn two_groups_in_block_order_give_each_groups_bits() {
+        if !has_vnni512() {
+            println!("no AVX-512 VNNI on this CPU: nothing to run");
+            return;
+        }
+        let mut rng = Rng::new(37);
+        for (dt, mult) in [(DType::Q4_0, 8), (DType::Q5_0, 16), (DType::Q8_0, 128)] {
+            let kind = QKind::new(dt).unwrap();
+            let (n, k) = (16, 256);
+            let nb = k / 32;
+            let rp = Repacked::new(kind, &synthetic_weights(dt, n, k, 11), n, nb);
+            for t in 1..=BLOCK_TOKENS {
+                let x: Vec<f32> = (0..t * k).map(|_| rng.uniform(-3.0, 3.0)).collect();
+                let mut a = vec![BlockQ8::default(); t * nb];
+                for (xr, ar) in x.chunks_exact(k).zip(a.chunks_exact_mut(nb)) {
+                    quantize_row_q8(xr, ar, kind.act_sum());
+                }
+                // Whole-block corrections, as `matmul_r8` gives the block order.
+                let corr: Vec<[i32; 8]> = a
+                    .iter()
+                    .map(|b| {
+                        let s: i32 = b.qs.iter().map(|&q| i32::from(q)).sum();
+                        [-mult * s, 0, 0, 0, 0, 0, 0, 0]
+                    })
+                    .collect();
+                let mut want = vec![0.0f32; t * 16];
+                for g in 0..2 {
+                    for tok in (0..t).step_by(4) {
+                        let tt = 4.min(t - tok);
+                        let mut one = [0.0f32; 4 * RG];
+                        super::super::qdot_r8_x86::group_blocks(
+                            true,
+                            kind,
+                            rp.group(g),
+                            nb,
+                            &a[tok * nb..],
+                            &corr[tok * nb..],
+                            tt,
+                            &mut one,
+                        );
+                        for j in 0..tt {
+                            let at = (tok + j) * 16 + g * 8;
+                            want[at..at + 8].copy_from_slice(&one[j * 8..j * 8 + 8]);
+                        }
+                    }
+                }
+                let mut got = vec![f32::NAN; t * 16];
+                groups2_blocks(kind, rp.group(0), rp.group(1), nb, &a, &corr, t, &mut got);
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&got), bits(&want), "{dt} t={t}");
             }
