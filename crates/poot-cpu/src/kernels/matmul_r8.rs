@@ -144,14 +144,21 @@ pub(crate) fn matmul_r8(
                 let (g0, g1) = (w.group(g), w.group(g + 1));
                 let mut res = [0.0f32; BLOCK_TOKENS * 2 * RG];
                 let tile = if blocks { BLOCK_TOKENS } else { TOKENS };
-                over_tokens(t, |_| tile, 2 * RG, &mut res, write, |tok, tt, res| {
-                    let (a, c) = (&xq[tok * nb..], &corr[tok * nb..]);
-                    if blocks {
-                        groups2_blocks(kind, g0, g1, nb, a, c, tt, res);
-                    } else {
-                        groups2(kind, g0, g1, nb, a, c, tt, res);
-                    }
-                });
+                over_tokens(
+                    t,
+                    |_| tile,
+                    2 * RG,
+                    &mut res,
+                    write,
+                    |tok, tt, res| {
+                        let (a, c) = (&xq[tok * nb..], &corr[tok * nb..]);
+                        if blocks {
+                            groups2_blocks(kind, g0, g1, nb, a, c, tt, res);
+                        } else {
+                            groups2(kind, g0, g1, nb, a, c, tt, res);
+                        }
+                    },
+                );
                 return;
             }
             #[cfg(target_arch = "x86_64")]
