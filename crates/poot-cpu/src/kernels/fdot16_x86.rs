@@ -168,3 +168,22 @@ pub(crate) unsafe fn f16_round8(v: &[f32; 8]) -> [f32; 8] {
     }
     out
 }
+
+/// The first 8 stored f16 values of `s` (16 bytes) widened to `f32` (exact).
+///
+/// # Safety
+/// F16C detected.
+#[target_feature(enable = "avx,f16c")]
+#[inline]
+pub(crate) unsafe fn f16_widen8(s: &[u8]) -> [f32; 8] {
+    assert!(s.len() >= 16);
+    let mut out = [0f32; 8];
+    // SAFETY: 16 readable bytes (asserted); the features this function enables.
+    unsafe {
+        _mm256_storeu_ps(
+            out.as_mut_ptr(),
+            _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast())),
+        )
+    };
+    out
+}

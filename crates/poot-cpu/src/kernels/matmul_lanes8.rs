@@ -38,7 +38,7 @@
 
 use super::decode::Packed;
 use super::scratch::{Parked, Scratch};
-use super::simd::{self, Checked, Isa, NR};
+use super::simd::{Checked, Isa, NR};
 use crate::pool::{SharedMut, ThreadPool};
 
 /// Tokens per group.
@@ -75,79 +75,89 @@ pub(crate) fn matmul_lanes8(
     assert!(w.len() >= n * row_bytes);
     #[cfg(target_arch = "x86_64")]
     {
-        use super::fdot16_x86::{f16_bits8, f16_round8};
+        use super::fdot16_x86::{f16_bits8, f16_round8, f16_widen8};
         let bf = |s: &[f32; 8], d: &mut [f32; 8]| {
             for (d, &v) in d.iter_mut().zip(s) {
                 *d = f32::from_bits(u32::from(super::matmul_bf16::round_bf16(v)) << 16);
             }
         };
         let id = |s: &[f32; 8], d: &mut [f32; 8]| *d = *s;
-        let r16 = |s: &[f32; 8], d: &mut [f32; 8]| {
+        // Stored slices of 8 weights (16 or 32 bytes) as the tiles' elements, exact.
+        let wide16 = |s: &[u8], d: &mut [f32; 8]| {
             // SAFETY: `applies` excludes the scalar path, so `ck` proves F16C.
-            *d = unsafe { f16_round8(s) }
+            *d = unsafe { f16_widen8(s) }
         };
-        let row = |src: &[u8], dst: &mut [f32]| simd::decode(ck, p, src, dst);
+        let wbf16 = |s: &[u8], d: &mut [f32; 8]| {
+            for (d, h) in d.iter_mut().zip(s.chunks_exact(2)) {
+                *d = f32::from_bits(u32::from(u16::from_le_bytes([h[0], h[1]])) << 16);
+            }
+        };
+        let wf32 = |s: &[u8], d: &mut [f32; 8]| {
+            for (d, h) in d.iter_mut().zip(s.chunks_exact(4)) {
+                *d = f32::from_le_bytes([h[0], h[1], h[2], h[3]]);
+            }
+        };
+        let shape = ((t, k), (w, row_bytes, n));
         if ck.isa().avx512() {
-            let xp = match p {
-                Packed::F16 => pack_x(x, t, k, WIDE, r16),
-                Packed::BF16 => pack_x(x, t, k, WIDE, bf),
-                _ => pack_x(x, t, k, WIDE, id),
-            };
-            run(
-                ck,
-                (WIDE, wide_tiles),
-                &xp,
-                (t, k),
-                (w, row_bytes, n),
-                row,
-                out,
-                pool,
-            );
-        } else if p == Packed::F16 {
-            let h = |s: &[f32; 8], d: &mut [u16; 8]| {
-                // SAFETY: as above.
-                *d = unsafe { f16_bits8(s) }
-            };
-            let xp = pack_x(x, t, k, NARROW, h);
-            let row = |src: &[u8], dst: &mut [u16]| {
-                for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
-                    *d = u16::from_le_bytes([s[0], s[1]]);
+            let wide = (WIDE, wide_tiles as Tiles<f32>);
+            match p {
+                Packed::F16 => {
+                    let r16 = |s: &[f32; 8], d: &mut [f32; 8]| {
+                        // SAFETY: as above.
+                        *d = unsafe { f16_round8(s) }
+                    };
+                    let xp = pack_x(x, t, k, WIDE, r16);
+                    run(ck, wide, &xp, shape, wide16, out, pool);
                 }
-            };
-            run(
-                ck,
-                (NARROW, narrow_tiles),
-                &xp,
-                (t, k),
-                (w, row_bytes, n),
-                row,
-                out,
-                pool,
-            );
-        } else if p == Packed::BF16 {
-            let xp = pack_x(x, t, k, NARROW, bf);
-            run(
-                ck,
-                (NARROW, narrow_tiles),
-                &xp,
-                (t, k),
-                (w, row_bytes, n),
-                row,
-                out,
-                pool,
-            );
+                Packed::BF16 => run(
+                    ck,
+                    wide,
+                    &pack_x(x, t, k, WIDE, bf),
+                    shape,
+                    wbf16,
+                    out,
+                    pool,
+                ),
+                _ => run(ck, wide, &pack_x(x, t, k, WIDE, id), shape, wf32, out, pool),
+            }
         } else {
-            let xp = pack_x(x, t, k, NARROW, id);
-            run(
-                ck,
-                (NARROW, narrow_tiles),
-                &xp,
-                (t, k),
-                (w, row_bytes, n),
-                row,
-                out,
-                pool,
-            );
+            let narrow = (NARROW, narrow_tiles as Tiles<f32>);
+            match p {
+                Packed::F16 => {
+                    let h = |s: &[f32; 8], d: &mut [u16; 8]| {
+                        // SAFETY: as above.
+                        *d = unsafe { f16_bits8(s) }
+                    };
+                    let bits = |s: &[u8], d: &mut [u16; 8]| {
+                        for (d, h) in d.iter_mut().zip(s.chunks_exact(2)) {
+                            *d = u16::from_le_bytes([h[0], h[1]]);
+                        }
+                    };
+                    let narrow = (NARROW, narrow_tiles as Tiles<u16>);
+                    run(
+                        ck,
+                        narrow,
+                        &pack_x(x, t, k, NARROW, h),
+                        shape,
+                        bits,
+                        out,
+                        pool,
+                    );
+                }
+                Packed::BF16 => {
+                    let xp = pack_x(x, t, k, NARROW, bf);
+                    run(ck, narrow, &xp, shape, wbf16, out, pool);
+                }
+                _ => run(
+                    ck,
+                    narrow,
+                    &pack_x(x, t, k, NARROW, id),
+                    shape,
+                    wf32,
+                    out,
+                    pool,
+                ),
+            }
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -266,9 +276,8 @@ fn run<E: super::fdot_x86::Lane8>(
     ck: Checked,
     (tl, tiles): (Tiling, Tiles<E>),
     xp: &[E],
-    (t, k): (usize, usize),
-    (w, row_bytes, n): (&[u8], usize, usize),
-    row: impl Fn(&[u8], &mut [E]) + Sync,
+    ((t, k), (w, row_bytes, n)): ((usize, usize), (&[u8], usize, usize)),
+    conv: impl Fn(&[u8], &mut [E; 8]) + Sync,
     out: &mut [f32],
     pool: &ThreadPool,
 ) {
@@ -292,17 +301,16 @@ fn run<E: super::fdot_x86::Lane8>(
     pool.for_each_init(
         tasks,
         || {
-            let (rows, one) = (Aligned::<E>::zeroed(block * k), Scratch::<E>::zeroed(k));
-            (rows, one, Aligned::<f32>::zeroed(lanes))
+            let rows = Aligned::<E>::zeroed(block * k);
+            (rows, Aligned::<f32>::zeroed(lanes))
         },
-        |(rows, one, part), task| {
+        |(rows, part), task| {
             for b in task * per_task..((task + 1) * per_task).min(blocks) {
                 let n0 = b * block;
                 let nr = block.min(n - n0);
-                for r in 0..nr {
-                    row(&w[(n0 + r) * row_bytes..(n0 + r + 1) * row_bytes], one);
-                    pack_row(one, r, block, k, tl.kc, rows);
-                }
+                let src = &w[n0 * row_bytes..(n0 + nr) * row_bytes];
+                // SAFETY: `applies` excludes the scalar path, so `ck` proves AVX2 and F16C.
+                unsafe { pack_rows(src, row_bytes, &conv, (block, k, tl.kc), rows) };
                 let mut put = |tok: usize, r: usize, v: &[f32]| {
                     let at = tok * n + n0 + r;
                     // SAFETY: rows n0 + r.. (inside the block) belong to this task's blocks
@@ -323,18 +331,49 @@ fn run<E: super::fdot_x86::Lane8>(
     );
 }
 
-/// Row `r` of a block (`one`, `k` elements) into the block's packed order: chunk `c0` at
-/// `c0 * block`, quad `q` of it at `q * kc`, slice `s` of the quad's row `r % NR` at
-/// `(s * NR + r % NR) * 8`.
-fn pack_row<E: Copy>(one: &[E], r: usize, block: usize, k: usize, kc: usize, rows: &mut [E]) {
+/// Every stored row of a block (`src`, rows of `row_bytes`) through [`pack_row`], compiled
+/// with F16C so that the widening `conv` inlines (called per slice, it cost as much as a
+/// separate decoding pass).
+///
+/// # Safety
+/// AVX2 and F16C detected.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack_rows<E: Copy>(
+    src: &[u8],
+    row_bytes: usize,
+    conv: &impl Fn(&[u8], &mut [E; 8]),
+    shape: (usize, usize, usize),
+    rows: &mut [E],
+) {
+    for (r, row) in src.chunks_exact(row_bytes).enumerate() {
+        pack_row(row, conv, r, shape, rows);
+    }
+}
+
+/// Stored row `r` of a block (`src`, `k` elements, 8 at a time through `conv`) into the
+/// block's packed order: chunk `c0` at `c0 * block`, quad `q` of it at `q * kc`, slice `s` of
+/// the quad's row `r % NR` at `(s * NR + r % NR) * 8`.
+#[inline(always)]
+fn pack_row<E: Copy>(
+    src: &[u8],
+    conv: &impl Fn(&[u8], &mut [E; 8]),
+    r: usize,
+    (block, k, kc): (usize, usize, usize),
+    rows: &mut [E],
+) {
     let (q, rr) = (r / NR * NR, r % NR);
+    let eb = src.len() / k;
     for c0 in (0..k).step_by(kc) {
         let kc = kc.min(k - c0);
         let base = c0 * block + q * kc;
-        for (s, piece) in one[c0..c0 + kc].chunks_exact(8).enumerate() {
+        let stored = &src[c0 * eb..(c0 + kc) * eb];
+        for (s, piece) in stored.chunks_exact(8 * eb).enumerate() {
             let at = base + (s * NR + rr) * 8;
-            let dst: &mut [E; 8] = (&mut rows[at..at + 8]).try_into().expect("8 elements");
-            *dst = piece.try_into().expect("8 elements");
+            conv(
+                piece,
+                (&mut rows[at..at + 8]).try_into().expect("8 elements"),
+            );
         }
     }
 }
