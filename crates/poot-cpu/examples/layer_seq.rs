@@ -57,21 +57,12 @@ fn main() {
             })
             .collect();
         let total: usize = mats.iter().map(|(w, _, _)| w.len()).sum();
-        let x = vec![0.5f32; 8192];
-        let mut out = vec![0f32; 128256];
-        for round in 0..6 {
-            let t0 = Instant::now();
+        rounds(total, |x, out| {
             for (w, n, k) in &mats {
                 let (x, o) = (&x[..*k], &mut out[..*n]);
                 matmul_numerics(Numerics::Ggml, isa, x, 1, *k, w, dt, *n, o, &pool).unwrap();
             }
-            let s = t0.elapsed().as_secs_f64();
-            println!(
-                "round {round}: {:.2} ms/step, {:.1} GB/s",
-                s * 1e3,
-                total as f64 / s / 1e9
-            );
-        }
+        });
         return;
     }
     let mats: Vec<_> = shapes
@@ -92,13 +83,20 @@ fn main() {
         })
         .collect();
     let total: usize = mats.iter().map(|(r, _, _)| r.bytes()).sum();
+    rounds(total, |x, out| {
+        for (rp, n, k) in &mats {
+            matmul_repacked(isa, &x[..*k], 1, *k, rp, &mut out[..*n], &pool).unwrap();
+        }
+    });
+}
+
+/// Six timed rounds of `step(x, out)`, each reading `total` bytes of weights.
+fn rounds(total: usize, mut step: impl FnMut(&[f32], &mut [f32])) {
     let x = vec![0.5f32; 8192];
     let mut out = vec![0f32; 128256];
     for round in 0..6 {
         let t0 = Instant::now();
-        for (rp, n, k) in &mats {
-            matmul_repacked(isa, &x[..*k], 1, *k, rp, &mut out[..*n], &pool).unwrap();
-        }
+        step(&x, &mut out);
         let s = t0.elapsed().as_secs_f64();
         println!(
             "round {round}: {:.2} ms/step, {:.1} GB/s",

@@ -44,10 +44,7 @@ pub(super) fn groups2(
     t: usize,
     out: &mut [f32],
 ) {
-    let need = nb * superblock_bytes(kind);
-    assert!(g0.len() >= need && g1.len() >= need && has_vnni512());
-    assert!((1..=TOKENS).contains(&t) && a.len() >= t * nb && corr.len() >= t * nb);
-    assert!(out.len() >= t * 2 * RG);
+    check(kind, (g0, g1, nb), (a, corr, t, TOKENS), out);
     macro_rules! go {
         ($k:literal) => {
             if t == 2 {
@@ -68,6 +65,23 @@ pub(super) fn groups2(
     }
 }
 
+/// The bounds every two-group kernel reads and writes within: `nb` superblocks in each group,
+/// `t` (1 to `most`) tokens' activations and corrections, `t * 16` results; and the CPU.
+///
+/// # Panics
+/// If any is short (internal invariant; `matmul_r8` sizes them).
+fn check(
+    kind: QKind,
+    (g0, g1, nb): (&[u8], &[u8], usize),
+    (a, corr, t, most): (&[BlockQ8], &[[i32; 8]], usize, usize),
+    out: &[f32],
+) {
+    let need = nb * superblock_bytes(kind);
+    assert!(g0.len() >= need && g1.len() >= need && has_vnni512());
+    assert!((1..=most).contains(&t) && a.len() >= t * nb && corr.len() >= t * nb);
+    assert!(out.len() >= t * 2 * RG);
+}
+
 /// Two 256-bit halves as one register: `lo` in lanes 0-7, `hi` in 8-15.
 #[inline(always)]
 unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
@@ -80,6 +94,31 @@ unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
 unsafe fn load2(p0: *const u8, p1: *const u8) -> __m512i {
     // SAFETY: 32 readable bytes at each pointer (caller); AVX-512F enabled by the caller.
     unsafe { join(_mm256_loadu_si256(p0.cast()), _mm256_loadu_si256(p1.cast())) }
+}
+
+/// Chunk `c` (32 bytes of each group's quants after the headers at `q0`, `q1`) as low and
+/// high nibbles, with Q5_0's fifth bits (from the superblocks at `s0`, `s1`) or'd in.
+#[inline(always)]
+unsafe fn nibbles2<const KIND: u8>(
+    (s0, s1): (*const u8, *const u8),
+    (q0, q1): (*const u8, *const u8),
+    c: usize,
+    m4: __m512i,
+) -> (__m512i, __m512i) {
+    // SAFETY: chunk c and the superblocks' fifth bits are inside both groups (caller);
+    // AVX-512F/BW enabled by the caller.
+    unsafe {
+        let v = load2(q0.add(32 * c), q1.add(32 * c));
+        let mut lo = _mm512_and_si512(v, m4);
+        let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+        if KIND == 2 {
+            let (l0, h0) = super::qdot_r8_x86::fifth_bits(s0.add(16 + 8 * c));
+            let (l1, h1) = super::qdot_r8_x86::fifth_bits(s1.add(16 + 8 * c));
+            lo = _mm512_or_si512(lo, join(l0, l1));
+            hi = _mm512_or_si512(hi, join(h0, h1));
+        }
+        (lo, hi)
+    }
 }
 
 /// 8 f16 values at `p` of each group, widened.
@@ -144,15 +183,7 @@ unsafe fn body<const KIND: u8, const T: usize>(
                 }
             } else {
                 for c in 0..4 {
-                    let v = load2(q0.add(32 * c), q1.add(32 * c));
-                    let mut lo = _mm512_and_si512(v, m4);
-                    let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
-                    if KIND == 2 {
-                        let (l0, h0) = super::qdot_r8_x86::fifth_bits(s0.add(16 + 8 * c));
-                        let (l1, h1) = super::qdot_r8_x86::fifth_bits(s1.add(16 + 8 * c));
-                        lo = _mm512_or_si512(lo, join(l0, l1));
-                        hi = _mm512_or_si512(hi, join(h0, h1));
-                    }
+                    let (lo, hi) = nibbles2::<KIND>((s0, s1), (q0, q1), c, m4);
                     for j in 0..T {
                         let (il, ih) = if KIND == 0 || KIND == 2 {
                             (_mm512_set1_epi32(cj[j][c]), _mm512_set1_epi32(cj[j][4 + c]))
@@ -206,10 +237,7 @@ pub(super) fn groups2_blocks(
     t: usize,
     out: &mut [f32],
 ) {
-    let need = nb * superblock_bytes(kind);
-    assert!(g0.len() >= need && g1.len() >= need && has_vnni512());
-    assert!((1..=BLOCK_TOKENS).contains(&t) && a.len() >= t * nb && corr.len() >= t * nb);
-    assert!(out.len() >= t * 2 * RG);
+    check(kind, (g0, g1, nb), (a, corr, t, BLOCK_TOKENS), out);
     macro_rules! go {
         ($k:literal) => {
             // SAFETY (every arm): AVX-512 F/BW/VL/VNNI and F16C detected (`has_vnni512`, the
@@ -280,15 +308,7 @@ unsafe fn body_blocks<const KIND: u8, const T: usize>(
                 }
             } else {
                 for c in 0..4 {
-                    let v = load2(q0.add(32 * c), q1.add(32 * c));
-                    let mut lo = _mm512_and_si512(v, m4);
-                    let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
-                    if KIND == 2 {
-                        let (l0, h0) = super::qdot_r8_x86::fifth_bits(s0.add(16 + 8 * c));
-                        let (l1, h1) = super::qdot_r8_x86::fifth_bits(s1.add(16 + 8 * c));
-                        lo = _mm512_or_si512(lo, join(l0, l1));
-                        hi = _mm512_or_si512(hi, join(h0, h1));
-                    }
+                    let (lo, hi) = nibbles2::<KIND>((s0, s1), (q0, q1), c, m4);
                     for (j, v) in isum.iter_mut().enumerate() {
                         *v = _mm512_dpbusd_epi32(*v, lo, word(j, 4 * c));
                         *v = _mm512_dpbusd_epi32(*v, hi, word(j, 16 + 4 * c));

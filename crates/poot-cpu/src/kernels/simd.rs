@@ -33,12 +33,16 @@ pub(crate) const NR: usize = 4;
 /// another machine (`0`: the old one-line-per-super-block prefetch).
 pub(crate) fn prefetch_ahead() -> usize {
     static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *AHEAD.get_or_init(|| {
-        std::env::var("POOT_CPU_PREFETCH")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(2048)
-    })
+    *AHEAD.get_or_init(|| env_bytes("POOT_CPU_PREFETCH", 2048))
+}
+
+/// The byte count in environment variable `name`, or `default` when it is unset or not a
+/// number.
+fn env_bytes(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// How far ahead (bytes) the AVX-512 one-token F16/BF16 loops prefetch their row stream into
@@ -49,12 +53,7 @@ pub(crate) fn prefetch_ahead() -> usize {
 /// effect none. Quantized rows keep [`prefetch_ahead`].
 pub(crate) fn prefetch_float_ahead() -> usize {
     static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *AHEAD.get_or_init(|| {
-        std::env::var("POOT_CPU_PREFETCH_FLOAT")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(8192)
-    })
+    *AHEAD.get_or_init(|| env_bytes("POOT_CPU_PREFETCH_FLOAT", 8192))
 }
 
 /// The streaming kernels' per-super-block prefetch for the super-block of `sb` bytes at `s`:
