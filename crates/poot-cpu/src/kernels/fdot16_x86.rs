@@ -187,3 +187,112 @@ pub(crate) unsafe fn f16_widen8(s: &[u8]) -> [f32; 8] {
     };
     out
 }
+
+/// 8 floats rounded to bf16 as `matmul_bf16::round_bf16` does (nearest even; NaNs quieted),
+/// widened back to `f32` (exact).
+///
+/// # Safety
+/// AVX2 detected.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) unsafe fn bf16_round8(v: &[f32; 8]) -> [f32; 8] {
+    let mut out = [0f32; 8];
+    // SAFETY: 8 floats in and out; the features this function enables.
+    unsafe {
+        let u = _mm256_loadu_si256(v.as_ptr().cast());
+        let one = _mm256_set1_epi32(1);
+        let odd = _mm256_and_si256(_mm256_srli_epi32::<16>(u), one);
+        let r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
+        let r = _mm256_srli_epi32::<16>(r);
+        // NaN: magnitude above infinity's bits (signed compare: both sides are below 2^31).
+        let mag = _mm256_and_si256(u, _mm256_set1_epi32(0x7fff_ffff));
+        let nan = _mm256_cmpgt_epi32(mag, _mm256_set1_epi32(0x7f80_0000));
+        let quiet = _mm256_or_si256(_mm256_srli_epi32::<16>(u), _mm256_set1_epi32(64));
+        let h = _mm256_blendv_epi8(r, quiet, nan);
+        // The rounded halves back in the high 16 bits (a carry past 16 bits is impossible
+        // here: the sum of a finite `u` and at most 0x8000 stays below 2^32).
+        let w = _mm256_slli_epi32::<16>(h);
+        _mm256_storeu_si256(out.as_mut_ptr().cast(), w);
+    }
+    out
+}
+
+/// The first 8 stored bf16 values of `s` (16 bytes) widened to `f32` (exact).
+///
+/// # Safety
+/// AVX2 detected.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) unsafe fn bf16_widen8(s: &[u8]) -> [f32; 8] {
+    assert!(s.len() >= 16);
+    let mut out = [0f32; 8];
+    // SAFETY: 16 readable bytes (asserted); the features this function enables.
+    unsafe {
+        let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(s.as_ptr().cast()));
+        _mm256_storeu_si256(out.as_mut_ptr().cast(), _mm256_slli_epi32::<16>(h));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Special values, both signs, and a spread of random bit patterns (NaNs included).
+    fn samples() -> Vec<f32> {
+        let mut v: Vec<f32> = [0.0, 1.0, 1.5, 65504.0, 65520.0, 1e-8, 3.4e38, f32::MAX]
+            .iter()
+            .flat_map(|&x: &f32| [x, -x])
+            .chain([
+                f32::INFINITY,
+                f32::NEG_INFINITY,
+                f32::NAN,
+                f32::MIN_POSITIVE,
+            ])
+            .chain([f32::from_bits(0x7f80_0001), f32::from_bits(0xffc0_1234)])
+            .chain([f32::from_bits(0x3f80_8000), f32::from_bits(0x3f81_8000)])
+            .collect();
+        let mut s = 0x9e37_79b9u32;
+        for _ in 0..4096 {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            v.push(f32::from_bits(s));
+        }
+        while !v.len().is_multiple_of(8) {
+            v.push(0.25);
+        }
+        v
+    }
+
+    #[test]
+    fn vector_roundings_match_the_scalar_ones() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")) {
+            println!("no AVX2/F16C on this CPU: nothing to run");
+            return;
+        }
+        for c in samples().chunks_exact(8) {
+            let c: &[f32; 8] = c.try_into().unwrap();
+            // SAFETY: AVX2 and F16C detected above.
+            let (b, h, hb) = unsafe { (bf16_round8(c), f16_round8(c), f16_bits8(c)) };
+            for i in 0..8 {
+                let want = u32::from(super::super::matmul_bf16::round_bf16(c[i])) << 16;
+                assert_eq!(b[i].to_bits(), want, "bf16 of {:#x}", c[i].to_bits());
+                let want = half::f16::from_f32(c[i]);
+                assert_eq!(hb[i], want.to_bits(), "f16 bits of {:#x}", c[i].to_bits());
+                assert_eq!(h[i].to_bits(), want.to_f32().to_bits(), "f16 of {}", c[i]);
+            }
+            let bytes: Vec<u8> = hb.iter().flat_map(|v| v.to_le_bytes()).collect();
+            // SAFETY: as above.
+            let w = unsafe { f16_widen8(&bytes) };
+            assert_eq!(w.map(f32::to_bits), h.map(f32::to_bits));
+            let bytes: Vec<u8> = b
+                .iter()
+                .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
+                .collect();
+            // SAFETY: as above.
+            let w = unsafe { bf16_widen8(&bytes) };
+            assert_eq!(w.map(f32::to_bits), b.map(f32::to_bits));
+        }
+    }
+}

@@ -75,11 +75,10 @@ pub(crate) fn matmul_lanes8(
     assert!(w.len() >= n * row_bytes);
     #[cfg(target_arch = "x86_64")]
     {
-        use super::fdot16_x86::{f16_bits8, f16_round8, f16_widen8};
+        use super::fdot16_x86::{bf16_round8, bf16_widen8, f16_bits8, f16_round8, f16_widen8};
         let bf = |s: &[f32; 8], d: &mut [f32; 8]| {
-            for (d, &v) in d.iter_mut().zip(s) {
-                *d = f32::from_bits(u32::from(super::matmul_bf16::round_bf16(v)) << 16);
-            }
+            // SAFETY: `applies` excludes the scalar path, so `ck` proves AVX2.
+            *d = unsafe { bf16_round8(s) }
         };
         let id = |s: &[f32; 8], d: &mut [f32; 8]| *d = *s;
         // Stored slices of 8 weights (16 or 32 bytes) as the tiles' elements, exact.
@@ -88,9 +87,8 @@ pub(crate) fn matmul_lanes8(
             *d = unsafe { f16_widen8(s) }
         };
         let wbf16 = |s: &[u8], d: &mut [f32; 8]| {
-            for (d, h) in d.iter_mut().zip(s.chunks_exact(2)) {
-                *d = f32::from_bits(u32::from(u16::from_le_bytes([h[0], h[1]])) << 16);
-            }
+            // SAFETY: as above (AVX2).
+            *d = unsafe { bf16_widen8(s) }
         };
         let wf32 = |s: &[u8], d: &mut [f32; 8]| {
             for (d, h) in d.iter_mut().zip(s.chunks_exact(4)) {
@@ -106,19 +104,27 @@ pub(crate) fn matmul_lanes8(
                         // SAFETY: as above.
                         *d = unsafe { f16_round8(s) }
                     };
-                    let xp = pack_x(x, t, k, WIDE, r16);
+                    let xp = pack_x(x, (t, k), WIDE, r16, pool);
                     run(ck, wide, &xp, shape, wide16, out, pool);
                 }
                 Packed::BF16 => run(
                     ck,
                     wide,
-                    &pack_x(x, t, k, WIDE, bf),
+                    &pack_x(x, (t, k), WIDE, bf, pool),
                     shape,
                     wbf16,
                     out,
                     pool,
                 ),
-                _ => run(ck, wide, &pack_x(x, t, k, WIDE, id), shape, wf32, out, pool),
+                _ => run(
+                    ck,
+                    wide,
+                    &pack_x(x, (t, k), WIDE, id, pool),
+                    shape,
+                    wf32,
+                    out,
+                    pool,
+                ),
             }
         } else {
             let narrow = (NARROW, narrow_tiles as Tiles<f32>);
@@ -137,7 +143,7 @@ pub(crate) fn matmul_lanes8(
                     run(
                         ck,
                         narrow,
-                        &pack_x(x, t, k, NARROW, h),
+                        &pack_x(x, (t, k), NARROW, h, pool),
                         shape,
                         bits,
                         out,
@@ -145,13 +151,13 @@ pub(crate) fn matmul_lanes8(
                     );
                 }
                 Packed::BF16 => {
-                    let xp = pack_x(x, t, k, NARROW, bf);
+                    let xp = pack_x(x, (t, k), NARROW, bf, pool);
                     run(ck, narrow, &xp, shape, wbf16, out, pool);
                 }
                 _ => run(
                     ck,
                     narrow,
-                    &pack_x(x, t, k, NARROW, id),
+                    &pack_x(x, (t, k), NARROW, id, pool),
                     shape,
                     wf32,
                     out,
@@ -183,56 +189,67 @@ const NARROW: Tiling = Tiling { cap: 3, kc: 1024 };
 /// stays in L1 while the block's quads stream past it.
 const WIDE: Tiling = Tiling { cap: TG, kc: 512 };
 
-/// Calls `f(g0, gt, c0, kc, j, step)` for every token tile of every chunk of every group, in
-/// the packed activations' order (tile `j..j + step` of group `g0..g0 + gt`, chunk
-/// `c0..c0 + kc`).
-fn for_tiles(
-    t: usize,
-    k: usize,
-    tl: Tiling,
-    mut f: impl FnMut(usize, usize, usize, usize, usize, usize),
-) {
-    for g0 in (0..t).step_by(TG) {
-        let gt = TG.min(t - g0);
-        for c0 in (0..k).step_by(tl.kc) {
-            let kc = tl.kc.min(k - c0);
-            let mut j = 0;
-            while j < gt {
-                let step = tl.cap.min(gt - j);
-                f(g0, gt, c0, kc, j, step);
-                j += step;
-            }
-        }
-    }
-}
-
 /// Offset of tile `j` of chunk `c0` of group `g0` in the packed activations.
 fn x_offset(g0: usize, gt: usize, k: usize, c0: usize, kc: usize, j: usize) -> usize {
     g0 * k + c0 * gt + j * kc
 }
 
 /// The activations in tile order: in each tile, slice `s` of token `jj` at `(s * step + jj)
-/// * 8`, each slice through `conv` (8 values in, 8 out).
-fn pack_x<E: Copy + Parked>(
+/// * 8`, each slice through `conv` (8 values in, 8 out); one task a token group.
+#[cfg(target_arch = "x86_64")]
+fn pack_x<E: Copy + Parked + Send>(
     x: &[f32],
-    t: usize,
-    k: usize,
+    (t, k): (usize, usize),
     tl: Tiling,
-    conv: impl Fn(&[f32; 8], &mut [E; 8]),
+    conv: impl Fn(&[f32; 8], &mut [E; 8]) + Sync,
+    pool: &ThreadPool,
 ) -> Aligned<E> {
     let mut xp = Aligned::<E>::zeroed(t * k);
-    for_tiles(t, k, tl, |g0, gt, c0, kc, j, step| {
-        let base = x_offset(g0, gt, k, c0, kc, j);
-        for jj in 0..step {
-            let src = &x[(g0 + j + jj) * k + c0..(g0 + j + jj) * k + c0 + kc];
-            for (s, piece) in src.chunks_exact(8).enumerate() {
-                let at = base + (s * step + jj) * 8;
-                let dst = (&mut xp[at..at + 8]).try_into().expect("8 elements");
-                conv(piece.try_into().expect("8 values"), dst);
-            }
-        }
-    });
+    pool.for_each_chunk_mut(
+        &mut xp,
+        TG * k,
+        || (),
+        |(), i, dst| {
+            // SAFETY: `applies` excludes the scalar path, so the caller's `Checked` proves AVX2
+            // and F16C.
+            unsafe { pack_group(x, (i * TG, dst.len() / k), k, tl, &conv, dst) };
+        },
+    );
     xp
+}
+
+/// Token group `g0..g0 + gt` of [`pack_x`] into `dst` (the group's `gt * k` elements),
+/// compiled with F16C so that `conv`'s conversions inline.
+///
+/// # Safety
+/// AVX2 and F16C detected.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack_group<E: Copy>(
+    x: &[f32],
+    (g0, gt): (usize, usize),
+    k: usize,
+    tl: Tiling,
+    conv: &impl Fn(&[f32; 8], &mut [E; 8]),
+    dst: &mut [E],
+) {
+    for c0 in (0..k).step_by(tl.kc) {
+        let kc = tl.kc.min(k - c0);
+        let mut j = 0;
+        while j < gt {
+            let step = tl.cap.min(gt - j);
+            let base = x_offset(0, gt, k, c0, kc, j);
+            for jj in 0..step {
+                let src = &x[(g0 + j + jj) * k + c0..(g0 + j + jj) * k + c0 + kc];
+                for (s, piece) in src.chunks_exact(8).enumerate() {
+                    let at = base + (s * step + jj) * 8;
+                    let d = (&mut dst[at..at + 8]).try_into().expect("8 elements");
+                    conv(piece.try_into().expect("8 values"), d);
+                }
+            }
+            j += step;
+        }
+    }
 }
 
 /// `len` zeroed elements starting on a 64-byte boundary, so that no 512-bit load of the
