@@ -169,22 +169,21 @@ pub(crate) unsafe fn f16_round8(v: &[f32; 8]) -> [f32; 8] {
     out
 }
 
-/// The first 8 stored f16 values of `s` (16 bytes) widened to `f32` (exact).
+/// The first 8 stored halves of `s` (16 bytes; kind `KIND`, `fdot_x86::F16` or `BF16`)
+/// widened to `f32` (exact), through `fdot_x86::load8`.
 ///
 /// # Safety
-/// F16C detected.
-#[target_feature(enable = "avx,f16c")]
+/// AVX2 and F16C detected.
+#[target_feature(enable = "avx2,f16c")]
 #[inline]
-pub(crate) unsafe fn f16_widen8(s: &[u8]) -> [f32; 8] {
+pub(crate) unsafe fn widen8<const KIND: u8>(s: &[u8]) -> [f32; 8] {
     assert!(s.len() >= 16);
     let mut out = [0f32; 8];
     // SAFETY: 16 readable bytes (asserted); the features this function enables.
     unsafe {
-        _mm256_storeu_ps(
-            out.as_mut_ptr(),
-            _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast())),
-        )
-    };
+        let v = super::fdot_x86::load8::<KIND>(s.as_ptr());
+        _mm256_storeu_ps(out.as_mut_ptr(), v);
+    }
     out
 }
 
@@ -213,23 +212,6 @@ pub(crate) unsafe fn bf16_round8(v: &[f32; 8]) -> [f32; 8] {
         // here: the sum of a finite `u` and at most 0x8000 stays below 2^32).
         let w = _mm256_slli_epi32::<16>(h);
         _mm256_storeu_si256(out.as_mut_ptr().cast(), w);
-    }
-    out
-}
-
-/// The first 8 stored bf16 values of `s` (16 bytes) widened to `f32` (exact).
-///
-/// # Safety
-/// AVX2 detected.
-#[target_feature(enable = "avx2")]
-#[inline]
-pub(crate) unsafe fn bf16_widen8(s: &[u8]) -> [f32; 8] {
-    assert!(s.len() >= 16);
-    let mut out = [0f32; 8];
-    // SAFETY: 16 readable bytes (asserted); the features this function enables.
-    unsafe {
-        let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(s.as_ptr().cast()));
-        _mm256_storeu_si256(out.as_mut_ptr().cast(), _mm256_slli_epi32::<16>(h));
     }
     out
 }
@@ -284,14 +266,14 @@ mod tests {
             }
             let bytes: Vec<u8> = hb.iter().flat_map(|v| v.to_le_bytes()).collect();
             // SAFETY: as above.
-            let w = unsafe { f16_widen8(&bytes) };
+            let w = unsafe { widen8::<{ super::super::fdot_x86::F16 }>(&bytes) };
             assert_eq!(w.map(f32::to_bits), h.map(f32::to_bits));
             let bytes: Vec<u8> = b
                 .iter()
                 .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
                 .collect();
             // SAFETY: as above.
-            let w = unsafe { bf16_widen8(&bytes) };
+            let w = unsafe { widen8::<{ super::super::fdot_x86::BF16 }>(&bytes) };
             assert_eq!(w.map(f32::to_bits), b.map(f32::to_bits));
         }
     }

@@ -50,7 +50,7 @@ unsafe fn load16<const KIND: u8>(p: *const u8) -> __m512 {
 
 /// 8 stored halves at `p` widened to `f32` (exact).
 #[inline(always)]
-unsafe fn load8<const KIND: u8>(p: *const u8) -> __m256 {
+pub(crate) unsafe fn load8<const KIND: u8>(p: *const u8) -> __m256 {
     // SAFETY: the caller's contract: AVX2 and F16C, 16 readable bytes at `p`.
     unsafe {
         let h = _mm_loadu_si128(p.cast());

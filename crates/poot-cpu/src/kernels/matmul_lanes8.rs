@@ -75,95 +75,46 @@ pub(crate) fn matmul_lanes8(
     assert!(w.len() >= n * row_bytes);
     #[cfg(target_arch = "x86_64")]
     {
-        use super::fdot16_x86::{bf16_round8, bf16_widen8, f16_bits8, f16_round8, f16_widen8};
-        let bf = |s: &[f32; 8], d: &mut [f32; 8]| {
-            // SAFETY: `applies` excludes the scalar path, so `ck` proves AVX2.
-            *d = unsafe { bf16_round8(s) }
-        };
+        use super::fdot16_x86::{bf16_round8, f16_bits8, f16_round8, widen8};
+        use super::fdot_x86::{BF16, F16};
+        // Activation slices (rounded as ggml does for the weights' dtype) and stored weight
+        // slices (16 or 32 bytes) as the tiles' elements. `applies` excludes the scalar path,
+        // so `ck` proves AVX2 and F16C, all these conversions need.
+        // SAFETY: see above.
+        let bf = |s: &[f32; 8], d: &mut [f32; 8]| *d = unsafe { bf16_round8(s) };
+        // SAFETY: see above.
+        let r16 = |s: &[f32; 8], d: &mut [f32; 8]| *d = unsafe { f16_round8(s) };
+        // SAFETY: see above.
+        let h16 = |s: &[f32; 8], d: &mut [u16; 8]| *d = unsafe { f16_bits8(s) };
         let id = |s: &[f32; 8], d: &mut [f32; 8]| *d = *s;
-        // Stored slices of 8 weights (16 or 32 bytes) as the tiles' elements, exact.
-        let wide16 = |s: &[u8], d: &mut [f32; 8]| {
-            // SAFETY: `applies` excludes the scalar path, so `ck` proves F16C.
-            *d = unsafe { f16_widen8(s) }
-        };
-        let wbf16 = |s: &[u8], d: &mut [f32; 8]| {
-            // SAFETY: as above (AVX2).
-            *d = unsafe { bf16_widen8(s) }
-        };
-        let wf32 = |s: &[u8], d: &mut [f32; 8]| {
+        // SAFETY: see above.
+        let w16 = |s: &[u8], d: &mut [f32; 8]| *d = unsafe { widen8::<F16>(s) };
+        // SAFETY: see above.
+        let wbf = |s: &[u8], d: &mut [f32; 8]| *d = unsafe { widen8::<BF16>(s) };
+        let w32 = |s: &[u8], d: &mut [f32; 8]| {
             for (d, h) in d.iter_mut().zip(s.chunks_exact(4)) {
                 *d = f32::from_le_bytes([h[0], h[1], h[2], h[3]]);
             }
         };
+        let bits = |s: &[u8], d: &mut [u16; 8]| {
+            for (d, h) in d.iter_mut().zip(s.chunks_exact(2)) {
+                *d = u16::from_le_bytes([h[0], h[1]]);
+            }
+        };
         let shape = ((t, k), (w, row_bytes, n));
-        if ck.isa().avx512() {
-            let wide = (WIDE, wide_tiles as Tiles<f32>);
-            match p {
-                Packed::F16 => {
-                    let r16 = |s: &[f32; 8], d: &mut [f32; 8]| {
-                        // SAFETY: as above.
-                        *d = unsafe { f16_round8(s) }
-                    };
-                    let xp = pack_x(x, (t, k), WIDE, r16, pool);
-                    run(ck, wide, &xp, shape, wide16, out, pool);
-                }
-                Packed::BF16 => run(
-                    ck,
-                    wide,
-                    &pack_x(x, (t, k), WIDE, bf, pool),
-                    shape,
-                    wbf16,
-                    out,
-                    pool,
-                ),
-                _ => run(
-                    ck,
-                    wide,
-                    &pack_x(x, (t, k), WIDE, id, pool),
-                    shape,
-                    wf32,
-                    out,
-                    pool,
-                ),
-            }
-        } else {
-            let narrow = (NARROW, narrow_tiles as Tiles<f32>);
-            match p {
-                Packed::F16 => {
-                    let h = |s: &[f32; 8], d: &mut [u16; 8]| {
-                        // SAFETY: as above.
-                        *d = unsafe { f16_bits8(s) }
-                    };
-                    let bits = |s: &[u8], d: &mut [u16; 8]| {
-                        for (d, h) in d.iter_mut().zip(s.chunks_exact(2)) {
-                            *d = u16::from_le_bytes([h[0], h[1]]);
-                        }
-                    };
-                    let narrow = (NARROW, narrow_tiles as Tiles<u16>);
-                    run(
-                        ck,
-                        narrow,
-                        &pack_x(x, (t, k), NARROW, h, pool),
-                        shape,
-                        bits,
-                        out,
-                        pool,
-                    );
-                }
-                Packed::BF16 => {
-                    let xp = pack_x(x, (t, k), NARROW, bf, pool);
-                    run(ck, narrow, &xp, shape, wbf16, out, pool);
-                }
-                _ => run(
-                    ck,
-                    narrow,
-                    &pack_x(x, (t, k), NARROW, id, pool),
-                    shape,
-                    wf32,
-                    out,
-                    pool,
-                ),
-            }
+        macro_rules! go {
+            ($tl:expr, $tiles:expr, $xconv:expr, $wconv:expr) => {{
+                let xp = pack_x(x, (t, k), $tl, $xconv, pool);
+                run(ck, ($tl, $tiles), &xp, shape, $wconv, out, pool)
+            }};
+        }
+        match (ck.isa().avx512(), p) {
+            (true, Packed::F16) => go!(WIDE, wide_tiles, r16, w16),
+            (true, Packed::BF16) => go!(WIDE, wide_tiles, bf, wbf),
+            (true, _) => go!(WIDE, wide_tiles, id, w32),
+            (false, Packed::F16) => go!(NARROW, narrow_tiles, h16, bits),
+            (false, Packed::BF16) => go!(NARROW, narrow_tiles, bf, wbf),
+            (false, _) => go!(NARROW, narrow_tiles, id, w32),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
