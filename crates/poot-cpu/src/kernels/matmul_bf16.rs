@@ -2,19 +2,25 @@
 //! `vec_dot_type` for BF16, its round-to-nearest-even `GGML_FP32_TO_BF16`), then products of
 //! the two bf16 values, which are exact in `f32`, summed in `f32`.
 //!
-//! Several tokens with `k % 8 == 0` take packed tiles in tinyBLAS's 8-lane order
-//! (`matmul_lanes8.rs`, the rounded operands as `f32`), on AVX2 and AVX-512 alike. CPUs with
-//! AVX512-BF16 used to take `vdpbf16ps` lanes over the stored weights here (16 lanes, a pair of
-//! products per lane and step, in-place 4x4 tiles); on an Emerald Rapids VM a 512x2048x2048
-//! matmul on one core ran at 53-75 GFLOP/s that way against 105 through the 512-bit packed
-//! tiles (`k = 8192`: 59 against 69), so they were dropped. Otherwise, and for one token
-//! (bound by memory, not arithmetic), the rounded activations go through the exact path.
-//! Either way, per output, `|got - sum_k w x'|` is at most `(k / 8 + 16) * 2^-24 * sum_k |w
-//! x'| + k * 2^-126`, with `x'` the rounded activations; the rounding itself is at most
-//! `2^-9 * sum_k |w x|`. On [`Isa::Amx`](super::simd::Isa) with AMX-BF16, prefill takes tiles
-//! instead (`amx_bf16.rs`), one `f32` chain per output, so `k + 16` replaces `k / 8 + 16` in
-//! that bound. The tests assert both. Results do not depend on the thread count or the token
-//! tiling; they are not llama.cpp's bits (its lane order is not reproduced).
+//! Several tokens take, in order of preference:
+//! - on [`Isa::Amx`](super::simd::Isa) with AMX-BF16, tiles (`amx_bf16.rs`), one `f32` chain
+//!   per output, so `k + 16` replaces `k / 8 + 16` in the bound below;
+//! - on an AVX-512 path with AVX512-BF16, `vdpbf16ps` over packed bf16 tiles
+//!   (`matmul_dpbf16.rs`: 16 lanes of pairs, `k / 16 + 8` roundings). An earlier `vdpbf16ps`
+//!   path read the stored rows in place (4x4 tiles) and lost to the packed `f32` tiles on an
+//!   Emerald Rapids VM (53-75 GFLOP/s against 105 on one core); packed, with its loop
+//!   allocated by hand, a 256x2048x2048 matmul on one Zen 5 core runs at 335 GFLOP/s
+//!   against 184 for the `f32` tiles;
+//! - with `k % 8 == 0`, packed tiles in tinyBLAS's 8-lane order (`matmul_lanes8.rs`, the
+//!   rounded operands as `f32`), on AVX2 and AVX-512 alike.
+//!
+//! Otherwise, and for one token (bound by memory, not arithmetic), the rounded activations go
+//! through the exact path. Either way, per output, `|got - sum_k w x'|` is at most `(k / 8 +
+//! 16) * 2^-24 * sum_k |w x'| + k * 2^-126`, with `x'` the rounded activations (up to 2 in
+//! magnitude in the tests; `vdpbf16ps` drops products with a subnormal factor, see
+//! `matmul_dpbf16.rs`); the rounding itself is at most `2^-9 * sum_k |w x|`. The tests assert
+//! both, on every path. Results do not depend on the thread count or the token tiling; they
+//! are not llama.cpp's bits (its lane order is not reproduced).
 //!
 //! Cost: `2 * t * n * k` flops; memory: the rounded activations (`4 * t * k` bytes; AMX:
 //! `2 * t * k`).
@@ -59,6 +65,11 @@ pub(crate) fn matmul_bf16_ggml(
         super::amx_bf16::matmul(&xb, t, k, w, row_bytes, n, out, pool);
         return Ok(());
     }
+    // AVX512-BF16: `vdpbf16ps` over packed bf16 tiles (`matmul_dpbf16.rs`).
+    if t >= 2 && ck.isa().avx512() && super::matmul_dpbf16::available() {
+        super::matmul_dpbf16::matmul(x, (t, k), (w, row_bytes, n), out, pool);
+        return Ok(());
+    }
     // AVX2 and AVX-512: packed tiles in tinyBLAS's 8-lane order (`matmul_lanes8.rs`).
     if super::matmul_lanes8::applies(ck, Packed::BF16, t, k) {
         let f = super::matmul_lanes8::matmul_lanes8;
@@ -80,6 +91,7 @@ mod tests {
     use poot_core::DType;
 
     use super::round_bf16;
+    use crate::kernels::decode::Packed;
     use crate::kernels::ggml::Numerics;
     use crate::kernels::matmul::matmul_numerics;
     use crate::testutil::{reference, synthetic_weights, Rng};
@@ -126,24 +138,50 @@ mod tests {
                     .iter()
                     .map(|&v| f32::from_bits(u32::from(round_bf16(v)) << 16))
                     .collect();
-                for isa in Isa::available() {
+                // Every ISA's default path, and the 8-lane packed tiles on AVX-512 even where
+                // `vdpbf16ps` (`matmul_dpbf16.rs`) takes the default.
+                let lanes8 = |isa: Isa| {
+                    let ck = isa.checked().unwrap();
+                    isa.avx512() && crate::kernels::matmul_lanes8::applies(ck, Packed::BF16, t, k)
+                };
+                let paths = Isa::available().into_iter().map(|isa| (isa, false)).chain(
+                    Isa::available()
+                        .into_iter()
+                        .filter(|&i| lanes8(i))
+                        .map(|i| (i, true)),
+                );
+                for (isa, direct) in paths {
                     let mut runs = Vec::new();
                     for threads in [1, 2] {
                         let pool = ThreadPool::new(threads).unwrap();
                         let mut out = vec![f32::NAN; t * n];
-                        matmul_numerics(
-                            Numerics::Ggml,
-                            isa,
-                            &x,
-                            t,
-                            k,
-                            &w,
-                            DType::BF16,
-                            n,
-                            &mut out,
-                            &pool,
-                        )
-                        .unwrap();
+                        if direct {
+                            let f = crate::kernels::matmul_lanes8::matmul_lanes8;
+                            let ck = isa.checked().unwrap();
+                            f(
+                                ck,
+                                Packed::BF16,
+                                &x,
+                                (t, k),
+                                (&w, 2 * k, n),
+                                &mut out,
+                                &pool,
+                            );
+                        } else {
+                            matmul_numerics(
+                                Numerics::Ggml,
+                                isa,
+                                &x,
+                                t,
+                                k,
+                                &w,
+                                DType::BF16,
+                                n,
+                                &mut out,
+                                &pool,
+                            )
+                            .unwrap();
+                        }
                         runs.push(out);
                     }
                     assert!(
@@ -165,6 +203,7 @@ mod tests {
                             let got = f64::from(runs[0][tok * n + r]);
                             // The AMX-BF16 tiles sum each output in one chain.
                             let tiles = isa == Isa::Amx
+                                && !direct
                                 && t >= 2
                                 && cfg!(target_arch = "x86_64")
                                 && amx_tiles(k);

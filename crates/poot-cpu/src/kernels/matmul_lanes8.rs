@@ -205,14 +205,14 @@ unsafe fn pack_group<E: Copy>(
 
 /// `len` zeroed elements starting on a 64-byte boundary, so that no 512-bit load of the
 /// packed operands splits a cache line (misaligned, every one of them would).
-struct Aligned<E: Parked> {
+pub(crate) struct Aligned<E: Parked> {
     buf: Scratch<E>,
     off: usize,
     len: usize,
 }
 
 impl<E: Parked + Copy> Aligned<E> {
-    fn zeroed(len: usize) -> Self {
+    pub(crate) fn zeroed(len: usize) -> Self {
         let per = 64 / size_of::<E>();
         let buf = Scratch::<E>::zeroed(len + per);
         let off = buf.as_ptr().align_offset(64).min(per);

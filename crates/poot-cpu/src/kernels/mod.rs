@@ -18,6 +18,7 @@ mod fdot_x86;
 pub mod ggml;
 pub mod matmul;
 mod matmul_bf16;
+mod matmul_dpbf16;
 mod matmul_float;
 mod matmul_float_ggml;
 mod matmul_lanes8;
