@@ -37,6 +37,8 @@ use super::matmul_lanes8::Aligned;
 use super::simd::NR;
 use crate::pool::{SharedMut, ThreadPool};
 
+/// How far ahead of its copy [`pack_rows`] prefetches the stored rows.
+const PACK_AHEAD: usize = 4096;
 /// Tokens per tile (and per group).
 const TG: usize = 6;
 /// Elements per chunk of `k` (a multiple of 32).
@@ -179,6 +181,8 @@ fn pack_rows(
                 let d = &mut rows[at..at + 32];
                 let e1 = (e0 + 32).min(k);
                 let src = &row[2 * e0..2 * e1];
+                // The block comes from DRAM: run the copy's loads a few KiB ahead.
+                super::simd::prefetch_range(src.as_ptr().wrapping_add(PACK_AHEAD), 64);
                 if cfg!(target_endian = "little") && e1 - e0 == 32 {
                     // SAFETY: 64 bytes each side (`src` and `d` sliced above); on a
                     // little-endian target the stored bytes are the `u16` values' bytes.

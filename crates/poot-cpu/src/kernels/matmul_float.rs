@@ -49,9 +49,9 @@ pub(crate) fn gemv_float(
 ) {
     debug_assert!(applies(ck, p, 1) && x.len() == k && out.len() == n);
     let ggml = numerics == Numerics::Ggml && p == Packed::F16;
-    let mut rounded = Scratch::<f32>::zeroed(0);
+    let mut rounded = Scratch::<f32>::zeroed(if ggml { k } else { 0 });
     let x: &[f32] = if ggml {
-        rounded.extend(x.iter().map(|&v| half::f16::from_f32(v).to_f32()));
+        round_f16(ck, x, &mut rounded);
         &rounded
     } else {
         x
@@ -69,6 +69,32 @@ pub(crate) fn gemv_float(
             unsafe { shared.write(r, v) };
         }
     });
+}
+
+/// `dst[i] = f16(src[i])` widened back (exact), 8 values at a time with F16C (the same bits
+/// as `half::f16::from_f32`, tested in `fdot16_x86`): a software conversion per value cost
+/// about as much as a quarter of a 2048-row matvec's stream.
+fn round_f16(ck: Checked, src: &[f32], dst: &mut [f32]) {
+    assert!(dst.len() == src.len());
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = 0;
+    #[cfg(target_arch = "x86_64")]
+    let done = {
+        let done = src.len() & !7;
+        let pairs = src[..done]
+            .chunks_exact(8)
+            .zip(dst[..done].chunks_exact_mut(8));
+        for (s, d) in pairs {
+            let s: &[f32; 8] = s.try_into().expect("8 values");
+            // SAFETY: `applies` holds (a SIMD path), so `ck` proves AVX2 and F16C.
+            d.copy_from_slice(&unsafe { super::fdot16_x86::f16_round8(s) });
+        }
+        done
+    };
+    let _ = ck;
+    for (s, d) in src[done..].iter().zip(&mut dst[done..]) {
+        *d = half::f16::from_f32(*s).to_f32();
+    }
 }
 
 /// `dot(row, x)` for one stored row (`2 * k` bytes).
