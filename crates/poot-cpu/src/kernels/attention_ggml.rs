@@ -34,6 +34,8 @@ pub(crate) struct Scratch {
     pub(super) k: Vec<f32>,
     pub(super) scores: Vec<f32>,
     pub(super) acc: Vec<f32>,
+    /// A token tile's outputs (`attention_grouped::paged_grouped`).
+    pub(super) o: Vec<f32>,
 }
 
 /// Attends one query head `q` over positions `0..len` (cache rows at `row_of(p)`, `q.len()`

@@ -13,49 +13,60 @@ use super::ggml::hsum8;
 #[cfg(target_arch = "x86_64")]
 use super::scratch::AttnGuard;
 
-/// [`head`]'s batched path (two or more tokens in the step) for the `g = q.len() / hd` query
-/// heads that share one KV head, over an f16 cache: each K and V row is widened once for all
-/// `g` heads instead of once per head. Every head's arithmetic is `head`'s (8-lane dots in the
-/// same order, the same softmax, 8 V lanes folded by `hsum8`), so `o` is bit-identical to `g`
-/// calls of `head` (tested). Needs `hd % 8 == 0`.
+/// [`head`]'s batched path (two or more tokens in the step) for a tile of `lens.len()` tokens
+/// of one sequence and the `g` query heads that share one KV head, over an f16 cache: each K
+/// and V row is widened once for the whole tile (all its tokens and heads) instead of once
+/// per token and head. Token `j`'s heads are `q_of(j)` (`g * hd` values), it attends over
+/// positions `0..lens[j]`, and its results go to `o[j * g * hd..][..g * hd]`. Every head's
+/// arithmetic is `head`'s (8-lane dots in the same order, the same softmax, 8 V lanes folded
+/// by `hsum8`), so `o` is bit-identical to one call of `head` per token and head (tested).
+/// Needs `hd % 8 == 0`.
 ///
 /// How: positions go in blocks of [`PB`], widened into a block of scratch that stays in L1
-/// while every head uses it. Scores 8 positions at a time, each position's 8 FMA lanes in its
-/// own register, the 8 folds done together by [`hsum8x8`] (the same additions as `hsum8`). V in
-/// registers: for each head and 8 (or 16, AVX-512) outputs, the 8 lane accumulators (position
-/// `p` in lane `p % 8`, `head`'s lane-major layout) are loaded, run over the block's positions
-/// and stored back; the same FMAs per output in the same order. Widening all rows into one
-/// buffer instead measured no faster: the heads re-read it from L2.
+/// while every token and head uses it. Scores 8 positions at a time, each position's 8 FMA
+/// lanes in its own register, the 8 folds done together by [`hsum8x8`] (the same additions as
+/// `hsum8`). V in registers: for each token, head and 8 (or 16, AVX-512) outputs, the 8 lane
+/// accumulators (position `p` in lane `p % 8`, `head`'s lane-major layout) are loaded, run
+/// over the block's positions and stored back; the same FMAs per output in the same order. A
+/// token's positions from its `len` to the next multiple of 8 weigh zero against zero rows,
+/// as in `head` (the tile's block may hold later tokens' rows there, so that group runs from
+/// a zeroed copy). Tiles of tokens: widening per token and KV head had been a quarter of a
+/// 512-token prefill's attention on a Zen 5.
 ///
 /// # Safety
 /// The caller detected AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments, reason = "one KV head's inputs")]
-pub(crate) unsafe fn heads_f16<F: Fn(usize) -> usize>(
+pub(crate) unsafe fn heads_f16<'q, Q: Fn(usize) -> &'q [f32], F: Fn(usize) -> usize>(
     hd: usize,
-    q: &[f32],
-    k_cache: &[half::f16],
-    v_cache: &[half::f16],
+    g: usize,
+    q_of: Q,
+    lens: &[usize],
+    (k_cache, v_cache): (&[half::f16], &[half::f16]),
     row_of: F,
-    len: usize,
     scale: f32,
     s: &mut Scratch,
     o: &mut [f32],
 ) {
     use std::arch::x86_64::*;
-    assert!(hd > 0 && hd.is_multiple_of(8) && q.len() == o.len() && q.len().is_multiple_of(hd));
-    let g = q.len() / hd;
+    let tt = lens.len();
+    assert!(hd > 0 && hd.is_multiple_of(8) && g > 0 && o.len() == tt * g * hd);
+    assert!(g <= 64, "at most 64 query heads per KV head");
     s.q.clear();
-    s.q.extend(q.iter().map(|&v| half::f16::from_f32(v).to_f32()));
+    for j in 0..tt {
+        let qj = q_of(j);
+        assert!(qj.len() == g * hd);
+        s.q.extend(qj.iter().map(|&v| half::f16::from_f32(v).to_f32()));
+    }
+    let max_len = lens.iter().copied().max().unwrap_or(0);
     // Scores and V rows run to a multiple of 8, the padding zeros: `fma(0, 0, acc) = acc` for
     // every accumulator (they start at +0, so are never -0), so no loop needs a tail of lanes.
-    let len8 = len.next_multiple_of(8);
+    // Token j's scores start at `j * g * stride`, head h's `h * stride` after that.
+    let stride = max_len.next_multiple_of(8);
     s.k.resize(PB * hd, 0.0);
     s.scores.clear();
-    s.scores.resize(g * len8, 0.0);
-    let mut max = [f32::NEG_INFINITY; 64];
-    assert!(g <= max.len(), "at most 64 query heads per KV head");
+    s.scores.resize(tt * g * stride, 0.0);
     // AVX-512 widens 16 halves per instruction and runs V 16 outputs at a time.
     let wide = hd.is_multiple_of(16) && std::arch::is_x86_feature_detected!("avx512f");
     let widen = |src: &[half::f16], dst: &mut [f32]| {
@@ -67,92 +78,135 @@ pub(crate) unsafe fn heads_f16<F: Fn(usize) -> usize>(
         }
     };
     // Pass 1: scores.
-    for p0 in (0..len).step_by(PB) {
-        let n = PB.min(len - p0);
+    let mut maxes = [[f32::NEG_INFINITY; 64]; TILE];
+    assert!(tt <= TILE, "at most {TILE} tokens per tile");
+    for p0 in (0..max_len).step_by(PB) {
+        let n = PB.min(max_len - p0);
         for p in 0..n {
             let kr = &k_cache[row_of(p0 + p)..][..hd];
             widen(kr, &mut s.k[p * hd..(p + 1) * hd]);
         }
         let kb = &s.k[..];
-        for (h, mh) in max.iter_mut().enumerate().take(g) {
-            let qh = &s.q[h * hd..(h + 1) * hd];
-            let row = &mut s.scores[h * len8 + p0..h * len8 + p0 + n];
-            // SAFETY: `n` rows of `hd` floats in `kb`, `hd` in `qh`, `n` scores in `row`;
-            // AVX2/FMA/F16C enabled here.
-            unsafe {
-                let scale8 = _mm256_set1_ps(scale);
-                let mut max8 = _mm256_set1_ps(f32::NEG_INFINITY);
-                let mut p = 0;
-                while p + 8 <= n {
-                    let mut acc = [_mm256_setzero_ps(); 8];
-                    for i in (0..hd).step_by(8) {
-                        let qv = _mm256_loadu_ps(qh.as_ptr().add(i));
-                        for (j, a) in acc.iter_mut().enumerate() {
-                            let k = _mm256_loadu_ps(kb.as_ptr().add((p + j) * hd + i));
-                            *a = _mm256_fmadd_ps(k, qv, *a);
+        for (j, &len) in lens.iter().enumerate() {
+            if len <= p0 {
+                continue;
+            }
+            let n = PB.min(len - p0);
+            for (h, mh) in maxes[j].iter_mut().enumerate().take(g) {
+                let qh = &s.q[(j * g + h) * hd..(j * g + h + 1) * hd];
+                let at = (j * g + h) * stride + p0;
+                let row = &mut s.scores[at..at + n];
+                // SAFETY: `n` rows of `hd` floats in `kb`, `hd` in `qh`, `n` scores in `row`;
+                // AVX2/FMA/F16C enabled here.
+                unsafe {
+                    let scale8 = _mm256_set1_ps(scale);
+                    let mut max8 = _mm256_set1_ps(f32::NEG_INFINITY);
+                    let mut p = 0;
+                    while p + 8 <= n {
+                        let mut acc = [_mm256_setzero_ps(); 8];
+                        for i in (0..hd).step_by(8) {
+                            let qv = _mm256_loadu_ps(qh.as_ptr().add(i));
+                            for (jj, a) in acc.iter_mut().enumerate() {
+                                let k = _mm256_loadu_ps(kb.as_ptr().add((p + jj) * hd + i));
+                                *a = _mm256_fmadd_ps(k, qv, *a);
+                            }
                         }
+                        let x = _mm256_mul_ps(hsum8x8(acc), scale8);
+                        max8 = _mm256_max_ps(max8, x);
+                        _mm256_storeu_ps(row.as_mut_ptr().add(p), x);
+                        p += 8;
                     }
-                    let x = _mm256_mul_ps(hsum8x8(acc), scale8);
-                    max8 = _mm256_max_ps(max8, x);
-                    _mm256_storeu_ps(row.as_mut_ptr().add(p), x);
-                    p += 8;
-                }
-                let mut m8 = [0.0f32; 8];
-                _mm256_storeu_ps(m8.as_mut_ptr(), max8);
-                for v in m8 {
-                    *mh = mh.max(v);
-                }
-                for (pp, x) in row.iter_mut().enumerate().skip(p) {
-                    let mut acc = _mm256_setzero_ps();
-                    for i in (0..hd).step_by(8) {
-                        let k = _mm256_loadu_ps(kb.as_ptr().add(pp * hd + i));
-                        acc = _mm256_fmadd_ps(k, _mm256_loadu_ps(qh.as_ptr().add(i)), acc);
+                    let mut m8 = [0.0f32; 8];
+                    _mm256_storeu_ps(m8.as_mut_ptr(), max8);
+                    for v in m8 {
+                        *mh = mh.max(v);
                     }
-                    let v =
-                        _mm_add_ps(_mm256_extractf128_ps::<1>(acc), _mm256_castps256_ps128(acc));
-                    let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-                    *x = _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v))) * scale;
-                    *mh = mh.max(*x);
+                    for (pp, x) in row.iter_mut().enumerate().skip(p) {
+                        let mut acc = _mm256_setzero_ps();
+                        for i in (0..hd).step_by(8) {
+                            let k = _mm256_loadu_ps(kb.as_ptr().add(pp * hd + i));
+                            acc = _mm256_fmadd_ps(k, _mm256_loadu_ps(qh.as_ptr().add(i)), acc);
+                        }
+                        let v = _mm_add_ps(
+                            _mm256_extractf128_ps::<1>(acc),
+                            _mm256_castps256_ps128(acc),
+                        );
+                        let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+                        *x = _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v))) * scale;
+                        *mh = mh.max(*x);
+                    }
                 }
             }
         }
     }
-    for (h, &mh) in max.iter().enumerate().take(g) {
-        softmax_round::<half::f16, true>(&mut s.scores[h * len8..h * len8 + len], mh);
+    for (j, &len) in lens.iter().enumerate() {
+        for (h, &mh) in maxes[j].iter().enumerate().take(g) {
+            let at = (j * g + h) * stride;
+            softmax_round::<half::f16, true>(&mut s.scores[at..at + len], mh);
+        }
     }
-    // Pass 2: V, into `head`'s 8 lane-major accumulators per head (`acc[(h * 8 + l) * hd + d]`).
+    // Pass 2: V, into `head`'s 8 lane-major accumulators per token and head
+    // (`acc[((j * g + h) * 8 + l) * hd + d]`); `s.k` holds the block's rows and, after them, 8
+    // rows for a ragged group.
     s.acc.clear();
-    s.acc.resize(g * 8 * hd, 0.0);
-    for p0 in (0..len8).step_by(PB) {
-        let n = PB.min(len8 - p0);
+    s.acc.resize(tt * g * 8 * hd, 0.0);
+    s.k.resize((PB + 8) * hd, 0.0);
+    let (block, last) = s.k.split_at_mut(PB * hd);
+    for p0 in (0..stride).step_by(PB) {
+        let n = PB.min(stride - p0);
         for p in 0..n {
-            let vb = &mut s.k[p * hd..(p + 1) * hd];
-            if p0 + p < len {
+            let vb = &mut block[p * hd..(p + 1) * hd];
+            if p0 + p < max_len {
                 widen(&v_cache[row_of(p0 + p)..][..hd], vb);
             } else {
                 vb.fill(0.0);
             }
         }
-        for h in 0..g {
-            let w = &s.scores[h * len8 + p0..h * len8 + p0 + n];
-            let acc = &mut s.acc[h * 8 * hd..(h + 1) * 8 * hd];
-            // SAFETY: AVX-512F detected for `wide`, AVX2/FMA enabled here; shapes as asserted
-            // by the callee.
-            unsafe {
-                if wide {
-                    v_lanes_avx512(&s.k, w, hd, acc);
-                } else {
-                    v_lanes_avx2(&s.k, w, hd, acc);
+        for (j, &len) in lens.iter().enumerate() {
+            let len8 = len.next_multiple_of(8);
+            if len8 <= p0 {
+                continue;
+            }
+            let n = PB.min(len8 - p0);
+            // The group holding `len` when it is not whole: later positions' rows may be in
+            // the block, so it runs from a copy with those rows zeroed (as `head` sees them).
+            let ragged = len % 8 != 0 && len8 <= p0 + n;
+            let full = if ragged { n - 8 } else { n };
+            for h in 0..g {
+                let at = (j * g + h) * stride + p0;
+                let acc = &mut s.acc[(j * g + h) * 8 * hd..(j * g + h + 1) * 8 * hd];
+                let v = |rows: &[f32], w: &[f32], acc: &mut [f32]| {
+                    // SAFETY: AVX-512F detected for `wide`, AVX2/FMA enabled here; shapes as
+                    // asserted by the callee.
+                    unsafe {
+                        if wide {
+                            v_lanes_avx512(rows, w, hd, acc);
+                        } else {
+                            v_lanes_avx2(rows, w, hd, acc);
+                        }
+                    }
+                };
+                if full > 0 {
+                    v(block, &s.scores[at..at + full], acc);
+                }
+                if ragged {
+                    let keep = len - (p0 + full);
+                    last[..keep * hd].copy_from_slice(&block[full * hd..(full + keep) * hd]);
+                    last[keep * hd..].fill(0.0);
+                    v(last, &s.scores[at + full..at + full + 8], acc);
                 }
             }
         }
     }
-    for (h, oh) in o.chunks_exact_mut(hd).enumerate() {
+    for (jh, oh) in o.chunks_exact_mut(hd).enumerate() {
         for (d, od) in oh.iter_mut().enumerate() {
-            *od = hsum8(&std::array::from_fn(|l| s.acc[(h * 8 + l) * hd + d]));
+            *od = hsum8(&std::array::from_fn(|l| s.acc[(jh * 8 + l) * hd + d]));
         }
     }
 }
+
+/// Tokens per tile of [`heads_f16`].
+pub(crate) const TILE: usize = 16;
 
 /// Positions per block of [`heads_f16`] (64 rows of 64 floats: 16 KiB).
 const PB: usize = 64;
@@ -239,7 +293,33 @@ fn v_lanes_avx512(v: &[f32], w: &[f32], hd: usize, acc: &mut [f32]) {
     let len = w.len();
     assert!(v.len() >= len * hd && acc.len() >= 8 * hd && hd.is_multiple_of(16));
     assert!(len.is_multiple_of(8));
-    for d in (0..hd).step_by(16) {
+    // 32 outputs at a time where they divide `hd`: each weight's broadcast then serves two
+    // FMAs (one broadcast and one row load per FMA had made this loop bound by loads).
+    let mut d0 = 0;
+    while d0 + 32 <= hd {
+        // SAFETY: as `v_lanes_avx2`; AVX-512F enabled here; d0 + 32 <= hd.
+        unsafe {
+            let mut a: [[__m512; 8]; 2] = std::array::from_fn(|c| {
+                std::array::from_fn(|l| _mm512_loadu_ps(acc.as_ptr().add(l * hd + d0 + 16 * c)))
+            });
+            for (p8, w8) in w.chunks_exact(8).enumerate() {
+                for j in 0..8 {
+                    let wj = _mm512_set1_ps(w8[j]);
+                    let row = v.as_ptr().add((8 * p8 + j) * hd + d0);
+                    for (c, a) in a.iter_mut().enumerate() {
+                        a[j] = _mm512_fmadd_ps(_mm512_loadu_ps(row.add(16 * c)), wj, a[j]);
+                    }
+                }
+            }
+            for (c, a) in a.iter().enumerate() {
+                for (l, a) in a.iter().enumerate() {
+                    _mm512_storeu_ps(acc.as_mut_ptr().add(l * hd + d0 + 16 * c), *a);
+                }
+            }
+        }
+        d0 += 32;
+    }
+    for d in (d0..hd).step_by(16) {
         // SAFETY: as `v_lanes_avx2`; AVX-512F enabled here.
         unsafe {
             let mut a: [__m512; 8] =
@@ -257,10 +337,12 @@ fn v_lanes_avx512(v: &[f32], w: &[f32], hd: usize, acc: &mut [f32]) {
     }
 }
 
-/// The batched ggml path over an f16 cache with grouped query heads: runs [`heads_f16`] for
-/// every (token, KV head) of the step on the pool and returns `true`, or returns `false`
-/// (nothing written) where it does not apply: one token, no F16C, no GQA, `head_dim % 8 != 0`,
-/// or an f32 cache. Inputs are validated by the caller (`paged_attention_numerics`).
+/// The batched ggml path over an f16 cache with grouped query heads: runs [`heads_f16`] on
+/// the pool for every KV head and every run of up to [`TILE`] consecutive tokens of one
+/// sequence, and returns `true`, or returns `false` (nothing written) where it does not apply:
+/// one token, no F16C, no GQA, `head_dim % 8 != 0`, or an f32 cache. Inputs are validated by
+/// the caller (`paged_attention_numerics`). Allocates nothing: task `i` takes tokens `i *
+/// TILE..` and splits them where the sequence changes.
 #[allow(
     clippy::too_many_arguments,
     reason = "one attention call's validated operands"
@@ -285,17 +367,54 @@ pub(crate) fn paged_grouped<T: KvElem>(
             return false;
         }
         let kv_row = s.n_kv_heads * hd;
-        pool.for_each_chunk_mut(out, group * hd, AttnGuard::take, |scratch, idx, o| {
-            let (tok, kvh) = (idx / s.n_kv_heads, idx % s.n_kv_heads);
-            let seq = inputs.token_seq[tok] as usize;
-            let table = &inputs.block_tables[seq * s.max_blocks_per_seq..];
-            let row_of =
-                |p: usize| super::attention::block_slot(table, s.block_size, p) * kv_row + kvh * hd;
-            let q0 = (tok * s.n_heads + kvh * group) * hd;
-            let len = inputs.positions[tok] as usize + 1;
-            let q = &inputs.q[q0..q0 + group * hd];
-            // SAFETY: `fma` means a SIMD `Isa` was detected (AVX2, FMA, F16C).
-            unsafe { heads_f16(hd, q, kc, vc, row_of, len, s.scale, scratch, o) };
+        let tiles = t.div_ceil(TILE);
+        let shared = crate::pool::SharedMut::new(out);
+        pool.for_each_init(tiles * s.n_kv_heads, AttnGuard::take, |scratch, idx| {
+            let (tile, kvh) = (idx / s.n_kv_heads, idx % s.n_kv_heads);
+            let end = ((tile + 1) * TILE).min(t);
+            let mut a = tile * TILE;
+            while a < end {
+                let seq = inputs.token_seq[a];
+                let b = (a..end)
+                    .find(|&i| inputs.token_seq[i] != seq)
+                    .unwrap_or(end);
+                let table = &inputs.block_tables[seq as usize * s.max_blocks_per_seq..];
+                let row_of = |p: usize| {
+                    super::attention::block_slot(table, s.block_size, p) * kv_row + kvh * hd
+                };
+                let q_at = |j: usize| ((a + j) * s.n_heads + kvh * group) * hd;
+                let q_of = |j: usize| &inputs.q[q_at(j)..q_at(j) + group * hd];
+                let mut lens = [0usize; TILE];
+                for (j, l) in lens.iter_mut().enumerate().take(b - a) {
+                    *l = inputs.positions[a + j] as usize + 1;
+                }
+                let mut o = std::mem::take(&mut scratch.o);
+                o.clear();
+                o.resize((b - a) * group * hd, 0.0);
+                let lens = &lens[..b - a];
+                // SAFETY: `fma` means a SIMD `Isa` was detected (AVX2, FMA, F16C).
+                unsafe {
+                    heads_f16(
+                        hd,
+                        group,
+                        q_of,
+                        lens,
+                        (kc, vc),
+                        row_of,
+                        s.scale,
+                        scratch,
+                        &mut o,
+                    )
+                };
+                for (j, oj) in o.chunks_exact(group * hd).enumerate() {
+                    // SAFETY: token a + j's heads of KV head kvh belong to this task only
+                    // (tasks split tokens by tile and heads by KV head).
+                    let dst = unsafe { shared.slice_mut(q_at(j)..q_at(j) + group * hd) };
+                    dst.copy_from_slice(oj);
+                }
+                scratch.o = o;
+                a = b;
+            }
         });
         true
     }
@@ -319,14 +438,19 @@ mod tests {
             return;
         }
         let mut rng = Rng::new(12);
-        for (hd, g, len) in [
-            (64, 3, 1),
-            (64, 3, 37),
-            (64, 7, 200),
-            (128, 4, 9),
-            (72, 2, 50),
-            (8, 2, 300),
+        // (hd, g, lens of the tile's tokens): one token; ragged and whole groups of 8; a
+        // shorter token after a longer one (its last group's later rows are in the block);
+        // several position blocks; hd without AVX-512's 16-wide V.
+        for (hd, g, lens) in [
+            (64, 3, &[1][..]),
+            (64, 3, &[37][..]),
+            (64, 7, &[200, 201, 202][..]),
+            (128, 4, &[9, 3, 16, 8][..]),
+            (72, 2, &[50, 49][..]),
+            (8, 2, &[300, 1, 299, 64, 65, 130, 7, 8][..]),
+            (64, 4, &[129, 130, 131, 132, 133, 134, 135, 136][..]),
         ] {
+            let len = lens.iter().copied().max().unwrap();
             // Two KV heads per cache row; this group reads the second (offset hd).
             let (kv_heads, slots) = (2, len + 5);
             let row = kv_heads * hd;
@@ -337,23 +461,123 @@ mod tests {
                     .collect()
             };
             let (kc, vc) = (cache(&mut rng), cache(&mut rng));
-            // Scattered slots: position p lives at slot (p * 7) % slots... kept unique.
+            // Scattered slots: position p lives at slot (p * 7 + 3) % slots, kept unique.
             let slot = |p: usize| (p * 7 + 3) % slots;
             let row_of = |p: usize| slot(p) * row + hd;
-            let q = rng.vec(g * hd, -3.0, 3.0);
+            let tt = lens.len();
+            let q = rng.vec(tt * g * hd, -3.0, 3.0);
             let scale = (hd as f32).powf(-0.5);
-            let mut want = vec![0.0f32; g * hd];
+            let mut want = vec![0.0f32; tt * g * hd];
             let mut sc = Scratch::default();
-            for h in 0..g {
-                let (qh, oh) = (&q[h * hd..(h + 1) * hd], &mut want[h * hd..(h + 1) * hd]);
-                head(true, qh, &kc, &vc, row_of, len, scale, true, &mut sc, oh);
+            for (j, &l) in lens.iter().enumerate() {
+                for h in 0..g {
+                    let at = (j * g + h) * hd;
+                    let (qh, oh) = (&q[at..at + hd], &mut want[at..at + hd]);
+                    head(true, qh, &kc, &vc, row_of, l, scale, true, &mut sc, oh);
+                }
             }
-            let mut got = vec![f32::NAN; g * hd];
+            let mut got = vec![f32::NAN; tt * g * hd];
             let mut gs = Scratch::default();
+            let q_of = |j: usize| &q[j * g * hd..(j + 1) * g * hd];
+            let caches = (&kc[..], &vc[..]);
             // SAFETY: a SIMD Isa was detected (AVX2, FMA, F16C).
-            unsafe { heads_f16(hd, &q, &kc, &vc, row_of, len, scale, &mut gs, &mut got) };
+            unsafe { heads_f16(hd, g, q_of, lens, caches, row_of, scale, &mut gs, &mut got) };
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&got), bits(&want), "hd={hd} g={g} len={len}");
+            assert_eq!(bits(&got), bits(&want), "hd={hd} g={g} lens={lens:?}");
+        }
+    }
+
+    /// A whole paged step through `paged_attention_numerics` (ggml numerics, the grouped
+    /// path): two sequences' tokens interleaved (runs split inside a tile), more tokens than a
+    /// tile, a reused cache, on 1 and 2 threads, against `head` per token and head.
+    #[test]
+    fn paged_tiles_match_the_per_head_path_across_sequences() {
+        use crate::kernels::attention::{
+            block_slot, paged_attention_numerics, AttentionInputs, AttentionShape, KvCacheMut,
+        };
+        use crate::kernels::ggml::Numerics;
+        if crate::Isa::detect() == crate::Isa::Scalar {
+            return;
+        }
+        let (nh, nkv, hd, bs) = (8, 2, 64, 16);
+        let shape = AttentionShape {
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            block_size: bs,
+            num_blocks: 12,
+            max_blocks_per_seq: 5,
+            scale: 0.125,
+        };
+        // Sequence 0 in blocks 7, 2, 9, 0; sequence 1 in 4, 11, 1.
+        let tables: Vec<i32> = vec![7, 2, 9, 0, -1, 4, 11, 1, -1, -1];
+        // Sequence 0 already holds 20 positions, sequence 1 holds 5.
+        let toks: Vec<(i32, i32)> = (20..30)
+            .map(|p| (0, p))
+            .chain((5..9).map(|p| (1, p)))
+            .chain([(0, 30), (0, 31), (1, 9)])
+            .collect();
+        let t = toks.len();
+        let mut rng = Rng::new(77);
+        let row = nkv * hd;
+        let cache: Vec<f16> = rng
+            .vec(shape.num_blocks * bs * row, -2.0, 2.0)
+            .into_iter()
+            .map(f16::from_f32)
+            .collect();
+        let (q, k, v) = (
+            rng.vec(t * nh * hd, -2.0, 2.0),
+            rng.vec(t * row, -2.0, 2.0),
+            rng.vec(t * row, -2.0, 2.0),
+        );
+        let slot_of =
+            |seq: i32, p: i32| block_slot(&tables[seq as usize * 5..], bs, p as usize) as i32;
+        let slots: Vec<i32> = toks.iter().map(|&(s, p)| slot_of(s, p)).collect();
+        let seqs: Vec<i32> = toks.iter().map(|&(s, _)| s).collect();
+        let positions: Vec<i32> = toks.iter().map(|&(_, p)| p).collect();
+        let inputs = AttentionInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            slot_mapping: &slots,
+            token_seq: &seqs,
+            positions: &positions,
+            block_tables: &tables,
+        };
+        let mut runs = Vec::new();
+        let (mut kc, mut vc) = (cache.clone(), cache.clone());
+        for threads in [1, 2] {
+            let (mut k1, mut v1) = (cache.clone(), cache.clone());
+            let mut out = vec![f32::NAN; t * nh * hd];
+            let pool = crate::ThreadPool::new(threads).unwrap();
+            let kv = KvCacheMut {
+                k: &mut k1,
+                v: &mut v1,
+            };
+            paged_attention_numerics(Numerics::Ggml, &shape, &inputs, kv, &mut out, &pool).unwrap();
+            (kc, vc) = (k1, v1);
+            runs.push(out);
+        }
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&runs[0]), bits(&runs[1]), "thread count");
+        let mut sc = Scratch::default();
+        let mut want = vec![0.0f32; hd];
+        for (i, &(seq, pos)) in toks.iter().enumerate() {
+            for h in 0..nh {
+                let kvh = h / (nh / nkv);
+                let row_of = |p: usize| slot_of(seq, p as i32) as usize * row + kvh * hd;
+                let at = (i * nh + h) * hd;
+                let qh = &q[at..at + hd];
+                let len = pos as usize + 1;
+                head(
+                    true, qh, &kc, &vc, row_of, len, 0.125, true, &mut sc, &mut want,
+                );
+                assert_eq!(
+                    bits(&runs[0][at..at + hd]),
+                    bits(&want),
+                    "token {i} head {h}"
+                );
+            }
         }
     }
 }
