@@ -376,6 +376,11 @@ pub fn paged_attention_numerics<T: KvElem>(
         if grouped(fma, s, inputs, k_cache, v_cache, plan.t, out, pool) {
             return Ok(());
         }
+        // One token: each KV head's query heads together too, in ggml's one-token order.
+        let decode = super::attention_decode::paged_decode;
+        if decode(fma, s, inputs, k_cache, v_cache, plan.t, out, pool) {
+            return Ok(());
+        }
         pool.for_each_chunk_mut(out, s.head_dim, AttnGuard::take, |scratch, idx, o| {
             let (tok, h) = (idx / s.n_heads, idx % s.n_heads);
             let seq = inputs.token_seq[tok] as usize;
