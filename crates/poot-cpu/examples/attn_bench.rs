@@ -18,8 +18,15 @@ fn cpu_ns() -> u64 {
 }
 
 fn main() {
-    let pool = ThreadPool::new(1).unwrap();
-    let (nh, nkv, hd, bs) = (32, 8, 64, 16);
+    let env = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    // BENCH_HEADS / BENCH_KV_HEADS / BENCH_THREADS: another head shape (SmolLM2: 9 / 3).
+    let (nh, nkv, hd, bs) = (env("BENCH_HEADS", 32), env("BENCH_KV_HEADS", 8), 64, 16);
+    let pool = ThreadPool::new(env("BENCH_THREADS", 1)).unwrap();
     for ctx in [64usize, 256, 1024] {
         // A prefill step of `t` tokens at positions 0..t, or one decode token at ctx - 1.
         let t: usize = std::env::var("BENCH_T")

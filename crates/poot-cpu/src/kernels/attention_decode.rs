@@ -8,8 +8,9 @@
 //! `hadd`s for the scores; the same softmax; V rows added into lane `p % 32`, folded by
 //! `fold32`), lane for lane, so outputs are bit-identical to it (tested).
 //!
-//! Applies to one token, `head_dim % 32 == 0`, 2 to 64 query heads per KV head, an f16 cache
-//! and AVX-512F; otherwise the caller keeps the per-head path. Cost: the per-head path's FMAs
+//! Applies to one token, `head_dim % 32 == 0`, 2 to 64 query heads per KV head, at least two
+//! KV heads per pool thread, an f16 cache and AVX-512F; otherwise the caller keeps the
+//! per-head path. Cost: the per-head path's FMAs
 //! and half its widening instructions per query head (one widening per KV head); scratch: `g *
 //! (len + 32 * head_dim)` floats per task.
 
@@ -47,7 +48,10 @@ pub(crate) fn paged_decode<T: KvElem>(
         if t != 1 || !fma || !(2..=64).contains(&group) || hd == 0 || !hd.is_multiple_of(32) {
             return false;
         }
-        if !std::arch::is_x86_feature_detected!("avx512f") {
+        // Tasks are whole KV heads: with fewer than two a thread, the one the pool's second
+        // thread takes late ends the call (SmolLM2's 3 KV heads on 2 threads: 24 -> 44 us a
+        // decode layer, where 9 per-head tasks balance themselves).
+        if s.n_kv_heads < 2 * pool.n_threads() || !std::arch::is_x86_feature_detected!("avx512f") {
             return false;
         }
         let kv_row = s.n_kv_heads * hd;
@@ -229,6 +233,81 @@ mod tests {
             unsafe { heads_decode(hd, &q, caches, rows, len, scale, &mut gs, &mut got) };
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want), "hd={hd} g={g} len={len}");
+        }
+    }
+
+    /// One decode token through `paged_attention_numerics` (ggml numerics; 4 KV heads, so the
+    /// grouped path runs on 1 and 2 threads), against `head` per query head.
+    #[test]
+    fn paged_decode_matches_the_per_head_path() {
+        use crate::kernels::attention::{
+            block_slot, paged_attention_numerics, AttentionInputs, AttentionShape, KvCacheMut,
+        };
+        use crate::kernels::ggml::Numerics;
+        if crate::Isa::detect() == crate::Isa::Scalar || !is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        let (nh, nkv, hd, bs) = (12, 4, 64, 16);
+        let shape = AttentionShape {
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            block_size: bs,
+            num_blocks: 9,
+            max_blocks_per_seq: 6,
+            scale: 0.125,
+        };
+        // Sequence 1 (the step's) in blocks 8, 3, 5, 0, 6; it holds 70 positions, the step's
+        // token is position 70.
+        let tables: Vec<i32> = vec![1, 2, 4, 7, -1, -1, 8, 3, 5, 0, 6, -1];
+        let mut rng = Rng::new(5);
+        let row = nkv * hd;
+        let cache: Vec<f16> = rng
+            .vec(shape.num_blocks * bs * row, -2.0, 2.0)
+            .into_iter()
+            .map(f16::from_f32)
+            .collect();
+        let (q, k, v) = (
+            rng.vec(nh * hd, -2.0, 2.0),
+            rng.vec(row, -2.0, 2.0),
+            rng.vec(row, -2.0, 2.0),
+        );
+        let slot_of = |p: usize| block_slot(&tables[6..], bs, p);
+        let slots = [slot_of(70) as i32];
+        let inputs = AttentionInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            slot_mapping: &slots,
+            token_seq: &[1],
+            positions: &[70],
+            block_tables: &tables,
+        };
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        for threads in [1, 2] {
+            let (mut kc, mut vc) = (cache.clone(), cache.clone());
+            let mut out = vec![f32::NAN; nh * hd];
+            let pool = crate::ThreadPool::new(threads).unwrap();
+            let kv = KvCacheMut {
+                k: &mut kc,
+                v: &mut vc,
+            };
+            paged_attention_numerics(Numerics::Ggml, &shape, &inputs, kv, &mut out, &pool).unwrap();
+            let mut sc = Scratch::default();
+            let mut want = vec![0.0f32; hd];
+            for h in 0..nh {
+                let kvh = h / (nh / nkv);
+                let row_of = |p: usize| slot_of(p) * row + kvh * hd;
+                let qh = &q[h * hd..(h + 1) * hd];
+                head(
+                    true, qh, &kc, &vc, row_of, 71, 0.125, false, &mut sc, &mut want,
+                );
+                assert_eq!(
+                    bits(&out[h * hd..(h + 1) * hd]),
+                    bits(&want),
+                    "x{threads} head {h}"
+                );
+            }
         }
     }
 }
