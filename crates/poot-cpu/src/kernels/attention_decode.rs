@@ -8,9 +8,12 @@
 //! `hadd`s for the scores; the same softmax; V rows added into lane `p % 32`, folded by
 //! `fold32`), lane for lane, so outputs are bit-identical to it (tested).
 //!
-//! Applies to one token, `head_dim % 32 == 0`, 2 to 64 query heads per KV head, at least two
-//! KV heads per pool thread, an f16 cache and AVX-512F; otherwise the caller keeps the
-//! per-head path. Cost: the per-head path's FMAs
+//! Applies to one token, `head_dim % 32 == 0`, 2 to 64 query heads per KV head, an f16 cache
+//! and AVX-512F; otherwise the caller keeps the per-head path. A task is a run of two or more
+//! of a KV head's query heads, short enough for four tasks per pool thread so that the pool
+//! balances (Llama-3.2-1B on 2 threads: whole KV heads of 4; SmolLM2 on one thread: runs of 2
+//! and 1); where that leaves runs of one head (SmolLM2 and Qwen2-0.5B on 2 threads), the caller
+//! keeps the per-head path. In a 1B Q4_0 decode step on 2 threads: 86-105 -> 76-88 us a layer. Cost: the per-head path's FMAs
 //! and half its widening instructions per query head (one widening per KV head); scratch: `g *
 //! (len + 32 * head_dim)` floats per task.
 
@@ -22,7 +25,8 @@ use super::ggml::fold32;
 #[cfg(target_arch = "x86_64")]
 use super::scratch::AttnGuard;
 
-/// Runs [`heads_decode`] for every KV head of a one-token step on the pool and returns `true`,
+/// Runs [`heads_decode`] for every run of query heads of a one-token step on the pool and
+/// returns `true`,
 /// or returns `false` (nothing written) where it does not apply (see the module docs). Inputs
 /// are validated by the caller (`paged_attention_numerics`).
 #[allow(
@@ -48,20 +52,31 @@ pub(crate) fn paged_decode<T: KvElem>(
         if t != 1 || !fma || !(2..=64).contains(&group) || hd == 0 || !hd.is_multiple_of(32) {
             return false;
         }
-        // Tasks are whole KV heads: with fewer than two a thread, the one the pool's second
-        // thread takes late ends the call (SmolLM2's 3 KV heads on 2 threads: 24 -> 44 us a
-        // decode layer, where 9 per-head tasks balance themselves).
-        if s.n_kv_heads < 2 * pool.n_threads() || !std::arch::is_x86_feature_detected!("avx512f") {
+        // Tasks are runs of `run` query heads of one KV head, at least four tasks per thread
+        // (whole KV heads as tasks had let the pool's second thread, waking late, end the
+        // call: SmolLM2's 3 KV heads on 2 threads, 24 -> 44 us a decode layer). A run of one
+        // head shares no widening, and measured slower than the per-head path in the engine
+        // (SmolLM2 on 2 threads: 27-33 -> 32-47 us a layer), so that case keeps it.
+        let run = group.min(s.n_heads / (4 * pool.n_threads()));
+        if run < 2 || !std::arch::is_x86_feature_detected!("avx512f") {
             return false;
         }
+        let per_kv = group.div_ceil(run);
         let kv_row = s.n_kv_heads * hd;
         let seq = inputs.token_seq[0] as usize;
         let table = &inputs.block_tables[seq * s.max_blocks_per_seq..];
         let len = inputs.positions[0] as usize + 1;
-        pool.for_each_chunk_mut(out, group * hd, AttnGuard::take, |scratch, kvh, o| {
+        let shared = crate::pool::SharedMut::new(out);
+        pool.for_each_init(s.n_kv_heads * per_kv, AttnGuard::take, |scratch, task| {
+            let (kvh, part) = (task / per_kv, task % per_kv);
             let row_of =
                 |p: usize| super::attention::block_slot(table, s.block_size, p) * kv_row + kvh * hd;
-            let q = &inputs.q[kvh * group * hd..(kvh + 1) * group * hd];
+            // Query heads h0..h1 of the step (KV head kvh's are kvh * group.. in order).
+            let h0 = kvh * group + part * run;
+            let h1 = (h0 + run).min((kvh + 1) * group);
+            let q = &inputs.q[h0 * hd..h1 * hd];
+            // SAFETY: query heads h0..h1 belong to this task only.
+            let o = unsafe { shared.slice_mut(h0 * hd..h1 * hd) };
             let rows = (row_of, s.block_size, kv_row);
             // SAFETY: `fma` means a SIMD `Isa` was detected (AVX2, FMA, F16C); AVX-512F was
             // detected above.
@@ -76,7 +91,7 @@ pub(crate) fn paged_decode<T: KvElem>(
     }
 }
 
-/// `head`'s one-token path for the `g = q.len() / hd` query heads that share one KV head,
+/// `head`'s one-token path for `g = q.len() / hd` query heads that share one KV head,
 /// over positions `0..len` into `o` (`g * hd` values, heads in order); see the module docs.
 /// `rows = (row_of, run, stride)`: position `p`'s cache row starts at `row_of(p)`, and within
 /// each run of `run` positions from a multiple of `run` (a KV block) the rows are `stride`
@@ -236,8 +251,9 @@ mod tests {
         }
     }
 
-    /// One decode token through `paged_attention_numerics` (ggml numerics; 4 KV heads, so the
-    /// grouped path runs on 1 and 2 threads), against `head` per query head.
+    /// One decode token through `paged_attention_numerics` (ggml numerics): 4 KV heads of 3
+    /// query heads on 1 thread (whole KV heads a task) and 16 KV heads of 2 on 2 threads (runs
+    /// of 2), against `head` per query head.
     #[test]
     fn paged_decode_matches_the_per_head_path() {
         use crate::kernels::attention::{
@@ -247,44 +263,44 @@ mod tests {
         if crate::Isa::detect() == crate::Isa::Scalar || !is_x86_feature_detected!("avx512f") {
             return;
         }
-        let (nh, nkv, hd, bs) = (12, 4, 64, 16);
-        let shape = AttentionShape {
-            n_heads: nh,
-            n_kv_heads: nkv,
-            head_dim: hd,
-            block_size: bs,
-            num_blocks: 9,
-            max_blocks_per_seq: 6,
-            scale: 0.125,
-        };
-        // Sequence 1 (the step's) in blocks 8, 3, 5, 0, 6; it holds 70 positions, the step's
-        // token is position 70.
-        let tables: Vec<i32> = vec![1, 2, 4, 7, -1, -1, 8, 3, 5, 0, 6, -1];
-        let mut rng = Rng::new(5);
-        let row = nkv * hd;
-        let cache: Vec<f16> = rng
-            .vec(shape.num_blocks * bs * row, -2.0, 2.0)
-            .into_iter()
-            .map(f16::from_f32)
-            .collect();
-        let (q, k, v) = (
-            rng.vec(nh * hd, -2.0, 2.0),
-            rng.vec(row, -2.0, 2.0),
-            rng.vec(row, -2.0, 2.0),
-        );
-        let slot_of = |p: usize| block_slot(&tables[6..], bs, p);
-        let slots = [slot_of(70) as i32];
-        let inputs = AttentionInputs {
-            q: &q,
-            k: &k,
-            v: &v,
-            slot_mapping: &slots,
-            token_seq: &[1],
-            positions: &[70],
-            block_tables: &tables,
-        };
-        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        for threads in [1, 2] {
+        for (nh, nkv, threads) in [(12, 4, 1), (32, 16, 2)] {
+            let (hd, bs) = (64, 16);
+            let shape = AttentionShape {
+                n_heads: nh,
+                n_kv_heads: nkv,
+                head_dim: hd,
+                block_size: bs,
+                num_blocks: 9,
+                max_blocks_per_seq: 6,
+                scale: 0.125,
+            };
+            // Sequence 1 (the step's) in blocks 8, 3, 5, 0, 6; it holds 70 positions, the step's
+            // token is position 70.
+            let tables: Vec<i32> = vec![1, 2, 4, 7, -1, -1, 8, 3, 5, 0, 6, -1];
+            let mut rng = Rng::new(5);
+            let row = nkv * hd;
+            let cache: Vec<f16> = rng
+                .vec(shape.num_blocks * bs * row, -2.0, 2.0)
+                .into_iter()
+                .map(f16::from_f32)
+                .collect();
+            let (q, k, v) = (
+                rng.vec(nh * hd, -2.0, 2.0),
+                rng.vec(row, -2.0, 2.0),
+                rng.vec(row, -2.0, 2.0),
+            );
+            let slot_of = |p: usize| block_slot(&tables[6..], bs, p);
+            let slots = [slot_of(70) as i32];
+            let inputs = AttentionInputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                slot_mapping: &slots,
+                token_seq: &[1],
+                positions: &[70],
+                block_tables: &tables,
+            };
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             let (mut kc, mut vc) = (cache.clone(), cache.clone());
             let mut out = vec![f32::NAN; nh * hd];
             let pool = crate::ThreadPool::new(threads).unwrap();
