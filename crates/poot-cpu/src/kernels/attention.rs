@@ -373,12 +373,8 @@ pub fn paged_attention_numerics<T: KvElem>(
         // A batched step over an f16 cache takes each KV head's query heads together, so every
         // K and V row is widened once per group (bit-identical to the per-head path).
         let grouped = super::attention_grouped::paged_grouped;
+        // (One token too, in ggml's one-token order, where `attention_decode` applies.)
         if grouped(fma, s, inputs, k_cache, v_cache, plan.t, out, pool) {
-            return Ok(());
-        }
-        // One token: each KV head's query heads together too, in ggml's one-token order.
-        let decode = super::attention_decode::paged_decode;
-        if decode(fma, s, inputs, k_cache, v_cache, plan.t, out, pool) {
             return Ok(());
         }
         pool.for_each_chunk_mut(out, s.head_dim, AttnGuard::take, |scratch, idx, o| {

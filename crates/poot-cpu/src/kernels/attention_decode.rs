@@ -1,6 +1,6 @@
-//! The one-token (decode) ggml attention path over an f16 cache with grouped query heads: one
-//! task per KV head runs all of its query heads together, so every K and V row is widened once
-//! per KV head instead of once per query head, and each head's 32 lanes live in two 512-bit
+//! The one-token (decode) ggml attention path over an f16 cache with grouped query heads: a
+//! task runs several query heads of one KV head together, so every K and V row is widened once
+//! per task instead of once per query head, and each head's 32 lanes live in two 512-bit
 //! registers instead of four 256-bit ones.
 //!
 //! Numerics: every head's arithmetic is `attention_ggml::head`'s one-token order (ggml's
@@ -13,82 +13,64 @@
 //! of a KV head's query heads, short enough for four tasks per pool thread so that the pool
 //! balances (Llama-3.2-1B on 2 threads: whole KV heads of 4; SmolLM2 on one thread: runs of 2
 //! and 1); where that leaves runs of one head (SmolLM2 and Qwen2-0.5B on 2 threads), the caller
-//! keeps the per-head path. In a 1B Q4_0 decode step on 2 threads: 86-105 -> 76-88 us a layer. Cost: the per-head path's FMAs
-//! and half its widening instructions per query head (one widening per KV head); scratch: `g *
-//! (len + 32 * head_dim)` floats per task.
+//! keeps the per-head path. In a 1B Q4_0 decode step on 2 threads: 86-105 -> 76-88 us a
+//! layer.
+//!
+//! Cost: the per-head path's FMAs and a fraction of its widening (one per run of query heads
+//! instead of one per query head); scratch: `g * (len + 32 * head_dim)` floats per task.
 
-use super::attention::KvElem;
-#[cfg(target_arch = "x86_64")]
 use super::attention_ggml::{softmax_round, Scratch};
-#[cfg(target_arch = "x86_64")]
 use super::ggml::fold32;
-#[cfg(target_arch = "x86_64")]
 use super::scratch::AttnGuard;
 
 /// Runs [`heads_decode`] for every run of query heads of a one-token step on the pool and
-/// returns `true`,
-/// or returns `false` (nothing written) where it does not apply (see the module docs). Inputs
-/// are validated by the caller (`paged_attention_numerics`).
-#[allow(
-    clippy::too_many_arguments,
-    reason = "one attention call's validated operands"
-)]
-pub(crate) fn paged_decode<T: KvElem>(
-    fma: bool,
+/// returns `true`, or returns `false` (nothing written) where it does not apply (see the
+/// module docs). Called by `attention_grouped::paged_grouped`, which checked the shared
+/// conditions (F16 cache, FMA, 2 to 64 query heads per KV head); inputs are validated by
+/// `paged_attention_numerics`.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn paged_decode(
     s: &super::attention::AttentionShape,
     inputs: &super::attention::AttentionInputs<'_>,
-    k_cache: &[T],
-    v_cache: &[T],
-    t: usize,
+    (kc, vc): (&[half::f16], &[half::f16]),
     out: &mut [f32],
     pool: &crate::ThreadPool,
 ) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let (hd, group) = (s.head_dim, s.n_heads / s.n_kv_heads.max(1));
-        let (Some(kc), Some(vc)) = (T::as_f16(k_cache), T::as_f16(v_cache)) else {
-            return false;
-        };
-        if t != 1 || !fma || !(2..=64).contains(&group) || hd == 0 || !hd.is_multiple_of(32) {
-            return false;
-        }
-        // Tasks are runs of `run` query heads of one KV head, at least four tasks per thread
-        // (whole KV heads as tasks had let the pool's second thread, waking late, end the
-        // call: SmolLM2's 3 KV heads on 2 threads, 24 -> 44 us a decode layer). A run of one
-        // head shares no widening, and measured slower than the per-head path in the engine
-        // (SmolLM2 on 2 threads: 27-33 -> 32-47 us a layer), so that case keeps it.
-        let run = group.min(s.n_heads / (4 * pool.n_threads()));
-        if run < 2 || !std::arch::is_x86_feature_detected!("avx512f") {
-            return false;
-        }
-        let per_kv = group.div_ceil(run);
-        let kv_row = s.n_kv_heads * hd;
-        let seq = inputs.token_seq[0] as usize;
-        let table = &inputs.block_tables[seq * s.max_blocks_per_seq..];
-        let len = inputs.positions[0] as usize + 1;
-        let shared = crate::pool::SharedMut::new(out);
-        pool.for_each_init(s.n_kv_heads * per_kv, AttnGuard::take, |scratch, task| {
-            let (kvh, part) = (task / per_kv, task % per_kv);
-            let row_of =
-                |p: usize| super::attention::block_slot(table, s.block_size, p) * kv_row + kvh * hd;
-            // Query heads h0..h1 of the step (KV head kvh's are kvh * group.. in order).
-            let h0 = kvh * group + part * run;
-            let h1 = (h0 + run).min((kvh + 1) * group);
-            let q = &inputs.q[h0 * hd..h1 * hd];
-            // SAFETY: query heads h0..h1 belong to this task only.
-            let o = unsafe { shared.slice_mut(h0 * hd..h1 * hd) };
-            let rows = (row_of, s.block_size, kv_row);
-            // SAFETY: `fma` means a SIMD `Isa` was detected (AVX2, FMA, F16C); AVX-512F was
-            // detected above.
-            unsafe { heads_decode(hd, q, (kc, vc), rows, len, s.scale, scratch, o) };
-        });
-        true
+    let (hd, group) = (s.head_dim, s.n_heads / s.n_kv_heads.max(1));
+    if hd == 0 || !hd.is_multiple_of(32) || !std::arch::is_x86_feature_detected!("avx512f") {
+        return false;
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (fma, s, inputs, k_cache, v_cache, t, out, pool);
-        false
+    // Tasks are runs of `run` query heads of one KV head, at least four tasks per thread
+    // (whole KV heads as tasks had let the pool's second thread, waking late, end the call:
+    // SmolLM2's 3 KV heads on 2 threads, 24 -> 44 us a decode layer). A run of one head
+    // shares no widening, and measured slower than the per-head path in the engine (SmolLM2
+    // on 2 threads: 27-33 -> 32-47 us a layer), so that case keeps it.
+    let run = group.min(s.n_heads / (4 * pool.n_threads()));
+    if run < 2 {
+        return false;
     }
+    let per_kv = group.div_ceil(run);
+    let kv_row = s.n_kv_heads * hd;
+    let seq = inputs.token_seq[0] as usize;
+    let table = &inputs.block_tables[seq * s.max_blocks_per_seq..];
+    let len = inputs.positions[0] as usize + 1;
+    let shared = crate::pool::SharedMut::new(out);
+    pool.for_each_init(s.n_kv_heads * per_kv, AttnGuard::take, |scratch, task| {
+        let (kvh, part) = (task / per_kv, task % per_kv);
+        let row_of =
+            |p: usize| super::attention::block_slot(table, s.block_size, p) * kv_row + kvh * hd;
+        // Query heads h0..h1 of the step (KV head kvh's are kvh * group.. in order).
+        let h0 = kvh * group + part * run;
+        let h1 = (h0 + run).min((kvh + 1) * group);
+        let q = &inputs.q[h0 * hd..h1 * hd];
+        // SAFETY: query heads h0..h1 belong to this task only.
+        let o = unsafe { shared.slice_mut(h0 * hd..h1 * hd) };
+        let rows = (row_of, s.block_size, kv_row);
+        // SAFETY: the caller's `fma` means a SIMD `Isa` was detected (AVX2, FMA, F16C);
+        // AVX-512F was detected above.
+        unsafe { heads_decode(hd, q, (kc, vc), rows, len, s.scale, scratch, o) };
+    });
+    true
 }
 
 /// `head`'s one-token path for `g = q.len() / hd` query heads that share one KV head,

@@ -337,10 +337,11 @@ fn v_lanes_avx512(v: &[f32], w: &[f32], hd: usize, acc: &mut [f32]) {
     }
 }
 
-/// The batched ggml path over an f16 cache with grouped query heads: runs [`heads_f16`] on
-/// the pool for every KV head and every run of up to [`TILE`] consecutive tokens of one
-/// sequence, and returns `true`, or returns `false` (nothing written) where it does not apply:
-/// one token, no F16C, no GQA, `head_dim % 8 != 0`, or an f32 cache. Inputs are validated by
+/// The ggml paths over an f16 cache with grouped query heads: with two or more tokens, runs
+/// [`heads_f16`] on the pool for every KV head and every run of up to [`TILE`] consecutive
+/// tokens of one sequence, and returns `true`; with one token, `attention_decode`'s path
+/// where it applies. Returns `false` (nothing written) where neither applies: no F16C, no GQA,
+/// `head_dim % 8 != 0` (one token: see `attention_decode`), or an f32 cache. Inputs are validated by
 /// the caller (`paged_attention_numerics`). Allocates nothing: task `i` takes tokens `i *
 /// TILE..` and splits them where the sequence changes.
 #[allow(
@@ -363,7 +364,14 @@ pub(crate) fn paged_grouped<T: KvElem>(
         let (Some(kc), Some(vc)) = (T::as_f16(k_cache), T::as_f16(v_cache)) else {
             return false;
         };
-        if t < 2 || !fma || !(2..=64).contains(&group) || !hd.is_multiple_of(8) {
+        if !fma || !(2..=64).contains(&group) {
+            return false;
+        }
+        if t == 1 {
+            // One token: ggml's one-token order (`attention_decode.rs`).
+            return super::attention_decode::paged_decode(s, inputs, (kc, vc), out, pool);
+        }
+        if t < 2 || !hd.is_multiple_of(8) {
             return false;
         }
         let kv_row = s.n_kv_heads * hd;
