@@ -172,6 +172,15 @@ impl ThreadPool {
         self.n_threads
     }
 
+    /// `(per_task, tasks)`: `units` of work in runs of `per_task`, about four tasks per thread
+    /// (`tasks * per_task >= units`, each task at least one unit). Four a thread balances the
+    /// load when other processes share the cores, and keeps each task's run long enough for
+    /// its memory stream.
+    pub fn split(&self, units: usize) -> (usize, usize) {
+        let per_task = units.div_ceil(self.n_threads * 4).max(1);
+        (per_task, units.div_ceil(per_task))
+    }
+
     /// Runs `f(worker)` once for every worker index `0..n_threads()` and returns when all are
     /// done. The caller runs index 0. A panic in any of them is re-raised here after all
     /// finished.

@@ -219,9 +219,9 @@ pub(super) fn matmul(w: &Repacked, a: &[BlockQ8], t: usize, out: &mut [f32], poo
     }
     let (aq, dx) = (&aq[..], &dx[..]);
     let panels = w.groups().div_ceil(2);
-    let per_task = panels.div_ceil(pool.n_threads() * 4).max(1);
+    let (per_task, tasks) = pool.split(panels);
     let shared = SharedMut::new(out);
-    pool.for_each(panels.div_ceil(per_task), |task| {
+    pool.for_each(tasks, |task| {
         let _tiles = Tiles::load();
         let mut wt = Scratch::<u8>::zeroed(nb * BT);
         let mut scales = Scratch::<f32>::zeroed(nb * P);

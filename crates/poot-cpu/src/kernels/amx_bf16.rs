@@ -96,10 +96,10 @@ pub(super) fn matmul(
         last[..tail * row_bytes].copy_from_slice(&w[(n - tail) * row_bytes..n * row_bytes]);
     }
     let last: &[u8] = &last;
-    let per_task = panels.div_ceil(pool.n_threads() * 4).max(1);
+    let (per_task, tasks) = pool.split(panels);
     let shared = SharedMut::new(out);
     let cfg = config();
-    pool.for_each(panels.div_ceil(per_task), |task| {
+    pool.for_each(tasks, |task| {
         let _tiles = Tiles::load_config(&cfg);
         #[repr(C, align(64))]
         struct Sums([f32; 2 * P * P]);

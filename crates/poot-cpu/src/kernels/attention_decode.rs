@@ -107,7 +107,9 @@ pub(crate) unsafe fn heads_decode<F: Fn(usize) -> usize>(
         }
     };
     s.q.clear();
-    s.q.extend(q.iter().map(|&v| half::f16::from_f32(v).to_f32()));
+    s.q.resize(q.len(), 0.0);
+    // SAFETY: AVX2 and F16C, as this function's own contract.
+    unsafe { super::fdot16_x86::f16_round_into(q, &mut s.q) };
     s.k.resize(hd, 0.0);
     s.scores.clear();
     s.scores.resize(g * len, 0.0);

@@ -54,10 +54,10 @@ pub(crate) unsafe fn heads_f16<'q, Q: Fn(usize) -> &'q [f32], F: Fn(usize) -> us
     assert!(hd > 0 && hd.is_multiple_of(8) && g > 0 && o.len() == tt * g * hd);
     assert!(g <= 64, "at most 64 query heads per KV head");
     s.q.clear();
-    for j in 0..tt {
-        let qj = q_of(j);
-        assert!(qj.len() == g * hd);
-        s.q.extend(qj.iter().map(|&v| half::f16::from_f32(v).to_f32()));
+    s.q.resize(tt * g * hd, 0.0);
+    for (j, dst) in s.q.chunks_exact_mut(g * hd).enumerate() {
+        // SAFETY: AVX2 and F16C, as this function's own contract.
+        unsafe { super::fdot16_x86::f16_round_into(q_of(j), dst) };
     }
     let max_len = lens.iter().copied().max().unwrap_or(0);
     // Scores and V rows run to a multiple of 8, the padding zeros: `fma(0, 0, acc) = acc` for
@@ -341,9 +341,9 @@ fn v_lanes_avx512(v: &[f32], w: &[f32], hd: usize, acc: &mut [f32]) {
 /// [`heads_f16`] on the pool for every KV head and every run of up to [`TILE`] consecutive
 /// tokens of one sequence, and returns `true`; with one token, `attention_decode`'s path
 /// where it applies. Returns `false` (nothing written) where neither applies: no F16C, no GQA,
-/// `head_dim % 8 != 0` (one token: see `attention_decode`), or an f32 cache. Inputs are validated by
-/// the caller (`paged_attention_numerics`). Allocates nothing: task `i` takes tokens `i *
-/// TILE..` and splits them where the sequence changes.
+/// `head_dim % 8 != 0` (one token: see `attention_decode`), or an f32 cache. Inputs are
+/// validated by the caller (`paged_attention_numerics`). Allocates nothing: task `i` takes
+/// tokens `i * TILE..` and splits them where the sequence changes.
 #[allow(
     clippy::too_many_arguments,
     reason = "one attention call's validated operands"
@@ -371,7 +371,7 @@ pub(crate) fn paged_grouped<T: KvElem>(
             // One token: ggml's one-token order (`attention_decode.rs`).
             return super::attention_decode::paged_decode(s, inputs, (kc, vc), out, pool);
         }
-        if t < 2 || !hd.is_multiple_of(8) {
+        if !hd.is_multiple_of(8) {
             return false;
         }
         let kv_row = s.n_kv_heads * hd;

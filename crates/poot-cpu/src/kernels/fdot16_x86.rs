@@ -169,6 +169,29 @@ pub(crate) unsafe fn f16_round8(v: &[f32; 8]) -> [f32; 8] {
     out
 }
 
+/// `dst[i] = f16(src[i])` widened back (exact), 8 values at a time ([`f16_round8`]), the
+/// tail through `half` (the same bits either way, tested): `half`'s conversion checks for F16C
+/// at run time on every value.
+///
+/// # Safety
+/// AVX2 and F16C detected.
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn f16_round_into(src: &[f32], dst: &mut [f32]) {
+    assert!(dst.len() == src.len());
+    let done = src.len() & !7;
+    for (s, d) in src[..done]
+        .chunks_exact(8)
+        .zip(dst[..done].chunks_exact_mut(8))
+    {
+        let s: &[f32; 8] = s.try_into().expect("8 values");
+        // SAFETY: the features this function enables.
+        d.copy_from_slice(&unsafe { f16_round8(s) });
+    }
+    for (s, d) in src[done..].iter().zip(&mut dst[done..]) {
+        *d = half::f16::from_f32(*s).to_f32();
+    }
+}
+
 /// The first 8 stored halves of `s` (16 bytes; kind `KIND`, `fdot_x86::F16` or `BF16`)
 /// widened to `f32` (exact), through `fdot_x86::load8`.
 ///
@@ -275,6 +298,16 @@ mod tests {
             // SAFETY: as above.
             let w = unsafe { widen8::<{ super::super::fdot_x86::BF16 }>(&bytes) };
             assert_eq!(w.map(f32::to_bits), b.map(f32::to_bits));
+        }
+        // The slice form, with a tail of 5 past the last whole 8 (through `half`).
+        let v = samples();
+        let src = &v[..v.len() - 3];
+        let mut got = vec![f32::NAN; src.len()];
+        // SAFETY: AVX2 and F16C detected above.
+        unsafe { f16_round_into(src, &mut got) };
+        for (x, g) in src.iter().zip(&got) {
+            let want = half::f16::from_f32(*x).to_f32();
+            assert_eq!(g.to_bits(), want.to_bits(), "f16 of {:#x}", x.to_bits());
         }
     }
 }

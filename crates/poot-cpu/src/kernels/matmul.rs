@@ -207,9 +207,7 @@ pub(crate) fn matmul_cached(
     // re-read its activations from L3 hundreds of times per matmul before).
     let block = (BLOCK_FLOATS / k / NR).clamp(1, 16) * NR;
     let blocks = n.div_ceil(block);
-    // About four tasks per thread balances load when other processes share the cores.
-    let per_task = blocks.div_ceil(pool.n_threads() * 4).max(1);
-    let tasks = blocks.div_ceil(per_task);
+    let (per_task, tasks) = pool.split(blocks);
     let shared = SharedMut::new(out);
     pool.for_each_init(
         tasks,

@@ -33,7 +33,7 @@
 //! Cost: `2 * t * n * k` flops; memory: the packed activations (`2 * t * k` bytes) and, per
 //! thread, a packed row block and `block * TG * 16` parked floats.
 
-use super::matmul_lanes8::Aligned;
+use super::matmul_lanes8::{put_rows, Aligned, Put};
 use super::simd::NR;
 use crate::pool::{SharedMut, ThreadPool};
 
@@ -78,9 +78,7 @@ pub(crate) fn matmul(
     let xp = pack_x(x, (t, k), pool);
     let block = (BLOCK_BYTES / 2 / kp / NR).clamp(1, 64) * NR;
     let blocks = n.div_ceil(block);
-    // About four tasks per thread balances load when other processes share the cores.
-    let per_task = blocks.div_ceil(pool.n_threads() * 4).max(1);
-    let tasks = blocks.div_ceil(per_task);
+    let (per_task, tasks) = pool.split(blocks);
     let shared = SharedMut::new(out);
     pool.for_each_init(
         tasks,
@@ -97,8 +95,7 @@ pub(crate) fn matmul(
                     let at = tok * n + n0 + r;
                     // SAFETY: rows n0 + r.. (inside the block) belong to this task's blocks
                     // only, so no other task writes these indices.
-                    let dst = unsafe { shared.slice_mut(at..at + v.len()) };
-                    dst.copy_from_slice(v);
+                    put_rows(unsafe { shared.slice_mut(at..at + v.len()) }, v);
                 };
                 tiles((rows, block, nr), &xp, (t, kp), part, &mut put);
             }
@@ -210,9 +207,6 @@ fn pack_rows(
         }
     }
 }
-
-/// `put(token, first row, values)`: a token's results for consecutive rows of the block.
-type Put<'a> = &'a mut dyn FnMut(usize, usize, &[f32]);
 
 /// Every tile of one packed row block (`nr` of its `block` rows) against the packed
 /// activations: per group and chunk, every quad of the block against the whole group, each

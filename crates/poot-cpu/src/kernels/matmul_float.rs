@@ -57,9 +57,7 @@ pub(crate) fn gemv_float(
         x
     };
     let quads = n.div_ceil(ROWS);
-    // About four tasks per thread balances load when other processes share the cores.
-    let per_task = quads.div_ceil(pool.n_threads() * 4).max(1);
-    let tasks = quads.div_ceil(per_task);
+    let (per_task, tasks) = pool.split(quads);
     let shared = SharedMut::new(out);
     pool.for_each(tasks, |task| {
         let r_end = ((task + 1) * per_task * ROWS).min(n);
@@ -71,29 +69,22 @@ pub(crate) fn gemv_float(
     });
 }
 
-/// `dst[i] = f16(src[i])` widened back (exact), 8 values at a time with F16C (the same bits
-/// as `half::f16::from_f32`, tested in `fdot16_x86`): a software conversion per value cost
-/// about as much as a quarter of a 2048-row matvec's stream.
+/// `dst[i] = f16(src[i])` widened back (exact): `fdot16_x86::f16_round_into` on the SIMD
+/// paths (a software conversion per value cost about as much as a quarter of a 2048-row
+/// matvec's stream).
 fn round_f16(ck: Checked, src: &[f32], dst: &mut [f32]) {
-    assert!(dst.len() == src.len());
-    #[cfg(not(target_arch = "x86_64"))]
-    let done = 0;
     #[cfg(target_arch = "x86_64")]
-    let done = {
-        let done = src.len() & !7;
-        let pairs = src[..done]
-            .chunks_exact(8)
-            .zip(dst[..done].chunks_exact_mut(8));
-        for (s, d) in pairs {
-            let s: &[f32; 8] = s.try_into().expect("8 values");
-            // SAFETY: `applies` holds (a SIMD path), so `ck` proves AVX2 and F16C.
-            d.copy_from_slice(&unsafe { super::fdot16_x86::f16_round8(s) });
+    {
+        let _ = ck;
+        // SAFETY: `applies` holds (a SIMD path), so `ck` proves AVX2 and F16C.
+        unsafe { super::fdot16_x86::f16_round_into(src, dst) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = ck;
+        for (s, d) in src.iter().zip(dst) {
+            *d = half::f16::from_f32(*s).to_f32();
         }
-        done
-    };
-    let _ = ck;
-    for (s, d) in src[done..].iter().zip(&mut dst[done..]) {
-        *d = half::f16::from_f32(*s).to_f32();
     }
 }
 

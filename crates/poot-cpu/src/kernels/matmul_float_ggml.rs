@@ -54,8 +54,7 @@ pub(crate) fn matmul_float_ggml(
     // Row blocks and token tiles as in `matmul_cached` (activations stay in cache).
     let block = (BLOCK_FLOATS / k / NR).clamp(1, 16) * NR;
     let blocks = n.div_ceil(block);
-    let per_task = blocks.div_ceil(pool.n_threads() * 4).max(1);
-    let tasks = blocks.div_ceil(per_task);
+    let (per_task, tasks) = pool.split(blocks);
     let shared = SharedMut::new(out);
     pool.for_each_init(
         tasks,

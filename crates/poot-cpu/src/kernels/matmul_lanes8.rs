@@ -233,10 +233,24 @@ impl<E: Parked> std::ops::DerefMut for Aligned<E> {
     }
 }
 
+/// `dst = v` for a tile's results (at most [`NR`] rows of one token): a whole quad as one
+/// 16-byte move, since `copy_from_slice` of a length the compiler cannot see calls `memmove`
+/// (a call per quad and token of every packed-tile matmul).
+#[inline(always)]
+pub(crate) fn put_rows(dst: &mut [f32], v: &[f32]) {
+    match (
+        <&mut [f32; NR]>::try_from(&mut *dst),
+        <&[f32; NR]>::try_from(v),
+    ) {
+        (Ok(d), Ok(v)) => *d = *v,
+        _ => dst.iter_mut().zip(v).for_each(|(d, v)| *d = *v),
+    }
+}
+
 /// The loops over one packed block: `(isa, (rows, block, nr), xp, (t, k), part, put)`.
 type Tiles<E> = fn(Checked, (&[E], usize, usize), &[E], (usize, usize), &mut [f32], Put<'_>);
 /// `put(token, first row, values)`: a token's results for consecutive rows of the block.
-type Put<'a> = &'a mut dyn FnMut(usize, usize, &[f32]);
+pub(crate) type Put<'a> = &'a mut dyn FnMut(usize, usize, &[f32]);
 
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments, reason = "matmul's validated arguments")]
@@ -256,9 +270,7 @@ fn run<E: super::fdot_x86::Lane8>(
     };
     let block = (bytes / size_of::<E>() / k / NR).clamp(1, 32) * NR;
     let blocks = n.div_ceil(block);
-    // About four tasks per thread balances load when other processes share the cores.
-    let per_task = blocks.div_ceil(pool.n_threads() * 4).max(1);
-    let tasks = blocks.div_ceil(per_task);
+    let (per_task, tasks) = pool.split(blocks);
     // The wide loops keep every quad's chains of the group between chunks.
     let lanes = if tl == WIDE {
         block * TG * 8
@@ -283,15 +295,7 @@ fn run<E: super::fdot_x86::Lane8>(
                     let at = tok * n + n0 + r;
                     // SAFETY: rows n0 + r.. (inside the block) belong to this task's blocks
                     // only, so no other task writes these indices.
-                    let dst = unsafe { shared.slice_mut(at..at + v.len()) };
-                    // A whole quad as one 16-byte move (`copy_from_slice` called `memmove`).
-                    match (
-                        <&mut [f32; NR]>::try_from(&mut *dst),
-                        <&[f32; NR]>::try_from(v),
-                    ) {
-                        (Ok(d), Ok(v)) => *d = *v,
-                        _ => dst.iter_mut().zip(v).for_each(|(d, v)| *d = *v),
-                    }
+                    put_rows(unsafe { shared.slice_mut(at..at + v.len()) }, v);
                 };
                 tiles(ck, (rows, block, nr), xp, (t, k), part, &mut put);
             }

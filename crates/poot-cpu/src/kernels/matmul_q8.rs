@@ -46,9 +46,7 @@ pub(crate) fn matmul_q8(
     let mut local = Scratch::<BlockQ8>::zeroed(0);
     let xq = quantized(x, kind.act_sum(), cache, &mut local, pool);
     let groups = n.div_ceil(NR);
-    // About four tasks per thread balances load when other processes share the cores.
-    let per_task = groups.div_ceil(pool.n_threads() * 4).max(1);
-    let tasks = groups.div_ceil(per_task);
+    let (per_task, tasks) = pool.split(groups);
     let shared = SharedMut::new(out);
     pool.for_each_init(
         tasks,

@@ -222,8 +222,7 @@ pub(super) fn over_groups<'w, B>(
     B: Fn(usize, &dyn Fn(usize, &[f32])) + Sync,
 {
     let units = groups.div_ceil(per);
-    let per_task = units.div_ceil(pool.n_threads() * 4).max(1);
-    let tasks = units.div_ceil(per_task);
+    let (per_task, tasks) = pool.split(units);
     let shared = SharedMut::new(out);
     pool.for_each(tasks, |task| {
         if let Some(first) = first {

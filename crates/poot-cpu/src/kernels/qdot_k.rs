@@ -242,8 +242,7 @@ pub(crate) fn matmul_q8k(
     let mut local = Scratch::<BlockQ8K>::zeroed(0);
     let xq = quantized_k(x, cache, &mut local);
     let groups = n.div_ceil(NR);
-    let per_task = groups.div_ceil(pool.n_threads() * 4).max(1);
-    let tasks = groups.div_ceil(per_task);
+    let (per_task, tasks) = pool.split(groups);
     let shared = SharedMut::new(out);
     pool.for_each_init(
         tasks,

@@ -33,7 +33,7 @@ where
     if rows < 2 || out.len() < PAR_MIN || pool.n_threads() == 1 || out.len() != rows * d {
         return f(0..rows, out);
     }
-    let per = rows.div_ceil(pool.n_threads() * 4).max(1);
+    let (per, _) = pool.split(rows);
     let first = Mutex::new(None);
     pool.for_each_chunk_mut(
         out,
