@@ -14,6 +14,7 @@
 //! which makes greedy decoding follow llama.cpp's tokens.
 
 pub mod error;
+pub mod hugemem;
 pub mod kernels;
 pub mod pool;
 pub mod runtime;

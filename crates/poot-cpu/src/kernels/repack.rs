@@ -40,7 +40,7 @@ pub struct Repacked {
     pub(crate) n: usize,
     /// 32-value blocks per row.
     pub(crate) nb: usize,
-    pub(crate) data: Vec<u8>,
+    pub(crate) data: crate::hugemem::HugeBytes,
 }
 
 impl std::fmt::Debug for Repacked {
@@ -106,7 +106,7 @@ impl Repacked {
         // Quants start after the stored block's own header (d, or d and m).
         let qoff = bb - 32 / if kind == QKind::Q8_0 { 1 } else { 2 };
         let groups = n.div_ceil(RG);
-        let mut data = vec![0u8; groups * nb * sb];
+        let mut data = crate::hugemem::HugeBytes::zeroed(groups * nb * sb);
         for (g, out) in data.chunks_exact_mut(nb * sb).enumerate() {
             for (b, s) in out.chunks_exact_mut(sb).enumerate() {
                 for r in 0..RG.min(n - g * RG) {

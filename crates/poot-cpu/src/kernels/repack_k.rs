@@ -91,7 +91,7 @@ pub struct RepackedK {
     pub(crate) n: usize,
     /// 256-value super-blocks per row.
     pub(crate) nb: usize,
-    pub(crate) data: Vec<u8>,
+    pub(crate) data: crate::hugemem::HugeBytes,
 }
 
 impl std::fmt::Debug for RepackedK {
@@ -114,7 +114,7 @@ impl RepackedK {
         let bb = kind.block_bytes();
         assert_eq!(w.len(), n * nb * bb, "repack length");
         let sb = RG * bb;
-        let mut data = vec![0u8; n.div_ceil(RG) * nb * sb];
+        let mut data = crate::hugemem::HugeBytes::zeroed(n.div_ceil(RG) * nb * sb);
         for (g, out) in data.chunks_exact_mut(nb * sb).enumerate() {
             for (b, s) in out.chunks_exact_mut(sb).enumerate() {
                 for r in 0..RG.min(n - g * RG) {

@@ -79,7 +79,7 @@ impl<'a> Exec<'a> {
         let graph = self.graph();
         match graph.op(v) {
             Op::Weight { name } => {
-                let bytes = match self.plan.copied.get(&v.index()) {
+                let bytes = match self.plan.copy(v.index()) {
                     Some(copy) => copy,
                     None => self
                         .plan
@@ -181,7 +181,7 @@ impl<'a> Exec<'a> {
                 let (bytes, dtype) = self.weight(*table, "embedding")?;
                 let tshape = self.shape(*table);
                 let mut out = self.arena.zeros(numel);
-                if let Some(rp) = self.plan.repacked.get(&table.index()) {
+                if let Some(rp) = self.plan.repack(table.index()) {
                     let ids = self.i32(*ids, "embedding")?;
                     kernels::embedding::embedding_repacked(rp, dtype, ids, &mut out)
                         .map_err(kerr("embedding"))?;
@@ -210,7 +210,7 @@ impl<'a> Exec<'a> {
                 };
                 // Matmuls reading the same input (q/k/v, gate/up) quantize it once.
                 let key = (self.arena.run << 32) | x.index() as u64;
-                if let Some(rp) = self.plan.repacked.get(&w.index()) {
+                if let Some(rp) = self.plan.repack(w.index()) {
                     kernels::matmul::matmul_repacked_cached(
                         Isa::detect(),
                         xv,

@@ -15,7 +15,11 @@
 //! Q4_K/Q6_K matmul weights 8 rows at a time (`kernels::repack`, `kernels::repack_k`, once per
 //! store and tensor, shared by plans),
 //! copies the small weights other ops read, and then releases those tensors' mapped pages, so
-//! resident memory holds each weight once; `memory().weight_bytes` counts the copies.
+//! resident memory holds each weight once; `memory().weight_bytes` counts the copies. Where
+//! Linux grants transparent huge pages (`hugemem::available`), plain float (F16/BF16/F32)
+//! matmul weights are copied as they are onto huge pages too, each released as soon as it is
+//! copied: a decode step streams every weight, and a page cache mapped in 4 KiB pages costs a
+//! TLB miss (a nested page walk in a VM) every 4 KiB. Repacks live on huge pages as well.
 
 mod arena;
 mod exec;
@@ -35,6 +39,7 @@ use poot_runtime::{
 
 pub use plan::CpuPlan;
 
+use crate::hugemem::HugeBytes;
 use crate::kernels::repack::Repack;
 use crate::kernels::Numerics;
 use crate::Isa;
@@ -116,7 +121,26 @@ pub struct CpuRuntime {
 
 /// Re-laid weights by (store address, tensor name); the `Weak` tells a live store from a new
 /// one that reuses a freed address.
-type RepackCache = HashMap<(usize, String), (Weak<dyn WeightStore>, Arc<Repack>)>;
+type RepackCache = HashMap<(usize, String), (Weak<dyn WeightStore>, Arc<Prepared>)>;
+
+/// A runtime's own copy of a stored weight, made once when a plan is compiled.
+#[derive(Debug)]
+pub(crate) enum Prepared {
+    /// Re-laid for a faster kernel (`kernels::repack`).
+    Repack(Repack),
+    /// The stored bytes as they are, in memory this runtime owns: small weights other ops read
+    /// each step, and on hosts with transparent huge pages the plain float matmul weights.
+    Copy(HugeBytes),
+}
+
+impl Prepared {
+    pub(crate) fn bytes(&self) -> usize {
+        match self {
+            Prepared::Repack(r) => r.bytes(),
+            Prepared::Copy(c) => c.len(),
+        }
+    }
+}
 
 impl CpuRuntime {
     pub fn new(options: CpuOptions) -> Result<Self, RuntimeError> {
@@ -181,6 +205,7 @@ impl CpuRuntime {
                 .bytes(name)
                 .ok_or_else(|| RuntimeError::MissingWeight { name: name.clone() })
         };
+        let float_copies = crate::hugemem::available();
         for op in &g.equations {
             let Op::MatMul { w, .. } = op else { continue };
             let Op::Weight { name } = &g.equations[w.index()] else {
@@ -189,7 +214,10 @@ impl CpuRuntime {
             let ck = (key, name.clone());
             if let Some((store, rp)) = cache.get(&ck) {
                 if store.upgrade().is_some_and(|s| Arc::ptr_eq(&s, weights)) {
-                    plan.repacked.insert(w.index(), rp.clone());
+                    match &**rp {
+                        Prepared::Repack(_) => plan.repacked.insert(w.index(), rp.clone()),
+                        Prepared::Copy(_) => plan.copied.insert(w.index(), rp.clone()),
+                    };
                     continue;
                 }
             }
@@ -207,12 +235,19 @@ impl CpuRuntime {
                 detail: e.to_string(),
             })?;
             if let Some(rp) = rp {
-                let rp = Arc::new(rp);
+                let rp = Arc::new(Prepared::Repack(rp));
                 cache.insert(ck, (Arc::downgrade(weights), rp.clone()));
                 plan.repacked.insert(w.index(), rp);
+            } else if float_copies && !info.dtype.is_quantized() {
+                // A plain float matrix keeps its layout but moves to huge pages (see
+                // `hugemem`); its mapped pages go at once, so loading never holds two copies.
+                let cp = Arc::new(Prepared::Copy(HugeBytes::copy_of(stored(name)?)));
+                weights.release(name);
+                cache.insert(ck, (Arc::downgrade(weights), cp.clone()));
+                plan.copied.insert(w.index(), cp);
             }
         }
-        if plan.repacked.is_empty() {
+        if plan.repacked.is_empty() && plan.copied.is_empty() {
             return Ok(());
         }
         for op in &g.equations {
@@ -222,7 +257,9 @@ impl CpuRuntime {
                 };
                 let bytes = stored(name)?;
                 if bytes.len() <= SMALL && !plan.repacked.contains_key(&v.index()) {
-                    plan.copied.entry(v.index()).or_insert_with(|| bytes.into());
+                    plan.copied
+                        .entry(v.index())
+                        .or_insert_with(|| Arc::new(Prepared::Copy(HugeBytes::copy_of(bytes))));
                 }
             }
         }

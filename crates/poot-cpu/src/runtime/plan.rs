@@ -30,10 +30,30 @@ pub struct CpuPlan {
     pub(crate) artifact_bytes: u64,
     /// Re-laid copies of matmul weights by the weight's value index (filled by the runtime
     /// after compiling; shared with its other plans). Matmuls over these read the copy.
-    pub(crate) repacked: HashMap<usize, Arc<crate::kernels::repack::Repack>>,
-    /// Copies of the small weights other ops read every step (norm weights, biases), by value
-    /// index, made alongside `repacked` so that a run reads nothing from a released map.
-    pub(crate) copied: HashMap<usize, Arc<[u8]>>,
+    /// Always `Prepared::Repack`.
+    pub(crate) repacked: HashMap<usize, Arc<super::Prepared>>,
+    /// Copies of weights as stored, by value index (always `Prepared::Copy`): the small ones
+    /// other ops read every step (norm weights, biases), made alongside `repacked` so that a
+    /// run reads nothing from a released map, and plain float matmul weights on huge pages.
+    pub(crate) copied: HashMap<usize, Arc<super::Prepared>>,
+}
+
+impl CpuPlan {
+    /// The re-laid copy of weight value `i`, if the runtime made one.
+    pub(crate) fn repack(&self, i: usize) -> Option<&crate::kernels::repack::Repack> {
+        match self.repacked.get(&i).map(|p| &**p) {
+            Some(super::Prepared::Repack(r)) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// The runtime's copy of weight value `i` as stored, if it made one.
+    pub(crate) fn copy(&self, i: usize) -> Option<&[u8]> {
+        match self.copied.get(&i).map(|p| &**p) {
+            Some(super::Prepared::Copy(c)) => Some(c),
+            _ => None,
+        }
+    }
 }
 
 impl std::fmt::Debug for CpuPlan {

@@ -88,6 +88,26 @@ fn runs_a_linear_layer() {
     );
 }
 
+/// Where huge pages are available the float matmul weight is copied onto them (and counted as
+/// the runtime's own weight bytes); the results above are the copy's. Elsewhere nothing is
+/// copied, since there are no repacks either.
+#[test]
+fn float_matmul_weights_are_copied_where_huge_pages_are_available() {
+    let rt = CpuRuntime::new(CpuOptions::default()).unwrap();
+    let plan = rt
+        .compile(&linear_graph(), store(), &CompileLimits::default())
+        .unwrap();
+    let copied = if crate::hugemem::available() { 24 } else { 0 };
+    assert_eq!(rt.memory().weight_bytes, copied);
+    let out = rt
+        .run(plan.as_ref(), &[("x", x())], Deadline::default_device())
+        .unwrap();
+    let HostTensor::F32 { data, .. } = &out[0].1 else {
+        panic!("f32 output")
+    };
+    assert_eq!(data, &[1.5, 2., 7., 2.5, 3., 8.]);
+}
+
 #[test]
 fn profile_counts_every_op_kind() {
     let rt = CpuRuntime::new(CpuOptions {
