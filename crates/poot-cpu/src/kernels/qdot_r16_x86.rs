@@ -151,10 +151,14 @@ unsafe fn body<const KIND: u8, const T: usize>(
         let mut summs = [_mm512_setzero_ps(); T];
         let m4 = _mm512_set1_epi8(0x0f);
         let ahead = super::simd::prefetch_ahead();
+        // Groups lie back to back, so the next pair starts two groups on.
+        let next = super::simd::prefetch_next_distance(2 * nb * sb);
         for b in 0..nb {
             let (s0, s1) = (p0.add(b * sb), p1.add(b * sb));
             super::simd::prefetch_stream(s0, sb, ahead);
             super::simd::prefetch_stream(s1, sb, ahead);
+            super::simd::prefetch_next(s0, sb, next);
+            super::simd::prefetch_next(s1, sb, next);
             let d16 = halves2(s0, s1);
             let ab: [&BlockQ8; T] = std::array::from_fn(|j| a.get_unchecked(j * nb + b));
             let cj: [&[i32; 8]; T] = std::array::from_fn(|j| corr.get_unchecked(j * nb + b));
