@@ -86,21 +86,13 @@ pub(crate) fn prefetch_next_distance(unit: usize) -> usize {
 /// arrive. Why: each group is a short stream (9 KiB for a 2048-wide Q4_0 row block), and the
 /// second stream of every new pair starts cold; the hardware prefetchers and the near
 /// [`prefetch_stream`] cover the rest. On a 2-vCPU Zen 5 VM, a Q4_0 8192x2048 one-token matmul
-/// from DRAM went 64-76 -> 103-119 GFLOP/s on one core with an L2 prefetch about one pair
-/// ahead (and 111-126 -> 124-193 on two).
+/// from DRAM went 62-83 -> 97-111 GFLOP/s on one core (106-129 -> 97-143 on two, within that
+/// VM's noise); Q8_0 did not change.
 #[inline(always)]
 pub(crate) fn prefetch_next(s: *const u8, sb: usize, next: usize) {
-    #[cfg(target_arch = "x86_64")]
     if next > 0 {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-        for off in (0..sb).step_by(64) {
-            // SAFETY: SSE is part of x86-64's baseline; a prefetch never faults, whatever the
-            // address (past the matrix's end it only fetches a useless line).
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(s.wrapping_add(next + off).cast()) };
-        }
+        prefetch_lines::<L2>(s.wrapping_add(next), sb);
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (s, sb, next);
 }
 
 /// Prefetches the cache lines of `p..p + len` into L1 (a hint: it never faults, and does
@@ -108,12 +100,21 @@ pub(crate) fn prefetch_next(s: *const u8, sb: usize, next: usize) {
 /// prefetches reach them.
 #[inline(always)]
 pub(crate) fn prefetch_range(p: *const u8, len: usize) {
+    prefetch_lines::<L1>(p, len);
+}
+
+/// `_MM_HINT_T0` and `_MM_HINT_T1`, named off x86 too.
+const L1: i32 = 3;
+const L2: i32 = 2;
+
+/// Prefetches the cache lines of `p..p + len` with `HINT` ([`L1`] or [`L2`]); nothing off x86.
+#[inline(always)]
+fn prefetch_lines<const HINT: i32>(p: *const u8, len: usize) {
     #[cfg(target_arch = "x86_64")]
     for off in (0..len).step_by(64) {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
         // SAFETY: SSE is part of x86-64's baseline; a prefetch never faults, whatever the
-        // address.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off).cast()) };
+        // address (past a matrix's end it only fetches a useless line).
+        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(p.wrapping_add(off).cast()) };
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (p, len);
