@@ -7,9 +7,10 @@ mix. Per row: prefill of 512 tokens (tok/s of the prompt) and decode of 128 toke
 within each round (so both see the same machine load), every run with a fresh prompt (no
 prefix-cache hits), the median of the rounds; the ratio
 poot/peer; and the decode roofline: bytes read per token (every weight the step reads, plus
-the KV cache at mid-decode) over the read bandwidth measured in the same run (numpy, the same
-thread count), and poot's fraction of it. Resident memory is poot's RSS growth while it
-loads the model and generates, in a fresh interpreter, against the GGUF size plus its KV pool.
+the KV cache at mid-decode) over the read bandwidth measured before each of the row's rounds
+(numpy, the same thread count; the median), and poot's fraction of it. Resident memory is
+poot's RSS growth while it loads the model and generates, in a fresh interpreter, against the
+GGUF size plus its KV pool.
 
 Run: ``python benches/bench_cpu_table.py [--rows smollm2,llama-q4_0,...] [--write-docs]`` (the
 full table takes tens of minutes on 2 cores), or under pytest, where only the SmolLM2 row runs
@@ -70,10 +71,10 @@ def _prompt(n: int) -> list[int]:
     return [1] + [(i * 7919 + salt * 104729) % 40000 + 1000 for i in range(n - 1)]
 
 
-def read_bandwidth(threads: int = THREADS, mib: int = 1024) -> float:
-    """Bytes per second `threads` threads read from DRAM: the best of 5 passes over `mib` MiB
-    for each of three numpy reductions, since which one keeps up with the memory depends on
-    the CPU (on a Zen 5, `np.max` over float32 is compute-bound at 33-35 GB/s where an OR
+def read_bandwidth(threads: int = THREADS, mib: int = 1024, passes: int = 5) -> float:
+    """Bytes per second `threads` threads read from DRAM: the best of `passes` passes over
+    `mib` MiB for each of three numpy reductions, since which one keeps up with the memory
+    depends on the CPU (on a Zen 5, `np.max` over float32 is compute-bound at 33-35 GB/s where an OR
     over the same bytes as uint64 reads 45-47, and poot's own decode streamed faster than
     the float max, so a roofline from it alone read over 100%)."""
     a = np.ones(mib << 18, dtype=np.float32)
@@ -85,7 +86,7 @@ def read_bandwidth(threads: int = THREADS, mib: int = 1024) -> float:
     best = float("inf")
     for fn, arr in reads:
         parts = np.array_split(arr, threads)
-        for _ in range(5):
+        for _ in range(passes):
             ths = [threading.Thread(target=fn, args=(p,)) for p in parts]
             t0 = time.perf_counter()
             for t in ths:
@@ -149,7 +150,8 @@ class Row:
     size: int
     prefill: dict[str, float] = field(default_factory=dict)  # impl -> tok/s
     decode: dict[str, float] = field(default_factory=dict)
-    roofline: float = 0.0  # decode tok/s at the measured read bandwidth
+    roofline: float = 0.0  # decode tok/s at the read bandwidth measured during the row
+    bandwidth: float = 0.0  # median of the reads measured before each round, bytes/s
     rss_ratio: float = 0.0  # poot RSS growth / (GGUF size + KV pool)
     numerics: str = ""
 
@@ -160,7 +162,7 @@ def _timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
-def run_row(label: str, path: Path, bw: float, rounds: int, peer_ok: bool) -> Row:
+def run_row(label: str, path: Path, rounds: int, peer_ok: bool) -> Row:
     import poot
 
     row = Row(label, path.stat().st_size)
@@ -194,7 +196,12 @@ def run_row(label: str, path: Path, bw: float, rounds: int, peer_ok: bool) -> Ro
         impls.append(("peer", theirs))
     pre: dict[str, list[float]] = {k: [] for k, _ in impls}
     dec: dict[str, list[float]] = {k: [] for k, _ in impls}
+    # The bandwidth is read before every round, next to the decodes it bounds: on a shared VM
+    # it moved by 2x within minutes, so one reading at the start of the run made the later
+    # rows' rooflines meaningless.
+    reads: list[float] = []
     for _ in range(rounds):
+        reads.append(read_bandwidth(mib=512, passes=3))
         for name, make in impls:
             pre[name].append(512 / _timed(make(_prompt(512), 1)))
             short = _timed(make(_prompt(64), 1))
@@ -203,7 +210,8 @@ def run_row(label: str, path: Path, bw: float, rounds: int, peer_ok: bool) -> Ro
     row.prefill = {k: statistics.median(v) for k, v in pre.items()}
     row.decode = {k: statistics.median(v) for k, v in dec.items()}
     weights, kvb = bytes_per_token(path, 64 + 64)
-    row.roofline = bw / (weights + kvb)
+    row.bandwidth = statistics.median(reads)
+    row.roofline = row.bandwidth / (weights + kvb)
     return row
 
 
@@ -225,13 +233,14 @@ def machine() -> str:
     return f"{model}, {cores} cores, {mem:.0f} GiB; {' '.join(sorted(simd))}"
 
 
-def table(rows: list[Row], bw: float) -> str:
+def table(rows: list[Row]) -> str:
     lines = [
-        f"Read bandwidth measured in this run ({THREADS} threads, numpy): {bw / 1e9:.1f} GB/s.",
+        f"Read bandwidth: {THREADS} threads, numpy, measured before every round of a row; the "
+        "row's median is its roofline's denominator.",
         "",
         "| model | numerics | prefill 512 tok/s poot / llama.cpp | ratio | decode tok/s poot / "
-        "llama.cpp | ratio | roofline tok/s | poot / roofline | RSS / (GGUF + KV) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "llama.cpp | ratio | read GB/s | roofline tok/s | poot / roofline | RSS / (GGUF + KV) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         pp, pq = r.prefill.get("poot", 0.0), r.prefill.get("peer")
@@ -243,7 +252,10 @@ def table(rows: list[Row], bw: float) -> str:
         )
         lines[-1] += (
             f"{dp:.1f} / {dq:.1f} | {dp / dq:.2f}x | " if dq else f"{dp:.1f} / - | - | "
-        ) + f"{r.roofline:.1f} | {dp / r.roofline:.0%} | {r.rss_ratio:.2f} |"
+        ) + (
+            f"{r.bandwidth / 1e9:.1f} | {r.roofline:.1f} | {dp / r.roofline:.0%} | "
+            f"{r.rss_ratio:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -276,13 +288,12 @@ def _peer_ok() -> bool:
     return True
 
 
-def run(keys: list[str], rounds: int | None = None) -> tuple[list[Row], float]:
+def run(keys: list[str], rounds: int | None = None) -> list[Row]:
     from poot.checkpoints import cached_model
 
     smollm = cached_model()
     if smollm is None:
         raise SystemExit("the default model is not cached: run `poot pull` first")
-    bw = read_bandwidth()
     rows = []
     peer_ok = _peer_ok()
     for key, label, shape, quant in ROWS:
@@ -290,16 +301,16 @@ def run(keys: list[str], rounds: int | None = None) -> tuple[list[Row], float]:
             continue
         path = smollm if shape is None else syn.synthetic_gguf(shape, quant, smollm)
         n = rounds or (3 if path.stat().st_size < 300e6 else 1)
-        rows.append(run_row(label, path, bw, n, peer_ok))
-        print(table(rows[-1:], bw).splitlines()[-1], flush=True)
-    return rows, bw
+        rows.append(run_row(label, path, n, peer_ok))
+        print(table(rows[-1:]).splitlines()[-1], flush=True)
+    return rows
 
 
 def test_cpu_table() -> None:
     keys = [k for k, *_ in ROWS] if os.environ.get("POOT_BENCH_FULL") else ["smollm2"]
-    rows, bw = run(keys)
+    rows = run(keys)
     print()
-    print(table(rows, bw))
+    print(table(rows))
 
 
 def main() -> None:
@@ -308,8 +319,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--write-docs", action="store_true")
     args = ap.parse_args()
-    rows, bw = run(args.rows.split(","), args.rounds)
-    text = table(rows, bw)
+    rows = run(args.rows.split(","), args.rounds)
+    text = table(rows)
     print(text)
     if args.write_docs:
         write_docs(text, None)
