@@ -305,9 +305,7 @@ unsafe fn lay_panel(w: &Repacked, p: usize, tiles: &mut [u8], scales: &mut [f32]
                     }
                     QKind::Q5_0 => {
                         let bits = |g: Option<&[u8]>| match g {
-                            Some(g) => {
-                                super::qdot_r8_x86::fifth_bits(g.as_ptr().add(s + 16 + 8 * c))
-                            }
+                            Some(g) => super::qdot_r8_x86::fifth_bits(g.as_ptr().add(s + 16), c),
                             None => (zero, zero),
                         };
                         let ((l0, h0), (l1, h1)) = (bits(Some(g0)), bits(g1));

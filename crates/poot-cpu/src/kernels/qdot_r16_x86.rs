@@ -112,8 +112,8 @@ unsafe fn nibbles2<const KIND: u8>(
         let mut lo = _mm512_and_si512(v, m4);
         let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
         if KIND == 2 {
-            let (l0, h0) = super::qdot_r8_x86::fifth_bits(s0.add(16 + 8 * c));
-            let (l1, h1) = super::qdot_r8_x86::fifth_bits(s1.add(16 + 8 * c));
+            let (l0, h0) = super::qdot_r8_x86::fifth_bits(s0.add(16), c);
+            let (l1, h1) = super::qdot_r8_x86::fifth_bits(s1.add(16), c);
             lo = _mm512_or_si512(lo, join(l0, l1));
             hi = _mm512_or_si512(hi, join(h0, h1));
         }

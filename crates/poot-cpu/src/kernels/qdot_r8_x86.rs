@@ -150,19 +150,18 @@ unsafe fn blocks_body<const KIND: u8, const T: usize, const VNNI: bool>(
                     }
                 }
             } else {
-                // Q4_0 without VNNI: `maddubs` pairs are added in `i16` across the 4 chunks (one
-                // sum for the low nibbles, one for the high: at most 4 * 2 * 15 * 127 = 15240,
-                // so exact), then widened once: 2 `madd`s per block and token, not 8 (about 10%
-                // less CPU per prefill matmul on Zen 3). Q5_0's fifth bits left no registers for
-                // the sums (slower), so it keeps one `madd` per chunk.
-                let widen_once = !VNNI && KIND == 0;
+                // Without VNNI, `maddubs` pairs are added in `i16` across the 4 chunks (one sum
+                // for the low nibbles, one for the high: at most 4 * 2 * 31 * 128 = 31744 for
+                // Q5_0, so exact), then widened once: 2 `madd`s per block and token, not 8
+                // (about 10% less CPU per Q4_0 prefill matmul on Zen 3).
+                let widen_once = !VNNI && KIND != 3;
                 let mut p16 = [[_mm256_setzero_si256(); 2]; T];
                 for c in 0..4 {
                     let v = _mm256_loadu_si256(q.add(32 * c).cast());
                     let mut lo = _mm256_and_si256(v, m4);
                     let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
                     if KIND == 2 {
-                        let (bl, bh) = fifth_bits(s.add(16 + 8 * c));
+                        let (bl, bh) = fifth_bits(s.add(16), c);
                         lo = _mm256_or_si256(lo, bl);
                         hi = _mm256_or_si256(hi, bh);
                     }
@@ -289,28 +288,24 @@ unsafe fn lanes<const VNNI: bool>(init: __m256i, u: __m256i, s: __m256i) -> __m2
     }
 }
 
-/// Q5_0's fifth bits of chunk `c` as `0x10` bytes: the low and the high nibbles' (see
-/// `repack.rs`: byte `r` of the 8 at `hb` is row `r`'s, bit `j` for element `j` of the lane's
-/// low nibbles, bit `4 + j` of its high ones).
+/// Q5_0's fifth bits of chunk `c` as `0x10` bytes, the low and the high nibbles', from the
+/// 32 header bytes at `hb` (see `repack.rs`: byte `4r + i` holds bit `c` for chunk `c`'s low
+/// nibble of row `r`'s byte `i`, bit `4 + c` for its high one). A 16-bit shift moves bit `c`
+/// (or `4 + c`) of every byte to bit 4; what crosses from the neighbouring byte lands below
+/// bit 4 (left shifts by 1-4) or above it (right shifts by 0-3), so the mask drops it.
 #[inline(always)]
-pub(super) unsafe fn fifth_bits(hb: *const u8) -> (__m256i, __m256i) {
-    // SAFETY: 8 readable bytes at `hb` (caller); AVX2 enabled by the caller.
+pub(super) unsafe fn fifth_bits(hb: *const u8, c: usize) -> (__m256i, __m256i) {
+    // SAFETY: 32 readable bytes at `hb` (caller); AVX2 enabled by the caller.
     unsafe {
-        let bytes = _mm256_set1_epi64x(hb.cast::<i64>().read_unaligned());
-        // Row r's byte into every byte of lane r (rows 0-3 in the low half, 4-7 in the high).
-        let spread = _mm256_set_epi64x(
-            0x0707_0707_0606_0606,
-            0x0505_0505_0404_0404,
-            0x0303_0303_0202_0202,
-            0x0101_0101_0000_0000,
-        );
-        let h = _mm256_shuffle_epi8(bytes, spread);
-        let sel = |m: i32| {
-            let m = _mm256_set1_epi32(m);
-            let set = _mm256_cmpeq_epi8(_mm256_and_si256(h, m), m);
-            _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+        let h = _mm256_loadu_si256(hb.cast());
+        let (lo, hi) = match c {
+            0 => (_mm256_slli_epi16::<4>(h), h),
+            1 => (_mm256_slli_epi16::<3>(h), _mm256_srli_epi16::<1>(h)),
+            2 => (_mm256_slli_epi16::<2>(h), _mm256_srli_epi16::<2>(h)),
+            _ => (_mm256_slli_epi16::<1>(h), _mm256_srli_epi16::<3>(h)),
         };
-        (sel(0x0804_0201), sel(0x8040_2010_u32 as i32))
+        let m = _mm256_set1_epi8(0x10);
+        (_mm256_and_si256(lo, m), _mm256_and_si256(hi, m))
     }
 }
 
@@ -376,7 +371,7 @@ unsafe fn body<const KIND: u8, const T: usize, const VNNI: bool>(
                     let mut lo = _mm256_and_si256(v, m4);
                     let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
                     if KIND == 2 {
-                        let (bl, bh) = fifth_bits(s.add(16 + 8 * c));
+                        let (bl, bh) = fifth_bits(s.add(16), c);
                         lo = _mm256_or_si256(lo, bl);
                         hi = _mm256_or_si256(hi, bh);
                     }

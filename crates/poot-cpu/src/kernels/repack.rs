@@ -11,8 +11,12 @@
 //! 0, so padded outputs are 0 and never written). Group `g` is `nb` superblocks in block order;
 //! superblock `b` holds, for rows `8g..8g+8`:
 //! - `d[8]`: the 8 rows' f16 scales (16 bytes), then for Q4_1 `m[8]`: their f16 offsets, or for
-//!   Q5_0 32 bytes of fifth bits: byte `8c + r` holds row `r`'s bits for chunk `c` (low
-//!   nibble: the elements of the chunk's low nibbles, high nibble: of its high ones);
+//!   Q5_0 32 bytes of fifth bits in the quants' lane order: byte `4r + i` holds row `r`'s
+//!   fifth bits for byte `i` of every chunk, bit `c` for chunk `c`'s low nibble (element
+//!   `4c + i`) and bit `4 + c` for its high one (element `16 + 4c + i`). A chunk's bits are
+//!   then one 16-bit shift and a mask away from their places (`0x10` in each quant byte),
+//!   where the older byte-per-chunk layout took a shuffle and two compares per chunk (Q5_0
+//!   was the slowest one-token kernel on AVX2, compute-bound even from DRAM);
 //! - the quants as 32-byte chunks. Chunk `c`, lane `r` (bytes `4r..4r+4`) = bytes `4c..4c+4` of
 //!   row `r`'s block quants. Q4 blocks have 4 chunks (16 bytes of nibbles per row: the low
 //!   nibbles of chunk `c` are elements `4c..4c+4`, the high ones `16+4c..16+4c+4`); Q8_0 blocks
@@ -76,15 +80,22 @@ pub(crate) const fn superblock_bytes(kind: QKind) -> usize {
     header_bytes(kind) + 32 * chunks(kind)
 }
 
-/// Q5_0's fifth bits of chunk `c` in one byte: bits `4c..4c+4` of `qh` (the low-nibble
-/// elements `4c..4c+4`) low, bits `16+4c..16+4c+4` (the high-nibble ones) high.
-fn high_bits(qh: u32, c: usize) -> u8 {
-    (((qh >> (4 * c)) & 0xf) | (((qh >> (16 + 4 * c)) & 0xf) << 4)) as u8
+/// Q5_0's fifth bits of quant byte `i` of every chunk in one byte (see the module docs): bit
+/// `c` is `qh`'s bit `4c + i`, bit `4 + c` its bit `16 + 4c + i`.
+fn high_bits(qh: u32, i: usize) -> u8 {
+    (0..4).fold(0u8, |b, c| {
+        let lo = (qh >> (4 * c + i)) & 1;
+        let hi = (qh >> (16 + 4 * c + i)) & 1;
+        b | (lo << c | hi << (4 + c)) as u8
+    })
 }
 
-/// The inverse of [`high_bits`]: chunk `c`'s bits back at their places in `qh`.
-fn spread_bits(b: u8, c: usize) -> u32 {
-    (u32::from(b & 0xf) << (4 * c)) | (u32::from(b >> 4) << (16 + 4 * c))
+/// The inverse of [`high_bits`]: byte `i`'s bits back at their places in `qh`.
+fn spread_bits(b: u8, i: usize) -> u32 {
+    (0..4).fold(0u32, |qh, c| {
+        let (lo, hi) = (u32::from(b >> c) & 1, u32::from(b >> (4 + c)) & 1);
+        qh | lo << (4 * c + i) | hi << (16 + 4 * c + i)
+    })
 }
 
 impl Repacked {
@@ -117,8 +128,8 @@ impl Repacked {
                     }
                     if kind == QKind::Q5_0 {
                         let qh = u32::from_le_bytes([src[2], src[3], src[4], src[5]]);
-                        for c in 0..4 {
-                            s[16 + 8 * c + r] = high_bits(qh, c);
+                        for i in 0..4 {
+                            s[16 + 4 * r + i] = high_bits(qh, i);
                         }
                     }
                     for c in 0..chunks(kind) {
@@ -157,7 +168,7 @@ impl Repacked {
                 dst[2..4].copy_from_slice(&s[16 + 2 * lane..16 + 2 * lane + 2]);
             }
             if kind == QKind::Q5_0 {
-                let qh = (0..4).fold(0u32, |qh, c| qh | spread_bits(s[16 + 8 * c + lane], c));
+                let qh = (0..4).fold(0u32, |qh, i| qh | spread_bits(s[16 + 4 * lane + i], i));
                 dst[2..6].copy_from_slice(&qh.to_le_bytes());
             }
             for c in 0..chunks(kind) {
