@@ -5,11 +5,11 @@ Llama 3.2 1B shape in Q4_0, Q8_0, Q4_K, F16, BF16 and at Qwen2 0.5B shape in its
 mix. Per row: prefill of 512 tokens (tok/s of the prompt) and decode of 128 tokens after a
 64-token prompt (the 64+1 run subtracted from the 64+128 run), poot and llama.cpp alternating
 within each round (so both see the same machine load), every run with a fresh prompt (no
-prefix-cache hits), the median of the rounds; the ratio
-poot/peer; and the decode roofline: bytes read per token (every weight the step reads, plus
-the KV cache at mid-decode) over the read bandwidth measured before each of the row's rounds
-(numpy, the same thread count; the median), and poot's fraction of it. Resident memory is
-poot's RSS growth while it loads the model and generates, in a fresh interpreter, against the
+prefix-cache hits), the median of the rounds; the ratio poot/peer, round by round, and its
+median and range; and the decode roofline: bytes read per token (every weight the step reads,
+plus the KV cache at mid-decode) over the read bandwidth measured before each of the row's
+rounds (numpy, the same thread count), and poot's fraction of it. Resident memory is poot's
+RSS growth while it loads the model and generates, in a fresh interpreter, against the
 GGUF size plus its KV pool.
 
 Run: ``python benches/bench_cpu_table.py [--rows smollm2,llama-q4_0,...] [--write-docs]`` (the
@@ -152,6 +152,10 @@ class Row:
     decode: dict[str, float] = field(default_factory=dict)
     roofline: float = 0.0  # decode tok/s at the read bandwidth measured during the row
     bandwidth: float = 0.0  # median of the reads measured before each round, bytes/s
+    # Per round: poot / peer (prefill, decode) and poot's decode over that round's roofline.
+    prefill_ratios: list[float] = field(default_factory=list)
+    decode_ratios: list[float] = field(default_factory=list)
+    roofline_fractions: list[float] = field(default_factory=list)
     rss_ratio: float = 0.0  # poot RSS growth / (GGUF size + KV pool)
     numerics: str = ""
 
@@ -212,7 +216,23 @@ def run_row(label: str, path: Path, rounds: int, peer_ok: bool) -> Row:
     weights, kvb = bytes_per_token(path, 64 + 64)
     row.bandwidth = statistics.median(reads)
     row.roofline = row.bandwidth / (weights + kvb)
+    # Ratios are taken round by round, between runs seconds apart, and then their median: the
+    # machine's slow and fast minutes then cancel instead of landing on one side.
+    if "peer" in pre:
+        row.prefill_ratios = [a / b for a, b in zip(pre["poot"], pre["peer"], strict=True)]
+        row.decode_ratios = [a / b for a, b in zip(dec["poot"], dec["peer"], strict=True)]
+    row.roofline_fractions = [
+        d * (weights + kvb) / bw for d, bw in zip(dec["poot"], reads, strict=True)
+    ]
     return row
+
+
+def _spread(values: list[float], fmt: str, unit: str = "") -> str:
+    """`median (min-max)` of per-round values, or the one value."""
+    med = format(statistics.median(values), fmt) + unit
+    if len(values) < 2:
+        return med
+    return f"{med} ({format(min(values), fmt)}-{format(max(values), fmt)})"
 
 
 def machine() -> str:
@@ -236,7 +256,9 @@ def machine() -> str:
 def table(rows: list[Row]) -> str:
     lines = [
         f"Read bandwidth: {THREADS} threads, numpy, measured before every round of a row; the "
-        "row's median is its roofline's denominator.",
+        "roofline column uses the row's median. Ratios and roofline fractions are the median "
+        "of the rounds' own (each round's poot and llama.cpp runs, and its bandwidth reading, "
+        "are seconds apart), with their range in brackets.",
         "",
         "| model | numerics | prefill 512 tok/s poot / llama.cpp | ratio | decode tok/s poot / "
         "llama.cpp | ratio | read GB/s | roofline tok/s | poot / roofline | RSS / (GGUF + KV) |",
@@ -246,15 +268,18 @@ def table(rows: list[Row]) -> str:
         pp, pq = r.prefill.get("poot", 0.0), r.prefill.get("peer")
         dp, dq = r.decode.get("poot", 0.0), r.decode.get("peer")
         lines.append(
-            f"| {r.label} | {r.numerics} | {pp:.1f} / {pq:.1f} | {pp / pq:.2f}x | "
+            f"| {r.label} | {r.numerics} | {pp:.1f} / {pq:.1f} | "
+            f"{_spread(r.prefill_ratios, '.2f', 'x')} | "
             if pq
             else f"| {r.label} | {r.numerics} | {pp:.1f} / - | - | "
         )
         lines[-1] += (
-            f"{dp:.1f} / {dq:.1f} | {dp / dq:.2f}x | " if dq else f"{dp:.1f} / - | - | "
+            f"{dp:.1f} / {dq:.1f} | {_spread(r.decode_ratios, '.2f', 'x')} | "
+            if dq
+            else f"{dp:.1f} / - | - | "
         ) + (
-            f"{r.bandwidth / 1e9:.1f} | {r.roofline:.1f} | {dp / r.roofline:.0%} | "
-            f"{r.rss_ratio:.2f} |"
+            f"{r.bandwidth / 1e9:.1f} | {r.roofline:.1f} | "
+            f"{_spread(r.roofline_fractions, '.0%')} | {r.rss_ratio:.2f} |"
         )
     return "\n".join(lines)
 
