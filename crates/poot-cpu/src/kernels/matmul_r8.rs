@@ -166,7 +166,7 @@ pub(crate) fn matmul_r8(
                 use super::qdot_r8_x86::{group, group_blocks, tile_tokens};
                 let grp = w.group(g);
                 let mut res = [0.0f32; 4 * RG];
-                let tile = |_| tile_tokens(vnni, blocks);
+                let tile = |_| tile_tokens(vnni, kind, blocks);
                 over_tokens(t, tile, RG, &mut res, write, |tok, tt, res| {
                     let (a, c) = (&xq[tok * nb..], &corr[tok * nb..]);
                     if blocks {
