@@ -46,13 +46,10 @@ pub struct PoolConfig {
 impl Default for PoolConfig {
     fn default() -> Self {
         // See the module docs for why 5 ms.
-        let us = std::env::var("POOT_CPU_SPIN_US")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(5000);
+        let us = crate::kernels::simd::env_usize("POOT_CPU_SPIN_US", 5000);
         PoolConfig {
             threads: 0,
-            spin: Duration::from_micros(us),
+            spin: Duration::from_micros(us as u64),
         }
     }
 }

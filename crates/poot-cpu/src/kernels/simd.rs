@@ -33,12 +33,13 @@ pub(crate) const NR: usize = 4;
 /// another machine (`0`: the old one-line-per-super-block prefetch).
 pub(crate) fn prefetch_ahead() -> usize {
     static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *AHEAD.get_or_init(|| env_bytes("POOT_CPU_PREFETCH", 2048))
+    *AHEAD.get_or_init(|| env_usize("POOT_CPU_PREFETCH", 2048))
 }
 
-/// The byte count in environment variable `name`, or `default` when it is unset or not a
-/// number.
-fn env_bytes(name: &str, default: usize) -> usize {
+/// The whole number in environment variable `name` (a byte count, a duration in
+/// microseconds, a switch), or `default` when it is unset or not a number: the crate's
+/// tuning knobs all read this way.
+pub(crate) fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
@@ -53,7 +54,7 @@ fn env_bytes(name: &str, default: usize) -> usize {
 /// effect none. Quantized rows keep [`prefetch_ahead`].
 pub(crate) fn prefetch_float_ahead() -> usize {
     static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *AHEAD.get_or_init(|| env_bytes("POOT_CPU_PREFETCH_FLOAT", 8192))
+    *AHEAD.get_or_init(|| env_usize("POOT_CPU_PREFETCH_FLOAT", 8192))
 }
 
 /// The streaming kernels' per-super-block prefetch for the super-block of `sb` bytes at `s`:
@@ -73,7 +74,7 @@ pub(crate) fn prefetch_stream(s: *const u8, sb: usize, ahead: usize) {
 /// unit's size in bytes. 0 (off) when `POOT_CPU_PREFETCH_NEXT=0`.
 pub(crate) fn prefetch_next_distance(unit: usize) -> usize {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = *ON.get_or_init(|| env_bytes("POOT_CPU_PREFETCH_NEXT", 1) != 0);
+    let on = *ON.get_or_init(|| env_usize("POOT_CPU_PREFETCH_NEXT", 1) != 0);
     if on {
         unit
     } else {
