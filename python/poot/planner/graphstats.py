@@ -4,7 +4,7 @@ The planner does not guess a model's cost from its hyperparameters: it traces on
 workload's shape (``poot.models``' own definition, the same trace the runtime compiles) and sums,
 per *unit*, the stored bytes of the weights it reads, the matmul FLOPs, the KV bytes attention
 reads (and keeps: the KV pool of its layer, which stays on the unit's device) and the number of
-equations. Units are ``pre`` (embedding), each layer (weights named
+kernel dispatches its equations cost. Units are ``pre`` (embedding), each layer (weights named
 ``blk.{i}.`` or ``layers.{i}.``) and ``post`` (final norm, output head, sampling step); the
 placement search cuts the model only at unit boundaries.
 
@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ModelStats", "UnitStats", "Workload", "model_stats"]
 
+# Kernels an equation launches where it is not one (as the wgpu and CPU plans lower them).
+_DISPATCHES = {"input": 0, "weight": 0, "literal": 0, "reshape": 0, "paged_attention": 2}
 _LAYER = re.compile(r"(?:^|\.)(?:blk|layers|h)\.(\d+)\.")
 
 
@@ -69,7 +71,9 @@ class UnitStats:
             workload's ``kv_positions``, in f32 entries (``ModelStats.kv_of`` scales them to a
             device's entry size).
         attn_flops: attention FLOPs.
-        equations: graph equations in the unit (each pays a dispatch).
+        equations: kernel dispatches the unit's equations cost (``_DISPATCHES``): inputs,
+            weights, literals and reshapes launch nothing, attention launches two (KV write,
+            then attention). Counting every equation overstated a lavapipe step by a third.
         matmuls: matmuls over stored weights (each pays a fixed cost too).
     """
 
@@ -141,7 +145,7 @@ def model_stats(
             elif current > 0:
                 current = n_layers + 1  # output norm / head: the post unit
         u = units[current]
-        u.equations += 1
+        u.equations += _DISPATCHES.get(op, 1)
         for i in ins:  # a weight belongs to every unit that reads it (a tied head: pre and post)
             if i in weight_of and weight_of[i][0] not in u.weights:
                 u.weights.add(weight_of[i][0])

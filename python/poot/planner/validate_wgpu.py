@@ -171,7 +171,7 @@ def _matmul_fixed(
             acc = t.add(acc, t.matmul(v, weight))
         return acc
 
-    _, total = _run_graph(rt, w, 1, 256, body, np.ones((1, 256), np.float32), 5)
+    _, total = _run_graph(rt, w, 1, 256, body, np.ones((1, 256), np.float32), 15)
     return max(0.0, (total - run_s - (2 * n - 1) * dispatch) / n - read_s)
 
 
@@ -194,9 +194,9 @@ def benchmark_wgpu(info: DeviceInfo, *, quick: bool = False) -> DeviceProfile:
             gemm[dt] = 2 * 64 * n * k / s64
         rt = runtimes["exact"]
         tiny = np.ones((1, 256), np.float32)
-        _, run_s = _run_graph(rt, w, 1, 256, lambda t, v: t.add(v, v), tiny, 10)
+        _, run_s = _run_graph(rt, w, 1, 256, lambda t, v: t.add(v, v), tiny, 30)
         chain = 64
-        _, chain_s = _run_graph(rt, w, 1, 256, lambda t, v: _chain(t, v, chain), tiny, 10)
+        _, chain_s = _run_graph(rt, w, 1, 256, lambda t, v: _chain(t, v, chain), tiny, 30)
         dispatch = max(0.0, chain_s - run_s) / chain
         matmul_s = _matmul_fixed(rt, w, dispatch, run_s, sizes["small.F32"] / gemv["F32"])
         rows = size // (4 * 1024)
