@@ -1,7 +1,8 @@
 //! One decode token's ggml paged attention at Llama-3.2-1B's head shape (32 query heads, 8 KV
 //! heads, head_dim 64, f16 cache), one thread: on-CPU microseconds per call at a few context
 //! lengths. `cargo run --release -p poot-cpu --example attn_bench`; `BENCH_T=512` runs a
-//! 512-token prefill step instead (positions 0..512, causal), on-CPU ms per call.
+//! 512-token prefill step instead (positions 0..512, causal), on-CPU ms per call; `BENCH_COLD=1`
+//! evicts the caches between calls, as a decode step does.
 use half::f16;
 use poot_cpu::kernels::{
     paged_attention_numerics, AttentionInputs, AttentionShape, KvCacheMut, Numerics,
@@ -80,13 +81,38 @@ fn main() {
             paged_attention_numerics(Numerics::Ggml, &shape, &inputs, c, &mut out, &pool).unwrap();
         };
         run();
-        let (n, t0) = (if t > 1 { 5 } else { 400 }, cpu_ns());
-        for _ in 0..n {
+        // BENCH_COLD=1: stream 64 MiB between calls (untimed), as a decode step's weights
+        // evict the KV cache between one layer's attention calls.
+        let cold = env("BENCH_COLD", 0) != 0;
+        let mut evict = if cold {
+            vec![1u8; 64 << 20]
+        } else {
+            Vec::new()
+        };
+        let (n, mut spent) = (
+            if t > 1 {
+                5
+            } else if cold {
+                100
+            } else {
+                400
+            },
+            0u64,
+        );
+        for i in 0..n {
+            if cold {
+                for x in evict.iter_mut().step_by(64) {
+                    *x = x.wrapping_add(i as u8);
+                }
+            }
+            let t0 = cpu_ns();
             run();
+            spent += cpu_ns() - t0;
         }
+        std::hint::black_box(&evict);
         println!(
             "ctx {ctx:>5}: {:>8.1} us/call on-CPU",
-            (cpu_ns() - t0) as f64 / 1e3 / n as f64
+            spent as f64 / 1e3 / n as f64
         );
     }
 }

@@ -8,19 +8,24 @@
 //! `hadd`s for the scores; the same softmax; V rows added into lane `p % 32`, folded by
 //! `fold32`), lane for lane, so outputs are bit-identical to it (tested).
 //!
-//! Applies to one token, `head_dim % 32 == 0`, 2 to 64 query heads per KV head, an f16 cache
-//! and AVX-512F; otherwise the caller keeps the per-head path. A task is a run of two or more
-//! of a KV head's query heads, short enough for four tasks per pool thread so that the pool
-//! balances (Llama-3.2-1B on 2 threads: whole KV heads of 4; SmolLM2 on one thread: runs of 2
-//! and 1); where that leaves runs of one head (SmolLM2 and Qwen2-0.5B on 2 threads), the caller
-//! keeps the per-head path. In a 1B Q4_0 decode step on 2 threads: 86-105 -> 76-88 us a
-//! layer.
+//! Applies to one token, `head_dim % 32 == 0`, 2 to 64 query heads per KV head and an f16
+//! cache, in 512-bit registers with AVX-512F ([`heads_decode`]) and in 256-bit ones with AVX2
+//! ([`heads_decode_avx2`]); otherwise the caller keeps the per-head path. A task is a run of
+//! two or more of a KV head's query heads, short enough for four tasks per pool thread where
+//! the heads allow (Llama-3.2-1B on 2 threads: whole KV heads of 4; SmolLM2 and Qwen2-0.5B:
+//! runs of 2 and a last run of 1). In a 1B Q4_0 decode step on 2 threads: 86-105 -> 76-88 us a
+//! layer on the Zen 5; on the Zen 3 (AVX2) `attn_bench` went 108-126 -> 39-40 us a call on one
+//! thread at 64 positions (the vector fold included), 300-360 -> 140-150 at 256.
+//!
+//! The cache rows of a decode step come from DRAM, so [`cache_rows`] prefetches them a few
+//! positions ahead: 168-187 -> 95-131 us a call in 1B Q4_0 decode steps on the Zen 3.
+//! Each head's 32 lane rows are folded eight outputs at a time ([`fold32_rows`]), also by the
+//! per-head path.
 //!
 //! Cost: the per-head path's FMAs and a fraction of its widening (one per run of query heads
 //! instead of one per query head); scratch: `g * (len + 32 * head_dim)` floats per task.
 
 use super::attention_ggml::{softmax_round, Scratch};
-use super::ggml::fold32;
 use super::scratch::AttnGuard;
 
 /// Runs [`heads_decode`] for every run of query heads of a one-token step on the pool and
@@ -37,18 +42,18 @@ pub(crate) fn paged_decode(
     pool: &crate::ThreadPool,
 ) -> bool {
     let (hd, group) = (s.head_dim, s.n_heads / s.n_kv_heads.max(1));
-    if hd == 0 || !hd.is_multiple_of(32) || !std::arch::is_x86_feature_detected!("avx512f") {
+    if hd == 0 || !hd.is_multiple_of(32) {
         return false;
     }
+    let avx512 = std::arch::is_x86_feature_detected!("avx512f");
     // Tasks are runs of `run` query heads of one KV head, at least four tasks per thread
     // (whole KV heads as tasks had let the pool's second thread, waking late, end the call:
-    // SmolLM2's 3 KV heads on 2 threads, 24 -> 44 us a decode layer). A run of one head
-    // shares no widening, and measured slower than the per-head path in the engine (SmolLM2
-    // on 2 threads: 27-33 -> 32-47 us a layer), so that case keeps it.
-    let run = group.min(s.n_heads / (4 * pool.n_threads()));
-    if run < 2 {
-        return false;
-    }
+    // SmolLM2's 3 KV heads on 2 threads, 24 -> 44 us a decode layer), but at least two heads
+    // a run: a run of one shares no widening (on the Zen 5 it measured slower than the
+    // per-head path). Runs of two against the per-head path on 2 Zen 3 threads: SmolLM2
+    // 31-41 us a call either way, Qwen2-0.5B 50-53 -> 44-45 (`attn_bench`: 15-22 against
+    // 25-26 us and 21-22 against 34-49 at 64 positions).
+    let run = group.min((s.n_heads / (4 * pool.n_threads())).max(2));
     let per_kv = group.div_ceil(run);
     let kv_row = s.n_kv_heads * hd;
     let seq = inputs.token_seq[0] as usize;
@@ -67,8 +72,14 @@ pub(crate) fn paged_decode(
         let o = unsafe { shared.slice_mut(h0 * hd..h1 * hd) };
         let rows = (row_of, s.block_size, kv_row);
         // SAFETY: the caller's `fma` means a SIMD `Isa` was detected (AVX2, FMA, F16C);
-        // AVX-512F was detected above.
-        unsafe { heads_decode(hd, q, (kc, vc), rows, len, s.scale, scratch, o) };
+        // `avx512` says AVX-512F was detected above.
+        unsafe {
+            if avx512 {
+                heads_decode(hd, q, (kc, vc), rows, len, s.scale, scratch, o)
+            } else {
+                heads_decode_avx2(hd, q, (kc, vc), rows, len, s.scale, scratch, o)
+            }
+        };
     });
     true
 }
@@ -98,13 +109,8 @@ pub(crate) unsafe fn heads_decode<F: Fn(usize) -> usize>(
     assert!(hd > 0 && hd.is_multiple_of(32) && q.len() == o.len() && q.len().is_multiple_of(hd));
     let g = q.len() / hd;
     assert!(g <= 64 && run > 0, "at most 64 query heads per KV head");
-    let rows = |f: &mut dyn FnMut(usize, usize)| {
-        for p0 in (0..len).step_by(run) {
-            let base = row_of(p0);
-            for i in 0..run.min(len - p0) {
-                f(p0 + i, base + i * stride);
-            }
-        }
+    let rows = |cache: &[half::f16], f: &mut dyn FnMut(usize, usize)| {
+        cache_rows(len, (&row_of, run, stride), cache, hd, f)
     };
     s.q.clear();
     s.q.resize(q.len(), 0.0);
@@ -120,7 +126,7 @@ pub(crate) unsafe fn heads_decode<F: Fn(usize) -> usize>(
     unsafe {
         // Scores: lane `l` of ggml's 32 is lane `l % 16` of `a[l / 16]`, so each lane runs the
         // same FMAs in the same order as `dot_f16c`'s four 8-lane registers.
-        rows(&mut |p, r| {
+        rows(k_cache, &mut |p, r| {
             let kr = &k_cache[r..][..hd];
             for i in (0..hd).step_by(16) {
                 let h = _mm256_loadu_si256(kr.as_ptr().add(i).cast());
@@ -154,7 +160,7 @@ pub(crate) unsafe fn heads_decode<F: Fn(usize) -> usize>(
         // into lane `p % 32`, as `axpy_f16c` adds it.
         s.acc.clear();
         s.acc.resize(g * 32 * hd, 0.0);
-        rows(&mut |p, r| {
+        rows(v_cache, &mut |p, r| {
             let vr = &v_cache[r..][..hd];
             for i in (0..hd).step_by(16) {
                 let h = _mm256_loadu_si256(vr.as_ptr().add(i).cast());
@@ -174,8 +180,179 @@ pub(crate) unsafe fn heads_decode<F: Fn(usize) -> usize>(
         });
     }
     for (h, oh) in o.chunks_exact_mut(hd).enumerate() {
-        for (d, od) in oh.iter_mut().enumerate() {
-            *od = fold32(&std::array::from_fn(|l| s.acc[(h * 32 + l) * hd + d]));
+        // SAFETY: AVX2 by this function's contract; `hd % 8 == 0`.
+        unsafe { fold32_rows(&s.acc[h * 32 * hd..(h + 1) * 32 * hd], oh) };
+    }
+}
+
+/// [`heads_decode`] in 256-bit registers, for AVX2 machines: the same per-lane FMAs, folds and
+/// softmax in the same order (ggml's 32 lanes are four `ymm`s here, as in `dot_f16c`), so the
+/// outputs are bit-identical to `attention_ggml::head` too (tested). Each K and V row is
+/// widened once per task into `s.k` instead of once per query head.
+///
+/// # Safety
+/// The caller detected AVX2, FMA and F16C; `hd % 32 == 0`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments, reason = "one KV head's inputs")]
+pub(crate) unsafe fn heads_decode_avx2<F: Fn(usize) -> usize>(
+    hd: usize,
+    q: &[f32],
+    (k_cache, v_cache): (&[half::f16], &[half::f16]),
+    (row_of, run, stride): (F, usize, usize),
+    len: usize,
+    scale: f32,
+    s: &mut Scratch,
+    o: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    assert!(hd > 0 && hd.is_multiple_of(32) && q.len() == o.len() && q.len().is_multiple_of(hd));
+    let g = q.len() / hd;
+    assert!(g <= 64 && run > 0, "at most 64 query heads per KV head");
+    let rows = |cache: &[half::f16], f: &mut dyn FnMut(usize, usize)| {
+        cache_rows(len, (&row_of, run, stride), cache, hd, f)
+    };
+    s.q.clear();
+    s.q.resize(q.len(), 0.0);
+    // SAFETY: AVX2 and F16C, as this function's own contract.
+    unsafe { super::fdot16_x86::f16_round_into(q, &mut s.q) };
+    s.k.resize(hd, 0.0);
+    s.scores.clear();
+    s.scores.resize(g * len, 0.0);
+    let mut max = [f32::NEG_INFINITY; 64];
+    // SAFETY: every load and store below reads or writes 8 floats (or halves) at an offset
+    // `i + 8 * c < hd` inside a row of `hd`, of `s.k` (hd floats), of a head's `s.q` (g * hd)
+    // or of a lane's accumulator row (`s.acc`: g * 32 * hd); the features are this function's.
+    unsafe {
+        rows(k_cache, &mut |p, r| {
+            let kr = &k_cache[r..][..hd];
+            for i in (0..hd).step_by(8) {
+                let h = _mm_loadu_si128(kr.as_ptr().add(i).cast());
+                _mm256_storeu_ps(s.k.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+            }
+            for (h, mh) in max.iter_mut().enumerate().take(g) {
+                let qh = s.q.as_ptr().add(h * hd);
+                let mut a = [_mm256_setzero_ps(); 4];
+                for i in (0..hd).step_by(32) {
+                    for (c, a) in a.iter_mut().enumerate() {
+                        let k = _mm256_loadu_ps(s.k.as_ptr().add(i + 8 * c));
+                        *a = _mm256_fmadd_ps(k, _mm256_loadu_ps(qh.add(i + 8 * c)), *a);
+                    }
+                }
+                // `(acc0 + acc2) + (acc1 + acc3)`, then the 128-bit halves, then two `hadd`s.
+                let v = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3]));
+                let x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+                let x = _mm_hadd_ps(x, x);
+                let kq = _mm_cvtss_f32(_mm_hadd_ps(x, x));
+                let x = kq * scale;
+                *mh = mh.max(x);
+                s.scores[h * len + p] = x;
+            }
+        });
+        for (h, &mh) in max.iter().enumerate().take(g) {
+            softmax_round::<half::f16, true>(&mut s.scores[h * len..(h + 1) * len], mh);
+        }
+        s.acc.clear();
+        s.acc.resize(g * 32 * hd, 0.0);
+        rows(v_cache, &mut |p, r| {
+            let vr = &v_cache[r..][..hd];
+            for i in (0..hd).step_by(8) {
+                let h = _mm_loadu_si128(vr.as_ptr().add(i).cast());
+                _mm256_storeu_ps(s.k.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+            }
+            for h in 0..g {
+                let w = _mm256_set1_ps(s.scores[h * len + p]);
+                let acc = s.acc.as_mut_ptr().add((h * 32 + (p & 31)) * hd);
+                for i in (0..hd).step_by(8) {
+                    let v = _mm256_loadu_ps(s.k.as_ptr().add(i));
+                    _mm256_storeu_ps(
+                        acc.add(i),
+                        _mm256_fmadd_ps(v, w, _mm256_loadu_ps(acc.add(i))),
+                    );
+                }
+            }
+        });
+        for (h, oh) in o.chunks_exact_mut(hd).enumerate() {
+            fold32_rows(&s.acc[h * 32 * hd..(h + 1) * 32 * hd], oh);
+        }
+    }
+}
+
+/// Calls `f(p, row)` for every position `p < len` in order, `row` the offset of its `hd` cache
+/// elements (see [`heads_decode`] for `row_of, run, stride`), and prefetches the row
+/// [`PREFETCH`] positions ahead into L1. Why: the cache rows of a decode step come from DRAM
+/// (every weight streamed since evicted them), a KV head's slice of a row is only `2 * hd`
+/// bytes at a `stride` of a whole row, which the hardware prefetchers do not follow, and the
+/// dots between two rows are too short for the core to keep enough misses in flight.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn cache_rows<F: Fn(usize) -> usize>(
+    len: usize,
+    (row_of, run, stride): (&F, usize, usize),
+    cache: &[half::f16],
+    hd: usize,
+    f: &mut dyn FnMut(usize, usize),
+) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    let d = PREFETCH;
+    let fetch = |row: usize| {
+        for off in (0..hd).step_by(32) {
+            // SAFETY: a prefetch never faults; `wrapping_add` keeps the pointer arithmetic
+            // defined, and every row passed here is a validated position's row anyway.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(cache.as_ptr().wrapping_add(row + off).cast()) };
+        }
+    };
+    let mut next = if len > 0 { row_of(0) } else { 0 };
+    for p0 in (0..len).step_by(run) {
+        let (base, n) = (next, run.min(len - p0));
+        if p0 + run < len {
+            next = row_of(p0 + run);
+        }
+        for i in 0..n {
+            let j = i + d;
+            if j < n {
+                fetch(base + j * stride);
+            } else if j >= run && p0 + j < len && j - run < run {
+                fetch(next + (j - run) * stride);
+            }
+            f(p0 + i, base + i * stride);
+        }
+    }
+}
+
+/// How many positions ahead [`cache_rows`] prefetches: in 1B Q4_0 decode steps on 2 Zen 3
+/// threads, attention took 168-187 us a call without, 108 at 4 positions, 95-131 at 8, 134-164
+/// at 12 and 16 (the dots between two rows are short, so a far prefetch lands too early).
+const PREFETCH: usize = 6;
+
+/// `out[d] = fold32(lane l's acc[l * hd + d] for l in 0..32)` for every `d < hd`, eight `d`s
+/// at a time: `fold32`'s adds in its order, each over a vector of eight `d`s instead of one
+/// scalar, so every output is bit-identical to the scalar fold (tested). `acc` holds 32
+/// lane-major rows of `hd = out.len()` floats.
+///
+/// # Safety
+/// The caller detected AVX2; `hd % 8 == 0`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn fold32_rows(acc: &[f32], out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let hd = out.len();
+    assert!(hd.is_multiple_of(8) && acc.len() == 32 * hd);
+    // SAFETY: lane rows are `hd` apart and `d + 8 <= hd`, so every load is inside `acc` and
+    // every store inside `out`; AVX2 by the contract.
+    unsafe {
+        let at = |l: usize, d: usize| _mm256_loadu_ps(acc.as_ptr().add(l * hd + d));
+        for d in (0..hd).step_by(8) {
+            // s[l] = (a[l] + a[16 + l]) + (a[8 + l] + a[24 + l]); then hsum8_hadd over s.
+            let s: [__m256; 8] = std::array::from_fn(|l| {
+                _mm256_add_ps(
+                    _mm256_add_ps(at(l, d), at(16 + l, d)),
+                    _mm256_add_ps(at(8 + l, d), at(24 + l, d)),
+                )
+            });
+            let r: [__m256; 4] = std::array::from_fn(|i| _mm256_add_ps(s[i], s[i + 4]));
+            let v = _mm256_add_ps(_mm256_add_ps(r[0], r[1]), _mm256_add_ps(r[2], r[3]));
+            _mm256_storeu_ps(out.as_mut_ptr().add(d), v);
         }
     }
 }
@@ -184,15 +361,40 @@ pub(crate) unsafe fn heads_decode<F: Fn(usize) -> usize>(
 mod tests {
     use super::*;
     use crate::kernels::attention_ggml::head;
+    use crate::kernels::ggml::fold32;
     use crate::testutil::Rng;
     use half::f16;
 
     #[test]
-    fn grouped_decode_is_bit_identical_to_the_per_head_path() {
-        if crate::Isa::detect() == crate::Isa::Scalar || !is_x86_feature_detected!("avx512f") {
-            println!("no AVX-512F: nothing to run");
+    fn vector_fold_is_bit_identical_to_fold32() {
+        if crate::Isa::detect() == crate::Isa::Scalar {
             return;
         }
+        let mut rng = Rng::new(4);
+        for hd in [8, 32, 64, 128] {
+            // Mixed magnitudes, so the fold's order shows in the low bits.
+            let acc: Vec<f32> = rng
+                .vec(32 * hd, -1.0, 1.0)
+                .into_iter()
+                .enumerate()
+                .map(|(i, v)| v * [1.0, 1e4, 1e-3, 3e7][i % 4])
+                .collect();
+            let mut got = vec![f32::NAN; hd];
+            // SAFETY: a SIMD Isa (AVX2) was detected; hd % 8 == 0.
+            unsafe { fold32_rows(&acc, &mut got) };
+            for (d, g) in got.iter().enumerate() {
+                let want = fold32(&std::array::from_fn(|l| acc[l * hd + d]));
+                assert_eq!(g.to_bits(), want.to_bits(), "hd={hd} d={d}");
+            }
+        }
+    }
+
+    #[test]
+    fn grouped_decode_is_bit_identical_to_the_per_head_path() {
+        if crate::Isa::detect() == crate::Isa::Scalar {
+            return;
+        }
+        let avx512 = is_x86_feature_detected!("avx512f");
         let mut rng = Rng::new(21);
         for (hd, g, len) in [
             (64, 4, 1),
@@ -224,30 +426,44 @@ mod tests {
                 let (qh, oh) = (&q[h * hd..(h + 1) * hd], &mut want[h * hd..(h + 1) * hd]);
                 head(true, qh, &kc, &vc, row_of, len, scale, false, &mut sc, oh);
             }
-            let mut got = vec![f32::NAN; g * hd];
-            let mut gs = Scratch::default();
-            let caches = (&kc[..], &vc[..]);
-            let rows = (row_of, 16, row);
-            // SAFETY: AVX-512F and a SIMD Isa (AVX2, FMA, F16C) detected; hd % 32 == 0.
-            unsafe { heads_decode(hd, &q, caches, rows, len, scale, &mut gs, &mut got) };
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&got), bits(&want), "hd={hd} g={g} len={len}");
+            for wide in [false, avx512] {
+                let mut got = vec![f32::NAN; g * hd];
+                let mut gs = Scratch::default();
+                let caches = (&kc[..], &vc[..]);
+                let rows = (row_of, 16, row);
+                // SAFETY: a SIMD Isa (AVX2, FMA, F16C) detected, AVX-512F where `wide`;
+                // hd % 32 == 0.
+                unsafe {
+                    if wide {
+                        heads_decode(hd, &q, caches, rows, len, scale, &mut gs, &mut got)
+                    } else {
+                        heads_decode_avx2(hd, &q, caches, rows, len, scale, &mut gs, &mut got)
+                    }
+                };
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "hd={hd} g={g} len={len} avx512={wide}"
+                );
+            }
         }
     }
 
     /// One decode token through `paged_attention_numerics` (ggml numerics): 4 KV heads of 3
-    /// query heads on 1 thread (whole KV heads a task) and 16 KV heads of 2 on 2 threads (runs
-    /// of 2), against `head` per query head.
+    /// query heads on 1 thread (whole KV heads a task), 16 KV heads of 2 on 2 threads (runs
+    /// of 2), and SmolLM2's and Qwen2-0.5B's heads on 2 threads (runs of 2 and a last run of
+    /// 1), against `head` per query head.
     #[test]
     fn paged_decode_matches_the_per_head_path() {
         use crate::kernels::attention::{
             block_slot, paged_attention_numerics, AttentionInputs, AttentionShape, KvCacheMut,
         };
         use crate::kernels::ggml::Numerics;
-        if crate::Isa::detect() == crate::Isa::Scalar || !is_x86_feature_detected!("avx512f") {
+        if crate::Isa::detect() == crate::Isa::Scalar {
             return;
         }
-        for (nh, nkv, threads) in [(12, 4, 1), (32, 16, 2)] {
+        for (nh, nkv, threads) in [(12, 4, 1), (32, 16, 2), (9, 3, 2), (14, 2, 2)] {
             let (hd, bs) = (64, 16);
             let shape = AttentionShape {
                 n_heads: nh,

@@ -150,6 +150,12 @@ fn head_body<T: KvElem, F: Fn(usize) -> usize, const F16C: bool>(
             *a = vd.mul_add(w, *a);
         }
     }
+    #[cfg(target_arch = "x86_64")]
+    if F16C && lanes == 32 && hd.is_multiple_of(8) {
+        // SAFETY: `F16C` is true only inside `head_fma` (AVX2 enabled); `s.acc` holds 32 rows
+        // of `hd`.
+        return unsafe { super::attention_decode::fold32_rows(&s.acc, o) };
+    }
     for (d, o) in o.iter_mut().enumerate() {
         *o = if lanes == 8 {
             hsum8(&std::array::from_fn(|l| s.acc[l * hd + d]))
