@@ -106,19 +106,11 @@ pub(crate) unsafe fn heads_decode<F: Fn(usize) -> usize>(
     o: &mut [f32],
 ) {
     use std::arch::x86_64::*;
-    assert!(hd > 0 && hd.is_multiple_of(32) && q.len() == o.len() && q.len().is_multiple_of(hd));
-    let g = q.len() / hd;
-    assert!(g <= 64 && run > 0, "at most 64 query heads per KV head");
+    // SAFETY: AVX2 and F16C, as this function's own contract.
+    let g = unsafe { prepare(hd, q, o.len(), run, len, s) };
     let rows = |cache: &[half::f16], f: &mut dyn FnMut(usize, usize)| {
         cache_rows(len, (&row_of, run, stride), cache, hd, f)
     };
-    s.q.clear();
-    s.q.resize(q.len(), 0.0);
-    // SAFETY: AVX2 and F16C, as this function's own contract.
-    unsafe { super::fdot16_x86::f16_round_into(q, &mut s.q) };
-    s.k.resize(hd, 0.0);
-    s.scores.clear();
-    s.scores.resize(g * len, 0.0);
     let mut max = [f32::NEG_INFINITY; 64];
     // SAFETY: every load and store below reads or writes 16 floats (or halves) at an offset
     // `i + 16 * c < hd` inside a row of `hd`, of `s.k` (hd floats), of a head's `s.q` (g * hd)
@@ -206,19 +198,11 @@ pub(crate) unsafe fn heads_decode_avx2<F: Fn(usize) -> usize>(
     o: &mut [f32],
 ) {
     use std::arch::x86_64::*;
-    assert!(hd > 0 && hd.is_multiple_of(32) && q.len() == o.len() && q.len().is_multiple_of(hd));
-    let g = q.len() / hd;
-    assert!(g <= 64 && run > 0, "at most 64 query heads per KV head");
+    // SAFETY: AVX2 and F16C, as this function's own contract.
+    let g = unsafe { prepare(hd, q, o.len(), run, len, s) };
     let rows = |cache: &[half::f16], f: &mut dyn FnMut(usize, usize)| {
         cache_rows(len, (&row_of, run, stride), cache, hd, f)
     };
-    s.q.clear();
-    s.q.resize(q.len(), 0.0);
-    // SAFETY: AVX2 and F16C, as this function's own contract.
-    unsafe { super::fdot16_x86::f16_round_into(q, &mut s.q) };
-    s.k.resize(hd, 0.0);
-    s.scores.clear();
-    s.scores.resize(g * len, 0.0);
     let mut max = [f32::NEG_INFINITY; 64];
     // SAFETY: every load and store below reads or writes 8 floats (or halves) at an offset
     // `i + 8 * c < hd` inside a row of `hd`, of `s.k` (hd floats), of a head's `s.q` (g * hd)
@@ -276,6 +260,35 @@ pub(crate) unsafe fn heads_decode_avx2<F: Fn(usize) -> usize>(
             fold32_rows(&s.acc[h * 32 * hd..(h + 1) * 32 * hd], oh);
         }
     }
+}
+
+/// The grouped paths' shared start: checks the shapes, rounds the `g = q.len() / hd` query
+/// heads to f16 into `s.q`, sizes `s.k` (one widened row) and `s.scores` (`g * len`); returns
+/// `g`.
+///
+/// # Safety
+/// The caller detected AVX2 and F16C.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn prepare(
+    hd: usize,
+    q: &[f32],
+    out_len: usize,
+    run: usize,
+    len: usize,
+    s: &mut Scratch,
+) -> usize {
+    assert!(hd > 0 && hd.is_multiple_of(32) && q.len() == out_len && q.len().is_multiple_of(hd));
+    let g = q.len() / hd;
+    assert!(g <= 64 && run > 0, "at most 64 query heads per KV head");
+    s.q.clear();
+    s.q.resize(q.len(), 0.0);
+    // SAFETY: AVX2 and F16C, as this function's own contract.
+    unsafe { super::fdot16_x86::f16_round_into(q, &mut s.q) };
+    s.k.resize(hd, 0.0);
+    s.scores.clear();
+    s.scores.resize(g * len, 0.0);
+    g
 }
 
 /// Calls `f(p, row)` for every position `p < len` in order, `row` the offset of its `hd` cache
