@@ -306,14 +306,12 @@ fn cache_rows<F: Fn(usize) -> usize>(
     hd: usize,
     f: &mut dyn FnMut(usize, usize),
 ) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
     let d = PREFETCH;
     let fetch = |row: usize| {
-        for off in (0..hd).step_by(32) {
-            // SAFETY: a prefetch never faults; `wrapping_add` keeps the pointer arithmetic
-            // defined, and every row passed here is a validated position's row anyway.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(cache.as_ptr().wrapping_add(row + off).cast()) };
-        }
+        // Past the cache's end (never, for validated rows) a prefetch only fetches a useless
+        // line; `wrapping_add` keeps the pointer arithmetic defined.
+        let bytes = hd * std::mem::size_of::<half::f16>();
+        super::simd::prefetch_range(cache.as_ptr().wrapping_add(row).cast(), bytes);
     };
     let mut next = if len > 0 { row_of(0) } else { 0 };
     for p0 in (0..len).step_by(run) {
