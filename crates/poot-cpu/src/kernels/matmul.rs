@@ -7,7 +7,9 @@
 //! against the whole block before the next. So each weight byte is read and decoded once per
 //! call whatever `t` is (prefill costs one pass over the weights, not `t`), an activation tile
 //! is read from memory once per block, and no weight is dequantized beyond one block per
-//! thread. One token against F16 or BF16 weights skips the scratch (`matmul_float.rs`).
+//! thread. One token against F16 or BF16 weights skips the scratch (`matmul_float.rs`); several
+//! tokens against F16, BF16 or F32 weights with `k % 8 == 0` on a SIMD path take packed 8-lane
+//! tiles instead (`matmul_lanes8.rs`, within the same bound).
 //!
 //! Numerics: decoding is exact (bit-identical to poot-core's reference), so the only error is
 //! `f32` accumulation: 8 (AVX2, scalar) or 16 (AVX-512) lanes of FMAs/multiply-adds along `k`,
@@ -199,6 +201,14 @@ pub(crate) fn matmul_cached(
             f(ck, p, x, t, k, w, row_bytes, n, out, pool);
             return Ok(());
         }
+    }
+
+    // Several tokens against float weights (exact numerics here: ggml's returned above): the
+    // packed 8-lane tiles with the activations as given, within this path's bound.
+    if super::matmul_lanes8::applies(ck, p, t, k) {
+        let f = super::matmul_lanes8::matmul_lanes8;
+        f(ck, (p, numerics), x, (t, k), (w, row_bytes, n), out, pool);
+        return Ok(());
     }
 
     // Rows are decoded a block at a time (about 256 KiB of f32, so it stays in L2) and every

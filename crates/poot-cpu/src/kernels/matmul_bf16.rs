@@ -73,7 +73,15 @@ pub(crate) fn matmul_bf16_ggml(
     // AVX2 and AVX-512: packed tiles in tinyBLAS's 8-lane order (`matmul_lanes8.rs`).
     if super::matmul_lanes8::applies(ck, Packed::BF16, t, k) {
         let f = super::matmul_lanes8::matmul_lanes8;
-        f(ck, Packed::BF16, x, (t, k), (w, row_bytes, n), out, pool);
+        f(
+            ck,
+            (Packed::BF16, Numerics::Ggml),
+            x,
+            (t, k),
+            (w, row_bytes, n),
+            out,
+            pool,
+        );
         return Ok(());
     }
     let mut rounded = Scratch::<f32>::zeroed(0);
@@ -160,7 +168,7 @@ mod tests {
                             let ck = isa.checked().unwrap();
                             f(
                                 ck,
-                                Packed::BF16,
+                                (Packed::BF16, Numerics::Ggml),
                                 &x,
                                 (t, k),
                                 (&w, 2 * k, n),

@@ -16,7 +16,7 @@
 use super::scratch::Scratch;
 
 use super::decode::Packed;
-use super::ggml::{dot_lanes32, dot_lanes32_f32, dot_lanes8};
+use super::ggml::{dot_lanes32, dot_lanes32_f32, dot_lanes8, Numerics};
 use super::matmul::{BLOCK_FLOATS, TOKEN_TILE};
 use super::matmul_lanes8;
 use super::simd::{self, Checked, Isa, NR};
@@ -39,7 +39,15 @@ pub(crate) fn matmul_float_ggml(
     let tiny = t >= 2 && k.is_multiple_of(8) && n.is_multiple_of(4);
     if tiny && matmul_lanes8::applies(ck, p, t, k) {
         let f = matmul_lanes8::matmul_lanes8;
-        f(ck, p, x, (t, k), (w, row_bytes, n), out, pool);
+        f(
+            ck,
+            (p, Numerics::Ggml),
+            x,
+            (t, k),
+            (w, row_bytes, n),
+            out,
+            pool,
+        );
         return;
     }
     let mut rounded = Scratch::<f32>::zeroed(0);

@@ -2,10 +2,14 @@
 //! output along `k`, then `ggml::hsum8`) for F16, BF16 and F32 weights, on the AVX2 and AVX-512
 //! paths (BF16 where there is no AMX-BF16 path, `matmul_bf16.rs`).
 //!
+//! Two callers: ggml numerics (`matmul_float_ggml.rs`, `matmul_bf16.rs`), which round the
+//! activations as ggml does (F16 weights: to f16; BF16: to bf16), and the exact path's
+//! multi-token float matmuls (`matmul.rs`), which take them as given. The exact path's bound,
+//! `(k / 8 + 16) * 2^-24 * sum |w x|`, holds for these tiles' `(k / 8 + 4)` one.
+//!
 //! Both operands are packed once, in 8-element slices, in the order the tiles read them:
-//! - the activations per call, rounded as ggml does (F16 weights: to f16; BF16: to bf16), by
-//!   groups of [`TG`] tokens, then chunks of the tiling's `kc` elements along `k`, then token
-//!   tiles;
+//! - the activations per call (rounded under ggml numerics), by groups of [`TG`] tokens, then
+//!   chunks of the tiling's `kc` elements along `k`, then token tiles;
 //! - each row block as the thread takes it, by chunks, then row quads.
 //!
 //! Two tilings ([`Tiling`]):
@@ -20,8 +24,8 @@
 //!   noisy (its FMA peak read 117 to 174 within the hour), so these are the best of several
 //!   runs; 512- to 2048-element chunks measured alike once the parked chains stopped going
 //!   through `memcpy` (`fdot16_x86::chunk16`).
-//! - [`NARROW`] (AVX2): F16 operands as f16 bits (widened by `vcvtph2ps`, exact), BF16 as
-//!   `f32` (widening bf16 bits in the loop, two integer ops a slice, measured slower: 512x2048
+//! - [`NARROW`] (AVX2): F16 operands as f16 bits under ggml numerics (widened by `vcvtph2ps`,
+//!   exact; unrounded activations make both `f32` on the exact path), BF16 as `f32` (widening bf16 bits in the loop, two integer ops a slice, measured slower: 512x2048
 //!   x2048 on 2 Zen 3 threads 85 GFLOP/s with `f32` against 49), 256 KiB blocks, tiles of 3
 //!   tokens (AVX2's 16 registers: 12 chains). Loops: group, quad, chunk, tile. A quad's chunk
 //!   stays in L1 while every tile of the group runs over it, every read is sequential (no 4
@@ -29,14 +33,16 @@
 //!   the Zen 3 this was written on, a 512x2048x2048 F16 matmul on one core went from about 35
 //!   GFLOP/s (decoded f32 rows read in place) to about 53-60; its FMA peak is about 89.
 //!
-//! Invariant: every output is bit-identical to `dot_lanes8(row, rounded x)`, whatever the
-//! chunking, tiling or thread count (each lane's chain is the same FMA sequence).
+//! Invariant: every output is bit-identical to `dot_lanes8(row, x')` (`x'` the activations,
+//! rounded under ggml numerics), whatever the chunking, tiling or thread count (each lane's
+//! chain is the same FMA sequence).
 //!
 //! Cost: `2 * t * n * k` flops; memory: the packed activations (`t * k` elements) and, per
 //! thread, a packed row block and the chains (`TG * NR * 8` floats; [`WIDE`]: `TG * 8` per
 //! block row).
 
 use super::decode::Packed;
+use super::ggml::Numerics;
 use super::scratch::{Parked, Scratch};
 use super::simd::{Checked, Isa, NR};
 use crate::pool::{SharedMut, ThreadPool};
@@ -59,12 +65,13 @@ pub(crate) fn applies(ck: Checked, p: Packed, t: usize, k: usize) -> bool {
         && matches!(p, Packed::F16 | Packed::F32 | Packed::BF16)
 }
 
-/// `out[t][n] = dot_lanes8(W[n], x'[t])` with `x'` the activations rounded to f16 for F16
-/// weights and to bf16 for BF16 ones (ggml's `vec_dot_type`s), as they are for F32 (see the
-/// module docs); [`applies`] holds and `matmul_cached` validated the shapes.
+/// `out[t][n] = dot_lanes8(W[n], x'[t])` with `x'` under [`Numerics::Ggml`] the activations
+/// rounded to f16 for F16 weights and to bf16 for BF16 ones (ggml's `vec_dot_type`s), as they
+/// are for F32 and under [`Numerics::Exact`] (see the module docs); [`applies`] holds and
+/// `matmul_cached` validated the shapes.
 pub(crate) fn matmul_lanes8(
     ck: Checked,
-    p: Packed,
+    (p, numerics): (Packed, Numerics),
     x: &[f32],
     (t, k): (usize, usize),
     (w, row_bytes, n): (&[u8], usize, usize),
@@ -108,7 +115,13 @@ pub(crate) fn matmul_lanes8(
                 run(ck, ($tl, $tiles), &xp, shape, $wconv, out, pool)
             }};
         }
+        let ggml = numerics == Numerics::Ggml;
         match (ck.isa().avx512(), p) {
+            // The exact path: activations as given, weights widened to `f32` (exact).
+            (true, Packed::F16) if !ggml => go!(WIDE, wide_tiles, id, w16),
+            (true, Packed::BF16) if !ggml => go!(WIDE, wide_tiles, id, wbf),
+            (false, Packed::F16) if !ggml => go!(NARROW, narrow_tiles, id, w16),
+            (false, Packed::BF16) if !ggml => go!(NARROW, narrow_tiles, id, wbf),
             (true, Packed::F16) => go!(WIDE, wide_tiles, r16, w16),
             (true, Packed::BF16) => go!(WIDE, wide_tiles, bf, wbf),
             (true, _) => go!(WIDE, wide_tiles, id, w32),

@@ -255,3 +255,45 @@ fn empty_shapes_are_fine() {
     assert_eq!(out, [0.0; 3], "k = 0 gives zeros");
     matmul(&[], 0, 32, &[0; 36], DType::Q4_0, 2, &mut [], &pool).unwrap();
 }
+
+#[test]
+fn float_weights_against_several_tokens_take_the_packed_tiles_within_the_bound() {
+    // k past one chunk of either tiling (1024 on AVX2, 512 on AVX-512) and a multiple of 8;
+    // n not a multiple of a quad; t across token tiles (3) and groups (12).
+    let (n, k) = (13, 1040);
+    for (s, dt) in [DType::F16, DType::BF16, DType::F32]
+        .into_iter()
+        .enumerate()
+    {
+        let w = synthetic_weights(dt, n, k, 40 + s as u32);
+        let wf = reference(dt, &w, n * k);
+        for t in [2, 3, 13, 25] {
+            let x = Rng::new(50 + t as u32).vec(t * k, -1.0, 1.0);
+            let (want, tol) = reference_product(&x, t, k, &wf, n);
+            for isa in Isa::available() {
+                let got = run(isa, 2, &x, t, k, &w, dt, n);
+                assert_close(&format!("{dt} t={t} {isa:?}"), &got, &want, &tol);
+                let one = run(isa, 1, &x, t, k, &w, dt, n);
+                assert!(got
+                    .iter()
+                    .zip(&one)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()));
+                if isa == Isa::Scalar {
+                    continue;
+                }
+                // The tiles' invariant with the activations as given (not rounded as ggml's
+                // are): every output is the 8-lane dot bit for bit.
+                for tok in 0..t {
+                    for r in 0..n {
+                        let d = crate::kernels::ggml::dot_lanes8(
+                            &wf[r * k..(r + 1) * k],
+                            &x[tok * k..(tok + 1) * k],
+                        );
+                        let g = got[tok * n + r];
+                        assert_eq!(g.to_bits(), d.to_bits(), "{dt} {isa:?} t={t} {tok},{r}");
+                    }
+                }
+            }
+        }
+    }
+}
