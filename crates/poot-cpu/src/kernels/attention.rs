@@ -15,9 +15,10 @@
 //! the slot the block table gives for that token's position (a scheduler bug otherwise). So a
 //! returned error leaves `k_cache`, `v_cache` and `out` untouched, and nothing panics.
 //!
-//! Numerics ([`Numerics::Exact`]): scores `dot(q, k) * scale` (8 `f32` lanes), softmax in `f32`
-//! with the max subtracted and an `f32` sum, `out = (sum_p e_p * v_p) * (1 / sum)`. Error bound
-//! in the tests. [`Numerics::Ggml`] follows llama.cpp instead (`attention_ggml.rs`). Results do
+//! Numerics ([`Numerics::Exact`], `attention_exact.rs`): scores `dot(q, k) * scale` (8 `f32`
+//! lanes), softmax in `f32` with the max subtracted (`e_p = expf(s_p - max)`, ggml's `expf`,
+//! within 1.95 ulp) and an `f32` sum, `out = (sum_p e_p * v_p) * (1 / sum)`. Error bound in
+//! the tests. [`Numerics::Ggml`] follows llama.cpp instead (`attention_ggml.rs`). Results do
 //! not depend on the thread count.
 //!
 //! Cost: O(sum over tokens of (position + 1) * n_heads * head_dim) multiply-adds, parallel over
@@ -25,7 +26,7 @@
 
 use super::attention_ggml;
 use super::ggml::Numerics;
-use super::scratch::{AttnGuard, Scratch};
+use super::scratch::AttnGuard;
 use super::simd::Isa;
 use crate::error::{check_len, mul};
 use crate::pool::ThreadPool;
@@ -46,6 +47,11 @@ pub trait KvElem: Copy + Send + Sync + 'static {
 
     /// `s` as f16 elements, where this element is f16 (the grouped ggml path reads those).
     fn as_f16(_s: &[Self]) -> Option<&[half::f16]> {
+        None
+    }
+
+    /// `s` as `f32` elements, where this element is `f32` (the exact grouped path reads those).
+    fn as_f32(_s: &[Self]) -> Option<&[f32]> {
         None
     }
 
@@ -92,6 +98,10 @@ pub trait KvElem: Copy + Send + Sync + 'static {
 }
 
 impl KvElem for f32 {
+    fn as_f32(s: &[Self]) -> Option<&[f32]> {
+        Some(s)
+    }
+
     #[inline(always)]
     fn to_f32(self) -> f32 {
         self
@@ -402,65 +412,8 @@ pub fn paged_attention_numerics<T: KvElem>(
         });
         return Ok(());
     }
-    pool.for_each_chunk_mut(
-        out,
-        s.head_dim,
-        || Scratch::<f32>::zeroed(0),
-        |scores: &mut Scratch<f32>, idx, o| {
-            let (tok, h) = (idx / s.n_heads, idx % s.n_heads);
-            let seq = inputs.token_seq[tok] as usize;
-            let len = inputs.positions[tok] as usize + 1;
-            let table = &inputs.block_tables[seq * s.max_blocks_per_seq..];
-            let q = &inputs.q[idx * s.head_dim..(idx + 1) * s.head_dim];
-            let head_off = (h / group) * s.head_dim;
-            // Validated: every table entry below `len` is a block in 0..num_blocks.
-            let row_of = |p: usize| {
-                let slot = block_slot(table, s.block_size, p);
-                slot * kv_row + head_off
-            };
-            scores.clear();
-            let mut max = f32::NEG_INFINITY;
-            for p in 0..len {
-                let r = row_of(p);
-                let sc = dot_kv(q, &k_cache[r..r + s.head_dim]) * s.scale;
-                max = max.max(sc);
-                scores.push(sc);
-            }
-            let mut sum = 0.0f32;
-            for sc in scores.iter_mut() {
-                *sc = (*sc - max).exp();
-                sum += *sc;
-            }
-            o.fill(0.0);
-            for (p, &e) in scores.iter().enumerate() {
-                let r = row_of(p);
-                for (acc, &v) in o.iter_mut().zip(&v_cache[r..r + s.head_dim]) {
-                    *acc += e * v.to_f32();
-                }
-            }
-            let inv = 1.0 / sum;
-            o.iter_mut().for_each(|x| *x *= inv);
-        },
-    );
+    super::attention_exact::attend(s, inputs, (k_cache, v_cache), out, pool);
     Ok(())
-}
-
-/// `dot(q, k)` with the same lane structure as `simd::dot` (identical for `f32`).
-#[inline]
-fn dot_kv<T: KvElem>(q: &[f32], k: &[T]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let (qc, kc) = (q.chunks_exact(8), k.chunks_exact(8));
-    let (qt, kt) = (qc.remainder(), kc.remainder());
-    for (a, b) in qc.zip(kc) {
-        for l in 0..8 {
-            acc[l] += a[l] * b[l].to_f32();
-        }
-    }
-    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (a, b) in qt.iter().zip(kt) {
-        s += a * b.to_f32();
-    }
-    s
 }
 
 /// What validation learned.

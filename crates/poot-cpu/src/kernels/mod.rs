@@ -9,6 +9,7 @@ mod amx_bf16;
 pub mod attention;
 #[cfg(target_arch = "x86_64")]
 mod attention_decode;
+mod attention_exact;
 mod attention_ggml;
 mod attention_grouped;
 pub mod decode;
