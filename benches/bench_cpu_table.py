@@ -1,16 +1,18 @@
 """The CPU performance table of issue 7: poot and llama.cpp side by side, same GGUF, 2 threads.
 
-Rows: SmolLM2-135M Q4_1 (the default model) and synthetic GGUFs (``cpu_synthetic.py``) at
-Llama 3.2 1B shape in Q4_0, Q8_0, Q4_K, F16, BF16 and at Qwen2 0.5B shape in its Q4_K_M type
-mix. Per row: prefill of 512 tokens (tok/s of the prompt) and decode of 128 tokens after a
-64-token prompt (the 64+1 run subtracted from the 64+128 run), poot and llama.cpp alternating
-within each round (so both see the same machine load), every run with a fresh prompt (no
-prefix-cache hits), the median of the rounds; the ratio poot/peer, round by round, and its
-median and range; and the decode roofline: bytes read per token (every weight the step reads,
-plus the KV cache at mid-decode) over the read bandwidth measured before each of the row's
-rounds (numpy, the same thread count), and poot's fraction of it. Resident memory is poot's
-RSS growth while it loads the model and generates, in a fresh interpreter, against the
-GGUF size plus its KV pool.
+Rows: SmolLM2-135M Q4_1 (the default model) and synthetic GGUFs (``cpu_synthetic.py``) at Llama
+3.2 1B shape in Q4_0, Q8_0, Q4_K, F16, BF16 and at Qwen2 0.5B shape in its Q4_K_M type mix, all
+under ggml numerics (llama.cpp's arithmetic); then the F16 and BF16 files again under
+``numerics="auto"`` (what a float checkpoint gets by default: exact, an f32 KV cache), against
+llama.cpp's own arithmetic. Per row: prefill of 512 tokens (tok/s of the prompt) and decode of
+128 tokens after a 64-token prompt (the 64+1 run subtracted from the 64+128 run), poot and
+llama.cpp alternating within each round (so both see the same machine load), every run with a
+fresh prompt (no prefix-cache hits), the median of the rounds; the ratio poot/peer, round by
+round, and its median and range; and the decode roofline: bytes read per token (every weight
+the step reads, plus the KV cache at mid-decode) over the read bandwidth measured before each
+of the row's rounds (numpy, the same thread count), and poot's fraction of it. Resident memory
+is poot's RSS growth while it loads the model and generates, in a fresh interpreter, against
+the GGUF size plus its KV pool.
 
 Run: ``python benches/bench_cpu_table.py [--rows smollm2,llama-q4_0,...] [--write-docs]`` (the
 full table takes tens of minutes on 2 cores), or under pytest, where only the SmolLM2 row runs
@@ -43,21 +45,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cpu_synthetic as syn  # noqa: E402
 
 THREADS = 2
-# Every row runs under ggml numerics, llama.cpp's arithmetic (the peer's): activations
-# rounded or quantized as llama.cpp does and an f16 KV cache. Quantized GGUFs get it by
-# default; F16/BF16 ones would default to "exact" (f32 activations and KV cache).
-NUMERICS = "ggml"
 ROOT = Path(__file__).resolve().parents[1]
 
-# (row key, label, shape or None for the default model, storage type)
-ROWS: list[tuple[str, str, syn.Shape | None, str]] = [
-    ("smollm2", "SmolLM2-135M Q4_1", None, "Q4_1"),
-    ("llama-q4_0", "Llama-3.2-1B shape Q4_0", syn.LLAMA_1B, "Q4_0"),
-    ("llama-q8_0", "Llama-3.2-1B shape Q8_0", syn.LLAMA_1B, "Q8_0"),
-    ("llama-q4_k", "Llama-3.2-1B shape Q4_K", syn.LLAMA_1B, "Q4_K"),
-    ("llama-f16", "Llama-3.2-1B shape F16", syn.LLAMA_1B, "F16"),
-    ("llama-bf16", "Llama-3.2-1B shape BF16", syn.LLAMA_1B, "BF16"),
-    ("qwen2-mix", "Qwen2-0.5B shape Q5_0/Q8_0/Q4_K/Q6_K", syn.QWEN2_05B, "mix"),
+# (row key, label, shape or None for the default model, storage type, numerics)
+# The issue's rows run under ggml numerics, llama.cpp's arithmetic (the peer's): activations
+# rounded or quantized as llama.cpp does and an f16 KV cache. Quantized GGUFs get it by
+# default. The "auto" rows show what a float checkpoint gets by default instead: "exact"
+# (activations as computed, an f32 KV cache), against llama.cpp's own arithmetic.
+ROWS: list[tuple[str, str, syn.Shape | None, str, str]] = [
+    ("smollm2", "SmolLM2-135M Q4_1", None, "Q4_1", "ggml"),
+    ("llama-q4_0", "Llama-3.2-1B shape Q4_0", syn.LLAMA_1B, "Q4_0", "ggml"),
+    ("llama-q8_0", "Llama-3.2-1B shape Q8_0", syn.LLAMA_1B, "Q8_0", "ggml"),
+    ("llama-q4_k", "Llama-3.2-1B shape Q4_K", syn.LLAMA_1B, "Q4_K", "ggml"),
+    ("llama-f16", "Llama-3.2-1B shape F16", syn.LLAMA_1B, "F16", "ggml"),
+    ("llama-bf16", "Llama-3.2-1B shape BF16", syn.LLAMA_1B, "BF16", "ggml"),
+    ("qwen2-mix", "Qwen2-0.5B shape Q5_0/Q8_0/Q4_K/Q6_K", syn.QWEN2_05B, "mix", "ggml"),
+    ("llama-f16-auto", "Llama-3.2-1B shape F16", syn.LLAMA_1B, "F16", "auto"),
+    ("llama-bf16-auto", "Llama-3.2-1B shape BF16", syn.LLAMA_1B, "BF16", "auto"),
 ]
 
 
@@ -97,10 +101,11 @@ def read_bandwidth(threads: int = THREADS, mib: int = 1024, passes: int = 5) -> 
     return a.nbytes / best
 
 
-def bytes_per_token(path: Path, ctx: int) -> tuple[int, int]:
+def bytes_per_token(path: Path, ctx: int, kv_elem: int = 2) -> tuple[int, int]:
     """(weight bytes one decode step reads, KV bytes at context `ctx`) of the GGUF at `path`:
     every tensor but the token embedding (one row of it is read), unless it is also the LM head
-    (no ``output.weight``); KV in f16."""
+    (no ``output.weight``); KV elements of `kv_elem` bytes (f16 under ggml numerics, f32
+    under exact)."""
     import gguf
 
     r = gguf.GGUFReader(str(path))
@@ -112,7 +117,7 @@ def bytes_per_token(path: Path, ctx: int) -> tuple[int, int]:
     dim = int(r.fields[f"{arch}.embedding_length"].contents())
     heads = int(r.fields[f"{arch}.attention.head_count"].contents())
     kv_heads = int(r.fields[f"{arch}.attention.head_count_kv"].contents())
-    kv = 2 * layers * ctx * kv_heads * (dim // heads) * 2
+    kv = 2 * layers * ctx * kv_heads * (dim // heads) * kv_elem
     return total, kv
 
 
@@ -132,12 +137,12 @@ print(json.dumps({"grown": rss() - base, "kv": llm.runtime.memory().get("kv_byte
 """
 
 
-def _rss_ratio(path: Path) -> float:
+def _rss_ratio(path: Path, numerics: str) -> float:
     """poot's resident-memory growth over (GGUF size + KV pool), loading the model and
     generating in a fresh interpreter: in this process other rows' engines (and llama.cpp's)
     come and go, and their memory returning to the system hid part of a row's growth."""
     out = subprocess.run(
-        [sys.executable, "-c", _RSS_SCRIPT, str(path), str(THREADS), NUMERICS],
+        [sys.executable, "-c", _RSS_SCRIPT, str(path), str(THREADS), numerics],
         capture_output=True, text=True, check=True, timeout=900,
     )  # fmt: skip
     m = json.loads(out.stdout.strip().splitlines()[-1])
@@ -166,12 +171,12 @@ def _timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
-def run_row(label: str, path: Path, rounds: int, peer_ok: bool) -> Row:
+def run_row(label: str, path: Path, rounds: int, peer_ok: bool, numerics: str = "ggml") -> Row:
     import poot
 
     row = Row(label, path.stat().st_size)
-    row.rss_ratio = _rss_ratio(path)
-    llm = poot.LLM(str(path), threads=THREADS, max_model_len=1024, numerics=NUMERICS)
+    row.rss_ratio = _rss_ratio(path, numerics)
+    llm = poot.LLM(str(path), threads=THREADS, max_model_len=1024, numerics=numerics)
     row.numerics = llm.numerics
 
     def ours(prompt: list[int], n: int) -> Callable[[], Any]:
@@ -213,7 +218,7 @@ def run_row(label: str, path: Path, rounds: int, peer_ok: bool) -> Row:
             dec[name].append(128 / max(long - short, 1e-9))
     row.prefill = {k: statistics.median(v) for k, v in pre.items()}
     row.decode = {k: statistics.median(v) for k, v in dec.items()}
-    weights, kvb = bytes_per_token(path, 64 + 64)
+    weights, kvb = bytes_per_token(path, 64 + 64, 4 if row.numerics == "exact" else 2)
     row.bandwidth = statistics.median(reads)
     row.roofline = row.bandwidth / (weights + kvb)
     # Ratios are taken round by round, between runs seconds apart, and then their median: the
@@ -321,12 +326,12 @@ def run(keys: list[str], rounds: int | None = None) -> list[Row]:
         raise SystemExit("the default model is not cached: run `poot pull` first")
     rows = []
     peer_ok = _peer_ok()
-    for key, label, shape, quant in ROWS:
+    for key, label, shape, quant, numerics in ROWS:
         if key not in keys:
             continue
         path = smollm if shape is None else syn.synthetic_gguf(shape, quant, smollm)
         n = rounds or (3 if path.stat().st_size < 300e6 else 1)
-        rows.append(run_row(label, path, n, peer_ok))
+        rows.append(run_row(label, path, n, peer_ok, numerics))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
     return rows
 
