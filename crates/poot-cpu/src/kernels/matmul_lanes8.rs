@@ -25,13 +25,14 @@
 //!   runs; 512- to 2048-element chunks measured alike once the parked chains stopped going
 //!   through `memcpy` (`fdot16_x86::chunk16`).
 //! - [`NARROW`] (AVX2): F16 operands as f16 bits under ggml numerics (widened by `vcvtph2ps`,
-//!   exact; unrounded activations make both `f32` on the exact path), BF16 as `f32` (widening bf16 bits in the loop, two integer ops a slice, measured slower: 512x2048
-//!   x2048 on 2 Zen 3 threads 85 GFLOP/s with `f32` against 49), 256 KiB blocks, tiles of 3
-//!   tokens (AVX2's 16 registers: 12 chains). Loops: group, quad, chunk, tile. A quad's chunk
-//!   stays in L1 while every tile of the group runs over it, every read is sequential (no 4
-//!   KiB aliasing between rows `k` apart), and f16 operands halve the bytes pulled from L2. On
-//!   the Zen 3 this was written on, a 512x2048x2048 F16 matmul on one core went from about 35
-//!   GFLOP/s (decoded f32 rows read in place) to about 53-60; its FMA peak is about 89.
+//!   exact; unrounded activations make both `f32` on the exact path), BF16 as `f32` (widening bf16
+//!   bits in the loop, two integer ops a slice, measured slower: 512x2048x2048 on 2 Zen 3 threads
+//!   85 GFLOP/s with `f32` against 49), 256 KiB blocks, tiles of 3 tokens (AVX2's 16 registers: 12
+//!   chains). Loops: group, quad, chunk, tile. A quad's chunk stays in L1 while every tile of the
+//!   group runs over it, every read is sequential (no 4 KiB aliasing between rows `k` apart), and
+//!   f16 operands halve the bytes pulled from L2. On the Zen 3 this was written on, a 512x2048x2048
+//!   F16 matmul on one core went from about 35 GFLOP/s (decoded f32 rows read in place) to about
+//!   53-60; its FMA peak is about 89.
 //!
 //! Invariant: every output is bit-identical to `dot_lanes8(row, x')` (`x'` the activations,
 //! rounded under ggml numerics), whatever the chunking, tiling or thread count (each lane's
