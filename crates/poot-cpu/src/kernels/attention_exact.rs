@@ -219,26 +219,69 @@ unsafe fn grouped_avx2(
         }
         inv[i] = 1.0 / sum;
     }
+    // V by blocks of positions (their rows stay in L1 while every head reads them), each
+    // head's outputs 64 at a time in 8 registers across the block: each output still adds
+    // its terms in position order from 0, so the same bits as one pass.
     o.fill(0.0);
-    for p in 0..len {
-        let r = row_of(p);
-        let v = &v_cache[r..r + hd];
+    let mut rows = [0usize; PB];
+    for p0 in (0..len).step_by(PB) {
+        let pe = (p0 + PB).min(len);
+        for (j, r) in rows[..pe - p0].iter_mut().enumerate() {
+            *r = row_of(p0 + j);
+        }
+        let rows = &rows[..pe - p0];
         for (i, oi) in o.chunks_exact_mut(hd).enumerate() {
-            let e = scores[i * len + p];
-            // SAFETY: 8 floats at each offset c < hd of `v` and `oi` (hd % 8 == 0, asserted);
-            // AVX2 by this function's contract.
-            unsafe {
-                let ev = _mm256_set1_ps(e);
-                for c in (0..hd).step_by(8) {
-                    let at = oi.as_mut_ptr().add(c);
-                    let prod = _mm256_mul_ps(ev, _mm256_loadu_ps(v.as_ptr().add(c)));
-                    _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), prod));
-                }
+            let e = &scores[i * len + p0..i * len + pe];
+            for c0 in (0..hd).step_by(64) {
+                let w = 64.min(hd - c0);
+                // SAFETY: every row is `hd` floats of `v_cache` (validated), `oi` holds `hd`,
+                // and `c0 + w <= hd` with `w % 8 == 0`; AVX2 by this function's contract.
+                unsafe { v_block(v_cache, rows, c0, e, &mut oi[c0..c0 + w]) };
             }
         }
     }
     for (oi, &f) in o.chunks_exact_mut(hd).zip(&inv) {
         oi.iter_mut().for_each(|x| *x *= f);
+    }
+}
+
+/// Positions per block of [`grouped_avx2`]'s V pass (32 rows of a 64-wide head: 8 KiB).
+const PB: usize = 32;
+
+/// `o[d] += e[j] * v_j[c0 + d]` for the rows `v_j` at `rows[j]`, `j` in order, `o` up to 64
+/// floats (a multiple of 8) held in registers across the rows.
+///
+/// # Safety
+/// AVX2 enabled; `rows[j] + c0 + o.len() <= v_cache.len()` for every row.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn v_block(v_cache: &[f32], rows: &[usize], c0: usize, e: &[f32], o: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let nj = o.len() / 8;
+    assert!(o.len().is_multiple_of(8) && nj <= 8 && e.len() == rows.len());
+    // SAFETY: the loads and stores stay inside `o` and the rows (the caller's contract).
+    unsafe {
+        let op = o.as_mut_ptr();
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for (j, a) in acc.iter_mut().enumerate().take(nj) {
+            *a = _mm256_loadu_ps(op.add(8 * j));
+        }
+        for (&r, &ep) in rows.iter().zip(e) {
+            let ev = _mm256_set1_ps(ep);
+            let v = v_cache.as_ptr().add(r + c0);
+            if nj == 8 {
+                for (j, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_add_ps(*a, _mm256_mul_ps(ev, _mm256_loadu_ps(v.add(8 * j))));
+                }
+            } else {
+                for (j, a) in acc.iter_mut().enumerate().take(nj) {
+                    *a = _mm256_add_ps(*a, _mm256_mul_ps(ev, _mm256_loadu_ps(v.add(8 * j))));
+                }
+            }
+        }
+        for (j, a) in acc.iter().enumerate().take(nj) {
+            _mm256_storeu_ps(op.add(8 * j), *a);
+        }
     }
 }
 
@@ -333,16 +376,18 @@ mod tests {
     use crate::testutil::Rng;
 
     /// The grouped path (where this CPU has it) against the per-head one, bit for bit: two
-    /// sequences on scattered blocks, GQA groups of 1 to 4, positions crossing blocks and
-    /// past 8 (the `expf` groups), scores far apart (the slow `expf` lanes).
+    /// sequences on scattered blocks, GQA groups of 1 to 4, head sizes below and past 64 (the
+    /// V pass's register width), positions crossing blocks, past 8 (the `expf` groups) and
+    /// past 32 (the V pass's blocks), scores far apart (the slow `expf` lanes).
     #[test]
     fn grouped_path_is_bit_identical_to_the_per_head_path() {
-        for (n_heads, n_kv_heads, hd) in [(8, 2, 16), (4, 4, 8), (12, 3, 64), (6, 2, 24)] {
+        let shapes = [(8, 2, 16), (4, 4, 8), (12, 3, 64), (6, 2, 24), (4, 2, 136)];
+        for (n_heads, n_kv_heads, hd) in shapes {
             let s = AttentionShape {
                 n_heads,
                 n_kv_heads,
                 head_dim: hd,
-                block_size: 4,
+                block_size: 8,
                 num_blocks: 12,
                 max_blocks_per_seq: 6,
                 scale: 0.7,
@@ -352,8 +397,9 @@ mod tests {
             let k = rng.vec(rows, -3.0, 3.0);
             let v = rng.vec(rows, -1.0, 1.0);
             let tables = vec![7, 2, 9, 0, 11, 4, 1, 10, 3, 6, 8, 5];
-            let positions = vec![0, 3, 8, 22, 5, 17];
-            let token_seq = vec![0, 0, 0, 0, 1, 1];
+            // Past one block of the V pass (32 positions) too.
+            let positions = vec![0, 3, 8, 22, 5, 17, 40, 47];
+            let token_seq = vec![0, 0, 0, 0, 1, 1, 0, 1];
             let t = positions.len();
             let mut q = rng.vec(t * n_heads * hd, -4.0, 4.0);
             q[..hd].iter_mut().for_each(|x| *x *= 40.0);
