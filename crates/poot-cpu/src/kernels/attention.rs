@@ -349,6 +349,21 @@ pub(crate) fn block_slot(table: &[i32], bs: usize, p: usize) -> usize {
     table[blk] as usize * bs + off
 }
 
+/// Where token `tok`'s sequence keeps KV head `kvh`'s row for position `p` in a layer's cache
+/// (`[slots, n_kv_heads, head_dim]`): `row_of(p)` is that row's first element. The block table
+/// entries a token reads were validated, so every such `p` maps inside the cache.
+pub(crate) fn kv_row_of<'a>(
+    s: &'a AttentionShape,
+    inputs: &'a AttentionInputs<'_>,
+    tok: usize,
+    kvh: usize,
+) -> impl Fn(usize) -> usize + 'a {
+    let seq = inputs.token_seq[tok] as usize;
+    let table = &inputs.block_tables[seq * s.max_blocks_per_seq..];
+    let kv_row = s.n_kv_heads * s.head_dim;
+    move |p| block_slot(table, s.block_size, p) * kv_row + kvh * s.head_dim
+}
+
 /// [`paged_attention`] under a chosen [`Numerics`] (the same contract and checks).
 pub fn paged_attention_numerics<T: KvElem>(
     numerics: Numerics,
@@ -389,14 +404,7 @@ pub fn paged_attention_numerics<T: KvElem>(
         }
         pool.for_each_chunk_mut(out, s.head_dim, AttnGuard::take, |scratch, idx, o| {
             let (tok, h) = (idx / s.n_heads, idx % s.n_heads);
-            let seq = inputs.token_seq[tok] as usize;
-            let table = &inputs.block_tables[seq * s.max_blocks_per_seq..];
-            let head_off = (h / group) * s.head_dim;
-            // Validated: every table entry below `len` is a block in 0..num_blocks.
-            let row_of = |p: usize| {
-                let slot = block_slot(table, s.block_size, p);
-                slot * kv_row + head_off
-            };
+            let row_of = kv_row_of(s, inputs, tok, h / group);
             attention_ggml::head(
                 fma,
                 &inputs.q[idx * s.head_dim..(idx + 1) * s.head_dim],

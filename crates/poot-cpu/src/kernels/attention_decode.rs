@@ -56,14 +56,11 @@ pub(crate) fn paged_decode(
     let run = group.min((s.n_heads / (4 * pool.n_threads())).max(2));
     let per_kv = group.div_ceil(run);
     let kv_row = s.n_kv_heads * hd;
-    let seq = inputs.token_seq[0] as usize;
-    let table = &inputs.block_tables[seq * s.max_blocks_per_seq..];
     let len = inputs.positions[0] as usize + 1;
     let shared = crate::pool::SharedMut::new(out);
     pool.for_each_init(s.n_kv_heads * per_kv, AttnGuard::take, |scratch, task| {
         let (kvh, part) = (task / per_kv, task % per_kv);
-        let row_of =
-            |p: usize| super::attention::block_slot(table, s.block_size, p) * kv_row + kvh * hd;
+        let row_of = super::attention::kv_row_of(s, inputs, 0, kvh);
         // Query heads h0..h1 of the step (KV head kvh's are kvh * group.. in order).
         let h0 = kvh * group + part * run;
         let h1 = (h0 + run).min((kvh + 1) * group);

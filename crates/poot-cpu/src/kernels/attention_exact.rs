@@ -18,7 +18,7 @@
 //! Results do not depend on the thread count. Scratch: `group * (max position + 1)` floats per
 //! thread.
 
-use super::attention::{block_slot, AttentionInputs, AttentionShape, KvElem};
+use super::attention::{kv_row_of, AttentionInputs, AttentionShape, KvElem};
 use super::ggml;
 use super::scratch::Scratch;
 use super::simd::Isa;
@@ -62,7 +62,7 @@ pub(crate) fn attend<T: KvElem>(
                 let o = unsafe { shared.slice_mut(idx * gd..(idx + 1) * gd) };
                 let len = inputs.positions[tok] as usize + 1;
                 let q = &inputs.q[idx * gd..(idx + 1) * gd];
-                let row_of = row_fn(s, inputs, tok, kvh);
+                let row_of = kv_row_of(s, inputs, tok, kvh);
                 scores.clear();
                 scores.resize(group * len, 0.0);
                 // SAFETY: `fma` means a SIMD path was detected, and every one includes AVX2 and
@@ -80,23 +80,10 @@ pub(crate) fn attend<T: KvElem>(
             let (tok, h) = (idx / s.n_heads, idx % s.n_heads);
             let len = inputs.positions[tok] as usize + 1;
             let q = &inputs.q[idx * s.head_dim..(idx + 1) * s.head_dim];
-            let row_of = row_fn(s, inputs, tok, h / group);
+            let row_of = kv_row_of(s, inputs, tok, h / group);
             head(fma, s, q, (k_cache, v_cache), row_of, len, scores, o);
         },
     );
-}
-
-/// Where position `p` of token `tok`'s sequence keeps KV head `kvh`'s row in the caches.
-fn row_fn<'a>(
-    s: &'a AttentionShape,
-    inputs: &'a AttentionInputs<'_>,
-    tok: usize,
-    kvh: usize,
-) -> impl Fn(usize) -> usize + 'a {
-    let seq = inputs.token_seq[tok] as usize;
-    let table = &inputs.block_tables[seq * s.max_blocks_per_seq..];
-    let kv_row = s.n_kv_heads * s.head_dim;
-    move |p| block_slot(table, s.block_size, p) * kv_row + kvh * s.head_dim
 }
 
 /// One query head `q` over positions `0..len` (rows at `row_of(p)`) into `o` (see the module
@@ -186,27 +173,11 @@ unsafe fn grouped_avx2(
             }
         }
     }
+    // The last `len % 8` positions one at a time, in `dot_kv`'s order (the same additions).
     for p in whole..len {
         let r = row_of(p);
-        let k = &k_cache[r..r + hd];
         for i in 0..g {
-            let qi = &q[i * hd..(i + 1) * hd];
-            // SAFETY: 8 floats at each offset c < hd of `k` and `qi` (hd % 8 == 0, asserted);
-            // AVX2 by this function's contract.
-            let lanes = unsafe {
-                let mut acc = _mm256_setzero_ps();
-                for c in (0..hd).step_by(8) {
-                    let prod = _mm256_mul_ps(
-                        _mm256_loadu_ps(qi.as_ptr().add(c)),
-                        _mm256_loadu_ps(k.as_ptr().add(c)),
-                    );
-                    acc = _mm256_add_ps(acc, prod);
-                }
-                let mut a = [0.0f32; 8];
-                _mm256_storeu_ps(a.as_mut_ptr(), acc);
-                a
-            };
-            scores[i * len + p] = lane_sum(&lanes) * s.scale;
+            scores[i * len + p] = dot_kv(&q[i * hd..(i + 1) * hd], &k_cache[r..r + hd]) * s.scale;
         }
     }
     let mut inv = [0.0f32; MAX_GROUP];
@@ -269,6 +240,8 @@ unsafe fn v_block(v_cache: &[f32], rows: &[usize], c0: usize, e: &[f32], o: &mut
         for (&r, &ep) in rows.iter().zip(e) {
             let ev = _mm256_set1_ps(ep);
             let v = v_cache.as_ptr().add(r + c0);
+            // The same loop twice: with a count the compiler sees (64-wide heads, the common
+            // case) it unrolls and keeps all eight accumulators in registers.
             if nj == 8 {
                 for (j, a) in acc.iter_mut().enumerate() {
                     *a = _mm256_add_ps(*a, _mm256_mul_ps(ev, _mm256_loadu_ps(v.add(8 * j))));
@@ -420,7 +393,7 @@ mod tests {
             for (idx, want) in got.chunks_exact(hd).enumerate() {
                 let (tok, h) = (idx / n_heads, idx % n_heads);
                 let qh = &q[idx * hd..(idx + 1) * hd];
-                let row_of = row_fn(&s, &inputs, tok, h / (n_heads / n_kv_heads));
+                let row_of = kv_row_of(&s, &inputs, tok, h / (n_heads / n_kv_heads));
                 let len = positions[tok] as usize + 1;
                 let mut o = vec![f32::NAN; hd];
                 head(

@@ -374,7 +374,6 @@ pub(crate) fn paged_grouped<T: KvElem>(
         if !hd.is_multiple_of(8) {
             return false;
         }
-        let kv_row = s.n_kv_heads * hd;
         let tiles = t.div_ceil(TILE);
         let shared = crate::pool::SharedMut::new(out);
         pool.for_each_init(tiles * s.n_kv_heads, AttnGuard::take, |scratch, idx| {
@@ -386,10 +385,7 @@ pub(crate) fn paged_grouped<T: KvElem>(
                 let b = (a..end)
                     .find(|&i| inputs.token_seq[i] != seq)
                     .unwrap_or(end);
-                let table = &inputs.block_tables[seq as usize * s.max_blocks_per_seq..];
-                let row_of = |p: usize| {
-                    super::attention::block_slot(table, s.block_size, p) * kv_row + kvh * hd
-                };
+                let row_of = super::attention::kv_row_of(s, inputs, a, kvh);
                 let q_at = |j: usize| ((a + j) * s.n_heads + kvh * group) * hd;
                 let q_of = |j: usize| &inputs.q[q_at(j)..q_at(j) + group * hd];
                 let mut lens = [0usize; TILE];
