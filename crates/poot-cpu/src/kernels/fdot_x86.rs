@@ -107,25 +107,37 @@ pub(crate) unsafe fn gemv_avx512<const KIND: u8>(w: *const u8, k: usize, x: *con
     s
 }
 
-/// [`gemv_avx512`] on AVX2 (two 8-lane accumulators, a `k % 16` tail).
+/// [`gemv_avx512`] on AVX2: four 8-lane accumulators over 32-element steps (one FMA chain
+/// each; with two, the loop waited on FMA latency and BF16 rows, whose widening is two integer
+/// ops, fell behind the memory stream), then one 16-element step into the first two, added
+/// pairwise and lane-summed, then the `k % 16` tail in order.
 ///
 /// # Safety
 /// AVX2, FMA and F16C detected; as [`gemv_avx512`] otherwise.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn gemv_avx2<const KIND: u8>(w: *const u8, k: usize, x: *const f32) -> f32 {
-    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let main = k & !15;
+    let mut a = [_mm256_setzero_ps(); 4];
+    let (main32, main) = (k & !31, k & !15);
     let mut i = 0;
-    // SAFETY: i + 16 <= main <= k for every load.
+    // SAFETY: i + 32 <= main32 (then i + 16 <= main) <= k for every load.
     unsafe {
-        while i < main {
-            a0 = _mm256_fmadd_ps(load8::<KIND>(w.add(2 * i)), _mm256_loadu_ps(x.add(i)), a0);
+        while i < main32 {
+            for (q, acc) in a.iter_mut().enumerate() {
+                let (wq, xq) = (w.add(2 * (i + 8 * q)), x.add(i + 8 * q));
+                *acc = _mm256_fmadd_ps(load8::<KIND>(wq), _mm256_loadu_ps(xq), *acc);
+            }
+            i += 32;
+        }
+        if i < main {
+            a[0] = _mm256_fmadd_ps(load8::<KIND>(w.add(2 * i)), _mm256_loadu_ps(x.add(i)), a[0]);
             let (w1, x1) = (w.add(2 * i + 16), x.add(i + 8));
-            a1 = _mm256_fmadd_ps(load8::<KIND>(w1), _mm256_loadu_ps(x1), a1);
-            i += 16;
+            a[1] = _mm256_fmadd_ps(load8::<KIND>(w1), _mm256_loadu_ps(x1), a[1]);
         }
     }
-    let mut s = hsum256(_mm256_add_ps(a0, a1));
+    let mut s = hsum256(_mm256_add_ps(
+        _mm256_add_ps(a[0], a[1]),
+        _mm256_add_ps(a[2], a[3]),
+    ));
     for j in main..k {
         // SAFETY: j < k: inside the row and x.
         let (lo, hi, xj) = unsafe { (*w.add(2 * j), *w.add(2 * j + 1), *x.add(j)) };

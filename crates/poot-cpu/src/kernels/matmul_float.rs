@@ -6,9 +6,10 @@
 //!
 //! Numerics:
 //! - [`Numerics::Exact`] (and BF16's ggml activations once rounded, off AVX512-BF16, see
-//!   `matmul_bf16.rs`): one `f32` FMA accumulator of 16 lanes (AVX-512) or 8 (AVX2) per row along `k`, a lane sum, then
-//!   the `k % 16` (or `% 8`) tail in order; the exact path's bound,
-//!   `(k / 8 + 16) * 2^-24 * sum_k |x||w|`, holds (the tests assert it).
+//!   `matmul_bf16.rs`): 32 `f32` FMA lanes per row along `k` (two 16-lane accumulators on
+//!   AVX-512, four 8-lane ones on AVX2, which then take one 16-element step in the first two),
+//!   added and lane-summed, then the `k % 32` (AVX2: `k % 16`) tail in order; the exact
+//!   path's bound, `(k / 8 + 16) * 2^-24 * sum_k |x||w|`, holds (the tests assert it).
 //! - [`Numerics::Ggml`] with F16 weights: activations rounded to f16, then `ggml_vec_dot_f16`'s
 //!   32 lanes, fold and `f64` tail (`ggml::dot_lanes32`), bit for bit.
 //!

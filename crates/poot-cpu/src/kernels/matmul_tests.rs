@@ -164,16 +164,19 @@ fn matmul_matches_the_reference_on_real_weights() {
 #[test]
 fn matmul_matches_the_reference_for_every_dtype() {
     for (s, dt) in MATMUL_DTYPES.into_iter().enumerate() {
-        // Odd row counts exercise partial row groups; plain floats get a k that is not a
-        // multiple of any vector width.
-        let k = if dt.is_quantized() {
-            2 * dt.block_elems() as usize
+        // Odd row counts exercise partial row groups; plain floats get k that are not a
+        // multiple of any vector width, with and without a 32-element step (AVX2's one-token
+        // loop: 32-element steps, one 16-element step, a tail).
+        let ks: &[usize] = if dt.is_quantized() {
+            &[2 * dt.block_elems() as usize]
         } else {
-            45
+            &[29, 61]
         };
-        let n = 7 + s % 3;
-        let w = synthetic_weights(dt, n, k, 300 + s as u32);
-        check_matrix("synthetic", dt, &w, n, k, 11 * s as u32);
+        for &k in ks {
+            let n = 7 + s % 3;
+            let w = synthetic_weights(dt, n, k, 300 + s as u32);
+            check_matrix("synthetic", dt, &w, n, k, 11 * s as u32);
+        }
     }
 }
 
