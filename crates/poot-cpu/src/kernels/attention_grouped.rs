@@ -163,6 +163,17 @@ pub(crate) unsafe fn heads_f16<'q, Q: Fn(usize) -> &'q [f32], F: Fn(usize) -> us
             }
         }
         for (j, &len) in lens.iter().enumerate() {
+            if !wide {
+                if len > p0 {
+                    let n = PB.min(len - p0);
+                    let (scores, acc) = (&s.scores[..], &mut s.acc[..]);
+                    // SAFETY: AVX2/FMA enabled here; `v_heads_avx2`'s shapes hold: the
+                    // block's `n <= PB` rows, token j's `g` heads of weights (`stride` each,
+                    // `p0 + n <= len <= stride`) and lane accumulators (`8 * hd` each).
+                    unsafe { v_heads_avx2(block, (scores, stride, p0), acc, (j, g, hd), n) };
+                }
+                continue;
+            }
             let len8 = len.next_multiple_of(8);
             if len8 <= p0 {
                 continue;
@@ -175,16 +186,9 @@ pub(crate) unsafe fn heads_f16<'q, Q: Fn(usize) -> &'q [f32], F: Fn(usize) -> us
             for h in 0..g {
                 let at = (j * g + h) * stride + p0;
                 let acc = &mut s.acc[(j * g + h) * 8 * hd..(j * g + h + 1) * 8 * hd];
-                let v = |rows: &[f32], w: &[f32], acc: &mut [f32]| {
-                    // SAFETY: AVX-512F detected for `wide`, AVX2/FMA enabled here; shapes as
-                    // asserted by the callee.
-                    unsafe {
-                        if wide {
-                            v_lanes_avx512(rows, w, hd, acc);
-                        } else {
-                            v_lanes_avx2(rows, w, hd, acc);
-                        }
-                    }
+                // SAFETY: AVX-512F detected (`wide`); shapes as asserted by the callee.
+                let v = |rows: &[f32], w: &[f32], acc: &mut [f32]| unsafe {
+                    v_lanes_avx512(rows, w, hd, acc);
                 };
                 if full > 0 {
                     v(block, &s.scores[at..at + full], acc);
@@ -256,36 +260,124 @@ fn hsum8x8(acc: [std::arch::x86_64::__m256; 8]) -> std::arch::x86_64::__m256 {
     _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
 }
 
-/// `acc[l * hd + d] = fma(v[p][d], w[p], .)` over the block's positions `p % 8 == l` in
-/// order (`head`'s V loop on its lane-major accumulators), 8 outputs at a time in registers;
-/// `w.len()` is a multiple of 8 (zero weights pad it).
+/// Pass 2 of [`heads_f16`] on AVX2 for token `j`'s `g` heads over the block's first `n`
+/// positions (rows of `hd` floats in `v`, weights `scores[(j * g + h) * stride + p0..]`):
+/// `acc[((j * g + h) * 8 + l) * hd + d] = fma(v[p][d], w_h[p], .)` for the positions `p % 8
+/// == l` in order, `head`'s lane-major V loop, so every accumulator sees the same FMAs in the
+/// same order. Positions from `n` to the next multiple of 8 are skipped, where `head` adds
+/// `fma(0, 0, acc) = acc` (accumulators start at +0 and never become -0).
+///
+/// How: lane by lane, tiles of up to 4 heads by 16 outputs (8 accumulators in registers): per
+/// position two row loads and a broadcast weight per head serve 8 FMAs. One head and 8 outputs
+/// at a time had needed a row load and a broadcast per FMA, which bound the loop by loads.
+///
+/// # Safety
+/// AVX2 and FMA detected; `v` holds `n * hd` floats, `scores` `(j * g + g - 1) * stride + p0
+/// + n` and `acc` `(j + 1) * g * 8 * hd` (asserted); `hd % 8 == 0`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn v_lanes_avx2(v: &[f32], w: &[f32], hd: usize, acc: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let len = w.len();
-    assert!(v.len() >= len * hd && acc.len() >= 8 * hd && hd.is_multiple_of(8));
-    assert!(len.is_multiple_of(8));
-    for d in (0..hd).step_by(8) {
-        // SAFETY: rows `p < len` of `hd` floats in `v`, 8 rows of `hd` in `acc` (asserted);
-        // AVX2/FMA enabled here.
-        unsafe {
-            let mut a: [__m256; 8] =
-                std::array::from_fn(|l| _mm256_loadu_ps(acc.as_ptr().add(l * hd + d)));
-            for (p8, w8) in w.chunks_exact(8).enumerate() {
-                for (j, a) in a.iter_mut().enumerate() {
-                    let x = _mm256_loadu_ps(v.as_ptr().add((8 * p8 + j) * hd + d));
-                    *a = _mm256_fmadd_ps(x, _mm256_set1_ps(w8[j]), *a);
+unsafe fn v_heads_avx2(
+    v: &[f32],
+    (scores, stride, p0): (&[f32], usize, usize),
+    acc: &mut [f32],
+    (j, g, hd): (usize, usize, usize),
+    n: usize,
+) {
+    assert!(v.len() >= n * hd && hd.is_multiple_of(8) && p0 + n <= stride);
+    assert!(scores.len() >= (j + 1) * g * stride && acc.len() >= (j + 1) * g * 8 * hd);
+    let mut h0 = 0;
+    while h0 < g {
+        let hh = (g - h0).min(4);
+        let w = |h: usize| scores[(j * g + h0 + h) * stride + p0..].as_ptr();
+        let base = acc.as_mut_ptr();
+        // In bounds: heads h0 + h < g of token j (asserted above).
+        let a = |h: usize| base.wrapping_add((j * g + h0 + h) * 8 * hd);
+        for d0 in (0..hd).step_by(16) {
+            let two = d0 + 16 <= hd;
+            // SAFETY: as this function's contract; heads h0..h0 + hh < g, outputs d0 + 16 (or
+            // 8) <= hd.
+            unsafe {
+                match (hh, two) {
+                    (4, true) => {
+                        v_tile::<4, 2>(v, std::array::from_fn(w), hd, d0, n, std::array::from_fn(a))
+                    }
+                    (4, false) => {
+                        v_tile::<4, 1>(v, std::array::from_fn(w), hd, d0, n, std::array::from_fn(a))
+                    }
+                    (3, true) => {
+                        v_tile::<3, 2>(v, std::array::from_fn(w), hd, d0, n, std::array::from_fn(a))
+                    }
+                    (3, false) => {
+                        v_tile::<3, 1>(v, std::array::from_fn(w), hd, d0, n, std::array::from_fn(a))
+                    }
+                    (2, true) => {
+                        v_tile::<2, 2>(v, std::array::from_fn(w), hd, d0, n, std::array::from_fn(a))
+                    }
+                    (2, false) => {
+                        v_tile::<2, 1>(v, std::array::from_fn(w), hd, d0, n, std::array::from_fn(a))
+                    }
+                    (_, true) => {
+                        v_tile::<1, 2>(v, std::array::from_fn(w), hd, d0, n, std::array::from_fn(a))
+                    }
+                    (_, false) => {
+                        v_tile::<1, 1>(v, std::array::from_fn(w), hd, d0, n, std::array::from_fn(a))
+                    }
                 }
             }
-            for (l, a) in a.iter().enumerate() {
-                _mm256_storeu_ps(acc.as_mut_ptr().add(l * hd + d), *a);
+        }
+        h0 += hh;
+    }
+}
+
+/// [`v_heads_avx2`]'s tile: `H` heads (weights at `w[h]`, lane accumulators at `a[h]`) by `D`
+/// runs of 8 outputs from `d0`, lane by lane over positions `l, l + 8, .. < n`.
+///
+/// # Safety
+/// As [`v_heads_avx2`], for the tile's heads and outputs.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn v_tile<const H: usize, const D: usize>(
+    v: &[f32],
+    w: [*const f32; H],
+    hd: usize,
+    d0: usize,
+    n: usize,
+    a: [*mut f32; H],
+) {
+    use std::arch::x86_64::*;
+    let vp = v.as_ptr();
+    for l in 0..n.min(8) {
+        // SAFETY: the caller's contract: lane l's outputs d0..d0 + 8 D of each head, rows p <
+        // n, weights p < n.
+        unsafe {
+            let at = |h: usize, dd: usize| a[h].add(l * hd + d0 + 8 * dd);
+            let mut r: [[__m256; D]; H] =
+                std::array::from_fn(|h| std::array::from_fn(|dd| _mm256_loadu_ps(at(h, dd))));
+            let mut p = l;
+            while p < n {
+                let x: [__m256; D] =
+                    std::array::from_fn(|dd| _mm256_loadu_ps(vp.add(p * hd + d0 + 8 * dd)));
+                for (h, rh) in r.iter_mut().enumerate() {
+                    let wv = _mm256_broadcast_ss(&*w[h].add(p));
+                    for (dd, acc) in rh.iter_mut().enumerate() {
+                        *acc = _mm256_fmadd_ps(x[dd], wv, *acc);
+                    }
+                }
+                p += 8;
+            }
+            for (h, rh) in r.iter().enumerate() {
+                for (dd, acc) in rh.iter().enumerate() {
+                    _mm256_storeu_ps(at(h, dd), *acc);
+                }
             }
         }
     }
 }
 
-/// [`v_lanes_avx2`] 16 outputs at a time (`hd % 16 == 0`): each output's FMAs are the same.
+/// `head`'s lane-major V loop on AVX-512, 16 outputs at a time (`hd % 16 == 0`):
+/// `acc[l * hd + d] = fma(v[p][d], w[p], .)` over the block's positions `p % 8 == l` in order;
+/// `w.len()` is a multiple of 8 (zero weights pad it).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 fn v_lanes_avx512(v: &[f32], w: &[f32], hd: usize, acc: &mut [f32]) {
@@ -297,7 +389,8 @@ fn v_lanes_avx512(v: &[f32], w: &[f32], hd: usize, acc: &mut [f32]) {
     // FMAs (one broadcast and one row load per FMA had made this loop bound by loads).
     let mut d0 = 0;
     while d0 + 32 <= hd {
-        // SAFETY: as `v_lanes_avx2`; AVX-512F enabled here; d0 + 32 <= hd.
+        // SAFETY: rows `p < len` of `hd` floats in `v`, 8 rows of `hd` in `acc` (asserted);
+        // AVX-512F enabled here; d0 + 32 <= hd.
         unsafe {
             let mut a: [[__m512; 8]; 2] = std::array::from_fn(|c| {
                 std::array::from_fn(|l| _mm512_loadu_ps(acc.as_ptr().add(l * hd + d0 + 16 * c)))
@@ -320,7 +413,7 @@ fn v_lanes_avx512(v: &[f32], w: &[f32], hd: usize, acc: &mut [f32]) {
         d0 += 32;
     }
     for d in (d0..hd).step_by(16) {
-        // SAFETY: as `v_lanes_avx2`; AVX-512F enabled here.
+        // SAFETY: as above.
         unsafe {
             let mut a: [__m512; 8] =
                 std::array::from_fn(|l| _mm512_loadu_ps(acc.as_ptr().add(l * hd + d)));
@@ -430,158 +523,5 @@ pub(crate) fn paged_grouped<T: KvElem>(
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]
-mod tests {
-    use super::*;
-    use crate::kernels::attention_ggml::head;
-    use crate::testutil::Rng;
-    use half::f16;
-
-    #[test]
-    fn grouped_heads_are_bit_identical_to_the_per_head_path() {
-        if crate::Isa::detect() == crate::Isa::Scalar {
-            return;
-        }
-        let mut rng = Rng::new(12);
-        // (hd, g, lens of the tile's tokens): one token; ragged and whole groups of 8; a
-        // shorter token after a longer one (its last group's later rows are in the block);
-        // several position blocks; hd without AVX-512's 16-wide V.
-        for (hd, g, lens) in [
-            (64, 3, &[1][..]),
-            (64, 3, &[37][..]),
-            (64, 7, &[200, 201, 202][..]),
-            (128, 4, &[9, 3, 16, 8][..]),
-            (72, 2, &[50, 49][..]),
-            (8, 2, &[300, 1, 299, 64, 65, 130, 7, 8][..]),
-            (64, 4, &[129, 130, 131, 132, 133, 134, 135, 136][..]),
-        ] {
-            let len = lens.iter().copied().max().unwrap();
-            // Two KV heads per cache row; this group reads the second (offset hd).
-            let (kv_heads, slots) = (2, len + 5);
-            let row = kv_heads * hd;
-            let cache = |rng: &mut Rng| -> Vec<f16> {
-                rng.vec(slots * row, -2.0, 2.0)
-                    .into_iter()
-                    .map(f16::from_f32)
-                    .collect()
-            };
-            let (kc, vc) = (cache(&mut rng), cache(&mut rng));
-            // Scattered slots: position p lives at slot (p * 7 + 3) % slots, kept unique.
-            let slot = |p: usize| (p * 7 + 3) % slots;
-            let row_of = |p: usize| slot(p) * row + hd;
-            let tt = lens.len();
-            let q = rng.vec(tt * g * hd, -3.0, 3.0);
-            let scale = (hd as f32).powf(-0.5);
-            let mut want = vec![0.0f32; tt * g * hd];
-            let mut sc = Scratch::default();
-            for (j, &l) in lens.iter().enumerate() {
-                for h in 0..g {
-                    let at = (j * g + h) * hd;
-                    let (qh, oh) = (&q[at..at + hd], &mut want[at..at + hd]);
-                    head(true, qh, &kc, &vc, row_of, l, scale, true, &mut sc, oh);
-                }
-            }
-            let mut got = vec![f32::NAN; tt * g * hd];
-            let mut gs = Scratch::default();
-            let q_of = |j: usize| &q[j * g * hd..(j + 1) * g * hd];
-            let caches = (&kc[..], &vc[..]);
-            // SAFETY: a SIMD Isa was detected (AVX2, FMA, F16C).
-            unsafe { heads_f16(hd, g, q_of, lens, caches, row_of, scale, &mut gs, &mut got) };
-            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&got), bits(&want), "hd={hd} g={g} lens={lens:?}");
-        }
-    }
-
-    /// A whole paged step through `paged_attention_numerics` (ggml numerics, the grouped
-    /// path): two sequences' tokens interleaved (runs split inside a tile), more tokens than a
-    /// tile, a reused cache, on 1 and 2 threads, against `head` per token and head.
-    #[test]
-    fn paged_tiles_match_the_per_head_path_across_sequences() {
-        use crate::kernels::attention::{
-            block_slot, paged_attention_numerics, AttentionInputs, AttentionShape, KvCacheMut,
-        };
-        use crate::kernels::ggml::Numerics;
-        if crate::Isa::detect() == crate::Isa::Scalar {
-            return;
-        }
-        let (nh, nkv, hd, bs) = (8, 2, 64, 16);
-        let shape = AttentionShape {
-            n_heads: nh,
-            n_kv_heads: nkv,
-            head_dim: hd,
-            block_size: bs,
-            num_blocks: 12,
-            max_blocks_per_seq: 5,
-            scale: 0.125,
-        };
-        // Sequence 0 in blocks 7, 2, 9, 0; sequence 1 in 4, 11, 1.
-        let tables: Vec<i32> = vec![7, 2, 9, 0, -1, 4, 11, 1, -1, -1];
-        // Sequence 0 already holds 20 positions, sequence 1 holds 5.
-        let toks: Vec<(i32, i32)> = (20..30)
-            .map(|p| (0, p))
-            .chain((5..9).map(|p| (1, p)))
-            .chain([(0, 30), (0, 31), (1, 9)])
-            .collect();
-        let t = toks.len();
-        let mut rng = Rng::new(77);
-        let row = nkv * hd;
-        let cache: Vec<f16> = rng
-            .vec(shape.num_blocks * bs * row, -2.0, 2.0)
-            .into_iter()
-            .map(f16::from_f32)
-            .collect();
-        let (q, k, v) = (
-            rng.vec(t * nh * hd, -2.0, 2.0),
-            rng.vec(t * row, -2.0, 2.0),
-            rng.vec(t * row, -2.0, 2.0),
-        );
-        let slot_of =
-            |seq: i32, p: i32| block_slot(&tables[seq as usize * 5..], bs, p as usize) as i32;
-        let slots: Vec<i32> = toks.iter().map(|&(s, p)| slot_of(s, p)).collect();
-        let seqs: Vec<i32> = toks.iter().map(|&(s, _)| s).collect();
-        let positions: Vec<i32> = toks.iter().map(|&(_, p)| p).collect();
-        let inputs = AttentionInputs {
-            q: &q,
-            k: &k,
-            v: &v,
-            slot_mapping: &slots,
-            token_seq: &seqs,
-            positions: &positions,
-            block_tables: &tables,
-        };
-        let mut runs = Vec::new();
-        let (mut kc, mut vc) = (cache.clone(), cache.clone());
-        for threads in [1, 2] {
-            let (mut k1, mut v1) = (cache.clone(), cache.clone());
-            let mut out = vec![f32::NAN; t * nh * hd];
-            let pool = crate::ThreadPool::new(threads).unwrap();
-            let kv = KvCacheMut {
-                k: &mut k1,
-                v: &mut v1,
-            };
-            paged_attention_numerics(Numerics::Ggml, &shape, &inputs, kv, &mut out, &pool).unwrap();
-            (kc, vc) = (k1, v1);
-            runs.push(out);
-        }
-        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&runs[0]), bits(&runs[1]), "thread count");
-        let mut sc = Scratch::default();
-        let mut want = vec![0.0f32; hd];
-        for (i, &(seq, pos)) in toks.iter().enumerate() {
-            for h in 0..nh {
-                let kvh = h / (nh / nkv);
-                let row_of = |p: usize| slot_of(seq, p as i32) as usize * row + kvh * hd;
-                let at = (i * nh + h) * hd;
-                let qh = &q[at..at + hd];
-                let len = pos as usize + 1;
-                head(
-                    true, qh, &kc, &vc, row_of, len, 0.125, true, &mut sc, &mut want,
-                );
-                assert_eq!(
-                    bits(&runs[0][at..at + hd]),
-                    bits(&want),
-                    "token {i} head {h}"
-                );
-            }
-        }
-    }
-}
+#[path = "attention_grouped_tests.rs"]
+mod tests;
