@@ -241,8 +241,24 @@ pub(crate) unsafe fn expf8(x: &[f32; 8]) -> [f32; 8] {
     use std::arch::x86_64::*;
     // SAFETY: AVX2 and FMA by the caller's contract; loads and stores stay in the arrays.
     unsafe {
+        let mut out = [0.0f32; 8];
+        _mm256_storeu_ps(out.as_mut_ptr(), expf8v(_mm256_loadu_ps(x.as_ptr())));
+        out
+    }
+}
+
+/// [`expf8`] from and to a register (a loop that stores its results anyway then waits on no
+/// store-to-load forwarding).
+///
+/// # Safety
+/// The caller has detected AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn expf8v(xv: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    // SAFETY: AVX2 and FMA by the caller's contract; register-only operations.
+    unsafe {
         let c = |bits: u32| _mm256_set1_ps(f32::from_bits(bits));
-        let xv = _mm256_loadu_ps(x.as_ptr());
         let r = c(0x4b40_0000);
         let z = _mm256_fmadd_ps(xv, c(0x3fb8_aa3b), r);
         let n = _mm256_sub_ps(z, r);
@@ -272,9 +288,7 @@ pub(crate) unsafe fn expf8(x: &[f32; 8]) -> [f32; 8] {
             let rc = _mm256_blendv_ps(near, _mm256_mul_ps(s1, s1), huge);
             r = _mm256_blendv_ps(r, rc, slow);
         }
-        let mut out = [0.0f32; 8];
-        _mm256_storeu_ps(out.as_mut_ptr(), r);
-        out
+        r
     }
 }
 
@@ -294,6 +308,23 @@ pub(crate) fn fold32(acc: &[f32; 32]) -> f32 {
 pub fn hsum8(a: &[f32; 8]) -> f32 {
     let r = [a[4] + a[0], a[5] + a[1], a[6] + a[2], a[7] + a[3]];
     (r[0] + r[2]) + (r[1] + r[3])
+}
+
+/// [`hsum8`] of a register, the same additions.
+///
+/// # Safety
+/// The caller has detected AVX.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn hsum8v(a: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
+    // SAFETY: AVX by the caller's contract; register-only operations.
+    unsafe {
+        // [a0+a4, a1+a5, a2+a6, a3+a7], then lanes 0 + 2 and 1 + 3, then their sum.
+        let v = _mm_add_ps(_mm256_extractf128_ps::<1>(a), _mm256_castps256_ps128(a));
+        let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+        _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)))
+    }
 }
 
 /// `GGML_F32x8_REDUCE`'s last steps (two `hadd`s): `(a0+a4 + a1+a5) + (a2+a6 + a3+a7)`.
@@ -364,6 +395,23 @@ mod tests {
         unsafe { silu_rows_fma(&x, 21, &mut got) };
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&got), bits(&want));
+    }
+
+    /// The register fold is `hsum8`'s additions: orders that differ only in rounding would
+    /// pass every attention test, whose results are rounded to f16.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn hsum8v_is_hsum8() {
+        if !is_x86_feature_detected!("avx") {
+            return;
+        }
+        let mut rng = crate::testutil::Rng::new(5);
+        for _ in 0..2000 {
+            let a: [f32; 8] = rng.vec(8, -1e3, 1e3).try_into().expect("8 values");
+            // SAFETY: AVX was just detected; `a` holds 8 floats.
+            let got = unsafe { hsum8v(std::arch::x86_64::_mm256_loadu_ps(a.as_ptr())) };
+            assert_eq!(got.to_bits(), hsum8(&a).to_bits(), "{a:?}");
+        }
     }
 
     #[cfg(target_arch = "x86_64")]

@@ -12,6 +12,7 @@ mod attention_decode;
 mod attention_exact;
 mod attention_ggml;
 mod attention_grouped;
+mod attention_grouped_simd;
 pub mod decode;
 pub mod embedding;
 #[cfg(target_arch = "x86_64")]
