@@ -180,7 +180,7 @@ pub(super) fn softmax_round<T: KvElem, const F16C: bool>(scores: &mut [f32], max
             // on store-to-load forwarding, a third of a prefill's attention on a Zen 3.
             unsafe {
                 let x = _mm256_sub_ps(_mm256_loadu_ps(chunk.as_ptr()), _mm256_set1_ps(max));
-                let e = super::ggml::expf8v(x);
+                let e = super::ggml::expf8(x);
                 _mm256_storeu_ps(chunk.as_mut_ptr(), e);
                 sum += f64::from(super::ggml::hsum8v(e));
             }

@@ -148,9 +148,8 @@ fn silu_rows_fma(x: &[f32], d: usize, out: &mut [f32]) {
             // SAFETY: 8 floats in `v` and `y`; AVX2 and FMA enabled here.
             unsafe {
                 let xv = _mm256_loadu_ps(v.as_ptr());
-                let mut neg = [0.0f32; 8];
-                _mm256_storeu_ps(neg.as_mut_ptr(), _mm256_sub_ps(_mm256_setzero_ps(), xv));
-                let e = _mm256_loadu_ps(expf8(&neg).as_ptr());
+                // In registers: through arrays, every group waited on store-to-load forwarding.
+                let e = expf8(_mm256_sub_ps(_mm256_setzero_ps(), xv));
                 let r = _mm256_div_ps(xv, _mm256_add_ps(_mm256_set1_ps(1.0), e));
                 _mm256_storeu_ps(y.as_mut_ptr(), r);
             }
@@ -230,31 +229,15 @@ fn lanes32(a: &[f32], b: &[f32]) -> [f32; 32] {
     acc
 }
 
-/// [`expf`] on 8 lanes at once (`x[l]` to `out[l]`), bit-identical lane by lane: the same
-/// operations as ggml's `ggml_v_expf`, vectorized, its slow path (`|n| > 126`) blended in.
+/// [`expf`] on the 8 lanes of a register, bit-identical lane by lane: the same operations as
+/// ggml's `ggml_v_expf`, vectorized, its slow path (`|n| > 126`) blended in. Register in and
+/// out: loops that went through arrays stalled on store-to-load forwarding.
 ///
 /// # Safety
 /// The caller has detected AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-pub(crate) unsafe fn expf8(x: &[f32; 8]) -> [f32; 8] {
-    use std::arch::x86_64::*;
-    // SAFETY: AVX2 and FMA by the caller's contract; loads and stores stay in the arrays.
-    unsafe {
-        let mut out = [0.0f32; 8];
-        _mm256_storeu_ps(out.as_mut_ptr(), expf8v(_mm256_loadu_ps(x.as_ptr())));
-        out
-    }
-}
-
-/// [`expf8`] from and to a register (a loop that stores its results anyway then waits on no
-/// store-to-load forwarding).
-///
-/// # Safety
-/// The caller has detected AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-pub(crate) unsafe fn expf8v(xv: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+pub(crate) unsafe fn expf8(xv: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
     use std::arch::x86_64::*;
     // SAFETY: AVX2 and FMA by the caller's contract; register-only operations.
     unsafe {
@@ -337,6 +320,19 @@ pub fn hsum8_hadd(a: &[f32; 8]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`expf8`] on an array.
+    ///
+    /// # Safety
+    /// AVX2 and FMA detected.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn expf8_lanes(x: &[f32; 8]) -> [f32; 8] {
+        use std::arch::x86_64::*;
+        let mut out = [0.0f32; 8];
+        // SAFETY: AVX2 and FMA (the contract); 8 floats in each array.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), expf8(_mm256_loadu_ps(x.as_ptr()))) };
+        out
+    }
 
     #[test]
     fn expf_within_two_ulp_and_saturates() {
@@ -424,7 +420,7 @@ mod tests {
         while x < 95.0 {
             let v: [f32; 8] = std::array::from_fn(|l| x + l as f32 * 0.37);
             // SAFETY: AVX2 and FMA were just detected.
-            let got = unsafe { expf8(&v) };
+            let got = unsafe { expf8_lanes(&v) };
             for l in 0..8 {
                 assert_eq!(got[l].to_bits(), expf(v[l]).to_bits(), "x = {}", v[l]);
             }
@@ -456,7 +452,7 @@ mod tests {
         ];
         for special in specials {
             // SAFETY: as above.
-            let got = unsafe { expf8(&special) };
+            let got = unsafe { expf8_lanes(&special) };
             for l in 0..8 {
                 assert_eq!(
                     got[l].to_bits(),
