@@ -273,6 +273,17 @@ pub fn repack_for(
     n: usize,
     k: usize,
 ) -> Result<Option<Repack>, KernelError> {
+    repack_for_on(numerics, isa, (w, w_dtype), (n, k), None)
+}
+
+/// [`repack_for`], the re-lay spread over `pool`'s threads where there is one (the same bytes).
+pub fn repack_for_on(
+    numerics: Numerics,
+    isa: Isa,
+    (w, w_dtype): (&[u8], DType),
+    (n, k): (usize, usize),
+    pool: Option<&ThreadPool>,
+) -> Result<Option<Repack>, KernelError> {
     isa.checked()?;
     if numerics != Numerics::Ggml {
         return Ok(None);
@@ -285,15 +296,16 @@ pub fn repack_for(
     Ok(match (q, super::qdot_k::KKind::new(w_dtype)) {
         (Some(kind), _) => {
             checked()?;
-            Some(Repack::Q(Repacked::new(kind, w, n, k / 32)))
+            Some(Repack::Q(Repacked::new_on(kind, w, n, k / 32, pool)))
         }
         (None, Some(kind)) => {
             checked()?;
-            Some(Repack::K(RepackedK::new(
+            Some(Repack::K(RepackedK::new_on(
                 kind,
                 w,
                 n,
                 k / super::qdot_k::QK_K,
+                pool,
             )))
         }
         (None, None) => None,

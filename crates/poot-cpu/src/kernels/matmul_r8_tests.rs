@@ -10,6 +10,32 @@ use poot_core::DType;
 
 const KINDS: [DType; 4] = [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0];
 
+/// The re-lay on a pool (as the runtime builds it) is the sequential one's bytes, for every
+/// 8-row kind and both k-quant kinds.
+#[test]
+fn a_relay_on_the_pool_is_the_sequential_one() {
+    use crate::kernels::qdot_k::{KKind, QK_K};
+    use crate::kernels::repack_k::RepackedK;
+    let pool = crate::ThreadPool::new(3).unwrap();
+    let (n, k) = (45, 512);
+    for dt in KINDS {
+        let (kind, w) = (QKind::new(dt).unwrap(), synthetic_weights(dt, n, k, 8));
+        let (a, b) = (
+            Repacked::new(kind, &w, n, k / 32),
+            Repacked::new_on(kind, &w, n, k / 32, Some(&pool)),
+        );
+        assert!((0..a.groups()).all(|g| a.group(g) == b.group(g)), "{dt}");
+    }
+    for (dt, kind) in [(DType::Q4_K, KKind::Q4_K), (DType::Q6_K, KKind::Q6_K)] {
+        let w = synthetic_weights(dt, n, k, 9);
+        let (a, b) = (
+            RepackedK::new(kind, &w, n, k / QK_K),
+            RepackedK::new_on(kind, &w, n, k / QK_K, Some(&pool)),
+        );
+        assert!((0..a.groups()).all(|g| a.group(g) == b.group(g)), "{dt}");
+    }
+}
+
 #[test]
 fn stored_rows_round_trip() {
     for dt in KINDS {

@@ -108,7 +108,20 @@ impl Repacked {
     ///
     /// # Panics
     /// If `kind` is not [`Repacked::supports`]ed or the length disagrees (callers check both).
+    #[cfg(test)]
     pub(crate) fn new(kind: QKind, w: &[u8], n: usize, nb: usize) -> Repacked {
+        Repacked::new_on(kind, w, n, nb, None)
+    }
+
+    /// [`Repacked::new`], the groups spread over `pool`'s threads where there is one (a
+    /// model's first plan re-lays every weight; see `hugemem::HugeBytes::copy_of_on`).
+    pub(crate) fn new_on(
+        kind: QKind,
+        w: &[u8],
+        n: usize,
+        nb: usize,
+        pool: Option<&crate::ThreadPool>,
+    ) -> Repacked {
         assert!(Repacked::supports(kind), "no 8-row layout for {kind:?}");
         let bb = kind.block_bytes();
         assert_eq!(w.len(), n * nb * bb, "repack length");
@@ -118,7 +131,7 @@ impl Repacked {
         let qoff = bb - 32 / if kind == QKind::Q8_0 { 1 } else { 2 };
         let groups = n.div_ceil(RG);
         let mut data = crate::hugemem::HugeBytes::zeroed(groups * nb * sb);
-        for (g, out) in data.chunks_exact_mut(nb * sb).enumerate() {
+        let fill = |g: usize, out: &mut [u8]| {
             for (b, s) in out.chunks_exact_mut(sb).enumerate() {
                 for r in 0..RG.min(n - g * RG) {
                     let src = &w[((g * RG + r) * nb + b) * bb..][..bb];
@@ -138,7 +151,8 @@ impl Repacked {
                     }
                 }
             }
-        }
+        };
+        over_groups(&mut data, nb * sb, pool, fill);
         Repacked { kind, n, nb, data }
     }
 
@@ -225,5 +239,25 @@ impl Repack {
             Repack::Q(r) => r.bytes(),
             Repack::K(r) => r.bytes(),
         }
+    }
+}
+
+/// `fill(g, group g's bytes)` for every group of `data` (`group` bytes each), on `pool`'s
+/// threads where there is one (groups are disjoint, so the result is the same).
+pub(crate) fn over_groups(
+    data: &mut [u8],
+    group: usize,
+    pool: Option<&crate::ThreadPool>,
+    fill: impl Fn(usize, &mut [u8]) + Sync,
+) {
+    if group == 0 {
+        return;
+    }
+    match pool {
+        Some(p) => p.for_each_chunk_mut(data, group, || (), |(), g, out| fill(g, out)),
+        None => data
+            .chunks_exact_mut(group)
+            .enumerate()
+            .for_each(|(g, out)| fill(g, out)),
     }
 }

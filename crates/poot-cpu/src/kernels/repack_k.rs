@@ -110,12 +110,24 @@ impl RepackedK {
     ///
     /// # Panics
     /// If the length disagrees (callers check it).
+    #[cfg(test)]
     pub(crate) fn new(kind: KKind, w: &[u8], n: usize, nb: usize) -> RepackedK {
+        RepackedK::new_on(kind, w, n, nb, None)
+    }
+
+    /// [`RepackedK::new`], the groups spread over `pool`'s threads where there is one.
+    pub(crate) fn new_on(
+        kind: KKind,
+        w: &[u8],
+        n: usize,
+        nb: usize,
+        pool: Option<&crate::ThreadPool>,
+    ) -> RepackedK {
         let bb = kind.block_bytes();
         assert_eq!(w.len(), n * nb * bb, "repack length");
         let sb = RG * bb;
         let mut data = crate::hugemem::HugeBytes::zeroed(n.div_ceil(RG) * nb * sb);
-        for (g, out) in data.chunks_exact_mut(nb * sb).enumerate() {
+        let fill = |g: usize, out: &mut [u8]| {
             for (b, s) in out.chunks_exact_mut(sb).enumerate() {
                 for r in 0..RG.min(n - g * RG) {
                     let src = &w[((g * RG + r) * nb + b) * bb..][..bb];
@@ -126,7 +138,8 @@ impl RepackedK {
                     }
                 }
             }
-        }
+        };
+        super::repack::over_groups(&mut data, nb * sb, pool, fill);
         RepackedK { kind, n, nb, data }
     }
 

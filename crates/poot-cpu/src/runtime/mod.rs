@@ -222,13 +222,12 @@ impl CpuRuntime {
                 }
             }
             let info = g.info(*w);
-            let rp = crate::kernels::matmul::repack_for(
+            let rp = crate::kernels::matmul::repack_for_on(
                 self.options.numerics,
                 Isa::detect(),
-                stored(name)?,
-                info.dtype,
-                info.shape[0],
-                info.shape[1],
+                (stored(name)?, info.dtype),
+                (info.shape[0], info.shape[1]),
+                Some(&self.pool),
             )
             .map_err(|e| RuntimeError::Kernel {
                 op: "matmul",
@@ -241,7 +240,10 @@ impl CpuRuntime {
             } else if float_copies && !info.dtype.is_quantized() {
                 // A plain float matrix keeps its layout but moves to huge pages (see
                 // `hugemem`); its mapped pages go at once, so loading never holds two copies.
-                let cp = Arc::new(Prepared::Copy(HugeBytes::copy_of(stored(name)?)));
+                let cp = Arc::new(Prepared::Copy(HugeBytes::copy_of_on(
+                    stored(name)?,
+                    &self.pool,
+                )));
                 weights.release(name);
                 cache.insert(ck, (Arc::downgrade(weights), cp.clone()));
                 plan.copied.insert(w.index(), cp);
