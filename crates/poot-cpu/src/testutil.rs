@@ -44,6 +44,14 @@ impl Rng {
     pub fn vec(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
         (0..n).map(|_| self.uniform(lo, hi)).collect()
     }
+
+    /// [`Rng::vec`] rounded to f16 (an f16 KV cache's contents).
+    pub fn f16_vec(&mut self, n: usize, lo: f32, hi: f32) -> Vec<half::f16> {
+        self.vec(n, lo, hi)
+            .into_iter()
+            .map(half::f16::from_f32)
+            .collect()
+    }
 }
 
 /// `n` rows of `k` elements of `dtype` with random quants and finite, realistic scales.

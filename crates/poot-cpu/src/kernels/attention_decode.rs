@@ -414,13 +414,10 @@ mod tests {
             // Two KV heads per cache row; this group reads the second (offset hd).
             let (kv_heads, slots) = (2, (len + 5usize).next_multiple_of(16));
             let row = kv_heads * hd;
-            let cache = |rng: &mut Rng| -> Vec<f16> {
-                rng.vec(slots * row, -2.0, 2.0)
-                    .into_iter()
-                    .map(f16::from_f32)
-                    .collect()
-            };
-            let (kc, vc) = (cache(&mut rng), cache(&mut rng));
+            let (kc, vc) = (
+                rng.f16_vec(slots * row, -2.0, 2.0),
+                rng.f16_vec(slots * row, -2.0, 2.0),
+            );
             // Blocks of 16 slots in a scrambled order: position p in block `p / 16`'s
             // `(b * 5 + 2) % blocks`-th block, offset `p % 16`.
             let blocks = slots / 16;
@@ -487,11 +484,7 @@ mod tests {
             let tables: Vec<i32> = vec![1, 2, 4, 7, -1, -1, 8, 3, 5, 0, 6, -1];
             let mut rng = Rng::new(5);
             let row = nkv * hd;
-            let cache: Vec<f16> = rng
-                .vec(shape.num_blocks * bs * row, -2.0, 2.0)
-                .into_iter()
-                .map(f16::from_f32)
-                .collect();
+            let cache: Vec<f16> = rng.f16_vec(shape.num_blocks * bs * row, -2.0, 2.0);
             let (q, k, v) = (
                 rng.vec(nh * hd, -2.0, 2.0),
                 rng.vec(row, -2.0, 2.0),

@@ -27,13 +27,10 @@ fn grouped_heads_are_bit_identical_to_the_per_head_path() {
         // Two KV heads per cache row; this group reads the second (offset hd).
         let (kv_heads, slots) = (2, len + 5);
         let row = kv_heads * hd;
-        let cache = |rng: &mut Rng| -> Vec<f16> {
-            rng.vec(slots * row, -2.0, 2.0)
-                .into_iter()
-                .map(f16::from_f32)
-                .collect()
-        };
-        let (kc, vc) = (cache(&mut rng), cache(&mut rng));
+        let (kc, vc) = (
+            rng.f16_vec(slots * row, -2.0, 2.0),
+            rng.f16_vec(slots * row, -2.0, 2.0),
+        );
         // Scattered slots: position p lives at slot (p * 7 + 3) % slots, kept unique.
         let slot = |p: usize| (p * 7 + 3) % slots;
         let row_of = |p: usize| slot(p) * row + hd;
@@ -93,11 +90,7 @@ fn paged_tiles_match_the_per_head_path_across_sequences() {
     let t = toks.len();
     let mut rng = Rng::new(77);
     let row = nkv * hd;
-    let cache: Vec<f16> = rng
-        .vec(shape.num_blocks * bs * row, -2.0, 2.0)
-        .into_iter()
-        .map(f16::from_f32)
-        .collect();
+    let cache: Vec<f16> = rng.f16_vec(shape.num_blocks * bs * row, -2.0, 2.0);
     let (q, k, v) = (
         rng.vec(t * nh * hd, -2.0, 2.0),
         rng.vec(t * row, -2.0, 2.0),
