@@ -200,3 +200,17 @@ def test_sampling_params_defaults() -> None:
     assert p.seed is None and p.stop_ids == frozenset() and not p.ignore_eos and not p.greedy
     assert SamplingParams(temperature=0, stop_token_ids=[5, 6]).stop_ids == {5, 6}
     assert SamplingParams(top_k=-1).top_k == -1
+
+
+def test_loading_prepares_the_weights_so_the_first_request_does_not(
+    make_llm: Callable[..., Any], stories: Path
+) -> None:
+    # Q8_0 under ggml numerics: every matmul weight is re-laid 8 rows at a time, which a
+    # plan's first compile does; the model's load now runs it (outside the plan cache).
+    llm = make_llm(stories / "stories260K-Q8_0.gguf")
+    prepared = llm.runtime.memory()["weight_bytes"]
+    assert llm.numerics == "ggml" and prepared > 0
+    assert llm.stats()["prepared_entries"] == 0
+    llm.generate([PROMPT], SamplingParams(max_tokens=2, temperature=0.0))
+    assert llm.runtime.memory()["weight_bytes"] == prepared
+    assert llm.stats()["prepared_entries"] > 0

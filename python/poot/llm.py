@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal
@@ -267,6 +268,12 @@ class LLM:
             from poot.planner.runners import attach
 
             self.compiled = attach(self, config)
+        elif backend == "cpu":
+            # The weights' huge-page copies and re-lays happen here rather than in the first
+            # request (the planner's paths place and stream weights their own way).
+            t0 = time.perf_counter()
+            self.runner.prepare_weights()
+            logger.info("weights prepared in %.2f s", time.perf_counter() - t0)
         logger.info(opts.log_line(h, entry_bytes))
 
     def __repr__(self) -> str:
