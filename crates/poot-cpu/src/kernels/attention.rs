@@ -180,19 +180,14 @@ impl KvElem for half::f16 {
             // (`fold32`: `(0 + 2) + (1 + 3)` by accumulator, then two `hadd`s; `hsum8`: halves,
             // `movehl`, `movehdup`), in registers.
             let s = if lanes == 8 {
-                let h = _mm_add_ps(
-                    _mm256_extractf128_ps::<1>(acc[0]),
-                    _mm256_castps256_ps128(acc[0]),
-                );
-                let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-                _mm_add_ss(h, _mm_movehdup_ps(h))
+                super::ggml::hsum8v(acc[0])
             } else {
                 let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
                 let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
                 let h = _mm_hadd_ps(h, h);
-                _mm_hadd_ps(h, h)
+                _mm_cvtss_f32(_mm_hadd_ps(h, h))
             };
-            Some(_mm_cvtss_f32(s))
+            Some(s)
         }
     }
 

@@ -12,6 +12,8 @@
 
 use std::arch::x86_64::*;
 
+use super::ggml::hsum8v;
+
 use super::qact::BlockQ8;
 use super::qdot::QKind;
 use super::simd::Checked;
@@ -186,17 +188,6 @@ unsafe fn lanes_ss<const VNNI: bool>(x: __m256i, y: __m256i) -> __m256i {
     unsafe { lanes_us::<VNNI>(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)) }
 }
 
-/// `hsum_float_8`: `(hi + lo)`, then `movehl`, then `movehdup` (see `ggml::hsum8`).
-#[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
-    // SAFETY: AVX enabled by the caller.
-    unsafe {
-        let s = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
-    }
-}
-
 /// `R` rows (at `w`, `row_bytes` apart) against `T` activation rows (`a`, `nb` blocks apart)
 /// into `out[j * R + r]`; `KIND`: 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q8_0. Each weight block is unpacked
 /// once and used for all `T` tokens.
@@ -262,9 +253,9 @@ unsafe fn rows<const KIND: u8, const R: usize, const T: usize, const VNNI: bool>
         for r in 0..R {
             for j in 0..T {
                 out[j * R + r] = if KIND == 1 {
-                    hsum(acc[r][j]) + summs[r][j]
+                    hsum8v(acc[r][j]) + summs[r][j]
                 } else {
-                    hsum(acc[r][j])
+                    hsum8v(acc[r][j])
                 };
             }
         }

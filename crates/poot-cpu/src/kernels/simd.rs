@@ -307,12 +307,11 @@ mod x86 {
 
     use super::NR;
 
+    /// `ggml::hsum8`'s additions on a register.
     #[target_feature(enable = "avx2,fma")]
     fn hsum256(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
+        // SAFETY: AVX2 enabled on this function.
+        unsafe { super::super::ggml::hsum8v(v) }
     }
 
     /// The scalar tail `i0..k` of row `r` and token `j`, added to `s`.
