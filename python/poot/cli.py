@@ -238,7 +238,8 @@ def _sampling(args: argparse.Namespace) -> Any:
 def _load_llm(args: argparse.Namespace) -> Any:
     from poot.llm import LLM
 
-    return LLM(args.model, threads=args.threads, backend=args.backend)
+    progress = not getattr(args, "quiet", False)
+    return LLM(args.model, threads=args.threads, backend=args.backend, progress=progress)
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:

@@ -148,6 +148,9 @@ class LLM:
         prepared_policy: when the plan cache is full, ``"evict"`` drops the least recently
             used, ``"refuse"`` raises ``PreparedEntryLimitError`` (the request ends; the LLM
             is usable).
+        progress: on a terminal, a progress bar while the CPU runtime prepares the weights at
+            load (huge-page copies and re-lays: seconds for a 2.4 GB F16 model), once that has
+            taken half a second.
 
     Raises:
         ModelNotFoundError, CheckpointFormatError: the model cannot be resolved or opened.
@@ -176,6 +179,7 @@ class LLM:
         prepared_policy: PreparedPolicy | None = None,
         config: CompileConfig | None = None,
         backend: Literal["cpu", "wgpu"] = "cpu",
+        progress: bool = True,
     ) -> None:
         self.files: ModelFiles = resolve_model_files(model)
         self.tokenizer: Tokenizer = load_tokenizer(self.files)
@@ -272,7 +276,7 @@ class LLM:
             # The weights' huge-page copies and re-lays happen here rather than in the first
             # request (the planner's paths place and stream weights their own way).
             t0 = time.perf_counter()
-            self.runner.prepare_weights()
+            self.runner.prepare_weights(progress=progress)
             logger.info("weights prepared in %.2f s", time.perf_counter() - t0)
         logger.info(opts.log_line(h, entry_bytes))
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 import numpy.typing as npt
@@ -52,6 +52,7 @@ from poot._native import (
 from poot.models.llama import LlamaModel
 from poot.models.step import MASK_INPUT, StepKind, StepShape, trace_head
 from poot.prepared import PreparedCache, PreparedPolicy
+from poot.progress import polled_bar
 from poot.sampling import MAX_LOGPROBS
 
 __all__ = ["LOGPROB_WIDTH", "SamplingRows", "StepResult", "StepRunner", "next_pow2"]
@@ -177,15 +178,32 @@ class StepRunner:
         """The compiled plan for ``shape``, traced and compiled on first use."""
         return self.plans.get_or_prepare(shape, self._prepare)
 
-    def prepare_weights(self) -> None:
+    def prepare_weights(self, *, progress: bool = True, file: TextIO | None = None) -> None:
         """Compiles the one-token step once, outside the plan cache, and drops the plan.
 
         A runtime's first compile prepares every weight it reads (the CPU runtime's copies to
         huge pages and 8-row re-lays, kept per weight store and shared by later plans), which a
         model's first request would otherwise pay: seconds for a 2.4 GB F16 model. llama.cpp
         warms up at load likewise. The plan cache's counts and bytes are untouched.
+
+        Args:
+            progress: draw a bar of the bytes prepared (``poot.progress.polled_bar``) where
+                the runtime reports them (the CPU runtime's ``weight_progress``), on a
+                terminal, once the work has taken half a second.
+            file: where the bar goes (default stderr); a file given here gets it whatever
+                the time taken (tests read it).
         """
-        self._prepare(StepShape(1, 1, 1))
+        poll = getattr(self.runtime, "weight_progress", None)
+        if not progress or poll is None:
+            self._prepare(StepShape(1, 1, 1))
+            return
+        desc = "prepare weights"
+        if file is None:
+            bar = polled_bar(poll, desc=desc)
+        else:
+            bar = polled_bar(poll, desc=desc, file=file, disable=False, delay=0.0)
+        with bar:
+            self._prepare(StepShape(1, 1, 1))
 
     def _prepare(self, shape: StepShape) -> Plan:
         tracer = Tracer(self.weights, shape.tokens, self.trace_limits)

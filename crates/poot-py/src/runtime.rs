@@ -39,7 +39,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 fn new_cpu_runtime(
     threads: Option<usize>,
     numerics: poot_cpu::Numerics,
-) -> Result<Arc<dyn Runtime>, RuntimeError> {
+) -> Result<Arc<poot_cpu::CpuRuntime>, RuntimeError> {
     let options = poot_cpu::CpuOptions {
         threads: threads.unwrap_or(0),
         numerics,
@@ -139,6 +139,8 @@ pub(crate) fn to_numpy(py: Python<'_>, t: HostTensor) -> PyResult<Bound<'_, PyAn
 #[pyclass(name = "CpuRuntime", module = "poot._native", frozen)]
 pub struct PyCpuRuntime {
     inner: Arc<dyn Runtime>,
+    /// The same runtime, for what only the CPU runtime has.
+    cpu: Arc<poot_cpu::CpuRuntime>,
 }
 
 impl std::fmt::Debug for PyCpuRuntime {
@@ -159,9 +161,12 @@ impl PyCpuRuntime {
                 "numerics must be \"ggml\" or \"exact\", got {numerics:?}"
             ))
         })?;
-        let inner = without_gil(py, move || new_cpu_runtime(threads, numerics))?
+        let cpu = without_gil(py, move || new_cpu_runtime(threads, numerics))?
             .map_err(|e| runtime_error(py, e))?;
-        Ok(PyCpuRuntime { inner })
+        Ok(PyCpuRuntime {
+            inner: cpu.clone(),
+            cpu,
+        })
     }
 
     /// The backend's name.
@@ -228,6 +233,13 @@ impl PyCpuRuntime {
     /// `{"status": "ok"}` or `{"status": "poisoned", "reason": ...}`.
     fn health<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         health_of(&self.inner, py)
+    }
+
+    /// `(done, total)`: stored bytes of the matmul weights the compile in progress has
+    /// prepared and of those it has to prepare (after it, the last such compile's); callable
+    /// from another thread while `compile` runs, to draw progress.
+    fn weight_progress(&self) -> (u64, u64) {
+        self.cpu.weight_progress()
     }
 
     fn __repr__(&self) -> String {

@@ -125,7 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar while pulling")
+    p.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress bars (pulling, preparing weights)"
+    )
     return p
 
 
@@ -152,6 +154,7 @@ def _config(args: argparse.Namespace) -> ServerConfig:
         chat_template=template,
         step_timeout_s=args.step_timeout,
         backend=args.backend,
+        progress=not args.quiet,
     )
 
 
@@ -178,8 +181,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if args.quiet:
-        os.environ.setdefault("TQDM_DISABLE", "1")
 
     import uvicorn
 

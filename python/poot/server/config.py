@@ -39,6 +39,7 @@ class ServerConfig:
         step_timeout_s: the deadline of each engine step on the device; a step that misses
             it poisons the runtime (``/health`` then answers 503 ``dead``).
         backend: ``"cpu"`` or ``"wgpu"`` (``poot.LLM(backend=...)``).
+        progress: progress bars while loading (pulling the default model, preparing weights).
     """
 
     model: str | None = None
@@ -56,6 +57,7 @@ class ServerConfig:
     max_n: int = 16
     chat_template: str | None = None
     step_timeout_s: float = 600.0
+    progress: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "kv_cache_bytes", "max_queue", "max_body_bytes", "max_n"):

@@ -49,16 +49,16 @@ def _available_bytes() -> int:
         return 0
 
 
-def load_llm(config: ServerConfig, progress: bool = True) -> LLM:
-    """Resolves (pulling the default model with a progress bar if needed) and loads the model,
-    its KV pool sized by ``DriverOptions.fit`` to the memory free after the weights, capped
-    by ``config.kv_cache_bytes``.
+def load_llm(config: ServerConfig) -> LLM:
+    """Resolves (pulling the default model if needed) and loads the model, its KV pool sized by
+    ``DriverOptions.fit`` to the memory free after the weights, capped by
+    ``config.kv_cache_bytes``; with progress bars where ``config.progress``.
 
     Raises:
         PootError: the model cannot be found or loaded, or the memory does not hold one
             sequence.
     """
-    files = resolve_model_files(config.model, progress=progress)
+    files = resolve_model_files(config.model, progress=config.progress)
     h = files.hparams
     max_model_len = config.max_model_len or min(h.context_length, 4096)
     entry_bytes = 2 if _numerics_for("auto", files) == "ggml" else 4
@@ -92,6 +92,7 @@ def load_llm(config: ServerConfig, progress: bool = True) -> LLM:
         driver=opts,
         timeout_s=config.step_timeout_s,
         backend="wgpu" if config.backend == "wgpu" else "cpu",
+        progress=config.progress,
     )
     if config.chat_template is not None:
         llm.tokenizer.chat_templates["default"] = config.chat_template

@@ -29,6 +29,7 @@ mod plan;
 mod profile;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use half::f16;
@@ -119,6 +120,9 @@ pub struct CpuRuntime {
     /// Weights re-laid for a faster kernel (`kernels::repack`), shared by every plan compiled
     /// against the same store; an entry lives while its store does.
     repacks: Mutex<RepackCache>,
+    /// Stored bytes of matmul weights the compile in progress (or the last one) prepared, and
+    /// of those it had to prepare: read without a lock while a compile holds `repacks`.
+    preparing: (AtomicU64, AtomicU64),
 }
 
 /// Re-laid weights by (store address, tensor name); the `Weak` tells a live store from a new
@@ -157,6 +161,7 @@ impl CpuRuntime {
             poison: Poison::default(),
             arena: Mutex::new(arena::Arena::default()),
             repacks: Mutex::new(HashMap::new()),
+            preparing: (AtomicU64::new(0), AtomicU64::new(0)),
             profile: (options.profile || std::env::var_os("POOT_CPU_PROFILE").is_some())
                 .then(profile::Profile::default),
         })
@@ -165,6 +170,16 @@ impl CpuRuntime {
     /// The per-op-kind timing table, when profiling is on (see `CpuOptions::profile`).
     pub fn profile_report(&self) -> Option<String> {
         self.profile.as_ref().map(profile::Profile::report)
+    }
+
+    /// `(done, total)`: stored bytes of the matmul weights the compile in progress has
+    /// prepared (copied or re-laid) and of those it found to prepare; after it, those of the
+    /// last compile that prepared any. Lock-free, so a caller can draw progress while a
+    /// compile runs (a model's first compile prepares gigabytes).
+    pub fn weight_progress(&self) -> (u64, u64) {
+        let (done, total) = &self.preparing;
+        let total = total.load(Ordering::Acquire);
+        (done.load(Ordering::Acquire).min(total), total)
     }
 
     pub fn threads(&self) -> usize {
@@ -208,13 +223,14 @@ impl CpuRuntime {
                 .ok_or_else(|| RuntimeError::MissingWeight { name: name.clone() })
         };
         let float_copies = crate::hugemem::available();
+        // The matmul weights this store has no copy of yet, each once, in graph order.
+        let mut todo: Vec<(poot_graph::ValueId, &String)> = Vec::new();
         for op in &g.equations {
             let Op::MatMul { w, .. } = op else { continue };
             let Op::Weight { name } = &g.equations[w.index()] else {
                 continue;
             };
-            let ck = (key, name.clone());
-            if let Some((store, rp)) = cache.get(&ck) {
+            if let Some((store, rp)) = cache.get(&(key, name.clone())) {
                 if store.upgrade().is_some_and(|s| Arc::ptr_eq(&s, weights)) {
                     match &**rp {
                         Prepared::Repack(_) => plan.repacked.insert(w.index(), rp.clone()),
@@ -223,11 +239,27 @@ impl CpuRuntime {
                     continue;
                 }
             }
-            let info = g.info(*w);
+            if !todo.iter().any(|(_, n)| *n == name) {
+                todo.push((*w, name));
+            }
+        }
+        let mut total = 0u64;
+        for (_, name) in &todo {
+            total += stored(name)?.len() as u64;
+        }
+        let (done, all) = &self.preparing;
+        if total > 0 {
+            // `done` first: a reader that sees the new total sees the reset too.
+            done.store(0, Ordering::Release);
+            all.store(total, Ordering::Release);
+        }
+        for (w, name) in todo {
+            let info = g.info(w);
+            let bytes = stored(name)?;
             let rp = crate::kernels::matmul::repack_for_on(
                 self.options.numerics,
                 Isa::detect(),
-                (stored(name)?, info.dtype),
+                (bytes, info.dtype),
                 (info.shape[0], info.shape[1]),
                 Some(&self.pool),
             )
@@ -235,6 +267,7 @@ impl CpuRuntime {
                 op: "matmul",
                 detail: e.to_string(),
             })?;
+            let ck = (key, name.clone());
             if let Some(rp) = rp {
                 let rp = Arc::new(Prepared::Repack(rp));
                 cache.insert(ck, (Arc::downgrade(weights), rp.clone()));
@@ -242,14 +275,12 @@ impl CpuRuntime {
             } else if float_copies && !info.dtype.is_quantized() {
                 // A plain float matrix keeps its layout but moves to huge pages (see
                 // `hugemem`); its mapped pages go at once, so loading never holds two copies.
-                let cp = Arc::new(Prepared::Copy(HugeBytes::copy_of_on(
-                    stored(name)?,
-                    &self.pool,
-                )));
+                let cp = Arc::new(Prepared::Copy(HugeBytes::copy_of_on(bytes, &self.pool)));
                 weights.release(name);
                 cache.insert(ck, (Arc::downgrade(weights), cp.clone()));
                 plan.copied.insert(w.index(), cp);
             }
+            done.fetch_add(bytes.len() as u64, Ordering::AcqRel);
         }
         if plan.repacked.is_empty() && plan.copied.is_empty() {
             return Ok(());

@@ -93,6 +93,31 @@ fn runs_a_linear_layer() {
     );
 }
 
+/// `weight_progress` counts each matmul weight's stored bytes once (here one weight read by
+/// two matmuls), reaches its total when the compile returns, and is not reset by a compile
+/// that has nothing left to prepare.
+#[test]
+fn weight_progress_counts_each_matmul_weight_once() {
+    let rt = CpuRuntime::new(CpuOptions::default()).unwrap();
+    assert_eq!(rt.weight_progress(), (0, 0));
+    let s: Arc<dyn WeightCatalog> = store();
+    let mut t = Tracer::new(TraceLimits::default(), 2, s).unwrap();
+    let x = t.input("x", DType::F32, vec![2, 2]).unwrap();
+    let w = t.weight("w").unwrap();
+    let (y, z) = (t.matmul(x, w).unwrap(), t.matmul(x, w).unwrap());
+    t.output("y", y).unwrap();
+    t.output("z", z).unwrap();
+    let g = t.finish();
+    let weights = store();
+    rt.compile(&g, weights.clone(), &CompileLimits::default())
+        .unwrap();
+    // "w" is 6 f32s; "b" is no matmul's weight.
+    assert_eq!(rt.weight_progress(), (24, 24));
+    rt.compile(&linear_graph(), weights, &CompileLimits::default())
+        .unwrap();
+    assert_eq!(rt.weight_progress(), (24, 24));
+}
+
 #[test]
 fn profile_counts_every_op_kind() {
     let rt = CpuRuntime::new(CpuOptions {
