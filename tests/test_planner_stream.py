@@ -74,6 +74,9 @@ def test_default_model_streams_with_resident_ids(default_model_path: Path, tmp_p
 def test_resident_plan_takes_the_direct_path(stories_q8: Path) -> None:
     llm = poot.LLM(stories_q8, config=CompileConfig())
     assert llm.compiled is not None and llm.compiled.direct
+    # On the CPU the direct path prepares the weights at load too, not in the first request.
+    prepared = llm.runtime.memory()["weight_bytes"]
+    assert prepared > 0 and llm.stats()["prepared_entries"] == 0
     assert _greedy(llm, 8) == _greedy(poot.LLM(stories_q8), 8)
     ledger = llm.compiled.ledger
     assert ledger.leases > 1  # the standing lease, then one per forward

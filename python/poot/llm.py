@@ -272,9 +272,11 @@ class LLM:
             from poot.planner.runners import attach
 
             self.compiled = attach(self, config)
-        elif backend == "cpu":
-            # The weights' huge-page copies and re-lays happen here rather than in the first
-            # request (the planner's paths place and stream weights their own way).
+        # The weights' huge-page copies and re-lays happen here rather than in the first
+        # request, wherever the whole model runs on this CPU (streaming and split plans place
+        # and stream weights their own way).
+        direct = self.compiled is None or self.compiled.direct
+        if direct and isinstance(self.runtime, _native.CpuRuntime):
             t0 = time.perf_counter()
             self.runner.prepare_weights(progress=progress)
             logger.info("weights prepared in %.2f s", time.perf_counter() - t0)

@@ -193,7 +193,9 @@ class StepRunner:
             file: where the bar goes (default stderr); a file given here gets it whatever
                 the time taken (tests read it).
         """
-        poll = getattr(self.runtime, "weight_progress", None)
+        # The planner's direct path wraps the runtime (``LeasedRuntime.inner``).
+        rt = getattr(self.runtime, "inner", self.runtime)
+        poll = getattr(rt, "weight_progress", None)
         if not progress or poll is None:
             self._prepare(StepShape(1, 1, 1))
             return
