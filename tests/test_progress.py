@@ -79,3 +79,22 @@ def test_loading_reports_every_matmul_weight_prepared_and_draws_it(
     llm.runner.prepare_weights(file=buf)
     assert llm.runtime.weight_progress() == (want, want)
     assert "prepare weights: 100%" in buf.getvalue()
+
+
+def test_no_bar_off_a_terminal_or_under_tqdm_disable(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for file, env, drawn in (
+        (io.StringIO(), None, False),
+        (Tty(), "1", False),
+        (Tty(), None, True),
+    ):
+        if env is None:
+            monkeypatch.delenv("TQDM_DISABLE", raising=False)
+        else:
+            monkeypatch.setenv("TQDM_DISABLE", env)
+        with polled_bar(lambda: (1, 1), desc="x", file=file, delay=0.0):
+            pass
+        assert ("100%" in file.getvalue()) == drawn, (env, file.getvalue())

@@ -7,13 +7,15 @@ seconds while the body of the ``with`` runs in the calling thread.
 Invariants:
     - The bar shows nothing for work shorter than ``delay`` seconds (tqdm's ``delay``), and
       nothing where ``disable`` is None and the file is not a terminal (logs stay clean) or
-      ``TQDM_DISABLE`` was set when tqdm was imported.
+      ``TQDM_DISABLE`` is set.
     - Leaving the ``with``, by return or by exception, stops and joins the thread; the bar
       ends at the last figures ``poll`` gave, never past ``total``.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -33,8 +35,11 @@ def polled_bar(
     interval: float = 0.1,
 ) -> Iterator[None]:
     """Draws ``poll()``'s ``(done, total)`` bytes as a bar while the body runs (module docs)."""
-    # `disable` only when given: tqdm's TQDM_DISABLE environment default applies otherwise.
-    shown = {} if disable is None else {"disable": disable}
+    if disable is None:
+        # tqdm's own None ("not a terminal") would override TQDM_DISABLE, which only sets
+        # its defaults; both are honoured here.
+        out = file if file is not None else sys.stderr
+        disable = bool(os.environ.get("TQDM_DISABLE")) or not out.isatty()
     bar = tqdm(
         total=0,
         unit="B",
@@ -43,7 +48,7 @@ def polled_bar(
         desc=desc,
         file=file,
         delay=delay,
-        **shown,
+        disable=disable,
     )
     stop = threading.Event()
 

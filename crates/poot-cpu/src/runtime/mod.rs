@@ -223,29 +223,37 @@ impl CpuRuntime {
                 .ok_or_else(|| RuntimeError::MissingWeight { name: name.clone() })
         };
         let float_copies = crate::hugemem::available();
-        // The matmul weights this store has no copy of yet, each once, in graph order.
+        let cached = |cache: &RepackCache, name: &String| {
+            cache
+                .get(&(key, name.clone()))
+                .filter(|(store, _)| store.upgrade().is_some_and(|s| Arc::ptr_eq(&s, weights)))
+                .map(|(_, rp)| rp.clone())
+        };
+        let (repacked, copied) = (&mut plan.repacked, &mut plan.copied);
+        let mut attach = |w: poot_graph::ValueId, rp: Arc<Prepared>| {
+            match &*rp {
+                Prepared::Repack(_) => repacked.insert(w.index(), rp),
+                Prepared::Copy(_) => copied.insert(w.index(), rp),
+            };
+        };
+        // The matmul weights this store has no copy of yet, each value once, in graph order.
         let mut todo: Vec<(poot_graph::ValueId, &String)> = Vec::new();
         for op in &g.equations {
             let Op::MatMul { w, .. } = op else { continue };
             let Op::Weight { name } = &g.equations[w.index()] else {
                 continue;
             };
-            if let Some((store, rp)) = cache.get(&(key, name.clone())) {
-                if store.upgrade().is_some_and(|s| Arc::ptr_eq(&s, weights)) {
-                    match &**rp {
-                        Prepared::Repack(_) => plan.repacked.insert(w.index(), rp.clone()),
-                        Prepared::Copy(_) => plan.copied.insert(w.index(), rp.clone()),
-                    };
-                    continue;
-                }
-            }
-            if !todo.iter().any(|(_, n)| *n == name) {
+            if let Some(rp) = cached(&cache, name) {
+                attach(*w, rp);
+            } else if !todo.iter().any(|(v, _)| v == w) {
                 todo.push((*w, name));
             }
         }
         let mut total = 0u64;
-        for (_, name) in &todo {
-            total += stored(name)?.len() as u64;
+        for (i, (_, name)) in todo.iter().enumerate() {
+            if !todo[..i].iter().any(|(_, n)| n == name) {
+                total += stored(name)?.len() as u64;
+            }
         }
         let (done, all) = &self.preparing;
         if total > 0 {
@@ -254,6 +262,11 @@ impl CpuRuntime {
             all.store(total, Ordering::Release);
         }
         for (w, name) in todo {
+            // Another value of the same name, prepared just before.
+            if let Some(rp) = cached(&cache, name) {
+                attach(w, rp);
+                continue;
+            }
             let info = g.info(w);
             let bytes = stored(name)?;
             let rp = crate::kernels::matmul::repack_for_on(
@@ -268,17 +281,21 @@ impl CpuRuntime {
                 detail: e.to_string(),
             })?;
             let ck = (key, name.clone());
-            if let Some(rp) = rp {
-                let rp = Arc::new(Prepared::Repack(rp));
-                cache.insert(ck, (Arc::downgrade(weights), rp.clone()));
-                plan.repacked.insert(w.index(), rp);
+            let prepared = if let Some(rp) = rp {
+                Some(Prepared::Repack(rp))
             } else if float_copies && !info.dtype.is_quantized() {
                 // A plain float matrix keeps its layout but moves to huge pages (see
                 // `hugemem`); its mapped pages go at once, so loading never holds two copies.
-                let cp = Arc::new(Prepared::Copy(HugeBytes::copy_of_on(bytes, &self.pool)));
+                let cp = HugeBytes::copy_of_on(bytes, &self.pool);
                 weights.release(name);
-                cache.insert(ck, (Arc::downgrade(weights), cp.clone()));
-                plan.copied.insert(w.index(), cp);
+                Some(Prepared::Copy(cp))
+            } else {
+                None
+            };
+            if let Some(p) = prepared {
+                let p = Arc::new(p);
+                cache.insert(ck, (Arc::downgrade(weights), p.clone()));
+                attach(w, p);
             }
             done.fetch_add(bytes.len() as u64, Ordering::AcqRel);
         }
