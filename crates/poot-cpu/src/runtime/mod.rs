@@ -286,18 +286,22 @@ impl CpuRuntime {
             } else if float_copies && !info.dtype.is_quantized() {
                 // A plain float matrix keeps its layout but moves to huge pages (see
                 // `hugemem`); its mapped pages go at once, so loading never holds two copies.
-                let cp = HugeBytes::copy_of_on(bytes, &self.pool);
+                // Counted span by span: one tied output matrix is a fifth of a 1B model.
+                let cp = HugeBytes::copy_of_on(bytes, &self.pool, Some(done));
                 weights.release(name);
                 Some(Prepared::Copy(cp))
             } else {
                 None
             };
+            let counted = matches!(prepared, Some(Prepared::Copy(_)));
             if let Some(p) = prepared {
                 let p = Arc::new(p);
                 cache.insert(ck, (Arc::downgrade(weights), p.clone()));
                 attach(w, p);
             }
-            done.fetch_add(bytes.len() as u64, Ordering::AcqRel);
+            if !counted {
+                done.fetch_add(bytes.len() as u64, Ordering::AcqRel);
+            }
         }
         if plan.repacked.is_empty() && plan.copied.is_empty() {
             return Ok(());
