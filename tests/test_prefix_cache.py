@@ -15,7 +15,7 @@ import pytest
 
 from poot import SamplingParams
 from poot.checkpoints import resolve_model_files
-from poot.llm import _model_key
+from poot.numerics import model_key
 
 BLOCK = 4
 STEP = 8
@@ -124,12 +124,12 @@ def test_blocks_return_after_reuse_and_abort(build: Callable[..., Any]) -> None:
     assert on.allocator.free_blocks == on.allocator.num_blocks
 
 
-def test_model_key(stories: Path, tmp_path: Path) -> None:
+def testmodel_key(stories: Path, tmp_path: Path) -> None:
     files = resolve_model_files(stories / "stories260K-f32.gguf")
-    exact = _model_key(files, "exact")
-    assert exact == _model_key(resolve_model_files(stories / "stories260K-f32.gguf"), "exact")
+    exact = model_key(files, "exact")
+    assert exact == model_key(resolve_model_files(stories / "stories260K-f32.gguf"), "exact")
     assert 0 <= exact < 1 << 64
-    assert _model_key(files, "ggml") != exact
+    assert model_key(files, "ggml") != exact
     copy = tmp_path / "copy.gguf"
     shutil.copy(stories / "stories260K-f32.gguf", copy)
-    assert _model_key(resolve_model_files(copy), "exact") != exact
+    assert model_key(resolve_model_files(copy), "exact") != exact

@@ -9,10 +9,11 @@ by recompute when the pool runs out. Sampling is done by the last node of the st
 ``logits`` is the one path that brings full logits to the host.
 
 Prefix caching (``enable_prefix_caching``, on by default): full KV blocks are hashed over their
-token ids, chained from the first block and seeded with a model key (``_model_key``: the
-checkpoint's identity and the numerics mode, since ``"exact"`` and ``"ggml"`` write different KV
-values). A prompt whose leading full blocks match cached ones skips their prefill (never its
-last token, whose logits are needed); freed blocks stay cached until the pool reuses them.
+token ids, chained from the first block and seeded with a model key
+(``poot.numerics.model_key``: the checkpoint's identity and the numerics mode, since
+``"exact"`` and ``"ggml"`` write different KV values). A prompt whose leading full blocks
+match cached ones skips their prefill (never its last token, whose logits are needed); freed
+blocks stay cached until the pool reuses them.
 ``LLM.stats`` counts prefill tokens computed and taken from the cache.
 
 Invariants:
@@ -26,12 +27,10 @@ Invariants:
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -43,11 +42,12 @@ from poot.driver_options import DriverOptions
 from poot.errors import ConfigError, ContextLengthError, GraphInputError, SamplingParamsError
 from poot.guidance import Guide
 from poot.models import model_definition
+from poot.numerics import Numerics, model_key, numerics_for
 from poot.outputs import CompletionOutput, Logprob, RequestOutput
 from poot.planner.compiled import CompileConfig, CompiledModel
 from poot.prepared import PreparedPolicy
-from poot.request import Request
-from poot.runner import SamplingRows, StepResult, StepRunner
+from poot.request import Request, sampling_rows
+from poot.runner import StepResult, StepRunner
 from poot.sampling import SamplingParams
 from poot.tokenizer import Tokenizer, load_tokenizer
 
@@ -56,10 +56,6 @@ __all__ = ["LLM", "PromptType"]
 logger = logging.getLogger("poot")
 
 PromptType = str | Sequence[int]
-Numerics = Literal["auto", "ggml", "exact"]
-
-# Checkpoint dtypes that are plain floats; anything else is a quantized GGUF (see _numerics_for).
-_FLOAT_DTYPES = frozenset({"F32", "F16", "BF16"})
 
 _DEFAULT_MAX_MODEL_LEN = 4096
 
@@ -77,37 +73,6 @@ def _make_wgpu_runtime(
     """The wgpu runtime (``backend="wgpu"``): the first Vulkan adapter, waits bounded by
     ``timeout_s``."""
     return _native.WgpuRuntime(timeout_s, numerics=numerics)
-
-
-def _numerics_for(numerics: Numerics, files: ModelFiles) -> Literal["ggml", "exact"]:
-    """``"auto"`` resolved: llama.cpp's arithmetic for quantized checkpoints, exact otherwise.
-
-    Raises:
-        ConfigError: ``numerics`` is not one of the three names.
-    """
-    if numerics == "auto":
-        quantized = any(t.dtype not in _FLOAT_DTYPES for t in files.tensors())
-        return "ggml" if quantized else "exact"
-    if numerics == "ggml" or numerics == "exact":
-        return numerics
-    raise ConfigError(f'numerics must be "auto", "ggml" or "exact", got {numerics!r}')
-
-
-def _model_key(files: ModelFiles, numerics: Literal["ggml", "exact"]) -> int:
-    """A stable 64-bit key for the prefix cache: the checkpoint's files (resolved path, size,
-    mtime) and the numerics mode, hashed with BLAKE2b.
-
-    Cached KV blocks only match blocks hashed under the same key, so two modes (or a checkpoint
-    rewritten in place) never share them.
-    """
-    root = Path(files.path).resolve()
-    paths = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
-    h = hashlib.blake2b(digest_size=8)
-    h.update(f"poot-kv-v1\0{numerics}\0".encode())
-    for path in paths:
-        st = path.stat()
-        h.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
-    return int.from_bytes(h.digest(), "little")
 
 
 class LLM:
@@ -199,7 +164,7 @@ class LLM:
         )
         if backend not in ("cpu", "wgpu"):
             raise ConfigError(f'backend must be "cpu" or "wgpu", got {backend!r}')
-        resolved = _numerics_for(numerics, self.files)
+        resolved = numerics_for(numerics, self.files)
         if opts.max_step_tokens > trace_limits.max_tokens:
             raise ConfigError(
                 f"max_step_tokens={opts.max_step_tokens} exceeds trace_limits.max_tokens="
@@ -235,7 +200,7 @@ class LLM:
             else _make_wgpu_runtime(timeout_s, resolved)
         )
         self.enable_prefix_caching = enable_prefix_caching
-        self.model_key = _model_key(self.files, resolved)
+        self.model_key = model_key(self.files, resolved)
         self._prefill_tokens = 0
         self._decode_tokens = 0
         # The scheduler owns the KV blocks (``allocator`` for its block counts).
@@ -391,7 +356,7 @@ class LLM:
                 r.in_prefill = not sample
             else:
                 self._decode_tokens += n
-        sampling = _sampling_rows(rows, samples, self.guide)
+        sampling = sampling_rows(rows, samples, self.guide)
         logits: npt.NDArray[np.float32] | None = None
         try:
             if logits_for is not None and logits_for.request_id in ids:
@@ -577,27 +542,3 @@ class LLM:
         finally:
             self._end(req)
             self._settle()
-
-
-def _sampling_rows(rows: Sequence[Request], samples: Sequence[bool], guide: Guide) -> SamplingRows:
-    """A step's sampling inputs; draws one uniform per sampling row (none for prefill chunks)."""
-    return SamplingRows(
-        temperature=[float(r.params.temperature) for r in rows],
-        top_k=[max(r.params.top_k, 0) for r in rows],
-        top_p=[float(r.params.top_p) for r in rows],
-        min_p=[float(r.params.min_p) for r in rows],
-        uniform=[r.draw() if s else 0.0 for r, s in zip(rows, samples, strict=True)],
-        adjust=[r.adjust_entries() for r in rows],
-        repetition=[float(r.params.repetition_penalty) for r in rows],
-        presence=[float(r.params.presence_penalty) for r in rows],
-        frequency=[float(r.params.frequency_penalty) for r in rows],
-        mask_rows=[
-            (i, r.matcher)
-            for i, (r, s) in enumerate(zip(rows, samples, strict=True))
-            if s and r.matcher is not None
-        ],
-        fill_mask=guide.fill_masks,
-        logprobs=any(
-            r.params.logprobs is not None for r, s in zip(rows, samples, strict=True) if s
-        ),
-    )

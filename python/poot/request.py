@@ -3,7 +3,8 @@
 The device samples; the host keeps what the sampling step needs from one step to the next:
 the request's random stream (one uniform draw per sampled token), the counts behind its
 penalties, its logit bias and its guidance matcher. It also turns tokens into text deltas and
-applies stop strings.
+applies stop strings. ``sampling_rows`` gathers a step's requests into the decode graph's
+sampling inputs.
 
 Invariants:
     - Stop strings: no text that could still become part of a stop string is handed out
@@ -18,19 +19,23 @@ Invariants:
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from poot.outputs import Logprob
+from poot.runner import SamplingRows
 from poot.sampling import SamplingParams
 from poot.tokenizer import TokenStream
 
 if TYPE_CHECKING:
     import llguidance
 
-__all__ = ["Request"]
+    from poot.guidance import Guide
+
+__all__ = ["Request", "sampling_rows"]
 
 
 def _held_suffix(text: str, stops: tuple[str, ...]) -> int:
@@ -172,3 +177,27 @@ class Request:
         if self.logprobs is not None:
             self.logprobs.append(entry)
             self.cumulative_logprob = (self.cumulative_logprob or 0.0) + chosen
+
+
+def sampling_rows(rows: Sequence[Request], samples: Sequence[bool], guide: Guide) -> SamplingRows:
+    """A step's sampling inputs; draws one uniform per sampling row (none for prefill chunks)."""
+    return SamplingRows(
+        temperature=[float(r.params.temperature) for r in rows],
+        top_k=[max(r.params.top_k, 0) for r in rows],
+        top_p=[float(r.params.top_p) for r in rows],
+        min_p=[float(r.params.min_p) for r in rows],
+        uniform=[r.draw() if s else 0.0 for r, s in zip(rows, samples, strict=True)],
+        adjust=[r.adjust_entries() for r in rows],
+        repetition=[float(r.params.repetition_penalty) for r in rows],
+        presence=[float(r.params.presence_penalty) for r in rows],
+        frequency=[float(r.params.frequency_penalty) for r in rows],
+        mask_rows=[
+            (i, r.matcher)
+            for i, (r, s) in enumerate(zip(rows, samples, strict=True))
+            if s and r.matcher is not None
+        ],
+        fill_mask=guide.fill_masks,
+        logprobs=any(
+            r.params.logprobs is not None for r, s in zip(rows, samples, strict=True) if s
+        ),
+    )

@@ -22,7 +22,8 @@ from poot.async_engine import AsyncEngine
 from poot.checkpoints import DEFAULT_MODEL, DEFAULT_SPEC, resolve_model_files
 from poot.driver_options import DriverOptions, kv_block_bytes
 from poot.errors import ChatTemplateError, PootError
-from poot.llm import LLM, _numerics_for
+from poot.llm import LLM
+from poot.numerics import numerics_for
 from poot.server.config import ServerConfig
 from poot.server.errors import APIError
 from poot.server.limits import Admission
@@ -61,7 +62,7 @@ def load_llm(config: ServerConfig) -> LLM:
     files = resolve_model_files(config.model, progress=config.progress)
     h = files.hparams
     max_model_len = config.max_model_len or min(h.context_length, 4096)
-    entry_bytes = 2 if _numerics_for("auto", files) == "ggml" else 4
+    entry_bytes = 2 if numerics_for("auto", files) == "ggml" else 4
     reserve = 0.1
     block_size = DriverOptions().block_size
     # fit keeps ``reserve`` of what it is given back, so the cap is scaled up to stay exact.
