@@ -196,6 +196,12 @@ class NumpyRuntime:
         self.k: list[Array] = []
         self.v: list[Array] = []
         self.block_size = 0
+        # K/V kept as F16 values under ggml numerics (the LLM sizes its pool by this).
+        self.kv_entry_bytes = 2 if ggml_numerics else 4
+
+    def supports(self, op: str) -> bool:
+        """Every op of the IR has a numpy interpretation here."""
+        return True
 
     def configure_kv(
         self, *, n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, num_blocks: int

@@ -88,4 +88,4 @@ def llm_kv_bytes(gguf: Path) -> int:
     llm = poot.LLM(gguf)
     layers, heads, dim = llm.definition.kv_shape
     entry = 2 if llm.numerics == "ggml" else 4
-    return (llm.runner.num_blocks + 1) * llm.block_size * layers * 2 * heads * dim * entry
+    return llm.runner.pool_blocks * llm.block_size * layers * 2 * heads * dim * entry

@@ -28,7 +28,7 @@ async def _collect(engine: AsyncEngine, prompt: Any, params: SamplingParams) -> 
 
 async def _wait_blocks_free(llm: Any) -> None:
     for _ in range(500):
-        if llm.allocator.used_blocks == 0:
+        if llm.scheduler.used_blocks == 0:
             return
         await asyncio.sleep(0.01)
 
@@ -52,7 +52,7 @@ def test_concurrent_requests_match_generate(llm: Any) -> None:
     # The requests shared steps: fewer than running them one after another.
     one_at_a_time = sum(len(outs) for outs in got)
     assert llm.stats()["steps"] - steps_before < one_at_a_time
-    assert llm.allocator.used_blocks == 0
+    assert llm.scheduler.used_blocks == 0
 
 
 def test_abort_mid_decode_frees_blocks(llm: Any) -> None:
@@ -66,7 +66,7 @@ def test_abort_mid_decode_frees_blocks(llm: Any) -> None:
             async for _ in gen:
                 seen += 1
                 if seen == 3:
-                    assert llm.allocator.used_blocks > 0
+                    assert llm.scheduler.used_blocks > 0
                     await engine.abort("a")
         outs = await other
         assert outs[-1].finish_reason == "length"
@@ -74,8 +74,8 @@ def test_abort_mid_decode_frees_blocks(llm: Any) -> None:
         await engine.shutdown()
 
     asyncio.run(main())
-    assert llm.allocator.used_blocks == 0
-    assert not llm.allocator.has_unfinished_requests
+    assert llm.scheduler.used_blocks == 0
+    assert not llm.scheduler.has_unfinished_requests
 
 
 def test_cancelled_consumer_frees_blocks(llm: Any) -> None:
@@ -103,7 +103,7 @@ def test_cancelled_consumer_frees_blocks(llm: Any) -> None:
 
     outs = asyncio.run(main())
     assert [t for o in outs for t in o.token_ids] == want
-    assert llm.allocator.used_blocks == 0
+    assert llm.scheduler.used_blocks == 0
     assert llm.stats()["aborted"] >= 1
 
 
@@ -124,7 +124,7 @@ def test_bad_request_fails_alone(llm: Any) -> None:
 
     outs = asyncio.run(main())
     assert [t for o in outs for t in o.token_ids] == want
-    assert llm.allocator.used_blocks == 0
+    assert llm.scheduler.used_blocks == 0
 
 
 def test_failed_step_fails_its_requests(llm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -150,8 +150,8 @@ def test_failed_step_fails_its_requests(llm: Any, monkeypatch: pytest.MonkeyPatc
 
     outs = asyncio.run(main())
     assert outs[-1].finish_reason == "length"
-    assert llm.allocator.used_blocks == 0
-    assert not llm.allocator.step_in_flight
+    assert llm.scheduler.used_blocks == 0
+    assert not llm.scheduler.step_in_flight
 
 
 def test_shutdown_ends_requests(llm: Any) -> None:
@@ -168,4 +168,4 @@ def test_shutdown_ends_requests(llm: Any) -> None:
             await _collect(engine, PROMPTS[1], GREEDY)
 
     asyncio.run(main())
-    assert llm.allocator.used_blocks == 0
+    assert llm.scheduler.used_blocks == 0

@@ -45,7 +45,7 @@ def test_output_shape(llm: Any) -> None:
     whole = llm.tokenizer.decode(first.prompt_token_ids + c.token_ids)
     assert c.text == whole[len(llm.tokenizer.decode(first.prompt_token_ids)) :]
     assert first.finished and first.request_id == "0" and second.request_id == "1"
-    assert llm.allocator.used_blocks == 0
+    assert llm.scheduler.used_blocks == 0
 
 
 def test_single_prompt_forms(llm: Any) -> None:
@@ -110,9 +110,9 @@ def test_streaming_equals_generate(llm: Any) -> None:
 def test_closing_a_stream_frees_its_blocks(llm: Any) -> None:
     it = llm.generate_stream(PROMPT, GREEDY)
     next(it)
-    assert llm.allocator.used_blocks > 0
+    assert llm.scheduler.used_blocks > 0
     it.close()
-    assert llm.allocator.used_blocks == 0
+    assert llm.scheduler.used_blocks == 0
 
 
 def test_seeded_sampling_is_reproducible(llm: Any) -> None:
@@ -132,7 +132,7 @@ def test_logits_are_float32_vocab(llm: Any) -> None:
     assert logits.dtype == np.float32 and logits.shape == (512,)
     greedy = llm.generate([1, 403, 407], SamplingParams(max_tokens=1, temperature=0))
     assert greedy[0].outputs[0].token_ids == [int(np.argmax(logits))]
-    assert llm.allocator.used_blocks == 0
+    assert llm.scheduler.used_blocks == 0
 
 
 def test_sample_steps_read_back_only_token_ids(llm: Any) -> None:

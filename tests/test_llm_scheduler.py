@@ -29,12 +29,12 @@ def llm(request: pytest.FixtureRequest, make_llm: Callable[..., Any], stories: P
 
 def test_batched_equals_one_at_a_time(llm: Any) -> None:
     together = llm.generate(PROMPTS, GREEDY)
-    assert llm.allocator.used_blocks == 0
+    assert llm.scheduler.used_blocks == 0
     for prompt, out in zip(PROMPTS, together, strict=True):
         alone = llm.generate(prompt, GREEDY)[0]
         assert alone.outputs[0].token_ids == out.outputs[0].token_ids
         assert len(out.outputs[0].token_ids) == 20
-    assert llm.allocator.stats()["steps"] > 0
+    assert llm.scheduler.stats()["steps"] > 0
 
 
 def test_preemption_keeps_greedy_output(make_llm: Callable[..., Any], stories: Path) -> None:
@@ -46,27 +46,27 @@ def test_preemption_keeps_greedy_output(make_llm: Callable[..., Any], stories: P
     want = [o.outputs[0].token_ids for o in roomy.generate(PROMPTS, params)]
     got = [o.outputs[0].token_ids for o in tight.generate(PROMPTS, params)]
     assert got == want
-    assert tight.allocator.stats()["preemptions"] > 0
-    assert tight.allocator.used_blocks == 0
+    assert tight.scheduler.stats()["preemptions"] > 0
+    assert tight.scheduler.used_blocks == 0
 
 
 def test_blocks_return_after_finish(llm: Any) -> None:
     llm.generate(PROMPTS, GREEDY)
-    assert llm.allocator.used_blocks == 0
+    assert llm.scheduler.used_blocks == 0
     llm.logits([1, 403, 407])
-    assert llm.allocator.used_blocks == 0
-    assert not llm.allocator.has_unfinished_requests
+    assert llm.scheduler.used_blocks == 0
+    assert not llm.scheduler.has_unfinished_requests
 
 
 def test_blocks_return_after_closed_stream_mid_decode(llm: Any) -> None:
     it = llm.generate_stream(PROMPTS[0], SamplingParams(max_tokens=40, temperature=0.0))
     for _ in range(3):
         next(it)
-    assert llm.allocator.used_blocks > 0
+    assert llm.scheduler.used_blocks > 0
     it.close()
-    assert llm.allocator.used_blocks == 0
-    assert not llm.allocator.has_unfinished_requests
-    assert not llm.allocator.step_in_flight
+    assert llm.scheduler.used_blocks == 0
+    assert not llm.scheduler.has_unfinished_requests
+    assert not llm.scheduler.step_in_flight
 
 
 @pytest.mark.parametrize("abort", [GeneratorExit, KeyboardInterrupt])
@@ -84,7 +84,7 @@ def test_blocks_return_after_abort_mid_prefill(
         nonlocal calls, used
         calls += 1
         if calls == 5:
-            used = llm.allocator.used_blocks
+            used = llm.scheduler.used_blocks
             raise abort()
         return run_sample(*args, **kw)
 
@@ -94,12 +94,12 @@ def test_blocks_return_after_abort_mid_prefill(
         next(it)
     assert used >= 5  # blocks were held mid-prefill
     assert llm.stats()["prefill_computed_tokens"] == 20 < len(prompt)
-    assert llm.allocator.used_blocks == 0
-    assert not llm.allocator.has_unfinished_requests
-    assert not llm.allocator.step_in_flight
+    assert llm.scheduler.used_blocks == 0
+    assert not llm.scheduler.has_unfinished_requests
+    assert not llm.scheduler.step_in_flight
     monkeypatch.setattr(llm.runner, "run_sample", run_sample)
     assert len(llm.generate(prompt, GREEDY)[0].outputs[0].token_ids) == 20
-    assert llm.allocator.used_blocks == 0
+    assert llm.scheduler.used_blocks == 0
 
 
 def test_blocks_return_after_an_error(llm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -117,9 +117,9 @@ def test_blocks_return_after_an_error(llm: Any, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(llm.runner, "run_sample", failing)
     with pytest.raises(errors.DeviceTimeoutError):
         llm.generate(PROMPTS[:2], GREEDY)
-    assert llm.allocator.used_blocks == 0
-    assert not llm.allocator.has_unfinished_requests
-    assert not llm.allocator.step_in_flight
+    assert llm.scheduler.used_blocks == 0
+    assert not llm.scheduler.has_unfinished_requests
+    assert not llm.scheduler.step_in_flight
     again = llm.generate(PROMPTS[:2], GREEDY)
     assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in want]
 
@@ -130,8 +130,8 @@ def test_request_too_big_for_the_pool(make_llm: Callable[..., Any], stories: Pat
     )
     with pytest.raises(errors.ContextLengthError):
         llm.generate([1] * 20, GREEDY)
-    assert llm.allocator.used_blocks == 0
-    assert llm.allocator.num_blocks == 4
+    assert llm.scheduler.used_blocks == 0
+    assert llm.scheduler.num_blocks == 4
 
 
 def _scheduler(**kw: Any) -> _native.Scheduler:

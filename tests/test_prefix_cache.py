@@ -108,7 +108,7 @@ def test_greedy_ids_equal_with_caching(build: Callable[..., Any]) -> None:
     stats = on.stats()
     assert stats["prefill_cached_tokens"] > 0
     assert stats["used_blocks"] == 0
-    assert not on.allocator.has_unfinished_requests
+    assert not on.scheduler.has_unfinished_requests
     assert off.stats()["prefill_cached_tokens"] == 0
 
 
@@ -121,7 +121,7 @@ def test_blocks_return_after_reuse_and_abort(build: Callable[..., Any]) -> None:
     assert on.stats()["used_blocks"] > 0
     it.close()
     assert on.stats()["used_blocks"] == 0
-    assert on.allocator.free_blocks == on.allocator.num_blocks
+    assert on.scheduler.free_blocks == on.scheduler.num_blocks
 
 
 def testmodel_key(stories: Path, tmp_path: Path) -> None:

@@ -154,7 +154,7 @@ def test_llm_refuse_raises_and_stays_usable(build: Callable[..., Any], limit: di
     assert e.value.total > e.value.limit
     s = llm.stats()
     assert s["used_blocks"] == 0 and s["prepared_refusals"] == 1
-    assert not llm.allocator.has_unfinished_requests and not llm.allocator.step_in_flight
+    assert not llm.scheduler.has_unfinished_requests and not llm.scheduler.step_in_flight
     # The cached 8-token shape still serves: an 8-token prompt and one sampled token.
     out = llm.generate(PROMPT[:8], SamplingParams(max_tokens=1, temperature=0.0))
     assert len(out[0].outputs[0].token_ids) == 1

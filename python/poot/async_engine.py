@@ -2,12 +2,13 @@
 
 ``engine.add_request(prompt, params)`` is an async iterator of ``StreamOutput`` (each step's
 text delta and new token ids; the last one carries ``finish_reason``). Concurrent requests share
-steps (continuous batching): one driver task per event loop runs ``LLM._step`` in a worker
-thread (``asyncio.to_thread``; the runtime releases the GIL), one step at a time, and hands each
-request its outputs between steps.
+steps (continuous batching): one driver task per event loop runs ``EngineCore.step``
+(``llm.core``) in a worker thread (``asyncio.to_thread``; the runtime releases the GIL), one
+step at a time, and hands each request its outputs between steps. The engine is a client of
+the core and of ``LLM.make_request`` (admission): it touches nothing private of either.
 
 Invariants:
-    - The scheduler is only touched by the driver between steps, or by ``LLM._step`` in the
+    - The core is only touched by the driver between steps, or by ``EngineCore.step`` in the
       worker thread: requests are added and aborted between steps, never during one.
     - Every request's KV blocks return to the pool however it ends: finished, aborted
       (``abort``), its consumer gone (task cancelled, iterator closed), a failed step,
@@ -120,7 +121,7 @@ class AsyncEngine:
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._streams:
             raise ValueError(f"request id {rid!r} is already in use")
-        req = self.llm._request(0, prompt, params or SamplingParams())
+        req = self.llm.make_request(prompt, params or SamplingParams())
         stream = _Stream(rid, req, asyncio.Queue())
         self._streams[rid] = stream
         self._to_add.append(stream)
@@ -197,14 +198,14 @@ class AsyncEngine:
             if stream in self._to_add:
                 self._to_add.remove(stream)
             if stream.added:
-                self.llm._end(stream.req)
+                self.llm.core.abort(stream.req.request_id)
             self._streams.pop(stream.request_id, None)
         self._to_abort.clear()
 
     def _apply_adds(self) -> None:
         for stream in self._to_add:
             try:
-                self.llm._add(stream.req)
+                self.llm.core.add_request(stream.req)
             except Exception as e:  # e.g. a request too big for the whole pool
                 self._fail(stream, e)
             else:
@@ -237,7 +238,7 @@ class AsyncEngine:
 
     async def _drive(self) -> None:
         assert self._wake is not None and self._idle is not None
-        llm = self.llm
+        core = self.llm.core
         while True:
             self._apply_aborts()
             if self._closed:
@@ -245,19 +246,19 @@ class AsyncEngine:
                 return
             self._apply_adds()
             self._idle.set()
-            if not llm._live:
+            if not core.has_unfinished():
                 self._wake.clear()
                 if not self._to_add and not self._to_abort:
                     await self._wake.wait()
                 continue
             self._stepping = True
             try:
-                await asyncio.to_thread(llm._step)
+                await asyncio.to_thread(core.step)
             except Exception as e:
-                # The step's requests were ended by ``_step``: fail their consumers.
+                # The step's requests were ended by the core: fail their consumers.
                 for stream in list(self._streams.values()):
                     req = stream.req
-                    if stream.added and not stream.done and req.request_id not in llm._live:
+                    if stream.added and not stream.done and not core.is_live(req.request_id):
                         if req.finish_reason is None:
                             self._fail(stream, e)
             finally:

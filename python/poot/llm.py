@@ -2,7 +2,8 @@
 
 ``LLM(model)`` resolves the checkpoint, picks its model definition, maps its weights (packed
 stays packed) and configures a CPU runtime with a paged KV pool. ``generate`` runs any number of
-prompts batched, driven by the Rust scheduler (``poot._native.Scheduler``, poot-engine): FCFS
+prompts batched through the engine core (``poot.engine_core.EngineCore``, ``llm.core``) over the
+Rust scheduler (``poot._native.Scheduler``, poot-engine; ``llm.scheduler``): FCFS
 under a per-step token budget of ``max_step_tokens``, decode rows first, then prefill chunks
 (chunked prefill is the only prefill path), blocks allocated as sequences grow and preemption
 by recompute when the pool runs out. Sampling is done by the last node of the step graph.
@@ -39,15 +40,17 @@ import numpy.typing as npt
 from poot import _native
 from poot.checkpoints import ModelFiles, resolve_model_files
 from poot.driver_options import DriverOptions
+from poot.engine_core import EngineCore
 from poot.errors import ConfigError, ContextLengthError, GraphInputError, SamplingParamsError
 from poot.guidance import Guide
 from poot.models import model_definition
 from poot.numerics import Numerics, model_key, numerics_for
-from poot.outputs import CompletionOutput, Logprob, RequestOutput
+from poot.outputs import CompletionOutput, RequestOutput
 from poot.planner.compiled import CompileConfig, CompiledModel
 from poot.prepared import PreparedPolicy
-from poot.request import Request, sampling_rows
-from poot.runner import StepResult, StepRunner
+from poot.request import Request
+from poot.runner import StepRunner
+from poot.runtimes import Runtime
 from poot.sampling import SamplingParams
 from poot.tokenizer import Tokenizer, load_tokenizer
 
@@ -165,6 +168,11 @@ class LLM:
         if backend not in ("cpu", "wgpu"):
             raise ConfigError(f'backend must be "cpu" or "wgpu", got {backend!r}')
         resolved = numerics_for(numerics, self.files)
+        runtime: Runtime = (
+            _make_runtime(threads, resolved)
+            if backend == "cpu"
+            else _make_wgpu_runtime(timeout_s, resolved)
+        )
         if opts.max_step_tokens > trace_limits.max_tokens:
             raise ConfigError(
                 f"max_step_tokens={opts.max_step_tokens} exceeds trace_limits.max_tokens="
@@ -177,8 +185,8 @@ class LLM:
                 f"max_model_len must be in 2..{h.context_length} (the model's context), "
                 f"got {max_model_len}"
             )
-        # f16 or f32 KV entries; wgpu's ggml mode keeps f16-rounded values in f32 storage.
-        entry_bytes = 2 if resolved == "ggml" and backend == "cpu" else 4
+        # The pool is sized by the runtime's own KV element (f16 on the CPU in ggml numerics).
+        entry_bytes = runtime.kv_entry_bytes
         opts = opts.resolve(h, max_model_len, entry_bytes)
         assert opts.num_blocks is not None
         self.driver = opts
@@ -188,23 +196,17 @@ class LLM:
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.block_size = block_size
-        self.eos_ids = frozenset(self.tokenizer.eos_ids) | frozenset(h.eos_token_ids)
+        eos_ids = frozenset(self.tokenizer.eos_ids) | frozenset(h.eos_token_ids)
         source = self.files.gguf if self.files.gguf is not None else self.files.safetensors
         assert source is not None
         self.weights = _native.Weights(source)
         self.numerics = resolved
-        self.backend = backend
-        self.runtime: _native.CpuRuntime | _native.WgpuRuntime = (
-            _make_runtime(threads, resolved)
-            if backend == "cpu"
-            else _make_wgpu_runtime(timeout_s, resolved)
-        )
+        self.backend: str = backend
+        self.runtime: Runtime = runtime
         self.enable_prefix_caching = enable_prefix_caching
         self.model_key = model_key(self.files, resolved)
-        self._prefill_tokens = 0
-        self._decode_tokens = 0
-        # The scheduler owns the KV blocks (``allocator`` for its block counts).
-        self.allocator = _native.Scheduler(
+        # The scheduler owns the KV blocks (and says how many the runtime's pool holds).
+        self.scheduler = _native.Scheduler(
             max_num_seqs=min(max_num_seqs, max_step_tokens),
             max_batched_tokens=max_step_tokens,
             max_step_tokens=max_step_tokens,
@@ -214,14 +216,12 @@ class LLM:
             enable_prefix_caching=enable_prefix_caching,
             model_key=self.model_key,
         )
-        self._live: dict[int, Request] = {}
-        self._next_id = 0
-        self.runner = StepRunner(
+        runner = StepRunner(
             self.definition,
             self.weights,
             self.runtime,
             block_size=block_size,
-            num_blocks=num_blocks,
+            pool_blocks=self.scheduler.pool_blocks,
             max_step_tokens=max_step_tokens,
             trace_limits=trace_limits,
             compile_limits=compile_limits,
@@ -230,13 +230,17 @@ class LLM:
             max_plan_bytes=opts.max_prepared_bytes,
             plan_policy=opts.prepared_policy,
         )
-        self.guide = Guide(self.tokenizer, h.vocab_size, self.eos_ids)
-        # The planner's placement (``poot.planner``): the direct path or streaming, with a ledger.
+        self.guide = Guide(self.tokenizer, h.vocab_size, eos_ids)
+        # The planner's placement (``poot.planner``): the runner it builds for this model
+        # (direct, streamed or split), and the runtime and backend the steps then run on.
         self.compiled: CompiledModel | None = None
         if config is not None:
-            from poot.planner.runners import attach
+            from poot.planner.runners import plan_runner
 
-            self.compiled = attach(self, config)
+            planned = plan_runner(runner, self.files, config, backend, resolved)
+            runner, self.compiled = planned.runner, planned.compiled
+            self.runtime, self.backend = planned.runtime, planned.backend
+        self.core = EngineCore(self.scheduler, runner, self.guide, self.tokenizer, eos_ids)
         # The weights' huge-page copies and re-lays happen here rather than in the first
         # request, wherever the whole model runs on this CPU (streaming and split plans place
         # and stream weights their own way).
@@ -250,8 +254,22 @@ class LLM:
     def __repr__(self) -> str:
         return (
             f"LLM(model={str(self.files.path)!r}, max_model_len={self.max_model_len}, "
-            f"num_blocks={self.allocator.num_blocks}, block_size={self.block_size})"
+            f"num_blocks={self.scheduler.num_blocks}, block_size={self.block_size})"
         )
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        """Ids that end a request unless it ignores EOS (settable: later requests use it)."""
+        return self.core.eos_ids
+
+    @eos_ids.setter
+    def eos_ids(self, ids: frozenset[int]) -> None:
+        self.core.eos_ids = ids
+
+    @property
+    def runner(self) -> StepRunner:
+        """The step runner the engine core runs steps with (plans by shape, the runtime)."""
+        return self.core.runner
 
     # ---- prompts and requests -------------------------------------------------------------
 
@@ -281,7 +299,22 @@ class LLM:
             )
         return text, ids
 
-    def _request(self, index: int, prompt: PromptType, params: SamplingParams) -> Request:
+    def make_request(
+        self, prompt: PromptType, params: SamplingParams | None = None, index: int = 0
+    ) -> Request:
+        """Validates a prompt and its sampling settings into a request for ``core``.
+
+        This is where a request is admitted: token ids are checked against the vocabulary
+        and ``max_model_len``, a logit bias against the vocabulary, and a guided request's
+        schema, regex or grammar is compiled for this tokenizer.
+
+        Raises:
+            ContextLengthError: the prompt is empty or does not fit ``max_model_len``.
+            GraphInputError: a token id is outside the vocabulary.
+            SamplingParamsError: a bias names a token outside the vocabulary, or the
+                constraint does not compile.
+        """
+        params = params or SamplingParams()
         text, ids = self._prompt_ids(prompt)
         vocab = self.files.hparams.vocab_size
         bad = [t for t, _ in params.bias_items if t >= vocab]
@@ -309,116 +342,14 @@ class LLM:
             return [items]  # type: ignore[list-item]
         return items  # type: ignore[return-value]
 
-    # ---- the step loop --------------------------------------------------------------------
-
-    def _add(self, req: Request) -> None:
-        p = req.params
-        req.request_id = self._next_id
-        self._next_id += 1
-        self.allocator.add_request(
-            req.request_id,
-            req.prompt_ids,
-            p.max_tokens,
-            eos_ids=sorted(self.eos_ids),
-            stop_ids=sorted(p.stop_ids),
-            ignore_eos=p.ignore_eos,
-        )
-        self._live[req.request_id] = req
-
-    def _end(self, req: Request) -> None:
-        """Forgets a request, aborting it (freeing its blocks) if it is still live."""
-        if self._live.pop(req.request_id, None) is not None:
-            self.allocator.abort(req.request_id)
-
-    def _settle(self) -> None:
-        """Closes a step left in flight (by an error or an abort); aborted rows are ignored."""
-        if self.allocator.step_in_flight:
-            self.allocator.update([])
-
-    def _step(self, logits_for: Request | None = None) -> npt.NDArray[np.float32] | None:
-        """Plans, runs and applies one step; accepted text goes to each request's ``pending``.
-
-        With ``logits_for``, a step that samples that request's row also runs as a ``logits``
-        step, and its logits row is returned (rerunning a step rewrites identical KV).
-        """
-        plan = self.allocator.schedule()
-        for rid in plan.preempted:
-            if rid in self._live:
-                self._live[rid].in_prefill = True
-        ids = plan.request_ids
-        if not ids:
-            raise RuntimeError("the scheduler planned an empty step with requests live")
-        rows = [self._live[i] for i in ids]
-        samples = plan.sample
-        for r, n, sample in zip(rows, plan.row_tokens, samples, strict=True):
-            if r.in_prefill:
-                self._prefill_tokens += n
-                r.in_prefill = not sample
-            else:
-                self._decode_tokens += n
-        sampling = sampling_rows(rows, samples, self.guide)
-        logits: npt.NDArray[np.float32] | None = None
-        try:
-            if logits_for is not None and logits_for.request_id in ids:
-                i = ids.index(logits_for.request_id)
-                if samples[i]:
-                    logits = np.asarray(self.runner.run_plan(plan, "logits")[i], np.float32)
-            if logits is not None and len(ids) == 1:
-                result = StepResult(np.asarray([int(np.argmax(logits))], np.int32))
-            else:
-                result = self.runner.run_sample(plan, sampling)
-        except BaseException:
-            # The failed step's requests cannot go on: end them, then close the step.
-            for r in rows:
-                self._end(r)
-            self._settle()
-            raise
-        sampled = []
-        for i, (r, sample) in enumerate(zip(rows, samples, strict=True)):
-            if not sample:
-                continue
-            token = int(result.token_ids[i])
-            if token < 0:  # non-finite logits: end the request, emit no token
-                r.fail()
-                self._end(r)
-                continue
-            if result.logprobs is not None and r.logprobs is not None:
-                self._record_logprobs(r, result, i)
-            sampled.append((r.request_id, token))
-        for rid, token, finish in self.allocator.update(sampled):
-            req = self._live[rid]
-            req.pending.append(req.accept(token, finish))
-            if finish is not None:
-                del self._live[rid]
-            elif req.ended_by_host:
-                self._end(req)
-        return logits
-
-    def _record_logprobs(self, req: Request, result: StepResult, row: int) -> None:
-        assert result.logprob_ids is not None and result.logprobs is not None
-        n = req.params.logprobs or 0
-        ids = [int(t) for t in result.logprob_ids[row]]
-        lps = [float(x) for x in result.logprobs[row]]
-        chosen, top = ids[0], ids[1:]
-        entry: dict[int, Logprob] = {}
-        for rank, (t, lp) in enumerate(zip(top[:n], lps[1 : n + 1], strict=True), start=1):
-            if t >= 0:
-                entry[t] = Logprob(lp, rank, self._token_text(t))
-        rank_of = top.index(chosen) + 1 if chosen in top else None
-        entry[chosen] = Logprob(lps[0], rank_of, self._token_text(chosen))
-        req.add_logprobs(entry, lps[0])
-
-    def _token_text(self, token: int) -> str:
-        piece = self.tokenizer.token_piece(token)
-        if piece is not None:
-            return piece.decode("utf-8", errors="replace")
-        return self.tokenizer.decode([token], skip_special_tokens=False)
+    # ---- the step loop ----------------------------------------------------------------------
 
     def _run(self, requests: Sequence[Request]) -> Iterator[tuple[Request, str]]:
         """Runs requests to completion, yielding each accepted token's text delta."""
+        core = self.core
         try:
             for req in requests:
-                self._add(req)
+                core.add_request(req)
             while True:
                 for req in requests:
                     while req.pending:
@@ -426,14 +357,14 @@ class LLM:
                 if all(r.finish_reason is not None for r in requests):
                     return
                 if any(
-                    r.finish_reason is None and r.request_id not in self._live for r in requests
+                    r.finish_reason is None and not core.is_live(r.request_id) for r in requests
                 ):
                     raise RuntimeError("a request was ended by a failed step")
-                self._step()
+                core.step()
         finally:
             for req in requests:
-                self._end(req)
-            self._settle()
+                core.abort(req.request_id)
+            core.settle()
 
     # ---- public API -----------------------------------------------------------------------
 
@@ -447,12 +378,7 @@ class LLM:
         and ``aborted``; the KV blocks ``used_blocks`` / ``num_blocks``; and the prepared-plan
         cache's ``prepared_*`` counters (``PreparedCache.stats``).
         """
-        s = dict(self.allocator.stats())
-        s["prefill_computed_tokens"] = self._prefill_tokens
-        s["prefill_cached_tokens"] = s["cached_tokens"]
-        s["decode_tokens"] = self._decode_tokens
-        s["used_blocks"] = self.allocator.used_blocks
-        s["num_blocks"] = self.allocator.num_blocks
+        s = self.core.stats()
         s.update(self.runner.plans.stats())
         return s
 
@@ -487,7 +413,7 @@ class LLM:
                     "one per prompt"
                 )
         requests = [
-            self._request(i, p, sp) for i, (p, sp) in enumerate(zip(items, params, strict=True))
+            self.make_request(p, sp, i) for i, (p, sp) in enumerate(zip(items, params, strict=True))
         ]
         for _ in self._run(requests):
             pass
@@ -520,7 +446,7 @@ class LLM:
         ``"".join(generate_stream(p, sp))`` equals ``generate(p, sp)[0].outputs[0].text``.
         Closing the iterator early ends the request and frees its blocks.
         """
-        req = self._request(0, prompt, sampling_params or SamplingParams())
+        req = self.make_request(prompt, sampling_params)
         for _, delta in self._run([req]):
             if delta:
                 yield delta
@@ -532,13 +458,14 @@ class LLM:
         chunk's step outputs logits. This is the only path that brings full logits to the host.
         """
         _, ids = self._prompt_ids(list(token_ids))
-        req = self._request(-1, ids, SamplingParams(max_tokens=1, temperature=0.0))
+        req = self.make_request(ids, SamplingParams(max_tokens=1, temperature=0.0), -1)
+        core = self.core
         try:
-            self._add(req)
+            core.add_request(req)
             while True:
-                logits = self._step(logits_for=req)
+                logits = core.step_logits(req)
                 if logits is not None:
                     return logits
         finally:
-            self._end(req)
-            self._settle()
+            core.abort(req.request_id)
+            core.settle()

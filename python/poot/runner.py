@@ -20,12 +20,14 @@ Invariants:
     - The token mask is a late input: ``run_plan`` starts the run on a worker thread and
       computes the mask (``mask_rows``) meanwhile; if computing it fails, the slot is failed,
       the run ends with an error and the mask's own exception is raised.
-    - A runtime without the logit ops (wgpu: ``HOST_SAMPLED``) runs such a step split: the
+    - A runtime without the logit ops (``runtime.supports("adjust_logits")`` is False, as on
+      wgpu) runs such a step split: the
       forward pass as a ``logits`` plan on the device (the mask computed meanwhile), then the
       sampling step as a small plan on a host CPU runtime with the same semantics. Plain steps
       (no adjust, mask or logprobs) still sample on the device.
-    - The runtime's KV pool holds ``num_blocks + 1`` blocks: block 0 is the scheduler's reserved
-      null block (padding table entries point at it; padding tokens write no KV).
+    - The runtime's KV pool holds ``pool_blocks`` blocks, as the scheduler counts them
+      (``Scheduler.pool_blocks``: the usable ones and the reserved null block 0, which padding
+      table entries point at; padding tokens write no KV).
 """
 
 from __future__ import annotations
@@ -47,12 +49,12 @@ from poot._native import (
     TraceLimits,
     Tracer,
     Weights,
-    WgpuRuntime,
 )
 from poot.models.llama import LlamaModel
 from poot.models.step import MASK_INPUT, StepKind, StepShape, trace_head
 from poot.prepared import PreparedCache, PreparedPolicy
 from poot.progress import polled_bar
+from poot.runtimes import Runtime
 from poot.sampling import MAX_LOGPROBS
 
 __all__ = ["LOGPROB_WIDTH", "SamplingRows", "StepResult", "StepRunner", "next_pow2"]
@@ -118,7 +120,8 @@ class StepRunner:
         weights: the checkpoint's weights.
         runtime: the runtime; its KV pool is configured here.
         block_size: tokens per KV block.
-        num_blocks: usable blocks in the KV pool (the runtime gets one more, the null block 0).
+        pool_blocks: blocks in the runtime's KV pool (``Scheduler.pool_blocks``: the usable
+            ones and the null block 0).
         max_step_tokens: most tokens in one step.
         trace_limits, compile_limits: budgets for tracing and compiling each plan.
         max_plans: plans kept in the cache (prepared entries).
@@ -131,10 +134,10 @@ class StepRunner:
         self,
         definition: LlamaModel,
         weights: Weights,
-        runtime: CpuRuntime | WgpuRuntime,
+        runtime: Runtime,
         *,
         block_size: int,
-        num_blocks: int,
+        pool_blocks: int,
         max_step_tokens: int,
         trace_limits: TraceLimits,
         compile_limits: CompileLimits,
@@ -147,7 +150,7 @@ class StepRunner:
         self.weights = weights
         self.runtime = runtime
         self.block_size = block_size
-        self.num_blocks = num_blocks
+        self.pool_blocks = pool_blocks
         self.max_step_tokens = max_step_tokens
         self.trace_limits = trace_limits
         self.compile_limits = compile_limits
@@ -160,13 +163,14 @@ class StepRunner:
         # Split steps (see the module docs): the host runtime and its sampling-step plans.
         self._host: CpuRuntime | None = None
         self._heads: dict[tuple[int, int, int, bool, int], Plan] = {}
+        self._samples_on_device = all(runtime.supports(op) for op in LOGIT_OPS)
         n_layers, n_kv_heads, head_dim = definition.kv_shape
         runtime.configure_kv(
             n_layers=n_layers,
             n_kv_heads=n_kv_heads,
             head_dim=head_dim,
             block_size=block_size,
-            num_blocks=num_blocks + 1,
+            num_blocks=pool_blocks,
         )
 
     @property
@@ -257,7 +261,7 @@ class StepRunner:
         )
         if sample:
             inputs.update(_sampling_inputs(shape, rows, sampling))
-        if sample and _has_logit_ops(shape) and self.runtime.name in HOST_SAMPLED:
+        if sample and _has_logit_ops(shape) and not self._samples_on_device:
             return self._run_split(plan, shape, inputs, sampling)
         prepared = self.plan(shape)
         if not shape.masked:
@@ -338,8 +342,9 @@ class StepRunner:
 
 LOGPROB_WIDTH = MAX_LOGPROBS
 
-# Runtimes whose graphs have no logit ops (adjust, mask, top-k, logprobs): see the module docs.
-HOST_SAMPLED = frozenset({"wgpu"})
+# The ops a step's sampling head needs beyond ``sample``: a runtime without them samples such
+# steps on the host (see the module docs).
+LOGIT_OPS = ("adjust_logits", "mask_logits", "top_k", "logprobs")
 
 
 def _has_logit_ops(shape: StepShape) -> bool:

@@ -189,10 +189,8 @@ class SamplingParams:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v):
                 raise bad(name, "must be a non-empty string")
-        if given:
-            from poot.guidance import validate
-
-            validate(self)
+        # Whether the constraint compiles is checked where a request is admitted
+        # (``LLM.make_request``), against the model's tokenizer.
 
     @property
     def greedy(self) -> bool:

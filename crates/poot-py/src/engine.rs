@@ -137,6 +137,13 @@ impl PyScheduler {
         self.inner.pool().num_usable_blocks()
     }
 
+    /// Blocks the runtime's KV pool must hold: the usable ones plus the reserved null block 0
+    /// (padding table entries point at it).
+    #[getter]
+    fn pool_blocks(&self) -> usize {
+        self.inner.config().num_blocks
+    }
+
     /// KV blocks in use.
     #[getter]
     fn used_blocks(&self) -> usize {

@@ -175,6 +175,18 @@ impl PyCpuRuntime {
         self.inner.name()
     }
 
+    /// Whether graphs with ops of this kind compile here (`"adjust_logits"`, `"matmul"`, ...:
+    /// the names of the graph's ops).
+    fn supports(&self, op: &str) -> bool {
+        self.inner.supports(op)
+    }
+
+    /// Bytes of one KV cache element in this runtime's pool (2 for f16, 4 for f32).
+    #[getter]
+    fn kv_entry_bytes(&self) -> u32 {
+        self.inner.kv_entry_bytes()
+    }
+
     /// Compiles a traced graph against `weights` under `limits` (GIL released).
     #[pyo3(signature = (graph, weights, limits=None))]
     fn compile(

@@ -135,6 +135,17 @@ impl PyWgpuRuntime {
         self.inner.name()
     }
 
+    /// Whether graphs with ops of this kind compile here (see `CpuRuntime.supports`).
+    fn supports(&self, op: &str) -> bool {
+        self.dyn_rt().supports(op)
+    }
+
+    /// Bytes of one KV cache element in this runtime's pool.
+    #[getter]
+    fn kv_entry_bytes(&self) -> u32 {
+        self.dyn_rt().kv_entry_bytes()
+    }
+
     /// The adapter: `{"name", "backend", "device_type", "driver", "shader_f16",
     /// "f16_arithmetic", "max_binding_bytes", "numerics"}`.
     #[getter]

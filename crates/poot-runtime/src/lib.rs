@@ -21,7 +21,7 @@ use std::fmt::Debug;
 use std::sync::Arc;
 
 use poot_core::Deadline;
-use poot_graph::{CompileLimits, Graph, Op};
+use poot_graph::{CompileLimits, Graph};
 
 pub use error::RuntimeError;
 pub use host::HostTensor;
@@ -86,8 +86,15 @@ pub enum Health {
 /// A device backend over whole graphs.
 pub trait Runtime: Send + Sync {
     fn name(&self) -> &'static str;
-    /// True when `compile` accepts graphs containing `op`.
-    fn supports(&self, op: &Op) -> bool;
+    /// True when `compile` accepts graphs containing ops of kind `op` (as named by
+    /// `poot_graph::Op::name`, e.g. `"adjust_logits"`). By kind, not by instance, so a caller can ask
+    /// before it traces anything (the engine decides where a step samples from it).
+    fn supports(&self, op: &str) -> bool;
+    /// Bytes of one KV cache entry (one element of K or V) in this runtime's pool: what the
+    /// driver sizes the pool by. f32 unless a backend says otherwise.
+    fn kv_entry_bytes(&self) -> u32 {
+        4
+    }
     /// Compiles a traced graph against a checkpoint's weights, under `limits`.
     fn compile(
         &self,

@@ -62,11 +62,8 @@ impl CompiledPlan for WgpuPlan {
 
 /// Ops with a WGSL kernel: every op of the IR except the sampling step's logit ops, whose
 /// steps the engine samples on the host (see `sample.rs`).
-pub(crate) fn supports(op: &Op) -> bool {
-    !matches!(
-        op,
-        Op::AdjustLogits { .. } | Op::MaskLogits { .. } | Op::TopK { .. } | Op::Logprobs { .. }
-    )
+pub(crate) fn supports(op: &str) -> bool {
+    !matches!(op, "adjust_logits" | "mask_logits" | "top_k" | "logprobs")
 }
 
 fn invalid(detail: String) -> RuntimeError {
@@ -200,7 +197,7 @@ pub(crate) fn compile(
     let mut rope = HashMap::new();
     let mut pipelines = HashSet::new();
     for (i, op) in graph.equations.iter().enumerate() {
-        if !supports(op) {
+        if !supports(op.name()) {
             return Err(CompileError::Unsupported {
                 backend: "wgpu",
                 op: op.name(),

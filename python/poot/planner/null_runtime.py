@@ -37,6 +37,7 @@ class NullRuntime:
     """See the module docs. ``clock_s`` is the simulated time of every run so far."""
 
     name = "null"
+    kv_entry_bytes = 4
 
     def __init__(
         self, profile: DeviceProfile, sizes: Mapping[str, int], context: int = 256
@@ -47,6 +48,10 @@ class NullRuntime:
         self.clock_s = 0.0
         self.runs = 0
         self.kv: dict[str, int] = {}
+
+    def supports(self, op: str) -> bool:
+        """Every op: the cost model times any graph."""
+        return True
 
     def configure_kv(self, **kw: int) -> None:
         self.kv = dict(kw)

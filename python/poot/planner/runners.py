@@ -1,8 +1,10 @@
 """How a ``CompiledModel`` runs inside ``poot.LLM``: direct, streamed or split over devices.
 
-``attach(llm, config)`` compiles the LLM's own model (its definition and weights), refuses a
-plan this build cannot run (a CUDA device; weights streamed to a non-CPU device) before
-touching anything, and rewires its step runner:
+``plan_runner(runner, files, config, backend, numerics)`` compiles the model of a plain step
+runner (its definition and weights), refuses a plan this build cannot run (a CUDA device;
+weights streamed to a non-CPU device) before touching anything, and builds the runner the
+engine core then uses (``PlannedRunner``); ``poot.LLM`` asks for it, and this module never
+sees the ``LLM``:
 
 - direct path (one resident segment): the runner keeps its plans and the runtime of that
   segment's device (the LLM's own, or a new one that takes over with the KV pool); each run
@@ -18,11 +20,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import numpy.typing as npt
 
 from poot._native import CompileLimits, CpuRuntime, Graph, LateInput, Plan, Weights, WgpuRuntime
+from poot.checkpoints import ModelFiles
 from poot.errors import BackendNotCompiledError, PlannerError
 from poot.models.step import StepShape
 from poot.planner.compiled import CompileConfig, CompiledModel, compile
@@ -30,11 +34,33 @@ from poot.planner.cost import Segment
 from poot.planner.split import Part, SplitPlan, SplitRuntime
 from poot.planner.streaming import SegmentedPlan, StreamingRuntime
 from poot.runner import StepRunner
+from poot.runtimes import Runtime
 
-if TYPE_CHECKING:
-    from poot.llm import LLM
+__all__ = [
+    "LeasedRuntime",
+    "PlannedRunner",
+    "SplitStepRunner",
+    "StreamingStepRunner",
+    "plan_runner",
+]
 
-__all__ = ["LeasedRuntime", "SplitStepRunner", "StreamingStepRunner", "attach"]
+
+@dataclass
+class PlannedRunner:
+    """What ``plan_runner`` builds.
+
+    Attributes:
+        runner: the step runner to run steps with (the given one on the direct path).
+        runtime: the device runtime the model's steps run on (the given one, or the one of
+            the device the whole model was placed on).
+        backend: that runtime's kind (``"cpu"``, ``"wgpu"``).
+        compiled: the plan.
+    """
+
+    runner: StepRunner
+    runtime: Runtime
+    backend: str
+    compiled: CompiledModel
 
 
 class LeasedRuntime:
@@ -52,6 +78,10 @@ class LeasedRuntime:
         self.activation_bytes = activation_bytes
         self.name = inner.name
         self.lane = lane
+        self.kv_entry_bytes = inner.kv_entry_bytes
+
+    def supports(self, op: str) -> bool:
+        return self.inner.supports(op)
 
     def configure_kv(self, **kw: int) -> None:
         self.inner.configure_kv(**kw)
@@ -120,14 +150,28 @@ def _layers(compiled: CompiledModel, start: int, end: int) -> tuple[int, int]:
     return first, max(0, min(n, end - 1) - first)
 
 
-def _runtime_for(llm: LLM, compiled: CompiledModel, key: str) -> CpuRuntime | WgpuRuntime:
-    """The runtime a plan's device runs on: the LLM's own where it is that device's kind."""
+@dataclass
+class _Base:
+    """The plain runner's setting that the planned runner inherits."""
+
+    runner: StepRunner
+    files: ModelFiles
+    backend: str
+    numerics: str
+
+    @property
+    def runtime(self) -> Any:
+        return self.runner.runtime
+
+
+def _runtime_for(base: _Base, compiled: CompiledModel, key: str) -> Any:
+    """The runtime a plan's device runs on: the base runner's where it is that device's kind."""
     p = compiled.profiles[key]
-    if p.kind == llm.backend:
-        return llm.runtime
+    if p.kind == base.backend:
+        return base.runtime
     if p.kind == "cpu":
-        return CpuRuntime(None, llm.numerics)
-    rt = WgpuRuntime(llm.runner.timeout_s, numerics=llm.numerics)
+        return CpuRuntime(None, base.numerics)  # type: ignore[arg-type]
+    rt = WgpuRuntime(base.runner.timeout_s, numerics=base.numerics)  # type: ignore[arg-type]
     opened = rt.adapter.get("name")
     if opened != p.name:
         raise PlannerError(
@@ -157,48 +201,60 @@ def _check_runnable(compiled: CompiledModel) -> None:
             )
 
 
-def attach(llm: LLM, config: CompileConfig) -> CompiledModel:
-    """Compiles ``llm``'s model under ``config`` and rewires ``llm.runner`` to run the plan:
+def plan_runner(
+    runner: StepRunner, files: ModelFiles, config: CompileConfig, backend: str, numerics: str
+) -> PlannedRunner:
+    """Compiles ``runner``'s model under ``config`` and builds the runner that runs the plan:
     the direct path (one resident segment, on whichever device), streaming (one CPU segment)
-    or a split over devices (``split``)."""
-    old = llm.runner
-    # The KV pool every device holds (for its own layers) is the LLM's: its blocks, f16 entries
-    # on a CPU in ggml numerics, f32 elsewhere.
-    positions = (old.num_blocks + 1) * old.block_size
-    entries = {"cpu": 2 if llm.numerics == "ggml" else 4, "wgpu": 4}
+    or a split over devices (``split``).
+
+    Args:
+        runner: the plain step runner (its runtime, KV pool and limits are the model's).
+        files: the model's checkpoint files.
+        config: what the planner may use.
+        backend: the kind of ``runner``'s runtime.
+        numerics: the resolved numerics (``"ggml"`` or ``"exact"``).
+    """
+    base = _Base(runner, files, backend, numerics)
+    old = runner
+    # The KV pool every device holds (for its own layers) is the runner's: its blocks, with
+    # each device kind's KV element (the base runtime says its own).
+    positions = old.pool_blocks * old.block_size
+    entries = {"cpu": 2 if numerics == "ggml" else 4, "wgpu": 4}
+    entries[backend] = int(old.runtime.kv_entry_bytes)
     compiled = compile(
-        llm.files, config, definition=llm.definition, weights=llm.weights,
+        files, config, definition=old.definition, weights=old.weights,
         kv_pool=(positions, entries),
     )  # fmt: skip
     _check_runnable(compiled)
-    act = 4 * old.max_step_tokens * llm.files.hparams.hidden_size * 2
+    act = 4 * old.max_step_tokens * files.hparams.hidden_size * 2
     segments = compiled.placement.segments
-    runtimes = {s.device: _runtime_for(llm, compiled, s.device) for s in segments}
-    n_layers, n_kv_heads, head_dim = llm.definition.kv_shape
+    runtimes = {s.device: _runtime_for(base, compiled, s.device) for s in segments}
+    n_layers, n_kv_heads, head_dim = old.definition.kv_shape
     kv = dict(n_kv_heads=n_kv_heads, head_dim=head_dim, block_size=old.block_size)
-    kv["num_blocks"] = old.num_blocks + 1
+    kv["num_blocks"] = old.pool_blocks
     common = dict(
-        block_size=old.block_size, num_blocks=old.num_blocks,
+        block_size=old.block_size, pool_blocks=old.pool_blocks,
         max_step_tokens=old.max_step_tokens, trace_limits=old.trace_limits,
         compile_limits=old.compile_limits, timeout_s=old.timeout_s,
     )  # fmt: skip
     if compiled.direct:
         rt = runtimes[segments[0].device]
-        if rt is not llm.runtime:
+        kind = backend
+        if rt is not base.runtime:
             # The whole model on another device: its runtime takes over (with the KV pool).
             rt.configure_kv(n_layers=n_layers, **kv)
-            llm.runtime = rt
-            llm.backend = compiled.profiles[segments[0].device].kind  # type: ignore[assignment]
-        old.runtime = LeasedRuntime(rt, compiled, act, segments[0].device)  # type: ignore[assignment]
-        return compiled
+            kind = compiled.profiles[segments[0].device].kind
+        old.runtime = LeasedRuntime(rt, compiled, act, segments[0].device)
+        return PlannedRunner(old, rt, kind, compiled)
     if len(segments) == 1:
         assert compiled.spill_dir is not None
-        runtime = _streaming(llm, compiled, segments[0], act, 0)
-        llm.runner = StreamingStepRunner(
-            llm.definition, llm.weights, runtime, compiled=compiled,  # type: ignore[arg-type]
+        runtime = _streaming(base, compiled, segments[0], act, 0)
+        streaming = StreamingStepRunner(
+            old.definition, old.weights, runtime, compiled=compiled,
             **common,  # type: ignore[arg-type]
         )  # fmt: skip
-        return compiled
+        return PlannedRunner(streaming, base.runtime, backend, compiled)
     parts = []
     units = compiled.stats.units
     for s in segments:
@@ -206,19 +262,19 @@ def attach(llm: LLM, config: CompileConfig) -> CompiledModel:
         label = units[s.start].name + ("" if s.end - s.start == 1 else f"..{units[s.end - 1].name}")
         part = Part(s.device, s.start, s.end, runtimes[s.device], (first, count), label=label)
         if s.streamed:
-            part.streaming = _streaming(llm, compiled, s, act, first, runtimes[s.device])
+            part.streaming = _streaming(base, compiled, s, act, first, runtimes[s.device])
             part.chunks = s.chunks
             part.labels = tuple(_chunk_labels(compiled, s.chunks))
         parts.append(part)
     split = SplitRuntime(
-        parts, llm.definition, llm.weights, compiled.ledger, compiled.generations,
+        parts, old.definition, old.weights, compiled.ledger, compiled.generations,
         trace_limits=old.trace_limits, compile_limits=old.compile_limits,
         recorder=compiled.recorder, activation_bytes=act, stall_timeout_s=config.stall_timeout_s,
     )  # fmt: skip
-    llm.runner = SplitStepRunner(
-        llm.definition, llm.weights, split, **common,  # type: ignore[arg-type]
+    planned = SplitStepRunner(
+        old.definition, old.weights, split, **common,  # type: ignore[arg-type]
     )  # fmt: skip
-    return compiled
+    return PlannedRunner(planned, base.runtime, backend, compiled)
 
 
 def _chunk_labels(compiled: CompiledModel, chunks: tuple[tuple[int, int], ...]) -> list[str]:
@@ -229,7 +285,7 @@ def _chunk_labels(compiled: CompiledModel, chunks: tuple[tuple[int, int], ...]) 
 
 
 def _streaming(
-    llm: LLM,
+    base: _Base,
     compiled: CompiledModel,
     segment: Segment,
     act: int,
@@ -237,10 +293,10 @@ def _streaming(
     inner: CpuRuntime | WgpuRuntime | None = None,
 ) -> StreamingRuntime:
     assert compiled.spill_dir is not None
-    old = llm.runner
+    old = base.runner
     return StreamingRuntime(
-        inner or llm.runtime, llm.definition, llm.weights,
-        {t.name: t for t in llm.files.tensors()}, compiled.ledger, compiled.generations,
+        inner or base.runtime, old.definition, old.weights,
+        {t.name: t for t in base.files.tensors()}, compiled.ledger, compiled.generations,
         compiled.spill_dir, stall_timeout_s=compiled.config.stall_timeout_s,
         trace_limits=old.trace_limits, compile_limits=old.compile_limits,
         recorder=compiled.recorder, activation_bytes=act, kv_base=kv_base, lane=segment.device,

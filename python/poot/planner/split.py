@@ -108,8 +108,15 @@ class SplitRuntime:
         self.recorder = recorder
         self.activation_bytes = activation_bytes
         self.stall_timeout_s = stall_timeout_s
+        # The last part runs the sampling head: its backend names the whole.
         self.name = parts[-1].runtime.name
+        # Each part's pool holds its own kind of element; the widest bounds them all.
+        self.kv_entry_bytes = max(int(p.runtime.kv_entry_bytes) for p in parts)
         self.current_generation = 0
+
+    def supports(self, op: str) -> bool:
+        """Whether the last part (which runs the sampling head) compiles ops of kind ``op``."""
+        return bool(self.parts[-1].runtime.supports(op))
 
     def configure_kv(self, *, n_layers: int, **kw: int) -> None:
         """Gives each part a pool for its own layers (at least one: a pool must exist)."""

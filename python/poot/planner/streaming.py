@@ -98,6 +98,7 @@ class StreamingRuntime:
     ) -> None:
         self.inner = inner
         self.name = inner.name
+        self.kv_entry_bytes = inner.kv_entry_bytes
         self.definition = definition
         self.weights = weights
         self.tensors = dict(tensors)
@@ -122,6 +123,9 @@ class StreamingRuntime:
         self._lock = threading.Lock()
 
     # ---- the StepRunner's runtime surface ----------------------------------------------------
+
+    def supports(self, op: str) -> bool:
+        return bool(self.inner.supports(op))
 
     def configure_kv(self, **kw: int) -> None:
         self.inner.configure_kv(**kw)

@@ -166,12 +166,18 @@ def _params(
         **extra,
     }
     from poot.errors import SamplingParamsError
+    from poot.guidance import validate
 
     out = []
     for i in range(n):
         seed = None if req.seed is None else req.seed + i
         try:
-            out.append(SamplingParams(seed=seed, **base))
+            params = SamplingParams(seed=seed, **base)
+            if i == 0:
+                # The body's constraint compiles before any response starts (a 400, not an
+                # error event in a stream); the engine compiles it again for the tokenizer.
+                validate(params)
+            out.append(params)
         except SamplingParamsError as e:
             raise APIError(400, str(e), param=e.field or None, code="invalid_value") from None
     return out

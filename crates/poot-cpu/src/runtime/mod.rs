@@ -335,8 +335,15 @@ impl Runtime for CpuRuntime {
         "cpu"
     }
 
-    fn supports(&self, op: &Op) -> bool {
+    fn supports(&self, op: &str) -> bool {
         plan::supports(op)
+    }
+
+    fn kv_entry_bytes(&self) -> u32 {
+        match self.options.numerics {
+            Numerics::Exact => 4,
+            Numerics::Ggml => 2,
+        }
     }
 
     fn compile(

@@ -1,0 +1,167 @@
+"""The engine core and the seams around it: ``EngineCore`` driven directly, its clients
+touching nothing private, the planner and sampling modules free of the imports the design
+forbids, and the ``Runtime`` Protocol offered by every runtime the engine drives."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from poot import LLM, SamplingParams, _native
+from poot.engine_core import EngineCore
+from poot.planner.null_runtime import NullRuntime
+from poot.runner import LOGIT_OPS
+from poot.runtimes import Runtime
+
+PACKAGE = Path(__file__).resolve().parents[1] / "python" / "poot"
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def llm(stories: Path) -> LLM:
+    return LLM(str(stories / "stories260K-Q8_0.gguf"), num_blocks=32, max_step_tokens=32)
+
+
+def test_the_core_runs_requests_to_the_end_and_frees_their_blocks(llm: LLM) -> None:
+    core: EngineCore = llm.core
+    want = [o.outputs[0].token_ids for o in llm.generate(["Once upon", "Lily"], GREEDY)]
+    a, b = llm.make_request("Once upon", GREEDY), llm.make_request("Lily", GREEDY)
+    core.add_request(a)
+    core.add_request(b)
+    assert core.has_unfinished() and core.is_live(a.request_id) and a.request_id != b.request_id
+    steps = 0
+    while core.has_unfinished():
+        changed = core.step()
+        steps += 1
+        assert all(r in (a, b) for r in changed)
+    assert [a.out, b.out] == want
+    assert a.finish_reason == b.finish_reason == "length"
+    assert steps >= len(want[0]) and llm.scheduler.used_blocks == 0
+
+
+def test_abort_frees_a_live_request_and_ignores_others(llm: LLM) -> None:
+    core = llm.core
+    a, b = llm.make_request("Once upon", GREEDY), llm.make_request("Lily", GREEDY)
+    core.add_request(a)
+    core.add_request(b)
+    core.step()
+    assert llm.scheduler.used_blocks > 0
+    assert core.abort(a.request_id) and not core.is_live(a.request_id)
+    assert not core.abort(a.request_id)  # already gone
+    assert not core.abort(10**9)  # never added
+    while core.has_unfinished():
+        core.step()
+    assert b.finish_reason == "length" and a.finish_reason is None
+    assert llm.scheduler.used_blocks == 0 and not llm.scheduler.step_in_flight
+
+
+def test_a_failed_step_ends_its_requests_and_leaves_the_core_usable(llm: LLM) -> None:
+    core = llm.core
+    runner = core.runner
+
+    def broken(*args: Any, **kw: Any) -> Any:
+        raise RuntimeError("the device went away")
+
+    req = llm.make_request("Once upon", GREEDY)
+    core.add_request(req)
+    original = runner.run_sample
+    runner.run_sample = broken  # type: ignore[method-assign]
+    try:
+        with pytest.raises(RuntimeError, match="went away"):
+            core.step()
+    finally:
+        runner.run_sample = original  # type: ignore[method-assign]
+    assert not core.is_live(req.request_id) and not core.has_unfinished()
+    assert llm.scheduler.used_blocks == 0 and not llm.scheduler.step_in_flight
+    assert llm.generate("Lily", GREEDY)[0].outputs[0].finish_reason == "length"
+
+
+# ---- the seams, checked over the source --------------------------------------------------
+
+
+def _private_reads(path: Path) -> list[str]:
+    """``x._name`` reads in ``path`` where ``x`` is not ``self``/``cls`` (dunders allowed)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Attribute):
+            continue
+        name = node.attr
+        if not name.startswith("_") or (name.startswith("__") and name.endswith("__")):
+            continue
+        if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            continue
+        found.append(f"{path.name}:{node.lineno}: .{name}")
+    return found
+
+
+@pytest.mark.parametrize("client", ["llm.py", "async_engine.py"])
+def test_the_core_s_clients_touch_nothing_private(client: str) -> None:
+    assert _private_reads(PACKAGE / client) == []
+
+
+def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of ``tree`` outside ``if TYPE_CHECKING:`` blocks (annotations only)."""
+    out: list[ast.AST] = []
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            todo.extend(node.orelse)
+            continue
+        out.append(node)
+        todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module ``path`` imports when it runs, at any depth (lazy imports included)."""
+    out: set[str] = set()
+    for node in _runtime_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+    return out
+
+
+def test_the_planner_never_imports_the_llm() -> None:
+    for path in sorted((PACKAGE / "planner").glob("*.py")):
+        assert "poot.llm" not in _imports(path), path.name
+
+
+def test_sampling_and_guidance_do_not_import_each_other() -> None:
+    assert "poot.guidance" not in _imports(PACKAGE / "sampling.py")
+    assert "poot.sampling" not in _imports(PACKAGE / "guidance.py")
+
+
+# ---- the runtime seam --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("numerics", "entry"), [("exact", 4), ("ggml", 2)])
+def test_the_cpu_runtime_states_its_seam(numerics: str, entry: int) -> None:
+    rt = _native.CpuRuntime(1, numerics)  # type: ignore[arg-type]
+    assert isinstance(rt, Runtime)
+    assert rt.kv_entry_bytes == entry
+    assert all(rt.supports(op) for op in (*LOGIT_OPS, "matmul", "paged_attention"))
+
+
+def test_the_pool_is_sized_by_the_runtime_s_entry_and_the_scheduler_s_blocks(
+    stories: Path,
+) -> None:
+    for numerics in ("exact", "ggml"):
+        m = LLM(str(stories / "stories260K-f32.gguf"), numerics=numerics, num_blocks=16)  # type: ignore[arg-type]
+        layers, heads, dim = m.definition.kv_shape
+        assert m.scheduler.pool_blocks == m.scheduler.num_blocks + 1 == 17
+        want = m.scheduler.pool_blocks * m.block_size * layers * 2 * heads * dim
+        assert m.runtime.memory()["kv_bytes"] == want * m.runtime.kv_entry_bytes
+
+
+def test_the_null_runtime_offers_the_seam() -> None:
+    from planner_fixtures import gpu
+
+    null = NullRuntime(gpu(), {})
+    assert isinstance(null, Runtime) and null.supports("adjust_logits")
+    assert null.kv_entry_bytes == 4
