@@ -79,6 +79,41 @@ def test_a_failed_step_ends_its_requests_and_leaves_the_core_usable(llm: LLM) ->
     assert llm.generate("Lily", GREEDY)[0].outputs[0].finish_reason == "length"
 
 
+class _Counting:
+    """Forwards to a native object, logging each attribute read (each one crosses into Rust)."""
+
+    def __init__(self, inner: Any, log: list[str]) -> None:
+        self._inner, self._log = inner, log
+
+    def __getattr__(self, name: str) -> Any:
+        self._log.append(name)
+        return getattr(self._inner, name)
+
+
+def test_a_warm_step_crosses_into_rust_three_times(llm: LLM) -> None:
+    # Plan (scheduling and the step's inputs, laid out and padded), run, apply: nothing is read
+    # back from a native plan object. Tracing and compiling on a plan-cache miss cross more.
+    core, params = llm.core, SamplingParams(max_tokens=6, temperature=0.8, seed=1)
+    llm.generate(["Once upon", "Lily"], params)  # warms the plans of these shapes
+    log: list[str] = []
+    scheduler, runtime = core.scheduler, core.runner.runtime
+    core.scheduler = _Counting(scheduler, log)  # type: ignore[assignment]
+    core.runner.runtime = _Counting(runtime, log)
+    try:
+        reqs = [llm.make_request(p, params) for p in ("Once upon", "Lily")]
+        for r in reqs:
+            core.add_request(r)
+        log.clear()
+        steps = 0
+        while core.has_unfinished():
+            core.step()
+            steps += 1
+    finally:
+        core.scheduler, core.runner.runtime = scheduler, runtime
+    assert steps > 1 and log == ["schedule", "run", "update"] * steps
+    assert [len(r.out) for r in reqs] == [6, 6]
+
+
 # ---- the seams, checked over the source --------------------------------------------------
 
 

@@ -170,19 +170,22 @@ def test_native_plan_layout() -> None:
     s = _scheduler()
     s.add_request(7, list(range(10, 20)), 2, eos_ids=[99])
     plan = s.schedule()
-    assert plan.request_ids == [7] and plan.row_tokens == [8] and plan.sample == [False]
-    f = plan.flatten(8, 2, 4)
+    assert plan["request_ids"] == [7] and plan["row_tokens"] == [8] and plan["sample"] == [False]
+    assert plan["num_tokens"] == 8 and plan["preempted"] == [] and plan["dims"] == (8, 1, 2)
+    f = plan["inputs"]
     assert f["ids"].tolist() == list(range(10, 18))
     assert f["positions"].tolist() == list(range(8))
-    assert f["block_tables"].shape == (2, 4) and f["block_tables"].dtype == np.int32
+    assert f["block_tables"].shape == (1, 2) and f["block_tables"].dtype == np.int32
     table = f["block_tables"][0]
-    assert 0 not in table[:2].tolist()  # the null block is never handed out
+    assert 0 not in table.tolist()  # the null block is never handed out
     assert f["slot_mapping"].tolist() == [int(table[p // 4]) * 4 + p % 4 for p in range(8)]
     assert s.update([]) == []
     plan = s.schedule()
-    assert plan.row_tokens == [2] and plan.sample == [True]
-    f = plan.flatten(4, 1, 4)
-    assert f["slot_mapping"].tolist()[2:] == [-1, -1] and f["last_rows"].tolist() == [1]
+    assert plan["row_tokens"] == [2] and plan["sample"] == [True]
+    # Padded to the graph's dims: 2 tokens stay 2, the third block's column pads to 4.
+    f = plan["inputs"]
+    assert plan["dims"] == (2, 1, 4) and f["last_rows"].tolist() == [1]
+    assert f["block_tables"][0].tolist()[3:] == [0]  # padding columns point at the null block
     assert s.update([(7, 5)]) == [(7, 5, None)]
     s.schedule()
     assert s.update([(7, 99)]) == [(7, 99, "stop")]

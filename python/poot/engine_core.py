@@ -31,7 +31,7 @@ from poot import _native
 from poot.guidance import Guide
 from poot.outputs import Logprob
 from poot.request import Request, sampling_rows
-from poot.runner import StepResult, StepRunner
+from poot.runner import SchedulerOutput, StepResult, StepRunner
 from poot.tokenizer import Tokenizer
 
 __all__ = ["EngineCore"]
@@ -141,7 +141,8 @@ class EngineCore:
     def _step(
         self, logits_for: Request | None
     ) -> tuple[list[Request], npt.NDArray[np.float32] | None]:
-        plan = self.scheduler.schedule()
+        # One crossing plans the step and lays out its inputs; one runs it; one applies it.
+        plan = SchedulerOutput(**self.scheduler.schedule())
         for rid in plan.preempted:
             if rid in self._live:
                 self._live[rid].in_prefill = True

@@ -1,16 +1,18 @@
 """Runs step graphs: a plan cache by step shape and the step inputs of each step.
 
 Scheduling and KV block allocation live in Rust (``poot._native.Scheduler``, poot-engine):
-``run_plan`` runs one of its ``StepPlan``s. The contract with a model definition is
+``run_plan`` runs one ``SchedulerOutput`` (the scheduler's step, already laid out as the step
+graph's inputs at its padded dims). The contract with a model definition is
 ``poot.models.step``.
 
 Invariants:
     - Every step is a legal chunk: at most ``max_step_tokens`` tokens, and no more than the
       trace limits allow, so no trace is ever refused for its length.
-    - Plans are cached by ``StepShape``: tokens, sequences and block-table width are rounded up
-      to powers of two (padding tokens write no KV: slot -1), so a long generation compiles a
-      handful of plans, not one per length. The cache (``poot.prepared.PreparedCache``) is
-      bounded by plan count and by the plans' ``artifact_bytes``, evicting LRU or refusing.
+    - Plans are cached by ``StepShape``, whose dims are the scheduler's padded ones
+      (``poot_engine::StepDims::padded``: powers of two, padding tokens write no KV: slot -1),
+      so a long generation compiles a handful of plans, not one per length. The cache
+      (``poot.prepared.PreparedCache``) is bounded by plan count and by the plans'
+      ``artifact_bytes``, evicting LRU or refusing.
     - A ``sample`` step reads back only token ids (and, when a row asks, the logprobs of the
       chosen token and the top 20); full logits cross to the host only from a ``logits``
       step, which only ``LLM.logits`` runs.
@@ -45,7 +47,6 @@ from poot._native import (
     CpuRuntime,
     LateInput,
     Plan,
-    StepPlan,
     TraceLimits,
     Tracer,
     Weights,
@@ -57,12 +58,50 @@ from poot.progress import polled_bar
 from poot.runtimes import Runtime
 from poot.sampling import MAX_LOGPROBS
 
-__all__ = ["LOGPROB_WIDTH", "SamplingRows", "StepResult", "StepRunner", "next_pow2"]
+__all__ = [
+    "LOGPROB_WIDTH",
+    "SamplingRows",
+    "SchedulerOutput",
+    "StepResult",
+    "StepRunner",
+    "next_pow2",
+]
 
 
 def next_pow2(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1)."""
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """One step as the scheduler planned it (``Scheduler.schedule``), rows in plan order:
+    decode rows first, then prefill chunks.
+
+    Attributes:
+        request_ids: each row's request.
+        row_tokens: tokens each row computes.
+        sample: whether each row's last token is sampled.
+        preempted: requests preempted while planning (their KV freed; they recompute).
+        num_tokens: tokens across all rows.
+        num_cached_tokens: tokens taken from the prefix cache instead of computed.
+        dims: ``(tokens, seqs, max_blocks)`` the step's graph is compiled for (padded).
+        inputs: the step graph's int32 inputs at ``dims`` (``poot.models.step``).
+    """
+
+    request_ids: list[int]
+    row_tokens: list[int]
+    sample: list[bool]
+    preempted: list[int]
+    num_tokens: int
+    num_cached_tokens: int
+    dims: tuple[int, int, int]
+    inputs: dict[str, npt.NDArray[np.int32]]
+
+    @property
+    def num_seqs(self) -> int:
+        """Rows."""
+        return len(self.request_ids)
 
 
 @dataclass
@@ -218,7 +257,7 @@ class StepRunner:
         return self.runtime.compile(graph, self.weights, self.compile_limits)
 
     def run_plan(
-        self, plan: StepPlan, kind: StepKind = "sample", sampling: SamplingRows | None = None
+        self, plan: SchedulerOutput, kind: StepKind = "sample", sampling: SamplingRows | None = None
     ) -> npt.NDArray[np.generic]:
         """Runs one scheduler step (rows in plan order).
 
@@ -235,30 +274,30 @@ class StepRunner:
             return self._run(plan, "logits", None).logits_out
         return self.run_sample(plan, sampling).token_ids
 
-    def run_sample(self, plan: StepPlan, sampling: SamplingRows | None) -> StepResult:
+    def run_sample(self, plan: SchedulerOutput, sampling: SamplingRows | None) -> StepResult:
         """Runs one ``sample`` step; see ``StepResult``."""
         return self._run(plan, "sample", sampling).result
 
-    def _run(self, plan: StepPlan, kind: StepKind, sampling: SamplingRows | None) -> _Outputs:
+    def _run(
+        self, plan: SchedulerOutput, kind: StepKind, sampling: SamplingRows | None
+    ) -> _Outputs:
         rows = plan.num_seqs
         if rows == 0:
             raise ValueError("a step needs at least one sequence")
-        n = plan.num_tokens
         if sampling is None:
             sampling = SamplingRows([0.0] * rows, [0] * rows, [1.0] * rows, [0.0] * rows)
         sample = kind == "sample"
+        tokens, seqs, max_blocks = plan.dims
         shape = StepShape(
-            min(next_pow2(n), max(self.max_step_tokens, n)),
-            next_pow2(rows),
-            next_pow2(plan.max_blocks),
+            tokens,
+            seqs,
+            max_blocks,
             kind,
             adjust=sampling.adjust_width() if sample else 0,
             masked=sample and bool(sampling.mask_rows),
             logprobs=LOGPROB_WIDTH if sample and sampling.logprobs else 0,
         )
-        inputs: dict[str, npt.NDArray[np.generic]] = dict(
-            plan.flatten(shape.tokens, shape.seqs, shape.max_blocks)
-        )
+        inputs: dict[str, npt.NDArray[np.generic]] = dict(plan.inputs)
         if sample:
             inputs.update(_sampling_inputs(shape, rows, sampling))
         if sample and _has_logit_ops(shape) and not self._samples_on_device:
@@ -272,7 +311,7 @@ class StepRunner:
 
     def _run_split(
         self,
-        plan: StepPlan,
+        plan: SchedulerOutput,
         shape: StepShape,
         inputs: dict[str, npt.NDArray[np.generic]],
         sampling: SamplingRows,

@@ -1,6 +1,6 @@
 //! poot-engine: the driver's scheduler, a pure state machine.
 //!
-//! [`Scheduler::schedule`] returns a [`StepPlan`] (rows, their token ids, positions, KV slots,
+//! [`Scheduler::schedule`] returns a [`SchedulerOutput`] (rows, their token ids, positions, KV slots,
 //! block tables and which rows sample) with every block it needs already reserved;
 //! [`Scheduler::update`] takes the step's [`StepOutput`] (sampled token ids) and returns one
 //! [`RequestEvent`] per accepted token. No device handle lives here, so the whole policy —
@@ -24,7 +24,7 @@ mod scheduler;
 
 pub use config::SchedulerConfig;
 pub use error::EngineError;
-pub use plan::{FlatStep, RequestEvent, ScheduledSeq, StepDims, StepOutput, StepPlan};
+pub use plan::{FlatStep, RequestEvent, ScheduledSeq, SchedulerOutput, StepDims, StepOutput};
 pub use poot_kv::{BlockId, TokenId};
 pub use request::{FinishReason, RequestId, RequestSpec, RequestState, RequestStatus};
 pub use scheduler::{Scheduler, SchedulerStats};

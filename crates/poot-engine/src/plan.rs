@@ -1,10 +1,10 @@
-//! What one step runs ([`StepPlan`]), what it produced ([`StepOutput`]) and what that meant
+//! What one step runs ([`SchedulerOutput`]), what it produced ([`StepOutput`]) and what that meant
 //! for each request ([`RequestEvent`]).
 //!
 //! A plan carries exactly the step inputs of `poot.models.step` before padding: per scheduled
 //! sequence its token ids, their positions, the flat KV slot of each
 //! (`block * block_size + offset`), its block table and whether the row's last token is sampled
-//! (only when the chunk reaches the end of the sequence's known tokens). [`StepPlan::flatten`]
+//! (only when the chunk reaches the end of the sequence's known tokens). [`SchedulerOutput::flatten`]
 //! lays it out as the runner's arrays (`ids`, `positions`, `slot_mapping`, `token_seq`,
 //! `block_tables`, `last_rows`), padded to a step shape: padding tokens get slot -1 (no KV
 //! write) and padding table entries point at the null block 0.
@@ -48,7 +48,7 @@ impl ScheduledSeq {
 
 /// What one step runs; decode rows come first, then prefill chunks, in FCFS order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct StepPlan {
+pub struct SchedulerOutput {
     /// The scheduled sequences, one row each.
     pub seqs: Vec<ScheduledSeq>,
     /// Tokens across all rows (at most the step token budget).
@@ -89,7 +89,24 @@ pub struct FlatStep {
     pub last_rows: Vec<i32>,
 }
 
-impl StepPlan {
+impl StepDims {
+    /// The dims a step graph is compiled for when a step needs `need`: tokens, sequences and
+    /// block-table width rounded up to powers of two (so a long generation compiles a handful of
+    /// graphs, not one per length), tokens capped at `max_step_tokens` (the prefill chunk size)
+    /// unless the step itself is longer. The engine's one padding policy.
+    pub fn padded(need: StepDims, max_step_tokens: usize) -> StepDims {
+        StepDims {
+            tokens: need
+                .tokens
+                .next_power_of_two()
+                .min(max_step_tokens.max(need.tokens)),
+            seqs: need.seqs.next_power_of_two(),
+            max_blocks: need.max_blocks.next_power_of_two(),
+        }
+    }
+}
+
+impl SchedulerOutput {
     /// Whether nothing is scheduled.
     pub fn is_empty(&self) -> bool {
         self.seqs.is_empty()
@@ -112,7 +129,7 @@ impl StepPlan {
     /// The plan as step inputs padded to `dims`.
     ///
     /// # Errors
-    /// [`EngineError::DimsTooSmall`] when `dims` is smaller than [`StepPlan::dims`].
+    /// [`EngineError::DimsTooSmall`] when `dims` is smaller than [`SchedulerOutput::dims`].
     pub fn flatten(&self, dims: StepDims) -> Result<FlatStep, EngineError> {
         let need = self.dims();
         for (what, needed, got) in [
@@ -169,4 +186,29 @@ pub struct RequestEvent {
     pub token: TokenId,
     /// Set when this token finished the request.
     pub finish: Option<FinishReason>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StepDims;
+
+    fn dims(tokens: usize, seqs: usize, max_blocks: usize) -> StepDims {
+        StepDims {
+            tokens,
+            seqs,
+            max_blocks,
+        }
+    }
+
+    #[test]
+    fn padding_rounds_to_powers_of_two_under_the_chunk_size() {
+        assert_eq!(StepDims::padded(dims(1, 1, 1), 256), dims(1, 1, 1));
+        assert_eq!(StepDims::padded(dims(3, 3, 5), 256), dims(4, 4, 8));
+        // A 200-token chunk pads to the chunk size, not past it.
+        assert_eq!(StepDims::padded(dims(200, 1, 13), 200), dims(200, 1, 16));
+        assert_eq!(StepDims::padded(dims(130, 2, 9), 160), dims(160, 2, 16));
+        // A step longer than the chunk size (a caller's own) is never cut.
+        assert_eq!(StepDims::padded(dims(300, 1, 1), 256), dims(300, 1, 1));
+        assert_eq!(StepDims::padded(dims(0, 0, 0), 8), dims(1, 1, 1));
+    }
 }

@@ -33,7 +33,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 use poot_kv::{BlockPool, BlockPoolConfig, BlockTable, TokenId};
 
-use crate::plan::{RequestEvent, ScheduledSeq, StepOutput, StepPlan};
+use crate::plan::{RequestEvent, ScheduledSeq, SchedulerOutput, StepOutput};
 use crate::request::{Request, RequestState, RequestStatus};
 use crate::{EngineError, RequestId, RequestSpec, SchedulerConfig};
 
@@ -177,7 +177,7 @@ impl Scheduler {
     /// # Errors
     /// [`EngineError::StepInFlight`] before the previous plan's `update`; [`EngineError::Kv`]
     /// on a bookkeeping failure (a scheduler bug).
-    pub fn schedule(&mut self) -> Result<StepPlan, EngineError> {
+    pub fn schedule(&mut self) -> Result<SchedulerOutput, EngineError> {
         if self.in_flight.is_some() {
             return Err(EngineError::StepInFlight);
         }
@@ -290,10 +290,10 @@ impl Scheduler {
         &mut self,
         rows: Vec<Row>,
         preempted: Vec<RequestId>,
-    ) -> Result<StepPlan, EngineError> {
-        let mut plan = StepPlan {
+    ) -> Result<SchedulerOutput, EngineError> {
+        let mut plan = SchedulerOutput {
             preempted,
-            ..StepPlan::default()
+            ..SchedulerOutput::default()
         };
         let mut in_flight = Vec::with_capacity(rows.len());
         for row in rows {

@@ -8,7 +8,7 @@ use poot_engine::{
     StepOutput,
 };
 
-fn ids(plan: &poot_engine::StepPlan) -> Vec<(u64, usize)> {
+fn ids(plan: &poot_engine::SchedulerOutput) -> Vec<(u64, usize)> {
     plan.seqs
         .iter()
         .map(|s| (s.request_id.0, s.num_tokens()))

@@ -1,4 +1,4 @@
-//! `poot._native.Scheduler` and `StepPlan`: poot-engine's scheduler for Python.
+//! `poot._native.Scheduler` and `SchedulerOutput`: poot-engine's scheduler for Python.
 //!
 //! Invariants: the Python objects are thin wrappers, so every policy (FCFS under a token
 //! budget, chunked prefill, preemption by recompute, block accounting) is the Rust scheduler's;
@@ -10,8 +10,7 @@ use std::collections::HashMap;
 
 use numpy::{IntoPyArray, PyArray1, PyArrayMethods};
 use poot_engine::{
-    FinishReason, RequestId, RequestSpec, Scheduler, SchedulerConfig, StepDims, StepOutput,
-    StepPlan, TokenId,
+    FinishReason, RequestId, RequestSpec, Scheduler, SchedulerConfig, StepDims, StepOutput, TokenId,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -21,7 +20,6 @@ use crate::errors::engine_error;
 /// Registers the classes of this module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyScheduler>()?;
-    m.add_class::<PyStepPlan>()?;
     Ok(())
 }
 
@@ -105,10 +103,49 @@ impl PyScheduler {
             .map_err(|e| engine_error(py, e))
     }
 
-    /// Plans the next step (its blocks reserved); empty when nothing is runnable.
-    fn schedule(&mut self, py: Python<'_>) -> PyResult<PyStepPlan> {
-        let inner = self.inner.schedule().map_err(|e| engine_error(py, e))?;
-        Ok(PyStepPlan { inner })
+    /// Plans the next step (its blocks reserved) and lays it out for its graph, as one dict:
+    /// `request_ids`, `row_tokens`, `sample` (per row), `preempted`, `num_tokens`,
+    /// `num_cached_tokens`, `dims` (`(tokens, seqs, max_blocks)`, padded by
+    /// `StepDims::padded`) and `inputs` (the step graph's int32 arrays at those dims: `ids`,
+    /// `positions`, `slot_mapping`, `token_seq`, `block_tables` `[seqs, max_blocks]`,
+    /// `last_rows`). No rows when nothing is runnable.
+    fn schedule<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let out = self.inner.schedule().map_err(|e| engine_error(py, e))?;
+        let dims = StepDims::padded(out.dims(), self.inner.config().max_step_tokens);
+        let d = PyDict::new(py);
+        let seqs = &out.seqs;
+        d.set_item(
+            "request_ids",
+            seqs.iter().map(|s| s.request_id.0).collect::<Vec<_>>(),
+        )?;
+        d.set_item(
+            "row_tokens",
+            seqs.iter().map(|s| s.num_tokens()).collect::<Vec<_>>(),
+        )?;
+        d.set_item("sample", seqs.iter().map(|s| s.sample).collect::<Vec<_>>())?;
+        d.set_item(
+            "preempted",
+            out.preempted.iter().map(|r| r.0).collect::<Vec<_>>(),
+        )?;
+        d.set_item("num_tokens", out.num_tokens)?;
+        d.set_item("num_cached_tokens", out.num_cached_tokens)?;
+        d.set_item("dims", (dims.tokens, dims.seqs, dims.max_blocks))?;
+        let inputs = PyDict::new(py);
+        if !out.is_empty() {
+            let f = out.flatten(dims).map_err(|e| engine_error(py, e))?;
+            inputs.set_item("ids", f.ids.into_pyarray(py))?;
+            inputs.set_item("positions", f.positions.into_pyarray(py))?;
+            inputs.set_item("slot_mapping", f.slot_mapping.into_pyarray(py))?;
+            inputs.set_item("token_seq", f.token_seq.into_pyarray(py))?;
+            let tables: Bound<'py, PyArray1<i32>> = f.block_tables.into_pyarray(py);
+            inputs.set_item(
+                "block_tables",
+                tables.reshape([dims.seqs, dims.max_blocks])?,
+            )?;
+            inputs.set_item("last_rows", f.last_rows.into_pyarray(py))?;
+        }
+        d.set_item("inputs", inputs)?;
+        Ok(d)
     }
 
     /// Takes the step's `(request_id, token)` per sampled row; returns
@@ -193,106 +230,6 @@ impl PyScheduler {
             self.num_blocks(),
             self.used_blocks(),
             self.block_size()
-        )
-    }
-}
-
-/// One planned step: decode rows first, then prefill chunks.
-#[pyclass(name = "StepPlan", module = "poot._native", frozen)]
-#[derive(Debug)]
-pub struct PyStepPlan {
-    inner: StepPlan,
-}
-
-#[pymethods]
-impl PyStepPlan {
-    /// Each row's request id.
-    #[getter]
-    fn request_ids(&self) -> Vec<u64> {
-        self.inner.seqs.iter().map(|s| s.request_id.0).collect()
-    }
-
-    /// Each row's token count.
-    #[getter]
-    fn row_tokens(&self) -> Vec<usize> {
-        self.inner.seqs.iter().map(|s| s.num_tokens()).collect()
-    }
-
-    /// Whether each row's last token is sampled.
-    #[getter]
-    fn sample(&self) -> Vec<bool> {
-        self.inner.seqs.iter().map(|s| s.sample).collect()
-    }
-
-    /// Tokens across all rows.
-    #[getter]
-    fn num_tokens(&self) -> usize {
-        self.inner.num_tokens
-    }
-
-    /// Rows.
-    #[getter]
-    fn num_seqs(&self) -> usize {
-        self.inner.seqs.len()
-    }
-
-    /// The widest block table.
-    #[getter]
-    fn max_blocks(&self) -> usize {
-        self.inner.dims().max_blocks
-    }
-
-    /// Requests preempted while planning this step.
-    #[getter]
-    fn preempted(&self) -> Vec<u64> {
-        self.inner.preempted.iter().map(|r| r.0).collect()
-    }
-
-    /// Tokens skipped thanks to the prefix cache.
-    #[getter]
-    fn num_cached_tokens(&self) -> usize {
-        self.inner.num_cached_tokens
-    }
-
-    /// The step graph's int32 inputs padded to the given dims: `ids`, `positions`,
-    /// `slot_mapping`, `token_seq` (`[tokens]`), `block_tables` (`[seqs, max_blocks]`) and
-    /// `last_rows` (`[seqs]`).
-    fn flatten<'py>(
-        &self,
-        py: Python<'py>,
-        tokens: usize,
-        seqs: usize,
-        max_blocks: usize,
-    ) -> PyResult<Bound<'py, PyDict>> {
-        let f = self
-            .inner
-            .flatten(StepDims {
-                tokens,
-                seqs,
-                max_blocks,
-            })
-            .map_err(|e| engine_error(py, e))?;
-        let d = PyDict::new(py);
-        d.set_item("ids", f.ids.into_pyarray(py))?;
-        d.set_item("positions", f.positions.into_pyarray(py))?;
-        d.set_item("slot_mapping", f.slot_mapping.into_pyarray(py))?;
-        d.set_item("token_seq", f.token_seq.into_pyarray(py))?;
-        let tables: Bound<'py, PyArray1<i32>> = f.block_tables.into_pyarray(py);
-        d.set_item("block_tables", tables.reshape([seqs, max_blocks])?)?;
-        d.set_item("last_rows", f.last_rows.into_pyarray(py))?;
-        Ok(d)
-    }
-
-    fn __len__(&self) -> usize {
-        self.inner.seqs.len()
-    }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "StepPlan(num_seqs={}, num_tokens={}, preempted={})",
-            self.inner.seqs.len(),
-            self.inner.num_tokens,
-            self.inner.preempted.len()
         )
     }
 }

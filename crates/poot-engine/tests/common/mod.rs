@@ -11,7 +11,8 @@
 use std::collections::HashMap;
 
 use poot_engine::{
-    FinishReason, RequestId, RequestSpec, Scheduler, SchedulerConfig, StepOutput, StepPlan, TokenId,
+    FinishReason, RequestId, RequestSpec, Scheduler, SchedulerConfig, SchedulerOutput, StepOutput,
+    TokenId,
 };
 
 pub const VOCAB: u32 = 64;
@@ -60,7 +61,7 @@ impl FakeModel {
     }
 
     /// Runs a step: writes every row's KV, then samples the rows that sample.
-    pub fn run(&mut self, plan: &StepPlan) -> StepOutput {
+    pub fn run(&mut self, plan: &SchedulerOutput) -> StepOutput {
         for s in &plan.seqs {
             assert_eq!(s.token_ids.len(), s.positions.len());
             assert_eq!(s.token_ids.len(), s.slot_mapping.len());
@@ -103,7 +104,7 @@ impl FakeModel {
 }
 
 /// Checks what every plan must satisfy.
-pub fn check_plan(s: &Scheduler, plan: &StepPlan) {
+pub fn check_plan(s: &Scheduler, plan: &SchedulerOutput) {
     let c = s.config();
     assert!(
         plan.num_tokens <= c.token_budget(),
@@ -134,7 +135,7 @@ pub fn check_plan(s: &Scheduler, plan: &StepPlan) {
 #[derive(Debug, Default)]
 pub struct Run {
     pub outputs: HashMap<RequestId, (Vec<TokenId>, FinishReason)>,
-    pub plans: Vec<StepPlan>,
+    pub plans: Vec<SchedulerOutput>,
 }
 
 /// Drives the scheduler with a fresh fake model until no request is live.
