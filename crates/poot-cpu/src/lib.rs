@@ -14,6 +14,7 @@
 //! which makes greedy decoding follow llama.cpp's tokens.
 
 pub mod error;
+pub mod features;
 pub mod hugemem;
 pub mod kernels;
 pub mod pool;
@@ -22,6 +23,7 @@ pub mod runtime;
 mod testutil;
 
 pub use error::KernelError;
+pub use features::CpuFeatures;
 pub use kernels::simd::Isa;
 pub use kernels::Numerics;
 pub use pool::{PoolConfig, ThreadPool};

@@ -36,6 +36,7 @@ use super::qdot::QKind;
 use super::repack::{header_bytes, superblock_bytes, Repacked};
 use super::scratch::Scratch;
 use crate::pool::{SharedMut, ThreadPool};
+use crate::CpuFeatures;
 
 /// Weight rows per panel (one B tile's columns) and tokens per tile (one A tile's rows).
 const P: usize = 16;
@@ -46,18 +47,18 @@ const DEPTH: usize = 2;
 
 /// Whether AMX-INT8 tiles run here: the CPU has them (with AVX-512 BW/VL for the float steps),
 /// the OS enabled their state, and the kernel granted it to this process. Asked once.
+/// Detected once, as [`CpuFeatures::amx_int8`].
 pub(crate) fn available() -> bool {
-    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *OK.get_or_init(|| cpu_has_amx() && os_grants_tiles())
+    CpuFeatures::get().amx_int8
 }
 
-fn cpu_has_amx() -> bool {
-    if !(is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vl")
-        && is_x86_feature_detected!("f16c")
-        && is_x86_feature_detected!("xsave"))
-    {
+/// [`available`]'s detection, run once by [`CpuFeatures::get`] over the flags `f` found so far.
+pub(crate) fn detect(f: &CpuFeatures) -> bool {
+    cpu_has_amx(f) && os_grants_tiles()
+}
+
+fn cpu_has_amx(f: &CpuFeatures) -> bool {
+    if !(f.avx512f && f.avx512bw && f.avx512vl && f.f16c && f.xsave) {
         return false;
     }
     // CPUID.(7,0):EDX bit 24 AMX-TILE, bit 25 AMX-INT8.

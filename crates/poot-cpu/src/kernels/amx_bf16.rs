@@ -35,12 +35,7 @@ const BT: usize = 1024;
 
 /// Whether the tiles run here (AMX-BF16 besides `amx::available`) for rows of `k` columns.
 pub(super) fn applies(k: usize) -> bool {
-    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    // CPUID.(7,0):EDX bit 22: AMX-BF16.
-    let cpu = *OK.get_or_init(|| {
-        super::amx::available() && std::arch::x86_64::__cpuid_count(7, 0).edx & (1 << 22) != 0
-    });
-    cpu && k > 0 && k.is_multiple_of(32)
+    crate::CpuFeatures::get().amx_bf16 && k > 0 && k.is_multiple_of(32)
 }
 
 fn config() -> TileConfig {

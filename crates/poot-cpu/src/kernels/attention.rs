@@ -126,7 +126,7 @@ impl KvElem for half::f16 {
     /// Exact; F16C when the CPU has it.
     fn slice_to_f32(src: &[Self], dst: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("f16c") && is_x86_feature_detected!("avx") {
+        if crate::CpuFeatures::get().f16c && crate::CpuFeatures::get().avx {
             // SAFETY: F16C and AVX were just detected.
             return unsafe { f16_to_f32_f16c(src, dst) };
         }

@@ -45,7 +45,7 @@ pub(crate) fn paged_decode(
     if hd == 0 || !hd.is_multiple_of(32) {
         return false;
     }
-    let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+    let avx512 = crate::CpuFeatures::get().avx512f;
     // Tasks are runs of `run` query heads of one KV head, at least four tasks per thread
     // (whole KV heads as tasks had let the pool's second thread, waking late, end the call:
     // SmolLM2's 3 KV heads on 2 threads, 24 -> 44 us a decode layer), but at least two heads
@@ -402,7 +402,7 @@ mod tests {
         if crate::Isa::detect() == crate::Isa::Scalar {
             return;
         }
-        let avx512 = is_x86_feature_detected!("avx512f");
+        let avx512 = crate::CpuFeatures::get().avx512f;
         let mut rng = Rng::new(21);
         for (hd, g, len) in [
             (64, 4, 1),

@@ -341,10 +341,7 @@ mod tests {
     #[test]
     fn vector_softmax_is_bit_identical_to_the_scalar_one() {
         use super::softmax_round;
-        if !(is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c"))
-        {
+        if !crate::CpuFeatures::get().avx2_fma_f16c() {
             return;
         }
         #[target_feature(enable = "avx2,fma,f16c")]

@@ -74,7 +74,7 @@ pub(crate) unsafe fn heads_f16<'q, Q: Fn(usize) -> &'q [f32], F: Fn(usize) -> us
     s.scores.clear();
     s.scores.resize(tt * g * stride, 0.0);
     // AVX-512 widens 16 halves per instruction and runs V 16 outputs at a time.
-    let wide = hd.is_multiple_of(16) && std::arch::is_x86_feature_detected!("avx512f");
+    let wide = hd.is_multiple_of(16) && crate::CpuFeatures::get().avx512f;
     let widen = |src: &[half::f16], dst: &mut [f32]| {
         if wide {
             // SAFETY: AVX-512F detected (`wide`).

@@ -272,7 +272,7 @@ mod tests {
 
     #[test]
     fn vector_roundings_match_the_scalar_ones() {
-        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")) {
+        if !(crate::CpuFeatures::get().avx2 && crate::CpuFeatures::get().f16c) {
             println!("no AVX2/F16C on this CPU: nothing to run");
             return;
         }

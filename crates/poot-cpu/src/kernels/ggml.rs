@@ -377,7 +377,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn silu_rows_in_registers_give_the_scalar_bits() {
-        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+        if !(crate::CpuFeatures::get().avx2 && crate::CpuFeatures::get().fma) {
             return;
         }
         // Rows of 21 (two groups of 8 and a libm tail); values across expf's range, past its
@@ -398,7 +398,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn hsum8v_is_hsum8() {
-        if !is_x86_feature_detected!("avx") {
+        if !crate::CpuFeatures::get().avx {
             return;
         }
         let mut rng = crate::testutil::Rng::new(5);
@@ -413,7 +413,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn expf8_is_expf_lane_by_lane() {
-        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+        if !(crate::CpuFeatures::get().avx2 && crate::CpuFeatures::get().fma) {
             return;
         }
         let mut x = -110.0f32;

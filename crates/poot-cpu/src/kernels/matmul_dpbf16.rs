@@ -49,17 +49,7 @@ const BLOCK_BYTES: usize = 512 * 1024;
 
 /// Whether the tiles run here: AVX-512F, BW and BF16 detected.
 pub(crate) fn available() -> bool {
-    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *OK.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx512bw")
-                && is_x86_feature_detected!("avx512bf16")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        false
-    })
+    crate::CpuFeatures::get().dpbf16()
 }
 
 /// `out[t][n] = sum_k W[n][k] x'[t][k]` (see the module docs) for BF16 rows of `row_bytes`;

@@ -3,7 +3,7 @@
 
 pub mod act;
 #[cfg(target_arch = "x86_64")]
-mod amx;
+pub(crate) mod amx;
 #[cfg(target_arch = "x86_64")]
 mod amx_bf16;
 pub mod attention;

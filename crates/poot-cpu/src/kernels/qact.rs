@@ -51,7 +51,7 @@ fn round_f16(v: f32) -> f32 {
 pub fn quantize_row_q8(x: &[f32], out: &mut [BlockQ8], with_sum: bool) {
     assert_eq!(x.len(), out.len() * QK8, "quantize_row_q8 lengths");
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx2") {
+    if crate::CpuFeatures::get().avx2 {
         // SAFETY: AVX2 (which implies SSE4.1's `roundps`) was just detected.
         unsafe { quantize_avx2(x, out, with_sum) };
         return;

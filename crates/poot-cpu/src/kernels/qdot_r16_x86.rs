@@ -20,9 +20,7 @@ use super::repack::{header_bytes, superblock_bytes, RG};
 
 /// Whether this CPU has the 512-bit VNNI dot and the byte ops the Q4 unpacking uses.
 pub(super) fn has_vnni512() -> bool {
-    super::qdot_r8_x86::has_vnni()
-        && is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
+    crate::CpuFeatures::get().vnni512()
 }
 
 /// Tokens one call handles (8 accumulators of 16 rows each per token).

@@ -25,7 +25,7 @@ use super::repack::{header_bytes, superblock_bytes, RG};
 
 /// Whether this CPU has the 256-bit VNNI dot (`vpdpbusd ymm`).
 pub(super) fn has_vnni() -> bool {
-    is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
+    crate::CpuFeatures::get().vnni256()
 }
 
 /// Tokens one call handles: VNNI machines have 32 vector registers (16 accumulators fit);

@@ -20,10 +20,7 @@ use super::repack_k::q4k;
 
 /// Whether this CPU has the 512-bit byte and word ops the kernel uses.
 pub(super) fn available() -> bool {
-    is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("f16c")
-        && is_x86_feature_detected!("fma")
+    crate::CpuFeatures::get().avx512_bytes()
 }
 
 /// Tokens one call handles.

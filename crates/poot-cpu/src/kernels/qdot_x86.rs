@@ -20,7 +20,7 @@ use super::simd::Checked;
 
 /// Whether this CPU has the 256-bit VNNI dot (`vpdpbusd ymm`).
 fn has_vnni() -> bool {
-    is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
+    crate::CpuFeatures::get().vnni256()
 }
 
 /// See `qdot::dot_rows` (same contract).

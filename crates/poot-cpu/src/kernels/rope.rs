@@ -316,7 +316,7 @@ fn rotate_token(xt: &mut [f32], table: &RopeTable, cs: &[(f32, f32)]) {
         return rotate_pairs(xt, table, cs, rotate_plain);
     }
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("fma") {
+    if crate::CpuFeatures::get().fma {
         // SAFETY: FMA was just detected.
         return unsafe { rotate_token_fma(xt, table, cs) };
     }

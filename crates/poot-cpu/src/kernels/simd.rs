@@ -1,7 +1,7 @@
 //! Instruction-set selection and the inner loops that differ per ISA.
 //!
-//! [`Isa`] names a code path; [`Isa::detect`] picks the best one this CPU runs (checked at run
-//! time with `is_x86_feature_detected!`). The portable [`Isa::Scalar`] path always exists, is
+//! [`Isa`] names a code path; [`Isa::detect`] picks the best one this CPU runs (from the
+//! features [`crate::CpuFeatures`] detected once). The portable [`Isa::Scalar`] path always exists, is
 //! plain Rust, and is the reference the SIMD paths are tested against.
 //!
 //! Invariant (soundness): a SIMD function is only reached through a `Checked` token, and a
@@ -141,21 +141,7 @@ impl Isa {
 
     /// Whether this CPU can run the path.
     pub fn is_available(self) -> bool {
-        match self {
-            Isa::Scalar => true,
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => {
-                is_x86_feature_detected!("avx2")
-                    && is_x86_feature_detected!("fma")
-                    && is_x86_feature_detected!("f16c")
-            }
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => Isa::Avx2.is_available() && is_x86_feature_detected!("avx512f"),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Amx => Isa::Avx512.is_available() && super::amx::available(),
-            #[cfg(not(target_arch = "x86_64"))]
-            Isa::Avx2 | Isa::Avx512 | Isa::Amx => false,
-        }
+        crate::CpuFeatures::get().runs(self)
     }
 
     /// The path the kernels take: the best one this CPU runs, or the one `POOT_CPU_ISA` forces
@@ -179,11 +165,7 @@ impl Isa {
 
     /// The best path this CPU runs, ignoring `POOT_CPU_ISA`.
     pub fn best() -> Isa {
-        Isa::ALL
-            .into_iter()
-            .rev()
-            .find(|isa| isa.is_available())
-            .unwrap_or(Isa::Scalar)
+        crate::CpuFeatures::get().best_isa()
     }
 
     /// `"scalar"`, `"avx2"`, `"avx512"` or `"amx"`.
