@@ -19,22 +19,28 @@ use std::ptr::NonNull;
 /// The x86-64 / aarch64 (4 KiB granule) PMD size: the huge page the advice asks for.
 pub(crate) const HUGE: usize = 2 << 20;
 
-/// Whether large buffers ask for huge pages: yes unless `POOT_CPU_THP=0` (for A/B timing, or
-/// a host where THP compaction stalls hurt more than TLB misses).
-/// Read at each allocation (they are few and large), so one process can hold both kinds.
+/// Whether large buffers ask for huge pages: yes unless the runtime's
+/// `CpuOptions::huge_pages` says no (`POOT_CPU_THP=0` by default; for A/B timing, or a host
+/// where THP compaction stalls hurt more than TLB misses). Read at each allocation (they are
+/// few and large) from the thread's tuning (`crate::tuning`), so one process can hold both
+/// kinds.
 pub fn enabled() -> bool {
-    std::env::var("POOT_CPU_THP").map_or(true, |v| v != "0")
+    crate::tuning::Tuning::current().huge_pages
 }
 
 /// Whether advised memory can get huge pages here: [`enabled`], and Linux's THP mode is
 /// `always` or `madvise` (read once).
 pub fn available() -> bool {
+    available_with(enabled())
+}
+
+/// Whether advised memory gets huge pages here when the tuning's switch is `on`.
+pub(crate) fn available_with(on: bool) -> bool {
     static MODE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    enabled()
-        && *MODE.get_or_init(|| {
-            std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
-                .is_ok_and(|m| m.contains("[always]") || m.contains("[madvise]"))
-        })
+    on && *MODE.get_or_init(|| {
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+            .is_ok_and(|m| m.contains("[always]") || m.contains("[madvise]"))
+    })
 }
 
 /// A zeroed, heap-owned byte buffer (see the module docs).

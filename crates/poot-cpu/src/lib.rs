@@ -21,6 +21,7 @@ pub mod pool;
 pub mod runtime;
 #[cfg(test)]
 mod testutil;
+pub mod tuning;
 
 pub use error::KernelError;
 pub use features::CpuFeatures;
@@ -29,3 +30,4 @@ pub use kernels::Numerics;
 pub use pool::{PoolConfig, ThreadPool};
 pub use poot_core::DType;
 pub use runtime::{CpuOptions, CpuPlan, CpuRuntime};
+pub use tuning::Tuning;

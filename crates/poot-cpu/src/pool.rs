@@ -17,7 +17,7 @@
 //! a caller waiting for stragglers) first spin briefly, then `yield_now` until
 //! [`PoolConfig::spin`] has passed, then park; so back-to-back kernels (a decode step) wake
 //! them in about a microsecond, and a waiting thread hands its core to a thread that shares it.
-//! The default budget (5 ms, `POOT_CPU_SPIN_US` to change it) outlasts the host's work between
+//! The default budget (5 ms; `CpuOptions::spin`, `POOT_CPU_SPIN_US` by default) outlasts the host's work between
 //! two decode steps: on a shared VM a worker that parked let its vCPU halt, the hypervisor
 //! gave the core away, and every kernel of the next step waited for it to come back. With
 //! 50 us, SmolLM2's decode on a 2-vCPU Zen 3 VM read 32-134 tok/s from one run to the next
@@ -46,7 +46,7 @@ pub struct PoolConfig {
 impl Default for PoolConfig {
     fn default() -> Self {
         // See the module docs for why 5 ms.
-        let us = crate::kernels::simd::env_usize("POOT_CPU_SPIN_US", 5000);
+        let us = crate::tuning::env_usize("POOT_CPU_SPIN_US", 5000);
         PoolConfig {
             threads: 0,
             spin: Duration::from_micros(us as u64),

@@ -15,6 +15,7 @@
 //!   8 or 16 lanes, horizontal sum, then a scalar tail for `k % 8` (or `% 16`).
 
 use super::decode::{decode_run, Packed};
+use crate::tuning::Tuning;
 use crate::KernelError;
 
 /// Weight rows decoded together and tiled against tokens.
@@ -29,32 +30,21 @@ pub(crate) const NR: usize = 4;
 /// its long rows already stream well. On a 2-core Sapphire Rapids-class VM (`layer_seq`, 2
 /// threads, three rounds each) 2 KiB did best: 21.0-22.3 GB/s against 19.4-20.1 at 4 KiB,
 /// 20.9-21.1 at 1 KiB, 19.0 at 8 KiB and 18.0 with the old scheme; 2 KiB is within Zen 3's
-/// flat 1-8 KiB range, so it is the default. `POOT_CPU_PREFETCH` overrides it for tuning on
-/// another machine (`0`: the old one-line-per-super-block prefetch).
+/// flat 1-8 KiB range, so it is the default. `CpuOptions::prefetch` (`POOT_CPU_PREFETCH` by
+/// default) overrides it for tuning on another machine (`0`: the old one-line-per-super-block
+/// prefetch).
 pub(crate) fn prefetch_ahead() -> usize {
-    static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *AHEAD.get_or_init(|| env_usize("POOT_CPU_PREFETCH", 2048))
-}
-
-/// The whole number in environment variable `name` (a byte count, a duration in
-/// microseconds, a switch), or `default` when it is unset or not a number: the crate's
-/// tuning knobs all read this way.
-pub(crate) fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+    Tuning::current().prefetch
 }
 
 /// How far ahead (bytes) the AVX-512 one-token F16/BF16 loops prefetch their row stream into
-/// L2 (`POOT_CPU_PREFETCH_FLOAT`, default 8192: two 2048-wide rows on). On an Emerald Rapids
+/// L2 (`CpuOptions::prefetch_float`, `POOT_CPU_PREFETCH_FLOAT` by default, default 8192: two 2048-wide rows on). On an Emerald Rapids
 /// VM, 2 threads streaming a 32 MiB BF16 matrix from DRAM went from 14.0 GB/s (no software
 /// prefetch) to 19.3 with L1 prefetches 4 KiB ahead and to 20.3-24.0 with L2 prefetches 8 KiB
 /// ahead (4 KiB: 20.4, 16 KiB: 20.9); F16 the same. `0` prefetches the line being read, in
 /// effect none. Quantized rows keep [`prefetch_ahead`].
 pub(crate) fn prefetch_float_ahead() -> usize {
-    static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *AHEAD.get_or_init(|| env_usize("POOT_CPU_PREFETCH_FLOAT", 8192))
+    Tuning::current().prefetch_float
 }
 
 /// The streaming kernels' per-super-block prefetch for the super-block of `sb` bytes at `s`:
@@ -71,11 +61,10 @@ pub(crate) fn prefetch_stream(s: *const u8, sb: usize, ahead: usize) {
 
 /// The distance (bytes) from a super-block to the same super-block of the next unit a task
 /// reads (its next pair of groups, or next group), for [`prefetch_next`]; `unit` is that
-/// unit's size in bytes. 0 (off) when `POOT_CPU_PREFETCH_NEXT=0`.
+/// unit's size in bytes. 0 (off) when `CpuOptions::prefetch_next` is false
+/// (`POOT_CPU_PREFETCH_NEXT=0` by default).
 pub(crate) fn prefetch_next_distance(unit: usize) -> usize {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = *ON.get_or_init(|| env_usize("POOT_CPU_PREFETCH_NEXT", 1) != 0);
-    if on {
+    if Tuning::current().prefetch_next {
         unit
     } else {
         0
@@ -144,23 +133,23 @@ impl Isa {
         crate::CpuFeatures::get().runs(self)
     }
 
-    /// The path the kernels take: the best one this CPU runs, or the one `POOT_CPU_ISA` forces
-    /// (`scalar`, `avx2`, `avx512`, `amx`; a path this CPU lacks gives the best one below it).
-    /// Read once per process.
+    /// The path the kernels on this thread take: inside a runtime's compile or run, the one
+    /// its `CpuOptions::isa` chose; elsewhere the process default, the best one this CPU runs
+    /// or the one `POOT_CPU_ISA` forces (`scalar`, `avx2`, `avx512`, `amx`; read once per
+    /// process). See `crate::tuning`.
     pub fn detect() -> Isa {
-        static CHOSEN: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *CHOSEN.get_or_init(|| {
-            let cap = std::env::var("POOT_CPU_ISA")
-                .ok()
-                .and_then(|n| Isa::from_name(n.trim()))
-                .unwrap_or(Isa::Amx);
-            Isa::ALL
-                .into_iter()
-                .rev()
-                .filter(|isa| *isa as u8 <= cap as u8)
-                .find(|isa| isa.is_available())
-                .unwrap_or(Isa::Scalar)
-        })
+        Tuning::current().isa
+    }
+
+    /// The best path this CPU runs that is no better than `cap` (a path this CPU lacks gives
+    /// the best one below it).
+    pub fn capped(cap: Isa) -> Isa {
+        Isa::ALL
+            .into_iter()
+            .rev()
+            .filter(|isa| *isa as u8 <= cap as u8)
+            .find(|isa| isa.is_available())
+            .unwrap_or(Isa::Scalar)
     }
 
     /// The best path this CPU runs, ignoring `POOT_CPU_ISA`.
