@@ -9,9 +9,13 @@
 //! `POOT_CPU_*` variable, read once). So two runtimes in one process can run with different
 //! knobs, and a kernel called on its own behaves as before the knobs were options.
 //!
-//! Cost: one thread-local read per kernel call (never per element).
+//! Cost: while every runtime of the process runs with the process defaults (the usual case),
+//! [`Tuning::current`] is one relaxed atomic load and a `OnceLock` read, as the per-knob
+//! `OnceLock`s it replaced were; only once some runtime differs does it read the thread-local
+//! (once per kernel call or 8-row group, never per element).
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use crate::Isa;
@@ -34,6 +38,12 @@ pub struct Tuning {
 thread_local! {
     static CURRENT: Cell<Option<Tuning>> = const { Cell::new(None) };
 }
+
+/// Set (for good) once a tuning other than the process default is installed or entered;
+/// until then no thread's tuning can differ from the default and [`Tuning::current`] skips the
+/// thread-local. Relaxed is enough: a thread sets it before it installs or enters the tuning,
+/// and a pool worker is handed its tuning through the pool's own synchronization.
+static CUSTOM: AtomicBool = AtomicBool::new(false);
 
 /// The whole number in environment variable `name` (a byte count, a duration in
 /// microseconds, a switch), or `default` when it is unset or not a number.
@@ -69,18 +79,29 @@ impl Tuning {
     /// The tuning the kernels on this thread follow (see the module docs).
     #[inline]
     pub fn current() -> Tuning {
+        if !CUSTOM.load(Ordering::Relaxed) {
+            return Tuning::process_default();
+        }
         CURRENT
             .with(Cell::get)
             .unwrap_or_else(Tuning::process_default)
     }
 
+    fn note(self) {
+        if self != Tuning::process_default() {
+            CUSTOM.store(true, Ordering::Relaxed);
+        }
+    }
+
     /// Makes `self` this thread's tuning until the guard drops (then the previous one again).
     pub(crate) fn enter(self) -> Entered {
+        self.note();
         Entered(CURRENT.with(|c| c.replace(Some(self))))
     }
 
     /// Makes `self` this thread's tuning for good (a pool worker that serves one runtime).
     pub(crate) fn install(self) {
+        self.note();
         CURRENT.with(|c| c.set(Some(self)));
     }
 }
