@@ -31,9 +31,10 @@
 use std::arch::asm;
 use std::arch::x86_64::*;
 
+use super::blocks::QKind;
+use super::blocks::{header_bytes, superblock_bytes};
 use super::qact::BlockQ8;
-use super::qdot::QKind;
-use super::repack::{header_bytes, superblock_bytes, Repacked};
+use super::repack::Repacked;
 use super::scratch::Scratch;
 use crate::pool::{SharedMut, ThreadPool};
 use crate::CpuFeatures;

@@ -9,8 +9,8 @@
 
 use poot_core::DType;
 
+use super::blocks::row_bytes;
 use super::decode::Packed;
-use super::matmul::row_bytes;
 use super::simd::{self, Isa};
 use crate::error::{check_len, mul};
 use crate::KernelError;
@@ -198,8 +198,8 @@ mod tests {
 
     #[test]
     fn repacked_tables_give_the_same_rows() {
-        use crate::kernels::qdot::QKind;
-        use crate::kernels::qdot_k::KKind;
+        use crate::kernels::blocks::KKind;
+        use crate::kernels::blocks::QKind;
         use crate::kernels::repack::{Repack, Repacked};
         use crate::kernels::repack_k::RepackedK;
         let kinds = [

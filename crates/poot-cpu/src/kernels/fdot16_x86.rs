@@ -210,7 +210,7 @@ pub(crate) unsafe fn widen8<const KIND: u8>(s: &[u8]) -> [f32; 8] {
     out
 }
 
-/// 8 floats rounded to bf16 as `matmul_bf16::round_bf16` does (nearest even; NaNs quieted),
+/// 8 floats rounded to bf16 as `ggml::round_bf16` does (nearest even; NaNs quieted),
 /// widened back to `f32` (exact).
 ///
 /// # Safety
@@ -281,7 +281,7 @@ mod tests {
             // SAFETY: AVX2 and F16C detected above.
             let (b, h, hb) = unsafe { (bf16_round8(c), f16_round8(c), f16_bits8(c)) };
             for i in 0..8 {
-                let want = u32::from(super::super::matmul_bf16::round_bf16(c[i])) << 16;
+                let want = u32::from(super::super::ggml::round_bf16(c[i])) << 16;
                 assert_eq!(b[i].to_bits(), want, "bf16 of {:#x}", c[i].to_bits());
                 let want = half::f16::from_f32(c[i]);
                 assert_eq!(hb[i], want.to_bits(), "f16 bits of {:#x}", c[i].to_bits());

@@ -317,6 +317,15 @@ pub fn hsum8_hadd(a: &[f32; 8]) -> f32 {
     (r[0] + r[1]) + (r[2] + r[3])
 }
 
+/// `v` rounded to bf16 as ggml does (nearest even; NaNs stay NaNs, quieted).
+pub(crate) fn round_bf16(v: f32) -> u16 {
+    let u = v.to_bits();
+    if u & 0x7fff_ffff > 0x7f80_0000 {
+        return ((u >> 16) | 64) as u16;
+    }
+    ((u + (0x7fff + ((u >> 16) & 1))) >> 16) as u16
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -29,15 +29,15 @@
 
 use poot_core::DType;
 
+use super::act_cache::ActCache;
+use super::blocks::{row_bytes, QKind};
 use super::decode::Packed;
 use super::ggml::Numerics;
-use super::qdot::QKind;
 use super::repack::{Repack, Repacked};
 use super::repack_k::RepackedK;
-use super::scratch::Scratch;
-use super::simd::{self, Isa, NR};
+use super::simd::Isa;
 use crate::error::{check_len, mul};
-use crate::pool::{SharedMut, ThreadPool};
+use crate::pool::ThreadPool;
 use crate::KernelError;
 
 /// Every weight dtype [`matmul`] accepts.
@@ -101,49 +101,6 @@ pub fn matmul_numerics(
     matmul_cached(numerics, isa, x, t, k, w, w_dtype, n, out, pool, None)
 }
 
-/// Quantized activations kept between matmuls that read the same input (a layer's q/k/v, or
-/// gate/up), so each input is quantized once. `key` names the input uniquely for the cache's
-/// owner (the executor: run and value); a different key requantizes.
-#[derive(Debug, Default)]
-pub(crate) struct ActCache {
-    q8_key: Option<(u64, bool)>,
-    pub(crate) q8: Vec<super::qact::BlockQ8>,
-    q8k_key: Option<u64>,
-    pub(crate) q8k: Vec<super::qdot_k::BlockQ8K>,
-}
-
-impl ActCache {
-    /// `x` as Q8_0/Q8_1 blocks (`with_sum`), quantized unless `key` was quantized last.
-    pub(crate) fn q8(
-        &mut self,
-        key: u64,
-        x: &[f32],
-        with_sum: bool,
-        pool: &ThreadPool,
-    ) -> &[super::qact::BlockQ8] {
-        if self.q8_key != Some((key, with_sum)) {
-            self.q8.clear();
-            self.q8
-                .resize(x.len() / super::qact::QK8, Default::default());
-            super::qact::quantize_rows_q8(x, &mut self.q8, with_sum, pool);
-            self.q8_key = Some((key, with_sum));
-        }
-        &self.q8
-    }
-
-    /// `x` as Q8_K blocks, quantized unless `key` was quantized last.
-    pub(crate) fn q8k(&mut self, key: u64, x: &[f32]) -> &[super::qdot_k::BlockQ8K] {
-        if self.q8k_key != Some(key) {
-            self.q8k.clear();
-            self.q8k
-                .resize(x.len() / super::qdot_k::QK_K, Default::default());
-            super::qdot_k::quantize_row_q8k(x, &mut self.q8k);
-            self.q8k_key = Some(key);
-        }
-        &self.q8k
-    }
-}
-
 /// [`matmul_numerics`] with an optional activation cache and the input's key in it.
 #[allow(
     clippy::too_many_arguments,
@@ -182,81 +139,26 @@ pub(crate) fn matmul_cached(
         let f = super::matmul_bf16::matmul_bf16_ggml;
         return f(ck, x, t, k, w, row_bytes, n, out, pool);
     }
-    if super::matmul_float::applies(ck, p, t) {
-        let f = super::matmul_float::gemv_float;
-        f(ck, numerics, p, x, k, w, row_bytes, n, out, pool);
-        return Ok(());
-    }
     if numerics == Numerics::Ggml {
         if let Some(kind) = QKind::new(w_dtype) {
             super::matmul_q8::matmul_q8(ck, kind, x, t, k, w, row_bytes, n, out, pool, cache);
             return Ok(());
         }
-        if let Some(kind) = super::qdot_k::KKind::new(w_dtype) {
+        if let Some(kind) = super::blocks::KKind::new(w_dtype) {
             super::qdot_k::matmul_q8k(ck, kind, x, t, k, w, row_bytes, n, out, pool, cache);
             return Ok(());
         }
-        if matches!(p, Packed::F16 | Packed::F32) {
+        // One F16 token keeps the float rows of `matmul_decoded` (ggml's numerics there too).
+        if matches!(p, Packed::F16 | Packed::F32) && !super::matmul_float::applies(ck, p, t) {
             let f = super::matmul_float_ggml::matmul_float_ggml;
             f(ck, p, x, t, k, w, row_bytes, n, out, pool);
             return Ok(());
         }
     }
-
-    // Several tokens against float weights (exact numerics here: ggml's returned above): the
-    // packed 8-lane tiles with the activations as given, within this path's bound.
-    if super::matmul_lanes8::applies(ck, p, t, k) {
-        let f = super::matmul_lanes8::matmul_lanes8;
-        f(ck, (p, numerics), x, (t, k), (w, row_bytes, n), out, pool);
-        return Ok(());
-    }
-
-    // Rows are decoded a block at a time (about 256 KiB of f32, so it stays in L2) and every
-    // token tile is run against the whole block before the next one: an activation tile is
-    // then read from memory once per block rather than once per NR rows (a 512-token prefill
-    // re-read its activations from L3 hundreds of times per matmul before).
-    let block = (BLOCK_FLOATS / k / NR).clamp(1, 16) * NR;
-    let blocks = n.div_ceil(block);
-    let (per_task, tasks) = pool.split(blocks);
-    let shared = SharedMut::new(out);
-    pool.for_each_init(
-        tasks,
-        || (Scratch::zeroed(block * k), Scratch::zeroed(NR * TOKEN_TILE)),
-        |(rows, res), task| {
-            for b in task * per_task..((task + 1) * per_task).min(blocks) {
-                let n0 = b * block;
-                let nr = block.min(n - n0);
-                for r in 0..nr {
-                    let src = &w[(n0 + r) * row_bytes..(n0 + r + 1) * row_bytes];
-                    simd::decode(ck, p, src, &mut rows[r * k..(r + 1) * k]);
-                }
-                for tok0 in (0..t).step_by(TOKEN_TILE) {
-                    let tt = TOKEN_TILE.min(t - tok0);
-                    let xs = &x[tok0 * k..(tok0 + tt) * k];
-                    for q in (0..nr).step_by(NR) {
-                        // Rows past nr in the last quad keep stale values; never written.
-                        simd::dot_rows(ck, &rows[q * k..(q + NR) * k], k, xs, tt, res);
-                        for tok in 0..tt {
-                            for r in 0..NR.min(nr - q) {
-                                let i = (tok0 + tok) * n + n0 + q + r;
-                                // SAFETY: row n0 + q + r belongs to this task's blocks only,
-                                // so no other task writes index i.
-                                unsafe { shared.write(i, res[tok * NR + r]) };
-                            }
-                        }
-                    }
-                }
-            }
-        },
-    );
+    let f = super::matmul_decoded::matmul_decoded;
+    f(ck, numerics, p, x, (t, k), (w, row_bytes, n), out, pool);
     Ok(())
 }
-
-/// Decoded-row block size, in floats (see `matmul_cached`).
-pub(crate) const BLOCK_FLOATS: usize = 64 * 1024;
-/// Tokens run against a row block per pass: a multiple of every `dot_rows` tile width, so
-/// the tiles (and so the results) are the same as one pass over all tokens.
-pub(crate) const TOKEN_TILE: usize = 4;
 
 /// `w` (`n` rows of `k` elements of `w_dtype`, as stored) re-laid for a faster kernel on this
 /// `isa` under `numerics`, or `None` when the stored layout is already the fast one: under
@@ -293,7 +195,7 @@ pub fn repack_for_on(
         check_len("matmul w", mul(n, rb, "matmul w")?, w.len())
     };
     let q = QKind::new(w_dtype).filter(|&kind| Repacked::supports(kind));
-    Ok(match (q, super::qdot_k::KKind::new(w_dtype)) {
+    Ok(match (q, super::blocks::KKind::new(w_dtype)) {
         (Some(kind), _) => {
             checked()?;
             Some(Repack::Q(Repacked::new_on(kind, w, n, k / 32, pool)))
@@ -304,7 +206,7 @@ pub fn repack_for_on(
                 kind,
                 w,
                 n,
-                k / super::qdot_k::QK_K,
+                k / super::qact::QK_K,
                 pool,
             )))
         }
@@ -360,20 +262,6 @@ pub(crate) fn matmul_repacked_cached(
         Repack::K(w) => super::matmul_rk::matmul_rk(ck, w, x, t, k, out, pool, cache),
     }
     Ok(())
-}
-
-/// Bytes of one row of `k` elements of `dtype`, or a typed error when `k` is not whole blocks.
-pub(crate) fn row_bytes(op: &'static str, dtype: DType, k: usize) -> Result<usize, KernelError> {
-    let block = dtype.block_elems() as usize;
-    if !k.is_multiple_of(block) {
-        return Err(KernelError::NotWholeBlocks {
-            op,
-            dtype,
-            len: k,
-            block,
-        });
-    }
-    mul(k / block, dtype.block_bytes() as usize, "row bytes")
 }
 
 #[cfg(test)]

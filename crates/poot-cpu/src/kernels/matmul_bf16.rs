@@ -26,21 +26,13 @@
 //! `2 * t * k`).
 
 use super::decode::Packed;
+use super::ggml::round_bf16;
 use super::ggml::Numerics;
-use super::matmul::matmul_cached;
+use super::matmul_decoded::matmul_decoded;
 use super::scratch::Scratch;
 use super::simd::Checked;
 use crate::pool::ThreadPool;
 use crate::KernelError;
-
-/// `v` rounded to bf16 as ggml does (nearest even; NaNs stay NaNs, quieted).
-pub(crate) fn round_bf16(v: f32) -> u16 {
-    let u = v.to_bits();
-    if u & 0x7fff_ffff > 0x7f80_0000 {
-        return ((u >> 16) | 64) as u16;
-    }
-    ((u + (0x7fff + ((u >> 16) & 1))) >> 16) as u16
-}
 
 /// See the module docs; shapes were validated by `matmul_cached`.
 #[allow(clippy::too_many_arguments, reason = "matmul's validated arguments")]
@@ -89,17 +81,26 @@ pub(crate) fn matmul_bf16_ggml(
         x.iter()
             .map(|&v| f32::from_bits(u32::from(round_bf16(v)) << 16)),
     );
-    let bf16 = poot_core::DType::BF16;
     let exact = Numerics::Exact;
-    matmul_cached(exact, ck.isa(), &rounded, t, k, w, bf16, n, out, pool, None)
+    matmul_decoded(
+        ck,
+        exact,
+        Packed::BF16,
+        &rounded,
+        (t, k),
+        (w, row_bytes, n),
+        out,
+        pool,
+    );
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use poot_core::DType;
 
-    use super::round_bf16;
     use crate::kernels::decode::Packed;
+    use crate::kernels::ggml::round_bf16;
     use crate::kernels::ggml::Numerics;
     use crate::kernels::matmul::matmul_numerics;
     use crate::testutil::{reference, synthetic_weights, Rng};

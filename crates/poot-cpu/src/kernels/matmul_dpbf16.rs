@@ -129,7 +129,7 @@ fn pack_x(x: &[f32], (t, k): (usize, usize), pool: &ThreadPool) -> Aligned<u16> 
     xp
 }
 
-/// Up to 32 floats rounded to bf16 bits as `matmul_bf16::round_bf16` does, zeros past
+/// Up to 32 floats rounded to bf16 bits as `ggml::round_bf16` does, zeros past
 /// `src.len()`.
 fn round32(src: &[f32], dst: &mut [u16; 32]) {
     #[cfg(target_arch = "x86_64")]
@@ -140,7 +140,7 @@ fn round32(src: &[f32], dst: &mut [u16; 32]) {
         return;
     }
     for (i, d) in dst.iter_mut().enumerate() {
-        *d = src.get(i).map_or(0, |&v| super::matmul_bf16::round_bf16(v));
+        *d = src.get(i).map_or(0, |&v| super::ggml::round_bf16(v));
     }
 }
 
@@ -461,7 +461,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::matmul_bf16::round_bf16;
+    use crate::kernels::ggml::round_bf16;
     use crate::testutil::Rng;
 
     #[test]

@@ -17,7 +17,7 @@ use super::scratch::Scratch;
 
 use super::decode::Packed;
 use super::ggml::{dot_lanes32, dot_lanes32_f32, dot_lanes8, Numerics};
-use super::matmul::{BLOCK_FLOATS, TOKEN_TILE};
+use super::matmul_decoded::{BLOCK_FLOATS, TOKEN_TILE};
 use super::matmul_lanes8;
 use super::simd::{self, Checked, Isa, NR};
 use crate::pool::{SharedMut, ThreadPool};

@@ -19,9 +19,10 @@
 //! Cost: `t * k` to quantize, then `t * n * k` integer multiply-adds; memory: `t * k / 32`
 //! blocks of 40 bytes.
 
-use super::matmul::ActCache;
+use super::act_cache::ActCache;
+use super::blocks::QKind;
 use super::qact::{quantize_rows_q8, BlockQ8, QK8};
-use super::qdot::{dot_rows, QKind};
+use super::qdot::dot_rows;
 use super::scratch::Scratch;
 use super::simd::{Checked, NR};
 use crate::pool::{SharedMut, ThreadPool};

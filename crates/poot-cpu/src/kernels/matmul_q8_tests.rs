@@ -159,7 +159,8 @@ fn other_dtypes_keep_the_exact_path() {
 
 #[test]
 fn cached_activations_give_the_uncached_bits() {
-    use super::super::matmul::{matmul_cached, ActCache};
+    use super::super::act_cache::ActCache;
+    use super::super::matmul::matmul_cached;
     let (t, k, n) = (3, 512, 8);
     let x = Rng::new(8).vec(t * k, -2.0, 2.0);
     let pool = ThreadPool::new(2).unwrap();

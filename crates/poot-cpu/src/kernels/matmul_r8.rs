@@ -26,10 +26,12 @@
 //! Cost: as `matmul_q8.rs`, with about half the vector work per weight block; memory: the
 //! corrections, `t * k / 32` entries of 32 bytes, in reused scratch.
 
-use super::matmul::ActCache;
+use super::act_cache::ActCache;
+use super::blocks::QKind;
+use super::blocks::RG;
 use super::qact::{BlockQ8, QK8};
-use super::qdot::{dot_scalar, dot_scalar_blocks, QKind};
-use super::repack::{Repacked, RG};
+use super::qdot::{dot_scalar, dot_scalar_blocks};
+use super::repack::Repacked;
 use super::scratch::Scratch;
 use super::simd::{prefetch_ahead, Checked, Isa};
 use crate::pool::{SharedMut, ThreadPool};

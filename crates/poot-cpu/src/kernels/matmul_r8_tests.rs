@@ -2,7 +2,7 @@
 //! ggml matmul on every ISA, thread count and ragged shape.
 
 use super::*;
-use crate::kernels::matmul::ActCache;
+use crate::kernels::act_cache::ActCache;
 use crate::kernels::matmul_q8::matmul_q8;
 use crate::kernels::qact::quantize_row_q8;
 use crate::testutil::{real_slices, synthetic_weights, Rng};
@@ -14,7 +14,8 @@ const KINDS: [DType; 4] = [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0];
 /// 8-row kind and both k-quant kinds.
 #[test]
 fn a_relay_on_the_pool_is_the_sequential_one() {
-    use crate::kernels::qdot_k::{KKind, QK_K};
+    use crate::kernels::blocks::KKind;
+    use crate::kernels::qact::QK_K;
     use crate::kernels::repack_k::RepackedK;
     let pool = crate::ThreadPool::new(3).unwrap();
     let (n, k) = (45, 512);

@@ -13,10 +13,12 @@
 //! horizontal sums and scalar f16 conversions; memory: the Q8_K activations (292 bytes per 256
 //! values and token) in reused scratch.
 
-use super::matmul::ActCache;
+use super::act_cache::ActCache;
+use super::blocks::KKind;
+use super::blocks::RG;
 use super::matmul_r8::{over_groups, over_tokens};
-use super::qdot_k::{dot_scalar, quantized_k, BlockQ8K, KKind, QK_K};
-use super::repack::RG;
+use super::qact::{BlockQ8K, QK_K};
+use super::qdot_k::{dot_scalar, quantized_k};
 use super::repack_k::RepackedK;
 use super::scratch::Scratch;
 use super::simd::{Checked, Isa};

@@ -2,7 +2,8 @@
 //! stored-layout ggml k-quant matmul on every ISA, thread count, token tiling and ragged shape.
 
 use super::*;
-use crate::kernels::qdot_k::{matmul_q8k, KKind};
+use crate::kernels::blocks::KKind;
+use crate::kernels::qdot_k::matmul_q8k;
 use crate::testutil::{real_slices, synthetic_weights, Rng};
 use poot_core::DType;
 

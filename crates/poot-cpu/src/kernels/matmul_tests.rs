@@ -12,6 +12,7 @@
 
 use super::*;
 use crate::kernels::decode::DECODABLE;
+use crate::kernels::simd;
 use crate::testutil::{assert_close, real_slices, reference, synthetic_weights, Rng};
 
 /// The f64 reference product and the per-output error bound.

@@ -2,6 +2,7 @@
 //! (the error bound its tests assert) and cost.
 
 pub mod act;
+pub(crate) mod act_cache;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod amx;
 #[cfg(target_arch = "x86_64")]
@@ -13,6 +14,7 @@ mod attention_exact;
 mod attention_ggml;
 mod attention_grouped;
 mod attention_grouped_simd;
+mod blocks;
 pub mod decode;
 pub mod embedding;
 #[cfg(target_arch = "x86_64")]
@@ -22,6 +24,7 @@ mod fdot_x86;
 pub mod ggml;
 pub mod matmul;
 mod matmul_bf16;
+mod matmul_decoded;
 mod matmul_dpbf16;
 mod matmul_float;
 mod matmul_float_ggml;

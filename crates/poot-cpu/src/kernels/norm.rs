@@ -14,8 +14,8 @@
 
 use poot_core::DType;
 
+use super::blocks::row_bytes;
 use super::decode::Packed;
-use super::matmul::row_bytes;
 use super::simd::{self, Isa};
 use crate::error::{check_len, mul};
 use crate::KernelError;

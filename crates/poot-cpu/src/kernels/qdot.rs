@@ -17,49 +17,11 @@
 //! Cost per row: `k` integer multiply-adds and `k / 32` FMAs per lane; weights are read in
 //! place, activations are the caller's quantized row.
 
-use poot_core::DType;
-
+use super::blocks::QKind;
 use super::decode::f16_to_f32;
 use super::ggml::hsum8;
 use super::qact::{BlockQ8, QK8};
 use super::simd::{Checked, Isa};
-
-/// A weight dtype with an integer dot against Q8 activations.
-#[allow(non_camel_case_types, reason = "ggml's names")]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum QKind {
-    Q4_0,
-    Q4_1,
-    Q5_0,
-    Q8_0,
-}
-
-impl QKind {
-    pub(crate) fn new(dtype: DType) -> Option<QKind> {
-        Some(match dtype {
-            DType::Q4_0 => QKind::Q4_0,
-            DType::Q4_1 => QKind::Q4_1,
-            DType::Q5_0 => QKind::Q5_0,
-            DType::Q8_0 => QKind::Q8_0,
-            _ => return None,
-        })
-    }
-
-    /// Bytes of one 32-value weight block.
-    pub(crate) fn block_bytes(self) -> usize {
-        match self {
-            QKind::Q4_0 => 18,
-            QKind::Q4_1 => 20,
-            QKind::Q5_0 => 22,
-            QKind::Q8_0 => 34,
-        }
-    }
-
-    /// Whether the activations are Q8_1 (carry `s`): ggml pairs Q4_1 with Q8_1.
-    pub(crate) fn act_sum(self) -> bool {
-        self == QKind::Q4_1
-    }
-}
 
 #[inline(always)]
 fn f16_at(b: &[u8], at: usize) -> f32 {

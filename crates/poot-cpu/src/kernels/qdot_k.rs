@@ -19,98 +19,12 @@
 //! assert this bound. Cost: `k` integer multiply-adds per row and token, a few scalar ops per
 //! 256 values; activations are quantized once per matmul (292 bytes per 256 values).
 
-use super::decode::f16_to_f32;
-use super::matmul::ActCache;
+use super::act_cache::ActCache;
+use super::blocks::{finish, scale_min_k4, KKind};
+use super::qact::{quantize_row_q8k, BlockQ8K, QK_K};
 use super::scratch::Scratch;
 use super::simd::{Checked, Isa, NR};
 use crate::pool::{SharedMut, ThreadPool};
-
-/// Values per super-block.
-pub(crate) const QK_K: usize = 256;
-
-/// One Q8_K activation block.
-#[derive(Clone, Copy, Debug)]
-#[repr(C, align(32))]
-pub(crate) struct BlockQ8K {
-    pub(crate) qs: [i8; QK_K],
-    pub(crate) bsums: [i16; 16],
-    pub(crate) d: f32,
-}
-
-impl Default for BlockQ8K {
-    fn default() -> Self {
-        BlockQ8K {
-            qs: [0; QK_K],
-            bsums: [0; 16],
-            d: 0.0,
-        }
-    }
-}
-
-/// A k-quant weight dtype with an integer dot here.
-#[allow(non_camel_case_types, reason = "ggml's names")]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum KKind {
-    Q4_K,
-    Q6_K,
-}
-
-impl KKind {
-    pub(crate) fn new(dtype: poot_core::DType) -> Option<KKind> {
-        match dtype {
-            poot_core::DType::Q4_K => Some(KKind::Q4_K),
-            poot_core::DType::Q6_K => Some(KKind::Q6_K),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn block_bytes(self) -> usize {
-        match self {
-            KKind::Q4_K => 144,
-            KKind::Q6_K => 210,
-        }
-    }
-}
-
-/// Quantizes `x` (whole super-blocks) into `out` (see the module docs).
-pub(crate) fn quantize_row_q8k(x: &[f32], out: &mut [BlockQ8K]) {
-    for (xb, yb) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
-        let (mut amax, mut max) = (0.0f32, 0.0f32);
-        for &v in xb {
-            if v.abs() > amax {
-                amax = v.abs();
-                max = v;
-            }
-        }
-        if amax == 0.0 {
-            *yb = BlockQ8K::default();
-            continue;
-        }
-        let iscale = -127.0 / max;
-        for (q, &v) in yb.qs.iter_mut().zip(xb) {
-            // |iscale * v| <= 127 up to rounding; the clamp keeps -128 out (sign tricks).
-            *q = ((iscale * v).round_ties_even() as i32).clamp(-127, 127) as i8;
-        }
-        for (s, c) in yb.bsums.iter_mut().zip(yb.qs.chunks_exact(16)) {
-            *s = c.iter().map(|&q| i16::from(q)).sum();
-        }
-        yb.d = 1.0 / iscale;
-    }
-}
-
-/// Q4_K's 6-bit scale and min of sub-block `j` from the 12 packed bytes `q`.
-#[inline(always)]
-pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (i32, i32) {
-    let (s, m) = if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        (
-            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
-            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-        )
-    };
-    (i32::from(s), i32::from(m))
-}
 
 /// Exact `(sumi, summ)` of one Q4_K block `b` against `y` (portable reference).
 pub(crate) fn q4k_ints(b: &[u8], y: &BlockQ8K) -> (i32, i32) {
@@ -157,21 +71,6 @@ pub(crate) fn q6k_ints(b: &[u8], y: &BlockQ8K) -> i32 {
         }
     }
     sumi
-}
-
-/// The float steps shared by every path: `(d_w * d_x, sumi)` and Q4_K's `(dmin_w * d_x, summ)`
-/// per super-block, accumulated in order.
-#[inline(always)]
-pub(crate) fn finish(kind: KKind, b: &[u8], y: &BlockQ8K, ints: (i32, i32), acc: &mut [f32; 2]) {
-    let (d, dmin) = match kind {
-        KKind::Q4_K => (
-            f16_to_f32(u16::from_le_bytes([b[0], b[1]])),
-            f16_to_f32(u16::from_le_bytes([b[2], b[3]])),
-        ),
-        KKind::Q6_K => (f16_to_f32(u16::from_le_bytes([b[208], b[209]])), 0.0),
-    };
-    acc[0] = (d * y.d).mul_add(ints.0 as f32, acc[0]);
-    acc[1] = (dmin * y.d).mul_add(ints.1 as f32, acc[1]);
 }
 
 /// One weight row against one activation row, portable.

@@ -5,7 +5,7 @@ use poot_core::DType;
 
 use super::super::ggml::Numerics;
 use super::super::matmul::matmul_numerics;
-use super::{quantize_row_q8k, BlockQ8K, QK_K};
+use super::super::qact::{quantize_row_q8k, BlockQ8K, QK_K};
 use crate::testutil::{real_slices, reference, synthetic_weights, Rng};
 use crate::{Isa, ThreadPool};
 

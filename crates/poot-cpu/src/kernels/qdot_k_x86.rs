@@ -12,7 +12,8 @@
 
 use std::arch::x86_64::*;
 
-use super::qdot_k::{finish, scale_min_k4, BlockQ8K, KKind};
+use super::blocks::{finish, scale_min_k4, KKind};
+use super::qact::BlockQ8K;
 use super::simd::Checked;
 
 /// See `qdot_k::dot_tokens`: `out[j] = dot(w, a[j * nb..(j + 1) * nb])` for every `j <

@@ -14,9 +14,9 @@
 
 use std::arch::x86_64::*;
 
+use super::blocks::QKind;
+use super::blocks::{header_bytes, superblock_bytes, RG};
 use super::qact::BlockQ8;
-use super::qdot::QKind;
-use super::repack::{header_bytes, superblock_bytes, RG};
 
 /// Whether this CPU has the 512-bit VNNI dot and the byte ops the Q4 unpacking uses.
 pub(super) fn has_vnni512() -> bool {

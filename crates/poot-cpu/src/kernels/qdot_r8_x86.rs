@@ -19,9 +19,9 @@
 
 use std::arch::x86_64::*;
 
+use super::blocks::QKind;
+use super::blocks::{header_bytes, superblock_bytes, RG};
 use super::qact::BlockQ8;
-use super::qdot::QKind;
-use super::repack::{header_bytes, superblock_bytes, RG};
 
 /// Whether this CPU has the 256-bit VNNI dot (`vpdpbusd ymm`).
 pub(super) fn has_vnni() -> bool {

@@ -14,8 +14,9 @@
 
 use std::arch::x86_64::*;
 
-use super::qdot_k::{BlockQ8K, KKind};
-use super::repack::RG;
+use super::blocks::KKind;
+use super::blocks::RG;
+use super::qact::BlockQ8K;
 use super::repack_k::q4k;
 
 /// Whether this CPU has the 512-bit byte and word ops the kernel uses.
@@ -172,7 +173,7 @@ unsafe fn q4k<const T: usize>(g0: &[u8], g1: &[u8], nb: usize, a: &[BlockQ8K], o
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::qdot_k::quantize_row_q8k;
+    use crate::kernels::qact::quantize_row_q8k;
     use crate::kernels::repack_k::RepackedK;
     use crate::testutil::{synthetic_weights, Rng};
     use poot_core::DType;

@@ -20,8 +20,9 @@
 
 use std::arch::x86_64::*;
 
-use super::qdot_k::{BlockQ8K, KKind};
-use super::repack::RG;
+use super::blocks::KKind;
+use super::blocks::RG;
+use super::qact::BlockQ8K;
 use super::repack_k::{q4k, q6k};
 use super::simd::Checked;
 

@@ -7,6 +7,8 @@
 //! activations this file generates: FNV-1a 64 over the quantized blocks in ggml's byte layout,
 //! and over the little-endian `f32` results, row by row, token 0 then token 1.
 
+use poot_core::DType;
+
 use super::*;
 use crate::kernels::qact::quantize_row_q8;
 use crate::testutil::{real_slices, synthetic_weights, Rng};

@@ -14,8 +14,8 @@ use std::arch::x86_64::*;
 
 use super::ggml::hsum8v;
 
+use super::blocks::QKind;
 use super::qact::BlockQ8;
-use super::qdot::QKind;
 use super::simd::Checked;
 
 /// Whether this CPU has the 256-bit VNNI dot (`vpdpbusd ymm`).

@@ -31,11 +31,8 @@
 //! Invariant: `data.len() == groups * nb * superblock_bytes`; a `Repacked` is immutable once
 //! built and is only read by `matmul_r8.rs`.
 
-use super::qdot::QKind;
+use super::blocks::{chunks, header_bytes, over_groups, superblock_bytes, QKind, RG};
 use super::repack_k::RepackedK;
-
-/// Rows per interleaved group.
-pub(crate) const RG: usize = 8;
 
 /// One weight matrix in the 8-row interleaved layout (see the module docs).
 pub struct Repacked {
@@ -56,28 +53,6 @@ impl std::fmt::Debug for Repacked {
             .field("bytes", &self.data.len())
             .finish()
     }
-}
-
-/// Bytes of the header (scales, and Q4_1's offsets or Q5_0's high bits) of one superblock.
-pub(crate) const fn header_bytes(kind: QKind) -> usize {
-    match kind {
-        QKind::Q4_1 => 32,
-        QKind::Q5_0 => 48,
-        _ => 16,
-    }
-}
-
-/// Quant chunks (32 bytes each) per superblock.
-pub(crate) const fn chunks(kind: QKind) -> usize {
-    match kind {
-        QKind::Q8_0 => 8,
-        _ => 4,
-    }
-}
-
-/// Bytes of one superblock (8 stored blocks).
-pub(crate) const fn superblock_bytes(kind: QKind) -> usize {
-    header_bytes(kind) + 32 * chunks(kind)
 }
 
 /// Q5_0's fifth bits of quant byte `i` of every chunk in one byte (see the module docs): bit
@@ -221,7 +196,7 @@ impl Repack {
     pub(crate) fn k(&self) -> usize {
         match self {
             Repack::Q(r) => r.nb * 32,
-            Repack::K(r) => r.nb * super::qdot_k::QK_K,
+            Repack::K(r) => r.nb * super::qact::QK_K,
         }
     }
 
@@ -239,25 +214,5 @@ impl Repack {
             Repack::Q(r) => r.bytes(),
             Repack::K(r) => r.bytes(),
         }
-    }
-}
-
-/// `fill(g, group g's bytes)` for every group of `data` (`group` bytes each), on `pool`'s
-/// threads where there is one (groups are disjoint, so the result is the same).
-pub(crate) fn over_groups(
-    data: &mut [u8],
-    group: usize,
-    pool: Option<&crate::ThreadPool>,
-    fill: impl Fn(usize, &mut [u8]) + Sync,
-) {
-    if group == 0 {
-        return;
-    }
-    match pool {
-        Some(p) => p.for_each_chunk_mut(data, group, || (), |(), g, out| fill(g, out)),
-        None => data
-            .chunks_exact_mut(group)
-            .enumerate()
-            .for_each(|(g, out)| fill(g, out)),
     }
 }

@@ -27,8 +27,8 @@
 //! Invariant: `data.len() == groups * nb * 8 * block_bytes`; a `RepackedK` is immutable once
 //! built and is only read by `matmul_rk.rs` and the embedding.
 
-use super::qdot_k::KKind;
-use super::repack::RG;
+use super::blocks::KKind;
+use super::blocks::RG;
 
 /// `(offset in the stored block, length)` of each piece, in layout order (module docs).
 /// An iterator over arithmetic, so the embedding's row rebuild allocates nothing.
@@ -139,7 +139,7 @@ impl RepackedK {
                 }
             }
         };
-        super::repack::over_groups(&mut data, nb * sb, pool, fill);
+        super::blocks::over_groups(&mut data, nb * sb, pool, fill);
         RepackedK { kind, n, nb, data }
     }
 

@@ -15,7 +15,7 @@ use std::ops::{Deref, DerefMut};
 
 use super::attention_ggml::Scratch as AttnScratch;
 use super::qact::BlockQ8;
-use super::qdot_k::BlockQ8K;
+use super::qact::BlockQ8K;
 
 const KEEP: usize = 8;
 const MAX_BYTES: usize = 8 << 20;
