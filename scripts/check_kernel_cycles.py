@@ -86,7 +86,7 @@ class Source:
         for raw in self.path.read_text().splitlines():
             line = _strip(raw)
             scope, _, in_test = stack[-1]
-            if re.match(r"^\s*#\[cfg\(test\)\]", line):
+            if re.match(r"^\s*#\[cfg\((?:all\()?test\b", line):
                 cfg_test = True
                 continue
             if re.match(r"^\s*#\[", line):

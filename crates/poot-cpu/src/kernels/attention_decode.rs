@@ -25,8 +25,10 @@
 //! Cost: the per-head path's FMAs and a fraction of its widening (one per run of query heads
 //! instead of one per query head); scratch: `g * (len + 32 * head_dim)` floats per task.
 
-use super::attention_ggml::{softmax_round, Scratch};
+use super::attention_ggml::softmax_round;
+use super::attention_grouped_simd::fold32_rows;
 use super::scratch::AttnGuard;
+use super::scratch::AttnScratch as Scratch;
 
 /// Runs [`heads_decode`] for every run of query heads of a one-token step on the pool and
 /// returns `true`, or returns `false` (nothing written) where it does not apply (see the
@@ -35,8 +37,8 @@ use super::scratch::AttnGuard;
 /// `paged_attention_numerics`.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn paged_decode(
-    s: &super::attention::AttentionShape,
-    inputs: &super::attention::AttentionInputs<'_>,
+    s: &super::attention_kv::AttentionShape,
+    inputs: &super::attention_kv::AttentionInputs<'_>,
     (kc, vc): (&[half::f16], &[half::f16]),
     out: &mut [f32],
     pool: &crate::ThreadPool,
@@ -60,7 +62,7 @@ pub(crate) fn paged_decode(
     let shared = crate::pool::SharedMut::new(out);
     pool.for_each_init(s.n_kv_heads * per_kv, AttnGuard::take, |scratch, task| {
         let (kvh, part) = (task / per_kv, task % per_kv);
-        let row_of = super::attention::kv_row_of(s, inputs, 0, kvh);
+        let row_of = super::attention_kv::kv_row_of(s, inputs, 0, kvh);
         // Query heads h0..h1 of the step (KV head kvh's are kvh * group.. in order).
         let h0 = kvh * group + part * run;
         let h1 = (h0 + run).min((kvh + 1) * group);
@@ -333,38 +335,6 @@ fn cache_rows<F: Fn(usize) -> usize>(
 /// at 12 and 16 (the dots between two rows are short, so a far prefetch lands too early).
 const PREFETCH: usize = 6;
 
-/// `out[d] = fold32(lane l's acc[l * hd + d] for l in 0..32)` for every `d < hd`, eight `d`s
-/// at a time: `fold32`'s adds in its order, each over a vector of eight `d`s instead of one
-/// scalar, so every output is bit-identical to the scalar fold (tested). `acc` holds 32
-/// lane-major rows of `hd = out.len()` floats.
-///
-/// # Safety
-/// The caller detected AVX2; `hd % 8 == 0`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-pub(crate) unsafe fn fold32_rows(acc: &[f32], out: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let hd = out.len();
-    assert!(hd.is_multiple_of(8) && acc.len() == 32 * hd);
-    // SAFETY: lane rows are `hd` apart and `d + 8 <= hd`, so every load is inside `acc` and
-    // every store inside `out`; AVX2 by the contract.
-    unsafe {
-        let at = |l: usize, d: usize| _mm256_loadu_ps(acc.as_ptr().add(l * hd + d));
-        for d in (0..hd).step_by(8) {
-            // s[l] = (a[l] + a[16 + l]) + (a[8 + l] + a[24 + l]); then hsum8_hadd over s.
-            let s: [__m256; 8] = std::array::from_fn(|l| {
-                _mm256_add_ps(
-                    _mm256_add_ps(at(l, d), at(16 + l, d)),
-                    _mm256_add_ps(at(8 + l, d), at(24 + l, d)),
-                )
-            });
-            let r: [__m256; 4] = std::array::from_fn(|i| _mm256_add_ps(s[i], s[i + 4]));
-            let v = _mm256_add_ps(_mm256_add_ps(r[0], r[1]), _mm256_add_ps(r[2], r[3]));
-            _mm256_storeu_ps(out.as_mut_ptr().add(d), v);
-        }
-    }
-}
-
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
@@ -461,8 +431,9 @@ mod tests {
     /// 1), against `head` per query head.
     #[test]
     fn paged_decode_matches_the_per_head_path() {
-        use crate::kernels::attention::{
-            block_slot, paged_attention_numerics, AttentionInputs, AttentionShape, KvCacheMut,
+        use crate::kernels::attention::paged_attention_numerics;
+        use crate::kernels::attention_kv::{
+            block_slot, AttentionInputs, AttentionShape, KvCacheMut,
         };
         use crate::kernels::ggml::Numerics;
         if crate::Isa::detect() == crate::Isa::Scalar {

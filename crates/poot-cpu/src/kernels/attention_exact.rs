@@ -18,7 +18,7 @@
 //! Results do not depend on the thread count. Scratch: `group * (max position + 1)` floats per
 //! thread.
 
-use super::attention::{kv_row_of, AttentionInputs, AttentionShape, KvElem};
+use super::attention_kv::{kv_row_of, AttentionInputs, AttentionShape, KvElem};
 use super::ggml;
 use super::scratch::Scratch;
 use super::simd::Isa;

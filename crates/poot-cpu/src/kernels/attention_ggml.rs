@@ -24,19 +24,9 @@
 //! 2^-9 * max |v|` on the output. Cost: as the exact path, plus `head_dim * 32` floats of
 //! scratch.
 
-use super::attention::KvElem;
+use super::attention_kv::KvElem;
 use super::ggml::{dot_lanes32, dot_lanes8, expf, fold32, hsum8};
-
-/// Per-thread scratch of the ggml path.
-#[derive(Debug, Default)]
-pub(crate) struct Scratch {
-    pub(super) q: Vec<f32>,
-    pub(super) k: Vec<f32>,
-    pub(super) scores: Vec<f32>,
-    pub(super) acc: Vec<f32>,
-    /// A token tile's outputs (`attention_grouped::paged_grouped`).
-    pub(super) o: Vec<f32>,
-}
+use super::scratch::AttnScratch as Scratch;
 
 /// Attends one query head `q` over positions `0..len` (cache rows at `row_of(p)`, `q.len()`
 /// values each) into `o`; `batched` says the step holds two or more tokens; `fma` that the CPU
@@ -154,7 +144,7 @@ fn head_body<T: KvElem, F: Fn(usize) -> usize, const F16C: bool>(
     if F16C && lanes == 32 && hd.is_multiple_of(8) {
         // SAFETY: `F16C` is true only inside `head_fma` (AVX2 enabled); `s.acc` holds 32 rows
         // of `hd`.
-        return unsafe { super::attention_decode::fold32_rows(&s.acc, o) };
+        return unsafe { super::attention_grouped_simd::fold32_rows(&s.acc, o) };
     }
     for (d, o) in o.iter_mut().enumerate() {
         *o = if lanes == 8 {
@@ -215,9 +205,8 @@ fn widen<T: KvElem, const F16C: bool>(src: &[T], dst: &mut [f32]) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::attention::{
-        paged_attention_numerics, AttentionInputs, AttentionShape, KvCacheMut,
-    };
+    use super::super::attention::paged_attention_numerics;
+    use super::super::attention_kv::{AttentionInputs, AttentionShape, KvCacheMut};
     use super::super::ggml::Numerics;
     use crate::testutil::Rng;
     use crate::ThreadPool;

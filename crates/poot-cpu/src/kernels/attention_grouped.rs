@@ -5,17 +5,18 @@
 //! to the per-head path (tested here). Split from `attention_ggml.rs`, which keeps the per-head
 //! path, its softmax and its scratch.
 
-use super::attention::KvElem;
 #[cfg(target_arch = "x86_64")]
-use super::attention_ggml::{softmax_round, Scratch};
+use super::attention_ggml::softmax_round;
 #[cfg(target_arch = "x86_64")]
 use super::attention_grouped_simd::{
     scores_one, scores_pair, v_heads_avx2, v_lanes_avx512, widen16,
 };
+use super::attention_kv::KvElem;
 #[cfg(target_arch = "x86_64")]
 use super::ggml::hsum8;
 #[cfg(target_arch = "x86_64")]
 use super::scratch::AttnGuard;
+use super::scratch::AttnScratch as Scratch;
 
 /// [`head`]'s batched path (two or more tokens in the step) for a tile of `lens.len()` tokens
 /// of one sequence and the `g` query heads that share one KV head, over an f16 cache: each K
@@ -80,7 +81,7 @@ pub(crate) unsafe fn heads_f16<'q, Q: Fn(usize) -> &'q [f32], F: Fn(usize) -> us
             // SAFETY: AVX-512F detected (`wide`).
             unsafe { widen16(src, dst) }
         } else {
-            super::attention::f16_to_f32_f16c(src, dst)
+            super::attention_kv::f16_to_f32_f16c(src, dst)
         }
     };
     // Pass 1: scores.
@@ -214,8 +215,8 @@ const PB: usize = 64;
 )]
 pub(crate) fn paged_grouped<T: KvElem>(
     fma: bool,
-    s: &super::attention::AttentionShape,
-    inputs: &super::attention::AttentionInputs<'_>,
+    s: &super::attention_kv::AttentionShape,
+    inputs: &super::attention_kv::AttentionInputs<'_>,
     k_cache: &[T],
     v_cache: &[T],
     t: usize,
@@ -249,7 +250,7 @@ pub(crate) fn paged_grouped<T: KvElem>(
                 let b = (a..end)
                     .find(|&i| inputs.token_seq[i] != seq)
                     .unwrap_or(end);
-                let row_of = super::attention::kv_row_of(s, inputs, a, kvh);
+                let row_of = super::attention_kv::kv_row_of(s, inputs, a, kvh);
                 let q_at = |j: usize| ((a + j) * s.n_heads + kvh * group) * hd;
                 let q_of = |j: usize| &inputs.q[q_at(j)..q_at(j) + group * hd];
                 let mut lens = [0usize; TILE];

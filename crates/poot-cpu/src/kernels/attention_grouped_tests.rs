@@ -62,9 +62,8 @@ fn grouped_heads_are_bit_identical_to_the_per_head_path() {
 /// tile, a reused cache, on 1 and 2 threads, against `head` per token and head.
 #[test]
 fn paged_tiles_match_the_per_head_path_across_sequences() {
-    use crate::kernels::attention::{
-        block_slot, paged_attention_numerics, AttentionInputs, AttentionShape, KvCacheMut,
-    };
+    use crate::kernels::attention::paged_attention_numerics;
+    use crate::kernels::attention_kv::{block_slot, AttentionInputs, AttentionShape, KvCacheMut};
     use crate::kernels::ggml::Numerics;
     if crate::Isa::detect() == crate::Isa::Scalar {
         return;

@@ -14,6 +14,7 @@ mod attention_exact;
 mod attention_ggml;
 mod attention_grouped;
 mod attention_grouped_simd;
+mod attention_kv;
 mod blocks;
 pub mod decode;
 pub mod embedding;
