@@ -7,8 +7,8 @@ path in non-test code (``use`` lines, grouped ``use a::{b, c::d}`` included, and
 such as ``super::simd::prefetch_ahead()``), and for a bare ``use child::...`` of a folder's
 ``mod.rs``. A name a module only re-exports (``pub use``) counts as an edge to where it is
 defined, and ``pub use``/``mod`` lines themselves are no edges, so a folder's ``mod.rs`` that
-just gathers its children is not a hub. Test code (``#[cfg(test)]`` modules, ``*_tests.rs``) is
-left out: tests may import anything.
+just gathers its children is not a hub. Test code (``#[cfg(test)]`` and ``#[cfg(all(test, ..))]``
+modules, ``tests.rs`` and ``*_tests.rs``) is left out: tests may import anything.
 
 An edge inside a strongly connected component lies on a cycle. Those edges are checked against
 an allowlist (``--allow FILE``, one ``a -> b`` a line) that may only shrink: a cycle edge not on
@@ -136,7 +136,7 @@ def build_graph(root: Path) -> dict[str, set[str]]:
     sources = [
         Source(f, _module_of(root, f))
         for f in sorted(kernels.rglob("*.rs"))
-        if not f.name.endswith("_tests.rs")
+        if not (f.name == "tests.rs" or f.name.endswith("_tests.rs"))
     ]
     by_module = {s.module: s for s in sources}
     # `#[path]`/test-only children are not in `by_module`; inline modules belong to their file.

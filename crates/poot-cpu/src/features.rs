@@ -58,7 +58,7 @@ impl CpuFeatures {
             amx_int8: false,
             amx_bf16: false,
         };
-        f.amx_int8 = crate::kernels::amx::detect(&f);
+        f.amx_int8 = crate::kernels::arch::x86::amx::detect(&f);
         // CPUID.(7,0):EDX bit 22: AMX-BF16.
         f.amx_bf16 = f.amx_int8 && std::arch::x86_64::__cpuid_count(7, 0).edx & (1 << 22) != 0;
         f

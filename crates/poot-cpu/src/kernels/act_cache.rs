@@ -5,7 +5,7 @@
 //! `with_sum`); any other key requantizes, so a stale entry is never read. Cost: the quantized
 //! copy of one input (34 or 36 bytes per 32 values, 292 per 256 for Q8_K).
 
-use super::qact::{quantize_row_q8k, quantize_rows_q8, BlockQ8, BlockQ8K, QK8, QK_K};
+use crate::kernels::qact::{quantize_row_q8k, quantize_rows_q8, BlockQ8, BlockQ8K, QK8, QK_K};
 use crate::pool::ThreadPool;
 
 /// Quantized activations kept between matmuls that read the same input (a layer's q/k/v, or

@@ -7,9 +7,9 @@
 
 use poot_core::DType;
 
-use super::decode::f16_to_f32;
-use super::qact::BlockQ8K;
 use crate::error::mul;
+use crate::kernels::decode::f16_to_f32;
+use crate::kernels::qact::BlockQ8K;
 use crate::KernelError;
 
 /// A weight dtype with an integer dot against Q8 activations.

@@ -30,8 +30,8 @@
 //! O(t * n_heads * rot_dim) multiply-adds, with one `rot_dim`-sized scratch per call;
 //! [`rope_angles`] once per step and [`rope_with_angles`] per op split the two parts.
 
-use super::ggml::Numerics;
 use crate::error::{check_len, mul};
+use crate::kernels::ggml::Numerics;
 use crate::KernelError;
 
 // The pairing and scaling types are the graph IR's own (`RopeStyle::Interleaved` pairs

@@ -13,8 +13,8 @@
 use std::cell::Cell;
 use std::ops::{Deref, DerefMut};
 
-use super::qact::BlockQ8;
-use super::qact::BlockQ8K;
+use crate::kernels::qact::BlockQ8;
+use crate::kernels::qact::BlockQ8K;
 
 const KEEP: usize = 8;
 const MAX_BYTES: usize = 8 << 20;

@@ -14,7 +14,7 @@
 //!   register-tiled (AVX2: 4 rows x 2 tokens; AVX-512: 4 rows x 4 tokens), `f32` accumulation in
 //!   8 or 16 lanes, horizontal sum, then a scalar tail for `k % 8` (or `% 16`).
 
-use super::decode::{decode_run, Packed};
+use crate::kernels::decode::{decode_run, Packed};
 use crate::tuning::Tuning;
 use crate::KernelError;
 
@@ -209,7 +209,7 @@ pub(crate) fn decode(ck: Checked, p: Packed, src: &[u8], dst: &mut [f32]) {
         // SAFETY: `Checked` proves AVX2, FMA and F16C were detected (AVX-512 implies them here).
         // The AVX-512 path decodes with the AVX2 code (decoding is not the bottleneck there).
         Isa::Avx2 | Isa::Avx512 | Isa::Amx => unsafe {
-            super::simd_decode::decode_avx2(p, src, dst)
+            crate::kernels::arch::x86::decode::decode_avx2(p, src, dst)
         },
         #[cfg(not(target_arch = "x86_64"))]
         Isa::Avx2 | Isa::Avx512 | Isa::Amx => decode_run(p, src, dst),
@@ -282,7 +282,7 @@ mod x86 {
     #[target_feature(enable = "avx2,fma")]
     fn hsum256(v: __m256) -> f32 {
         // SAFETY: AVX2 enabled on this function.
-        unsafe { super::super::ggml::hsum8v(v) }
+        unsafe { crate::kernels::ggml::hsum8v(v) }
     }
 
     /// The scalar tail `i0..k` of row `r` and token `j`, added to `s`.

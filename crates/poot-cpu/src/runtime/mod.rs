@@ -44,7 +44,7 @@ use poot_runtime::{
 pub use plan::CpuPlan;
 
 use crate::hugemem::HugeBytes;
-use crate::kernels::repack::Repack;
+use crate::kernels::matmul::repack::Repack;
 use crate::kernels::Numerics;
 use crate::tuning::Tuning;
 use crate::Isa;

@@ -40,7 +40,7 @@ pub struct CpuPlan {
 
 impl CpuPlan {
     /// The re-laid copy of weight value `i`, if the runtime made one.
-    pub(crate) fn repack(&self, i: usize) -> Option<&crate::kernels::repack::Repack> {
+    pub(crate) fn repack(&self, i: usize) -> Option<&crate::kernels::matmul::repack::Repack> {
         match self.repacked.get(&i).map(|p| &**p) {
             Some(super::Prepared::Repack(r)) => Some(r),
             _ => None,
