@@ -1,8 +1,8 @@
 //! The block formats every kernel family shares, at the bottom of the kernel tree: which
 //! packed weight dtypes have integer dots ([`QKind`] against Q8 activations, [`KKind`]
 //! against Q8_K), the bytes of their blocks and of the 8-row interleaved superblocks
-//! (`repack.rs`, `repack_k.rs`), and the K-quant float steps every path (scalar and SIMD)
-//! runs. Nothing here depends on another kernel module except `decode` and `qact` (so the
+//! (`matmul/repack.rs`, `matmul/repack_k.rs`), and the K-quant float steps every path (scalar and
+//! SIMD) runs. Nothing here depends on another kernel module except `decode` and `qact` (so the
 //! per-ISA loops and the generic ones can both import it without a cycle).
 
 use poot_core::DType;

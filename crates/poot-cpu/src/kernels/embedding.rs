@@ -74,7 +74,7 @@ fn check_ids_and_out(
     }
 }
 
-/// [`embedding`] from a table in the 8-row layout (`repack.rs`): each row is rebuilt in its
+/// [`embedding`] from a table in the 8-row layout (`matmul/repack.rs`): each row is rebuilt in its
 /// stored form in a reused buffer, then decoded as above, so `out` is bit-identical.
 pub(crate) fn embedding_repacked(
     table: &crate::kernels::matmul::repack::Repack,

@@ -5,12 +5,12 @@
 //! llama.cpp wheel ships; ggml 0.25.3, llama-cpp-python 0.3.36) operation for operation, so
 //! that greedy decoding follows llama.cpp's tokens even through near-ties:
 //! - matmul with Q4_0/Q4_1/Q5_0/Q8_0 weights quantizes each activation row to Q8_0 (Q8_1 for
-//!   Q4_1) and does integer block dot products (`matmul_q8.rs`); F16/F32 weights follow ggml's
-//!   float dot orders (`matmul_float_ggml.rs`); Q4_K and Q6_K weights take Q8_K activations
-//!   and integer dots as ggml does (`qdot_k.rs`), in an order of their own (close to, not bit
-//!   for bit, llama.cpp's); BF16, Q5_1 and the other k-quants keep the exact matmul;
+//!   Q4_1) and does integer block dot products (`matmul/q8.rs`); F16/F32 weights follow ggml's
+//!   float dot orders (`matmul/float_ggml.rs`); Q4_K and Q6_K weights take Q8_K activations
+//!   and integer dots as ggml does (`matmul/qdot_k.rs`), in an order of their own (close to, not
+//!   bit for bit, llama.cpp's); BF16, Q5_1 and the other k-quants keep the exact matmul;
 //! - attention keeps an f16 KV cache, rounds `q` and the softmax weights to f16 and follows
-//!   ggml's lane order and `expf` (`attention_ggml.rs`);
+//!   ggml's lane order and `expf` (`attention/ggml.rs`);
 //! - RoPE builds `theta` by repeated multiplication and fuses as gcc does (`rope.rs`);
 //! - SiLU uses ggml's vector `expf` ([`expf`]) on whole 8-lane groups, libm on a row's tail.
 //!

@@ -180,7 +180,7 @@ impl Default for BlockQ8K {
 }
 
 /// Quantizes `x` (whole super-blocks) into Q8_K blocks `out`, as ggml's `quantize_row_q8_K`
-/// (see `qdot_k.rs`'s module docs).
+/// (see `matmul/qdot_k.rs`'s module docs).
 pub(crate) fn quantize_row_q8k(x: &[f32], out: &mut [BlockQ8K]) {
     for (xb, yb) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
         let (mut amax, mut max) = (0.0f32, 0.0f32);

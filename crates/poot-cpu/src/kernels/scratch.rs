@@ -101,7 +101,7 @@ impl<T: Parked> Drop for Scratch<T> {
     }
 }
 
-/// Per-thread scratch of the ggml attention path (`attention_ggml.rs` and the kernels built on
+/// Per-thread scratch of the ggml attention path (`attention/ggml.rs` and the kernels built on
 /// it).
 #[derive(Debug, Default)]
 pub(crate) struct AttnScratch {
@@ -109,7 +109,7 @@ pub(crate) struct AttnScratch {
     pub(crate) k: Vec<f32>,
     pub(crate) scores: Vec<f32>,
     pub(crate) acc: Vec<f32>,
-    /// A token tile's outputs (`attention_grouped::paged_grouped`).
+    /// A token tile's outputs (`attention::grouped::paged_grouped`).
     pub(crate) o: Vec<f32>,
 }
 

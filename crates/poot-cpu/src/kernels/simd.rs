@@ -1,14 +1,14 @@
 //! Instruction-set selection and the inner loops that differ per ISA.
 //!
 //! [`Isa`] names a code path; [`Isa::detect`] picks the best one this CPU runs (from the
-//! features [`crate::CpuFeatures`] detected once). The portable [`Isa::Scalar`] path always exists, is
-//! plain Rust, and is the reference the SIMD paths are tested against.
+//! features [`crate::CpuFeatures`] detected once). The portable [`Isa::Scalar`] path always exists,
+//! is plain Rust, and is the reference the SIMD paths are tested against.
 //!
 //! Invariant (soundness): a SIMD function is only reached through a `Checked` token, and a
 //! `Checked` is only built after the ISA's features were detected on this CPU.
 //!
 //! Inner loops here:
-//! - `decode`: block decoding; explicit AVX2 decoders (`simd_decode.rs`) on both SIMD paths.
+//! - `decode`: block decoding; explicit AVX2 decoders (`arch/x86/decode.rs`) on both SIMD paths.
 //!   Bit-identical across ISAs.
 //! - `dot_rows`: `res[tok][r] = dot(w[r], x[tok])` for `NR` decoded weight rows and all tokens,
 //!   register-tiled (AVX2: 4 rows x 2 tokens; AVX-512: 4 rows x 4 tokens), `f32` accumulation in
@@ -38,11 +38,11 @@ pub(crate) fn prefetch_ahead() -> usize {
 }
 
 /// How far ahead (bytes) the AVX-512 one-token F16/BF16 loops prefetch their row stream into
-/// L2 (`CpuOptions::prefetch_float`, `POOT_CPU_PREFETCH_FLOAT` by default, default 8192: two 2048-wide rows on). On an Emerald Rapids
-/// VM, 2 threads streaming a 32 MiB BF16 matrix from DRAM went from 14.0 GB/s (no software
-/// prefetch) to 19.3 with L1 prefetches 4 KiB ahead and to 20.3-24.0 with L2 prefetches 8 KiB
-/// ahead (4 KiB: 20.4, 16 KiB: 20.9); F16 the same. `0` prefetches the line being read, in
-/// effect none. Quantized rows keep [`prefetch_ahead`].
+/// L2 (`CpuOptions::prefetch_float`, `POOT_CPU_PREFETCH_FLOAT` by default, default 8192: two
+/// 2048-wide rows on). On an Emerald Rapids VM, 2 threads streaming a 32 MiB BF16 matrix from DRAM
+/// went from 14.0 GB/s (no software prefetch) to 19.3 with L1 prefetches 4 KiB ahead and to
+/// 20.3-24.0 with L2 prefetches 8 KiB ahead (4 KiB: 20.4, 16 KiB: 20.9); F16 the same. `0`
+/// prefetches the line being read, in effect none. Quantized rows keep [`prefetch_ahead`].
 pub(crate) fn prefetch_float_ahead() -> usize {
     Tuning::current().prefetch_float
 }
@@ -119,7 +119,7 @@ pub enum Isa {
     Avx2,
     /// x86-64 AVX-512F (plus the AVX2 set).
     Avx512,
-    /// [`Isa::Avx512`] plus AMX-INT8 tiles for the multi-token integer matmuls (`amx.rs`);
+    /// [`Isa::Avx512`] plus AMX-INT8 tiles for the multi-token integer matmuls (`arch/x86/amx.rs`);
     /// every other kernel runs its AVX-512 path. Needs the kernel's grant of tile state.
     Amx,
 }

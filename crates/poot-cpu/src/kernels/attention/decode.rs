@@ -3,7 +3,7 @@
 //! per task instead of once per query head, and each head's 32 lanes live in two 512-bit
 //! registers instead of four 256-bit ones.
 //!
-//! Numerics: every head's arithmetic is `attention_ggml::head`'s one-token order (ggml's
+//! Numerics: every head's arithmetic is `attention::ggml::head`'s one-token order (ggml's
 //! `ggml_vec_dot_f16`: 32 lanes over `head_dim`, the `(0 + 2) + (1 + 3)` fold and two
 //! `hadd`s for the scores; the same softmax; V rows added into lane `p % 32`, folded by
 //! `fold32`), lane for lane, so outputs are bit-identical to it (tested).
@@ -32,7 +32,7 @@ use crate::kernels::scratch::AttnScratch as Scratch;
 
 /// Runs [`heads_decode`] for every run of query heads of a one-token step on the pool and
 /// returns `true`, or returns `false` (nothing written) where it does not apply (see the
-/// module docs). Called by `attention_grouped::paged_grouped`, which checked the shared
+/// module docs). Called by `attention::grouped::paged_grouped`, which checked the shared
 /// conditions (F16 cache, FMA, 2 to 64 query heads per KV head); inputs are validated by
 /// `paged_attention_numerics`.
 #[cfg(target_arch = "x86_64")]
@@ -178,7 +178,7 @@ pub(crate) unsafe fn heads_decode<F: Fn(usize) -> usize>(
 
 /// [`heads_decode`] in 256-bit registers, for AVX2 machines: the same per-lane FMAs, folds and
 /// softmax in the same order (ggml's 32 lanes are four `ymm`s here, as in `dot_f16c`), so the
-/// outputs are bit-identical to `attention_ggml::head` too (tested). Each K and V row is
+/// outputs are bit-identical to `attention::ggml::head` too (tested). Each K and V row is
 /// widened once per task into `s.k` instead of once per query head.
 ///
 /// # Safety

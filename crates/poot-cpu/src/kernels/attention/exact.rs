@@ -1,5 +1,5 @@
 //! The exact-numerics attention ([`Numerics::Exact`](crate::kernels::ggml::Numerics)) after the KV
-//! write and validation (`attention.rs`): every token attends to its sequence's positions
+//! write and validation (`attention/mod.rs`): every token attends to its sequence's positions
 //! `0..=position` read back from the cache.
 //!
 //! Per output head: scores `s_p = dot(q, k_p) * scale`, `dot` in 8 `f32` lanes of separate
@@ -28,7 +28,7 @@ use crate::pool::{SharedMut, ThreadPool};
 const MAX_GROUP: usize = 64;
 
 /// Every token's attention into `out` (`[t, n_heads, head_dim]`); `inputs` and the caches were
-/// validated by `attention.rs` (every table entry a token reads is a block in range).
+/// validated by `attention/mod.rs` (every table entry a token reads is a block in range).
 pub(crate) fn attend<T: KvElem>(
     s: &AttentionShape,
     inputs: &AttentionInputs<'_>,

@@ -1,8 +1,8 @@
 //! The batched ggml attention path for grouped query heads over an f16 cache (prefill): each
 //! KV head's query heads run together, so every K and V row is widened once per group, in
-//! blocks that stay in L1. Every head's arithmetic is `attention_ggml::head`'s (8-lane dots in
+//! blocks that stay in L1. Every head's arithmetic is `attention::ggml::head`'s (8-lane dots in
 //! the same order, the same softmax, 8 V lanes folded by `hsum8`), so outputs are bit-identical
-//! to the per-head path (tested here). Split from `attention_ggml.rs`, which keeps the per-head
+//! to the per-head path (tested here). Split from `attention/ggml.rs`, which keeps the per-head
 //! path, its softmax and its scratch.
 
 #[cfg(target_arch = "x86_64")]
@@ -28,7 +28,7 @@ use crate::kernels::scratch::AttnScratch as Scratch;
 /// Needs `hd % 8 == 0`.
 ///
 /// How: positions go in blocks of [`PB`], widened into a block of scratch that stays in L1
-/// while every token and head uses it (`attention_grouped_simd.rs` has the loops). Scores for
+/// while every token and head uses it (`arch/x86/attention.rs` has the loops). Scores for
 /// two heads at a time, 4 positions a step (one K row load serves both heads), each
 /// position's 8 FMA lanes in its own register and the 8 folds done together (the same
 /// additions as `hsum8`); an odd group's last head alone, 8 positions a step. The softmax is
@@ -233,7 +233,7 @@ pub(crate) fn paged_grouped<T: KvElem>(
             return false;
         }
         if t == 1 {
-            // One token: ggml's one-token order (`attention_decode.rs`).
+            // One token: ggml's one-token order (`attention/decode.rs`).
             return crate::kernels::attention::decode::paged_decode(s, inputs, (kc, vc), out, pool);
         }
         if !hd.is_multiple_of(8) {

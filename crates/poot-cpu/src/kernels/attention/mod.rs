@@ -15,10 +15,10 @@
 //! the slot the block table gives for that token's position (a scheduler bug otherwise). So a
 //! returned error leaves `k_cache`, `v_cache` and `out` untouched, and nothing panics.
 //!
-//! Numerics ([`Numerics::Exact`], `attention_exact.rs`): scores `dot(q, k) * scale` (8 `f32`
+//! Numerics ([`Numerics::Exact`], `attention/exact.rs`): scores `dot(q, k) * scale` (8 `f32`
 //! lanes), softmax in `f32` with the max subtracted (`e_p = expf(s_p - max)`, ggml's `expf`,
 //! within 1.95 ulp) and an `f32` sum, `out = (sum_p e_p * v_p) * (1 / sum)`. Error bound in
-//! the tests. [`Numerics::Ggml`] follows llama.cpp instead (`attention_ggml.rs`). Results do
+//! the tests. [`Numerics::Ggml`] follows llama.cpp instead (`attention/ggml.rs`). Results do
 //! not depend on the thread count.
 //!
 //! Cost: O(sum over tokens of (position + 1) * n_heads * head_dim) multiply-adds, parallel over

@@ -3,22 +3,22 @@
 //! the two bf16 values, which are exact in `f32`, summed in `f32`.
 //!
 //! Several tokens take, in order of preference:
-//! - on [`Isa::Amx`](crate::kernels::simd::Isa) with AMX-BF16, tiles (`amx_bf16.rs`), one `f32` chain
-//!   per output, so `k + 16` replaces `k / 8 + 16` in the bound below;
+//! - on [`Isa::Amx`](crate::kernels::simd::Isa) with AMX-BF16, tiles (`arch/x86/amx_bf16.rs`), one
+//!   `f32` chain per output, so `k + 16` replaces `k / 8 + 16` in the bound below;
 //! - on an AVX-512 path with AVX512-BF16, `vdpbf16ps` over packed bf16 tiles
-//!   (`matmul_dpbf16.rs`: 16 lanes of pairs, `k / 16 + 8` roundings). An earlier `vdpbf16ps`
+//!   (`matmul/dpbf16.rs`: 16 lanes of pairs, `k / 16 + 8` roundings). An earlier `vdpbf16ps`
 //!   path read the stored rows in place (4x4 tiles) and lost to the packed `f32` tiles on an
 //!   Emerald Rapids VM (53-75 GFLOP/s against 105 on one core); packed, with its loop
 //!   allocated by hand, a 256x2048x2048 matmul on one Zen 5 core runs at 335 GFLOP/s
 //!   against 184 for the `f32` tiles;
-//! - with `k % 8 == 0`, packed tiles in tinyBLAS's 8-lane order (`matmul_lanes8.rs`, the
+//! - with `k % 8 == 0`, packed tiles in tinyBLAS's 8-lane order (`matmul/lanes8.rs`, the
 //!   rounded operands as `f32`), on AVX2 and AVX-512 alike.
 //!
 //! Otherwise, and for one token (bound by memory, not arithmetic), the rounded activations go
 //! through the exact path. Either way, per output, `|got - sum_k w x'|` is at most `(k / 8 +
 //! 16) * 2^-24 * sum_k |w x'| + k * 2^-126`, with `x'` the rounded activations (up to 2 in
 //! magnitude in the tests; `vdpbf16ps` drops products with a subnormal factor, see
-//! `matmul_dpbf16.rs`); the rounding itself is at most `2^-9 * sum_k |w x|`. The tests assert
+//! `matmul/dpbf16.rs`); the rounding itself is at most `2^-9 * sum_k |w x|`. The tests assert
 //! both, on every path. Results do not depend on the thread count or the token tiling; they
 //! are not llama.cpp's bits (its lane order is not reproduced).
 //!
@@ -48,8 +48,8 @@ pub(crate) fn matmul_bf16_ggml(
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
     // One token is bound by reading the weights, which one row at a time does best
-    // (`matmul_float.rs`), so it takes the rounded activations through the exact path.
-    // AMX-BF16 tiles where the path has them (`amx_bf16.rs`: one `f32` chain per output).
+    // (`matmul/float.rs`), so it takes the rounded activations through the exact path.
+    // AMX-BF16 tiles where the path has them (`arch/x86/amx_bf16.rs`: one `f32` chain per output).
     #[cfg(target_arch = "x86_64")]
     if t >= 2
         && ck.isa() == crate::kernels::simd::Isa::Amx
@@ -60,12 +60,12 @@ pub(crate) fn matmul_bf16_ggml(
         crate::kernels::arch::x86::amx_bf16::matmul(&xb, t, k, w, row_bytes, n, out, pool);
         return Ok(());
     }
-    // AVX512-BF16: `vdpbf16ps` over packed bf16 tiles (`matmul_dpbf16.rs`).
+    // AVX512-BF16: `vdpbf16ps` over packed bf16 tiles (`matmul/dpbf16.rs`).
     if t >= 2 && ck.isa().avx512() && crate::kernels::matmul::dpbf16::available() {
         crate::kernels::matmul::dpbf16::matmul(x, (t, k), (w, row_bytes, n), out, pool);
         return Ok(());
     }
-    // AVX2 and AVX-512: packed tiles in tinyBLAS's 8-lane order (`matmul_lanes8.rs`).
+    // AVX2 and AVX-512: packed tiles in tinyBLAS's 8-lane order (`matmul/lanes8.rs`).
     if crate::kernels::matmul::lanes8::applies(ck, Packed::BF16, t, k) {
         let f = crate::kernels::matmul::lanes8::matmul_lanes8;
         f(
@@ -151,7 +151,7 @@ mod tests {
                     .map(|&v| f32::from_bits(u32::from(round_bf16(v)) << 16))
                     .collect();
                 // Every ISA's default path, and the 8-lane packed tiles on AVX-512 even where
-                // `vdpbf16ps` (`matmul_dpbf16.rs`) takes the default.
+                // `vdpbf16ps` (`matmul/dpbf16.rs`) takes the default.
                 let lanes8 = |isa: Isa| {
                     let ck = isa.checked().unwrap();
                     isa.avx512() && crate::kernels::matmul::lanes8::applies(ck, Packed::BF16, t, k)

@@ -1,9 +1,9 @@
-//! The matmul paths that decode weights inside the kernel, under the dispatch of `matmul.rs`
-//! and below every family that falls back to them (`matmul_bf16.rs` runs its rounded
-//! activations through here): one token against F16/BF16 rows (`matmul_float.rs`), several
-//! tokens against float weights in packed 8-lane tiles (`matmul_lanes8.rs`), and otherwise row
-//! blocks decoded to `f32` and register-tiled against token tiles (see `matmul.rs`'s module docs
-//! for the numerics and cost).
+//! The matmul paths that decode weights inside the kernel, under the dispatch of `matmul/mod.rs`
+//! and below every family that falls back to them (`matmul/bf16.rs` runs its rounded
+//! activations through here): one token against F16/BF16 rows (`matmul/float.rs`), several
+//! tokens against float weights in packed 8-lane tiles (`matmul/lanes8.rs`), and otherwise row
+//! blocks decoded to `f32` and register-tiled against token tiles (see `matmul/mod.rs`'s module
+//! docs for the numerics and cost).
 
 use crate::kernels::decode::Packed;
 use crate::kernels::ggml::Numerics;
@@ -35,8 +35,8 @@ pub(crate) fn matmul_decoded(
         f(ck, numerics, p, x, k, w, row_bytes, n, out, pool);
         return;
     }
-    // Several tokens against float weights (exact numerics here: under ggml's, `matmul.rs` and
-    // `matmul_bf16.rs` took float weights elsewhere): the packed 8-lane tiles with the
+    // Several tokens against float weights (exact numerics here: under ggml's, `matmul/mod.rs` and
+    // `matmul/bf16.rs` took float weights elsewhere): the packed 8-lane tiles with the
     // activations as given, within this path's bound.
     if crate::kernels::matmul::lanes8::applies(ck, p, t, k) {
         let f = crate::kernels::matmul::lanes8::matmul_lanes8;

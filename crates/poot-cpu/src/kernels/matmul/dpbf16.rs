@@ -1,11 +1,11 @@
 //! `vdpbf16ps` tiles for BF16 weights under ggml numerics with two or more tokens (prefill), on
-//! CPUs with AVX512-BF16 and no AMX-BF16 path (`amx_bf16.rs`).
+//! CPUs with AVX512-BF16 and no AMX-BF16 path (`arch/x86/amx_bf16.rs`).
 //!
 //! Why: one `vdpbf16ps zmm` multiplies 32 pairs of bf16 values and adds each pair's two exact
 //! products to its lane, twice the work of a 512-bit `f32` FMA for the same issue slot, and
 //! its operands are half the bytes. On a Zen 5 (2 vCPUs) one core peaks at 450 GFLOP/s this
 //! way against 240 for `vfmadd231ps zmm`, and llama.cpp's BF16 prefill, which uses it, ran
-//! 1.36x faster than the 8-lane `f32` pair tiles (`matmul_lanes8.rs`) there.
+//! 1.36x faster than the 8-lane `f32` pair tiles (`matmul/lanes8.rs`) there.
 //!
 //! How: both operands are packed once, as bf16 bits in 32-element slices (one register each),
 //! `k` zero-padded to a multiple of 32 (zeros add exact zeros):
@@ -25,7 +25,7 @@
 //! 2 l + 1` of every slice `s`, products exact, each addition rounded to nearest even, then the
 //! 16 lanes are summed (`_mm512_reduce_add_ps`). `vdpbf16ps` treats subnormal inputs as zero
 //! and flushes subnormal results. So per output, `|got - sum_k w x'|` is at most `(k / 16 + 8)
-//! * 2^-24 * sum_k |w x'| + k * 2^-126 * max(1, max |x'|)`, within `matmul_bf16.rs`'s tested
+//! * 2^-24 * sum_k |w x'| + k * 2^-126 * max(1, max |x'|)`, within `matmul/bf16.rs`'s tested
 //! bound for activations up to 1 in magnitude and for the tests' (up to 2: their weights have
 //! no subnormals). Results do not depend on the thread count, the token grouping or the
 //! chunking (each lane is one chain along `k`).
@@ -418,7 +418,8 @@ mod x86 {
                 for (r, a) in acc.iter_mut().enumerate() {
                     for (j, v) in a.iter_mut().enumerate() {
                         // Volatile: plain loads let the compiler keep the sums in a stack
-                        // copy and spill inside the loop (`fdot16_x86::chunk16` saw the same).
+                        // copy and spill inside the loop (`arch::x86::fdot16::chunk16` saw the
+                        // same).
                         *v = pp.add((r * TG + j) * 16).cast::<__m512>().read_volatile();
                     }
                 }

@@ -6,7 +6,7 @@
 //!
 //! Numerics:
 //! - [`Numerics::Exact`] (and BF16's ggml activations once rounded, off AVX512-BF16, see
-//!   `matmul_bf16.rs`): 32 `f32` FMA lanes per row along `k` (two 16-lane accumulators on
+//!   `matmul/bf16.rs`): 32 `f32` FMA lanes per row along `k` (two 16-lane accumulators on
 //!   AVX-512, four 8-lane ones on AVX2, which then take one 16-element step in the first two),
 //!   added and lane-summed, then the `k % 32` (AVX2: `k % 16`) tail in order; the exact
 //!   path's bound, `(k / 8 + 16) * 2^-24 * sum_k |x||w|`, holds (the tests assert it).
@@ -70,7 +70,7 @@ pub(crate) fn gemv_float(
     });
 }
 
-/// `dst[i] = f16(src[i])` widened back (exact): `fdot16_x86::f16_round_into` on the SIMD
+/// `dst[i] = f16(src[i])` widened back (exact): `arch::x86::fdot16::f16_round_into` on the SIMD
 /// paths (a software conversion per value cost about as much as a quarter of a 2048-row
 /// matvec's stream).
 fn round_f16(ck: Checked, src: &[f32], dst: &mut [f32]) {

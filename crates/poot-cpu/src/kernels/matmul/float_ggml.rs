@@ -10,7 +10,7 @@
 //! Bound vs the exact product: F32 weights `(k / 8 + 4) * 2^-24 * sum |w x|`; F16 weights add
 //! the activation rounding, `2^-11 * sum |w x|` (the tests assert both).
 //!
-//! Cost: `2 * t * n * k` flops; memory: a row block of scratch per thread (as `matmul.rs`),
+//! Cost: `2 * t * n * k` flops; memory: a row block of scratch per thread (as `matmul/mod.rs`),
 //! plus the rounded activations (`t * k`) for F16.
 
 use crate::kernels::scratch::Scratch;
@@ -146,7 +146,7 @@ mod tests {
             // tinyBLAS and, for 6 rows, vec_dot even with several tokens.
             // n = 72, k = 1024: two row blocks and several token tiles.
             // n = 36, k = 2056 with 29 tokens: the packed tiles' three k-chunks (the last
-            // one 8 long), two full token groups and a partial one (`matmul_lanes8.rs`).
+            // one 8 long), two full token groups and a partial one (`matmul/lanes8.rs`).
             for (n, k) in [(8, 72), (6, 72), (72, 1024), (36, 2056)] {
                 let w = synthetic_weights(dt, n, k, 3);
                 let wf = reference(dt, &w, n * k);

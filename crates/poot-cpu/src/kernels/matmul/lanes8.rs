@@ -1,10 +1,10 @@
 //! The multi-token matmul in llamafile tinyBLAS's order (`ggml::dot_lanes8`: 8 FMA lanes per
 //! output along `k`, then `ggml::hsum8`) for F16, BF16 and F32 weights, on the AVX2 and AVX-512
-//! paths (BF16 where there is no AMX-BF16 path, `matmul_bf16.rs`).
+//! paths (BF16 where there is no AMX-BF16 path, `matmul/bf16.rs`).
 //!
-//! Two callers: ggml numerics (`matmul_float_ggml.rs`, `matmul_bf16.rs`), which round the
+//! Two callers: ggml numerics (`matmul/float_ggml.rs`, `matmul/bf16.rs`), which round the
 //! activations as ggml does (F16 weights: to f16; BF16: to bf16), and the exact path's
-//! multi-token float matmuls (`matmul.rs`), which take them as given. The exact path's bound,
+//! multi-token float matmuls (`matmul/mod.rs`), which take them as given. The exact path's bound,
 //! `(k / 8 + 16) * 2^-24 * sum |w x|`, holds for these tiles' `(k / 8 + 4)` one.
 //!
 //! Both operands are packed once, in 8-element slices, in the order the tiles read them:
@@ -23,7 +23,7 @@
 //!   peak: 169-174); with `k = 8192`, 55-60 with 256 KiB blocks, 73-100 with 1 MiB. The VM is
 //!   noisy (its FMA peak read 117 to 174 within the hour), so these are the best of several
 //!   runs; 512- to 2048-element chunks measured alike once the parked chains stopped going
-//!   through `memcpy` (`fdot16_x86::chunk16`).
+//!   through `memcpy` (`arch::x86::fdot16::chunk16`).
 //! - [`NARROW`] (AVX2): F16 operands as f16 bits under ggml numerics (widened by `vcvtph2ps`,
 //!   exact; unrounded activations make both `f32` on the exact path), BF16 as `f32` (widening bf16
 //!   bits in the loop, two integer ops a slice, measured slower: 512x2048x2048 on 2 Zen 3 threads

@@ -7,9 +7,9 @@
 //! against the whole block before the next. So each weight byte is read and decoded once per
 //! call whatever `t` is (prefill costs one pass over the weights, not `t`), an activation tile
 //! is read from memory once per block, and no weight is dequantized beyond one block per
-//! thread. One token against F16 or BF16 weights skips the scratch (`matmul_float.rs`); several
+//! thread. One token against F16 or BF16 weights skips the scratch (`matmul/float.rs`); several
 //! tokens against F16, BF16 or F32 weights with `k % 8 == 0` on a SIMD path take packed 8-lane
-//! tiles instead (`matmul_lanes8.rs`, within the same bound).
+//! tiles instead (`matmul/lanes8.rs`, within the same bound).
 //!
 //! Numerics: decoding is exact (bit-identical to poot-core's reference), so the only error is
 //! `f32` accumulation: 8 (AVX2, scalar) or 16 (AVX-512) lanes of FMAs/multiply-adds along `k`,
@@ -22,9 +22,9 @@
 //!
 //! [`matmul_numerics`] with [`Numerics::Ggml`] takes llama.cpp's arithmetic instead, bit for bit:
 //! for Q4_0, Q4_1, Q5_0, Q8_0 weights activations quantized to Q8 and integer block dots (the
-//! cheaper path for one token, `matmul_q8.rs`), for F16 and F32 weights ggml's float dot orders
-//! (`matmul_float_ggml.rs`), for Q4_K and Q6_K Q8_K activations and integer super-block dots
-//! (`qdot_k.rs`), for BF16 activations rounded to bf16 (`matmul_bf16.rs`); each states its
+//! cheaper path for one token, `matmul/q8.rs`), for F16 and F32 weights ggml's float dot orders
+//! (`matmul/float_ggml.rs`), for Q4_K and Q6_K Q8_K activations and integer super-block dots
+//! (`matmul/qdot_k.rs`), for BF16 activations rounded to bf16 (`matmul/bf16.rs`); each states its
 //! bound. Q5_1 and the other k-quants keep this exact path under either numerics.
 
 use poot_core::DType;
@@ -182,10 +182,10 @@ pub(crate) fn matmul_cached(
 
 /// `w` (`n` rows of `k` elements of `w_dtype`, as stored) re-laid for a faster kernel on this
 /// `isa` under `numerics`, or `None` when the stored layout is already the fast one: under
-/// [`Numerics::Ggml`], Q4_0, Q4_1, Q5_0 and Q8_0 (`repack.rs`) and Q4_K and Q6_K
-/// (`repack_k.rs`) go 8 rows at a time. On every path, the scalar one too, so that a forced
+/// [`Numerics::Ggml`], Q4_0, Q4_1, Q5_0 and Q8_0 (`matmul/repack.rs`) and Q4_K and Q6_K
+/// (`matmul/repack_k.rs`) go 8 rows at a time. On every path, the scalar one too, so that a forced
 /// path computes what the fast ones do: multi-token calls on this layout take the block order
-/// (`matmul_r8.rs`). The copy is the tensor's size; the caller owns it and passes it to
+/// (`matmul/r8.rs`). The copy is the tensor's size; the caller owns it and passes it to
 /// [`matmul_repacked`].
 pub fn repack_for(
     numerics: Numerics,

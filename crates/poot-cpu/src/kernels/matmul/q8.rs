@@ -3,18 +3,19 @@
 //! How: each activation row is quantized once (`qact.rs`: Q8_1 for Q4_1 weights, Q8_0
 //! otherwise, as ggml pairs them), then rows of `W` are split into tasks of whole 4-row groups
 //! claimed by the pool's threads, and each group is dotted against every token in place
-//! (`qdot.rs`): no weight is decoded to floats, and a group's bytes stay in L1 across tokens.
+//! (`matmul/qdot.rs`): no weight is decoded to floats, and a group's bytes stay in L1 across
+//! tokens.
 //!
 //! Numerics: bit-identical to llama.cpp's CPU matmul for these dtypes (vec_dot for one token,
-//! tinyBLAS for prefill; both reduce to the same float steps, see `qdot.rs`), on every ISA and
-//! thread count. Bound vs the exact product with the unquantized activations, per output, with
-//! `d_b`, `amax_b` the scale and largest `|x|` of activation block `b` and `q` its quants:
-//! `|got - exact| <= sum_i |w_i| * (0.51 * d_b(i) + amax_b(i) * 2^-11)` (activation rounding)
-//! `+ 2^-10 * 1.01 * sum_b |m_b * d_b * sum(q_b)|` (Q4_1 only: ggml's f16 block sum `s`)
-//! `+ ((k / 32 + 4) * 2^-24 * 1.01 + 2^-22) * (sum_i |w_i * d_b(i) * q_i| + Q4_1's sum_b |m_b s_b|)`
-//! (`f32` accumulation). The first term dominates: each activation is off by up to
-//! `amax / 254` (0.4% of its block's largest value), the price of agreeing with llama.cpp to the
-//! bit (`matmul_q8_tests.rs` asserts the bound on real and synthetic weights).
+//! tinyBLAS for prefill; both reduce to the same float steps, see `matmul/qdot.rs`), on every ISA
+//! and thread count. Bound vs the exact product with the unquantized activations, per output, with
+//! `d_b`, `amax_b` the scale and largest `|x|` of activation block `b` and `q` its quants: `|got -
+//! exact| <= sum_i |w_i| * (0.51 * d_b(i) + amax_b(i) * 2^-11)` (activation rounding) `+ 2^-10 *
+//! 1.01 * sum_b |m_b * d_b * sum(q_b)|` (Q4_1 only: ggml's f16 block sum `s`) `+ ((k / 32 + 4) *
+//! 2^-24 * 1.01 + 2^-22) * (sum_i |w_i * d_b(i) * q_i| + Q4_1's sum_b |m_b s_b|)` (`f32`
+//! accumulation). The first term dominates: each activation is off by up to `amax / 254` (0.4% of
+//! its block's largest value), the price of agreeing with llama.cpp to the bit
+//! (`matmul/q8_tests.rs` asserts the bound on real and synthetic weights).
 //!
 //! Cost: `t * k` to quantize, then `t * n * k` integer multiply-adds; memory: `t * k / 32`
 //! blocks of 40 bytes.

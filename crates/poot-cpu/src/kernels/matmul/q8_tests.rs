@@ -11,7 +11,7 @@ use crate::testutil::{real_slices, reference, synthetic_weights, Rng};
 use crate::{Isa, ThreadPool};
 
 /// Per output: the exact value of `x` (`[t, k]`) times the decoded `w` (`[n, k]`), and the
-/// bound of `matmul_q8.rs`' module docs.
+/// bound of `matmul/q8.rs`' module docs.
 fn exact_and_bound(
     dt: DType,
     x: &[f32],
@@ -144,7 +144,7 @@ fn other_dtypes_keep_the_exact_path() {
     let (n, k) = (5, 64);
     let x = Rng::new(2).vec(2 * k, -1.0, 1.0);
     let pool = ThreadPool::new(1).unwrap();
-    // (BF16 has its own ggml path since its activations are rounded: `matmul_bf16.rs`.)
+    // (BF16 has its own ggml path since its activations are rounded: `matmul/bf16.rs`.)
     for dt in [DType::Q5_1] {
         let k = if dt.block_elems() == 256 { 256 } else { k };
         let x = &x.iter().cycle().take(2 * k).copied().collect::<Vec<_>>();

@@ -11,7 +11,7 @@
 //! exactly those. So scalar, AVX2 and VNNI results are bit-identical to each other and to ggml.
 //!
 //! Error vs the exact product of the weights with the unquantized activations: the activation
-//! rounding of `qact.rs` plus `f32` accumulation; `matmul_q8.rs` states the bound its tests
+//! rounding of `qact.rs` plus `f32` accumulation; `matmul/q8.rs` states the bound its tests
 //! assert.
 //!
 //! Cost per row: `k` integer multiply-adds and `k / 32` FMAs per lane; weights are read in
@@ -85,9 +85,9 @@ pub(crate) fn dot_scalar(kind: QKind, w: &[u8], a: &[BlockQ8]) -> f32 {
     }
 }
 
-/// The block order of multi-token matmuls (`matmul_r8.rs`): each block's 32 products summed
+/// The block order of multi-token matmuls (`matmul/r8.rs`): each block's 32 products summed
 /// exactly in `i32`, then `acc = fma(dw * dx, sum, acc)` block after block. Q4_0, Q5_0 and
-/// Q8_0 (not Q4_1, which keeps ggml's order: see `matmul_r8.rs`). The portable reference of
+/// Q8_0 (not Q4_1, which keeps ggml's order: see `matmul/r8.rs`). The portable reference of
 /// that order.
 pub(crate) fn dot_scalar_blocks(kind: QKind, w: &[u8], a: &[BlockQ8]) -> f32 {
     debug_assert!(kind != QKind::Q4_1);

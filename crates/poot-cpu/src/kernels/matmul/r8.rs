@@ -1,29 +1,29 @@
-//! The ggml-numerics matmul over 8-row interleaved weights (`repack.rs`).
+//! The ggml-numerics matmul over 8-row interleaved weights (`matmul/repack.rs`).
 //!
-//! How: as `matmul_q8.rs` (each activation row quantized once, to Q8_1 for Q4_1 and Q8_0
+//! How: as `matmul/q8.rs` (each activation row quantized once, to Q8_1 for Q4_1 and Q8_0
 //! otherwise), plus, per activation block, the 8 lane corrections the integer steps fold in
 //! (`-8 * sum(y)` over each lane's 4 activations for Q4_0; `-128 * sum(y)` for Q8_0 on VNNI;
 //! none otherwise). Tasks are runs of whole 8-row groups claimed by the pool's threads; each
 //! group's superblocks are read as one sequential stream and dotted against 1 (AVX2) or 2 (VNNI)
 //! tokens per pass.
 //!
-//! Numerics: one-token calls, and Q4_1 always, are bit-identical to `matmul_q8.rs` (and so to
-//! llama.cpp's vec_dot/tinyBLAS), on every ISA and thread count: see `qdot_r8_x86.rs`.
+//! Numerics: one-token calls, and Q4_1 always, are bit-identical to `matmul/q8.rs` (and so to
+//! llama.cpp's vec_dot/tinyBLAS), on every ISA and thread count: see `arch/x86/qdot_r8.rs`.
 //! Multi-token Q4_0, Q5_0 and Q8_0 calls (prefill) take the block order instead: each block's 32
-//! products summed exactly in `i32`, then one FMA per block (`qdot::dot_scalar_blocks`; the
+//! products summed exactly in `i32`, then one FMA per block (`matmul::qdot::dot_scalar_blocks`; the
 //! order of llama.cpp's repacked Q4_0 GEMM and of its AMX kernels), which needs an eighth of the
-//! float work and is the one order an AMX tile (whole-block `i32` sums) gives: `amx.rs` runs
-//! it there, bit-identical to the other paths. Q4_1 stays in ggml's order so that the default
-//! model's logits match llama.cpp's AVX2 reference to 1e-5 (`tests/test_models_smollm2.py`);
-//! a Q4_1 block order on AMX measured 15-25% faster matmuls but moved those logits by 0.57,
-//! activation quantization amplifying the rounding differences. Both
-//! orders quantize the activations the same way; they differ only in `f32` rounding, within
-//! `(k / 32 + 8) * 2^-24 * sum_b |dw dx sum_b|` of each other (tested), far below the
-//! activation rounding `matmul_q8.rs` bounds. Results do not depend on the thread count or on
-//! how tokens are tiled, so every chunking of a prefill with two or more tokens per step gives
-//! the same bits. The scalar path rebuilds each stored row and runs the `qdot` references.
+//! float work and is the one order an AMX tile (whole-block `i32` sums) gives: `arch/x86/amx.rs`
+//! runs it there, bit-identical to the other paths. Q4_1 stays in ggml's order so that the default
+//! model's logits match llama.cpp's AVX2 reference to 1e-5 (`tests/test_models_smollm2.py`); a Q4_1
+//! block order on AMX measured 15-25% faster matmuls but moved those logits by 0.57, activation
+//! quantization amplifying the rounding differences. Both orders quantize the activations the same
+//! way; they differ only in `f32` rounding, within `(k / 32 + 8) * 2^-24 * sum_b |dw dx sum_b|` of
+//! each other (tested), far below the activation rounding `matmul/q8.rs` bounds. Results do not
+//! depend on the thread count or on how tokens are tiled, so every chunking of a prefill with two
+//! or more tokens per step gives the same bits. The scalar path rebuilds each stored row and runs
+//! the `qdot` references.
 //!
-//! Cost: as `matmul_q8.rs`, with about half the vector work per weight block; memory: the
+//! Cost: as `matmul/q8.rs`, with about half the vector work per weight block; memory: the
 //! corrections, `t * k / 32` entries of 32 bytes, in reused scratch.
 
 use crate::kernels::act_cache::ActCache;
@@ -99,13 +99,13 @@ pub(crate) fn matmul_r8(
     }
     let corr: &[[i32; 8]] = &corr;
     let stream = simd && t == 1;
-    // ggml's order on AVX-512 VNNI takes two groups per step (`qdot_r16_x86.rs`) with two or
+    // ggml's order on AVX-512 VNNI takes two groups per step (`arch/x86/qdot_r16.rs`) with two or
     // more tokens (Q4_1's prefill) and for large one-token matrices: decoding the 1B Q8_0
     // model went 15.7-15.8 -> 17.4-18.0 tok/s (alternating runs). Small ones keep one group per
     // step: pairs on every matrix made the default model's decode slower (about 175 against
     // 200 tok/s), its small matrices splitting into half as many units.
     // The block order takes two groups per step on AVX-512 VNNI too, 8 tokens a pass
-    // (`qdot_r16_x86::groups2_blocks`).
+    // (`arch::x86::qdot_r16::groups2_blocks`).
     #[cfg(target_arch = "x86_64")]
     let pairs = (blocks || t >= 2 || w.groups() >= PAIRS_FROM)
         && vnni

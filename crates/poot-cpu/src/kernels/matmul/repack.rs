@@ -1,4 +1,5 @@
-//! Q4_0 / Q4_1 / Q5_0 / Q8_0 weights re-laid 8 rows at a time, for the ggml-numerics integer matmul.
+//! Q4_0 / Q4_1 / Q5_0 / Q8_0 weights re-laid 8 rows at a time, for the ggml-numerics integer
+//! matmul.
 //!
 //! Why: in the stored layout each row's block is dotted alone, so every 32-value block pays its
 //! own scale conversion, broadcast and lane bookkeeping (about 14 vector ops per row block).
@@ -25,11 +26,12 @@
 //! So a superblock is exactly 8 stored blocks (144, 160, 176 or 272 bytes): the copy is the size of
 //! the tensor, and nothing is decoded. ggml's lane `l` of a block dot (elements `4l..4l+4`) is
 //! chunk `l` (Q8_0), or the low (`l < 4`) / high (`l >= 4`) nibbles of chunk `l % 4` (Q4), so
-//! every integer lane sum of `qdot.rs` is available per row and the float steps stay ggml's:
-//! results are bit-identical to `qdot::dot_scalar` on the stored rows (tested on every ISA).
+//! every integer lane sum of `matmul/qdot.rs` is available per row and the float steps stay ggml's:
+//! results are bit-identical to `matmul::qdot::dot_scalar` on the stored rows (tested on every
+//! ISA).
 //!
 //! Invariant: `data.len() == groups * nb * superblock_bytes`; a `Repacked` is immutable once
-//! built and is only read by `matmul_r8.rs`.
+//! built and is only read by `matmul/r8.rs`.
 
 use crate::kernels::blocks::{chunks, header_bytes, over_groups, superblock_bytes, QKind, RG};
 use crate::kernels::matmul::repack_k::RepackedK;
@@ -174,7 +176,7 @@ impl Repacked {
 }
 
 /// A weight matrix in one of the 8-row layouts: the 32-value quants' (this module) or the
-/// k-quants' (`repack_k.rs`). What the runtime keeps per re-laid tensor.
+/// k-quants' (`matmul/repack_k.rs`). What the runtime keeps per re-laid tensor.
 #[derive(Debug)]
 pub enum Repack {
     /// Q4_0, Q4_1, Q5_0, Q8_0.

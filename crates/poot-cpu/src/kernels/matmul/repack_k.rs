@@ -6,7 +6,7 @@
 //! DRAM read rate. Interleaving 8 rows puts one row in each 32-bit lane of a 256-bit
 //! register: one load holds 4 quant bytes of each of 8 rows, one `maddubs` with a broadcast
 //! activation word gives 8 rows' pair sums, the 6-bit scales of 8 rows unpack with a few lane
-//! ops, and the float steps run once per super-block for 8 rows (`qdot_rk_x86.rs`).
+//! ops, and the float steps run once per super-block for 8 rows (`arch/x86/qdot_rk.rs`).
 //!
 //! Layout: rows in groups of 8 (the last group padded with zero rows: scales 0, quants 0, so
 //! padded outputs are 0 and never written). Group `g` is `nb` super-blocks in block order;
@@ -25,7 +25,7 @@
 //! size and nothing is decoded. [`RepackedK::stored_row`] inverts the re-lay exactly.
 //!
 //! Invariant: `data.len() == groups * nb * 8 * block_bytes`; a `RepackedK` is immutable once
-//! built and is only read by `matmul_rk.rs` and the embedding.
+//! built and is only read by `matmul/rk.rs` and the embedding.
 
 use crate::kernels::blocks::KKind;
 use crate::kernels::blocks::RG;

@@ -1,13 +1,13 @@
-//! The ggml-numerics k-quant matmul over 8-row interleaved weights (`repack_k.rs`).
+//! The ggml-numerics k-quant matmul over 8-row interleaved weights (`matmul/repack_k.rs`).
 //!
-//! How: as `qdot_k::matmul_q8k` (each activation row quantized to Q8_K once, through the
+//! How: as `matmul::qdot_k::matmul_q8k` (each activation row quantized to Q8_K once, through the
 //! activation cache when the caller has one), then tasks of whole 8-row groups claimed by the
 //! pool's threads; each group's super-blocks are read as one sequential stream and dotted
-//! against up to 4 (Q4_K) or 2 (Q6_K) tokens per pass (`qdot_rk_x86.rs`).
+//! against up to 4 (Q4_K) or 2 (Q6_K) tokens per pass (`arch/x86/qdot_rk.rs`).
 //!
-//! Numerics: bit-identical to `qdot_k::matmul_q8k` on the stored rows, on every ISA, thread
+//! Numerics: bit-identical to `matmul::qdot_k::matmul_q8k` on the stored rows, on every ISA, thread
 //! count and token tiling (the integer steps are exact and the float steps run per row in
-//! block order). The scalar path rebuilds each stored row and runs `qdot_k::dot_scalar`.
+//! block order). The scalar path rebuilds each stored row and runs `matmul::qdot_k::dot_scalar`.
 //!
 //! Cost: the integer work of `matmul_q8k`, without its per-row-block scale unpacking, two
 //! horizontal sums and scalar f16 conversions; memory: the Q8_K activations (292 bytes per 256
@@ -46,7 +46,7 @@ pub(crate) fn matmul_rk(
     #[cfg(not(target_arch = "x86_64"))]
     let simd = false;
     let stream = simd && t == 1;
-    // Q4_K prefill on AVX-512 BW takes two groups per step (`qdot_rk16_x86.rs`): a
+    // Q4_K prefill on AVX-512 BW takes two groups per step (`arch/x86/qdot_rk16.rs`): a
     // 256x2048x2048 matmul 9.0-9.1 -> 7.7-8.0 ms. One-token calls measured the same either
     // way (423-439 us for 8192 rows), so they keep one.
     #[cfg(target_arch = "x86_64")]

@@ -4,19 +4,20 @@
 //! one instruction, several times what a core's VNNI registers do per cycle, so a prefill's
 //! integer work drops to a small part of its float work (scaling each block's sums).
 //!
-//! How: tasks take panels of 16 weight rows (two 8-row groups of `repack.rs`, the second all
+//! How: tasks take panels of 16 weight rows (two 8-row groups of `matmul/repack.rs`, the second all
 //! zeros past the matrix). A task first lays its panel out as tiles, once for every token:
 //! per 32-value block, 8 tile rows of 64 bytes, row `c` holding elements `4c..4c+4` of weight
 //! row `r` at bytes `4r..4r+4` as signed int8 (the layout a B tile takes: Q4_0 nibbles minus 8,
-//! Q5_0's with the fifth bit minus 16, Q8_0's copied), plus the 16 rows' scales as `f32`. The quantized activations are copied once per call
-//! into tile order (16 tokens' 32 quants of a block as 512 contiguous bytes, the last tile
-//! zero-padded, and their scales side by side). Then for every 16-token tile, block after
-//! block: one tile load of each operand, one `tdpbssd`, one store of the 16x16 sums, and per
-//! token `acc = fma(dw * dx, sum, acc)` in AVX-512, 16 rows a vector. Q4_1 does not come
-//! here: it keeps ggml's order (`matmul_r8.rs`), which whole-block sums cannot give.
+//! Q5_0's with the fifth bit minus 16, Q8_0's copied), plus the 16 rows' scales as `f32`. The
+//! quantized activations are copied once per call into tile order (16 tokens' 32 quants of a block
+//! as 512 contiguous bytes, the last tile zero-padded, and their scales side by side). Then for
+//! every 16-token tile, block after block: one tile load of each operand, one `tdpbssd`, one store
+//! of the 16x16 sums, and per token `acc = fma(dw * dx, sum, acc)` in AVX-512, 16 rows a vector.
+//! Q4_1 does not come here: it keeps ggml's order (`matmul/r8.rs`), which whole-block sums cannot
+//! give.
 //!
-//! Numerics: exactly `qdot::dot_scalar_blocks` (integer sums exact, then the same float steps in
-//! the same order), so bit-identical to the block order of the other paths on every thread
+//! Numerics: exactly `matmul::qdot::dot_scalar_blocks` (integer sums exact, then the same float
+//! steps in the same order), so bit-identical to the block order of the other paths on every thread
 //! count (tested).
 //!
 //! Safety: tile instructions fault unless (1) Linux granted this process the tile state (asked
@@ -408,7 +409,7 @@ unsafe fn tile_tokens(
 }
 
 /// Block `b`'s float steps for 16 tokens: `acc[j] = fma(dw * dx_j, sums_j, acc[j])`
-/// (`qdot::dot_scalar_blocks`' order), 16 rows a vector.
+/// (`matmul::qdot::dot_scalar_blocks`' order), 16 rows a vector.
 #[inline(always)]
 unsafe fn scale_add(
     acc: &mut [__m512; P],

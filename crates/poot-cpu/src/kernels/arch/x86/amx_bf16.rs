@@ -19,8 +19,8 @@
 //! fixed mode): within `(k + 16) * 2^-24 * sum_k |w x'| + k * 2^-126` of the exact sum
 //! (tested). Not the bits of `vdpbf16ps`' 16 lanes; the same for any thread count or tiling.
 //!
-//! Safety: as `amx.rs` (tile permission asked once; each task loads its configuration and puts
-//! back the thread's). Needs `k % 32 == 0`; callers check [`applies`].
+//! Safety: as `arch/x86/amx.rs` (tile permission asked once; each task loads its configuration and
+//! puts back the thread's). Needs `k % 32 == 0`; callers check [`applies`].
 
 use std::arch::asm;
 
@@ -33,7 +33,8 @@ const P: usize = 16;
 /// Bytes of one 32-column B tile (16 rows of 64).
 const BT: usize = 1024;
 
-/// Whether the tiles run here (AMX-BF16 besides `amx::available`) for rows of `k` columns.
+/// Whether the tiles run here (AMX-BF16 besides `arch::x86::amx::available`) for rows of `k`
+/// columns.
 pub(crate) fn applies(k: usize) -> bool {
     crate::CpuFeatures::get().amx_bf16 && k > 0 && k.is_multiple_of(32)
 }

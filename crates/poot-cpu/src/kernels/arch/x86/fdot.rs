@@ -2,7 +2,7 @@
 //!
 //! - [`gemv`]: `R` rows against one token, one FMA accumulator of `L` lanes (8 on AVX2, 16 on
 //!   AVX-512) per row, then a lane sum and a scalar tail: the exact path's order for one token
-//!   (see `matmul_float.rs` for the bound).
+//!   (see `matmul/float.rs` for the bound).
 //! - [`gemv_lanes32`]: `R` rows against one token in ggml's `ggml_vec_dot_f16` lane order
 //!   (lane `i % 32` over whole 32-groups); the caller folds the lanes and adds the tail.
 //! - [`chunk8_avx2`]: 4 decoded f32 rows against `TT` tokens in 8 lanes (llamafile tinyBLAS's

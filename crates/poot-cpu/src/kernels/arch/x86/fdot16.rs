@@ -1,8 +1,8 @@
 //! tinyBLAS's 8-lane order in 512-bit registers: each `zmm` holds the 8-lane chains of two
 //! tokens against one row (lanes 0-7 token `2p`, lanes 8-15 token `2p + 1`), the row's slice
 //! broadcast to both halves. Every lane is still its output's own chain of FMAs along `k`, in
-//! the same order as the 8-lane `ymm` tiles (`fdot_x86::chunk8_body`), so the results are the
-//! same bits with twice the work per instruction.
+//! the same order as the 8-lane `ymm` tiles (`arch::x86::fdot::chunk8_body`), so the results are
+//! the same bits with twice the work per instruction.
 //!
 //! A tile is `NR` rows against up to 6 token pairs (12 tokens: 24 chains, the 4 rows' slices
 //! and one token pair in 29 of the 32 registers); the last pair may be half (an odd token
@@ -192,8 +192,8 @@ pub(crate) unsafe fn f16_round_into(src: &[f32], dst: &mut [f32]) {
     }
 }
 
-/// The first 8 stored halves of `s` (16 bytes; kind `KIND`, `fdot_x86::F16` or `BF16`)
-/// widened to `f32` (exact), through `fdot_x86::load8`.
+/// The first 8 stored halves of `s` (16 bytes; kind `KIND`, `arch::x86::fdot::F16` or `BF16`)
+/// widened to `f32` (exact), through `arch::x86::fdot::load8`.
 ///
 /// # Safety
 /// AVX2 and F16C detected.

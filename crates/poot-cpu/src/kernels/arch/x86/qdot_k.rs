@@ -1,14 +1,14 @@
-//! AVX2 paths of `qdot_k.rs`: `maddubs` (unsigned 4/6-bit weights times signed Q8_K
+//! AVX2 paths of `matmul/qdot_k.rs`: `maddubs` (unsigned 4/6-bit weights times signed Q8_K
 //! activations, pairs summed to `i16` without saturation) then `madd` with the sub-block scale
 //! (to `i32`), one integer sum per super-block, then the same float steps as the scalar path
-//! (`qdot_k::finish`). Every integer step is exact, so results equal the scalar path's bits.
+//! (`blocks::finish`). Every integer step is exact, so results equal the scalar path's bits.
 //!
 //! Saturation: Q4_K pairs are at most `2 * 15 * 127 = 3810`, Q6_K pairs `2 * 63 * 127 =
 //! 16002`, both below `i16::MAX`; `madd` with scales below 64 (Q4_K) or 128 (Q6_K, signed)
 //! keeps `i32` lanes far from overflow (at most `2^23` per super-block).
 //!
-//! Invariant (soundness): reached only through `qdot_k::dot` with a `Checked` AVX2 or AVX-512
-//! token, which proves AVX2, FMA and F16C were detected.
+//! Invariant (soundness): reached only through `matmul::qdot_k::dot` with a `Checked` AVX2 or
+//! AVX-512 token, which proves AVX2, FMA and F16C were detected.
 
 use std::arch::x86_64::*;
 
@@ -16,7 +16,7 @@ use crate::kernels::blocks::{finish, scale_min_k4, KKind};
 use crate::kernels::qact::BlockQ8K;
 use crate::kernels::simd::Checked;
 
-/// See `qdot_k::dot_tokens`: `out[j] = dot(w, a[j * nb..(j + 1) * nb])` for every `j <
+/// See `matmul::qdot_k::dot_tokens`: `out[j] = dot(w, a[j * nb..(j + 1) * nb])` for every `j <
 /// out.len()`. `w` holds `nb` whole blocks and `a` `out.len() * nb` (asserted).
 pub(crate) fn dot_tokens(
     _ck: Checked,
@@ -51,7 +51,7 @@ pub(crate) fn dot_tokens(
 }
 
 /// One row against `T` tokens: each weight block is unpacked once (`Unpacked`) and dotted
-/// against the `T` tokens' blocks; per token the float steps are `qdot_k::finish`'s, in
+/// against the `T` tokens' blocks; per token the float steps are `blocks::finish`'s, in
 /// block order, so the bits do not depend on `T`.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_avx2<const KIND: u8, const T: usize>(
@@ -98,9 +98,9 @@ struct Unpacked {
     q6: bool,
 }
 
-/// Exact `(sumi, summ)` of an unpacked block against `y` (see `qdot_k::q4k_ints`/`q6k_ints`).
-/// Factor products fit `i16` (`|-32 * 128| = 4096`, mins below 64) and their `madd` sums
-/// `i32`.
+/// Exact `(sumi, summ)` of an unpacked block against `y` (see
+/// `matmul::qdot_k::q4k_ints`/`q6k_ints`). Factor products fit `i16` (`|-32 * 128| = 4096`, mins
+/// below 64) and their `madd` sums `i32`.
 #[inline(always)]
 unsafe fn ints(u: &Unpacked, y: &BlockQ8K) -> (i32, i32) {
     // SAFETY: `y.qs` holds 256 bytes (8 loads of 32) and `y.bsums` 32 bytes; AVX2 enabled by

@@ -1,4 +1,4 @@
-//! The 8-row layout's ggml-order dot (`qdot_r8_x86.rs`) two groups at a time in 512-bit
+//! The 8-row layout's ggml-order dot (`arch/x86/qdot_r8.rs`) two groups at a time in 512-bit
 //! registers, for AVX-512 VNNI: lanes 0-7 hold group `g`'s rows, lanes 8-15 group `g + 1`'s.
 //!
 //! Why: Q4_1's prefill keeps ggml's order (8 lane sums per block, which AMX tiles cannot give),
@@ -8,7 +8,8 @@
 //!
 //! Numerics: every lane runs exactly the 256-bit body's steps for its row (the same integer lane
 //! sums, the same `fma(dw * dy, lane, acc)` block after block, the same fold and Q4_1 term), so
-//! results are bit-identical to `qdot_r8_x86::group` and `qdot::dot_scalar` (tested).
+//! results are bit-identical to `arch::x86::qdot_r8::group` and `matmul::qdot::dot_scalar`
+//! (tested).
 //!
 //! Invariant (soundness): reached only through `matmul_r8` after `has_vnni512` was true.
 
@@ -27,7 +28,7 @@ pub(crate) fn has_vnni512() -> bool {
 pub(crate) const TOKENS: usize = 2;
 
 /// `out[j * 16 + r]` = row `r` of groups `g0` (`r < 8`) and `g1` (`r >= 8`) dotted with token
-/// `j < t` (`t <= TOKENS`) in ggml's order; `a`, `corr` as for `qdot_r8_x86::group`.
+/// `j < t` (`t <= TOKENS`) in ggml's order; `a`, `corr` as for `arch::x86::qdot_r8::group`.
 ///
 /// # Panics
 /// If the slices are shorter than that (internal invariant; `matmul_r8` sizes them).
@@ -219,9 +220,10 @@ unsafe fn body<const KIND: u8, const T: usize>(
 pub(crate) const BLOCK_TOKENS: usize = 8;
 
 /// `out[j * 16 + r]` = row `r` of groups `g0` (`r < 8`) and `g1` (`r >= 8`) dotted with token
-/// `j < t` (`t <= BLOCK_TOKENS`) in the block order of `qdot::dot_scalar_blocks` (Q4_0, Q5_0
-/// and Q8_0): each lane runs `qdot_r8_x86::group_blocks`'s steps for its row, so the bits are
-/// that function's. `corr[j * nb + b][0]` holds block `b`'s whole correction (`matmul_r8`).
+/// `j < t` (`t <= BLOCK_TOKENS`) in the block order of `matmul::qdot::dot_scalar_blocks` (Q4_0,
+/// Q5_0 and Q8_0): each lane runs `arch::x86::qdot_r8::group_blocks`'s steps for its row, so the
+/// bits are that function's. `corr[j * nb + b][0]` holds block `b`'s whole correction
+/// (`matmul_r8`).
 ///
 /// Why: the 256-bit kernel does 8 rows per `vpdpbusd`; here each one does 16, and the nibble
 /// unpacking is shared by twice the tokens.

@@ -1,17 +1,17 @@
-//! x86 paths of the 8-row interleaved integer dot (`repack.rs`, `matmul_r8.rs`).
+//! x86 paths of the 8-row interleaved integer dot (`matmul/repack.rs`, `matmul/r8.rs`).
 //!
 //! One 256-bit register holds 4 quant bytes of each of 8 rows (one row per 32-bit lane), so each
 //! integer step yields ggml's lane sum `l` for 8 rows at once; the float steps are ggml's, per
 //! row: `acc[l] = fma(dw * dy, lane_l, acc[l])` block after block, then
 //! `((a0+a4) + (a2+a6)) + ((a1+a5) + (a3+a7))` (`hsum_float_8`), plus Q4_1's
-//! `summs = fma(m, s, summs)`. So results are bit-identical to `qdot::dot_scalar`.
+//! `summs = fma(m, s, summs)`. So results are bit-identical to `matmul::qdot::dot_scalar`.
 //!
 //! Integer steps: Q4 nibbles are unsigned (`0..16`) against the signed activations, so
 //! `maddubs` + `madd` (AVX2) or `vpdpbusd` (VNNI) apply directly; Q4_0's `-8` offset is folded
 //! in as `-8 * sum(y)` over the lane's 4 activations, precomputed per block (`corr`). Q8_0 on
 //! VNNI flips the sign bit (`w + 128`, unsigned) and folds `-128 * sum(y)` the same way; on AVX2
-//! it takes the sign trick (`|w|` times `y * sign(w)`), as `qdot_x86.rs` does. Every lane sum is
-//! exact in `i32`, so only the float steps above decide the result.
+//! it takes the sign trick (`|w|` times `y * sign(w)`), as `arch/x86/qdot.rs` does. Every lane sum
+//! is exact in `i32`, so only the float steps above decide the result.
 //!
 //! Invariant (soundness): reached only through `matmul_r8` with a `Checked` AVX2 or AVX-512
 //! token (AVX2, FMA, F16C detected), and the VNNI variant only after `avx512vnni` and
@@ -43,7 +43,7 @@ pub(crate) fn tile_tokens(vnni: bool, kind: QKind, blocks: bool) -> usize {
 }
 
 /// `out[j * 8 + r]` = row `r` of group `grp` dotted with token `j` in the block order of
-/// `qdot::dot_scalar_blocks` (Q4_0, Q5_0 and Q8_0), for `j < t` (up to [`tile_tokens`]);
+/// `matmul::qdot::dot_scalar_blocks` (Q4_0, Q5_0 and Q8_0), for `j < t` (up to [`tile_tokens`]);
 /// `corr[j * nb + b][0]` holds block `b`'s whole correction (`matmul_r8`).
 ///
 /// # Panics
@@ -299,7 +299,7 @@ unsafe fn lanes<const VNNI: bool>(init: __m256i, u: __m256i, s: __m256i) -> __m2
 }
 
 /// Q5_0's fifth bits of chunk `c` as `0x10` bytes, the low and the high nibbles', from the
-/// 32 header bytes at `hb` (see `repack.rs`: byte `4r + i` holds bit `c` for chunk `c`'s low
+/// 32 header bytes at `hb` (see `matmul/repack.rs`: byte `4r + i` holds bit `c` for chunk `c`'s low
 /// nibble of row `r`'s byte `i`, bit `4 + c` for its high one). A 16-bit shift moves bit `c`
 /// (or `4 + c`) of every byte to bit 4; what crosses from the neighbouring byte lands below
 /// bit 4 (left shifts by 1-4) or above it (right shifts by 0-3), so the mask drops it.
@@ -319,7 +319,7 @@ pub(crate) unsafe fn fifth_bits(hb: *const u8, c: usize) -> (__m256i, __m256i) {
     }
 }
 
-/// KIND: 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q8_0 (`qdot_x86.rs`' numbering). See [`group`].
+/// KIND: 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q8_0 (`arch/x86/qdot.rs`' numbering). See [`group`].
 #[inline(always)]
 unsafe fn body<const KIND: u8, const T: usize, const VNNI: bool>(
     grp: &[u8],

@@ -1,13 +1,13 @@
-//! AVX2 paths of the 8-row interleaved k-quant dot (`repack_k.rs`, `matmul_rk.rs`).
+//! AVX2 paths of the 8-row interleaved k-quant dot (`matmul/repack_k.rs`, `matmul/rk.rs`).
 //!
 //! One 256-bit register holds 4 quant bytes of each of 8 rows (one row per 32-bit lane).
 //! `maddubs` of the unsigned 4/6-bit quants with a broadcast activation word gives each row's
 //! pair sums; Q4_K adds the 8 words of a 32-value sub-block in `i16` and applies the sub-block
 //! scale with one `madd`, Q6_K widens each word with `madd` and applies `scale * (sum - 32 *
 //! bsum)` per 16-value sub-block with `mullo`. So every super-block yields, per row, exactly
-//! the integers `sumi` (and Q4_K's `summ`) of `qdot_k::q4k_ints`/`q6k_ints`, and the float steps
-//! are `qdot_k::finish`'s lane by lane: `acc = fma(d * dy, sumi, acc)` in block order, one
-//! chain per row and token. Results are bit-identical to `qdot_k::dot_scalar` on the stored
+//! the integers `sumi` (and Q4_K's `summ`) of `matmul::qdot_k::q4k_ints`/`q6k_ints`, and the float
+//! steps are `blocks::finish`'s lane by lane: `acc = fma(d * dy, sumi, acc)` in block order, one
+//! chain per row and token. Results are bit-identical to `matmul::qdot_k::dot_scalar` on the stored
 //! rows, for any number of tokens per pass.
 //!
 //! Exactness: Q4_K pair sums are at most `2 * 15 * 127 = 3810`, 8 of them `30480 < 2^15`;
@@ -216,7 +216,8 @@ unsafe fn q6k_avx2<const T: usize>(grp: &[u8], nb: usize, a: &[BlockQ8K], out: &
                         let ql0 = _mm256_loadu_si256(qs.cast());
                         let ql1 = _mm256_loadu_si256(qs.add(32).cast());
                         let qh = _mm256_loadu_si256(qs.add(64).cast());
-                        // As `qdot_k_x86::unpack_q6k`: masks before shifts keep bits in bytes.
+                        // As `arch::x86::qdot_k::unpack_q6k`: masks before shifts keep bits in
+                        // bytes.
                         let qv = [
                             _mm256_or_si256(
                                 _mm256_and_si256(ql0, m4),
@@ -273,7 +274,7 @@ unsafe fn q6k_avx2<const T: usize>(grp: &[u8], nb: usize, a: &[BlockQ8K], out: &
             }
         }
         for (j, v) in acc.iter().enumerate() {
-            // `qdot_k::finish`'s min accumulator stays +0 for Q6_K, and `x - 0.0 == x`.
+            // `blocks::finish`'s min accumulator stays +0 for Q6_K, and `x - 0.0 == x`.
             _mm256_storeu_ps(out.as_mut_ptr().add(RG * j), *v);
         }
     }

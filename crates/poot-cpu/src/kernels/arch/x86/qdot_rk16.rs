@@ -1,4 +1,4 @@
-//! The 8-row Q4_K dot (`qdot_rk_x86.rs`) two groups at a time in 512-bit registers, for
+//! The 8-row Q4_K dot (`arch/x86/qdot_rk.rs`) two groups at a time in 512-bit registers, for
 //! AVX-512 BW: lanes 0-7 hold group `g`'s rows, lanes 8-15 group `g + 1`'s.
 //!
 //! Why: Q4_K prefill is bound by the kernel's `maddubs`/`madd` steps; here each step does 16
@@ -8,7 +8,7 @@
 //!
 //! Numerics: every lane runs the 256-bit kernel's integer steps for its row (exact), and the
 //! float steps are the same `fma(d * dy, sumi, acc)` chain per row and token, so results are
-//! bit-identical to `qdot_rk_x86::group` and `qdot_k::dot_scalar` (tested).
+//! bit-identical to `arch::x86::qdot_rk::group` and `matmul::qdot_k::dot_scalar` (tested).
 //!
 //! Invariant (soundness): reached only through `matmul_rk` after [`available`] was true.
 
@@ -56,7 +56,7 @@ unsafe fn load2(p0: *const u8, p1: *const u8, off: usize) -> __m512i {
     }
 }
 
-/// `qdot_rk_x86::pick_masks` in every 128-bit lane of a 512-bit register.
+/// `arch::x86::qdot_rk::pick_masks` in every 128-bit lane of a 512-bit register.
 #[inline(always)]
 unsafe fn pick_masks() -> [__m512i; 4] {
     // SAFETY: register-only AVX-512F ops; enabled by the caller.
