@@ -2,10 +2,10 @@
 //!
 //! Why: a decode step streams every weight once, so with 4 KiB pages it takes a TLB miss every
 //! 64 cache lines, and in a VM each miss is a two-level (nested) page walk; the hardware
-//! prefetchers also stop at every 4 KiB page. Measured on a 2-vCPU Zen 5 KVM guest streaming
-//! 1 GiB in the repacked Q4_0 pattern (two interleaved 9 KiB groups): one thread 28-30 -> 35-38
-//! GB/s, two threads 35-37 -> 42-46 GB/s with `MADV_HUGEPAGE`. Linux's default THP mode on
-//! many distributions is `madvise`, so the advice is what turns them on.
+//! prefetchers also stop at every 4 KiB page; `MADV_HUGEPAGE` made streaming the repacked Q4_0
+//! pattern markedly faster (measurements: `docs/performance-history.md`, "Measurements behind the
+//! kernels"). Linux's default THP mode on many distributions is `madvise`, so the advice is what
+//! turns them on.
 //!
 //! Invariants: a [`HugeBytes`] is `len` bytes, zeroed when made, 64-byte aligned at least;
 //! only whole 2 MiB spans are advised, so the partial tail keeps small pages and resident
@@ -89,10 +89,10 @@ impl HugeBytes {
     }
 
     /// [`HugeBytes::copy_of`], by 2 MiB spans spread over `pool`'s threads. The first touch
-    /// of each span faults in (and the kernel zeroes) a fresh huge page; on a 2-vCPU KVM guest
-    /// that ran at about 0.4 GB/s a thread and was most of the first request's 9-12 s on a
-    /// 2.4 GB F16 model, so every thread takes a share. `copied`, where given, counts the
-    /// bytes copied span by span (a progress figure another thread may read).
+    /// of each span faults in (and the kernel zeroes) a fresh huge page, slow enough on a KVM
+    /// guest to be most of a large model's first request, so every thread takes a share. `copied`,
+    /// where given, counts the bytes copied span by span (a progress figure another thread may
+    /// read).
     pub fn copy_of_on(
         bytes: &[u8],
         pool: &crate::ThreadPool,

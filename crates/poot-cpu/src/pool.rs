@@ -17,11 +17,10 @@
 //! a caller waiting for stragglers) first spin briefly, then `yield_now` until
 //! [`PoolConfig::spin`] has passed, then park; so back-to-back kernels (a decode step) wake
 //! them in about a microsecond, and a waiting thread hands its core to a thread that shares it.
-//! The default budget (5 ms; `CpuOptions::spin`, `POOT_CPU_SPIN_US` by default) outlasts the host's
-//! work between two decode steps: on a shared VM a worker that parked let its vCPU halt, the
-//! hypervisor gave the core away, and every kernel of the next step waited for it to come back.
-//! With 50 us, SmolLM2's decode on a 2-vCPU Zen 3 VM read 32-134 tok/s from one run to the next
-//! (median 87); with 1 or 5 ms, 102-151 (131), and the Qwen2-0.5B-shape mix 18-40 -> 37-44.
+//! The default budget (5 ms; `CpuOptions::spin`, `POOT_CPU_SPIN_US` by default) outlasts the
+//! host's work between two decode steps: on a shared VM a worker that parked let its vCPU halt,
+//! the hypervisor gave the core away, and every kernel of the next step waited for it to come
+//! back (measurements: `docs/performance-history.md`, "Measurements behind the kernels").
 
 use std::cell::Cell;
 use std::marker::PhantomData;

@@ -22,27 +22,22 @@ use crate::KernelError;
 pub(crate) const NR: usize = 4;
 
 /// Bytes ahead of the current read that the streaming integer kernels (the 8-row layouts'
-/// one-token dots) prefetch, every line of it: measured on a 2-core Zen 3 VM streaming a
-/// decode step's matmuls from DRAM, 13.3 GB/s with one line per super-block a few
-/// super-blocks ahead, 16.2 GB/s with every line 4 KiB ahead (1 to 8 KiB all did about as
-/// well), and 16.4 -> 20.5 tok/s decoding the Llama-1B-shaped Q4_0 GGUF. The F16/BF16 matvec
-/// does not take it: per-row prefetches made that decode slower (5.2-6.2 -> 4.5-4.8 tok/s),
-/// its long rows already stream well. On a 2-core Sapphire Rapids-class VM (`layer_seq`, 2
-/// threads, three rounds each) 2 KiB did best: 21.0-22.3 GB/s against 19.4-20.1 at 4 KiB,
-/// 20.9-21.1 at 1 KiB, 19.0 at 8 KiB and 18.0 with the old scheme; 2 KiB is within Zen 3's
-/// flat 1-8 KiB range, so it is the default. `CpuOptions::prefetch` (`POOT_CPU_PREFETCH` by
-/// default) overrides it for tuning on another machine (`0`: the old one-line-per-super-block
-/// prefetch).
+/// one-token dots) prefetch, every line of it. Every line a few KiB ahead streams a decode
+/// step's matmuls from DRAM faster than one line per super-block; 2 KiB did best on a Sapphire
+/// Rapids-class VM and sits in Zen 3's flat 1-8 KiB range, so it is the default. The F16/BF16
+/// matvec does not take it (its long rows already stream well; per-row prefetches made that
+/// decode slower). Measurements: `docs/performance-history.md`, "Measurements behind the kernels".
+/// `CpuOptions::prefetch` (`POOT_CPU_PREFETCH` by default) overrides it for tuning on another
+/// machine (`0`: the old one-line-per-super-block prefetch).
 pub(crate) fn prefetch_ahead() -> usize {
     Tuning::current().prefetch
 }
 
 /// How far ahead (bytes) the AVX-512 one-token F16/BF16 loops prefetch their row stream into
 /// L2 (`CpuOptions::prefetch_float`, `POOT_CPU_PREFETCH_FLOAT` by default, default 8192: two
-/// 2048-wide rows on). On an Emerald Rapids VM, 2 threads streaming a 32 MiB BF16 matrix from DRAM
-/// went from 14.0 GB/s (no software prefetch) to 19.3 with L1 prefetches 4 KiB ahead and to
-/// 20.3-24.0 with L2 prefetches 8 KiB ahead (4 KiB: 20.4, 16 KiB: 20.9); F16 the same. `0`
-/// prefetches the line being read, in effect none. Quantized rows keep [`prefetch_ahead`].
+/// 2048-wide rows on): L2 prefetches 8 KiB ahead streamed a BF16 or F16 matrix from DRAM best
+/// (measurements: `docs/performance-history.md`, "Measurements behind the kernels"). `0` prefetches
+/// the line being read, in effect none. Quantized rows keep [`prefetch_ahead`].
 pub(crate) fn prefetch_float_ahead() -> usize {
     Tuning::current().prefetch_float
 }
@@ -75,9 +70,9 @@ pub(crate) fn prefetch_next_distance(unit: usize) -> usize {
 /// `next` is 0): while a task reads one unit (two groups side by side), the next unit's lines
 /// arrive. Why: each group is a short stream (9 KiB for a 2048-wide Q4_0 row block), and the
 /// second stream of every new pair starts cold; the hardware prefetchers and the near
-/// [`prefetch_stream`] cover the rest. On a 2-vCPU Zen 5 VM, a Q4_0 8192x2048 one-token matmul
-/// from DRAM went 62-83 -> 97-111 GFLOP/s on one core (106-129 -> 97-143 on two, within that
-/// VM's noise); Q8_0 did not change.
+/// [`prefetch_stream`] cover the rest. It sped up a one-token Q4_0 matmul from DRAM on one
+/// core; Q8_0 did not change (measurements: `docs/performance-history.md`, "Measurements behind the
+/// kernels").
 #[inline(always)]
 pub(crate) fn prefetch_next(s: *const u8, sb: usize, next: usize) {
     if next > 0 {

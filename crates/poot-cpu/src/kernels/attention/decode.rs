@@ -13,14 +13,12 @@
 //! ([`heads_decode_avx2`]); otherwise the caller keeps the per-head path. A task is a run of
 //! two or more of a KV head's query heads, short enough for four tasks per pool thread where
 //! the heads allow (Llama-3.2-1B on 2 threads: whole KV heads of 4; SmolLM2 and Qwen2-0.5B:
-//! runs of 2 and a last run of 1). In a 1B Q4_0 decode step on 2 threads: 86-105 -> 76-88 us a
-//! layer on the Zen 5; on the Zen 3 (AVX2) `attn_bench` went 108-126 -> 39-40 us a call on one
-//! thread at 64 positions (the vector fold included), 300-360 -> 140-150 at 256.
+//! runs of 2 and a last run of 1).
 //!
 //! The cache rows of a decode step come from DRAM, so [`cache_rows`] prefetches them a few
-//! positions ahead: 168-187 -> 95-131 us a call in 1B Q4_0 decode steps on the Zen 3.
-//! Each head's 32 lane rows are folded eight outputs at a time ([`fold32_rows`]), also by the
-//! per-head path.
+//! positions ahead. Measurements of both: `docs/performance-history.md`, "Measurements behind the
+//! kernels". Each head's 32 lane rows are folded eight outputs at a time ([`fold32_rows`]), also by
+//! the per-head path.
 //!
 //! Cost: the per-head path's FMAs and a fraction of its widening (one per run of query heads
 //! instead of one per query head); scratch: `g * (len + 32 * head_dim)` floats per task.
@@ -330,9 +328,8 @@ fn cache_rows<F: Fn(usize) -> usize>(
     }
 }
 
-/// How many positions ahead [`cache_rows`] prefetches: in 1B Q4_0 decode steps on 2 Zen 3
-/// threads, attention took 168-187 us a call without, 108 at 4 positions, 95-131 at 8, 134-164
-/// at 12 and 16 (the dots between two rows are short, so a far prefetch lands too early).
+/// How many positions ahead [`cache_rows`] prefetches: 4 to 8 did best (the dots between two
+/// rows are short, so a far prefetch lands too early; see the module docs' measurements).
 const PREFETCH: usize = 6;
 
 #[cfg(all(test, target_arch = "x86_64"))]

@@ -11,8 +11,8 @@
 //! Two paths compute exactly that, so they give the same bits (tested):
 //! - [`grouped_avx2`] (AVX2, an `f32` cache, `head_dim % 8 == 0`): one task per token and KV
 //!   head runs the KV head's query heads together, so each K and V row is read once per group
-//!   instead of once per head, in `ymm` registers. The per-head path's loops compiled to SSE
-//!   with spills: a 256-token chunk of a 1B model (32 heads, 8 KV heads) took 63 ms a layer.
+//!   instead of once per head, in `ymm` registers (the per-head path's loops compiled to SSE
+//!   with spills; measurements: `docs/performance-history.md`, "Measurements behind the kernels").
 //! - [`head`]: any element type and head size, one task per token and query head.
 //!
 //! Results do not depend on the thread count. Scratch: `group * (max position + 1)` floats per

@@ -39,7 +39,7 @@ use crate::kernels::scratch::AttnScratch as Scratch;
 /// AVX-512, V 16 (or 32) outputs at a time per head, over the positions to that multiple of 8,
 /// with zero rows and weights there (the tile's block may hold later tokens' rows, so that
 /// group runs from a zeroed copy). Tiles of tokens: widening per token and KV head had been a
-/// quarter of a 512-token prefill's attention on a Zen 5.
+/// large share of a long prefill's attention.
 ///
 /// # Safety
 /// The caller detected AVX2, FMA and F16C.

@@ -6,11 +6,9 @@
 //! - on [`Isa::Amx`](crate::kernels::simd::Isa) with AMX-BF16, tiles (`arch/x86/amx_bf16.rs`), one
 //!   `f32` chain per output, so `k + 16` replaces `k / 8 + 16` in the bound below;
 //! - on an AVX-512 path with AVX512-BF16, `vdpbf16ps` over packed bf16 tiles
-//!   (`matmul/dpbf16.rs`: 16 lanes of pairs, `k / 16 + 8` roundings). An earlier `vdpbf16ps`
-//!   path read the stored rows in place (4x4 tiles) and lost to the packed `f32` tiles on an
-//!   Emerald Rapids VM (53-75 GFLOP/s against 105 on one core); packed, with its loop
-//!   allocated by hand, a 256x2048x2048 matmul on one Zen 5 core runs at 335 GFLOP/s
-//!   against 184 for the `f32` tiles;
+//!   (`matmul/dpbf16.rs`: 16 lanes of pairs, `k / 16 + 8` roundings); packed, with its loop
+//!   allocated by hand, it beats the packed `f32` tiles (reading the stored rows in place had
+//!   lost to them; measurements: `docs/performance-history.md`, "Measurements behind the kernels");
 //! - with `k % 8 == 0`, packed tiles in tinyBLAS's 8-lane order (`matmul/lanes8.rs`, the
 //!   rounded operands as `f32`), on AVX2 and AVX-512 alike.
 //!

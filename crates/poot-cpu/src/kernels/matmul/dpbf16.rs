@@ -3,9 +3,9 @@
 //!
 //! Why: one `vdpbf16ps zmm` multiplies 32 pairs of bf16 values and adds each pair's two exact
 //! products to its lane, twice the work of a 512-bit `f32` FMA for the same issue slot, and
-//! its operands are half the bytes. On a Zen 5 (2 vCPUs) one core peaks at 450 GFLOP/s this
-//! way against 240 for `vfmadd231ps zmm`, and llama.cpp's BF16 prefill, which uses it, ran
-//! 1.36x faster than the 8-lane `f32` pair tiles (`matmul/lanes8.rs`) there.
+//! its operands are half the bytes (peak rates and llama.cpp's BF16 prefill against the 8-lane
+//! `f32` pair tiles of `matmul/lanes8.rs`: `docs/performance-history.md`, "Measurements behind the
+//! kernels").
 //!
 //! How: both operands are packed once, as bf16 bits in 32-element slices (one register each),
 //! `k` zero-padded to a multiple of 32 (zeros add exact zeros):

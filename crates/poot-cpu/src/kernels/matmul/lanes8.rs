@@ -18,21 +18,17 @@
 //!   (`fdot16_x86`). Loops: group, chunk, quad; the group's chunk (24 KiB) stays in L1 while
 //!   the block's quads stream past it from L2, each quad's chains parked in `part` between
 //!   chunks; the block is about 1 MiB so that every group reads it back from L2. Buffers start
-//!   on 64-byte lines ([`Aligned`]). On an Emerald Rapids VM, a 512x2048x2048 F16 matmul on one
-//!   core went from 50-54 GFLOP/s (the 8-lane tiles below, 4x6 in `ymm`) to 114-124 (the FMA
-//!   peak: 169-174); with `k = 8192`, 55-60 with 256 KiB blocks, 73-100 with 1 MiB. The VM is
-//!   noisy (its FMA peak read 117 to 174 within the hour), so these are the best of several
-//!   runs; 512- to 2048-element chunks measured alike once the parked chains stopped going
-//!   through `memcpy` (`arch::x86::fdot16::chunk16`).
+//!   on 64-byte lines ([`Aligned`]). It runs about twice the 8-lane tiles below on AVX-512, and
+//!   1 MiB blocks beat 256 KiB ones at large `k` (measurements: `docs/performance-history.md`,
+//!   "Measurements behind the kernels").
 //! - [`NARROW`] (AVX2): F16 operands as f16 bits under ggml numerics (widened by `vcvtph2ps`,
 //!   exact; unrounded activations make both `f32` on the exact path), BF16 as `f32` (widening bf16
-//!   bits in the loop, two integer ops a slice, measured slower: 512x2048x2048 on 2 Zen 3 threads
-//!   85 GFLOP/s with `f32` against 49), 256 KiB blocks, tiles of 3 tokens (AVX2's 16 registers: 12
-//!   chains). Loops: group, quad, chunk, tile. A quad's chunk stays in L1 while every tile of the
-//!   group runs over it, every read is sequential (no 4 KiB aliasing between rows `k` apart), and
-//!   f16 operands halve the bytes pulled from L2. On the Zen 3 this was written on, a 512x2048x2048
-//!   F16 matmul on one core went from about 35 GFLOP/s (decoded f32 rows read in place) to about
-//!   53-60; its FMA peak is about 89.
+//!   bits in the loop, two integer ops a slice, measured slower), 256 KiB blocks, tiles of 3
+//!   tokens (AVX2's 16 registers: 12 chains). Loops: group, quad, chunk, tile. A quad's chunk
+//!   stays in L1 while every tile of the group runs over it, every read is sequential (no 4 KiB
+//!   aliasing between rows `k` apart), and f16 operands halve the bytes pulled from L2; it runs
+//!   well above decoded f32 rows read in place (measurements: `docs/performance-history.md`,
+//!   "Measurements behind the kernels").
 //!
 //! Invariant: every output is bit-identical to `dot_lanes8(row, x')` (`x'` the activations,
 //! rounded under ggml numerics), whatever the chunking, tiling or thread count (each lane's

@@ -3,8 +3,9 @@
 //!
 //! Why: Q4_1's prefill keeps ggml's order (8 lane sums per block, which AMX tiles cannot give),
 //! so it is bound by these instructions; each step here does 16 rows' work for the same count.
-//! The one-token matvec is faster too (a hot Q4_0 one: 100-105 -> 118-119 GFLOP/s a core), but
-//! only large matrices gain end to end, so `matmul_r8` picks this for those and for prefill.
+//! The one-token matvec is faster too, but only large matrices gain end to end, so `matmul::r8`
+//! picks this for those and for prefill (measurements: `docs/performance-history.md`, "Measurements
+//! behind the kernels").
 //!
 //! Numerics: every lane runs exactly the 256-bit body's steps for its row (the same integer lane
 //! sums, the same `fma(dw * dy, lane, acc)` block after block, the same fold and Q4_1 term), so

@@ -31,8 +31,8 @@ pub(crate) fn has_vnni() -> bool {
 /// Tokens one call handles: VNNI machines have 32 vector registers (16 accumulators fit);
 /// the block order needs 2 registers per token, not 8. Q8_0's AVX2 block order takes 3: its
 /// 8 chunks a block each load and sign-fold the weights once for every token of the tile,
-/// and a 256-token matmul on a Zen 3 took 3-4% less CPU than with 2 (Q4_0 and Q5_0 measured
-/// alike with 2 and 3, so they keep 2).
+/// which took a little less CPU than 2 (Q4_0 and Q5_0 measured alike with 2 and 3, so they keep
+/// 2).
 pub(crate) fn tile_tokens(vnni: bool, kind: QKind, blocks: bool) -> usize {
     match (vnni, blocks) {
         (true, true) => 4,

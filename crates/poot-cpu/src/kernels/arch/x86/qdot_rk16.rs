@@ -2,9 +2,9 @@
 //! AVX-512 BW: lanes 0-7 hold group `g`'s rows, lanes 8-15 group `g + 1`'s.
 //!
 //! Why: Q4_K prefill is bound by the kernel's `maddubs`/`madd` steps; here each step does 16
-//! rows' work for the same instruction count. Measured: a 256x2048x2048 matmul on 2 cores
-//! went 9.0-9.1 -> 7.7-8.0 ms, far less than the halved count suggests. `matmul_rk` uses it
-//! for prefill only; one-token calls measured the same either way.
+//! rows' work for the same instruction count, though it gains far less than the halved count
+//! suggests. `matmul::rk` uses it for prefill only; one-token calls measured the same either
+//! way (measurements: `docs/performance-history.md`, "Measurements behind the kernels").
 //!
 //! Numerics: every lane runs the 256-bit kernel's integer steps for its row (exact), and the
 //! float steps are the same `fma(d * dy, sumi, acc)` chain per row and token, so results are
