@@ -14,7 +14,9 @@ An edge inside a strongly connected component lies on a cycle. Those edges are c
 an allowlist (``--allow FILE``, one ``a -> b`` a line) that may only shrink: a cycle edge not on
 it fails the check (a new cycle), and so does an entry that is no longer a cycle edge (remove it
 from the list). Without ``--allow`` any cycle fails. ``--write-allow FILE`` records today's cycle
-edges. Prints the components and one cycle through each.
+edges. Prints the components and one cycle through each. It also fails on two layering
+breaks that need no cycle: a module importing the dispatch (``mod.rs``) of a folder it sits in,
+and ``arch/`` importing a family's dispatch.
 
 Usage: python scripts/check_kernel_cycles.py [--root crates/poot-cpu/src] [--allow FILE]
 """
@@ -197,6 +199,28 @@ def build_graph(root: Path) -> dict[str, set[str]]:
     return graph
 
 
+def folders(root: Path) -> set[str]:
+    """Modules that are folders (`kernels/matmul/mod.rs` is `kernels::matmul`)."""
+    return {
+        "::".join(_module_of(root, f)[1:])
+        for f in (root / "kernels").rglob("mod.rs")
+        if f.parent != root / "kernels"
+    }
+
+
+def layer_errors(graph: dict[str, set[str]], dirs: set[str]) -> list[str]:
+    """Edges that break the tree's layering even without a cycle: a module importing the
+    dispatch (`mod.rs`) of a folder it sits in, and `arch/` importing a family's dispatch."""
+    out = []
+    for v in sorted(graph):
+        for w in sorted(graph[v]):
+            if w in dirs and v.startswith(w + "::"):
+                out.append(f"{v} -> {w}: a family's module imports its own dispatch")
+            elif v.startswith("kernels::arch::") and w in dirs and "::arch" not in w:
+                out.append(f"{v} -> {w}: arch/ imports a family's dispatch")
+    return out
+
+
 def sccs(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components with more than one module (Tarjan, iterative)."""
     index: dict[str, int] = {}
@@ -304,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
             for ln in args.allow.read_text().splitlines()
             if ln.strip() and not ln.startswith("#")
         }
+    layering = layer_errors(graph, folders(args.root))
+    for e in layering:
+        print(f"layering: {e}")
     new, stale = sorted(cyc - allowed), sorted(allowed - cyc)
     for e in new:
         print(f"new cycle edge (not in the allowlist): {e}")
@@ -311,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"allowlist entry no longer on a cycle, remove it: {e}")
     if args.allow:
         print(f"allowlist: {len(allowed)} edge(s), must only shrink")
-    return 1 if new or stale else 0
+    return 1 if new or stale or layering else 0
 
 
 if __name__ == "__main__":

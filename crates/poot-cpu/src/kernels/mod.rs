@@ -1,7 +1,8 @@
 //! The kernels, one module (or folder) per op family. Each module's docs state its invariants,
 //! numerics (the error bound its tests assert) and cost.
 //!
-//! The tree is one-way (`scripts/check_kernel_cycles.py` fails `make lint` on an import cycle):
+//! The tree is one-way (`scripts/check_kernel_cycles.py` fails `make lint` on an import cycle,
+//! on a module importing its own folder's `mod.rs`, and on `arch/` importing a family's):
 //! the families (`matmul/`, `attention/`, `act`, `norm`, `rope`, `embedding`) import the bottom
 //! modules below and the per-ISA loops under `arch/`; `arch/` imports only the bottom and a
 //! family's bottom (`attention/kv.rs`, `matmul/repack*.rs`); the bottom imports no family. Inside
