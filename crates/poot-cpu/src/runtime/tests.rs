@@ -135,6 +135,15 @@ fn two_runtimes_with_different_options_coexist() {
         b.compile(&linear_graph(), store(), &CompileLimits::default())
             .unwrap(),
     );
+    // Each plan chose its matmul weight's path when it compiled.
+    let cpu = |p: &Arc<dyn poot_runtime::CompiledPlan>| {
+        let plan = p.as_any().downcast_ref::<super::CpuPlan>().unwrap();
+        let w = plan.matmul_paths.keys().copied().collect::<Vec<_>>();
+        (w.len(), plan.matmul_path(w[0]))
+    };
+    let decoded = Some(crate::kernels::matmul::MatmulPath::Decoded);
+    assert_eq!(cpu(&pa), (1, decoded));
+    assert_eq!(cpu(&pb), (1, decoded));
     // Huge pages off for `a`: its compile copied nothing; `b` copied where the host has them.
     assert_eq!(a.memory().weight_bytes, 0);
     let thp = crate::hugemem::available_with(true);

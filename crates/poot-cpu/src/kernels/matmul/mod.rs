@@ -45,12 +45,12 @@ pub(crate) mod rk;
 
 use crate::error::{check_len, mul};
 use crate::kernels::act_cache::ActCache;
-use crate::kernels::blocks::{row_bytes, QKind};
+use crate::kernels::blocks::{row_bytes, KKind, QKind};
 use crate::kernels::decode::Packed;
 use crate::kernels::ggml::Numerics;
 use crate::kernels::matmul::repack::{Repack, Repacked};
 use crate::kernels::matmul::repack_k::RepackedK;
-use crate::kernels::simd::Isa;
+use crate::kernels::simd::{Checked, Isa};
 use crate::pool::ThreadPool;
 use crate::KernelError;
 
@@ -133,6 +133,40 @@ pub(crate) fn matmul_cached(
     pool: &ThreadPool,
     cache: Option<(&mut ActCache, u64)>,
 ) -> Result<(), KernelError> {
+    let path = MatmulPath::choose(numerics, w_dtype);
+    matmul_on_path(
+        path, numerics, isa, x, t, k, w, w_dtype, n, out, pool, cache,
+    )
+}
+
+/// [`matmul_cached`] on the `path` a plan chose for this weight when it compiled; the same
+/// shape checks, and [`KernelError::InvalidArgument`] unless `path` is the one
+/// [`MatmulPath::choose`] gives for `numerics` and `w_dtype` (a plan stores what it chose from
+/// the same store, so this only guards against a mixed-up plan).
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the runtime's kernel signature plus the path, ISA, numerics and cache"
+)]
+pub(crate) fn matmul_on_path(
+    path: MatmulPath,
+    numerics: Numerics,
+    isa: Isa,
+    x: &[f32],
+    t: usize,
+    k: usize,
+    w: &[u8],
+    w_dtype: DType,
+    n: usize,
+    out: &mut [f32],
+    pool: &ThreadPool,
+    cache: Option<(&mut ActCache, u64)>,
+) -> Result<(), KernelError> {
+    if path != MatmulPath::choose(numerics, w_dtype) {
+        return Err(KernelError::InvalidArgument {
+            what: "matmul path",
+            detail: format!("{path:?} is not the path of {w_dtype} weights under {numerics:?}"),
+        });
+    }
     let ck = isa.checked()?;
     let p = Packed::new(w_dtype).ok_or(KernelError::UnsupportedDType {
         op: "matmul",
@@ -149,35 +183,97 @@ pub(crate) fn matmul_cached(
         out.fill(0.0);
         return Ok(());
     }
-    if numerics == Numerics::Ggml && p == Packed::BF16 {
-        let f = crate::kernels::matmul::bf16::matmul_bf16_ggml;
-        return f(ck, x, t, k, w, row_bytes, n, out, pool);
+    path.run(
+        ck,
+        numerics,
+        p,
+        x,
+        (t, k),
+        (w, row_bytes, n),
+        out,
+        pool,
+        cache,
+    )
+}
+
+/// How one weight is multiplied: the choice that depends only on the runtime's numerics and
+/// the weight's dtype, made once per weight when a plan compiles and stored in it
+/// (`CpuPlan::matmul_path`), as ggml keeps a type's kernels in its type traits. What depends on
+/// the call (the token count, the ISA's tiles) each family still picks per call. Weights the
+/// runtime re-laid (`repack.rs`) take [`matmul_repacked`] instead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MatmulPath {
+    /// [`Numerics::Ggml`], BF16: bf16-rounded activations (`bf16.rs`).
+    Bf16Ggml,
+    /// [`Numerics::Ggml`], Q4_0/Q4_1/Q5_0/Q8_0 as stored: Q8 activations, integer dots
+    /// (`q8.rs`).
+    Q8(QKind),
+    /// [`Numerics::Ggml`], Q4_K/Q6_K as stored: Q8_K activations, integer dots (`qdot_k.rs`).
+    Q8K(KKind),
+    /// [`Numerics::Ggml`], F16/F32: ggml's float orders (`float_ggml.rs`); one F16 token keeps
+    /// the float rows of `decoded.rs`, under ggml's numerics there too.
+    FloatGgml,
+    /// Weights decoded inside the kernel (`decoded.rs`): every dtype under
+    /// [`Numerics::Exact`], and the ones ggml's numerics have no path of their own for.
+    Decoded,
+}
+
+impl MatmulPath {
+    /// The path for weights of `dtype` under `numerics` (see the variants).
+    pub(crate) fn choose(numerics: Numerics, dtype: DType) -> MatmulPath {
+        if numerics != Numerics::Ggml {
+            return MatmulPath::Decoded;
+        }
+        if dtype == DType::BF16 {
+            return MatmulPath::Bf16Ggml;
+        }
+        if let Some(kind) = QKind::new(dtype) {
+            return MatmulPath::Q8(kind);
+        }
+        if let Some(kind) = KKind::new(dtype) {
+            return MatmulPath::Q8K(kind);
+        }
+        if matches!(dtype, DType::F16 | DType::F32) {
+            return MatmulPath::FloatGgml;
+        }
+        MatmulPath::Decoded
     }
-    if numerics == Numerics::Ggml {
-        if let Some(kind) = QKind::new(w_dtype) {
-            crate::kernels::matmul::q8::matmul_q8(
-                ck, kind, x, t, k, w, row_bytes, n, out, pool, cache,
-            );
-            return Ok(());
+
+    /// Runs the path on shapes `matmul_cached` validated (`t, n, k > 0`).
+    #[allow(clippy::too_many_arguments, reason = "matmul's validated arguments")]
+    fn run(
+        self,
+        ck: Checked,
+        numerics: Numerics,
+        p: Packed,
+        x: &[f32],
+        (t, k): (usize, usize),
+        (w, row_bytes, n): (&[u8], usize, usize),
+        out: &mut [f32],
+        pool: &ThreadPool,
+        cache: Option<(&mut ActCache, u64)>,
+    ) -> Result<(), KernelError> {
+        match self {
+            MatmulPath::Bf16Ggml => {
+                return bf16::matmul_bf16_ggml(ck, x, t, k, w, row_bytes, n, out, pool)
+            }
+            MatmulPath::Q8(kind) => {
+                q8::matmul_q8(ck, kind, x, t, k, w, row_bytes, n, out, pool, cache)
+            }
+            MatmulPath::Q8K(kind) => {
+                qdot_k::matmul_q8k(ck, kind, x, t, k, w, row_bytes, n, out, pool, cache)
+            }
+            // One F16 token keeps the float rows of `decoded.rs` (ggml's numerics there too).
+            MatmulPath::FloatGgml if !float::applies(ck, p, t) => {
+                float_ggml::matmul_float_ggml(ck, p, x, t, k, w, row_bytes, n, out, pool)
+            }
+            MatmulPath::FloatGgml | MatmulPath::Decoded => {
+                let f = decoded::matmul_decoded;
+                f(ck, numerics, p, x, (t, k), (w, row_bytes, n), out, pool)
+            }
         }
-        if let Some(kind) = crate::kernels::blocks::KKind::new(w_dtype) {
-            crate::kernels::matmul::qdot_k::matmul_q8k(
-                ck, kind, x, t, k, w, row_bytes, n, out, pool, cache,
-            );
-            return Ok(());
-        }
-        // One F16 token keeps the float rows of `matmul_decoded` (ggml's numerics there too).
-        if matches!(p, Packed::F16 | Packed::F32)
-            && !crate::kernels::matmul::float::applies(ck, p, t)
-        {
-            let f = crate::kernels::matmul::float_ggml::matmul_float_ggml;
-            f(ck, p, x, t, k, w, row_bytes, n, out, pool);
-            return Ok(());
-        }
+        Ok(())
     }
-    let f = crate::kernels::matmul::decoded::matmul_decoded;
-    f(ck, numerics, p, x, (t, k), (w, row_bytes, n), out, pool);
-    Ok(())
 }
 
 /// `w` (`n` rows of `k` elements of `w_dtype`, as stored) re-laid for a faster kernel on this

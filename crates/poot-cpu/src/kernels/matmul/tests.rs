@@ -301,3 +301,47 @@ fn float_weights_against_several_tokens_take_the_packed_tiles_within_the_bound()
         }
     }
 }
+
+/// Each dtype's path under each numerics, and a stored path that does not fit the weight is a
+/// typed error before anything is written.
+#[test]
+fn a_weight_path_follows_numerics_and_dtype_and_a_wrong_one_is_refused() {
+    use crate::kernels::blocks::{KKind, QKind};
+    let ggml = |dt| MatmulPath::choose(Numerics::Ggml, dt);
+    assert_eq!(ggml(DType::Q4_0), MatmulPath::Q8(QKind::Q4_0));
+    assert_eq!(ggml(DType::Q6_K), MatmulPath::Q8K(KKind::Q6_K));
+    assert_eq!(ggml(DType::BF16), MatmulPath::Bf16Ggml);
+    assert_eq!(ggml(DType::F16), MatmulPath::FloatGgml);
+    assert_eq!(ggml(DType::Q5_1), MatmulPath::Decoded);
+    for dt in DECODABLE {
+        assert_eq!(
+            MatmulPath::choose(Numerics::Exact, dt),
+            MatmulPath::Decoded,
+            "{dt}"
+        );
+    }
+    let pool = ThreadPool::new(1).unwrap();
+    let (k, n) = (32, 2);
+    let w = vec![0u8; n * 4 * k];
+    let mut out = vec![7.0f32; n];
+    let err = matmul_on_path(
+        MatmulPath::Q8(QKind::Q4_0),
+        Numerics::Ggml,
+        Isa::Scalar,
+        &[1.0; 32],
+        1,
+        k,
+        &w,
+        DType::F32,
+        n,
+        &mut out,
+        &pool,
+        None,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, KernelError::InvalidArgument { .. }),
+        "{err:?}"
+    );
+    assert_eq!(out, vec![7.0; n]);
+}
