@@ -13,7 +13,8 @@
 //!   first; the runtime calls it from `runtime/exec.rs`.
 //! - a new weight dtype: its block decoder in `decode.rs` (every op then accepts it through the
 //!   exact path of `matmul/decoded.rs`); an integer dot kind in `blocks.rs` (`QKind`/`KKind`)
-//!   with its scalar dot in `matmul/qdot*.rs`; a faster layout in `matmul/repack*.rs`.
+//!   with its scalar dot in `matmul/qdot*.rs` and its `matmul::MatmulPath`; a faster layout in
+//!   `matmul/repack*.rs`.
 //! - a new ISA path: an [`simd::Isa`] level from [`crate::CpuFeatures`], its loops in
 //!   `arch/<arch>/` beside the x86 ones, chosen in the family's dispatch next to the scalar
 //!   path.
