@@ -16,6 +16,7 @@ use crate::kernels::attention::kv::KvElem;
 use crate::kernels::ggml::hsum8;
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::scratch::AttnGuard;
+#[cfg(target_arch = "x86_64")]
 use crate::kernels::scratch::AttnScratch as Scratch;
 
 /// [`head`]'s batched path (two or more tokens in the step) for a tile of `lens.len()` tokens
