@@ -3,7 +3,7 @@
 //!
 //! A [`crate::CpuRuntime`] builds one [`Tuning`] from its [`crate::CpuOptions`] and installs it
 //! on its pool's worker threads once (they serve that runtime only) and on the calling thread
-//! for the length of each compile, KV setup and run ([`Tuning::enter`]). Kernels read
+//! for the length of each compile, KV setup and run (`Tuning::enter`). Kernels read
 //! [`Tuning::current`]: the innermost installed value, or outside any runtime the process
 //! defaults ([`Tuning::process_default`]: the built-in values, each overridden by its
 //! `POOT_CPU_*` variable, read once). So two runtimes in one process can run with different
@@ -106,7 +106,7 @@ impl Tuning {
     }
 }
 
-/// Restores the previous tuning of this thread when dropped ([`Tuning::enter`]).
+/// Restores the previous tuning of this thread when dropped (`Tuning::enter`).
 #[must_use]
 pub(crate) struct Entered(Option<Tuning>);
 
