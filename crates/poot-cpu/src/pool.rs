@@ -40,6 +40,10 @@ pub struct PoolConfig {
     pub threads: usize,
     /// How long an idle worker spins (then yields) before it parks on a condvar.
     pub spin: Duration,
+    /// The kernel tuning the workers run with (installed when each starts; see
+    /// `crate::tuning`); `None` leaves them on the process defaults. The caller (worker 0)
+    /// keeps its own: a runtime enters its tuning there for each call.
+    pub tuning: Option<crate::Tuning>,
 }
 
 impl Default for PoolConfig {
@@ -49,6 +53,7 @@ impl Default for PoolConfig {
         PoolConfig {
             threads: 0,
             spin: Duration::from_micros(us as u64),
+            tuning: None,
         }
     }
 }
@@ -135,6 +140,7 @@ impl ThreadPool {
 
     /// A pool built from `config`.
     pub fn with_config(config: PoolConfig) -> Result<Self, KernelError> {
+        let tuning = config.tuning;
         let n_threads = match config.threads {
             0 => thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
@@ -163,7 +169,12 @@ impl ThreadPool {
             let shared = Arc::clone(&pool.shared);
             let handle = thread::Builder::new()
                 .name(format!("poot-cpu-{index}"))
-                .spawn(move || worker(&shared, index))
+                .spawn(move || {
+                    if let Some(t) = tuning {
+                        t.install();
+                    }
+                    worker(&shared, index)
+                })
                 .map_err(|e| KernelError::Spawn {
                     index,
                     detail: e.to_string(),
@@ -479,6 +490,7 @@ mod tests {
         let pool = ThreadPool::with_config(PoolConfig {
             threads: 3,
             spin: Duration::ZERO,
+            tuning: None,
         })
         .unwrap();
         let r = panic::catch_unwind(AssertUnwindSafe(|| {

@@ -2,7 +2,8 @@
 //! per runtime rather than per process.
 //!
 //! A [`crate::CpuRuntime`] builds one [`Tuning`] from its [`crate::CpuOptions`] and installs it
-//! on its pool's worker threads once (they serve that runtime only) and on the calling thread
+//! on its pool's worker threads as each starts (`PoolConfig::tuning`; they serve that runtime
+//! only) and on the calling thread
 //! for the length of each compile, KV setup and run (`Tuning::enter`). Kernels read
 //! [`Tuning::current`]: the innermost installed value, or outside any runtime the process
 //! defaults ([`Tuning::process_default`]: the built-in values, each overridden by its
@@ -99,7 +100,8 @@ impl Tuning {
         Entered(CURRENT.with(|c| c.replace(Some(self))))
     }
 
-    /// Makes `self` this thread's tuning for good (a pool worker that serves one runtime).
+    /// Makes `self` this thread's tuning for good (a pool worker that serves one runtime, as it
+    /// starts).
     pub(crate) fn install(self) {
         self.note();
         CURRENT.with(|c| c.set(Some(self)));

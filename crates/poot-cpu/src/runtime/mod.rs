@@ -199,21 +199,17 @@ impl Prepared {
 
 impl CpuRuntime {
     pub fn new(options: CpuOptions) -> Result<Self, RuntimeError> {
+        let tuning = options.tuning();
+        // The workers serve this runtime only; the caller (worker 0) enters it per call.
         let pool = ThreadPool::with_config(PoolConfig {
             threads: options.threads,
             spin: options.spin,
+            tuning: Some(tuning),
         })
         .map_err(|e| RuntimeError::Kernel {
             op: "thread_pool",
             detail: e.to_string(),
         })?;
-        let tuning = options.tuning();
-        // The workers serve this runtime only; the caller (index 0) enters it per call.
-        pool.broadcast(|i| {
-            if i > 0 {
-                tuning.install();
-            }
-        });
         Ok(Self {
             pool,
             options,
