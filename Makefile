@@ -48,6 +48,7 @@ test-python:
 lint: $(BIN)/python
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	$(BIN)/python scripts/check_kernel_cycles.py
 	$(BIN)/ruff check python tests benches examples
 	$(BIN)/ruff format --check python tests benches examples
 	$(BIN)/mypy

@@ -316,7 +316,17 @@ class CpuRuntime:
     """
 
     def __new__(
-        cls, threads: int | None = None, numerics: Literal["ggml", "exact"] = "exact"
+        cls,
+        threads: int | None = None,
+        numerics: Literal["ggml", "exact"] = "exact",
+        *,
+        isa: Literal["scalar", "avx2", "avx512", "amx"] | None = None,
+        spin_us: int | None = None,
+        prefetch: int | None = None,
+        prefetch_float: int | None = None,
+        prefetch_next: bool | None = None,
+        huge_pages: bool | None = None,
+        profile: bool | None = None,
     ) -> CpuRuntime: ...
     @property
     def name(self) -> str: ...
@@ -325,6 +335,8 @@ class CpuRuntime:
     # Bytes of one K or V element of the KV pool (2: f16, 4: f32).
     @property
     def kv_entry_bytes(self) -> int: ...
+    @property
+    def isa(self) -> Literal["scalar", "avx2", "avx512", "amx"]: ...
     def compile(
         self, graph: Graph, weights: Weights, limits: CompileLimits | None = None
     ) -> Plan: ...

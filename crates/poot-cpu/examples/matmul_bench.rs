@@ -3,12 +3,13 @@
 //! (`all` skips a filter; numerics `exact` or `ggml`, the Q8-activation integer-dot path).
 //!
 //! Times `[t x 576] x [1536 x 576]^T` (SmolLM2-135M's ffn_gate shape; k = 768 for k-quants)
-//! for t = 1 and 64 (or the given t; `BENCH_N` sets another row count n, e.g. a big one to stream from DRAM, `BENCH_K` another k), on
-//! every available ISA with 1 and 2 threads, with random packed weights (finite scales). No
-//! assertions: this prints GFLOP/s (2 * t * n * k flops per call) and calls per second.
-//! `BENCH_REPACK=1` runs ggml numerics on the 8-row interleaved layout where the dtype has one
-//! (`kernels::matmul::repack_for`), as the runtime does; `BENCH_COPIES=N` cycles through N
-//! distinct copies of the weights, so a small matrix streams from DRAM as in a decode step.
+//! for t = 1 and 64 (or the given t; `BENCH_N` sets another row count n, e.g. a big one to stream
+//! from DRAM, `BENCH_K` another k), on every available ISA with 1 and 2 threads, with random packed
+//! weights (finite scales). No assertions: this prints GFLOP/s (2 * t * n * k flops per call) and
+//! calls per second. `BENCH_REPACK=1` runs ggml numerics on the 8-row interleaved layout where the
+//! dtype has one (`kernels::matmul::repack_for`), as the runtime does; `BENCH_COPIES=N` cycles
+//! through N distinct copies of the weights, so a small matrix streams from DRAM as in a decode
+//! step.
 
 use std::time::{Duration, Instant};
 

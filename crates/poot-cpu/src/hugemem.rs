@@ -2,10 +2,10 @@
 //!
 //! Why: a decode step streams every weight once, so with 4 KiB pages it takes a TLB miss every
 //! 64 cache lines, and in a VM each miss is a two-level (nested) page walk; the hardware
-//! prefetchers also stop at every 4 KiB page. Measured on a 2-vCPU Zen 5 KVM guest streaming
-//! 1 GiB in the repacked Q4_0 pattern (two interleaved 9 KiB groups): one thread 28-30 -> 35-38
-//! GB/s, two threads 35-37 -> 42-46 GB/s with `MADV_HUGEPAGE`. Linux's default THP mode on
-//! many distributions is `madvise`, so the advice is what turns them on.
+//! prefetchers also stop at every 4 KiB page; `MADV_HUGEPAGE` made streaming the repacked Q4_0
+//! pattern markedly faster (measurements: `docs/performance-history.md`, "Measurements behind the
+//! kernels"). Linux's default THP mode on many distributions is `madvise`, so the advice is what
+//! turns them on.
 //!
 //! Invariants: a [`HugeBytes`] is `len` bytes, zeroed when made, 64-byte aligned at least;
 //! only whole 2 MiB spans are advised, so the partial tail keeps small pages and resident
@@ -19,22 +19,28 @@ use std::ptr::NonNull;
 /// The x86-64 / aarch64 (4 KiB granule) PMD size: the huge page the advice asks for.
 pub(crate) const HUGE: usize = 2 << 20;
 
-/// Whether large buffers ask for huge pages: yes unless `POOT_CPU_THP=0` (for A/B timing, or
-/// a host where THP compaction stalls hurt more than TLB misses).
-/// Read at each allocation (they are few and large), so one process can hold both kinds.
+/// Whether large buffers ask for huge pages: yes unless the runtime's
+/// `CpuOptions::huge_pages` says no (`POOT_CPU_THP=0` by default; for A/B timing, or a host
+/// where THP compaction stalls hurt more than TLB misses). Read at each allocation (they are
+/// few and large) from the thread's tuning (`crate::tuning`), so one process can hold both
+/// kinds.
 pub fn enabled() -> bool {
-    std::env::var("POOT_CPU_THP").map_or(true, |v| v != "0")
+    crate::tuning::Tuning::current().huge_pages
 }
 
 /// Whether advised memory can get huge pages here: [`enabled`], and Linux's THP mode is
 /// `always` or `madvise` (read once).
 pub fn available() -> bool {
+    available_with(enabled())
+}
+
+/// Whether advised memory gets huge pages here when the tuning's switch is `on`.
+pub(crate) fn available_with(on: bool) -> bool {
     static MODE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    enabled()
-        && *MODE.get_or_init(|| {
-            std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
-                .is_ok_and(|m| m.contains("[always]") || m.contains("[madvise]"))
-        })
+    on && *MODE.get_or_init(|| {
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+            .is_ok_and(|m| m.contains("[always]") || m.contains("[madvise]"))
+    })
 }
 
 /// A zeroed, heap-owned byte buffer (see the module docs).
@@ -83,10 +89,10 @@ impl HugeBytes {
     }
 
     /// [`HugeBytes::copy_of`], by 2 MiB spans spread over `pool`'s threads. The first touch
-    /// of each span faults in (and the kernel zeroes) a fresh huge page; on a 2-vCPU KVM guest
-    /// that ran at about 0.4 GB/s a thread and was most of the first request's 9-12 s on a
-    /// 2.4 GB F16 model, so every thread takes a share. `copied`, where given, counts the
-    /// bytes copied span by span (a progress figure another thread may read).
+    /// of each span faults in (and the kernel zeroes) a fresh huge page, slow enough on a KVM
+    /// guest to be most of a large model's first request, so every thread takes a share. `copied`,
+    /// where given, counts the bytes copied span by span (a progress figure another thread may
+    /// read).
     pub fn copy_of_on(
         bytes: &[u8],
         pool: &crate::ThreadPool,

@@ -17,11 +17,10 @@
 //! a caller waiting for stragglers) first spin briefly, then `yield_now` until
 //! [`PoolConfig::spin`] has passed, then park; so back-to-back kernels (a decode step) wake
 //! them in about a microsecond, and a waiting thread hands its core to a thread that shares it.
-//! The default budget (5 ms, `POOT_CPU_SPIN_US` to change it) outlasts the host's work between
-//! two decode steps: on a shared VM a worker that parked let its vCPU halt, the hypervisor
-//! gave the core away, and every kernel of the next step waited for it to come back. With
-//! 50 us, SmolLM2's decode on a 2-vCPU Zen 3 VM read 32-134 tok/s from one run to the next
-//! (median 87); with 1 or 5 ms, 102-151 (131), and the Qwen2-0.5B-shape mix 18-40 -> 37-44.
+//! The default budget (5 ms; `CpuOptions::spin`, `POOT_CPU_SPIN_US` by default) outlasts the
+//! host's work between two decode steps: on a shared VM a worker that parked let its vCPU halt,
+//! the hypervisor gave the core away, and every kernel of the next step waited for it to come
+//! back (measurements: `docs/performance-history.md`, "Measurements behind the kernels").
 
 use std::cell::Cell;
 use std::marker::PhantomData;
@@ -41,15 +40,20 @@ pub struct PoolConfig {
     pub threads: usize,
     /// How long an idle worker spins (then yields) before it parks on a condvar.
     pub spin: Duration,
+    /// The kernel tuning the workers run with (installed when each starts; see
+    /// `crate::tuning`); `None` leaves them on the process defaults. The caller (worker 0)
+    /// keeps its own: a runtime enters its tuning there for each call.
+    pub tuning: Option<crate::Tuning>,
 }
 
 impl Default for PoolConfig {
     fn default() -> Self {
         // See the module docs for why 5 ms.
-        let us = crate::kernels::simd::env_usize("POOT_CPU_SPIN_US", 5000);
+        let us = crate::tuning::env_usize("POOT_CPU_SPIN_US", 5000);
         PoolConfig {
             threads: 0,
             spin: Duration::from_micros(us as u64),
+            tuning: None,
         }
     }
 }
@@ -136,6 +140,7 @@ impl ThreadPool {
 
     /// A pool built from `config`.
     pub fn with_config(config: PoolConfig) -> Result<Self, KernelError> {
+        let tuning = config.tuning;
         let n_threads = match config.threads {
             0 => thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
@@ -164,7 +169,12 @@ impl ThreadPool {
             let shared = Arc::clone(&pool.shared);
             let handle = thread::Builder::new()
                 .name(format!("poot-cpu-{index}"))
-                .spawn(move || worker(&shared, index))
+                .spawn(move || {
+                    if let Some(t) = tuning {
+                        t.install();
+                    }
+                    worker(&shared, index)
+                })
                 .map_err(|e| KernelError::Spawn {
                     index,
                     detail: e.to_string(),
@@ -480,6 +490,7 @@ mod tests {
         let pool = ThreadPool::with_config(PoolConfig {
             threads: 3,
             spin: Duration::ZERO,
+            tuning: None,
         })
         .unwrap();
         let r = panic::catch_unwind(AssertUnwindSafe(|| {

@@ -35,17 +35,46 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// The CPU backend. `threads` None means one per available core.
+/// The CPU backend of `options`.
 fn new_cpu_runtime(
-    threads: Option<usize>,
-    numerics: poot_cpu::Numerics,
+    options: poot_cpu::CpuOptions,
 ) -> Result<Arc<poot_cpu::CpuRuntime>, RuntimeError> {
-    let options = poot_cpu::CpuOptions {
-        threads: threads.unwrap_or(0),
-        numerics,
-        ..poot_cpu::CpuOptions::default()
-    };
     Ok(Arc::new(poot_cpu::CpuRuntime::new(options)?))
+}
+
+/// The CPU runtime's tuning knobs as given from Python (`poot.config.CpuSettings`); `None`
+/// keeps `CpuOptions::default()`'s value (its `POOT_CPU_*` fallback).
+#[derive(Debug, Default)]
+struct CpuKnobs {
+    isa: Option<String>,
+    spin_us: Option<u64>,
+    prefetch: Option<usize>,
+    prefetch_float: Option<usize>,
+    prefetch_next: Option<bool>,
+    huge_pages: Option<bool>,
+    profile: Option<bool>,
+}
+
+impl CpuKnobs {
+    /// `options` with every knob that was given set.
+    fn apply(self, mut options: poot_cpu::CpuOptions) -> PyResult<poot_cpu::CpuOptions> {
+        if let Some(name) = self.isa {
+            options.isa = poot_cpu::Isa::from_name(&name).ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "isa must be \"scalar\", \"avx2\", \"avx512\" or \"amx\", got {name:?}"
+                ))
+            })?;
+        }
+        if let Some(us) = self.spin_us {
+            options.spin = Duration::from_micros(us);
+        }
+        options.prefetch = self.prefetch.unwrap_or(options.prefetch);
+        options.prefetch_float = self.prefetch_float.unwrap_or(options.prefetch_float);
+        options.prefetch_next = self.prefetch_next.unwrap_or(options.prefetch_next);
+        options.huge_pages = self.huge_pages.unwrap_or(options.huge_pages);
+        options.profile = self.profile.unwrap_or(options.profile);
+        Ok(options)
+    }
 }
 
 /// A graph compiled for one runtime.
@@ -153,16 +182,48 @@ impl std::fmt::Debug for PyCpuRuntime {
 
 #[pymethods]
 impl PyCpuRuntime {
+    /// `threads` None means one per available core; the keyword-only knobs are
+    /// `poot.config.CpuSettings`' fields (None keeps the default, which the `POOT_CPU_*`
+    /// variables set where present).
     #[new]
-    #[pyo3(signature = (threads=None, numerics="exact"))]
-    fn py_new(py: Python<'_>, threads: Option<usize>, numerics: &str) -> PyResult<Self> {
+    #[pyo3(signature = (
+        threads=None, numerics="exact", *, isa=None, spin_us=None, prefetch=None,
+        prefetch_float=None, prefetch_next=None, huge_pages=None, profile=None
+    ))]
+    #[allow(clippy::too_many_arguments)] // the Python keywords of one settings object
+    fn py_new(
+        py: Python<'_>,
+        threads: Option<usize>,
+        numerics: &str,
+        isa: Option<String>,
+        spin_us: Option<u64>,
+        prefetch: Option<usize>,
+        prefetch_float: Option<usize>,
+        prefetch_next: Option<bool>,
+        huge_pages: Option<bool>,
+        profile: Option<bool>,
+    ) -> PyResult<Self> {
         let numerics = poot_cpu::Numerics::from_name(numerics).ok_or_else(|| {
             PyValueError::new_err(format!(
                 "numerics must be \"ggml\" or \"exact\", got {numerics:?}"
             ))
         })?;
-        let cpu = without_gil(py, move || new_cpu_runtime(threads, numerics))?
-            .map_err(|e| runtime_error(py, e))?;
+        let knobs = CpuKnobs {
+            isa,
+            spin_us,
+            prefetch,
+            prefetch_float,
+            prefetch_next,
+            huge_pages,
+            profile,
+        };
+        let options = knobs.apply(poot_cpu::CpuOptions {
+            threads: threads.unwrap_or(0),
+            numerics,
+            ..poot_cpu::CpuOptions::default()
+        })?;
+        let cpu =
+            without_gil(py, move || new_cpu_runtime(options))?.map_err(|e| runtime_error(py, e))?;
         Ok(PyCpuRuntime {
             inner: cpu.clone(),
             cpu,
@@ -185,6 +246,12 @@ impl PyCpuRuntime {
     #[getter]
     fn kv_entry_bytes(&self) -> u32 {
         self.inner.kv_entry_bytes()
+    }
+
+    /// The kernels' code path: "scalar", "avx2", "avx512" or "amx".
+    #[getter]
+    fn isa(&self) -> &'static str {
+        self.cpu.isa().name()
     }
 
     /// Compiles a traced graph against `weights` under `limits` (GIL released).

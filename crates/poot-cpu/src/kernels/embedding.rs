@@ -9,10 +9,10 @@
 
 use poot_core::DType;
 
-use super::decode::Packed;
-use super::matmul::row_bytes;
-use super::simd::{self, Isa};
 use crate::error::{check_len, mul};
+use crate::kernels::blocks::row_bytes;
+use crate::kernels::decode::Packed;
+use crate::kernels::simd::{self, Isa};
 use crate::KernelError;
 
 /// `out[i] = table[ids[i]]` for a `[n_vocab, dim]` table of `dtype` (`out` is `[ids, dim]`).
@@ -74,10 +74,10 @@ fn check_ids_and_out(
     }
 }
 
-/// [`embedding`] from a table in the 8-row layout (`repack.rs`): each row is rebuilt in its
+/// [`embedding`] from a table in the 8-row layout (`matmul/repack.rs`): each row is rebuilt in its
 /// stored form in a reused buffer, then decoded as above, so `out` is bit-identical.
 pub(crate) fn embedding_repacked(
-    table: &super::repack::Repack,
+    table: &crate::kernels::matmul::repack::Repack,
     dtype: DType,
     ids: &[i32],
     out: &mut [f32],
@@ -90,7 +90,7 @@ pub(crate) fn embedding_repacked(
     let (n_vocab, dim) = (table.n(), table.k());
     let row = row_bytes("embedding", dtype, dim)?;
     check_ids_and_out(ids, n_vocab, dim, out)?;
-    let mut bytes = super::scratch::Scratch::<u8>::zeroed(row);
+    let mut bytes = crate::kernels::scratch::Scratch::<u8>::zeroed(row);
     for (&id, dst) in ids.iter().zip(out.chunks_exact_mut(dim.max(1))) {
         table.stored_row(id as usize, &mut bytes);
         simd::decode(ck, p, &bytes, dst);
@@ -198,10 +198,10 @@ mod tests {
 
     #[test]
     fn repacked_tables_give_the_same_rows() {
-        use crate::kernels::qdot::QKind;
-        use crate::kernels::qdot_k::KKind;
-        use crate::kernels::repack::{Repack, Repacked};
-        use crate::kernels::repack_k::RepackedK;
+        use crate::kernels::blocks::KKind;
+        use crate::kernels::blocks::QKind;
+        use crate::kernels::matmul::repack::{Repack, Repacked};
+        use crate::kernels::matmul::repack_k::RepackedK;
         let kinds = [
             DType::Q4_0,
             DType::Q4_1,

@@ -5,12 +5,12 @@
 //! llama.cpp wheel ships; ggml 0.25.3, llama-cpp-python 0.3.36) operation for operation, so
 //! that greedy decoding follows llama.cpp's tokens even through near-ties:
 //! - matmul with Q4_0/Q4_1/Q5_0/Q8_0 weights quantizes each activation row to Q8_0 (Q8_1 for
-//!   Q4_1) and does integer block dot products (`matmul_q8.rs`); F16/F32 weights follow ggml's
-//!   float dot orders (`matmul_float_ggml.rs`); Q4_K and Q6_K weights take Q8_K activations
-//!   and integer dots as ggml does (`qdot_k.rs`), in an order of their own (close to, not bit
-//!   for bit, llama.cpp's); BF16, Q5_1 and the other k-quants keep the exact matmul;
+//!   Q4_1) and does integer block dot products (`matmul/q8.rs`); F16/F32 weights follow ggml's
+//!   float dot orders (`matmul/float_ggml.rs`); Q4_K and Q6_K weights take Q8_K activations
+//!   and integer dots as ggml does (`matmul/qdot_k.rs`), in an order of their own (close to, not
+//!   bit for bit, llama.cpp's); BF16, Q5_1 and the other k-quants keep the exact matmul;
 //! - attention keeps an f16 KV cache, rounds `q` and the softmax weights to f16 and follows
-//!   ggml's lane order and `expf` (`attention_ggml.rs`);
+//!   ggml's lane order and `expf` (`attention/ggml.rs`);
 //! - RoPE builds `theta` by repeated multiplication and fuses as gcc does (`rope.rs`);
 //! - SiLU uses ggml's vector `expf` ([`expf`]) on whole 8-lane groups, libm on a row's tail.
 //!
@@ -317,6 +317,15 @@ pub fn hsum8_hadd(a: &[f32; 8]) -> f32 {
     (r[0] + r[1]) + (r[2] + r[3])
 }
 
+/// `v` rounded to bf16 as ggml does (nearest even; NaNs stay NaNs, quieted).
+pub(crate) fn round_bf16(v: f32) -> u16 {
+    let u = v.to_bits();
+    if u & 0x7fff_ffff > 0x7f80_0000 {
+        return ((u >> 16) | 64) as u16;
+    }
+    ((u + (0x7fff + ((u >> 16) & 1))) >> 16) as u16
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -377,7 +386,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn silu_rows_in_registers_give_the_scalar_bits() {
-        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+        if !(crate::CpuFeatures::get().avx2 && crate::CpuFeatures::get().fma) {
             return;
         }
         // Rows of 21 (two groups of 8 and a libm tail); values across expf's range, past its
@@ -398,7 +407,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn hsum8v_is_hsum8() {
-        if !is_x86_feature_detected!("avx") {
+        if !crate::CpuFeatures::get().avx {
             return;
         }
         let mut rng = crate::testutil::Rng::new(5);
@@ -413,7 +422,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn expf8_is_expf_lane_by_lane() {
-        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+        if !(crate::CpuFeatures::get().avx2 && crate::CpuFeatures::get().fma) {
             return;
         }
         let mut x = -110.0f32;

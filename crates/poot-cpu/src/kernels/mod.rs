@@ -1,57 +1,44 @@
-//! The kernels, one module per op family. Each module's docs state its invariants, numerics
-//! (the error bound its tests assert) and cost.
+//! The kernels, one module (or folder) per op family. Each module's docs state its invariants,
+//! numerics (the error bound its tests assert) and cost.
+//!
+//! The tree is one-way (`scripts/check_kernel_cycles.py` fails `make lint` on an import cycle,
+//! on a module importing its own folder's `mod.rs`, and on `arch/` importing a family's):
+//! the families (`matmul/`, `attention/`, `act`, `norm`, `rope`, `embedding`) import the bottom
+//! modules below and the per-ISA loops under `arch/`; `arch/` imports only the bottom and a
+//! family's bottom (`attention/kv.rs`, `matmul/repack*.rs`); the bottom imports no family. Inside
+//! a family, `mod.rs` is the dispatch and its children never import it.
+//!
+//! Where things go:
+//! - a new op: a module here (or a folder, once it has several kernels), with its scalar path
+//!   first; the runtime calls it from `runtime/exec.rs`.
+//! - a new weight dtype: its block decoder in `decode.rs` (every op then accepts it through the
+//!   exact path of `matmul/decoded.rs`); an integer dot kind in `blocks.rs` (`QKind`/`KKind`)
+//!   with its scalar dot in `matmul/qdot*.rs` and its `matmul::MatmulPath`; a faster layout in
+//!   `matmul/repack*.rs`.
+//! - a new ISA path: an [`simd::Isa`] level from [`crate::CpuFeatures`], its loops in
+//!   `arch/<arch>/` beside the x86 ones, chosen in the family's dispatch next to the scalar
+//!   path.
 
-pub mod act;
-#[cfg(target_arch = "x86_64")]
-mod amx;
-#[cfg(target_arch = "x86_64")]
-mod amx_bf16;
-pub mod attention;
-#[cfg(target_arch = "x86_64")]
-mod attention_decode;
-mod attention_exact;
-mod attention_ggml;
-mod attention_grouped;
-mod attention_grouped_simd;
+// The bottom: block formats, activation quantization and its cache, scratch, code-path
+// selection and the float helpers ggml's numerics share. They import no kernel family.
+pub(crate) mod act_cache;
+pub(crate) mod blocks;
 pub mod decode;
-pub mod embedding;
-#[cfg(target_arch = "x86_64")]
-mod fdot16_x86;
-#[cfg(target_arch = "x86_64")]
-mod fdot_x86;
 pub mod ggml;
-pub mod matmul;
-mod matmul_bf16;
-mod matmul_dpbf16;
-mod matmul_float;
-mod matmul_float_ggml;
-mod matmul_lanes8;
-mod matmul_q8;
-mod matmul_r8;
-mod matmul_rk;
-pub mod norm;
 pub mod qact;
-mod qdot;
-mod qdot_k;
-#[cfg(target_arch = "x86_64")]
-mod qdot_k_x86;
-#[cfg(target_arch = "x86_64")]
-mod qdot_r16_x86;
-#[cfg(target_arch = "x86_64")]
-mod qdot_r8_x86;
-#[cfg(target_arch = "x86_64")]
-mod qdot_rk16_x86;
-#[cfg(target_arch = "x86_64")]
-mod qdot_rk_x86;
-#[cfg(target_arch = "x86_64")]
-mod qdot_x86;
-pub mod repack;
-pub mod repack_k;
-pub mod rope;
-mod scratch;
+pub(crate) mod scratch;
 pub mod simd;
-#[cfg(target_arch = "x86_64")]
-mod simd_decode;
+
+// Per-ISA inner loops (`arch/x86/`); each has its portable path in the family that calls it.
+pub(crate) mod arch;
+
+// The op families.
+pub mod act;
+pub mod attention;
+pub mod embedding;
+pub mod matmul;
+pub mod norm;
+pub mod rope;
 
 pub use act::{
     add, add_inplace, gelu_erf, gelu_erf_to, gelu_tanh, gelu_tanh_to, mul, mul_inplace, silu,

@@ -14,10 +14,10 @@
 
 use poot_core::DType;
 
-use super::decode::Packed;
-use super::matmul::row_bytes;
-use super::simd::{self, Isa};
 use crate::error::{check_len, mul};
+use crate::kernels::blocks::row_bytes;
+use crate::kernels::decode::Packed;
+use crate::kernels::simd::{self, Isa};
 use crate::KernelError;
 
 /// Decode chunk: a multiple of every block size (1, 32, 256).

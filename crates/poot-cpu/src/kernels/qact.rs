@@ -51,7 +51,7 @@ fn round_f16(v: f32) -> f32 {
 pub fn quantize_row_q8(x: &[f32], out: &mut [BlockQ8], with_sum: bool) {
     assert_eq!(x.len(), out.len() * QK8, "quantize_row_q8 lengths");
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx2") {
+    if crate::CpuFeatures::get().avx2 {
         // SAFETY: AVX2 (which implies SSE4.1's `roundps`) was just detected.
         unsafe { quantize_avx2(x, out, with_sum) };
         return;
@@ -154,6 +154,55 @@ fn quantize(x: &[f32], out: &mut [BlockQ8], with_sum: bool) {
         } else {
             0.0
         };
+    }
+}
+
+/// Values per super-block.
+pub(crate) const QK_K: usize = 256;
+
+/// One Q8_K activation block.
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(32))]
+pub(crate) struct BlockQ8K {
+    pub(crate) qs: [i8; QK_K],
+    pub(crate) bsums: [i16; 16],
+    pub(crate) d: f32,
+}
+
+impl Default for BlockQ8K {
+    fn default() -> Self {
+        BlockQ8K {
+            qs: [0; QK_K],
+            bsums: [0; 16],
+            d: 0.0,
+        }
+    }
+}
+
+/// Quantizes `x` (whole super-blocks) into Q8_K blocks `out`, as ggml's `quantize_row_q8_K`
+/// (see `matmul/qdot_k.rs`'s module docs).
+pub(crate) fn quantize_row_q8k(x: &[f32], out: &mut [BlockQ8K]) {
+    for (xb, yb) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
+        let (mut amax, mut max) = (0.0f32, 0.0f32);
+        for &v in xb {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        if amax == 0.0 {
+            *yb = BlockQ8K::default();
+            continue;
+        }
+        let iscale = -127.0 / max;
+        for (q, &v) in yb.qs.iter_mut().zip(xb) {
+            // |iscale * v| <= 127 up to rounding; the clamp keeps -128 out (sign tricks).
+            *q = ((iscale * v).round_ties_even() as i32).clamp(-127, 127) as i8;
+        }
+        for (s, c) in yb.bsums.iter_mut().zip(yb.qs.chunks_exact(16)) {
+            *s = c.iter().map(|&q| i16::from(q)).sum();
+        }
+        yb.d = 1.0 / iscale;
     }
 }
 

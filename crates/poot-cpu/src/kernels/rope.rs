@@ -30,8 +30,8 @@
 //! O(t * n_heads * rot_dim) multiply-adds, with one `rot_dim`-sized scratch per call;
 //! [`rope_angles`] once per step and [`rope_with_angles`] per op split the two parts.
 
-use super::ggml::Numerics;
 use crate::error::{check_len, mul};
+use crate::kernels::ggml::Numerics;
 use crate::KernelError;
 
 // The pairing and scaling types are the graph IR's own (`RopeStyle::Interleaved` pairs
@@ -316,7 +316,7 @@ fn rotate_token(xt: &mut [f32], table: &RopeTable, cs: &[(f32, f32)]) {
         return rotate_pairs(xt, table, cs, rotate_plain);
     }
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("fma") {
+    if crate::CpuFeatures::get().fma {
         // SAFETY: FMA was just detected.
         return unsafe { rotate_token_fma(xt, table, cs) };
     }

@@ -13,9 +13,8 @@
 use std::cell::Cell;
 use std::ops::{Deref, DerefMut};
 
-use super::attention_ggml::Scratch as AttnScratch;
-use super::qact::BlockQ8;
-use super::qdot_k::BlockQ8K;
+use crate::kernels::qact::BlockQ8;
+use crate::kernels::qact::BlockQ8K;
 
 const KEEP: usize = 8;
 const MAX_BYTES: usize = 8 << 20;
@@ -100,6 +99,18 @@ impl<T: Parked> Drop for Scratch<T> {
             });
         }
     }
+}
+
+/// Per-thread scratch of the ggml attention path (`attention/ggml.rs` and the kernels built on
+/// it).
+#[derive(Debug, Default)]
+pub(crate) struct AttnScratch {
+    pub(crate) q: Vec<f32>,
+    pub(crate) k: Vec<f32>,
+    pub(crate) scores: Vec<f32>,
+    pub(crate) acc: Vec<f32>,
+    /// A token tile's outputs (`attention::grouped::paged_grouped`).
+    pub(crate) o: Vec<f32>,
 }
 
 thread_local! {

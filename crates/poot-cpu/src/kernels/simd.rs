@@ -1,60 +1,45 @@
 //! Instruction-set selection and the inner loops that differ per ISA.
 //!
-//! [`Isa`] names a code path; [`Isa::detect`] picks the best one this CPU runs (checked at run
-//! time with `is_x86_feature_detected!`). The portable [`Isa::Scalar`] path always exists, is
-//! plain Rust, and is the reference the SIMD paths are tested against.
+//! [`Isa`] names a code path; [`Isa::detect`] picks the best one this CPU runs (from the
+//! features [`crate::CpuFeatures`] detected once). The portable [`Isa::Scalar`] path always exists,
+//! is plain Rust, and is the reference the SIMD paths are tested against.
 //!
 //! Invariant (soundness): a SIMD function is only reached through a `Checked` token, and a
 //! `Checked` is only built after the ISA's features were detected on this CPU.
 //!
 //! Inner loops here:
-//! - `decode`: block decoding; explicit AVX2 decoders (`simd_decode.rs`) on both SIMD paths.
+//! - `decode`: block decoding; explicit AVX2 decoders (`arch/x86/decode.rs`) on both SIMD paths.
 //!   Bit-identical across ISAs.
 //! - `dot_rows`: `res[tok][r] = dot(w[r], x[tok])` for `NR` decoded weight rows and all tokens,
 //!   register-tiled (AVX2: 4 rows x 2 tokens; AVX-512: 4 rows x 4 tokens), `f32` accumulation in
 //!   8 or 16 lanes, horizontal sum, then a scalar tail for `k % 8` (or `% 16`).
 
-use super::decode::{decode_run, Packed};
+use crate::kernels::decode::{decode_run, Packed};
+use crate::tuning::Tuning;
 use crate::KernelError;
 
 /// Weight rows decoded together and tiled against tokens.
 pub(crate) const NR: usize = 4;
 
 /// Bytes ahead of the current read that the streaming integer kernels (the 8-row layouts'
-/// one-token dots) prefetch, every line of it: measured on a 2-core Zen 3 VM streaming a
-/// decode step's matmuls from DRAM, 13.3 GB/s with one line per super-block a few
-/// super-blocks ahead, 16.2 GB/s with every line 4 KiB ahead (1 to 8 KiB all did about as
-/// well), and 16.4 -> 20.5 tok/s decoding the Llama-1B-shaped Q4_0 GGUF. The F16/BF16 matvec
-/// does not take it: per-row prefetches made that decode slower (5.2-6.2 -> 4.5-4.8 tok/s),
-/// its long rows already stream well. On a 2-core Sapphire Rapids-class VM (`layer_seq`, 2
-/// threads, three rounds each) 2 KiB did best: 21.0-22.3 GB/s against 19.4-20.1 at 4 KiB,
-/// 20.9-21.1 at 1 KiB, 19.0 at 8 KiB and 18.0 with the old scheme; 2 KiB is within Zen 3's
-/// flat 1-8 KiB range, so it is the default. `POOT_CPU_PREFETCH` overrides it for tuning on
-/// another machine (`0`: the old one-line-per-super-block prefetch).
+/// one-token dots) prefetch, every line of it. Every line a few KiB ahead streams a decode
+/// step's matmuls from DRAM faster than one line per super-block; 2 KiB did best on a Sapphire
+/// Rapids-class VM and sits in Zen 3's flat 1-8 KiB range, so it is the default. The F16/BF16
+/// matvec does not take it (its long rows already stream well; per-row prefetches made that
+/// decode slower). Measurements: `docs/performance-history.md`, "Measurements behind the kernels".
+/// `CpuOptions::prefetch` (`POOT_CPU_PREFETCH` by default) overrides it for tuning on another
+/// machine (`0`: the old one-line-per-super-block prefetch).
 pub(crate) fn prefetch_ahead() -> usize {
-    static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *AHEAD.get_or_init(|| env_usize("POOT_CPU_PREFETCH", 2048))
-}
-
-/// The whole number in environment variable `name` (a byte count, a duration in
-/// microseconds, a switch), or `default` when it is unset or not a number: the crate's
-/// tuning knobs all read this way.
-pub(crate) fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+    Tuning::current().prefetch
 }
 
 /// How far ahead (bytes) the AVX-512 one-token F16/BF16 loops prefetch their row stream into
-/// L2 (`POOT_CPU_PREFETCH_FLOAT`, default 8192: two 2048-wide rows on). On an Emerald Rapids
-/// VM, 2 threads streaming a 32 MiB BF16 matrix from DRAM went from 14.0 GB/s (no software
-/// prefetch) to 19.3 with L1 prefetches 4 KiB ahead and to 20.3-24.0 with L2 prefetches 8 KiB
-/// ahead (4 KiB: 20.4, 16 KiB: 20.9); F16 the same. `0` prefetches the line being read, in
-/// effect none. Quantized rows keep [`prefetch_ahead`].
+/// L2 (`CpuOptions::prefetch_float`, `POOT_CPU_PREFETCH_FLOAT` by default, default 8192: two
+/// 2048-wide rows on): L2 prefetches 8 KiB ahead streamed a BF16 or F16 matrix from DRAM best
+/// (measurements: `docs/performance-history.md`, "Measurements behind the kernels"). `0` prefetches
+/// the line being read, in effect none. Quantized rows keep [`prefetch_ahead`].
 pub(crate) fn prefetch_float_ahead() -> usize {
-    static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *AHEAD.get_or_init(|| env_usize("POOT_CPU_PREFETCH_FLOAT", 8192))
+    Tuning::current().prefetch_float
 }
 
 /// The streaming kernels' per-super-block prefetch for the super-block of `sb` bytes at `s`:
@@ -71,11 +56,10 @@ pub(crate) fn prefetch_stream(s: *const u8, sb: usize, ahead: usize) {
 
 /// The distance (bytes) from a super-block to the same super-block of the next unit a task
 /// reads (its next pair of groups, or next group), for [`prefetch_next`]; `unit` is that
-/// unit's size in bytes. 0 (off) when `POOT_CPU_PREFETCH_NEXT=0`.
+/// unit's size in bytes. 0 (off) when `CpuOptions::prefetch_next` is false
+/// (`POOT_CPU_PREFETCH_NEXT=0` by default).
 pub(crate) fn prefetch_next_distance(unit: usize) -> usize {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = *ON.get_or_init(|| env_usize("POOT_CPU_PREFETCH_NEXT", 1) != 0);
-    if on {
+    if Tuning::current().prefetch_next {
         unit
     } else {
         0
@@ -86,9 +70,9 @@ pub(crate) fn prefetch_next_distance(unit: usize) -> usize {
 /// `next` is 0): while a task reads one unit (two groups side by side), the next unit's lines
 /// arrive. Why: each group is a short stream (9 KiB for a 2048-wide Q4_0 row block), and the
 /// second stream of every new pair starts cold; the hardware prefetchers and the near
-/// [`prefetch_stream`] cover the rest. On a 2-vCPU Zen 5 VM, a Q4_0 8192x2048 one-token matmul
-/// from DRAM went 62-83 -> 97-111 GFLOP/s on one core (106-129 -> 97-143 on two, within that
-/// VM's noise); Q8_0 did not change.
+/// [`prefetch_stream`] cover the rest. It sped up a one-token Q4_0 matmul from DRAM on one
+/// core; Q8_0 did not change (measurements: `docs/performance-history.md`, "Measurements behind the
+/// kernels").
 #[inline(always)]
 pub(crate) fn prefetch_next(s: *const u8, sb: usize, next: usize) {
     if next > 0 {
@@ -130,7 +114,7 @@ pub enum Isa {
     Avx2,
     /// x86-64 AVX-512F (plus the AVX2 set).
     Avx512,
-    /// [`Isa::Avx512`] plus AMX-INT8 tiles for the multi-token integer matmuls (`amx.rs`);
+    /// [`Isa::Avx512`] plus AMX-INT8 tiles for the multi-token integer matmuls (`arch/x86/amx.rs`);
     /// every other kernel runs its AVX-512 path. Needs the kernel's grant of tile state.
     Amx,
 }
@@ -141,49 +125,31 @@ impl Isa {
 
     /// Whether this CPU can run the path.
     pub fn is_available(self) -> bool {
-        match self {
-            Isa::Scalar => true,
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => {
-                is_x86_feature_detected!("avx2")
-                    && is_x86_feature_detected!("fma")
-                    && is_x86_feature_detected!("f16c")
-            }
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => Isa::Avx2.is_available() && is_x86_feature_detected!("avx512f"),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Amx => Isa::Avx512.is_available() && super::amx::available(),
-            #[cfg(not(target_arch = "x86_64"))]
-            Isa::Avx2 | Isa::Avx512 | Isa::Amx => false,
-        }
+        crate::CpuFeatures::get().runs(self)
     }
 
-    /// The path the kernels take: the best one this CPU runs, or the one `POOT_CPU_ISA` forces
-    /// (`scalar`, `avx2`, `avx512`, `amx`; a path this CPU lacks gives the best one below it).
-    /// Read once per process.
+    /// The path the kernels on this thread take: inside a runtime's compile or run, the one
+    /// its `CpuOptions::isa` chose; elsewhere the process default, the best one this CPU runs
+    /// or the one `POOT_CPU_ISA` forces (`scalar`, `avx2`, `avx512`, `amx`; read once per
+    /// process). See `crate::tuning`.
     pub fn detect() -> Isa {
-        static CHOSEN: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *CHOSEN.get_or_init(|| {
-            let cap = std::env::var("POOT_CPU_ISA")
-                .ok()
-                .and_then(|n| Isa::from_name(n.trim()))
-                .unwrap_or(Isa::Amx);
-            Isa::ALL
-                .into_iter()
-                .rev()
-                .filter(|isa| *isa as u8 <= cap as u8)
-                .find(|isa| isa.is_available())
-                .unwrap_or(Isa::Scalar)
-        })
+        Tuning::current().isa
+    }
+
+    /// The best path this CPU runs that is no better than `cap` (a path this CPU lacks gives
+    /// the best one below it).
+    pub fn capped(cap: Isa) -> Isa {
+        Isa::ALL
+            .into_iter()
+            .rev()
+            .filter(|isa| *isa as u8 <= cap as u8)
+            .find(|isa| isa.is_available())
+            .unwrap_or(Isa::Scalar)
     }
 
     /// The best path this CPU runs, ignoring `POOT_CPU_ISA`.
     pub fn best() -> Isa {
-        Isa::ALL
-            .into_iter()
-            .rev()
-            .find(|isa| isa.is_available())
-            .unwrap_or(Isa::Scalar)
+        crate::CpuFeatures::get().best_isa()
     }
 
     /// `"scalar"`, `"avx2"`, `"avx512"` or `"amx"`.
@@ -238,7 +204,7 @@ pub(crate) fn decode(ck: Checked, p: Packed, src: &[u8], dst: &mut [f32]) {
         // SAFETY: `Checked` proves AVX2, FMA and F16C were detected (AVX-512 implies them here).
         // The AVX-512 path decodes with the AVX2 code (decoding is not the bottleneck there).
         Isa::Avx2 | Isa::Avx512 | Isa::Amx => unsafe {
-            super::simd_decode::decode_avx2(p, src, dst)
+            crate::kernels::arch::x86::decode::decode_avx2(p, src, dst)
         },
         #[cfg(not(target_arch = "x86_64"))]
         Isa::Avx2 | Isa::Avx512 | Isa::Amx => decode_run(p, src, dst),
@@ -311,7 +277,7 @@ mod x86 {
     #[target_feature(enable = "avx2,fma")]
     fn hsum256(v: __m256) -> f32 {
         // SAFETY: AVX2 enabled on this function.
-        unsafe { super::super::ggml::hsum8v(v) }
+        unsafe { crate::kernels::ggml::hsum8v(v) }
     }
 
     /// The scalar tail `i0..k` of row `r` and token `j`, added to `s`.

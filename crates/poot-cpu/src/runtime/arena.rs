@@ -9,7 +9,7 @@
 use poot_graph::{Op, ValueId};
 
 use super::exec::Buf;
-use crate::kernels::matmul::ActCache;
+use crate::kernels::act_cache::ActCache;
 
 /// Activation buffers kept between runs (see the module docs). At most `KEEP` per element type
 /// are parked, none over `MAX_BYTES`, so what a long prefill needed goes back to the allocator.

@@ -224,7 +224,12 @@ impl<'a> Exec<'a> {
                     .map_err(kerr("matmul"))?;
                     return Ok(Buf::F32(out));
                 }
-                kernels::matmul::matmul_cached(
+                // The path compiling chose for this weight (a plan built by hand has none).
+                let path = self.plan.matmul_path(w.index()).unwrap_or_else(|| {
+                    kernels::matmul::MatmulPath::choose(self.plan.numerics, dtype)
+                });
+                kernels::matmul::matmul_on_path(
+                    path,
                     self.plan.numerics,
                     Isa::detect(),
                     xv,

@@ -31,6 +31,7 @@ mod profile;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use half::f16;
 use poot_core::Deadline;
@@ -43,10 +44,11 @@ use poot_runtime::{
 pub use plan::CpuPlan;
 
 use crate::hugemem::HugeBytes;
-use crate::kernels::repack::Repack;
+use crate::kernels::matmul::repack::Repack;
 use crate::kernels::Numerics;
+use crate::tuning::Tuning;
 use crate::Isa;
-use crate::ThreadPool;
+use crate::{PoolConfig, ThreadPool};
 
 /// Per layer, K and V of `[num_blocks, block_size, n_kv_heads, head_dim]` entries.
 #[derive(Debug)]
@@ -82,7 +84,11 @@ fn kv_bytes(cfg: &KvCacheConfig, numerics: Numerics) -> Option<u64> {
     })
 }
 
-/// Options for a CPU runtime.
+/// Options for a CPU runtime: each runtime has its own, so two in one process can differ.
+///
+/// The tuning knobs used to be process-wide environment variables; they are fields now, and
+/// [`CpuOptions::default`] still reads those variables (once per process) as its defaults, so
+/// `POOT_CPU_ISA=avx2` and the others keep working where a caller does not set the field.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CpuOptions {
     /// Worker threads; 0 means every available core.
@@ -91,18 +97,59 @@ pub struct CpuOptions {
     pub max_kv_bytes: u64,
     /// The arithmetic the kernels follow (see the module docs).
     pub numerics: Numerics,
-    /// Time every equation by op kind (see `profile.rs`); also on when `POOT_CPU_PROFILE` is
-    /// set in the environment.
+    /// Time every equation by op kind (see `profile.rs`). Default: on when `POOT_CPU_PROFILE`
+    /// is set (which also names where the report goes).
     pub profile: bool,
+    /// The best code path the kernels may take; a path this CPU lacks gives the best one below
+    /// it ([`CpuRuntime::isa`] says which runs). Default: `POOT_CPU_ISA`, else [`Isa::Amx`]
+    /// (the best this CPU runs).
+    pub isa: Isa,
+    /// How long idle pool threads spin before they park (see `pool.rs`). Default:
+    /// `POOT_CPU_SPIN_US` microseconds, else 5 ms.
+    pub spin: Duration,
+    /// Bytes ahead the streaming integer kernels prefetch (`0`: one line per super-block; see
+    /// `kernels::simd::prefetch_ahead`). Default: `POOT_CPU_PREFETCH`, else 2048.
+    pub prefetch: usize,
+    /// Bytes ahead the AVX-512 one-token F16/BF16 loops prefetch into L2. Default:
+    /// `POOT_CPU_PREFETCH_FLOAT`, else 8192.
+    pub prefetch_float: usize,
+    /// Whether the 16-row quantized dots prefetch the next unit. Default: off only when
+    /// `POOT_CPU_PREFETCH_NEXT=0`.
+    pub prefetch_next: bool,
+    /// Whether large buffers (weight copies, repacks) ask for transparent huge pages. Default:
+    /// off only when `POOT_CPU_THP=0`.
+    pub huge_pages: bool,
 }
 
 impl Default for CpuOptions {
+    /// The built-in values, each overridden by its `POOT_CPU_*` variable where set (see the
+    /// fields).
     fn default() -> Self {
+        let t = Tuning::process_default();
         Self {
             threads: 0,
             max_kv_bytes: 8 << 30,
             numerics: Numerics::Exact,
-            profile: false,
+            profile: std::env::var_os("POOT_CPU_PROFILE").is_some(),
+            isa: crate::tuning::env_isa().unwrap_or(Isa::Amx),
+            spin: PoolConfig::default().spin,
+            prefetch: t.prefetch,
+            prefetch_float: t.prefetch_float,
+            prefetch_next: t.prefetch_next,
+            huge_pages: t.huge_pages,
+        }
+    }
+}
+
+impl CpuOptions {
+    /// The kernels' share of these options (the code path resolved for this CPU).
+    pub fn tuning(&self) -> Tuning {
+        Tuning {
+            isa: Isa::capped(self.isa),
+            prefetch: self.prefetch,
+            prefetch_float: self.prefetch_float,
+            prefetch_next: self.prefetch_next,
+            huge_pages: self.huge_pages,
         }
     }
 }
@@ -112,6 +159,8 @@ impl Default for CpuOptions {
 pub struct CpuRuntime {
     pool: ThreadPool,
     options: CpuOptions,
+    /// Installed on the pool's workers, and on the caller for each compile and run.
+    tuning: Tuning,
     kv: Mutex<Option<KvPool>>,
     poison: Poison,
     profile: Option<profile::Profile>,
@@ -150,20 +199,27 @@ impl Prepared {
 
 impl CpuRuntime {
     pub fn new(options: CpuOptions) -> Result<Self, RuntimeError> {
-        let pool = ThreadPool::new(options.threads).map_err(|e| RuntimeError::Kernel {
+        let tuning = options.tuning();
+        // The workers serve this runtime only; the caller (worker 0) enters it per call.
+        let pool = ThreadPool::with_config(PoolConfig {
+            threads: options.threads,
+            spin: options.spin,
+            tuning: Some(tuning),
+        })
+        .map_err(|e| RuntimeError::Kernel {
             op: "thread_pool",
             detail: e.to_string(),
         })?;
         Ok(Self {
             pool,
             options,
+            tuning,
             kv: Mutex::new(None),
             poison: Poison::default(),
             arena: Mutex::new(arena::Arena::default()),
             repacks: Mutex::new(HashMap::new()),
             preparing: (AtomicU64::new(0), AtomicU64::new(0)),
-            profile: (options.profile || std::env::var_os("POOT_CPU_PROFILE").is_some())
-                .then(profile::Profile::default),
+            profile: options.profile.then(profile::Profile::default),
         })
     }
 
@@ -188,6 +244,16 @@ impl CpuRuntime {
 
     pub fn numerics(&self) -> Numerics {
         self.options.numerics
+    }
+
+    /// The code path this runtime's kernels take (its `CpuOptions::isa`, capped to this CPU).
+    pub fn isa(&self) -> Isa {
+        self.tuning.isa
+    }
+
+    /// The options this runtime was built with.
+    pub fn options(&self) -> &CpuOptions {
+        &self.options
     }
 
     /// Marks this runtime dead (used when a caller's own wait on it timed out).
@@ -353,6 +419,7 @@ impl Runtime for CpuRuntime {
         limits: &CompileLimits,
     ) -> Result<Arc<dyn CompiledPlan>, RuntimeError> {
         self.poison.check()?;
+        let _tuning = self.tuning.enter();
         let mut plan = plan::compile(graph, weights.clone(), limits, self.options.numerics)?;
         self.prepare_weights(&mut plan, &weights)?;
         Ok(Arc::new(plan))
@@ -369,6 +436,7 @@ impl Runtime for CpuRuntime {
                 limit: self.options.max_kv_bytes,
             });
         }
+        let _tuning = self.tuning.enter();
         let elems = cfg.layer_elems().unwrap_or(0);
         let mut slot = self.kv_lock();
         *slot = None; // free the old pool before allocating the new one
@@ -413,6 +481,7 @@ impl Runtime for CpuRuntime {
                 op: "run",
                 detail: "plan was compiled by another backend".into(),
             })?;
+        let _tuning = self.tuning.enter();
         let mut kv = self.kv_lock();
         let mut arena = self.arena.lock().unwrap_or_else(|e| e.into_inner());
         let result = exec::execute(

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use poot_graph::{run_passes, CompileError, CompileLimits, DeadCodeElimination, Graph, Op};
 use poot_runtime::{CompiledPlan, RuntimeError, WeightStore};
 
+use crate::kernels::matmul::MatmulPath;
 use crate::kernels::{Numerics, RopeConfig, RopeTable};
 use crate::DType;
 
@@ -36,15 +37,23 @@ pub struct CpuPlan {
     /// other ops read every step (norm weights, biases), made alongside `repacked` so that a
     /// run reads nothing from a released map, and plain float matmul weights on huge pages.
     pub(crate) copied: HashMap<usize, Arc<super::Prepared>>,
+    /// How each matmul weight (by value index) is multiplied, chosen here from the plan's
+    /// numerics and the weight's dtype (see `kernels::matmul::MatmulPath`).
+    pub(crate) matmul_paths: HashMap<usize, MatmulPath>,
 }
 
 impl CpuPlan {
     /// The re-laid copy of weight value `i`, if the runtime made one.
-    pub(crate) fn repack(&self, i: usize) -> Option<&crate::kernels::repack::Repack> {
+    pub(crate) fn repack(&self, i: usize) -> Option<&crate::kernels::matmul::repack::Repack> {
         match self.repacked.get(&i).map(|p| &**p) {
             Some(super::Prepared::Repack(r)) => Some(r),
             _ => None,
         }
+    }
+
+    /// The path compiling chose for matmul weight value `i` (every matmul weight has one).
+    pub(crate) fn matmul_path(&self, i: usize) -> Option<MatmulPath> {
+        self.matmul_paths.get(&i).copied()
     }
 
     /// The runtime's copy of weight value `i` as stored, if it made one.
@@ -115,6 +124,7 @@ pub(crate) fn compile(
     let n = graph.equations.len();
     let mut rope = HashMap::new();
     let mut rope_tables: Vec<RopeTable> = Vec::new();
+    let mut matmul_paths = HashMap::new();
     let mut last_use = vec![0usize; n];
     for (i, op) in graph.equations.iter().enumerate() {
         if !supports(op.name()) {
@@ -151,6 +161,10 @@ pub(crate) fn compile(
                     }
                 };
                 rope.insert(i, at);
+            }
+            Op::MatMul { w, .. } => {
+                let dtype = graph.values[w.index()].dtype;
+                matmul_paths.insert(w.index(), MatmulPath::choose(numerics, dtype));
             }
             Op::Input { .. } => {
                 let dt = graph.values[i].dtype;
@@ -189,5 +203,6 @@ pub(crate) fn compile(
         artifact_bytes,
         repacked: HashMap::new(),
         copied: HashMap::new(),
+        matmul_paths,
     })
 }

@@ -93,6 +93,82 @@ fn runs_a_linear_layer() {
     );
 }
 
+/// Two runtimes with different options live in one process: each pool's workers and each
+/// runtime's compile and run follow that runtime's options, and the caller's own tuning is
+/// back to the process default afterwards.
+#[test]
+fn two_runtimes_with_different_options_coexist() {
+    use crate::tuning::Tuning;
+    use crate::Isa;
+    let a = CpuRuntime::new(CpuOptions {
+        threads: 2,
+        isa: Isa::Scalar,
+        prefetch: 0,
+        prefetch_next: false,
+        huge_pages: false,
+        spin: Duration::ZERO,
+        ..CpuOptions::default()
+    })
+    .unwrap();
+    let b = CpuRuntime::new(CpuOptions {
+        threads: 2,
+        isa: Isa::Amx,
+        prefetch: 4096,
+        prefetch_next: true,
+        huge_pages: true,
+        ..CpuOptions::default()
+    })
+    .unwrap();
+    assert_eq!(a.isa(), Isa::Scalar);
+    assert_eq!(b.isa(), Isa::best());
+    assert_eq!(a.options().prefetch, 0);
+    for rt in [&a, &b] {
+        rt.pool.broadcast(|i| {
+            if i > 0 {
+                assert_eq!(Tuning::current(), rt.tuning, "worker {i}");
+            }
+        });
+    }
+    let (pa, pb) = (
+        a.compile(&linear_graph(), store(), &CompileLimits::default())
+            .unwrap(),
+        b.compile(&linear_graph(), store(), &CompileLimits::default())
+            .unwrap(),
+    );
+    // Each plan chose its matmul weight's path when it compiled.
+    let cpu = |p: &Arc<dyn poot_runtime::CompiledPlan>| {
+        let plan = p.as_any().downcast_ref::<super::CpuPlan>().unwrap();
+        let w = plan.matmul_paths.keys().copied().collect::<Vec<_>>();
+        (w.len(), plan.matmul_path(w[0]))
+    };
+    let decoded = Some(crate::kernels::matmul::MatmulPath::Decoded);
+    assert_eq!(cpu(&pa), (1, decoded));
+    assert_eq!(cpu(&pb), (1, decoded));
+    // Huge pages off for `a`: its compile copied nothing; `b` copied where the host has them.
+    assert_eq!(a.memory().weight_bytes, 0);
+    let thp = crate::hugemem::available_with(true);
+    assert_eq!(b.memory().weight_bytes, if thp { 24 } else { 0 });
+    for _ in 0..2 {
+        for (rt, plan) in [(&a, &pa), (&b, &pb)] {
+            let out = rt
+                .run(plan.as_ref(), &[("x", x())], Deadline::default_device())
+                .unwrap();
+            assert_eq!(
+                out[0].1,
+                HostTensor::F32 {
+                    shape: vec![2, 3],
+                    data: vec![1.5, 2., 7., 2.5, 3., 8.]
+                }
+            );
+        }
+    }
+    assert_eq!(Tuning::current(), Tuning::process_default());
+    let entered = b.tuning.enter();
+    assert_eq!(Isa::detect(), b.isa());
+    drop(entered);
+    assert_eq!(Isa::detect(), Tuning::process_default().isa);
+}
+
 /// `weight_progress` counts each matmul weight's stored bytes once (here one weight read by
 /// two matmuls), reaches its total when the compile returns, and is not reset by a compile
 /// that has nothing left to prepare.

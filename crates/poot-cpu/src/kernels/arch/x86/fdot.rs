@@ -1,0 +1,415 @@
+//! x86 inner loops for float weights read as stored (F16 / BF16 halves, widened in registers).
+//!
+//! - [`gemv`]: `R` rows against one token, one FMA accumulator of `L` lanes (8 on AVX2, 16 on
+//!   AVX-512) per row, then a lane sum and a scalar tail: the exact path's order for one token
+//!   (see `matmul/float.rs` for the bound).
+//! - [`gemv_lanes32`]: `R` rows against one token in ggml's `ggml_vec_dot_f16` lane order
+//!   (lane `i % 32` over whole 32-groups); the caller folds the lanes and adds the tail.
+//! - [`chunk8_avx2`]: 4 decoded f32 rows against `TT` tokens in 8 lanes (llamafile tinyBLAS's
+//!   order) over one chunk of `k`, the lane chains carried between chunks, each result summed by
+//!   `ggml::hsum8`.
+//!
+//! Invariant (soundness): every function here is `unsafe` with the contract that the caller
+//! holds a `Checked` token for the ISA the function's `target_feature` names, and that the
+//! pointers cover the lengths stated on each function.
+
+use std::arch::x86_64::*;
+
+use crate::kernels::decode::f16_to_f32;
+use crate::kernels::ggml::hsum8;
+use crate::kernels::simd::NR;
+
+/// Weight kinds (const-generic parameter values).
+pub(crate) const F16: u8 = 0;
+pub(crate) const BF16: u8 = 1;
+
+/// One stored element of kind `KIND` as `f32` (exact).
+#[inline(always)]
+fn scalar<const KIND: u8>(lo: u8, hi: u8) -> f32 {
+    let bits = u16::from_le_bytes([lo, hi]);
+    if KIND == F16 {
+        f16_to_f32(bits)
+    } else {
+        f32::from_bits(u32::from(bits) << 16)
+    }
+}
+
+/// 16 stored halves at `p` widened to `f32` (exact).
+#[inline(always)]
+unsafe fn load16<const KIND: u8>(p: *const u8) -> __m512 {
+    // SAFETY: the caller's contract: AVX-512F and F16C, 32 readable bytes at `p`.
+    unsafe {
+        let h = _mm256_loadu_si256(p.cast());
+        if KIND == F16 {
+            _mm512_cvtph_ps(h)
+        } else {
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+        }
+    }
+}
+
+/// 8 stored halves at `p` widened to `f32` (exact).
+#[inline(always)]
+pub(crate) unsafe fn load8<const KIND: u8>(p: *const u8) -> __m256 {
+    // SAFETY: the caller's contract: AVX2 and F16C, 16 readable bytes at `p`.
+    unsafe {
+        let h = _mm_loadu_si128(p.cast());
+        if KIND == F16 {
+            _mm256_cvtph_ps(h)
+        } else {
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+        }
+    }
+}
+
+#[inline(always)]
+fn hsum256(v: __m256) -> f32 {
+    let mut a = [0.0f32; 8];
+    // SAFETY: `a` holds 8 floats; AVX is implied by every caller's target features.
+    unsafe { _mm256_storeu_ps(a.as_mut_ptr(), v) };
+    ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))
+}
+
+/// `dot(row, x)` for one row of `k` halves at `w`, on AVX-512: two 16-lane FMA accumulators
+/// (alternate 16-element chunks), added, lane-summed, then the `k % 32` tail in order.
+///
+/// One row at a time on purpose: each thread then reads one sequential stream, which the
+/// hardware prefetchers follow at close to the memory's speed; four rows side by side (four
+/// streams a page apart) ran about a quarter slower from DRAM. Each line is prefetched into L2
+/// [`prefetch_float_ahead`](crate::kernels::simd::prefetch_float_ahead) bytes on (AVX-512 only: on
+/// the Zen 3 the AVX2 loop was measured on, software prefetch made it slower).
+///
+/// # Safety
+/// AVX-512F, AVX2, FMA and F16C detected; `2 * k` bytes at `w`; `k` floats at `x`.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(crate) unsafe fn gemv_avx512<const KIND: u8>(w: *const u8, k: usize, x: *const f32) -> f32 {
+    let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let main = k & !31;
+    let mut i = 0;
+    let ahead = crate::kernels::simd::prefetch_float_ahead();
+    // SAFETY: i + 32 <= main <= k for every load (the function's contract covers the rest);
+    // a prefetch never faults.
+    unsafe {
+        while i < main {
+            _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add(2 * i + ahead).cast());
+            a0 = _mm512_fmadd_ps(load16::<KIND>(w.add(2 * i)), _mm512_loadu_ps(x.add(i)), a0);
+            let (w1, x1) = (w.add(2 * i + 32), x.add(i + 16));
+            a1 = _mm512_fmadd_ps(load16::<KIND>(w1), _mm512_loadu_ps(x1), a1);
+            i += 32;
+        }
+    }
+    let mut s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    for j in main..k {
+        // SAFETY: j < k: inside the row and x.
+        let (lo, hi, xj) = unsafe { (*w.add(2 * j), *w.add(2 * j + 1), *x.add(j)) };
+        s += scalar::<KIND>(lo, hi) * xj;
+    }
+    s
+}
+
+/// [`gemv_avx512`] on AVX2: four 8-lane accumulators over 32-element steps (one FMA chain
+/// each; with two, the loop waited on FMA latency and BF16 rows, whose widening is two integer
+/// ops, fell behind the memory stream), then one 16-element step into the first two, added
+/// pairwise and lane-summed, then the `k % 16` tail in order.
+///
+/// # Safety
+/// AVX2, FMA and F16C detected; as [`gemv_avx512`] otherwise.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn gemv_avx2<const KIND: u8>(w: *const u8, k: usize, x: *const f32) -> f32 {
+    let mut a = [_mm256_setzero_ps(); 4];
+    let (main32, main) = (k & !31, k & !15);
+    let mut i = 0;
+    // SAFETY: i + 32 <= main32 (then i + 16 <= main) <= k for every load.
+    unsafe {
+        while i < main32 {
+            for (q, acc) in a.iter_mut().enumerate() {
+                let (wq, xq) = (w.add(2 * (i + 8 * q)), x.add(i + 8 * q));
+                *acc = _mm256_fmadd_ps(load8::<KIND>(wq), _mm256_loadu_ps(xq), *acc);
+            }
+            i += 32;
+        }
+        if i < main {
+            a[0] = _mm256_fmadd_ps(load8::<KIND>(w.add(2 * i)), _mm256_loadu_ps(x.add(i)), a[0]);
+            let (w1, x1) = (w.add(2 * i + 16), x.add(i + 8));
+            a[1] = _mm256_fmadd_ps(load8::<KIND>(w1), _mm256_loadu_ps(x1), a[1]);
+        }
+    }
+    let mut s = hsum256(_mm256_add_ps(
+        _mm256_add_ps(a[0], a[1]),
+        _mm256_add_ps(a[2], a[3]),
+    ));
+    for j in main..k {
+        // SAFETY: j < k: inside the row and x.
+        let (lo, hi, xj) = unsafe { (*w.add(2 * j), *w.add(2 * j + 1), *x.add(j)) };
+        s += scalar::<KIND>(lo, hi) * xj;
+    }
+    s
+}
+
+/// ggml's 32 lanes of one F16 row against one token: `out[l] = sum over whole 32-groups g of
+/// fma(w[32g + l], x[32g + l])`, in `g` order, for `k32` (a multiple of 32) elements.
+///
+/// # Safety
+/// AVX-512F, AVX2, FMA and F16C detected; `2 * k32` bytes at `w`; `k32` floats at `x`.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(crate) unsafe fn lanes32_avx512<const R: usize>(
+    w: *const u8,
+    rb: usize,
+    k32: usize,
+    x: *const f32,
+) -> [[f32; 32]; R] {
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    let mut i = 0;
+    let ahead = crate::kernels::simd::prefetch_float_ahead();
+    // SAFETY: i + 32 <= k32 for every load; a prefetch never faults.
+    unsafe {
+        while i < k32 {
+            for r in 0..R {
+                _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add(r * rb + 2 * i + ahead).cast());
+            }
+            let x0 = _mm512_loadu_ps(x.add(i));
+            let x1 = _mm512_loadu_ps(x.add(i + 16));
+            for (r, a) in acc.iter_mut().enumerate() {
+                let p = w.add(r * rb + 2 * i);
+                a[0] = _mm512_fmadd_ps(load16::<F16>(p), x0, a[0]);
+                a[1] = _mm512_fmadd_ps(load16::<F16>(p.add(32)), x1, a[1]);
+            }
+            i += 32;
+        }
+    }
+    let mut out = [[0.0f32; 32]; R];
+    for (o, a) in out.iter_mut().zip(&acc) {
+        // SAFETY: each half of `o` holds 16 floats.
+        unsafe {
+            _mm512_storeu_ps(o.as_mut_ptr(), a[0]);
+            _mm512_storeu_ps(o.as_mut_ptr().add(16), a[1]);
+        }
+    }
+    out
+}
+
+/// [`lanes32_avx512`] on AVX2 (four 8-lane accumulators per row).
+///
+/// # Safety
+/// AVX2, FMA and F16C detected; as [`lanes32_avx512`] otherwise.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn lanes32_avx2<const R: usize>(
+    w: *const u8,
+    rb: usize,
+    k32: usize,
+    x: *const f32,
+) -> [[f32; 32]; R] {
+    let mut acc = [[_mm256_setzero_ps(); 4]; R];
+    let mut i = 0;
+    // SAFETY: i + 32 <= k32 for every load.
+    unsafe {
+        while i < k32 {
+            for q in 0..4 {
+                let xv = _mm256_loadu_ps(x.add(i + 8 * q));
+                for a in acc.iter_mut().enumerate() {
+                    let p = w.add(a.0 * rb + 2 * (i + 8 * q));
+                    a.1[q] = _mm256_fmadd_ps(load8::<F16>(p), xv, a.1[q]);
+                }
+            }
+            i += 32;
+        }
+    }
+    let mut out = [[0.0f32; 32]; R];
+    for (o, a) in out.iter_mut().zip(&acc) {
+        for (q, v) in a.iter().enumerate() {
+            // SAFETY: o[8q..8q+8] is inside `o`.
+            unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(8 * q), *v) };
+        }
+    }
+    out
+}
+
+/// An element of [`chunk8_avx2`]'s packed operands: f16 bits (widened by F16C, exact) or `f32`.
+pub(crate) trait Lane8: Copy + crate::kernels::scratch::Parked + Send + Sync {
+    /// 8 elements at `p` as `f32`.
+    ///
+    /// # Safety
+    /// AVX2 and F16C detected; 8 readable elements at `p`.
+    unsafe fn load8(p: *const Self) -> __m256;
+    /// Whether `Self` is `u16` (f16 bits), which [`chunk8_avx2`]'s hand-allocated loop takes.
+    const HALF: bool;
+}
+
+impl Lane8 for u16 {
+    const HALF: bool = true;
+    #[inline(always)]
+    unsafe fn load8(p: *const u16) -> __m256 {
+        // SAFETY: the caller's contract (F16C, 16 readable bytes).
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+}
+
+impl Lane8 for f32 {
+    const HALF: bool = false;
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> __m256 {
+        // SAFETY: the caller's contract (32 readable bytes).
+        unsafe { _mm256_loadu_ps(p) }
+    }
+}
+
+/// One k-chunk of tinyBLAS's 8-lane order for `NR` rows against `TT` tokens, both packed in
+/// 8-element slices: slice `s` of row `r` at `w + (s * NR + r) * 8`, of token `j` at `x + (s *
+/// TT + j) * 8`, `s < len / 8`. Lane `l` of output `(j, r)` continues its chain with `fma(w,
+/// x, lane)` slice after slice. The chains start at zero when `first`, else from `part` (`TT
+/// * NR * 8` floats: `part[(j * NR + r) * 8 + l]`); when `last` the lane sums (`ggml::hsum8`)
+/// go to `res[j * NR + r]`, else the lanes go back to `part`. Splitting `k` into chunks
+/// changes no bit: each chain is the same sequence of FMAs as one pass over `k`.
+///
+/// # Safety
+/// The callers' target features (AVX2, FMA, F16C); `NR * len` elements at `w`, `TT * len` at
+/// `x`, `len % 8 == 0`; `part.len() >= TT * NR * 8` and `res.len() >= TT * NR`.
+#[inline(always)]
+unsafe fn chunk8_body<E: Lane8, const TT: usize>(
+    w: *const E,
+    x: *const E,
+    len: usize,
+    part: &mut [f32],
+    (first, last): (bool, bool),
+    res: &mut [f32],
+) {
+    assert!(part.len() >= TT * NR * 8 && res.len() >= TT * NR);
+    let pp = part.as_mut_ptr();
+    // SAFETY: slice s < len / 8 stays inside both operands (the contract); `part` holds
+    // TT * NR * 8 floats (asserted).
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); NR]; TT];
+        if !first {
+            for (j, a) in acc.iter_mut().enumerate() {
+                for (r, v) in a.iter_mut().enumerate() {
+                    *v = _mm256_loadu_ps(pp.add((j * NR + r) * 8));
+                }
+            }
+        }
+        let (mut wp, mut xp) = (w, x);
+        for _ in 0..len / 8 {
+            let mut xv = [_mm256_setzero_ps(); TT];
+            for (j, v) in xv.iter_mut().enumerate() {
+                *v = E::load8(xp.add(j * 8));
+            }
+            for r in 0..NR {
+                let wv = E::load8(wp.add(r * 8));
+                for (j, a) in acc.iter_mut().enumerate() {
+                    a[r] = _mm256_fmadd_ps(wv, xv[j], a[r]);
+                }
+            }
+            wp = wp.add(NR * 8);
+            xp = xp.add(TT * 8);
+        }
+        finish_chains(acc.as_flattened(), part, last, res);
+    }
+}
+
+/// The chains `acc[i]` (`i = j * NR + r`) of a tile: their lane sums (`ggml::hsum8`) into
+/// `res[i]` when `last`, else the lanes back into `part[i * 8..]`.
+#[inline(always)]
+fn finish_chains(acc: &[__m256], part: &mut [f32], last: bool, res: &mut [f32]) {
+    assert!(part.len() >= acc.len() * 8 && res.len() >= acc.len());
+    for (i, v) in acc.iter().enumerate() {
+        if last {
+            let mut l = [0.0f32; 8];
+            // SAFETY: `l` holds 8 floats.
+            unsafe { _mm256_storeu_ps(l.as_mut_ptr(), *v) };
+            res[i] = hsum8(&l);
+        } else {
+            // SAFETY: i * 8 + 8 <= part.len() (asserted).
+            unsafe { _mm256_storeu_ps(part.as_mut_ptr().add(i * 8), *v) };
+        }
+    }
+}
+
+/// [`chunk8_body`] on AVX2's 16 registers (up to 3 tokens: 12 chains, 3 tokens, 1 row).
+///
+/// # Safety
+/// AVX2, FMA and F16C detected; [`chunk8_body`]'s pointer contract.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn chunk8_avx2<E: Lane8, const TT: usize>(
+    w: *const E,
+    x: *const E,
+    len: usize,
+    part: &mut [f32],
+    ends: (bool, bool),
+    res: &mut [f32],
+) {
+    if E::HALF && TT == 3 {
+        // SAFETY: E is u16 (`HALF`), so the pointers are f16 bits; the contract carries over.
+        return unsafe { chunk8_h3(w.cast(), x.cast(), len, part, ends, res) };
+    }
+    // SAFETY: the features this function enables; the pointer contract is the caller's.
+    unsafe { chunk8_body::<E, TT>(w, x, len, part, ends, res) }
+}
+
+/// [`chunk8_body`] for f16 operands and 3 tokens with the 16 registers allocated by hand:
+/// chains in ymm0-11 (`acc[j][r]` in `ymm(4j + r)`), the 3 tokens' slices in ymm12-14, a row's
+/// in ymm15. The compiler's allocation of the same loop spilled one chain to the stack, which
+/// put a store and a reload on that chain's FMA latency every step (half the speed). Same
+/// FMAs in the same order, so the same bits.
+///
+/// # Safety
+/// AVX2, FMA and F16C detected; [`chunk8_body`]'s contract with `TT = 3`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn chunk8_h3(
+    w: *const u16,
+    x: *const u16,
+    len: usize,
+    part: &mut [f32],
+    (first, last): (bool, bool),
+    res: &mut [f32],
+) {
+    assert!(part.len() >= 3 * NR * 8 && res.len() >= 3 * NR && len.is_multiple_of(8));
+    let pp = part.as_mut_ptr();
+    let mut a = [_mm256_setzero_ps(); 12];
+    if !first {
+        for (i, v) in a.iter_mut().enumerate() {
+            // SAFETY: i * 8 + 8 <= 12 * 8 floats of `part` (asserted).
+            *v = unsafe { _mm256_loadu_ps(pp.add(i * 8)) };
+        }
+    }
+    if len > 0 {
+        // SAFETY: len / 8 steps read 64 bytes of `w` and 48 of `x` each, inside the operands
+        // (the contract); only the named registers are written.
+        unsafe {
+            std::arch::asm!(
+                "2:",
+                "vcvtph2ps ymm12, xmmword ptr [{x}]",
+                "vcvtph2ps ymm13, xmmword ptr [{x} + 16]",
+                "vcvtph2ps ymm14, xmmword ptr [{x} + 32]",
+                "vcvtph2ps ymm15, xmmword ptr [{w}]",
+                "vfmadd231ps ymm0, ymm15, ymm12",
+                "vfmadd231ps ymm4, ymm15, ymm13",
+                "vfmadd231ps ymm8, ymm15, ymm14",
+                "vcvtph2ps ymm15, xmmword ptr [{w} + 16]",
+                "vfmadd231ps ymm1, ymm15, ymm12",
+                "vfmadd231ps ymm5, ymm15, ymm13",
+                "vfmadd231ps ymm9, ymm15, ymm14",
+                "vcvtph2ps ymm15, xmmword ptr [{w} + 32]",
+                "vfmadd231ps ymm2, ymm15, ymm12",
+                "vfmadd231ps ymm6, ymm15, ymm13",
+                "vfmadd231ps ymm10, ymm15, ymm14",
+                "vcvtph2ps ymm15, xmmword ptr [{w} + 48]",
+                "vfmadd231ps ymm3, ymm15, ymm12",
+                "vfmadd231ps ymm7, ymm15, ymm13",
+                "vfmadd231ps ymm11, ymm15, ymm14",
+                "add {w}, 64",
+                "add {x}, 48",
+                "dec {n}",
+                "jnz 2b",
+                w = inout(reg) w => _,
+                x = inout(reg) x => _,
+                n = inout(reg) len / 8 => _,
+                inout("ymm0") a[0], inout("ymm1") a[1], inout("ymm2") a[2], inout("ymm3") a[3],
+                inout("ymm4") a[4], inout("ymm5") a[5], inout("ymm6") a[6], inout("ymm7") a[7],
+                inout("ymm8") a[8], inout("ymm9") a[9], inout("ymm10") a[10],
+                inout("ymm11") a[11],
+                out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
+                options(nostack, readonly),
+            );
+        }
+    }
+    finish_chains(&a, part, last, res);
+}

@@ -1,0 +1,22 @@
+//! x86-64 loops: AVX2 (+FMA, F16C), AVX-512 (F/BW/VL/VNNI/BF16) and AMX tiles. File names
+//! say the loop; a `16` suffix is the 512-bit (16-lane or 16-row) form of the 256-bit file
+//! without it (`qdot_r8` / `qdot_r16`, `qdot_rk` / `qdot_rk16`, `fdot` / `fdot16`).
+//!
+//! The portable path of each: `decode` - `kernels::decode::decode_run`; `qdot`, `qdot_r8`,
+//! `qdot_r16` - `matmul::qdot::dot_scalar{,_blocks}`; `qdot_k`, `qdot_rk`, `qdot_rk16` -
+//! `matmul::qdot_k::dot_scalar`; `fdot`, `fdot16` - the scalar rows of `matmul::float` and
+//! `matmul::lanes8`; `amx`, `amx_bf16` - the VNNI/AVX-512 tiles they stand in for;
+//! `attention` (the grouped prefill's score and V loops, `fold32_rows`) - `attention::ggml::head`.
+
+pub(crate) mod amx;
+pub(crate) mod amx_bf16;
+pub(crate) mod attention;
+pub(crate) mod decode;
+pub(crate) mod fdot;
+pub(crate) mod fdot16;
+pub(crate) mod qdot;
+pub(crate) mod qdot_k;
+pub(crate) mod qdot_r16;
+pub(crate) mod qdot_r8;
+pub(crate) mod qdot_rk;
+pub(crate) mod qdot_rk16;

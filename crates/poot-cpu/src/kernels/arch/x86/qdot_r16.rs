@@ -1,0 +1,458 @@
+//! The 8-row layout's ggml-order dot (`arch/x86/qdot_r8.rs`) two groups at a time in 512-bit
+//! registers, for AVX-512 VNNI: lanes 0-7 hold group `g`'s rows, lanes 8-15 group `g + 1`'s.
+//!
+//! Why: Q4_1's prefill keeps ggml's order (8 lane sums per block, which AMX tiles cannot give),
+//! so it is bound by these instructions; each step here does 16 rows' work for the same count.
+//! The one-token matvec is faster too, but only large matrices gain end to end, so `matmul::r8`
+//! picks this for those and for prefill (measurements: `docs/performance-history.md`, "Measurements
+//! behind the kernels").
+//!
+//! Numerics: every lane runs exactly the 256-bit body's steps for its row (the same integer lane
+//! sums, the same `fma(dw * dy, lane, acc)` block after block, the same fold and Q4_1 term), so
+//! results are bit-identical to `arch::x86::qdot_r8::group` and `matmul::qdot::dot_scalar`
+//! (tested).
+//!
+//! Invariant (soundness): reached only through `matmul_r8` after `has_vnni512` was true.
+
+use std::arch::x86_64::*;
+
+use crate::kernels::blocks::QKind;
+use crate::kernels::blocks::{header_bytes, superblock_bytes, RG};
+use crate::kernels::qact::BlockQ8;
+
+/// Whether this CPU has the 512-bit VNNI dot and the byte ops the Q4 unpacking uses.
+pub(crate) fn has_vnni512() -> bool {
+    crate::CpuFeatures::get().vnni512()
+}
+
+/// Tokens one call handles (8 accumulators of 16 rows each per token).
+pub(crate) const TOKENS: usize = 2;
+
+/// `out[j * 16 + r]` = row `r` of groups `g0` (`r < 8`) and `g1` (`r >= 8`) dotted with token
+/// `j < t` (`t <= TOKENS`) in ggml's order; `a`, `corr` as for `arch::x86::qdot_r8::group`.
+///
+/// # Panics
+/// If the slices are shorter than that (internal invariant; `matmul_r8` sizes them).
+#[allow(clippy::too_many_arguments, reason = "one tile's operands")]
+pub(crate) fn groups2(
+    kind: QKind,
+    g0: &[u8],
+    g1: &[u8],
+    nb: usize,
+    a: &[BlockQ8],
+    corr: &[[i32; 8]],
+    t: usize,
+    out: &mut [f32],
+) {
+    check(kind, (g0, g1, nb), (a, corr, t, TOKENS), out);
+    macro_rules! go {
+        ($k:literal) => {
+            if t == 2 {
+                // SAFETY: AVX-512 F/BW/VL/VNNI and F16C detected (`has_vnni512`, the module
+                // invariant); the asserts above are the bounds every call reads within.
+                unsafe { body::<$k, 2>(g0, g1, nb, a, corr, out) }
+            } else {
+                // SAFETY: as above.
+                unsafe { body::<$k, 1>(g0, g1, nb, a, corr, out) }
+            }
+        };
+    }
+    match kind {
+        QKind::Q4_0 => go!(0),
+        QKind::Q4_1 => go!(1),
+        QKind::Q5_0 => go!(2),
+        QKind::Q8_0 => go!(3),
+    }
+}
+
+/// The bounds every two-group kernel reads and writes within: `nb` superblocks in each group,
+/// `t` (1 to `most`) tokens' activations and corrections, `t * 16` results; and the CPU.
+///
+/// # Panics
+/// If any is short (internal invariant; `matmul_r8` sizes them).
+fn check(
+    kind: QKind,
+    (g0, g1, nb): (&[u8], &[u8], usize),
+    (a, corr, t, most): (&[BlockQ8], &[[i32; 8]], usize, usize),
+    out: &[f32],
+) {
+    let need = nb * superblock_bytes(kind);
+    assert!(g0.len() >= need && g1.len() >= need && has_vnni512());
+    assert!((1..=most).contains(&t) && a.len() >= t * nb && corr.len() >= t * nb);
+    assert!(out.len() >= t * 2 * RG);
+}
+
+/// Two 256-bit halves as one register: `lo` in lanes 0-7, `hi` in 8-15.
+#[inline(always)]
+unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
+    // SAFETY: AVX-512F enabled by the caller.
+    unsafe { _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi) }
+}
+
+/// 32 bytes at `p` of each group.
+#[inline(always)]
+unsafe fn load2(p0: *const u8, p1: *const u8) -> __m512i {
+    // SAFETY: 32 readable bytes at each pointer (caller); AVX-512F enabled by the caller.
+    unsafe { join(_mm256_loadu_si256(p0.cast()), _mm256_loadu_si256(p1.cast())) }
+}
+
+/// Chunk `c` (32 bytes of each group's quants after the headers at `q0`, `q1`) as low and
+/// high nibbles, with Q5_0's fifth bits (from the superblocks at `s0`, `s1`) or'd in.
+#[inline(always)]
+unsafe fn nibbles2<const KIND: u8>(
+    (s0, s1): (*const u8, *const u8),
+    (q0, q1): (*const u8, *const u8),
+    c: usize,
+    m4: __m512i,
+) -> (__m512i, __m512i) {
+    // SAFETY: chunk c and the superblocks' fifth bits are inside both groups (caller);
+    // AVX-512F/BW enabled by the caller.
+    unsafe {
+        let v = load2(q0.add(32 * c), q1.add(32 * c));
+        let mut lo = _mm512_and_si512(v, m4);
+        let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+        if KIND == 2 {
+            let (l0, h0) = crate::kernels::arch::x86::qdot_r8::fifth_bits(s0.add(16), c);
+            let (l1, h1) = crate::kernels::arch::x86::qdot_r8::fifth_bits(s1.add(16), c);
+            lo = _mm512_or_si512(lo, join(l0, l1));
+            hi = _mm512_or_si512(hi, join(h0, h1));
+        }
+        (lo, hi)
+    }
+}
+
+/// 8 f16 values at `p` of each group, widened.
+#[inline(always)]
+unsafe fn halves2(p0: *const u8, p1: *const u8) -> __m512 {
+    // SAFETY: 16 readable bytes at each pointer (caller); AVX-512F enabled by the caller.
+    unsafe {
+        let h = _mm256_set_m128i(_mm_loadu_si128(p1.cast()), _mm_loadu_si128(p0.cast()));
+        _mm512_cvtph_ps(h)
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn body<const KIND: u8, const T: usize>(
+    g0: &[u8],
+    g1: &[u8],
+    nb: usize,
+    a: &[BlockQ8],
+    corr: &[[i32; 8]],
+    out: &mut [f32],
+) {
+    let kind = [QKind::Q4_0, QKind::Q4_1, QKind::Q5_0, QKind::Q8_0][KIND as usize];
+    let (sb, hdr) = (superblock_bytes(kind), header_bytes(kind));
+    // SAFETY: superblock `b < nb` is inside both groups, activation/correction `j * nb + b`
+    // inside `a`/`corr` for `j < T`, and `out` holds `T * 16` values (asserted by `groups2`);
+    // the features are this function's.
+    unsafe {
+        let (p0, p1) = (g0.as_ptr(), g1.as_ptr());
+        let mut acc = [[_mm512_setzero_ps(); 8]; T];
+        let mut summs = [_mm512_setzero_ps(); T];
+        let m4 = _mm512_set1_epi8(0x0f);
+        let ahead = crate::kernels::simd::prefetch_ahead();
+        // Groups lie back to back, so the next pair starts two groups on.
+        let next = crate::kernels::simd::prefetch_next_distance(2 * nb * sb);
+        for b in 0..nb {
+            let (s0, s1) = (p0.add(b * sb), p1.add(b * sb));
+            crate::kernels::simd::prefetch_stream(s0, sb, ahead);
+            crate::kernels::simd::prefetch_stream(s1, sb, ahead);
+            crate::kernels::simd::prefetch_next(s0, sb, next);
+            crate::kernels::simd::prefetch_next(s1, sb, next);
+            let d16 = halves2(s0, s1);
+            let ab: [&BlockQ8; T] = std::array::from_fn(|j| a.get_unchecked(j * nb + b));
+            let cj: [&[i32; 8]; T] = std::array::from_fn(|j| corr.get_unchecked(j * nb + b));
+            let sc: [__m512; T] =
+                std::array::from_fn(|j| _mm512_mul_ps(d16, _mm512_set1_ps(ab[j].d)));
+            if KIND == 1 {
+                let m16 = halves2(s0.add(16), s1.add(16));
+                for j in 0..T {
+                    summs[j] = _mm512_fmadd_ps(m16, _mm512_set1_ps(ab[j].s), summs[j]);
+                }
+            }
+            let word = |j: usize, at: usize| {
+                _mm512_set1_epi32(ab[j].qs.as_ptr().add(at).cast::<i32>().read_unaligned())
+            };
+            let (q0, q1) = (s0.add(hdr), s1.add(hdr));
+            if KIND == 3 {
+                for c in 0..8 {
+                    let u = _mm512_xor_si512(
+                        load2(q0.add(32 * c), q1.add(32 * c)),
+                        _mm512_set1_epi8(-128),
+                    );
+                    for j in 0..T {
+                        let l = _mm512_dpbusd_epi32(_mm512_set1_epi32(cj[j][c]), u, word(j, 4 * c));
+                        acc[j][c] = _mm512_fmadd_ps(sc[j], _mm512_cvtepi32_ps(l), acc[j][c]);
+                    }
+                }
+            } else {
+                for c in 0..4 {
+                    let (lo, hi) = nibbles2::<KIND>((s0, s1), (q0, q1), c, m4);
+                    for j in 0..T {
+                        let (il, ih) = if KIND == 0 || KIND == 2 {
+                            (_mm512_set1_epi32(cj[j][c]), _mm512_set1_epi32(cj[j][4 + c]))
+                        } else {
+                            (_mm512_setzero_si512(), _mm512_setzero_si512())
+                        };
+                        let ll = _mm512_dpbusd_epi32(il, lo, word(j, 4 * c));
+                        let lh = _mm512_dpbusd_epi32(ih, hi, word(j, 16 + 4 * c));
+                        acc[j][c] = _mm512_fmadd_ps(sc[j], _mm512_cvtepi32_ps(ll), acc[j][c]);
+                        acc[j][4 + c] =
+                            _mm512_fmadd_ps(sc[j], _mm512_cvtepi32_ps(lh), acc[j][4 + c]);
+                    }
+                }
+            }
+        }
+        for j in 0..T {
+            let x = &acc[j];
+            let lo = _mm512_add_ps(_mm512_add_ps(x[0], x[4]), _mm512_add_ps(x[2], x[6]));
+            let hi = _mm512_add_ps(_mm512_add_ps(x[1], x[5]), _mm512_add_ps(x[3], x[7]));
+            let mut r = _mm512_add_ps(lo, hi);
+            if KIND == 1 {
+                r = _mm512_add_ps(r, summs[j]);
+            }
+            _mm512_storeu_ps(out.as_mut_ptr().add(16 * j), r);
+        }
+    }
+}
+
+/// Tokens one [`groups2_blocks`] call handles (one `f32` and one `i32` accumulator of 16
+/// rows each per token, the unpacked nibbles shared by all of them).
+pub(crate) const BLOCK_TOKENS: usize = 8;
+
+/// `out[j * 16 + r]` = row `r` of groups `g0` (`r < 8`) and `g1` (`r >= 8`) dotted with token
+/// `j < t` (`t <= BLOCK_TOKENS`) in the block order of `matmul::qdot::dot_scalar_blocks` (Q4_0,
+/// Q5_0 and Q8_0): each lane runs `arch::x86::qdot_r8::group_blocks`'s steps for its row, so the
+/// bits are that function's. `corr[j * nb + b][0]` holds block `b`'s whole correction
+/// (`matmul_r8`).
+///
+/// Why: the 256-bit kernel does 8 rows per `vpdpbusd`; here each one does 16, and the nibble
+/// unpacking is shared by twice the tokens.
+///
+/// # Panics
+/// If the slices are shorter than that (internal invariant; `matmul_r8` sizes them).
+#[allow(clippy::too_many_arguments, reason = "one tile's operands")]
+pub(crate) fn groups2_blocks(
+    kind: QKind,
+    g0: &[u8],
+    g1: &[u8],
+    nb: usize,
+    a: &[BlockQ8],
+    corr: &[[i32; 8]],
+    t: usize,
+    out: &mut [f32],
+) {
+    check(kind, (g0, g1, nb), (a, corr, t, BLOCK_TOKENS), out);
+    macro_rules! go {
+        ($k:literal) => {
+            // SAFETY (every arm): AVX-512 F/BW/VL/VNNI and F16C detected (`has_vnni512`, the
+            // module invariant); the asserts above are the bounds every call reads within.
+            match t {
+                // SAFETY: see above.
+                8 => unsafe { body_blocks::<$k, 8>(g0, g1, nb, a, corr, out) },
+                // SAFETY: see above.
+                7 => unsafe { body_blocks::<$k, 7>(g0, g1, nb, a, corr, out) },
+                // SAFETY: see above.
+                6 => unsafe { body_blocks::<$k, 6>(g0, g1, nb, a, corr, out) },
+                // SAFETY: see above.
+                5 => unsafe { body_blocks::<$k, 5>(g0, g1, nb, a, corr, out) },
+                // SAFETY: see above.
+                4 => unsafe { body_blocks::<$k, 4>(g0, g1, nb, a, corr, out) },
+                // SAFETY: see above.
+                3 => unsafe { body_blocks::<$k, 3>(g0, g1, nb, a, corr, out) },
+                // SAFETY: see above.
+                2 => unsafe { body_blocks::<$k, 2>(g0, g1, nb, a, corr, out) },
+                // SAFETY: see above.
+                _ => unsafe { body_blocks::<$k, 1>(g0, g1, nb, a, corr, out) },
+            }
+        };
+    }
+    match kind {
+        QKind::Q4_0 => go!(0),
+        QKind::Q5_0 => go!(2),
+        QKind::Q8_0 => go!(3),
+        QKind::Q4_1 => unreachable!("Q4_1 keeps ggml's order"),
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn body_blocks<const KIND: u8, const T: usize>(
+    g0: &[u8],
+    g1: &[u8],
+    nb: usize,
+    a: &[BlockQ8],
+    corr: &[[i32; 8]],
+    out: &mut [f32],
+) {
+    let kind = [QKind::Q4_0, QKind::Q4_1, QKind::Q5_0, QKind::Q8_0][KIND as usize];
+    let (sb, hdr) = (superblock_bytes(kind), header_bytes(kind));
+    // SAFETY: as `body` (bounds asserted by `groups2_blocks`, features this function's).
+    unsafe {
+        let (p0, p1) = (g0.as_ptr(), g1.as_ptr());
+        let mut acc = [_mm512_setzero_ps(); T];
+        let m4 = _mm512_set1_epi8(0x0f);
+        for b in 0..nb {
+            let (s0, s1) = (p0.add(b * sb), p1.add(b * sb));
+            let d16 = halves2(s0, s1);
+            let ab: [&BlockQ8; T] = std::array::from_fn(|j| a.get_unchecked(j * nb + b));
+            let mut isum: [__m512i; T] =
+                std::array::from_fn(|j| _mm512_set1_epi32(corr.get_unchecked(j * nb + b)[0]));
+            let word = |j: usize, at: usize| {
+                _mm512_set1_epi32(ab[j].qs.as_ptr().add(at).cast::<i32>().read_unaligned())
+            };
+            let (q0, q1) = (s0.add(hdr), s1.add(hdr));
+            if KIND == 3 {
+                for c in 0..8 {
+                    let u = _mm512_xor_si512(
+                        load2(q0.add(32 * c), q1.add(32 * c)),
+                        _mm512_set1_epi8(-128),
+                    );
+                    for (j, v) in isum.iter_mut().enumerate() {
+                        *v = _mm512_dpbusd_epi32(*v, u, word(j, 4 * c));
+                    }
+                }
+            } else {
+                for c in 0..4 {
+                    let (lo, hi) = nibbles2::<KIND>((s0, s1), (q0, q1), c, m4);
+                    for (j, v) in isum.iter_mut().enumerate() {
+                        *v = _mm512_dpbusd_epi32(*v, lo, word(j, 4 * c));
+                        *v = _mm512_dpbusd_epi32(*v, hi, word(j, 16 + 4 * c));
+                    }
+                }
+            }
+            for j in 0..T {
+                let sc = _mm512_mul_ps(d16, _mm512_set1_ps(ab[j].d));
+                acc[j] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(isum[j]), acc[j]);
+            }
+        }
+        for (j, v) in acc.iter().enumerate() {
+            _mm512_storeu_ps(out.as_mut_ptr().add(16 * j), *v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::matmul::repack::Repacked;
+    use crate::kernels::qact::quantize_row_q8;
+    use crate::testutil::{synthetic_weights, Rng};
+    use poot_core::DType;
+
+    #[test]
+    fn two_groups_give_each_groups_bits_on_every_kind() {
+        if !has_vnni512() {
+            println!("no AVX-512 VNNI on this CPU: nothing to run");
+            return;
+        }
+        let mut rng = Rng::new(31);
+        for dt in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0] {
+            let kind = QKind::new(dt).unwrap();
+            let (n, k) = (16, 256);
+            let nb = k / 32;
+            let rp = Repacked::new(kind, &synthetic_weights(dt, n, k, 7), n, nb);
+            for t in 1..=TOKENS {
+                let x: Vec<f32> = (0..t * k).map(|_| rng.uniform(-3.0, 3.0)).collect();
+                let mut a = vec![BlockQ8::default(); t * nb];
+                for (xr, ar) in x.chunks_exact(k).zip(a.chunks_exact_mut(nb)) {
+                    quantize_row_q8(xr, ar, kind.act_sum());
+                }
+                // The corrections `matmul_r8` folds in (Q4_0: -8, Q5_0: -16, Q8_0: -128 on
+                // VNNI, per lane of 4 activations).
+                let mult = [8, 0, 16, 128][[QKind::Q4_0, QKind::Q4_1, QKind::Q5_0, QKind::Q8_0]
+                    .iter()
+                    .position(|&q| q == kind)
+                    .unwrap()];
+                let corr: Vec<[i32; 8]> = a
+                    .iter()
+                    .map(|b| {
+                        std::array::from_fn(|l| {
+                            -mult
+                                * b.qs[4 * l..4 * l + 4]
+                                    .iter()
+                                    .map(|&q| i32::from(q))
+                                    .sum::<i32>()
+                        })
+                    })
+                    .collect();
+                let mut want = vec![0.0f32; t * 16];
+                for g in 0..2 {
+                    let mut one = [0.0f32; 4 * RG];
+                    crate::kernels::arch::x86::qdot_r8::group(
+                        true,
+                        kind,
+                        rp.group(g),
+                        nb,
+                        &a,
+                        &corr,
+                        t,
+                        &mut one,
+                    );
+                    for j in 0..t {
+                        want[j * 16 + g * 8..j * 16 + g * 8 + 8]
+                            .copy_from_slice(&one[j * 8..j * 8 + 8]);
+                    }
+                }
+                let mut got = vec![f32::NAN; t * 16];
+                groups2(kind, rp.group(0), rp.group(1), nb, &a, &corr, t, &mut got);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{dt} t={t}");
+            }
+        }
+    }
+
+    #[test]
+    fn two_groups_in_block_order_give_each_groups_bits() {
+        if !has_vnni512() {
+            println!("no AVX-512 VNNI on this CPU: nothing to run");
+            return;
+        }
+        let mut rng = Rng::new(37);
+        for (dt, mult) in [(DType::Q4_0, 8), (DType::Q5_0, 16), (DType::Q8_0, 128)] {
+            let kind = QKind::new(dt).unwrap();
+            let (n, k) = (16, 256);
+            let nb = k / 32;
+            let rp = Repacked::new(kind, &synthetic_weights(dt, n, k, 11), n, nb);
+            for t in 1..=BLOCK_TOKENS {
+                let x: Vec<f32> = (0..t * k).map(|_| rng.uniform(-3.0, 3.0)).collect();
+                let mut a = vec![BlockQ8::default(); t * nb];
+                for (xr, ar) in x.chunks_exact(k).zip(a.chunks_exact_mut(nb)) {
+                    quantize_row_q8(xr, ar, kind.act_sum());
+                }
+                // Whole-block corrections, as `matmul_r8` gives the block order.
+                let corr: Vec<[i32; 8]> = a
+                    .iter()
+                    .map(|b| {
+                        let s: i32 = b.qs.iter().map(|&q| i32::from(q)).sum();
+                        [-mult * s, 0, 0, 0, 0, 0, 0, 0]
+                    })
+                    .collect();
+                let mut want = vec![0.0f32; t * 16];
+                for g in 0..2 {
+                    for tok in (0..t).step_by(4) {
+                        let tt = 4.min(t - tok);
+                        let mut one = [0.0f32; 4 * RG];
+                        crate::kernels::arch::x86::qdot_r8::group_blocks(
+                            true,
+                            kind,
+                            rp.group(g),
+                            nb,
+                            &a[tok * nb..],
+                            &corr[tok * nb..],
+                            tt,
+                            &mut one,
+                        );
+                        for j in 0..tt {
+                            let at = (tok + j) * 16 + g * 8;
+                            want[at..at + 8].copy_from_slice(&one[j * 8..j * 8 + 8]);
+                        }
+                    }
+                }
+                let mut got = vec![f32::NAN; t * 16];
+                groups2_blocks(kind, rp.group(0), rp.group(1), nb, &a, &corr, t, &mut got);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{dt} t={t}");
+            }
+        }
+    }
+}

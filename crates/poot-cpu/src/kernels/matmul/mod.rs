@@ -1,0 +1,385 @@
+//! `out[t][n] = sum_k x[t][k] * W[n][k]` with `W` in its stored (packed) dtype.
+//!
+//! How: rows of `W` are split into tasks of whole row blocks (about 256 KiB of decoded `f32`,
+//! a multiple of `NR` rows), claimed dynamically by the pool's threads. For each block the
+//! thread decodes its rows (whole `k`, exact, see `decode.rs`) into its own scratch, then runs
+//! register-tiled dot products of each `NR`-row quad against tiles of tokens, every token tile
+//! against the whole block before the next. So each weight byte is read and decoded once per
+//! call whatever `t` is (prefill costs one pass over the weights, not `t`), an activation tile
+//! is read from memory once per block, and no weight is dequantized beyond one block per
+//! thread. One token against F16 or BF16 weights skips the scratch (`matmul/float.rs`); several
+//! tokens against F16, BF16 or F32 weights with `k % 8 == 0` on a SIMD path take packed 8-lane
+//! tiles instead (`matmul/lanes8.rs`, within the same bound).
+//!
+//! Numerics: decoding is exact (bit-identical to poot-core's reference), so the only error is
+//! `f32` accumulation: 8 (AVX2, scalar) or 16 (AVX-512) lanes of FMAs/multiply-adds along `k`,
+//! then a lane sum. Per output `|got - exact| <= (k / 8 + 16) * 2^-24 * sum_k |x||w|` for every
+//! path (the tests assert this bound on real weights). Results are deterministic for a given
+//! ISA (independent of the thread count).
+//!
+//! Cost: `2 * t * n * k` flops; memory: a row block plus `NR * TOKEN_TILE` floats of scratch
+//! per thread.
+//!
+//! [`matmul_numerics`] with [`Numerics::Ggml`] takes llama.cpp's arithmetic instead, bit for bit:
+//! for Q4_0, Q4_1, Q5_0, Q8_0 weights activations quantized to Q8 and integer block dots (the
+//! cheaper path for one token, `matmul/q8.rs`), for F16 and F32 weights ggml's float dot orders
+//! (`matmul/float_ggml.rs`), for Q4_K and Q6_K Q8_K activations and integer super-block dots
+//! (`matmul/qdot_k.rs`), for BF16 activations rounded to bf16 (`matmul/bf16.rs`); each states its
+//! bound. Q5_1 and the other k-quants keep this exact path under either numerics.
+
+use poot_core::DType;
+
+pub(crate) mod bf16;
+pub(crate) mod decoded;
+pub(crate) mod dpbf16;
+pub(crate) mod float;
+pub(crate) mod float_ggml;
+pub(crate) mod lanes8;
+pub(crate) mod q8;
+pub(crate) mod qdot;
+pub(crate) mod qdot_k;
+pub(crate) mod r8;
+pub mod repack;
+pub mod repack_k;
+pub(crate) mod rk;
+
+use crate::error::{check_len, mul};
+use crate::kernels::act_cache::ActCache;
+use crate::kernels::blocks::{row_bytes, KKind, QKind};
+use crate::kernels::decode::Packed;
+use crate::kernels::ggml::Numerics;
+use crate::kernels::matmul::repack::{Repack, Repacked};
+use crate::kernels::matmul::repack_k::RepackedK;
+use crate::kernels::simd::{Checked, Isa};
+use crate::pool::ThreadPool;
+use crate::KernelError;
+
+/// Every weight dtype [`matmul`] accepts.
+pub const MATMUL_DTYPES: [DType; 14] = crate::kernels::decode::DECODABLE;
+
+/// `out[t][n] = sum_k x[t][k] * W[n][k]` on the best ISA of this CPU (see the module docs).
+///
+/// `x` is `[t, k]` row-major `f32`; `w` holds `n` rows of `k` elements of `w_dtype`, row-major
+/// as stored (`n * w_dtype.bytes_for(k)` bytes); `out` is `[t, n]`. Every length is checked
+/// before anything is written.
+#[allow(clippy::too_many_arguments, reason = "the runtime's kernel signature")]
+pub fn matmul(
+    x: &[f32],
+    t: usize,
+    k: usize,
+    w: &[u8],
+    w_dtype: DType,
+    n: usize,
+    out: &mut [f32],
+    pool: &ThreadPool,
+) -> Result<(), KernelError> {
+    matmul_with(Isa::detect(), x, t, k, w, w_dtype, n, out, pool)
+}
+
+/// [`matmul`] on a chosen code path ([`KernelError::IsaUnavailable`] if this CPU lacks it).
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the runtime's kernel signature plus the ISA"
+)]
+pub fn matmul_with(
+    isa: Isa,
+    x: &[f32],
+    t: usize,
+    k: usize,
+    w: &[u8],
+    w_dtype: DType,
+    n: usize,
+    out: &mut [f32],
+    pool: &ThreadPool,
+) -> Result<(), KernelError> {
+    matmul_numerics(Numerics::Exact, isa, x, t, k, w, w_dtype, n, out, pool)
+}
+
+/// [`matmul_with`] under a chosen [`Numerics`] (see the module docs; the same shape checks).
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the runtime's kernel signature plus the ISA and numerics"
+)]
+pub fn matmul_numerics(
+    numerics: Numerics,
+    isa: Isa,
+    x: &[f32],
+    t: usize,
+    k: usize,
+    w: &[u8],
+    w_dtype: DType,
+    n: usize,
+    out: &mut [f32],
+    pool: &ThreadPool,
+) -> Result<(), KernelError> {
+    matmul_cached(numerics, isa, x, t, k, w, w_dtype, n, out, pool, None)
+}
+
+/// [`matmul_numerics`] with an optional activation cache and the input's key in it.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the runtime's kernel signature plus the ISA, numerics and cache"
+)]
+pub(crate) fn matmul_cached(
+    numerics: Numerics,
+    isa: Isa,
+    x: &[f32],
+    t: usize,
+    k: usize,
+    w: &[u8],
+    w_dtype: DType,
+    n: usize,
+    out: &mut [f32],
+    pool: &ThreadPool,
+    cache: Option<(&mut ActCache, u64)>,
+) -> Result<(), KernelError> {
+    let path = MatmulPath::choose(numerics, w_dtype);
+    matmul_on_path(
+        path, numerics, isa, x, t, k, w, w_dtype, n, out, pool, cache,
+    )
+}
+
+/// [`matmul_cached`] on the `path` a plan chose for this weight when it compiled; the same
+/// shape checks, and [`KernelError::InvalidArgument`] unless `path` is the one
+/// [`MatmulPath::choose`] gives for `numerics` and `w_dtype` (a plan stores what it chose from
+/// the same store, so this only guards against a mixed-up plan).
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the runtime's kernel signature plus the path, ISA, numerics and cache"
+)]
+pub(crate) fn matmul_on_path(
+    path: MatmulPath,
+    numerics: Numerics,
+    isa: Isa,
+    x: &[f32],
+    t: usize,
+    k: usize,
+    w: &[u8],
+    w_dtype: DType,
+    n: usize,
+    out: &mut [f32],
+    pool: &ThreadPool,
+    cache: Option<(&mut ActCache, u64)>,
+) -> Result<(), KernelError> {
+    if path != MatmulPath::choose(numerics, w_dtype) {
+        return Err(KernelError::InvalidArgument {
+            what: "matmul path",
+            detail: format!("{path:?} is not the path of {w_dtype} weights under {numerics:?}"),
+        });
+    }
+    let ck = isa.checked()?;
+    let p = Packed::new(w_dtype).ok_or(KernelError::UnsupportedDType {
+        op: "matmul",
+        dtype: w_dtype,
+    })?;
+    let row_bytes = row_bytes("matmul", w_dtype, k)?;
+    check_len("matmul x", mul(t, k, "matmul x")?, x.len())?;
+    check_len("matmul out", mul(t, n, "matmul out")?, out.len())?;
+    check_len("matmul w", mul(n, row_bytes, "matmul w")?, w.len())?;
+    if t == 0 || n == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        out.fill(0.0);
+        return Ok(());
+    }
+    path.run(
+        ck,
+        numerics,
+        p,
+        x,
+        (t, k),
+        (w, row_bytes, n),
+        out,
+        pool,
+        cache,
+    )
+}
+
+/// How one weight is multiplied: the choice that depends only on the runtime's numerics and
+/// the weight's dtype, made once per weight when a plan compiles and stored in it
+/// (`CpuPlan::matmul_path`), as ggml keeps a type's kernels in its type traits. What depends on
+/// the call (the token count, the ISA's tiles) each family still picks per call. Weights the
+/// runtime re-laid (`repack.rs`) take [`matmul_repacked`] instead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MatmulPath {
+    /// [`Numerics::Ggml`], BF16: bf16-rounded activations (`bf16.rs`).
+    Bf16Ggml,
+    /// [`Numerics::Ggml`], Q4_0/Q4_1/Q5_0/Q8_0 as stored: Q8 activations, integer dots
+    /// (`q8.rs`).
+    Q8(QKind),
+    /// [`Numerics::Ggml`], Q4_K/Q6_K as stored: Q8_K activations, integer dots (`qdot_k.rs`).
+    Q8K(KKind),
+    /// [`Numerics::Ggml`], F16/F32: ggml's float orders (`float_ggml.rs`); one F16 token keeps
+    /// the float rows of `decoded.rs`, under ggml's numerics there too.
+    FloatGgml,
+    /// Weights decoded inside the kernel (`decoded.rs`): every dtype under
+    /// [`Numerics::Exact`], and the ones ggml's numerics have no path of their own for.
+    Decoded,
+}
+
+impl MatmulPath {
+    /// The path for weights of `dtype` under `numerics` (see the variants).
+    pub(crate) fn choose(numerics: Numerics, dtype: DType) -> MatmulPath {
+        if numerics != Numerics::Ggml {
+            return MatmulPath::Decoded;
+        }
+        if dtype == DType::BF16 {
+            return MatmulPath::Bf16Ggml;
+        }
+        if let Some(kind) = QKind::new(dtype) {
+            return MatmulPath::Q8(kind);
+        }
+        if let Some(kind) = KKind::new(dtype) {
+            return MatmulPath::Q8K(kind);
+        }
+        if matches!(dtype, DType::F16 | DType::F32) {
+            return MatmulPath::FloatGgml;
+        }
+        MatmulPath::Decoded
+    }
+
+    /// Runs the path on shapes `matmul_cached` validated (`t, n, k > 0`).
+    #[allow(clippy::too_many_arguments, reason = "matmul's validated arguments")]
+    fn run(
+        self,
+        ck: Checked,
+        numerics: Numerics,
+        p: Packed,
+        x: &[f32],
+        (t, k): (usize, usize),
+        (w, row_bytes, n): (&[u8], usize, usize),
+        out: &mut [f32],
+        pool: &ThreadPool,
+        cache: Option<(&mut ActCache, u64)>,
+    ) -> Result<(), KernelError> {
+        match self {
+            MatmulPath::Bf16Ggml => {
+                return bf16::matmul_bf16_ggml(ck, x, t, k, w, row_bytes, n, out, pool)
+            }
+            MatmulPath::Q8(kind) => {
+                q8::matmul_q8(ck, kind, x, t, k, w, row_bytes, n, out, pool, cache)
+            }
+            MatmulPath::Q8K(kind) => {
+                qdot_k::matmul_q8k(ck, kind, x, t, k, w, row_bytes, n, out, pool, cache)
+            }
+            // One F16 token keeps the float rows of `decoded.rs` (ggml's numerics there too).
+            MatmulPath::FloatGgml if !float::applies(ck, p, t) => {
+                float_ggml::matmul_float_ggml(ck, p, x, t, k, w, row_bytes, n, out, pool)
+            }
+            MatmulPath::FloatGgml | MatmulPath::Decoded => {
+                let f = decoded::matmul_decoded;
+                f(ck, numerics, p, x, (t, k), (w, row_bytes, n), out, pool)
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `w` (`n` rows of `k` elements of `w_dtype`, as stored) re-laid for a faster kernel on this
+/// `isa` under `numerics`, or `None` when the stored layout is already the fast one: under
+/// [`Numerics::Ggml`], Q4_0, Q4_1, Q5_0 and Q8_0 (`matmul/repack.rs`) and Q4_K and Q6_K
+/// (`matmul/repack_k.rs`) go 8 rows at a time. On every path, the scalar one too, so that a forced
+/// path computes what the fast ones do: multi-token calls on this layout take the block order
+/// (`matmul/r8.rs`). The copy is the tensor's size; the caller owns it and passes it to
+/// [`matmul_repacked`].
+pub fn repack_for(
+    numerics: Numerics,
+    isa: Isa,
+    w: &[u8],
+    w_dtype: DType,
+    n: usize,
+    k: usize,
+) -> Result<Option<Repack>, KernelError> {
+    repack_for_on(numerics, isa, (w, w_dtype), (n, k), None)
+}
+
+/// [`repack_for`], the re-lay spread over `pool`'s threads where there is one (the same bytes).
+pub fn repack_for_on(
+    numerics: Numerics,
+    isa: Isa,
+    (w, w_dtype): (&[u8], DType),
+    (n, k): (usize, usize),
+    pool: Option<&ThreadPool>,
+) -> Result<Option<Repack>, KernelError> {
+    isa.checked()?;
+    if numerics != Numerics::Ggml {
+        return Ok(None);
+    }
+    let checked = || -> Result<(), KernelError> {
+        let rb = row_bytes("matmul", w_dtype, k)?;
+        check_len("matmul w", mul(n, rb, "matmul w")?, w.len())
+    };
+    let q = QKind::new(w_dtype).filter(|&kind| Repacked::supports(kind));
+    Ok(match (q, crate::kernels::blocks::KKind::new(w_dtype)) {
+        (Some(kind), _) => {
+            checked()?;
+            Some(Repack::Q(Repacked::new_on(kind, w, n, k / 32, pool)))
+        }
+        (None, Some(kind)) => {
+            checked()?;
+            Some(Repack::K(RepackedK::new_on(
+                kind,
+                w,
+                n,
+                k / crate::kernels::qact::QK_K,
+                pool,
+            )))
+        }
+        (None, None) => None,
+    })
+}
+
+/// [`matmul_numerics`] under [`Numerics::Ggml`] with weights from [`repack_for`] (`[n, k]`),
+/// bit-identical to the stored layout's result; the same shape checks.
+#[allow(clippy::too_many_arguments, reason = "the runtime's kernel signature")]
+pub fn matmul_repacked(
+    isa: Isa,
+    x: &[f32],
+    t: usize,
+    k: usize,
+    w: &Repack,
+    out: &mut [f32],
+    pool: &ThreadPool,
+) -> Result<(), KernelError> {
+    matmul_repacked_cached(isa, x, t, k, w, out, pool, None)
+}
+
+/// [`matmul_repacked`] with the activation cache of [`matmul_cached`].
+#[allow(
+    clippy::too_many_arguments,
+    reason = "matmul_repacked's plus the cache"
+)]
+pub(crate) fn matmul_repacked_cached(
+    isa: Isa,
+    x: &[f32],
+    t: usize,
+    k: usize,
+    w: &Repack,
+    out: &mut [f32],
+    pool: &ThreadPool,
+    cache: Option<(&mut ActCache, u64)>,
+) -> Result<(), KernelError> {
+    let ck = isa.checked()?;
+    if k != w.k() {
+        return Err(KernelError::Length {
+            what: "matmul k (repacked weights)",
+            expected: w.k(),
+            got: k,
+        });
+    }
+    check_len("matmul x", mul(t, k, "matmul x")?, x.len())?;
+    check_len("matmul out", mul(t, w.n(), "matmul out")?, out.len())?;
+    if t == 0 || w.n() == 0 {
+        return Ok(());
+    }
+    match w {
+        Repack::Q(w) => crate::kernels::matmul::r8::matmul_r8(ck, w, x, t, k, out, pool, cache),
+        Repack::K(w) => crate::kernels::matmul::rk::matmul_rk(ck, w, x, t, k, out, pool, cache),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;

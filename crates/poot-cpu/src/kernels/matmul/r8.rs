@@ -1,0 +1,251 @@
+//! The ggml-numerics matmul over 8-row interleaved weights (`matmul/repack.rs`).
+//!
+//! How: as `matmul/q8.rs` (each activation row quantized once, to Q8_1 for Q4_1 and Q8_0
+//! otherwise), plus, per activation block, the 8 lane corrections the integer steps fold in
+//! (`-8 * sum(y)` over each lane's 4 activations for Q4_0; `-128 * sum(y)` for Q8_0 on VNNI;
+//! none otherwise). Tasks are runs of whole 8-row groups claimed by the pool's threads; each
+//! group's superblocks are read as one sequential stream and dotted against 1 (AVX2) or 2 (VNNI)
+//! tokens per pass.
+//!
+//! Numerics: one-token calls, and Q4_1 always, are bit-identical to `matmul/q8.rs` (and so to
+//! llama.cpp's vec_dot/tinyBLAS), on every ISA and thread count: see `arch/x86/qdot_r8.rs`.
+//! Multi-token Q4_0, Q5_0 and Q8_0 calls (prefill) take the block order instead: each block's 32
+//! products summed exactly in `i32`, then one FMA per block (`matmul::qdot::dot_scalar_blocks`; the
+//! order of llama.cpp's repacked Q4_0 GEMM and of its AMX kernels), which needs an eighth of the
+//! float work and is the one order an AMX tile (whole-block `i32` sums) gives: `arch/x86/amx.rs`
+//! runs it there, bit-identical to the other paths. Q4_1 stays in ggml's order so that the default
+//! model's logits match llama.cpp's AVX2 reference to 1e-5 (`tests/test_models_smollm2.py`); a Q4_1
+//! block order on AMX measured 15-25% faster matmuls but moved those logits by 0.57, activation
+//! quantization amplifying the rounding differences. Both orders quantize the activations the same
+//! way; they differ only in `f32` rounding, within `(k / 32 + 8) * 2^-24 * sum_b |dw dx sum_b|` of
+//! each other (tested), far below the activation rounding `matmul/q8.rs` bounds. Results do not
+//! depend on the thread count or on how tokens are tiled, so every chunking of a prefill with two
+//! or more tokens per step gives the same bits. The scalar path rebuilds each stored row and runs
+//! the `qdot` references.
+//!
+//! Cost: as `matmul/q8.rs`, with about half the vector work per weight block; memory: the
+//! corrections, `t * k / 32` entries of 32 bytes, in reused scratch.
+
+use crate::kernels::act_cache::ActCache;
+use crate::kernels::blocks::QKind;
+use crate::kernels::blocks::RG;
+use crate::kernels::matmul::qdot::{dot_scalar, dot_scalar_blocks};
+use crate::kernels::matmul::repack::Repacked;
+use crate::kernels::qact::{BlockQ8, QK8};
+use crate::kernels::scratch::Scratch;
+use crate::kernels::simd::{prefetch_ahead, Checked, Isa};
+use crate::pool::{SharedMut, ThreadPool};
+
+/// Groups (of 8 rows) from which one-token calls take two groups per step: 2048 rows.
+const PAIRS_FROM: usize = 256;
+
+/// Fills `corr[i]` with `-mult * sum(y[4l..4l+4])` for each lane `l` of activation block `i`.
+fn corrections(a: &[BlockQ8], mult: i32, corr: &mut [[i32; 8]]) {
+    for (c, b) in corr.iter_mut().zip(a) {
+        for (l, v) in c.iter_mut().enumerate() {
+            let s: i32 = b.qs[4 * l..4 * l + 4].iter().map(|&q| i32::from(q)).sum();
+            *v = -mult * s;
+        }
+    }
+}
+
+/// `out[t][n] = dot(W[n], Q8(x[t]))` with `W` repacked; `x` is `[t, k]` with `k = 32 * nb`
+/// (validated by the caller, as for `matmul_q8`).
+#[allow(clippy::too_many_arguments, reason = "matmul's validated arguments")]
+pub(crate) fn matmul_r8(
+    ck: Checked,
+    w: &Repacked,
+    x: &[f32],
+    t: usize,
+    k: usize,
+    out: &mut [f32],
+    pool: &ThreadPool,
+    cache: Option<(&mut ActCache, u64)>,
+) {
+    let (kind, n, nb) = (w.kind, w.n, w.nb);
+    debug_assert!(k == nb * QK8 && x.len() == t * k && out.len() == t * n);
+    let mut local = Scratch::<BlockQ8>::zeroed(0);
+    let xq = crate::kernels::matmul::q8::quantized(x, kind.act_sum(), cache, &mut local, pool);
+    #[cfg(target_arch = "x86_64")]
+    let simd = matches!(ck.isa(), Isa::Avx2 | Isa::Avx512 | Isa::Amx);
+    #[cfg(not(target_arch = "x86_64"))]
+    let simd = false;
+    #[cfg(target_arch = "x86_64")]
+    let vnni = ck.isa().avx512() && crate::kernels::arch::x86::qdot_r8::has_vnni();
+    #[cfg(not(target_arch = "x86_64"))]
+    let vnni = false;
+    let mult = match kind {
+        QKind::Q4_0 => 8,
+        QKind::Q5_0 => 16,
+        QKind::Q8_0 if vnni => 128,
+        _ => 0,
+    };
+    // Multi-token calls but Q4_1's take the block order (see the module docs).
+    let blocks = t >= 2 && kind != QKind::Q4_1;
+    #[cfg(target_arch = "x86_64")]
+    if blocks && ck.isa() == Isa::Amx {
+        crate::kernels::arch::x86::amx::matmul(w, xq, t, out, pool);
+        return;
+    }
+    let mut corr = Scratch::<[i32; 8]>::zeroed(0);
+    corr.resize(t * nb, [0; 8]);
+    if simd && mult != 0 {
+        corrections(xq, mult, &mut corr);
+        if blocks {
+            for c in corr.iter_mut() {
+                *c = [c.iter().sum(), 0, 0, 0, 0, 0, 0, 0];
+            }
+        }
+    }
+    let corr: &[[i32; 8]] = &corr;
+    let stream = simd && t == 1;
+    // ggml's order on AVX-512 VNNI takes two groups per step (`arch/x86/qdot_r16.rs`) with two or
+    // more tokens (Q4_1's prefill) and for large one-token matrices: decoding the 1B Q8_0
+    // model went 15.7-15.8 -> 17.4-18.0 tok/s (alternating runs). Small ones keep one group per
+    // step: pairs on every matrix made the default model's decode slower (about 175 against
+    // 200 tok/s), its small matrices splitting into half as many units.
+    // The block order takes two groups per step on AVX-512 VNNI too, 8 tokens a pass
+    // (`arch::x86::qdot_r16::groups2_blocks`).
+    #[cfg(target_arch = "x86_64")]
+    let pairs = (blocks || t >= 2 || w.groups() >= PAIRS_FROM)
+        && vnni
+        && crate::kernels::arch::x86::qdot_r16::has_vnni512();
+    #[cfg(not(target_arch = "x86_64"))]
+    let pairs = false;
+    over_groups(
+        pool,
+        w.groups(),
+        if pairs { 2 } else { 1 },
+        n,
+        out,
+        stream.then_some(&|g| w.group(g)),
+        |g, write| {
+            if !simd {
+                // Each stored row rebuilt once, then dotted with every token.
+                let mut row = Scratch::<u8>::zeroed(nb * kind.block_bytes());
+                let mut res = Scratch::<f32>::zeroed(t * RG);
+                for r in 0..RG.min(n - g * RG) {
+                    w.stored_row(g * RG + r, &mut row);
+                    for tok in 0..t {
+                        let a = &xq[tok * nb..(tok + 1) * nb];
+                        res[tok * RG + r] = if blocks {
+                            dot_scalar_blocks(kind, &row, a)
+                        } else {
+                            dot_scalar(kind, &row, a)
+                        };
+                    }
+                }
+                for tok in 0..t {
+                    write(tok, &res[tok * RG..(tok + 1) * RG]);
+                }
+                return;
+            }
+            #[cfg(target_arch = "x86_64")]
+            if pairs && g + 1 < w.groups() {
+                use crate::kernels::arch::x86::qdot_r16::{
+                    groups2, groups2_blocks, BLOCK_TOKENS, TOKENS,
+                };
+                let (g0, g1) = (w.group(g), w.group(g + 1));
+                let mut res = [0.0f32; BLOCK_TOKENS * 2 * RG];
+                let tile = if blocks { BLOCK_TOKENS } else { TOKENS };
+                over_tokens(
+                    t,
+                    |_| tile,
+                    2 * RG,
+                    &mut res,
+                    write,
+                    |tok, tt, res| {
+                        let (a, c) = (&xq[tok * nb..], &corr[tok * nb..]);
+                        if blocks {
+                            groups2_blocks(kind, g0, g1, nb, a, c, tt, res);
+                        } else {
+                            groups2(kind, g0, g1, nb, a, c, tt, res);
+                        }
+                    },
+                );
+                return;
+            }
+            #[cfg(target_arch = "x86_64")]
+            {
+                use crate::kernels::arch::x86::qdot_r8::{group, group_blocks, tile_tokens};
+                let grp = w.group(g);
+                let mut res = [0.0f32; 4 * RG];
+                let tile = |_| tile_tokens(vnni, kind, blocks);
+                over_tokens(t, tile, RG, &mut res, write, |tok, tt, res| {
+                    let (a, c) = (&xq[tok * nb..], &corr[tok * nb..]);
+                    if blocks {
+                        group_blocks(vnni, kind, grp, nb, a, c, tt, res);
+                    } else {
+                        group(vnni, kind, grp, nb, a, c, tt, res);
+                    }
+                });
+            }
+        },
+    );
+}
+
+/// The token loop of one group's (or pair's) kernel: `kernel(tok, tt, res)` fills `res` with
+/// `tt` tokens' `width` results from token `tok` on, `tt` being `tile(left)` capped at the
+/// tokens left; `write` then stores each token's results.
+pub(crate) fn over_tokens(
+    t: usize,
+    tile: impl Fn(usize) -> usize,
+    width: usize,
+    res: &mut [f32],
+    write: &dyn Fn(usize, &[f32]),
+    mut kernel: impl FnMut(usize, usize, &mut [f32]),
+) {
+    let mut tok = 0;
+    while tok < t {
+        let tt = tile(t - tok).min(t - tok);
+        kernel(tok, tt, res);
+        for j in 0..tt {
+            write(tok + j, &res[j * width..(j + 1) * width]);
+        }
+        tok += tt;
+    }
+}
+
+/// The task loop of the 8-row matmuls (`matmul_r8`, `matmul_rk`): `body(g, write)` runs for
+/// every `per`-th 8-row group `g` (`per` is 1, or 2 for kernels that take two groups at once)
+/// of a matrix of `n` rows (`groups` groups), in tasks of whole units of `per` groups claimed by
+/// the pool's threads (about four per thread, which balances load when other processes share
+/// the cores); `write(tok, res)` stores `res` (rows `8g..8g + res.len()`) for token `tok` into
+/// `out` (`[t, n]`, padding rows dropped). With `first`, each task prefetches the first
+/// [`prefetch_ahead`] bytes of its first group (`first(g)` gives a group's bytes) before its
+/// stream's own prefetches reach them.
+pub(crate) fn over_groups<'w, B>(
+    pool: &ThreadPool,
+    groups: usize,
+    per: usize,
+    n: usize,
+    out: &mut [f32],
+    first: Option<&(dyn Fn(usize) -> &'w [u8] + Sync)>,
+    body: B,
+) where
+    B: Fn(usize, &dyn Fn(usize, &[f32])) + Sync,
+{
+    let units = groups.div_ceil(per);
+    let (per_task, tasks) = pool.split(units);
+    let shared = SharedMut::new(out);
+    pool.for_each(tasks, |task| {
+        if let Some(first) = first {
+            let bytes = first(task * per_task * per);
+            crate::kernels::simd::prefetch_range(bytes.as_ptr(), bytes.len().min(prefetch_ahead()));
+        }
+        for u in task * per_task..((task + 1) * per_task).min(units) {
+            let g = u * per;
+            body(g, &|tok, res| {
+                for (r, &v) in res.iter().enumerate().take(n.saturating_sub(g * RG)) {
+                    // SAFETY: rows of unit u belong to this task only, so no other task writes
+                    // index tok * n + 8g + r (r < per * 8).
+                    unsafe { shared.write(tok * n + g * RG + r, v) };
+                }
+            });
+        }
+    });
+}
+
+#[cfg(test)]
+#[path = "r8_tests.rs"]
+mod tests;

@@ -1,0 +1,182 @@
+//! Q4_K / Q6_K weights re-laid 8 rows at a time, for the ggml-numerics k-quant matmul.
+//!
+//! Why: in the stored layout each row's 256-value super-block is dotted alone, so every block
+//! pays its own scale unpacking (scalar bit twiddling, 8 broadcasts), two horizontal integer
+//! sums and scalar f16 conversions, which made these dtypes compute-bound at a third of the
+//! DRAM read rate. Interleaving 8 rows puts one row in each 32-bit lane of a 256-bit
+//! register: one load holds 4 quant bytes of each of 8 rows, one `maddubs` with a broadcast
+//! activation word gives 8 rows' pair sums, the 6-bit scales of 8 rows unpack with a few lane
+//! ops, and the float steps run once per super-block for 8 rows (`arch/x86/qdot_rk.rs`).
+//!
+//! Layout: rows in groups of 8 (the last group padded with zero rows: scales 0, quants 0, so
+//! padded outputs are 0 and never written). Group `g` is `nb` super-blocks in block order;
+//! each holds 8 stored blocks cut into pieces (see [`pieces`]). Piece `p` of the stored block
+//! (`len` bytes at `src`) of row `r` lands at `base(p) + r * len`, where `base(p)` is
+//! `8 * sum(len)` of the pieces before it. The pieces, in order:
+//! - Q4_K: `d` (2 bytes), `dmin` (2), the 12 packed scale bytes as three 4-byte words, then the
+//!   128 quant bytes 4 at a time. So quant word `8c + q` (bytes `32c + 4q..+4`) of 8 rows is
+//!   one 32-byte vector: its low nibbles are elements `64c + 4q..+4` (sub-block `2c`), its high
+//!   nibbles elements `64c + 32 + 4q..+4` (sub-block `2c + 1`).
+//! - Q6_K: for each 4-byte word `w` of each 128-value half `n`, its two `ql` words and its
+//!   `qh` word (so the kernel reads front to back), then the 16 `i8` scales one at a time,
+//!   `d` (2).
+//!
+//! So a super-block is exactly 8 stored blocks (1152 or 1680 bytes): the copy is the tensor's
+//! size and nothing is decoded. [`RepackedK::stored_row`] inverts the re-lay exactly.
+//!
+//! Invariant: `data.len() == groups * nb * 8 * block_bytes`; a `RepackedK` is immutable once
+//! built and is only read by `matmul/rk.rs` and the embedding.
+
+use crate::kernels::blocks::KKind;
+use crate::kernels::blocks::RG;
+
+/// `(offset in the stored block, length)` of each piece, in layout order (module docs).
+/// An iterator over arithmetic, so the embedding's row rebuild allocates nothing.
+pub(crate) fn pieces(kind: KKind) -> impl Iterator<Item = (usize, usize)> {
+    let count = match kind {
+        KKind::Q4_K => 2 + 3 + 32,
+        KKind::Q6_K => 32 + 16 + 16 + 1,
+    };
+    (0..count).map(move |i| match kind {
+        KKind::Q4_K => match i {
+            0 | 1 => (2 * i, 2),
+            _ if i < 5 => (4 + 4 * (i - 2), 4),
+            _ => (16 + 4 * (i - 5), 4),
+        },
+        // Word `w` of half `n`: its two `ql` words and its `qh` word, in the order read.
+        KKind::Q6_K => match i {
+            _ if i < 48 => {
+                let (nw, part) = (i / 3, i % 3);
+                let (n, w) = (nw / 8, nw % 8);
+                match part {
+                    0 => (64 * n + 4 * w, 4),
+                    1 => (64 * n + 32 + 4 * w, 4),
+                    _ => (128 + 32 * n + 4 * w, 4),
+                }
+            }
+            _ if i < 64 => (192 + (i - 48), 1),
+            _ => (208, 2),
+        },
+    })
+}
+
+/// Byte offsets inside a Q4_K super-block of the layout (module docs).
+pub(crate) mod q4k {
+    /// The 8 rows' f16 `d`, then their f16 `dmin` (16 bytes each).
+    pub(crate) const D: usize = 0;
+    pub(crate) const DMIN: usize = 16;
+    /// Three 32-byte vectors: packed scale word `w` of row `r` at `SCALES + 32 w + 4 r`.
+    pub(crate) const SCALES: usize = 32;
+    /// 32 vectors of quant words: word `8c + q` at `QS + 32 (8c + q)`.
+    pub(crate) const QS: usize = 128;
+}
+
+/// Byte offsets inside a Q6_K super-block of the layout (module docs).
+pub(crate) mod q6k {
+    /// 16 triples of vectors, one per word `w` of half `n` at `QS + 96 (8n + w)`: the `ql`
+    /// word of elements `128n + 4w..` and `+64..` (stored bytes `64n + 4w..+4`), the one of
+    /// `+32..` and `+96..` (bytes `64n + 32 + 4w..`), then their `qh` word (bytes
+    /// `128 + 32n + 4w..`). So the kernel reads a super-block front to back.
+    pub(crate) const QS: usize = 0;
+    /// The `i8` scale of sub-block `s` of row `r` at `SCALES + 8 s + r`.
+    pub(crate) const SCALES: usize = 1536;
+    /// The 8 rows' f16 `d`.
+    pub(crate) const D: usize = 1664;
+}
+
+/// One k-quant weight matrix in the 8-row interleaved layout (see the module docs).
+pub struct RepackedK {
+    pub(crate) kind: KKind,
+    /// Rows of the stored matrix (the last group may hold padding beyond them).
+    pub(crate) n: usize,
+    /// 256-value super-blocks per row.
+    pub(crate) nb: usize,
+    pub(crate) data: crate::hugemem::HugeBytes,
+}
+
+impl std::fmt::Debug for RepackedK {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RepackedK")
+            .field("kind", &self.kind)
+            .field("n", &self.n)
+            .field("nb", &self.nb)
+            .field("bytes", &self.data.len())
+            .finish()
+    }
+}
+
+impl RepackedK {
+    /// Re-lays `n` stored rows of `nb` super-blocks (`w.len() == n * nb * block_bytes`).
+    ///
+    /// # Panics
+    /// If the length disagrees (callers check it).
+    #[cfg(test)]
+    pub(crate) fn new(kind: KKind, w: &[u8], n: usize, nb: usize) -> RepackedK {
+        RepackedK::new_on(kind, w, n, nb, None)
+    }
+
+    /// [`RepackedK::new`], the groups spread over `pool`'s threads where there is one.
+    pub(crate) fn new_on(
+        kind: KKind,
+        w: &[u8],
+        n: usize,
+        nb: usize,
+        pool: Option<&crate::ThreadPool>,
+    ) -> RepackedK {
+        let bb = kind.block_bytes();
+        assert_eq!(w.len(), n * nb * bb, "repack length");
+        let sb = RG * bb;
+        let mut data = crate::hugemem::HugeBytes::zeroed(n.div_ceil(RG) * nb * sb);
+        let fill = |g: usize, out: &mut [u8]| {
+            for (b, s) in out.chunks_exact_mut(sb).enumerate() {
+                for r in 0..RG.min(n - g * RG) {
+                    let src = &w[((g * RG + r) * nb + b) * bb..][..bb];
+                    let mut base = 0;
+                    for (off, len) in pieces(kind) {
+                        s[base + r * len..][..len].copy_from_slice(&src[off..off + len]);
+                        base += RG * len;
+                    }
+                }
+            }
+        };
+        crate::kernels::blocks::over_groups(&mut data, nb * sb, pool, fill);
+        RepackedK { kind, n, nb, data }
+    }
+
+    /// Interleaved groups (`n / 8` rounded up).
+    pub(crate) fn groups(&self) -> usize {
+        self.n.div_ceil(RG)
+    }
+
+    /// Bytes of one super-block (8 stored blocks).
+    pub(crate) fn superblock_bytes(&self) -> usize {
+        RG * self.kind.block_bytes()
+    }
+
+    /// The super-blocks of group `g`.
+    pub(crate) fn group(&self, g: usize) -> &[u8] {
+        let len = self.nb * self.superblock_bytes();
+        &self.data[g * len..(g + 1) * len]
+    }
+
+    /// Row `r`'s stored bytes, rebuilt from the layout (the scalar path, the embedding and the
+    /// tests read rows this way; the inverse of [`RepackedK::new`]).
+    pub(crate) fn stored_row(&self, r: usize, out: &mut [u8]) {
+        let (bb, sb) = (self.kind.block_bytes(), self.superblock_bytes());
+        let (g, lane) = (r / RG, r % RG);
+        let grp = self.group(g);
+        for (b, dst) in out[..self.nb * bb].chunks_exact_mut(bb).enumerate() {
+            let s = &grp[b * sb..(b + 1) * sb];
+            let mut base = 0;
+            for (off, len) in pieces(self.kind) {
+                dst[off..off + len].copy_from_slice(&s[base + lane * len..][..len]);
+                base += RG * len;
+            }
+        }
+    }
+
+    /// Bytes this copy holds.
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+}

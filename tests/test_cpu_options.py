@@ -1,0 +1,50 @@
+"""The CPU runtime's tuning knobs are per runtime (``CpuSettings``), read from the environment
+only as defaults."""
+
+from __future__ import annotations
+
+import pytest
+
+from poot import _native
+from poot.config import CpuSettings, Settings
+from poot.errors import ConfigError
+
+
+def test_cpu_settings_from_env() -> None:
+    assert CpuSettings.from_env({}) == CpuSettings()
+    assert CpuSettings.from_env({}).runtime_kwargs() == {}
+    s = Settings.from_env(
+        {
+            "POOT_CPU_ISA": "avx2",
+            "POOT_CPU_SPIN_US": "50",
+            "POOT_CPU_PREFETCH": "4096",
+            "POOT_CPU_PREFETCH_FLOAT": "0",
+            "POOT_CPU_PREFETCH_NEXT": "0",
+            "POOT_CPU_THP": "0",
+            "POOT_CPU_PROFILE": "1",
+        }
+    ).cpu
+    assert s.runtime_kwargs() == {
+        "isa": "avx2",
+        "spin_us": 50,
+        "prefetch": 4096,
+        "prefetch_float": 0,
+        "prefetch_next": False,
+        "huge_pages": False,
+        "profile": True,
+    }
+    with pytest.raises(ConfigError, match="POOT_CPU_ISA"):
+        CpuSettings.from_env({"POOT_CPU_ISA": "sse"})
+    with pytest.raises(ConfigError, match="POOT_CPU_PREFETCH"):
+        CpuSettings.from_env({"POOT_CPU_PREFETCH": "far"})
+
+
+def test_two_runtimes_with_different_settings_coexist() -> None:
+    scalar = _native.CpuRuntime(1, **CpuSettings(isa="scalar", huge_pages=False).runtime_kwargs())
+    best = _native.CpuRuntime(1, **CpuSettings(prefetch=4096).runtime_kwargs())
+    assert scalar.isa == "scalar"
+    assert best.isa in ("scalar", "avx2", "avx512", "amx")
+    # Building the second did not change the first.
+    assert scalar.isa == "scalar"
+    with pytest.raises(ValueError, match="isa"):
+        _native.CpuRuntime(1, isa="sse")  # type: ignore[arg-type]
