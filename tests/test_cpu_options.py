@@ -3,6 +3,8 @@ only as defaults."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from poot import _native
@@ -48,3 +50,16 @@ def test_two_runtimes_with_different_settings_coexist() -> None:
     assert scalar.isa == "scalar"
     with pytest.raises(ValueError, match="isa"):
         _native.CpuRuntime(1, isa="sse")  # type: ignore[arg-type]
+
+
+def test_an_llm_runs_on_the_settings_it_is_given(stories: Path) -> None:
+    import poot
+
+    path = str(stories / "stories260K-Q8_0.gguf")
+    greedy = poot.SamplingParams(max_tokens=8, temperature=0.0)
+    scalar = poot.LLM(path, num_blocks=16, cpu=CpuSettings(isa="scalar"))
+    best = poot.LLM(path, num_blocks=16)
+    assert scalar.runtime.isa == "scalar"  # type: ignore[union-attr]
+    # Every code path gives the same tokens (tests/test_cpu_isa.py holds the logits to it).
+    want = best.generate("Once upon a time", greedy)[0].outputs[0].token_ids
+    assert scalar.generate("Once upon a time", greedy)[0].outputs[0].token_ids == want

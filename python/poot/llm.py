@@ -32,13 +32,14 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from poot import _native
 from poot.checkpoints import ModelFiles, resolve_model_files
+from poot.config import CpuSettings
 from poot.driver_options import DriverOptions
 from poot.engine_core import EngineCore
 from poot.errors import ConfigError, ContextLengthError, GraphInputError, SamplingParamsError
@@ -64,10 +65,11 @@ _DEFAULT_MAX_MODEL_LEN = 4096
 
 
 def _make_runtime(
-    threads: int | None, numerics: Literal["ggml", "exact"] = "exact"
+    threads: int | None, numerics: Literal["ggml", "exact"] = "exact", **tuning: Any
 ) -> _native.CpuRuntime:
-    """The runtime an ``LLM`` runs on (tests substitute a reference interpreter here)."""
-    return _native.CpuRuntime(threads, numerics)
+    """The runtime an ``LLM`` runs on (tests substitute a reference interpreter here);
+    ``tuning`` is ``CpuSettings.runtime_kwargs()``."""
+    return _native.CpuRuntime(threads, numerics, **tuning)
 
 
 def _make_wgpu_runtime(
@@ -116,6 +118,9 @@ class LLM:
         prepared_policy: when the plan cache is full, ``"evict"`` drops the least recently
             used, ``"refuse"`` raises ``PreparedEntryLimitError`` (the request ends; the LLM
             is usable).
+        cpu: the CPU runtime's tuning knobs (``poot.config.CpuSettings``: code path, spin,
+            prefetch, huge pages, profiling); None takes the ``POOT_CPU_*`` environment
+            defaults.
         progress: on a terminal, a progress bar while the CPU runtime prepares the weights at
             load (huge-page copies and re-lays: seconds for a 2.4 GB F16 model), once that has
             taken half a second.
@@ -148,6 +153,7 @@ class LLM:
         config: CompileConfig | None = None,
         backend: Literal["cpu", "wgpu"] = "cpu",
         progress: bool = True,
+        cpu: CpuSettings | None = None,
     ) -> None:
         self.files: ModelFiles = resolve_model_files(model)
         self.tokenizer: Tokenizer = load_tokenizer(self.files)
@@ -169,7 +175,7 @@ class LLM:
             raise ConfigError(f'backend must be "cpu" or "wgpu", got {backend!r}')
         resolved = numerics_for(numerics, self.files)
         runtime: Runtime = (
-            _make_runtime(threads, resolved)
+            _make_runtime(threads, resolved, **(cpu.runtime_kwargs() if cpu else {}))
             if backend == "cpu"
             else _make_wgpu_runtime(timeout_s, resolved)
         )
