@@ -1,7 +1,8 @@
 """The CPU performance table of issue 7: poot and llama.cpp side by side, same GGUF, 2 threads.
 
 Rows: SmolLM2-135M Q4_1 (the default model) and synthetic GGUFs (``cpu_synthetic.py``) at Llama
-3.2 1B shape in Q4_0, Q8_0, Q4_K, F16, BF16 and at Qwen2 0.5B shape in its Q4_K_M type mix, all
+3.2 1B shape in Q4_0, Q8_0, Q4_K, F16, BF16, at Qwen2 0.5B shape in its Q4_K_M type mix and at
+Qwen2.5 1.5B shape in its Q4_K_M mix (Q4_K, Q6_K ``ffn_down`` and output), all
 under ggml numerics (llama.cpp's arithmetic); then the F16 and BF16 files again under
 ``numerics="auto"`` (what a float checkpoint gets by default: exact, an f32 KV cache), against
 llama.cpp's own arithmetic. Per row: prefill of 512 tokens (tok/s of the prompt) and decode of
@@ -60,6 +61,13 @@ ROWS: list[tuple[str, str, syn.Shape | None, str, str]] = [
     ("llama-f16", "Llama-3.2-1B shape F16", syn.LLAMA_1B, "F16", "ggml"),
     ("llama-bf16", "Llama-3.2-1B shape BF16", syn.LLAMA_1B, "BF16", "ggml"),
     ("qwen2-mix", "Qwen2-0.5B shape Q5_0/Q8_0/Q4_K/Q6_K", syn.QWEN2_05B, "mix", "ggml"),
+    (
+        "qwen25-q4_k_m",
+        "Qwen2.5-1.5B shape Q4_K_M (Q4_K, Q6_K down/output)",
+        syn.QWEN25_15B,
+        "q4_k_m",
+        "ggml",
+    ),
     ("llama-f16-auto", "Llama-3.2-1B shape F16", syn.LLAMA_1B, "F16", "auto"),
     ("llama-bf16-auto", "Llama-3.2-1B shape BF16", syn.LLAMA_1B, "BF16", "auto"),
 ]

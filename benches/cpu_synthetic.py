@@ -42,10 +42,15 @@ class Shape:
     vocab: int
     rope_base: float
     qkv_bias: bool = False
+    tag: str = ""
 
 
-LLAMA_1B = Shape("llama", 2048, 16, 32, 8, 8192, 128256, 500000.0)
-QWEN2_05B = Shape("qwen2", 896, 24, 14, 2, 4864, 151936, 1000000.0, qkv_bias=True)
+LLAMA_1B = Shape("llama", 2048, 16, 32, 8, 8192, 128256, 500000.0, tag="llama32-1b")
+QWEN2_05B = Shape("qwen2", 896, 24, 14, 2, 4864, 151936, 1000000.0, qkv_bias=True, tag="qwen2-0.5b")
+# Qwen2.5-1.5B: dim 1536, 28 layers, 12/2 heads (head_dim 128), FFN 8960, tied embeddings.
+QWEN25_15B = Shape(
+    "qwen2", 1536, 28, 12, 2, 8960, 151936, 1000000.0, qkv_bias=True, tag="qwen2.5-1.5b"
+)
 
 
 def cache_dir() -> Path:
@@ -59,6 +64,9 @@ def _types(shape: Shape, quant: str, layer: int, name: str) -> str:
     """The storage type of one 2D weight. ``quant`` "mix" is Qwen2 Q4_K_M's choice: rows of
     896 are not whole 256-blocks, so q/k/o/gate/up are Q5_0, v alternates Q8_0/Q5_0 and the
     down projection (rows of 4864) alternates Q6_K/Q4_K; the tied embedding is Q8_0."""
+    if quant == "q4_k_m":
+        # A real Qwen2.5-1.5B Q4_K_M's mix: Q4_K, with Q6_K for ffn_down and the (tied) output.
+        return "Q6_K" if name in ("token_embd", "ffn_down") else "Q4_K"
     if quant != "mix":
         return quant
     if name == "token_embd":
@@ -149,7 +157,7 @@ def synthetic_gguf(shape: Shape, quant: str, smollm_path: Path) -> Path:
     written through the ``gguf`` package on first use."""
     import gguf
 
-    tag = "llama32-1b" if shape == LLAMA_1B else "qwen2-0.5b"
+    tag = shape.tag
     path = cache_dir() / f"synthetic-{tag}-{quant}.gguf"
     if path.is_file():
         return path
