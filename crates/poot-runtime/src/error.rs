@@ -31,6 +31,11 @@ pub enum RuntimeError {
     },
     #[error("the KV cache is not configured (call configure_kv first)")]
     KvNotConfigured,
+    #[error("the {backend} backend cannot run here: missing {missing}")]
+    DeviceUnavailable {
+        backend: &'static str,
+        missing: String,
+    },
     #[error("the {backend} backend is not compiled into this build")]
     NotCompiledIn { backend: &'static str },
 }

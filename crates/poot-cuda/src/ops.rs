@@ -1,0 +1,302 @@
+//! The kernels and how each is launched: one description shared by the GPU (the driver) and
+//! the CPU shim (`shim`), so the tests exercise the runtime's own grid, block and argument
+//! choices as well as the kernel source.
+//!
+//! Every builder takes shapes the caller has already checked (the plan checks them at compile
+//! time against the i32 and grid limits the kernels assume).
+
+use std::ffi::c_void;
+
+use poot_core::DType;
+
+/// `shaders/cuda/common.cuh`: included by every kernel (NVRTC gets it as a named header).
+pub const COMMON: (&str, &str) = (
+    "common.cuh",
+    include_str!("../../../shaders/cuda/common.cuh"),
+);
+
+/// The CPU shim header (used only by `shim`).
+pub const CPU_SHIM: (&str, &str) = (
+    "cpu_shim.h",
+    include_str!("../../../shaders/cuda/cpu_shim.h"),
+);
+
+/// Kernel sources: (file name, text). `stall.cu` is fault injection for tests on a GPU.
+pub const SOURCES: &[(&str, &str)] = &[
+    ("matvec.cu", include_str!("../../../shaders/cuda/matvec.cu")),
+    ("norm.cu", include_str!("../../../shaders/cuda/norm.cu")),
+    (
+        "eltwise.cu",
+        include_str!("../../../shaders/cuda/eltwise.cu"),
+    ),
+    ("stall.cu", include_str!("../../../shaders/cuda/stall.cu")),
+];
+
+/// Sources the CPU shim runs (everything but the GPU-timer stall kernel).
+pub const SHIM_SOURCES: &[&str] = &["matvec.cu", "norm.cu", "eltwise.cu"];
+
+/// The `extern "C" __global__` kernel names a source defines, in order of appearance.
+pub fn kernel_names(source: &str) -> Vec<&str> {
+    source
+        .split("__global__ void ")
+        .skip(1)
+        .filter_map(|rest| rest.split('(').next())
+        .map(str::trim)
+        .collect()
+}
+
+/// Rows one matvec block computes (`MV_ROWS` in matvec.cu: 8 warps of 256 threads).
+pub const MV_ROWS: u32 = 8;
+/// Threads per block of every kernel.
+pub const BLOCK: u32 = 256;
+
+/// One kernel argument, by value as the kernel declares it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Arg {
+    /// A device address (on the CPU shim, a host address).
+    Ptr(u64),
+    I32(i32),
+    I64(i64),
+    U64(u64),
+    F32(f32),
+}
+
+/// One kernel launch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Launch {
+    pub kernel: &'static str,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub args: Vec<Arg>,
+}
+
+/// Argument storage laid out for `cuLaunchKernel`'s `void**` (and the shim's): each entry
+/// points at its value, which lives as long as this struct.
+#[derive(Debug)]
+pub struct Params {
+    values: Vec<u64>,
+    ptrs: Vec<*mut c_void>,
+}
+
+impl Params {
+    pub fn new(args: &[Arg]) -> Self {
+        // Every argument fits in 8 bytes; a little-endian u64 slot holds each at offset 0,
+        // which is where a 4-byte argument's bytes are read from.
+        let values: Vec<u64> = args
+            .iter()
+            .map(|a| match *a {
+                Arg::Ptr(p) | Arg::U64(p) => p,
+                Arg::I64(v) => v as u64,
+                Arg::I32(v) => u64::from(v as u32),
+                Arg::F32(v) => u64::from(v.to_bits()),
+            })
+            .collect();
+        let mut p = Self {
+            values,
+            ptrs: Vec::new(),
+        };
+        p.ptrs = p
+            .values
+            .iter_mut()
+            .map(|v| (v as *mut u64).cast::<c_void>())
+            .collect();
+        p
+    }
+
+    pub fn as_ptr(&mut self) -> *mut *mut c_void {
+        self.ptrs.as_mut_ptr()
+    }
+}
+
+fn blocks(count: u64, per: u32) -> u32 {
+    count.div_ceil(u64::from(per)) as u32
+}
+
+/// The matvec kernel for a weight dtype, or `None` when there is none.
+pub fn matvec_kernel(dtype: DType) -> Option<&'static str> {
+    Some(match dtype {
+        DType::F32 => "matvec_f32",
+        DType::F16 => "matvec_f16",
+        DType::Q8_0 => "matvec_q8_0",
+        DType::Q4_0 => "matvec_q4_0",
+        DType::Q4_1 => "matvec_q4_1",
+        _ => return None,
+    })
+}
+
+/// The dtype code `poot_elem` in eltwise.cu switches on (`POOT_F32`.. in common.cuh).
+pub fn dtype_code(dtype: DType) -> Option<i32> {
+    Some(match dtype {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::Q8_0 => 2,
+        DType::Q4_0 => 3,
+        DType::Q4_1 => 4,
+        _ => return None,
+    })
+}
+
+/// `y [t, n] = x [t, k] @ w [n, k]^T`; `w` is stored in `dtype` (see `matvec_kernel`).
+pub fn matvec(dtype: DType, w: u64, x: u64, y: u64, t: u32, n: u32, k: u32) -> Launch {
+    Launch {
+        kernel: matvec_kernel(dtype).expect("the plan checked the dtype"),
+        grid: [blocks(n.into(), MV_ROWS), t, 1],
+        block: [BLOCK, 1, 1],
+        args: vec![
+            Arg::Ptr(w),
+            Arg::Ptr(x),
+            Arg::Ptr(y),
+            Arg::I32(n as i32),
+            Arg::I32(k as i32),
+        ],
+    }
+}
+
+pub fn rms_norm(x: u64, w: u64, y: u64, t: u32, d: u32, eps: f32) -> Launch {
+    Launch {
+        kernel: "rms_norm_f32",
+        grid: [t, 1, 1],
+        block: [BLOCK, 1, 1],
+        args: vec![
+            Arg::Ptr(x),
+            Arg::Ptr(w),
+            Arg::Ptr(y),
+            Arg::I32(d as i32),
+            Arg::F32(eps),
+        ],
+    }
+}
+
+/// `add_f32` or `mul_f32`: `out[i] = a[i] op b[i % nb]`.
+pub fn binary(kernel: &'static str, a: u64, b: u64, out: u64, n: u64, nb: u64) -> Launch {
+    Launch {
+        kernel,
+        grid: [blocks(n, BLOCK), 1, 1],
+        block: [BLOCK, 1, 1],
+        args: vec![
+            Arg::Ptr(a),
+            Arg::Ptr(b),
+            Arg::Ptr(out),
+            Arg::I64(n as i64),
+            Arg::I64(nb as i64),
+        ],
+    }
+}
+
+pub fn silu(x: u64, out: u64, n: u64) -> Launch {
+    Launch {
+        kernel: "silu_f32",
+        grid: [blocks(n, BLOCK), 1, 1],
+        block: [BLOCK, 1, 1],
+        args: vec![Arg::Ptr(x), Arg::Ptr(out), Arg::I64(n as i64)],
+    }
+}
+
+/// Rotates `x [t, n_heads * head_dim]` into `out` with `cs` = (cos, sin) pairs `[t, half]`.
+#[allow(clippy::too_many_arguments, reason = "the kernel's own signature")]
+pub fn rope(
+    x: u64,
+    cs: u64,
+    out: u64,
+    t: u32,
+    n_heads: u32,
+    head_dim: u32,
+    half: u32,
+    neox: bool,
+) -> Launch {
+    let total = u64::from(t) * u64::from(n_heads) * u64::from(head_dim);
+    Launch {
+        kernel: "rope_f32",
+        grid: [blocks(total, BLOCK), 1, 1],
+        block: [BLOCK, 1, 1],
+        args: vec![
+            Arg::Ptr(x),
+            Arg::Ptr(cs),
+            Arg::Ptr(out),
+            Arg::I32(t as i32),
+            Arg::I32(n_heads as i32),
+            Arg::I32(head_dim as i32),
+            Arg::I32(half as i32),
+            Arg::I32(i32::from(neox)),
+        ],
+    }
+}
+
+pub fn embedding(table: u64, dtype: DType, ids: u64, out: u64, n_ids: u32, dim: u32) -> Launch {
+    Launch {
+        kernel: "embedding",
+        grid: [blocks(dim.into(), BLOCK), n_ids, 1],
+        block: [BLOCK, 1, 1],
+        args: vec![
+            Arg::Ptr(table),
+            Arg::Ptr(ids),
+            Arg::Ptr(out),
+            Arg::I32(dim as i32),
+            Arg::I32(dtype_code(dtype).expect("the plan checked the dtype")),
+        ],
+    }
+}
+
+pub fn gather_rows(x: u64, rows: u64, out: u64, r: u32, d: u32) -> Launch {
+    Launch {
+        kernel: "gather_rows",
+        grid: [blocks(d.into(), BLOCK), r, 1],
+        block: [BLOCK, 1, 1],
+        args: vec![
+            Arg::Ptr(x),
+            Arg::Ptr(rows),
+            Arg::Ptr(out),
+            Arg::I32(d as i32),
+        ],
+    }
+}
+
+/// Fault injection: one block spinning on the GPU timer for `ns` (see stall.cu).
+pub fn stall(ns: u64, sink: u64) -> Launch {
+    Launch {
+        kernel: "stall",
+        grid: [1, 1, 1],
+        block: [32, 1, 1],
+        args: vec![Arg::U64(ns), Arg::Ptr(sink)],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_source_names_its_kernels() {
+        let names: Vec<&str> = SOURCES.iter().flat_map(|(_, s)| kernel_names(s)).collect();
+        for k in [
+            "matvec_q8_0",
+            "matvec_q4_0",
+            "matvec_q4_1",
+            "matvec_f16",
+            "matvec_f32",
+            "rms_norm_f32",
+            "add_f32",
+            "mul_f32",
+            "silu_f32",
+            "rope_f32",
+            "embedding",
+            "gather_rows",
+            "stall",
+        ] {
+            assert!(names.contains(&k), "{k} missing from {names:?}");
+        }
+        assert_eq!(names.len(), 13, "{names:?}");
+    }
+
+    #[test]
+    fn params_point_at_each_value_in_its_low_bytes() {
+        let mut p = Params::new(&[Arg::I32(-2), Arg::F32(1.5), Arg::Ptr(0xdead_beef_0000)]);
+        let ptrs = p.as_ptr();
+        // SAFETY: `ptrs` has three entries, each pointing at a live u64 slot of `p`.
+        unsafe {
+            assert_eq!(*(*ptrs).cast::<i32>(), -2);
+            assert_eq!(*(*ptrs.add(1)).cast::<f32>(), 1.5);
+            assert_eq!(*(*ptrs.add(2)).cast::<u64>(), 0xdead_beef_0000);
+        }
+    }
+}

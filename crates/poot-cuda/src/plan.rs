@@ -1,0 +1,473 @@
+//! Compiling a graph for the CUDA runtime: every value gets a fixed device address (weights
+//! as stored, everything else in one arena per plan), so each equation becomes one fully
+//! formed kernel launch at compile time and a run only uploads inputs, replays the launches
+//! and downloads outputs.
+//!
+//! Supported ops: input, weight, literal, embedding, rms_norm, matmul, add, mul, silu, rope,
+//! reshape, gather_rows. Others (softmax, paged attention, the sampling ops, ...) are refused
+//! at compile time with `CompileError::Unsupported` until they have kernels. Shapes are
+//! checked here against what the kernels assume (i32 extents, grid limits).
+
+use std::sync::Arc;
+
+use poot_core::{DType, Deadline};
+use poot_cpu::kernels::{RopeConfig, RopeTable};
+use poot_graph::{CompileError, CompileLimits, Graph, Op, RopeStyle};
+use poot_runtime::{CompiledPlan, RuntimeError, WeightStore};
+
+use crate::device::DevBuf;
+use crate::ops::{self, Launch};
+use crate::CudaRuntime;
+
+/// Where a value lives.
+#[derive(Clone, Copy, Debug)]
+enum Loc {
+    /// Byte offset into the plan's arena.
+    Arena(u64),
+    /// Index into `CudaPlan::weights`.
+    Weight(usize),
+}
+
+/// A graph input: uploaded at every run.
+#[derive(Debug)]
+pub(crate) struct InputSlot {
+    pub name: String,
+    pub offset: u64,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    /// Ids must lie in `0..bound` (embedding rows, gathered rows): checked on the host.
+    pub bound: Option<(usize, &'static str)>,
+}
+
+/// A rope's (cos, sin) table, computed on the host from its positions input at every run.
+#[derive(Debug)]
+pub(crate) struct RopeSlot {
+    pub positions: String,
+    pub table: RopeTable,
+    pub offset: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct OutputSlot {
+    pub name: String,
+    pub offset: u64,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+}
+
+/// A graph compiled for one CUDA device.
+pub struct CudaPlan {
+    graph: Graph,
+    pub(crate) arena: DevBuf,
+    pub(crate) inputs: Vec<InputSlot>,
+    pub(crate) ropes: Vec<RopeSlot>,
+    pub(crate) outputs: Vec<OutputSlot>,
+    /// Absolute device addresses, ready to replay.
+    pub(crate) launches: Vec<Launch>,
+    _weights: Vec<Arc<DevBuf>>,
+    _store: Arc<dyn WeightStore>,
+}
+
+impl std::fmt::Debug for CudaPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaPlan")
+            .field("launches", &self.launches.len())
+            .field("arena_bytes", &self.arena.bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CompiledPlan for CudaPlan {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+    fn graph(&self) -> &Graph {
+        &self.graph
+    }
+    fn artifact_bytes(&self) -> u64 {
+        self.arena.bytes
+    }
+}
+
+/// Whether the CUDA runtime compiles graphs holding `op`.
+pub fn supports(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Input { .. }
+            | Op::Weight { .. }
+            | Op::Literal { .. }
+            | Op::Embedding { .. }
+            | Op::RmsNorm { .. }
+            | Op::MatMul { .. }
+            | Op::Add { .. }
+            | Op::Mul { .. }
+            | Op::Silu { .. }
+            | Op::Rope { .. }
+            | Op::Reshape { .. }
+            | Op::GatherRows { .. }
+    )
+}
+
+fn invalid(detail: String) -> RuntimeError {
+    CompileError::Invalid(detail).into()
+}
+
+/// An extent a kernel takes as i32 (or a grid dimension, `max`).
+fn extent(what: &str, v: usize, max: usize) -> Result<u32, RuntimeError> {
+    if v > max {
+        return Err(invalid(format!(
+            "{what} = {v} is over the CUDA kernels' limit {max}"
+        )));
+    }
+    Ok(v as u32)
+}
+
+const I32_MAX: usize = i32::MAX as usize;
+/// gridDim.y and .z are at most 65535.
+const GRID_Y: usize = 65_535;
+const ALIGN: u64 = 256;
+
+struct Builder<'a> {
+    rt: &'a CudaRuntime,
+    graph: &'a Graph,
+    store: &'a Arc<dyn WeightStore>,
+    loc: Vec<Option<Loc>>,
+    arena_bytes: u64,
+    weights: Vec<Arc<DevBuf>>,
+    weight_dtype: Vec<DType>,
+    inputs: Vec<InputSlot>,
+    ropes: Vec<RopeSlot>,
+    literals: Vec<(u64, Vec<f32>)>,
+    /// Launches with arena offsets in `Arg::Ptr` tagged by `ARENA_TAG`, fixed up at the end.
+    launches: Vec<Launch>,
+}
+
+/// Arena offsets are stored with this bit set until the arena's base address is known.
+const ARENA_TAG: u64 = 1 << 63;
+
+impl Builder<'_> {
+    fn reserve(&mut self, bytes: u64) -> u64 {
+        let at = self.arena_bytes;
+        self.arena_bytes += bytes.div_ceil(ALIGN) * ALIGN;
+        at
+    }
+
+    fn numel(&self, v: poot_graph::ValueId) -> usize {
+        self.graph.info(v).numel()
+    }
+
+    /// The address argument of value `v`: a weight's device address, or a tagged offset.
+    fn addr(&self, v: poot_graph::ValueId) -> Result<u64, RuntimeError> {
+        match self.loc[v.index()] {
+            Some(Loc::Arena(off)) => Ok(ARENA_TAG | off),
+            Some(Loc::Weight(i)) => Ok(self.weights[i].ptr),
+            None => Err(invalid(format!(
+                "value {} is used before it is defined",
+                v.0
+            ))),
+        }
+    }
+
+    /// An operand that must be f32 activations (or an f32-stored weight).
+    fn f32_operand(&self, op: &str, v: poot_graph::ValueId) -> Result<u64, RuntimeError> {
+        let dtype = match self.loc[v.index()] {
+            Some(Loc::Weight(i)) => self.weight_dtype[i],
+            _ => self.graph.info(v).dtype,
+        };
+        if dtype != DType::F32 {
+            return Err(invalid(format!(
+                "{op}: operand {} is {dtype}, the CUDA kernels take f32",
+                v.0
+            )));
+        }
+        self.addr(v)
+    }
+
+    fn weight_index(&self, op: &str, v: poot_graph::ValueId) -> Result<usize, RuntimeError> {
+        match self.loc[v.index()] {
+            Some(Loc::Weight(i)) => Ok(i),
+            _ => Err(invalid(format!(
+                "{op}: operand {} must be a stored weight",
+                v.0
+            ))),
+        }
+    }
+
+    /// The input slot behind `v`, which must be a graph input (its data is needed on the host).
+    fn host_input(
+        &mut self,
+        op: &str,
+        v: poot_graph::ValueId,
+    ) -> Result<&mut InputSlot, RuntimeError> {
+        let Op::Input { name } = self.graph.op(v) else {
+            return Err(invalid(format!(
+                "{op}: operand {} must be a graph input (its values are checked on the host)",
+                v.0
+            )));
+        };
+        let name = name.clone();
+        self.inputs
+            .iter_mut()
+            .find(|s| s.name == name)
+            .ok_or_else(|| invalid(format!("{op}: input {name} has no slot")))
+    }
+
+    fn out(&mut self, i: usize) -> u64 {
+        let bytes = self.graph.values[i].numel() as u64 * 4;
+        let off = self.reserve(bytes);
+        self.loc[i] = Some(Loc::Arena(off));
+        ARENA_TAG | off
+    }
+
+    fn equation(&mut self, i: usize, limits: &CompileLimits) -> Result<(), RuntimeError> {
+        let g = self.graph;
+        let info = &g.values[i];
+        match &g.equations[i] {
+            Op::Input { name } => {
+                if !matches!(info.dtype, DType::F32 | DType::I32) {
+                    return Err(invalid(format!(
+                        "input {name} is {}, runs take f32 or i32",
+                        info.dtype
+                    )));
+                }
+                let offset = self.reserve(info.numel() as u64 * 4);
+                self.loc[i] = Some(Loc::Arena(offset));
+                self.inputs.push(InputSlot {
+                    name: name.clone(),
+                    offset,
+                    dtype: info.dtype,
+                    shape: info.shape.clone(),
+                    bound: None,
+                });
+            }
+            Op::Weight { name } => {
+                let bytes = self
+                    .store
+                    .bytes(name)
+                    .ok_or_else(|| RuntimeError::MissingWeight { name: name.clone() })?;
+                if bytes.len() as u64 > limits.max_artifact_bytes {
+                    return Err(CompileError::ArtifactTooLarge {
+                        limit: limits.max_artifact_bytes,
+                        total: bytes.len() as u64,
+                    }
+                    .into());
+                }
+                let w = self.rt.weight(self.store, name, bytes)?;
+                self.weights.push(w);
+                self.weight_dtype.push(info.dtype);
+                self.loc[i] = Some(Loc::Weight(self.weights.len() - 1));
+            }
+            Op::Literal { data } => {
+                let off = self.reserve(data.len() as u64 * 4);
+                self.loc[i] = Some(Loc::Arena(off));
+                self.literals.push((off, data.clone()));
+            }
+            Op::Reshape { x, .. } => self.loc[i] = self.loc[x.index()],
+            Op::Embedding { table, ids } => {
+                let wi = self.weight_index("embedding", *table)?;
+                let dtype = self.weight_dtype[wi];
+                let shape = &g.info(*table).shape;
+                if ops::dtype_code(dtype).is_none() || shape.len() != 2 {
+                    return Err(invalid(format!(
+                        "embedding: table {dtype}{shape:?} has no CUDA kernel"
+                    )));
+                }
+                let (vocab, dim) = (shape[0], extent("embedding dim", shape[1], I32_MAX)?);
+                let n = extent("embedding ids", self.numel(*ids), GRID_Y)?;
+                let table_addr = self.weights[wi].ptr;
+                let ids_addr = self.addr(*ids)?;
+                self.host_input("embedding", *ids)?.bound = Some((vocab, "embedding"));
+                let out = self.out(i);
+                self.launches
+                    .push(ops::embedding(table_addr, dtype, ids_addr, out, n, dim));
+            }
+            Op::RmsNorm { x, weight, eps } => {
+                let d = *g.info(*x).shape.last().unwrap_or(&1);
+                let d32 = extent("rms_norm dim", d, I32_MAX)?;
+                let t = extent("rms_norm rows", self.numel(*x) / d.max(1), I32_MAX)?;
+                let (xa, wa) = (
+                    self.f32_operand("rms_norm", *x)?,
+                    self.f32_operand("rms_norm", *weight)?,
+                );
+                let out = self.out(i);
+                self.launches.push(ops::rms_norm(xa, wa, out, t, d32, *eps));
+            }
+            Op::MatMul { x, w } => {
+                let wi = self.weight_index("matmul", *w)?;
+                let dtype = self.weight_dtype[wi];
+                let shape = &g.info(*w).shape;
+                if ops::matvec_kernel(dtype).is_none() || shape.len() != 2 {
+                    return Err(invalid(format!(
+                        "matmul: weight {dtype}{shape:?} has no CUDA kernel"
+                    )));
+                }
+                let (n, k) = (
+                    extent("matmul n", shape[0], I32_MAX)?,
+                    extent("matmul k", shape[1], I32_MAX)?,
+                );
+                let t = extent("matmul rows", self.numel(*x) / shape[1].max(1), GRID_Y)?;
+                let (wa, xa) = (self.weights[wi].ptr, self.f32_operand("matmul", *x)?);
+                let out = self.out(i);
+                self.launches.push(ops::matvec(dtype, wa, xa, out, t, n, k));
+            }
+            Op::Add { a, b } | Op::Mul { a, b } => {
+                let kernel = if matches!(g.equations[i], Op::Add { .. }) {
+                    "add_f32"
+                } else {
+                    "mul_f32"
+                };
+                let (n, nb) = (self.numel(*a) as u64, self.numel(*b) as u64);
+                if nb == 0 || n % nb != 0 {
+                    return Err(invalid(format!(
+                        "{kernel}: {nb} elements do not broadcast over {n}"
+                    )));
+                }
+                let (aa, ba) = (self.f32_operand(kernel, *a)?, self.f32_operand(kernel, *b)?);
+                let out = self.out(i);
+                self.launches.push(ops::binary(kernel, aa, ba, out, n, nb));
+            }
+            Op::Silu { x } => {
+                let xa = self.f32_operand("silu", *x)?;
+                let out = self.out(i);
+                self.launches
+                    .push(ops::silu(xa, out, self.numel(*x) as u64));
+            }
+            Op::GatherRows { x, rows } => {
+                let d = *g.info(*x).shape.last().unwrap_or(&1);
+                let n_rows = self.numel(*x) / d.max(1);
+                let r = extent("gather_rows rows", self.numel(*rows), GRID_Y)?;
+                let d32 = extent("gather_rows dim", d, I32_MAX)?;
+                let (xa, ra) = (self.f32_operand("gather_rows", *x)?, self.addr(*rows)?);
+                self.host_input("gather_rows", *rows)?.bound = Some((n_rows, "gather_rows"));
+                let out = self.out(i);
+                self.launches.push(ops::gather_rows(xa, ra, out, r, d32));
+            }
+            Op::Rope { x, positions, cfg } => {
+                let table = RopeTable::new(&RopeConfig {
+                    style: cfg.style,
+                    head_dim: cfg.head_dim as usize,
+                    rot_dim: cfg.rot_dim as usize,
+                    theta: cfg.theta,
+                    scaling: cfg.scaling,
+                })
+                .map_err(|e| invalid(format!("rope: {e}")))?;
+                let row = cfg.n_heads as usize * cfg.head_dim as usize;
+                let t = extent("rope tokens", self.numel(*x) / row.max(1), I32_MAX)?;
+                let half = table.inv_freq().len() as u32;
+                let xa = self.f32_operand("rope", *x)?;
+                let Op::Input { name } = g.op(*positions) else {
+                    return Err(invalid("rope: positions must be a graph input".into()));
+                };
+                let cs = self.reserve(u64::from(t) * u64::from(half) * 8);
+                let neox = cfg.style == RopeStyle::NeoX;
+                self.ropes.push(RopeSlot {
+                    positions: name.clone(),
+                    table,
+                    offset: cs,
+                });
+                let out = self.out(i);
+                self.launches.push(ops::rope(
+                    xa,
+                    ARENA_TAG | cs,
+                    out,
+                    t,
+                    cfg.n_heads,
+                    cfg.head_dim,
+                    half,
+                    neox,
+                ));
+            }
+            other => {
+                return Err(CompileError::Unsupported {
+                    backend: "cuda",
+                    op: other.name(),
+                }
+                .into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Compiles `graph` on `rt`: weights uploaded (or shared with live plans), the arena
+/// allocated, literals uploaded, launches formed.
+pub fn compile(
+    rt: &CudaRuntime,
+    graph: &Graph,
+    store: Arc<dyn WeightStore>,
+    limits: &CompileLimits,
+) -> Result<CudaPlan, RuntimeError> {
+    if graph.equations.len() > limits.max_equations {
+        return Err(CompileError::Expansion {
+            pass: "cuda schedule",
+            limit: limits.max_equations as u64,
+            total: graph.equations.len() as u64,
+        }
+        .into());
+    }
+    let mut b = Builder {
+        rt,
+        graph,
+        store: &store,
+        loc: vec![None; graph.equations.len()],
+        arena_bytes: 0,
+        weights: Vec::new(),
+        weight_dtype: Vec::new(),
+        inputs: Vec::new(),
+        ropes: Vec::new(),
+        literals: Vec::new(),
+        launches: Vec::new(),
+    };
+    for i in 0..graph.equations.len() {
+        b.equation(i, limits)?;
+    }
+    let mut outputs = Vec::new();
+    for (name, v) in &graph.outputs {
+        let info = graph.info(*v);
+        match b.loc[v.index()] {
+            Some(Loc::Arena(offset)) => outputs.push(OutputSlot {
+                name: name.clone(),
+                offset,
+                dtype: info.dtype,
+                shape: info.shape.clone(),
+            }),
+            _ => {
+                return Err(invalid(format!(
+                    "output {name} is a stored weight, not a computed value"
+                )))
+            }
+        }
+    }
+    if b.arena_bytes > limits.max_artifact_bytes {
+        return Err(CompileError::ArtifactTooLarge {
+            limit: limits.max_artifact_bytes,
+            total: b.arena_bytes,
+        }
+        .into());
+    }
+    let arena = rt.alloc(b.arena_bytes)?;
+    let base = arena.ptr;
+    for l in &mut b.launches {
+        for a in &mut l.args {
+            if let ops::Arg::Ptr(p) = a {
+                if *p & ARENA_TAG != 0 {
+                    *p = base + (*p & !ARENA_TAG);
+                }
+            }
+        }
+    }
+    for (off, data) in &b.literals {
+        let bytes: Vec<u8> = data.iter().flat_map(|f| f.to_le_bytes()).collect();
+        rt.upload(base + off, &bytes, Deadline::after(rt.options().timeout))?;
+    }
+    Ok(CudaPlan {
+        graph: graph.clone(),
+        arena,
+        inputs: b.inputs,
+        ropes: b.ropes,
+        outputs,
+        launches: b.launches,
+        _weights: b.weights,
+        _store: store,
+    })
+}
