@@ -19,7 +19,7 @@ use poot_core::Deadline;
 
 use crate::driver::*;
 use crate::error::CudaError;
-use crate::nvrtc::Nvrtc;
+use crate::nvrtc::{Nvrtc, Target};
 use crate::ops::{self, Launch, Params};
 
 /// What discovery reports about the device.
@@ -195,7 +195,7 @@ impl Device {
     fn load_kernels(&mut self, nvrtc: &Nvrtc) -> Result<(), CudaError> {
         let arch = self.info.compute_capability.0 * 10 + self.info.compute_capability.1;
         for (file, text) in ops::SOURCES {
-            let cubin = nvrtc.compile(file, text, &[ops::COMMON], arch)?;
+            let cubin = nvrtc.compile(file, text, &[ops::COMMON], Target::Cubin(arch))?;
             let mut module: CuModule = std::ptr::null_mut();
             // SAFETY: `cubin` is a complete image NVRTC produced for this architecture; the
             // context is current (set in `open`).

@@ -39,6 +39,7 @@ use poot_runtime::{
 
 pub use device::DeviceInfo;
 pub use error::CudaError;
+pub use nvrtc::Target;
 pub use plan::CudaPlan;
 
 use device::{DevBuf, Device};
@@ -309,6 +310,27 @@ impl Runtime for CudaRuntime {
     fn health(&self) -> Health {
         self.poison.health()
     }
+}
+
+/// Every kernel source compiled by NVRTC (found as the runtime finds it) to `target`, with
+/// the runtime's own options: `(file name, image)`. Needs no GPU; `scripts/ptx_check.sh` runs
+/// the PTX through `ptxas`, and the tests check that every source compiles.
+pub fn compile_kernels(target: Target) -> Result<Vec<(&'static str, Vec<u8>)>, CudaError> {
+    let nvrtc = nvrtc::Nvrtc::open()?;
+    ops::SOURCES
+        .iter()
+        .map(|(file, text)| Ok((*file, nvrtc.compile(file, text, &[ops::COMMON], target)?)))
+        .collect()
+}
+
+/// One source (including `common.cuh` as the kernels do) compiled with the runtime's options.
+pub fn compile_source(name: &str, source: &str, target: Target) -> Result<Vec<u8>, CudaError> {
+    nvrtc::Nvrtc::open()?.compile(name, source, &[ops::COMMON], target)
+}
+
+/// NVRTC's version, where NVRTC can be opened.
+pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
+    Ok(nvrtc::Nvrtc::open()?.version())
 }
 
 /// Whether the CUDA kernels read weights of `dtype` in matmuls.

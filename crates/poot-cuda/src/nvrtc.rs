@@ -25,6 +25,13 @@ const CANDIDATES: &[&str] = &[
     "/usr/local/cuda/targets/x86_64-linux/lib/libnvrtc.so",
 ];
 
+/// What NVRTC produces: a cubin for `sm_XY`, or PTX for `compute_XY` (what `ptxas` checks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    Cubin(u32),
+    Ptx(u32),
+}
+
 pub struct Nvrtc {
     version: (i32, i32),
     create: unsafe extern "C" fn(
@@ -40,6 +47,8 @@ pub struct Nvrtc {
     log: unsafe extern "C" fn(Prog, *mut c_char) -> R,
     cubin_size: unsafe extern "C" fn(Prog, *mut usize) -> R,
     cubin: unsafe extern "C" fn(Prog, *mut c_char) -> R,
+    ptx_size: unsafe extern "C" fn(Prog, *mut usize) -> R,
+    ptx: unsafe extern "C" fn(Prog, *mut c_char) -> R,
     destroy: unsafe extern "C" fn(*mut Prog) -> R,
     _lib: Library,
 }
@@ -97,6 +106,8 @@ impl Nvrtc {
             log: sym!(b"nvrtcGetProgramLog\0"),
             cubin_size: sym!(b"nvrtcGetCUBINSize\0"),
             cubin: sym!(b"nvrtcGetCUBIN\0"),
+            ptx_size: sym!(b"nvrtcGetPTXSize\0"),
+            ptx: sym!(b"nvrtcGetPTX\0"),
             destroy: sym!(b"nvrtcDestroyProgram\0"),
             _lib: lib,
         })
@@ -106,14 +117,13 @@ impl Nvrtc {
         self.version
     }
 
-    /// Compiles `source` (with `headers` as `(include name, contents)`) to a cubin for
-    /// `sm_{arch}`.
+    /// Compiles `source` (with `headers` as `(include name, contents)`) to `target`.
     pub fn compile(
         &self,
         name: &str,
         source: &str,
         headers: &[(&str, &str)],
-        arch: u32,
+        target: Target,
     ) -> Result<Vec<u8>, CudaError> {
         let c = |s: &str| CString::new(s).expect("kernel sources and names hold no NUL");
         let (src, cname) = (c(source), c(name));
@@ -122,7 +132,10 @@ impl Nvrtc {
         let hdr_src_p: Vec<*const c_char> = hdr_src.iter().map(|s| s.as_ptr()).collect();
         let hdr_name_p: Vec<*const c_char> = hdr_name.iter().map(|s| s.as_ptr()).collect();
         let opts: Vec<CString> = [
-            format!("--gpu-architecture=sm_{arch}"),
+            match target {
+                Target::Cubin(arch) => format!("--gpu-architecture=sm_{arch}"),
+                Target::Ptx(arch) => format!("--gpu-architecture=compute_{arch}"),
+            },
             "--fmad=false".into(),
             "-std=c++17".into(),
         ]
@@ -158,8 +171,11 @@ impl Nvrtc {
                 log: self.program_log(prog),
             })
         } else {
-            self.program_cubin(prog)
-                .ok_or_else(|| fail("nvrtcGetCUBIN", -1))
+            match target {
+                Target::Cubin(_) => self.program_image(prog, self.cubin_size, self.cubin),
+                Target::Ptx(_) => self.program_image(prog, self.ptx_size, self.ptx),
+            }
+            .ok_or_else(|| fail("nvrtcGetCUBIN/PTX", -1))
         };
         // SAFETY: destroys the program created above, once.
         unsafe { (self.destroy)(&mut prog) };
@@ -180,14 +196,20 @@ impl Nvrtc {
             .unwrap_or_default()
     }
 
-    fn program_cubin(&self, prog: Prog) -> Option<Vec<u8>> {
+    /// The compiled image (cubin, or PTX text with its NUL) through a size/get pair.
+    fn program_image(
+        &self,
+        prog: Prog,
+        size: unsafe extern "C" fn(Prog, *mut usize) -> R,
+        get: unsafe extern "C" fn(Prog, *mut c_char) -> R,
+    ) -> Option<Vec<u8>> {
         let mut n = 0usize;
         // SAFETY: `prog` is live and compiled; the size call writes one usize.
-        if unsafe { (self.cubin_size)(prog, &mut n) } != 0 || n == 0 {
+        if unsafe { size(prog, &mut n) } != 0 || n == 0 {
             return None;
         }
         let mut buf = vec![0u8; n];
-        // SAFETY: the buffer holds the `n` bytes NVRTC reported for the cubin.
-        (unsafe { (self.cubin)(prog, buf.as_mut_ptr().cast()) } == 0).then_some(buf)
+        // SAFETY: the buffer holds the `n` bytes NVRTC reported for the image.
+        (unsafe { get(prog, buf.as_mut_ptr().cast()) } == 0).then_some(buf)
     }
 }
