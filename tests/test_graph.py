@@ -191,6 +191,12 @@ MAPPING: list[tuple[str, type[Exception], type[Exception], dict[str, Any]]] = [
     ),
     ("kv_not_configured", errors.KvCacheNotConfiguredError, RuntimeError, {}),
     ("not_compiled_in", errors.BackendNotCompiledError, RuntimeError, {"backend": "cuda"}),
+    (
+        "device_unavailable",
+        errors.DeviceUnavailableError,
+        RuntimeError,
+        {"backend": "cuda", "missing": "the NVIDIA driver library libcuda.so.1"},
+    ),
 ]
 
 

@@ -55,7 +55,7 @@ def test_unloadable_model_exits_with_error(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [["--backend", "cuda"], ["--max-num-seqs", "0"], ["--queue-timeout", "-1"], ["--port", "x"]],
+    [["--max-num-seqs", "0"], ["--queue-timeout", "-1"], ["--port", "x"]],
 )
 def test_bad_options_exit_2(args: list[str]) -> None:
     proc = subprocess.run(

@@ -402,6 +402,40 @@ class WgpuRuntime:
     def _inject_device_loss(self) -> None: ...
 
 def wgpu_adapters() -> list[dict[str, str]]: ...
+@final
+class CudaRuntime:
+    """The CUDA runtime: kernels from ``shaders/cuda`` compiled by NVRTC for one NVIDIA GPU.
+
+    Raises ``BackendNotCompiledError`` when the build lacks the ``cuda`` feature, and
+    ``DeviceUnavailableError`` (naming what is missing) where the NVIDIA driver, NVRTC or the
+    device is absent. Arithmetic is the CPU runtime's ``"exact"`` mode (f32); every wait is
+    bounded by ``timeout_s`` and each run's own, and a timeout or a sticky CUDA error poisons
+    the runtime. Graphs with ops it has no kernel for are refused at compile time.
+    """
+
+    def __new__(cls, device: int = 0, timeout_s: float = 600.0) -> CudaRuntime: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def device(self) -> dict[str, Any]: ...
+    def compile(
+        self, graph: Graph, weights: Weights, limits: CompileLimits | None = None
+    ) -> Plan: ...
+    def configure_kv(
+        self, *, n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, num_blocks: int
+    ) -> None: ...
+    def run(
+        self,
+        plan: Plan,
+        inputs: Mapping[str, npt.NDArray[Any]],
+        timeout_s: float = 600.0,
+        late: Mapping[str, LateInput] | None = None,
+    ) -> dict[str, npt.NDArray[Any]]: ...
+    def memory(self) -> dict[str, int]: ...
+    def health(self) -> dict[str, str | None]: ...
+    def _inject_stall(self, seconds: float) -> None: ...
+
+def cuda_devices() -> list[dict[str, Any]]: ...
 
 @final
 class Scheduler:

@@ -301,9 +301,9 @@ def _add_generation_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument(
         "--backend",
-        choices=["cpu", "wgpu"],
+        choices=["cpu", "wgpu", "cuda"],
         default="cpu",
-        help="where the model runs: cpu (default) or wgpu (a Vulkan adapter)",
+        help="where the model runs: cpu (default), wgpu (a Vulkan adapter) or cuda (an NVIDIA GPU)",
     )
 
 

@@ -398,6 +398,23 @@ class BackendNotCompiledError(PootError, RuntimeError):
         self.backend = backend
 
 
+class DeviceUnavailableError(PootError, RuntimeError):
+    """A backend compiled into this build cannot run here: its driver, its compiler library
+    or a device is missing (``backend="cuda"`` on a machine without an NVIDIA driver).
+
+    Attributes:
+        backend: the backend.
+        missing: what was not found (a library, a symbol, a device).
+    """
+
+    hint = "Install the missing driver or library named in the message, or use backend='cpu'."
+
+    def __init__(self, message: str, *, backend: str = "", missing: str = "") -> None:
+        super().__init__(message)
+        self.backend = backend
+        self.missing = missing
+
+
 class SamplingParamsError(PootError, ValueError):
     """A ``SamplingParams`` field is out of range.
 

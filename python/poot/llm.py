@@ -80,6 +80,13 @@ def _make_wgpu_runtime(
     return _native.WgpuRuntime(timeout_s, numerics=numerics)
 
 
+def _make_cuda_runtime(timeout_s: float) -> _native.CudaRuntime:
+    """The CUDA runtime (``backend="cuda"``): device 0, exact numerics, waits bounded by
+    ``timeout_s``. ``DeviceUnavailableError`` names what is missing where there is no
+    driver, NVRTC or device."""
+    return _native.CudaRuntime(0, timeout_s)
+
+
 class LLM:
     """A model ready to generate.
 
@@ -106,10 +113,12 @@ class LLM:
         timeout_s: the deadline of each step on the device.
         config: a ``poot.CompileConfig``: plan the model with ``poot.compile`` (devices, budgets,
             streaming) and run that plan; the result is ``llm.compiled``. None: no planner.
-        backend: ``"cpu"`` (default) or ``"wgpu"`` (Vulkan through wgpu). ``numerics``
-            resolves the same way on both; wgpu's ``"ggml"`` reproduces llama.cpp's integer
-            dots and f16 rounding of KV, q and attention weights (greedy ids follow
-            llama.cpp's) but is not bit-identical to the CPU's.
+        backend: ``"cpu"`` (default), ``"wgpu"`` (Vulkan through wgpu) or ``"cuda"`` (an
+            NVIDIA GPU; exact numerics only, and until it has kernels for every op of a step
+            (attention, sampling) loading a model on it fails with the op it lacks).
+            ``numerics`` resolves the same way on cpu and wgpu; wgpu's ``"ggml"`` reproduces
+            llama.cpp's integer dots and f16 rounding of KV, q and attention weights (greedy
+            ids follow llama.cpp's) but is not bit-identical to the CPU's.
         enable_prefix_caching: reuse the KV of full blocks shared with earlier prompts (same
             token ids from the start, same checkpoint and numerics) instead of prefilling
             them again; logits and greedy output are unchanged. See ``stats``.
@@ -151,7 +160,7 @@ class LLM:
         max_prepared_bytes: int | None = None,
         prepared_policy: PreparedPolicy | None = None,
         config: CompileConfig | None = None,
-        backend: Literal["cpu", "wgpu"] = "cpu",
+        backend: Literal["cpu", "wgpu", "cuda"] = "cpu",
         progress: bool = True,
         cpu: CpuSettings | None = None,
     ) -> None:
@@ -171,12 +180,18 @@ class LLM:
             max_prepared_bytes=max_prepared_bytes,
             prepared_policy=prepared_policy,
         )
-        if backend not in ("cpu", "wgpu"):
-            raise ConfigError(f'backend must be "cpu" or "wgpu", got {backend!r}')
-        resolved = numerics_for(numerics, self.files)
+        if backend not in ("cpu", "wgpu", "cuda"):
+            raise ConfigError(f'backend must be "cpu", "wgpu" or "cuda", got {backend!r}')
+        if backend == "cuda" and numerics == "ggml":
+            raise ConfigError('backend="cuda" has exact numerics only; use numerics="exact"')
+        resolved: Literal["ggml", "exact"] = (
+            "exact" if backend == "cuda" else numerics_for(numerics, self.files)
+        )
         runtime: Runtime = (
             _make_runtime(threads, resolved, **(cpu.runtime_kwargs() if cpu else {}))
             if backend == "cpu"
+            else _make_cuda_runtime(timeout_s)
+            if backend == "cuda"
             else _make_wgpu_runtime(timeout_s, resolved)
         )
         if opts.max_step_tokens > trace_limits.max_tokens:

@@ -2,8 +2,9 @@
 // test suite runs *the same source* the GPU runs (as AMD's HIP-CPU does for HIP).
 //
 // Model: a launch runs its blocks one after another; inside a block every CUDA thread is a
-// fiber (ucontext) with its own stack, scheduled round-robin on one OS thread. __syncthreads()
-// yields to the scheduler; a pass over all fibers therefore ends with each one at the barrier
+// fiber with its own stack (entered once through ucontext, then switched with
+// _setjmp/_longjmp), scheduled round-robin on one OS thread. __syncthreads() yields to the
+// scheduler; a pass over all fibers therefore ends with each one at the barrier
 // (or finished), and the next pass releases them. A block where some threads finished while
 // others wait at a barrier is the divergent-barrier bug CUDA would hang on: the shim aborts
 // with a message instead. Warp shuffles exchange through a per-block slot array between two
@@ -23,6 +24,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <csetjmp>
+#include <mutex>
+#include <setjmp.h>
 #include <ucontext.h>
 #include <vector>
 
@@ -33,13 +38,15 @@ struct dim3 {
 namespace poot_shim {
 
 struct Fiber {
-    ucontext_t ctx;
+    ucontext_t ctx;  // first entry only
+    jmp_buf jb;      // every later resume
     dim3 tid;
+    bool started;
     bool done;
 };
 
 struct Block {
-    ucontext_t sched;
+    jmp_buf sched;
     std::vector<Fiber> fibers;
     int current;
     // Shuffle exchange: one 8-byte slot per thread.
@@ -63,10 +70,14 @@ inline dim3& grid_dim() {
     return v;
 }
 
+// Yields to the scheduler. Switches use _setjmp/_longjmp, which (unlike swapcontext) make no
+// signal-mask system call: a barrier costs a register save per thread, not a syscall.
 inline void sync() {
     Block* b = block();
     Fiber& f = b->fibers[b->current];
-    swapcontext(&f.ctx, &b->sched);
+    if (!_setjmp(f.jb)) {
+        _longjmp(b->sched, 1);
+    }
 }
 
 inline unsigned flat_tid() {
@@ -112,15 +123,18 @@ inline Start*& start() {
     return s;
 }
 
-inline void fiber_main() {
+[[noreturn]] inline void fiber_main() {
     Block* b = block();
     start()->body(start()->env);
     b->fibers[b->current].done = true;
-    // Returning resumes uc_link, the scheduler.
+    _longjmp(b->sched, 1);
 }
 
-// Runs `body` as every thread of every block of the launch.
+// Runs `body` as every thread of every block of the launch. Launches from several host
+// threads take turns: the block state above is one per process.
 inline void launch(dim3 grid, dim3 blk, Body body, void* env) {
+    static std::mutex one_at_a_time;
+    std::lock_guard<std::mutex> guard(one_at_a_time);
     const size_t stack_bytes = 64 * 1024;
     size_t threads = (size_t)blk.x * blk.y * blk.z;
     if (threads == 0 || threads > 1024 || threads % 32 != 0) {
@@ -128,7 +142,9 @@ inline void launch(dim3 grid, dim3 blk, Body body, void* env) {
                      threads);
         std::abort();
     }
-    std::vector<char> stacks(threads * stack_bytes);
+    // Not value-initialized: a fiber's stack needs no zeroes, and zeroing 16 MiB per launch
+    // was most of a small launch's time.
+    std::unique_ptr<char[]> stacks(new char[threads * stack_bytes]);
     Block b;
     b.fibers.resize(threads);
     b.slots.assign(threads, 0);
@@ -146,22 +162,30 @@ inline void launch(dim3 grid, dim3 blk, Body body, void* env) {
                     f.tid = dim3{(unsigned)(i % blk.x), (unsigned)((i / blk.x) % blk.y),
                                  (unsigned)(i / ((size_t)blk.x * blk.y))};
                     f.done = false;
+                    f.started = false;
                     getcontext(&f.ctx);
-                    f.ctx.uc_stack.ss_sp = stacks.data() + i * stack_bytes;
+                    f.ctx.uc_stack.ss_sp = stacks.get() + i * stack_bytes;
                     f.ctx.uc_stack.ss_size = stack_bytes;
-                    f.ctx.uc_link = &b.sched;
-                    makecontext(&f.ctx, fiber_main, 0);
+                    f.ctx.uc_link = nullptr;  // fibers end by jumping to the scheduler
+                    makecontext(&f.ctx, (void (*)())fiber_main, 0);
                 }
                 for (;;) {
-                    size_t done = 0;
-                    for (size_t i = 0; i < threads; ++i) {
-                        if (b.fibers[i].done) {
-                            ++done;
+                    volatile size_t done = 0;
+                    for (volatile size_t i = 0; i < threads; ++i) {
+                        Fiber& f = b.fibers[i];
+                        if (f.done) {
+                            done = done + 1;
                             continue;
                         }
                         b.current = (int)i;
-                        swapcontext(&b.sched, &b.fibers[i].ctx);
-                        if (b.fibers[i].done) ++done;
+                        if (!_setjmp(b.sched)) {
+                            if (!f.started) {
+                                f.started = true;
+                                setcontext(&f.ctx);
+                            }
+                            _longjmp(f.jb, 1);
+                        }
+                        if (b.fibers[i].done) done = done + 1;
                     }
                     if (done == threads) break;
                     if (done != 0) {

@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -104,10 +105,8 @@ fn device_attr(drv: &Driver, dev: CuDevice, attr: c_int) -> Result<i32, CudaErro
 }
 
 impl Device {
-    /// Opens device `ordinal`: driver, context, stream, and every kernel compiled by NVRTC
-    /// for its architecture. A missing driver, device or NVRTC is `CudaError::Unavailable`.
-    pub fn open(ordinal: i32) -> Result<Arc<Self>, CudaError> {
-        let drv = Driver::open()?;
+    /// What the driver says about device `ordinal` (no context, no NVRTC): for discovery.
+    pub fn probe(drv: &Driver, ordinal: i32) -> Result<(CuDevice, DeviceInfo), CudaError> {
         let mut count = 0;
         // SAFETY: writes one int.
         drv.check("cuDeviceGetCount", unsafe {
@@ -133,10 +132,10 @@ impl Device {
             .to_string_lossy()
             .into_owned();
         let cc = (
-            device_attr(&drv, dev, ATTR_CC_MAJOR)? as u32,
-            device_attr(&drv, dev, ATTR_CC_MINOR)? as u32,
+            device_attr(drv, dev, ATTR_CC_MAJOR)? as u32,
+            device_attr(drv, dev, ATTR_CC_MINOR)? as u32,
         );
-        let sms = device_attr(&drv, dev, ATTR_MULTIPROCESSOR_COUNT)? as u32;
+        let sms = device_attr(drv, dev, ATTR_MULTIPROCESSOR_COUNT)? as u32;
         let (mut total, mut version) = (0usize, 0);
         // SAFETY: each writes one value.
         drv.check("cuDeviceTotalMem", unsafe {
@@ -146,7 +145,29 @@ impl Device {
         drv.check("cuDriverGetVersion", unsafe {
             (drv.driver_get_version)(&mut version)
         })?;
-        let nvrtc = Nvrtc::open()?;
+        let info = DeviceInfo {
+            ordinal,
+            name,
+            compute_capability: cc,
+            multiprocessors: sms,
+            total_memory: total as u64,
+            driver_version: version,
+            nvrtc_version: (0, 0),
+        };
+        Ok((dev, info))
+    }
+
+    /// Opens device `ordinal`: driver, context, stream, and every kernel compiled by NVRTC
+    /// for its architecture. A missing driver, device or NVRTC is `CudaError::Unavailable`.
+    pub fn open(
+        ordinal: i32,
+        driver: Option<&Path>,
+        nvrtc: Option<&Path>,
+    ) -> Result<Arc<Self>, CudaError> {
+        let drv = Driver::open(driver)?;
+        let (dev, mut info) = Self::probe(&drv, ordinal)?;
+        let nvrtc = Nvrtc::open(nvrtc)?;
+        info.nvrtc_version = nvrtc.version();
         let mut ctx: CuContext = std::ptr::null_mut();
         // SAFETY: retains the device's primary context (released in Drop).
         drv.check("cuDevicePrimaryCtxRetain", unsafe {
@@ -164,15 +185,6 @@ impl Device {
         drv.check("cuEventCreate", unsafe {
             (drv.event_create)(&mut event, EVENT_DISABLE_TIMING)
         })?;
-        let info = DeviceInfo {
-            ordinal,
-            name,
-            compute_capability: cc,
-            multiprocessors: sms,
-            total_memory: total as u64,
-            driver_version: version,
-            nvrtc_version: nvrtc.version(),
-        };
         let mut d = Self {
             drv,
             info,

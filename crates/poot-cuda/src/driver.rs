@@ -6,6 +6,7 @@
 //! [`CudaError::Driver`] with the driver's own name for it.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::path::Path;
 
 use libloading::Library;
 
@@ -102,12 +103,14 @@ impl std::fmt::Debug for Driver {
 }
 
 impl Driver {
-    /// Opens `libcuda.so.1` and resolves every entry point, then `cuInit(0)`.
-    pub fn open() -> Result<Self, CudaError> {
+    /// Opens `libcuda.so.1` (or `path`: the CPU emulation in tests) and resolves every entry
+    /// point, then `cuInit(0)`.
+    pub fn open(path: Option<&Path>) -> Result<Self, CudaError> {
+        let name = path.map_or("libcuda.so.1".into(), |p| p.display().to_string());
         // SAFETY: loading the NVIDIA driver library runs its initializers, which have no
         // preconditions on our side; nothing else is called until the symbols are resolved.
-        let lib = unsafe { Library::new("libcuda.so.1") }.map_err(|e| CudaError::Unavailable {
-            what: format!("the NVIDIA driver library libcuda.so.1 ({e})"),
+        let lib = unsafe { Library::new(&name) }.map_err(|e| CudaError::Unavailable {
+            what: format!("the NVIDIA driver library {name} ({e})"),
         })?;
         let d = Self::resolve(lib)?;
         // SAFETY: cuInit takes a flags word that must be 0.

@@ -26,6 +26,7 @@ mod plan;
 pub mod shim;
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -45,7 +46,7 @@ pub use plan::CudaPlan;
 use device::{DevBuf, Device};
 
 /// Options for a CUDA runtime.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CudaOptions {
     /// Which device (CUDA ordinal).
     pub device: i32,
@@ -53,6 +54,11 @@ pub struct CudaOptions {
     pub max_kv_bytes: u64,
     /// Bound on every device wait, on top of the caller's deadline.
     pub timeout: Duration,
+    /// A driver library to open instead of `libcuda.so.1`; the tests point it (and
+    /// `nvrtc_library`) at the CPU emulation (`shim::Shim::library`).
+    pub driver_library: Option<PathBuf>,
+    /// An NVRTC library to open instead of searching the usual names.
+    pub nvrtc_library: Option<PathBuf>,
 }
 
 impl Default for CudaOptions {
@@ -61,14 +67,20 @@ impl Default for CudaOptions {
             device: 0,
             max_kv_bytes: 8 << 30,
             timeout: DEFAULT_DEVICE_TIMEOUT,
+            driver_library: None,
+            nvrtc_library: None,
         }
     }
 }
 
-/// Every CUDA device this machine's driver sees (empty without a driver).
+/// Every CUDA device this machine's driver sees (empty without a driver). Asks the driver
+/// only: no context is created and nothing is compiled (`nvrtc_version` is `(0, 0)`).
 pub fn devices() -> Vec<DeviceInfo> {
-    (0..16)
-        .map_while(|i| Device::open(i).ok().map(|d| d.info.clone()))
+    let Ok(drv) = driver::Driver::open(None) else {
+        return Vec::new();
+    };
+    (0..)
+        .map_while(|i| Device::probe(&drv, i).ok().map(|(_, info)| info))
         .collect()
 }
 
@@ -96,7 +108,11 @@ pub struct CudaRuntime {
 impl CudaRuntime {
     /// Opens device `options.device` and compiles the kernels for it.
     pub fn new(options: CudaOptions) -> Result<Self, RuntimeError> {
-        let dev = Device::open(options.device)?;
+        let dev = Device::open(
+            options.device,
+            options.driver_library.as_deref(),
+            options.nvrtc_library.as_deref(),
+        )?;
         let sink = dev.session()?.alloc(&dev, 4)?;
         Ok(Self {
             dev,
@@ -316,7 +332,7 @@ impl Runtime for CudaRuntime {
 /// the runtime's own options: `(file name, image)`. Needs no GPU; `scripts/ptx_check.sh` runs
 /// the PTX through `ptxas`, and the tests check that every source compiles.
 pub fn compile_kernels(target: Target) -> Result<Vec<(&'static str, Vec<u8>)>, CudaError> {
-    let nvrtc = nvrtc::Nvrtc::open()?;
+    let nvrtc = nvrtc::Nvrtc::open(None)?;
     ops::SOURCES
         .iter()
         .map(|(file, text)| Ok((*file, nvrtc.compile(file, text, &[ops::COMMON], target)?)))
@@ -325,12 +341,12 @@ pub fn compile_kernels(target: Target) -> Result<Vec<(&'static str, Vec<u8>)>, C
 
 /// One source (including `common.cuh` as the kernels do) compiled with the runtime's options.
 pub fn compile_source(name: &str, source: &str, target: Target) -> Result<Vec<u8>, CudaError> {
-    nvrtc::Nvrtc::open()?.compile(name, source, &[ops::COMMON], target)
+    nvrtc::Nvrtc::open(None)?.compile(name, source, &[ops::COMMON], target)
 }
 
 /// NVRTC's version, where NVRTC can be opened.
 pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
-    Ok(nvrtc::Nvrtc::open()?.version())
+    Ok(nvrtc::Nvrtc::open(None)?.version())
 }
 
 /// Whether the CUDA kernels read weights of `dtype` in matmuls.

@@ -7,6 +7,7 @@
 //! IEEE division and square root, `-std=c++17`.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::path::Path;
 
 use libloading::Library;
 
@@ -66,9 +67,15 @@ fn unavailable(what: String) -> CudaError {
 }
 
 impl Nvrtc {
-    pub fn open() -> Result<Self, CudaError> {
+    /// Opens NVRTC from `path`, or else the first of `CANDIDATES` that loads.
+    pub fn open(path: Option<&Path>) -> Result<Self, CudaError> {
         let mut tried = Vec::new();
-        for name in CANDIDATES {
+        let given = path.map(|p| p.display().to_string());
+        let names: Vec<&str> = match &given {
+            Some(p) => vec![p.as_str()],
+            None => CANDIDATES.to_vec(),
+        };
+        for name in names {
             // SAFETY: loading NVRTC runs its initializers, which have no preconditions.
             match unsafe { Library::new(name) } {
                 Ok(lib) => return Self::resolve(lib),

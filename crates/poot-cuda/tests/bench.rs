@@ -13,7 +13,9 @@ use poot_runtime::{HostTensor, Runtime};
 #[test]
 #[ignore = "a benchmark: run with --ignored on a GPU"]
 fn matvec_bandwidth() {
-    let Some(rt) = common::runtime() else { return };
+    let Some(rt) = common::gpu_runtime() else {
+        return;
+    };
     let mut rng = Rng(1);
     println!("device: {:?}", rt.device());
     println!(

@@ -1,8 +1,9 @@
 //! The CUDA runtime on a real GPU: each op's graph against the CPU runtime (exact numerics)
 //! under the bound stated at each test, a Llama-shaped block end to end, the GPU against the
 //! CPU shim (the same source: equal bits where no library function is involved), and the
-//! plan cache. Every test skips with the reason where no CUDA device exists; with
-//! `POOT_REQUIRE_CUDA=1` (`make test-device-cuda`) a missing device fails instead.
+//! plan cache. Where no CUDA device exists the same tests run on the CPU emulation of the
+//! driver (`common::runtime`): the runtime's host code for real, the kernels through the
+//! shim; with `POOT_REQUIRE_CUDA=1` (`make test-device-cuda`) a missing GPU fails instead.
 mod common;
 
 use std::sync::Arc;
@@ -220,7 +221,10 @@ fn a_llama_block_graph_matches_the_cpu_runtime() {
 /// Skips with the reason where this machine has no host C++ compiler.
 #[test]
 fn the_gpu_and_the_cpu_shim_compute_the_same_bits() {
-    let Some(rt) = common::runtime() else { return };
+    // On the emulation this compares the shim with itself: only a GPU makes it a test.
+    let Some(rt) = common::gpu_runtime() else {
+        return;
+    };
     let shim = match poot_cuda::shim::Shim::get() {
         Ok(s) => s,
         Err(e) => {

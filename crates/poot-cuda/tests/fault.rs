@@ -1,6 +1,8 @@
 //! Bounded waits and poisoning with a real fault on the GPU: a kernel that spins on the GPU
 //! timer for 3 s (`CudaRuntime::inject_stall`) against a 200 ms deadline. The deadline is a
-//! bound on a wait, not a speed threshold: the stall runs 15 times longer.
+//! bound on a wait, not a speed threshold: the stall runs 15 times longer. Without a GPU the
+//! CPU emulation of the driver models the stall as a stream busy for 3 s, which exercises the
+//! runtime's polling, timeout and poisoning the same way.
 mod common;
 
 use std::sync::Arc;

@@ -323,6 +323,16 @@ pub fn runtime_error(py: Python<'_>, e: RuntimeError) -> PyErr {
             |_| Ok(()),
             runtime_error_builtin,
         ),
+        RuntimeError::DeviceUnavailable { backend, missing } => poot_error(
+            py,
+            "DeviceUnavailableError",
+            message,
+            |k| {
+                k.set_item("backend", backend)?;
+                k.set_item("missing", missing)
+            },
+            runtime_error_builtin,
+        ),
         RuntimeError::NotCompiledIn { backend } => poot_error(
             py,
             "BackendNotCompiledError",
@@ -421,6 +431,13 @@ pub fn mapping_probe(py: Python<'_>, variant: &str) -> PyResult<()> {
         ),
         "kv_not_configured" => runtime_error(py, RuntimeError::KvNotConfigured),
         "not_compiled_in" => runtime_error(py, RuntimeError::NotCompiledIn { backend: "cuda" }),
+        "device_unavailable" => runtime_error(
+            py,
+            RuntimeError::DeviceUnavailable {
+                backend: "cuda",
+                missing: "the NVIDIA driver library libcuda.so.1".into(),
+            },
+        ),
         other => return Err(PyValueError::new_err(format!("unknown variant {other:?}"))),
     };
     Err(err)

@@ -1,13 +1,14 @@
 //! poot-py: the Python extension module `poot._native`, and the only crate that sees pyo3.
 //!
 //! `lib.rs` only registers; each submodule owns one area of the API: `formats` (checkpoint
-//! files), `limits`, `weights`, `tracer` and `graph` (tracing), `runtime` (runtimes and plans; `wgpu`, the wgpu runtime behind the `wgpu` feature),
+//! files), `limits`, `weights`, `tracer` and `graph` (tracing), `runtime` (runtimes and plans; `wgpu`, the wgpu runtime behind the `wgpu` feature; `cuda`, the CUDA runtime behind the `cuda` feature),
 //! `tokenize` (the byte-level BPE model), `engine` (the scheduler).
 //! `errors` owns the mapping of Rust errors to `poot.errors`, and `gil` the one helper that
 //! releases the GIL.
 
 use pyo3::prelude::*;
 
+mod cuda;
 mod engine;
 mod errors;
 mod formats;

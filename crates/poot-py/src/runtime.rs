@@ -32,6 +32,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyCpuRuntime>()?;
     m.add_class::<PyPlan>()?;
     crate::wgpu::register(m)?;
+    crate::cuda::register(m)?;
     Ok(())
 }
 

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from poot import _native
 from poot.checkpoints import DEFAULT_SPEC, SPEC_FORMS
 from poot.errors import ConfigError
 from poot.server.config import DEFAULT_HOST, DEFAULT_PORT, ServerConfig
@@ -63,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend",
         choices=BACKENDS,
         default="cpu",
-        help="device backend (default cpu; wgpu: Vulkan)",
+        help="device backend (default cpu; wgpu: Vulkan; cuda: an NVIDIA GPU)",
     )
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--served-model-name", default=None, help="the model name clients send")
@@ -172,8 +173,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``poot-serve``; return its exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.backend == "cuda":
-        parser.error("the cuda backend is not built yet; use --backend cpu or wgpu")
+    if args.backend == "cuda" and not _native.cuda_devices():
+        parser.error(
+            "--backend cuda: no CUDA device is visible (no NVIDIA driver, or this build lacks "
+            "the cuda feature); use --backend cpu or wgpu"
+        )
     try:
         config = _config(args)
     except ConfigError as e:

@@ -38,7 +38,7 @@ class ServerConfig:
         chat_template: a Jinja chat template (source text) to use instead of the model's.
         step_timeout_s: the deadline of each engine step on the device; a step that misses
             it poisons the runtime (``/health`` then answers 503 ``dead``).
-        backend: ``"cpu"`` or ``"wgpu"`` (``poot.LLM(backend=...)``).
+        backend: ``"cpu"``, ``"wgpu"`` or ``"cuda"`` (``poot.LLM(backend=...)``).
         progress: progress bars while loading (pulling the default model, preparing weights).
     """
 

@@ -1,6 +1,7 @@
-//! Shared test helpers: opening the runtime (skip with a reason where no CUDA device exists,
-//! fail when `POOT_REQUIRE_CUDA=1`, as `make test-device-cuda` sets), an in-memory weight
-//! store, packed test weights and the error bounds.
+//! Shared test helpers: opening the runtime (on the GPU where one exists; else on the CPU
+//! emulation of the driver, with the kernels run by the shim; `POOT_REQUIRE_CUDA=1`, as
+//! `make test-device-cuda` sets, demands the GPU), an in-memory weight store, packed test
+//! weights and the error bounds.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -10,8 +11,8 @@ use poot_cuda::{CudaOptions, CudaRuntime};
 use poot_graph::WeightCatalog;
 use poot_runtime::WeightStore;
 
-/// The runtime, or `None` (with the reason on stderr) where this machine has no CUDA device.
-pub fn runtime() -> Option<CudaRuntime> {
+/// The runtime on the GPU, or `None` (with the reason on stderr) where there is none.
+pub fn gpu_runtime() -> Option<CudaRuntime> {
     match CudaRuntime::new(CudaOptions::default()) {
         Ok(rt) => Some(rt),
         Err(e) => {
@@ -22,6 +23,38 @@ pub fn runtime() -> Option<CudaRuntime> {
             None
         }
     }
+}
+
+/// The runtime on the GPU; where there is none, on the CPU emulation of the driver (the
+/// kernels run by the shim), so the runtime's host code is tested everywhere. `None` only
+/// where no host C++ compiler exists either.
+pub fn runtime() -> Option<CudaRuntime> {
+    if let Some(rt) = gpu_runtime() {
+        return Some(rt);
+    }
+    let lib = match poot_cuda::shim::Shim::get() {
+        Ok(s) => s.library().to_path_buf(),
+        Err(e) => {
+            eprintln!("SKIP: no CPU emulation either ({e})");
+            return None;
+        }
+    };
+    let options = CudaOptions {
+        driver_library: Some(lib.clone()),
+        nvrtc_library: Some(lib),
+        ..CudaOptions::default()
+    };
+    let rt = CudaRuntime::new(options).expect("the CPU emulation of the driver opens");
+    eprintln!(
+        "running on the CPU emulation of the driver ({})",
+        rt.device().name
+    );
+    Some(rt)
+}
+
+/// Whether `rt` is the CPU emulation rather than a GPU.
+pub fn emulated(rt: &CudaRuntime) -> bool {
+    rt.device().name == "poot CPU emulator"
 }
 
 /// Stored tensors in memory: (dtype, shape, bytes) by name.

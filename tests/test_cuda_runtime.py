@@ -1,0 +1,110 @@
+"""The CUDA runtime from Python: selection, typed errors where no device exists, and (on an
+NVIDIA GPU, marker ``device_cuda``) graphs against the CPU runtime, the stall deadline and
+poisoning. ``make test-device-cuda`` sets ``POOT_REQUIRE_CUDA=1`` so a missing device fails.
+
+Deadlines here bound waits; they are not speed thresholds: the stall kernel spins for 3 s
+against a 0.2 s deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import poot
+from poot import _native, errors
+
+
+def _has_device() -> bool:
+    return bool(_native.cuda_devices())
+
+
+def _require_device() -> None:
+    if _has_device():
+        return
+    if os.environ.get("POOT_REQUIRE_CUDA") == "1":
+        pytest.fail("POOT_REQUIRE_CUDA=1 but no CUDA device is visible")
+    pytest.skip("no CUDA device on this machine (cuda_devices() is empty)")
+
+
+def test_without_a_device_the_runtime_is_a_typed_error() -> None:
+    if _has_device():
+        pytest.skip("this machine has a CUDA device; the device tests below cover it")
+    with pytest.raises((errors.DeviceUnavailableError, errors.BackendNotCompiledError)) as e:
+        _native.CudaRuntime()
+    assert e.value.backend == "cuda"
+    if isinstance(e.value, errors.DeviceUnavailableError):
+        # It names what is missing, first of all the driver library.
+        assert e.value.missing and "missing" in str(e.value)
+
+
+def test_llm_selects_cuda_and_refuses_ggml(stories: Path) -> None:
+    model = str(stories / "stories260K-f32.gguf")
+    with pytest.raises(errors.ConfigError, match="exact"):
+        poot.LLM(model, backend="cuda", numerics="ggml")
+    with pytest.raises(errors.ConfigError, match="cuda"):
+        poot.LLM(model, backend="metal")  # type: ignore[arg-type]
+    if not _has_device():
+        with pytest.raises((errors.DeviceUnavailableError, errors.BackendNotCompiledError)):
+            poot.LLM(model, backend="cuda")
+
+
+def test_serve_refuses_cuda_without_a_device() -> None:
+    if _has_device():
+        pytest.skip("this machine has a CUDA device")
+    proc = subprocess.run(
+        [sys.executable, "-m", "poot.server.cli", "--backend", "cuda"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "no CUDA device" in proc.stderr
+
+
+def _matmul_graph(stories: Path) -> tuple[_native.Graph, _native.Weights]:
+    from poot._native import Tracer
+
+    w = _native.Weights(str(stories / "stories260K-f32.gguf"))
+    t = Tracer(w, 3)
+    x = t.input("x", "f32", [3, 64])
+    y = t.matmul(x, t.weight("blk.0.attn_q.weight"))
+    t.output("y", t.silu(y))
+    return t.finish(), w
+
+
+@pytest.mark.device_cuda
+def test_a_graph_on_the_gpu_matches_the_cpu(stories: Path) -> None:
+    _require_device()
+    g, w = _matmul_graph(stories)
+    x = np.random.default_rng(0).standard_normal((3, 64), dtype=np.float32)
+    gpu = _native.CudaRuntime()
+    assert gpu.name == "cuda" and gpu.device["compute_capability"]
+    got = gpu.run(gpu.compile(g, w), {"x": x})["y"]
+    cpu = _native.CpuRuntime(1, "exact")
+    want = cpu.run(cpu.compile(g, w), {"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.device_cuda
+def test_a_stalled_run_times_out_and_poisons(stories: Path) -> None:
+    _require_device()
+    g, w = _matmul_graph(stories)
+    rt = _native.CudaRuntime()
+    plan = rt.compile(g, w)
+    x = np.ones((3, 64), dtype=np.float32)
+    rt.run(plan, {"x": x})
+    rt._inject_stall(3.0)
+    start = time.monotonic()
+    with pytest.raises(errors.DeviceTimeoutError):
+        rt.run(plan, {"x": x}, timeout_s=0.2)
+    assert time.monotonic() - start < 2.0
+    assert rt.health()["status"] == "poisoned"
+    with pytest.raises(errors.RuntimePoisonedError):
+        rt.run(plan, {"x": x})
