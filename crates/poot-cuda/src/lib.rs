@@ -86,10 +86,10 @@ pub fn devices() -> Vec<DeviceInfo> {
 
 /// The paged KV pool on the device: per layer, K and V of f32.
 #[derive(Debug)]
-struct KvPool {
+pub(crate) struct KvPool {
     cfg: KvCacheConfig,
-    _k: Vec<DevBuf>,
-    _v: Vec<DevBuf>,
+    k: Vec<DevBuf>,
+    v: Vec<DevBuf>,
 }
 
 /// Runs compiled graphs on one NVIDIA GPU.
@@ -100,6 +100,8 @@ pub struct CudaRuntime {
     /// Uploaded weights by (store address, name): live while a plan holds them.
     weights: Mutex<HashMap<(usize, String), Weak<DevBuf>>>,
     kv: Mutex<Option<KvPool>>,
+    /// Attention scores of the step running (grown on demand; runs hold the KV lock).
+    scratch: Mutex<Option<DevBuf>>,
     poison: Poison,
     stall_ns: AtomicU64,
     sink: DevBuf,
@@ -119,6 +121,7 @@ impl CudaRuntime {
             options,
             weights: Mutex::new(HashMap::new()),
             kv: Mutex::new(None),
+            scratch: Mutex::new(None),
             poison: Poison::default(),
             stall_ns: AtomicU64::new(0),
             sink,
@@ -237,9 +240,20 @@ impl CudaRuntime {
     ) -> Result<f64, RuntimeError> {
         self.run(plan, inputs, deadline)?;
         let plan = self.plan(plan)?;
+        let launches: Vec<ops::Launch> = plan
+            .steps
+            .iter()
+            .map(|s| match s {
+                plan::Step::Fixed(l) => Ok(l.clone()),
+                plan::Step::Attention(_) => Err(RuntimeError::Kernel {
+                    op: "time_plan",
+                    detail: "a plan with paged attention is timed by whole runs".into(),
+                }),
+            })
+            .collect::<Result<_, _>>()?;
         let s = self.dev.session()?;
         let secs = s
-            .time(&plan.launches, iters.max(1), self.bound(deadline))
+            .time(&launches, iters.max(1), self.bound(deadline))
             .map_err(|e| self.fail(e, "timing"))?;
         Ok(secs / f64::from(iters.max(1)))
     }
@@ -292,7 +306,7 @@ impl Runtime for CudaRuntime {
             s.wait("kv zero", Deadline::after(self.options.timeout))
                 .map_err(|e| self.fail(e, "kv zero"))?;
         }
-        *slot = Some(KvPool { cfg, _k: k, _v: v });
+        *slot = Some(KvPool { cfg, k, v });
         Ok(())
     }
 

@@ -29,11 +29,15 @@ pub const SOURCES: &[(&str, &str)] = &[
         "eltwise.cu",
         include_str!("../../../shaders/cuda/eltwise.cu"),
     ),
+    (
+        "attention.cu",
+        include_str!("../../../shaders/cuda/attention.cu"),
+    ),
     ("stall.cu", include_str!("../../../shaders/cuda/stall.cu")),
 ];
 
 /// Sources the CPU shim runs (everything but the GPU-timer stall kernel).
-pub const SHIM_SOURCES: &[&str] = &["matvec.cu", "norm.cu", "eltwise.cu"];
+pub const SHIM_SOURCES: &[&str] = &["matvec.cu", "norm.cu", "eltwise.cu", "attention.cu"];
 
 /// The `extern "C" __global__` kernel names a source defines, in order of appearance.
 pub fn kernel_names(source: &str) -> Vec<&str> {
@@ -251,6 +255,122 @@ pub fn gather_rows(x: u64, rows: u64, out: u64, r: u32, d: u32) -> Launch {
     }
 }
 
+/// Shapes of one paged-attention launch sequence (see attention.cu).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnShape {
+    pub t: u32,
+    pub n_heads: u32,
+    pub n_kv_heads: u32,
+    pub head_dim: u32,
+    pub block_size: u32,
+    pub max_blocks: u32,
+}
+
+impl AttnShape {
+    /// Positions a score row holds: the block table's reach.
+    pub fn ctx(&self) -> u32 {
+        self.max_blocks * self.block_size
+    }
+    /// Scratch floats: every score row, then one inverse sum per (token, head).
+    pub fn scratch_floats(&self) -> u64 {
+        let rows = u64::from(self.t) * u64::from(self.n_heads);
+        rows * u64::from(self.ctx()) + rows
+    }
+}
+
+/// Device addresses one paged attention reads and writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnAddrs {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub out: u64,
+    pub slots: u64,
+    pub seqs: u64,
+    pub positions: u64,
+    pub tables: u64,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    /// `AttnShape::scratch_floats` floats.
+    pub scratch: u64,
+}
+
+/// The four launches of one paged attention: KV write, scores, softmax, weighted sum.
+pub fn paged_attention(s: &AttnShape, a: &AttnAddrs, scale: f32) -> [Launch; 4] {
+    let row = s.n_kv_heads * s.head_dim;
+    let rows = s.t * s.n_heads;
+    let inv = a.scratch + u64::from(rows) * u64::from(s.ctx()) * 4;
+    let ptr = Arg::Ptr;
+    let int = |v: u32| Arg::I32(v as i32);
+    [
+        Launch {
+            kernel: "kv_write",
+            grid: [blocks(row.into(), BLOCK), s.t, 1],
+            block: [BLOCK, 1, 1],
+            args: vec![
+                ptr(a.k),
+                ptr(a.v),
+                ptr(a.slots),
+                ptr(a.k_cache),
+                ptr(a.v_cache),
+                int(row),
+            ],
+        },
+        Launch {
+            kernel: "attn_scores",
+            grid: [blocks(s.ctx().into(), BLOCK), rows, 1],
+            block: [BLOCK, 1, 1],
+            args: vec![
+                ptr(a.q),
+                ptr(a.k_cache),
+                ptr(a.tables),
+                ptr(a.seqs),
+                ptr(a.positions),
+                ptr(a.scratch),
+                int(s.n_heads),
+                int(s.n_kv_heads),
+                int(s.head_dim),
+                int(s.block_size),
+                int(s.max_blocks),
+                int(s.ctx()),
+                Arg::F32(scale),
+            ],
+        },
+        Launch {
+            kernel: "attn_softmax",
+            grid: [rows, 1, 1],
+            block: [BLOCK, 1, 1],
+            args: vec![
+                ptr(a.scratch),
+                ptr(inv),
+                ptr(a.positions),
+                int(s.n_heads),
+                int(s.ctx()),
+            ],
+        },
+        Launch {
+            kernel: "attn_out",
+            grid: [blocks(s.head_dim.into(), BLOCK), rows, 1],
+            block: [BLOCK, 1, 1],
+            args: vec![
+                ptr(a.scratch),
+                ptr(inv),
+                ptr(a.v_cache),
+                ptr(a.tables),
+                ptr(a.seqs),
+                ptr(a.positions),
+                ptr(a.out),
+                int(s.n_heads),
+                int(s.n_kv_heads),
+                int(s.head_dim),
+                int(s.block_size),
+                int(s.max_blocks),
+                int(s.ctx()),
+            ],
+        },
+    ]
+}
+
 /// Fault injection: one block spinning on the GPU timer for `ns` (see stall.cu).
 pub fn stall(ns: u64, sink: u64) -> Launch {
     Launch {
@@ -282,10 +402,14 @@ mod tests {
             "embedding",
             "gather_rows",
             "stall",
+            "kv_write",
+            "attn_scores",
+            "attn_softmax",
+            "attn_out",
         ] {
             assert!(names.contains(&k), "{k} missing from {names:?}");
         }
-        assert_eq!(names.len(), 13, "{names:?}");
+        assert_eq!(names.len(), 17, "{names:?}");
     }
 
     #[test]

@@ -4,15 +4,18 @@
 //! and downloads outputs.
 //!
 //! Supported ops: input, weight, literal, embedding, rms_norm, matmul, add, mul, silu, rope,
-//! reshape, gather_rows. Others (softmax, paged attention, the sampling ops, ...) are refused
-//! at compile time with `CompileError::Unsupported` until they have kernels. Shapes are
+//! reshape, gather_rows, paged_attention. Others (softmax, concat, slice, the sampling ops)
+//! are refused at compile time with `CompileError::Unsupported` until they have kernels.
+//! Paged attention is the one step formed at run time (`Step::Attention`): it reads the KV
+//! pool (which `configure_kv` may replace after compiling) and a scratch sized by the step's
+//! block table. Shapes are
 //! checked here against what the kernels assume (i32 extents, grid limits).
 
 use std::sync::Arc;
 
 use poot_core::{DType, Deadline};
 use poot_cpu::kernels::{RopeConfig, RopeTable};
-use poot_graph::{CompileError, CompileLimits, Graph, Op, RopeStyle};
+use poot_graph::{AttentionConfig, CompileError, CompileLimits, Graph, Op, RopeStyle};
 use poot_runtime::{CompiledPlan, RuntimeError, WeightStore};
 
 use crate::device::DevBuf;
@@ -47,6 +50,26 @@ pub(crate) struct RopeSlot {
     pub offset: u64,
 }
 
+/// A paged attention: addresses of its activations and metadata inputs, formed into
+/// launches at run time (`run.rs`) once the pool and the step's block table are known.
+#[derive(Debug)]
+pub(crate) struct AttnStep {
+    pub cfg: AttentionConfig,
+    pub t: u32,
+    pub max_blocks: u32,
+    /// q, k, v, out, then slot_mapping, token_seq, positions, block_tables.
+    pub addrs: [u64; 8],
+    /// The metadata inputs' names, in `addrs[4..]`'s order.
+    pub meta: [String; 4],
+}
+
+/// One scheduled equation.
+#[derive(Debug)]
+pub(crate) enum Step {
+    Fixed(Launch),
+    Attention(AttnStep),
+}
+
 #[derive(Debug)]
 pub(crate) struct OutputSlot {
     pub name: String,
@@ -63,7 +86,7 @@ pub struct CudaPlan {
     pub(crate) ropes: Vec<RopeSlot>,
     pub(crate) outputs: Vec<OutputSlot>,
     /// Absolute device addresses, ready to replay.
-    pub(crate) launches: Vec<Launch>,
+    pub(crate) steps: Vec<Step>,
     _weights: Vec<Arc<DevBuf>>,
     _store: Arc<dyn WeightStore>,
 }
@@ -71,7 +94,7 @@ pub struct CudaPlan {
 impl std::fmt::Debug for CudaPlan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CudaPlan")
-            .field("launches", &self.launches.len())
+            .field("steps", &self.steps.len())
             .field("arena_bytes", &self.arena.bytes)
             .finish_non_exhaustive()
     }
@@ -105,6 +128,7 @@ pub fn supports(op: &Op) -> bool {
             | Op::Rope { .. }
             | Op::Reshape { .. }
             | Op::GatherRows { .. }
+            | Op::PagedAttention { .. }
     )
 }
 
@@ -138,8 +162,8 @@ struct Builder<'a> {
     inputs: Vec<InputSlot>,
     ropes: Vec<RopeSlot>,
     literals: Vec<(u64, Vec<f32>)>,
-    /// Launches with arena offsets in `Arg::Ptr` tagged by `ARENA_TAG`, fixed up at the end.
-    launches: Vec<Launch>,
+    /// Steps with arena offsets tagged by `ARENA_TAG`, fixed up at the end.
+    launches: Vec<Step>,
 }
 
 /// Arena offsets are stored with this bit set until the arena's base address is known.
@@ -188,6 +212,17 @@ impl Builder<'_> {
             Some(Loc::Weight(i)) => Ok(i),
             _ => Err(invalid(format!(
                 "{op}: operand {} must be a stored weight",
+                v.0
+            ))),
+        }
+    }
+
+    /// The name of graph input `v` (its data is needed on the host).
+    fn input_name(&self, op: &str, v: poot_graph::ValueId) -> Result<String, RuntimeError> {
+        match self.graph.op(v) {
+            Op::Input { name } => Ok(name.clone()),
+            _ => Err(invalid(format!(
+                "{op}: operand {} must be a graph input",
                 v.0
             ))),
         }
@@ -278,8 +313,8 @@ impl Builder<'_> {
                 let ids_addr = self.addr(*ids)?;
                 self.host_input("embedding", *ids)?.bound = Some((vocab, "embedding"));
                 let out = self.out(i);
-                self.launches
-                    .push(ops::embedding(table_addr, dtype, ids_addr, out, n, dim));
+                let l = ops::embedding(table_addr, dtype, ids_addr, out, n, dim);
+                self.launches.push(Step::Fixed(l));
             }
             Op::RmsNorm { x, weight, eps } => {
                 let d = *g.info(*x).shape.last().unwrap_or(&1);
@@ -290,7 +325,8 @@ impl Builder<'_> {
                     self.f32_operand("rms_norm", *weight)?,
                 );
                 let out = self.out(i);
-                self.launches.push(ops::rms_norm(xa, wa, out, t, d32, *eps));
+                self.launches
+                    .push(Step::Fixed(ops::rms_norm(xa, wa, out, t, d32, *eps)));
             }
             Op::MatMul { x, w } => {
                 let wi = self.weight_index("matmul", *w)?;
@@ -308,7 +344,8 @@ impl Builder<'_> {
                 let t = extent("matmul rows", self.numel(*x) / shape[1].max(1), GRID_Y)?;
                 let (wa, xa) = (self.weights[wi].ptr, self.f32_operand("matmul", *x)?);
                 let out = self.out(i);
-                self.launches.push(ops::matvec(dtype, wa, xa, out, t, n, k));
+                self.launches
+                    .push(Step::Fixed(ops::matvec(dtype, wa, xa, out, t, n, k)));
             }
             Op::Add { a, b } | Op::Mul { a, b } => {
                 let kernel = if matches!(g.equations[i], Op::Add { .. }) {
@@ -324,13 +361,14 @@ impl Builder<'_> {
                 }
                 let (aa, ba) = (self.f32_operand(kernel, *a)?, self.f32_operand(kernel, *b)?);
                 let out = self.out(i);
-                self.launches.push(ops::binary(kernel, aa, ba, out, n, nb));
+                self.launches
+                    .push(Step::Fixed(ops::binary(kernel, aa, ba, out, n, nb)));
             }
             Op::Silu { x } => {
                 let xa = self.f32_operand("silu", *x)?;
                 let out = self.out(i);
-                self.launches
-                    .push(ops::silu(xa, out, self.numel(*x) as u64));
+                let l = ops::silu(xa, out, self.numel(*x) as u64);
+                self.launches.push(Step::Fixed(l));
             }
             Op::GatherRows { x, rows } => {
                 let d = *g.info(*x).shape.last().unwrap_or(&1);
@@ -340,7 +378,8 @@ impl Builder<'_> {
                 let (xa, ra) = (self.f32_operand("gather_rows", *x)?, self.addr(*rows)?);
                 self.host_input("gather_rows", *rows)?.bound = Some((n_rows, "gather_rows"));
                 let out = self.out(i);
-                self.launches.push(ops::gather_rows(xa, ra, out, r, d32));
+                self.launches
+                    .push(Step::Fixed(ops::gather_rows(xa, ra, out, r, d32)));
             }
             Op::Rope { x, positions, cfg } => {
                 let table = RopeTable::new(&RopeConfig {
@@ -366,7 +405,7 @@ impl Builder<'_> {
                     offset: cs,
                 });
                 let out = self.out(i);
-                self.launches.push(ops::rope(
+                self.launches.push(Step::Fixed(ops::rope(
                     xa,
                     ARENA_TAG | cs,
                     out,
@@ -375,7 +414,58 @@ impl Builder<'_> {
                     cfg.head_dim,
                     half,
                     neox,
-                ));
+                )));
+            }
+            Op::PagedAttention { q, k, v, meta, cfg } => {
+                if cfg.n_kv_heads == 0
+                    || cfg.n_heads % cfg.n_kv_heads != 0
+                    || !cfg.scale.is_finite()
+                {
+                    return Err(invalid(format!(
+                        "paged_attention: {cfg:?} is not a valid head layout"
+                    )));
+                }
+                let row = cfg.n_heads as usize * cfg.head_dim as usize;
+                let t = extent(
+                    "paged_attention tokens",
+                    self.numel(*q) / row.max(1),
+                    GRID_Y,
+                )?;
+                let tables = g.info(meta.block_tables);
+                let max_blocks = extent(
+                    "paged_attention max_blocks",
+                    *tables.shape.last().unwrap_or(&0),
+                    I32_MAX,
+                )?;
+                let names = [
+                    meta.slot_mapping,
+                    meta.token_seq,
+                    meta.positions,
+                    meta.block_tables,
+                ]
+                .map(|m| self.input_name("paged_attention", m));
+                let [a, b, c, d] = names;
+                let meta_names = [a?, b?, c?, d?];
+                let addrs = [
+                    self.f32_operand("paged_attention", *q)?,
+                    self.f32_operand("paged_attention", *k)?,
+                    self.f32_operand("paged_attention", *v)?,
+                    0,
+                    self.addr(meta.slot_mapping)?,
+                    self.addr(meta.token_seq)?,
+                    self.addr(meta.positions)?,
+                    self.addr(meta.block_tables)?,
+                ];
+                let out = self.out(i);
+                let mut addrs = addrs;
+                addrs[3] = out;
+                self.launches.push(Step::Attention(AttnStep {
+                    cfg: *cfg,
+                    t,
+                    max_blocks,
+                    addrs,
+                    meta: meta_names,
+                }));
             }
             other => {
                 return Err(CompileError::Unsupported {
@@ -447,13 +537,19 @@ pub fn compile(
     }
     let arena = rt.alloc(b.arena_bytes)?;
     let base = arena.ptr;
-    for l in &mut b.launches {
-        for a in &mut l.args {
-            if let ops::Arg::Ptr(p) = a {
-                if *p & ARENA_TAG != 0 {
-                    *p = base + (*p & !ARENA_TAG);
+    let fix = |p: &mut u64| {
+        if *p & ARENA_TAG != 0 {
+            *p = base + (*p & !ARENA_TAG);
+        }
+    };
+    for step in &mut b.launches {
+        match step {
+            Step::Fixed(l) => l.args.iter_mut().for_each(|a| {
+                if let ops::Arg::Ptr(p) = a {
+                    fix(p);
                 }
-            }
+            }),
+            Step::Attention(a) => a.addrs.iter_mut().for_each(fix),
         }
     }
     for (off, data) in &b.literals {
@@ -466,7 +562,7 @@ pub fn compile(
         inputs: b.inputs,
         ropes: b.ropes,
         outputs,
-        launches: b.launches,
+        steps: b.launches,
         _weights: b.weights,
         _store: store,
     })

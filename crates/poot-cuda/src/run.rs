@@ -7,9 +7,87 @@ use poot_core::{DType, Deadline};
 use poot_cpu::kernels::rope_angles;
 use poot_runtime::{HostTensor, RuntimeError};
 
-use crate::ops;
-use crate::plan::CudaPlan;
-use crate::CudaRuntime;
+use crate::ops::{self, AttnAddrs, AttnShape, Launch};
+use crate::plan::{AttnStep, CudaPlan, Step};
+use crate::{CudaRuntime, KvPool};
+
+fn i32s<'a>(inputs: &'a [(&str, HostTensor)], name: &str) -> Result<&'a [i32], RuntimeError> {
+    match input(inputs, name)? {
+        HostTensor::I32 { data, .. } => Ok(data),
+        t => Err(RuntimeError::InputMismatch {
+            name: name.into(),
+            expected: "I32".into(),
+            got: t.describe(),
+        }),
+    }
+}
+
+fn bad(detail: String) -> RuntimeError {
+    RuntimeError::Kernel {
+        op: "paged_attention",
+        detail,
+    }
+}
+
+/// Checks one attention's metadata against the pool (what the CPU kernel checks: every index
+/// a token reads or writes, and that each written slot is its position's slot) and gives its
+/// shape. Nothing is queued before every step passed.
+fn attention_shape(
+    a: &AttnStep,
+    pool: &KvPool,
+    inputs: &[(&str, HostTensor)],
+) -> Result<AttnShape, RuntimeError> {
+    let c = &pool.cfg;
+    if a.cfg.layer >= c.n_layers || a.cfg.n_kv_heads != c.n_kv_heads || a.cfg.head_dim != c.head_dim
+    {
+        return Err(bad(format!(
+            "layer {} with {} KV heads of {} does not fit the pool ({c:?})",
+            a.cfg.layer, a.cfg.n_kv_heads, a.cfg.head_dim
+        )));
+    }
+    let [slots, seqs, positions, tables] = [0, 1, 2, 3].map(|i| i32s(inputs, &a.meta[i]));
+    let (slots, seqs, positions, tables) = (slots?, seqs?, positions?, tables?);
+    let (bs, mb) = (c.block_size as usize, a.max_blocks as usize);
+    let n_slots = c.num_blocks as usize * bs;
+    let n_seqs = tables.len() / mb.max(1);
+    for i in 0..a.t as usize {
+        let (seq, pos, slot) = (seqs[i], positions[i], slots[i]);
+        if seq < 0 || seq as usize >= n_seqs {
+            return Err(bad(format!(
+                "token_seq[{i}] = {seq} is out of range 0..{n_seqs}"
+            )));
+        }
+        if pos < 0 || pos as usize >= mb * bs {
+            return Err(bad(format!(
+                "positions[{i}] = {pos} is out of range 0..{}",
+                mb * bs
+            )));
+        }
+        let row = &tables[seq as usize * mb..][..mb];
+        for (b, &blk) in row.iter().enumerate().take(pos as usize / bs + 1) {
+            if blk < 0 || blk as usize >= c.num_blocks as usize {
+                return Err(bad(format!(
+                    "block_tables[{seq}][{b}] = {blk} is out of range 0..{}",
+                    c.num_blocks
+                )));
+            }
+        }
+        let want = row[pos as usize / bs] as usize * bs + pos as usize % bs;
+        if slot != -1 && (slot < 0 || slot as usize >= n_slots || slot as usize != want) {
+            return Err(bad(format!(
+                "slot_mapping[{i}] = {slot}, but its block table puts position {pos} at slot {want}"
+            )));
+        }
+    }
+    Ok(AttnShape {
+        t: a.t,
+        n_heads: a.cfg.n_heads,
+        n_kv_heads: a.cfg.n_kv_heads,
+        head_dim: a.cfg.head_dim,
+        block_size: c.block_size,
+        max_blocks: a.max_blocks,
+    })
+}
 
 fn input<'a>(inputs: &'a [(&str, HostTensor)], name: &str) -> Result<&'a HostTensor, RuntimeError> {
     inputs
@@ -85,6 +163,47 @@ pub(crate) fn run(
         .map(|o| o.shape.iter().product::<usize>() * 4)
         .sum();
 
+    // Attention steps: checked against the pool, then formed over the shared scratch.
+    let kv = rt.kv.lock().unwrap_or_else(|e| e.into_inner());
+    let mut scratch = rt.scratch.lock().unwrap_or_else(|e| e.into_inner());
+    let mut shapes = Vec::new();
+    for step in &plan.steps {
+        if let Step::Attention(a) = step {
+            let pool = kv.as_ref().ok_or(RuntimeError::KvNotConfigured)?;
+            shapes.push((a, attention_shape(a, pool, inputs)?));
+        }
+    }
+    let need = shapes
+        .iter()
+        .map(|(_, s)| s.scratch_floats() * 4)
+        .max()
+        .unwrap_or(0);
+    if need > scratch.as_ref().map_or(0, |b| b.bytes) {
+        *scratch = None; // the device is idle between runs: free before allocating
+        *scratch = Some(rt.alloc(need)?);
+    }
+    let mut attention: Vec<[Launch; 4]> = Vec::new();
+    if let (Some(pool), Some(buf)) = (kv.as_ref(), scratch.as_ref()) {
+        for (a, shape) in &shapes {
+            let layer = a.cfg.layer as usize;
+            let [q, k, v, out, slots, seqs, positions, tables] = a.addrs;
+            let addrs = AttnAddrs {
+                q,
+                k,
+                v,
+                out,
+                slots,
+                seqs,
+                positions,
+                tables,
+                k_cache: pool.k[layer].ptr,
+                v_cache: pool.v[layer].ptr,
+                scratch: buf.ptr,
+            };
+            attention.push(ops::paged_attention(shape, &addrs, a.cfg.scale));
+        }
+    }
+
     let base = plan.arena.ptr;
     let mut s = rt.dev.session()?;
     s.reserve_staging(in_bytes + out_bytes)?;
@@ -103,8 +222,16 @@ pub(crate) fn run(
         if stall > 0 {
             s.launch(&ops::stall(stall, rt.sink.ptr))?;
         }
-        for l in &plan.launches {
-            s.launch(l)?;
+        let mut attention = attention.iter();
+        for step in &plan.steps {
+            match step {
+                Step::Fixed(l) => s.launch(l)?,
+                Step::Attention(_) => {
+                    for l in attention.next().expect("one set per attention step") {
+                        s.launch(l)?;
+                    }
+                }
+            }
         }
         for o in &plan.outputs {
             let n = o.shape.iter().product::<usize>() * 4;

@@ -151,7 +151,7 @@ fn rms_norm_matches_the_cpu_runtime() {
 fn elementwise_ops_match_the_cpu_runtime() {
     let Some(s) = shim() else { return };
     let mut rng = Rng(5);
-    let (n, nb) = (3 * 1000 + 0, 1000);
+    let (n, nb) = (3 * 1000, 1000);
     let a: Vec<f32> = rng.vec(n).iter().map(|v| v * 8.0).collect();
     let b = rng.vec(nb);
     for (kernel, f) in [
