@@ -2,7 +2,7 @@
 #   make run      build + install poot, fetch the default model, serve it (poot-serve)
 #   make test     build + install poot with test extras, run the Rust and Python tests
 #   make develop  editable install for contributors (Python edits are live; rerun after Rust edits)
-#   make lint / fmt / bench / docs / test-device-wgpu / test-device-cuda
+#   make lint / fmt / bench / docs / test-device-wgpu / test-device-cuda / ptx-check
 #   make fresh-clone-check   the README's two commands on a fresh clone (before resolving issues)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 
 .PHONY: all setup build develop run test test-rust test-python lint fmt bench docs \
         fresh-clone-check \
-        test-device-wgpu test-device-cuda clean
+        test-device-wgpu test-device-cuda ptx-check cuda-device-bundle clean
 
 all: build
 
@@ -79,8 +79,22 @@ test-device-wgpu: setup
 	POOT_REQUIRE_WGPU=1 cargo test -p poot-wgpu
 	POOT_REQUIRE_WGPU=1 $(BIN)/python -m pytest -m device_wgpu $(PYTEST_ARGS)
 
-test-device-cuda:
-	@echo "the CUDA backend is not built yet; nothing can be tested" >&2; exit 1
+# POOT_REQUIRE_CUDA=1 turns "no device" into failures (without it, poot-cuda's device suite
+# runs on the CPU emulation of the driver). The bench prints matvec GB/s.
+test-device-cuda: setup
+	POOT_REQUIRE_CUDA=1 cargo test -p poot-cuda -- --test-threads=1
+	POOT_REQUIRE_CUDA=1 cargo test -p poot-cuda --test bench -- --ignored --nocapture
+	POOT_REQUIRE_CUDA=1 $(BIN)/python -m pytest -m device_cuda tests/test_cuda_runtime.py $(PYTEST_ARGS)
+
+# Every CUDA kernel through NVRTC and ptxas for sm_80/sm_90: registers and shared memory per
+# kernel (no GPU needed; fetches the NVRTC and ptxas wheels from PyPI into target/ once).
+ptx-check:
+	bash scripts/ptx_check.sh
+
+# poot-cuda's test binaries and scripts/cuda_device_check.sh in .devcarry/, for a GPU
+# machine with no Rust toolchain.
+cuda-device-bundle:
+	bash scripts/cuda_device_bundle.sh
 
 clean:
 	rm -rf $(VENV) target dist

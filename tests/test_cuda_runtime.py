@@ -71,7 +71,7 @@ def test_serve_refuses_cuda_without_a_device() -> None:
 def _matmul_graph(stories: Path) -> tuple[_native.Graph, _native.Weights]:
     from poot._native import Tracer
 
-    w = _native.Weights(str(stories / "stories260K-f32.gguf"))
+    w = _native.Weights(_native.GgufFile(str(stories / "stories260K-f32.gguf")))
     t = Tracer(w, 3)
     x = t.input("x", "f32", [3, 64])
     y = t.matmul(x, t.weight("blk.0.attn_q.weight"))
@@ -108,3 +108,53 @@ def test_a_stalled_run_times_out_and_poisons(stories: Path) -> None:
     assert rt.health()["status"] == "poisoned"
     with pytest.raises(errors.RuntimePoisonedError):
         rt.run(plan, {"x": x})
+
+
+# The CPU emulation of the driver (poot-cuda's shim library): the runtime's whole host path
+# (plans, staging, KV pool, paged attention, host sampling) with the .cu kernels executed on
+# the CPU. It proves the wiring and the kernels' numerics, not anything about a GPU.
+
+
+@pytest.fixture(scope="module")
+def emulator() -> str:
+    try:
+        return _native._cuda_emulator()
+    except (RuntimeError, errors.BackendNotCompiledError) as e:
+        pytest.skip(f"no CPU emulation of the CUDA driver here ({e})")
+
+
+def _emulated(emulator: str, timeout_s: float = 600.0) -> _native.CudaRuntime:
+    return _native.CudaRuntime(0, timeout_s, driver_library=emulator, nvrtc_library=emulator)
+
+
+@pytest.mark.parametrize("name", ["stories260K-f32.gguf", "stories260K-Q8_0.gguf"])
+def test_stories_greedy_ids_on_the_emulated_runtime_equal_the_cpu(
+    stories: Path, emulator: str, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    import poot.llm
+
+    monkeypatch.setattr(poot.llm, "_make_cuda_runtime", lambda t: _emulated(emulator, t))
+    path = str(stories / name)
+    greedy = poot.SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    prompts = ["Once upon a time", "The cat"]
+    want = [o.outputs[0].token_ids for o in poot.LLM(path, numerics="exact").generate(prompts, greedy)]
+    cuda = poot.LLM(path, backend="cuda")
+    assert cuda.runtime.device["name"] == "poot CPU emulator"
+    got = [o.outputs[0].token_ids for o in cuda.generate(prompts, greedy)]
+    assert got == want
+
+
+def test_the_emulated_runtime_times_out_and_poisons(stories: Path, emulator: str) -> None:
+    g, w = _matmul_graph(stories)
+    rt = _emulated(emulator)
+    plan = rt.compile(g, w)
+    x = np.ones((3, 64), dtype=np.float32)
+    cpu = _native.CpuRuntime(1, "exact")
+    want = cpu.run(cpu.compile(g, w), {"x": x})["y"]
+    np.testing.assert_allclose(rt.run(plan, {"x": x})["y"], want, rtol=1e-5, atol=1e-6)
+    rt._inject_stall(3.0)
+    with pytest.raises(errors.DeviceTimeoutError):
+        rt.run(plan, {"x": x}, timeout_s=0.2)
+    assert rt.health()["status"] == "poisoned"
+    with pytest.raises(errors.RuntimePoisonedError):
+        rt.compile(g, w)

@@ -413,7 +413,13 @@ class CudaRuntime:
     the runtime. Graphs with ops it has no kernel for are refused at compile time.
     """
 
-    def __new__(cls, device: int = 0, timeout_s: float = 600.0) -> CudaRuntime: ...
+    def __new__(
+        cls,
+        device: int = 0,
+        timeout_s: float = 600.0,
+        driver_library: str | None = None,
+        nvrtc_library: str | None = None,
+    ) -> CudaRuntime: ...
     @property
     def name(self) -> str: ...
     @property
@@ -436,6 +442,7 @@ class CudaRuntime:
     def _inject_stall(self, seconds: float) -> None: ...
 
 def cuda_devices() -> list[dict[str, Any]]: ...
+def _cuda_emulator() -> str: ...
 
 @final
 class Scheduler:

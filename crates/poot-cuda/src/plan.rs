@@ -6,6 +6,10 @@
 //! Supported ops: input, weight, literal, embedding, rms_norm, matmul, add, mul, silu, rope,
 //! reshape, gather_rows, paged_attention. Others (softmax, concat, slice, the sampling ops)
 //! are refused at compile time with `CompileError::Unsupported` until they have kernels.
+//! `sample` runs on the host: the logits rows are read back and each row is drawn by the
+//! CPU's own row function (`poot_runtime::sample::sample_row`), so its semantics are the
+//! CPU's exactly; its token ids may only be graph outputs. A device argmax and top-k/top-p
+//! select would keep logits on the device (future work).
 //! Paged attention is the one step formed at run time (`Step::Attention`): it reads the KV
 //! pool (which `configure_kv` may replace after compiling) and a scratch sized by the step's
 //! block table. Shapes are
@@ -29,6 +33,19 @@ enum Loc {
     Arena(u64),
     /// Index into `CudaPlan::weights`.
     Weight(usize),
+    /// Token ids sampled on the host: index into `CudaPlan::samples`.
+    Host(usize),
+}
+
+/// A `sample` node: its logits rows come back to the host and are drawn there.
+#[derive(Debug)]
+pub(crate) struct HostSample {
+    /// Arena offset of the logits `[rows, vocab]`.
+    pub offset: u64,
+    pub rows: usize,
+    pub vocab: usize,
+    /// Input names: temperature, top_k, top_p, min_p, uniform.
+    pub params: [String; 5],
 }
 
 /// A graph input: uploaded at every run.
@@ -73,6 +90,8 @@ pub(crate) enum Step {
 #[derive(Debug)]
 pub(crate) struct OutputSlot {
     pub name: String,
+    /// Where the output is: an arena offset, or a host-sampled node (`CudaPlan::samples`).
+    pub sample: Option<usize>,
     pub offset: u64,
     pub dtype: DType,
     pub shape: Vec<usize>,
@@ -85,6 +104,7 @@ pub struct CudaPlan {
     pub(crate) inputs: Vec<InputSlot>,
     pub(crate) ropes: Vec<RopeSlot>,
     pub(crate) outputs: Vec<OutputSlot>,
+    pub(crate) samples: Vec<HostSample>,
     /// Absolute device addresses, ready to replay.
     pub(crate) steps: Vec<Step>,
     _weights: Vec<Arc<DevBuf>>,
@@ -129,6 +149,7 @@ pub fn supports(op: &Op) -> bool {
             | Op::Reshape { .. }
             | Op::GatherRows { .. }
             | Op::PagedAttention { .. }
+            | Op::Sample { .. }
     )
 }
 
@@ -162,6 +183,7 @@ struct Builder<'a> {
     inputs: Vec<InputSlot>,
     ropes: Vec<RopeSlot>,
     literals: Vec<(u64, Vec<f32>)>,
+    samples: Vec<HostSample>,
     /// Steps with arena offsets tagged by `ARENA_TAG`, fixed up at the end.
     launches: Vec<Step>,
 }
@@ -185,6 +207,10 @@ impl Builder<'_> {
         match self.loc[v.index()] {
             Some(Loc::Arena(off)) => Ok(ARENA_TAG | off),
             Some(Loc::Weight(i)) => Ok(self.weights[i].ptr),
+            Some(Loc::Host(_)) => Err(invalid(format!(
+                "value {} is sampled on the host; it can only be a graph output",
+                v.0
+            ))),
             None => Err(invalid(format!(
                 "value {} is used before it is defined",
                 v.0
@@ -416,6 +442,30 @@ impl Builder<'_> {
                     neox,
                 )));
             }
+            Op::Sample { logits, params } => {
+                let offset = match self.loc[logits.index()] {
+                    Some(Loc::Arena(off)) if g.info(*logits).dtype == DType::F32 => off,
+                    _ => return Err(invalid("sample: logits must be computed f32 values".into())),
+                };
+                let shape = &g.info(*logits).shape;
+                let (rows, vocab) = (shape[0], shape[1]);
+                let p = [
+                    params.temperature,
+                    params.top_k,
+                    params.top_p,
+                    params.min_p,
+                    params.uniform,
+                ]
+                .map(|v| self.input_name("sample", v));
+                let [a, b, c, d, e] = p;
+                self.samples.push(HostSample {
+                    offset,
+                    rows,
+                    vocab,
+                    params: [a?, b?, c?, d?, e?],
+                });
+                self.loc[i] = Some(Loc::Host(self.samples.len() - 1));
+            }
             Op::PagedAttention { q, k, v, meta, cfg } => {
                 if cfg.n_kv_heads == 0
                     || cfg.n_heads % cfg.n_kv_heads != 0
@@ -506,6 +556,7 @@ pub fn compile(
         inputs: Vec::new(),
         ropes: Vec::new(),
         literals: Vec::new(),
+        samples: Vec::new(),
         launches: Vec::new(),
     };
     for i in 0..graph.equations.len() {
@@ -515,8 +566,16 @@ pub fn compile(
     for (name, v) in &graph.outputs {
         let info = graph.info(*v);
         match b.loc[v.index()] {
+            Some(Loc::Host(s)) => outputs.push(OutputSlot {
+                name: name.clone(),
+                sample: Some(s),
+                offset: 0,
+                dtype: info.dtype,
+                shape: info.shape.clone(),
+            }),
             Some(Loc::Arena(offset)) => outputs.push(OutputSlot {
                 name: name.clone(),
+                sample: None,
                 offset,
                 dtype: info.dtype,
                 shape: info.shape.clone(),
@@ -562,6 +621,7 @@ pub fn compile(
         inputs: b.inputs,
         ropes: b.ropes,
         outputs,
+        samples: b.samples,
         steps: b.launches,
         _weights: b.weights,
         _store: store,

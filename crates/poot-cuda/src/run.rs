@@ -5,6 +5,7 @@
 
 use poot_core::{DType, Deadline};
 use poot_cpu::kernels::rope_angles;
+use poot_runtime::sample::{sample_row, SampleSettings};
 use poot_runtime::{HostTensor, RuntimeError};
 
 use crate::ops::{self, AttnAddrs, AttnShape, Launch};
@@ -157,11 +158,35 @@ pub(crate) fn run(
         ));
     }
     let in_bytes: usize = staged.iter().map(|(_, b)| b.len()).sum();
-    let out_bytes: usize = plan
-        .outputs
-        .iter()
+    let device_outputs = || plan.outputs.iter().filter(|o| o.sample.is_none());
+    let out_bytes: usize = device_outputs()
         .map(|o| o.shape.iter().product::<usize>() * 4)
         .sum();
+    let logits_bytes: usize = plan.samples.iter().map(|h| h.rows * h.vocab * 4).sum();
+    // Sampling settings are host inputs: read (and refused if impossible) before launching.
+    let mut settings = Vec::new();
+    for h in &plan.samples {
+        let f = |i: usize| -> Result<Vec<f32>, RuntimeError> {
+            match input(inputs, &h.params[i])? {
+                HostTensor::F32 { data, .. } => Ok(data.clone()),
+                HostTensor::I32 { data, .. } => Ok(data.iter().map(|&v| v as f32).collect()),
+            }
+        };
+        let (t, k, p, m, u) = (f(0)?, f(1)?, f(2)?, f(3)?, f(4)?);
+        let rows: Vec<SampleSettings> = (0..h.rows)
+            .map(|r| SampleSettings {
+                temperature: t[r],
+                top_k: k[r] as i32,
+                top_p: p[r],
+                min_p: m[r],
+                uniform: u[r],
+            })
+            .collect();
+        for r in &rows {
+            r.check()?;
+        }
+        settings.push(rows);
+    }
 
     // Attention steps: checked against the pool, then formed over the shared scratch.
     let kv = rt.kv.lock().unwrap_or_else(|e| e.into_inner());
@@ -206,7 +231,7 @@ pub(crate) fn run(
 
     let base = plan.arena.ptr;
     let mut s = rt.dev.session()?;
-    s.reserve_staging(in_bytes + out_bytes)?;
+    s.reserve_staging(in_bytes + out_bytes + logits_bytes)?;
     let mut at = 0;
     for (_, b) in &staged {
         s.staging.as_mut_slice(at + b.len())[at..].copy_from_slice(b);
@@ -233,19 +258,49 @@ pub(crate) fn run(
                 }
             }
         }
-        for o in &plan.outputs {
+        for o in device_outputs() {
             let n = o.shape.iter().product::<usize>() * 4;
             s.dtoh(base + o.offset, at, n)?;
             at += n;
+        }
+        for h in &plan.samples {
+            s.dtoh(base + h.offset, at, h.rows * h.vocab * 4)?;
+            at += h.rows * h.vocab * 4;
         }
         s.wait("run", deadline)
     })();
     queued.map_err(|e| rt.fail(e, "run"))?;
 
+    let all = s.staging.as_mut_slice(in_bytes + out_bytes + logits_bytes);
+    let mut at = in_bytes + out_bytes;
+    let mut sampled = Vec::with_capacity(plan.samples.len());
+    for (h, rows) in plan.samples.iter().zip(&settings) {
+        let mut ids = Vec::with_capacity(h.rows);
+        let mut row = vec![0f32; h.vocab];
+        for (r, st) in rows.iter().enumerate() {
+            let bytes = &all[at + r * h.vocab * 4..][..h.vocab * 4];
+            for (x, c) in row.iter_mut().zip(bytes.chunks_exact(4)) {
+                *x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+            ids.push(sample_row(&row, *st)?);
+        }
+        sampled.push(ids);
+        at += h.rows * h.vocab * 4;
+    }
     let mut at = in_bytes;
     let mut out = Vec::with_capacity(plan.outputs.len());
-    let all = s.staging.as_mut_slice(in_bytes + out_bytes);
     for o in &plan.outputs {
+        if let Some(i) = o.sample {
+            let data = sampled[i].clone();
+            out.push((
+                o.name.clone(),
+                HostTensor::I32 {
+                    shape: o.shape.clone(),
+                    data,
+                },
+            ));
+            continue;
+        }
         let n = o.shape.iter().product::<usize>();
         let words = all[at..at + 4 * n]
             .chunks_exact(4)

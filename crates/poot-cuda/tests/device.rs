@@ -364,3 +364,58 @@ fn plans_share_uploaded_weights() {
     drop((a, b));
     assert_eq!(rt.weight_bytes(), 0);
 }
+
+/// `sample` on the host over read-back logits: greedy and tempered rows give the CPU
+/// runtime's ids (same row function, same draws; the logits agree to f32 rounding, far from
+/// any tie on random weights).
+#[test]
+fn sampling_gives_the_cpu_runtimes_ids() {
+    let Some(rt) = common::runtime() else { return };
+    let mut rng = Rng(66);
+    let (s_rows, k, vocab) = (4, 64, 500);
+    let mut s = Store::default();
+    s.add(
+        "head",
+        DType::Q8_0,
+        vec![vocab, k],
+        packed(DType::Q8_0, vocab, k, &mut rng),
+    );
+    let s = Arc::new(s);
+    let mut tr = tracer(&s, s_rows);
+    let x = tr.input("x", DType::F32, vec![s_rows, k]).unwrap();
+    let head = tr.weight("head").unwrap();
+    let logits = tr.matmul(x, head).unwrap();
+    let inp = |tr: &mut Tracer, n: &str, d: DType| tr.input(n, d, vec![s_rows]).unwrap();
+    let params = poot_graph::SampleInputs {
+        temperature: inp(&mut tr, "temperature", DType::F32),
+        top_k: inp(&mut tr, "top_k", DType::I32),
+        top_p: inp(&mut tr, "top_p", DType::F32),
+        min_p: inp(&mut tr, "min_p", DType::F32),
+        uniform: inp(&mut tr, "uniform", DType::F32),
+    };
+    let ids = tr.sample(logits, params).unwrap();
+    tr.output("ids", ids).unwrap();
+    let inputs = [
+        (
+            "x",
+            f32s(
+                vec![s_rows, k],
+                rng.vec(s_rows * k).iter().map(|v| v * 4.0).collect(),
+            ),
+        ),
+        ("temperature", f32s(vec![s_rows], vec![0.0, 0.7, 1.0, 1.3])),
+        (
+            "top_k",
+            HostTensor::I32 {
+                shape: vec![s_rows],
+                data: vec![0, 40, 0, 5],
+            },
+        ),
+        ("top_p", f32s(vec![s_rows], vec![1.0, 0.9, 1.0, 0.95])),
+        ("min_p", f32s(vec![s_rows], vec![0.0, 0.0, 0.05, 0.0])),
+        ("uniform", f32s(vec![s_rows], vec![0.5, 0.25, 0.75, 0.1])),
+    ];
+    let (got, want) = both(&rt, &tr.finish(), &s, &inputs);
+    assert_eq!(got[0], want[0]);
+    eprintln!("sampled ids {:?}", got[0]);
+}

@@ -24,6 +24,7 @@ use crate::weights::PyWeights;
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyCudaRuntime>()?;
     m.add_function(wrap_pyfunction!(cuda_devices, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_emulator, m)?)?;
     Ok(())
 }
 
@@ -64,18 +65,48 @@ fn device_dict<'py>(py: Python<'py>, d: &poot_cuda::DeviceInfo) -> PyResult<Boun
     Ok(out)
 }
 
+/// Tests: builds (once per process; needs a host C++ compiler) the CPU shim library, which
+/// also emulates the driver API and NVRTC, and returns its path. `CudaRuntime(...,
+/// driver_library=path, nvrtc_library=path)` then runs the runtime's host code with the
+/// kernels executed on the CPU (see poot-cuda's `shim` module); it says nothing about a GPU.
+#[pyfunction]
+#[pyo3(name = "_cuda_emulator")]
+fn cuda_emulator(py: Python<'_>) -> PyResult<String> {
+    #[cfg(feature = "cuda")]
+    return without_gil(py, poot_cuda::shim::Shim::get)?
+        .map(|s| s.library().display().to_string())
+        .map_err(pyo3::exceptions::PyRuntimeError::new_err);
+    #[cfg(not(feature = "cuda"))]
+    Err(runtime_error(
+        py,
+        RuntimeError::NotCompiledIn { backend: "cuda" },
+    ))
+}
+
 #[cfg(feature = "cuda")]
-fn open(device: i32, timeout_s: f64) -> Result<Inner, RuntimeError> {
+fn open(
+    device: i32,
+    timeout_s: f64,
+    driver_library: Option<String>,
+    nvrtc_library: Option<String>,
+) -> Result<Inner, RuntimeError> {
     let options = poot_cuda::CudaOptions {
         device,
         timeout: std::time::Duration::from_secs_f64(timeout_s),
+        driver_library: driver_library.map(Into::into),
+        nvrtc_library: nvrtc_library.map(Into::into),
         ..poot_cuda::CudaOptions::default()
     };
     Ok(Arc::new(poot_cuda::CudaRuntime::new(options)?))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn open(_device: i32, _timeout_s: f64) -> Result<Inner, RuntimeError> {
+fn open(
+    _device: i32,
+    _timeout_s: f64,
+    _driver_library: Option<String>,
+    _nvrtc_library: Option<String>,
+) -> Result<Inner, RuntimeError> {
     Err(RuntimeError::NotCompiledIn { backend: "cuda" })
 }
 
@@ -100,17 +131,26 @@ impl PyCudaRuntime {
 #[pymethods]
 impl PyCudaRuntime {
     /// Opens CUDA device `device` and compiles the kernels for it. `timeout_s` bounds every
-    /// device wait (on top of each run's own).
+    /// device wait (on top of each run's own). `driver_library` / `nvrtc_library` open those
+    /// files instead of `libcuda.so.1` and the usual NVRTC names (tests: `_cuda_emulator()`).
     #[new]
-    #[pyo3(signature = (device=0, timeout_s=600.0))]
-    fn py_new(py: Python<'_>, device: i32, timeout_s: f64) -> PyResult<Self> {
+    #[pyo3(signature = (device=0, timeout_s=600.0, driver_library=None, nvrtc_library=None))]
+    fn py_new(
+        py: Python<'_>,
+        device: i32,
+        timeout_s: f64,
+        driver_library: Option<String>,
+        nvrtc_library: Option<String>,
+    ) -> PyResult<Self> {
         if !(timeout_s.is_finite() && timeout_s > 0.0) {
             return Err(pyo3::exceptions::PyValueError::new_err(format!(
                 "timeout_s must be finite and > 0, got {timeout_s}"
             )));
         }
-        let inner =
-            without_gil(py, move || open(device, timeout_s))?.map_err(|e| runtime_error(py, e))?;
+        let inner = without_gil(py, move || {
+            open(device, timeout_s, driver_library, nvrtc_library)
+        })?
+        .map_err(|e| runtime_error(py, e))?;
         Ok(Self { inner })
     }
 
