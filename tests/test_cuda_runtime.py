@@ -137,7 +137,9 @@ def test_stories_greedy_ids_on_the_emulated_runtime_equal_the_cpu(
     path = str(stories / name)
     greedy = poot.SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
     prompts = ["Once upon a time", "The cat"]
-    want = [o.outputs[0].token_ids for o in poot.LLM(path, numerics="exact").generate(prompts, greedy)]
+    want = [
+        o.outputs[0].token_ids for o in poot.LLM(path, numerics="exact").generate(prompts, greedy)
+    ]
     cuda = poot.LLM(path, backend="cuda")
     assert cuda.runtime.device["name"] == "poot CPU emulator"
     got = [o.outputs[0].token_ids for o in cuda.generate(prompts, greedy)]

@@ -402,6 +402,7 @@ class WgpuRuntime:
     def _inject_device_loss(self) -> None: ...
 
 def wgpu_adapters() -> list[dict[str, str]]: ...
+
 @final
 class CudaRuntime:
     """The CUDA runtime: kernels from ``shaders/cuda`` compiled by NVRTC for one NVIDIA GPU.

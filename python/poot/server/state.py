@@ -92,7 +92,11 @@ def load_llm(config: ServerConfig) -> LLM:
         max_model_len=max_model_len,
         driver=opts,
         timeout_s=config.step_timeout_s,
-        backend="cuda" if config.backend == "cuda" else "wgpu" if config.backend == "wgpu" else "cpu",
+        backend="cuda"
+        if config.backend == "cuda"
+        else "wgpu"
+        if config.backend == "wgpu"
+        else "cpu",
         progress=config.progress,
     )
     if config.chat_template is not None:
