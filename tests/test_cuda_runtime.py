@@ -160,3 +160,24 @@ def test_the_emulated_runtime_times_out_and_poisons(stories: Path, emulator: str
     assert rt.health()["status"] == "poisoned"
     with pytest.raises(errors.RuntimePoisonedError):
         rt.compile(g, w)
+
+
+def test_penalties_and_logprobs_run_split_on_the_emulated_runtime(
+    stories: Path, emulator: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runtime has no logit-op kernels (``supports`` says so), so the step runner runs
+    the forward pass on it and the sampling step on a host CPU runtime: same ids as the CPU."""
+    import poot.llm
+
+    monkeypatch.setattr(poot.llm, "_make_cuda_runtime", lambda t: _emulated(emulator, t))
+    path = str(stories / "stories260K-f32.gguf")
+    params = poot.SamplingParams(
+        max_tokens=16, temperature=0.8, seed=7, repetition_penalty=1.3, logprobs=2
+    )
+    cuda = poot.LLM(path, backend="cuda")
+    assert not cuda.runtime.supports("adjust_logits") and cuda.runtime.supports("sample")
+    assert cuda.runtime.kv_entry_bytes == 4
+    got = cuda.generate("Once upon a time", params)[0].outputs[0]
+    want = poot.LLM(path, numerics="exact").generate("Once upon a time", params)[0].outputs[0]
+    assert got.token_ids == want.token_ids
+    assert got.logprobs is not None and len(got.logprobs) == len(got.token_ids)

@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use poot_core::{DType, Deadline, DEFAULT_DEVICE_TIMEOUT};
-use poot_graph::{CompileLimits, Graph, Op};
+use poot_graph::{CompileLimits, Graph};
 use poot_runtime::{
     CompiledPlan, Health, HostTensor, KvCacheConfig, MemoryReport, Poison, Runtime, RuntimeError,
     WeightStore,
@@ -266,7 +266,7 @@ impl Runtime for CudaRuntime {
         "cuda"
     }
 
-    fn supports(&self, op: &Op) -> bool {
+    fn supports(&self, op: &str) -> bool {
         plan::supports(op)
     }
 

@@ -132,24 +132,24 @@ impl CompiledPlan for CudaPlan {
     }
 }
 
-/// Whether the CUDA runtime compiles graphs holding `op`.
-pub fn supports(op: &Op) -> bool {
+/// Whether the CUDA runtime compiles graphs holding ops of kind `op` (`Op::name`).
+pub fn supports(op: &str) -> bool {
     matches!(
         op,
-        Op::Input { .. }
-            | Op::Weight { .. }
-            | Op::Literal { .. }
-            | Op::Embedding { .. }
-            | Op::RmsNorm { .. }
-            | Op::MatMul { .. }
-            | Op::Add { .. }
-            | Op::Mul { .. }
-            | Op::Silu { .. }
-            | Op::Rope { .. }
-            | Op::Reshape { .. }
-            | Op::GatherRows { .. }
-            | Op::PagedAttention { .. }
-            | Op::Sample { .. }
+        "input"
+            | "weight"
+            | "literal"
+            | "embedding"
+            | "rms_norm"
+            | "matmul"
+            | "add"
+            | "mul"
+            | "silu"
+            | "rope"
+            | "reshape"
+            | "gather_rows"
+            | "paged_attention"
+            | "sample"
     )
 }
 

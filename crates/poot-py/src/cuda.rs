@@ -159,6 +159,17 @@ impl PyCudaRuntime {
         self.inner.name()
     }
 
+    /// Whether graphs with ops of this kind compile here (see `CpuRuntime.supports`).
+    fn supports(&self, op: &str) -> bool {
+        self.dyn_rt().supports(op)
+    }
+
+    /// Bytes of one KV cache element in this runtime's pool (f32).
+    #[getter]
+    fn kv_entry_bytes(&self) -> u32 {
+        self.dyn_rt().kv_entry_bytes()
+    }
+
     /// The device (`cuda_devices()`'s fields; empty without the cuda feature).
     #[getter]
     fn device<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
