@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds poot-cuda's test binaries here and gathers what a GPU machine with no Rust toolchain
-# needs to run the device check: .devcarry/bin/{unit,shim,device,fault,nvrtc,bench} (stripped)
+# needs to run the device check: .devcarry/bin/{unit,shim,device,attention,fault,nvrtc,bench}
 # and .devcarry/cuda_device_check.sh. Ship .devcarry to the GPU machine (it is ignored by git:
 # add `/.devcarry/` to .git/info/exclude) and run `bash .devcarry/cuda_device_check.sh` there.
 set -euo pipefail

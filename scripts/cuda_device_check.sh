@@ -24,7 +24,7 @@ if ! ldconfig -p | grep -q 'libnvrtc\.so'; then
 fi
 echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}" >>"$OUT/env.log"
 export POOT_REQUIRE_CUDA=1
-for t in unit nvrtc shim device fault; do
+for t in unit nvrtc shim device attention fault; do
   echo "== $t" | tee -a "$OUT/summary.log"
   timeout 240 "$BIN/$t" --test-threads=1 --nocapture >"$OUT/$t.log" 2>&1
   rc=$?
