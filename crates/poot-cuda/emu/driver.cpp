@@ -143,6 +143,12 @@ API cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
     k->launch(gx, gy, gz, bx, by, bz, params);
     return 0;
 }
+// Resources: the emulation has no registers; it reports 32 per thread (about what ptxas gives
+// these kernels) so the compile-time body-limit check runs the same way as on a GPU.
+API cuFuncGetAttribute(int* v, int attr, void*) {
+    *v = attr == 4 ? 32 : 0;  // CU_FUNC_ATTRIBUTE_NUM_REGS
+    return 0;
+}
 API cuGetErrorName(int r, const char** s) {
     *s = r == 600 ? "CUDA_ERROR_NOT_READY" : r == 500 ? "CUDA_ERROR_NOT_FOUND" : "CUDA_ERROR";
     return 0;

@@ -47,6 +47,8 @@ pub struct Device {
     stream: CuStream,
     event: CuEvent,
     functions: HashMap<&'static str, CuFunction>,
+    /// Registers per thread and local (stack) bytes of each kernel, from the driver.
+    resources: HashMap<&'static str, (u32, u32)>,
     modules: Vec<CuModule>,
     faulted: AtomicBool,
     lock: Mutex<Pinned>,
@@ -193,6 +195,7 @@ impl Device {
             stream,
             event,
             functions: HashMap::new(),
+            resources: HashMap::new(),
             modules: Vec::new(),
             faulted: AtomicBool::new(false),
             lock: Mutex::new(Pinned {
@@ -222,6 +225,16 @@ impl Device {
                 self.drv.check("cuModuleGetFunction", unsafe {
                     (self.drv.module_get_function)(&mut f, module, cname.as_ptr())
                 })?;
+                let attr = |a| -> Result<u32, CudaError> {
+                    let mut v = 0;
+                    // SAFETY: `f` was just resolved; writes one int.
+                    self.drv.check("cuFuncGetAttribute", unsafe {
+                        (self.drv.func_get_attribute)(&mut v, a, f)
+                    })?;
+                    Ok(v as u32)
+                };
+                let res = (attr(FUNC_ATTR_NUM_REGS)?, attr(FUNC_ATTR_LOCAL_SIZE_BYTES)?);
+                self.resources.insert(name, res);
                 self.functions.insert(name, f);
             }
         }
@@ -236,6 +249,11 @@ impl Device {
             (self.drv.ctx_set_current)(self.ctx)
         })?;
         Ok(Session { dev: self, staging })
+    }
+
+    /// `(registers per thread, local bytes per thread)` of kernel `name`.
+    pub fn resources(&self, name: &str) -> Option<(u32, u32)> {
+        self.resources.get(name).copied()
     }
 
     pub fn faulted(&self) -> bool {

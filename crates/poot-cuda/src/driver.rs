@@ -28,6 +28,8 @@ pub const ATTR_CC_MAJOR: c_int = 75;
 pub const ATTR_CC_MINOR: c_int = 76;
 pub const STREAM_NON_BLOCKING: c_uint = 1;
 pub const EVENT_DISABLE_TIMING: c_uint = 2;
+pub const FUNC_ATTR_LOCAL_SIZE_BYTES: c_int = 3;
+pub const FUNC_ATTR_NUM_REGS: c_int = 4;
 
 macro_rules! driver_api {
     ($($field:ident = $sym:literal : fn($($arg:ty),*);)*) => {
@@ -89,6 +91,7 @@ driver_api! {
     module_load_data = b"cuModuleLoadData\0": fn(*mut CuModule, *const c_void);
     module_get_function = b"cuModuleGetFunction\0": fn(*mut CuFunction, CuModule, *const c_char);
     module_unload = b"cuModuleUnload\0": fn(CuModule);
+    func_get_attribute = b"cuFuncGetAttribute\0": fn(*mut c_int, c_int, CuFunction);
     launch_kernel = b"cuLaunchKernel\0": fn(
         CuFunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CuStream,
         *mut *mut c_void, *mut *mut c_void

@@ -149,6 +149,11 @@ impl CudaRuntime {
             .store(duration.as_nanos() as u64, Ordering::Relaxed);
     }
 
+    /// `(registers per thread, local bytes per thread)` of a kernel, as the driver reports.
+    pub fn kernel_resources(&self, kernel: &str) -> Option<(u32, u32)> {
+        self.dev.resources(kernel)
+    }
+
     /// Free device memory now, bytes.
     pub fn free_device_memory(&self) -> Result<u64, RuntimeError> {
         Ok(self.dev.free_memory()?)

@@ -587,6 +587,29 @@ pub fn compile(
             }
         }
     }
+    // The kernel body limit, as on wgpu: a kernel needing more registers per thread than
+    // `max_kernel_locals` is a typed refusal (`CompileError::BodyLimit`).
+    let mut kernels: Vec<&'static str> = Vec::new();
+    for step in &b.launches {
+        match step {
+            Step::Fixed(l) => kernels.push(l.kernel),
+            Step::Attention(_) => {
+                kernels.extend(["kv_write", "attn_scores", "attn_softmax", "attn_out"])
+            }
+        }
+    }
+    for k in kernels {
+        let (regs, _) = rt.kernel_resources(k).unwrap_or((0, 0));
+        if regs as usize > limits.max_kernel_locals {
+            return Err(CompileError::BodyLimit {
+                kernel: k.to_owned(),
+                what: "registers",
+                limit: limits.max_kernel_locals as u64,
+                total: u64::from(regs),
+            }
+            .into());
+        }
+    }
     if b.arena_bytes > limits.max_artifact_bytes {
         return Err(CompileError::ArtifactTooLarge {
             limit: limits.max_artifact_bytes,

@@ -419,3 +419,47 @@ fn sampling_gives_the_cpu_runtimes_ids() {
     assert_eq!(got[0], want[0]);
     eprintln!("sampled ids {:?}", got[0]);
 }
+
+/// A kernel needing more registers than `CompileLimits::max_kernel_locals` is a typed
+/// refusal at compile time (`BodyLimit`, Python `KernelBodyLimitError`), as on wgpu.
+#[test]
+fn a_kernel_over_the_body_limit_is_refused() {
+    let Some(rt) = common::runtime() else { return };
+    let (regs, local) = rt.kernel_resources("matvec_q4_0").unwrap();
+    eprintln!("matvec_q4_0: {regs} registers, {local} local bytes per thread");
+    assert!(regs > 8);
+    let mut rng = Rng(3);
+    let mut s = Store::default();
+    s.add(
+        "w",
+        DType::Q4_0,
+        vec![8, 64],
+        packed(DType::Q4_0, 8, 64, &mut rng),
+    );
+    let s = Arc::new(s);
+    let mut tr = tracer(&s, 1);
+    let x = tr.input("x", DType::F32, vec![1, 64]).unwrap();
+    let w = tr.weight("w").unwrap();
+    let y = tr.matmul(x, w).unwrap();
+    tr.output("y", y).unwrap();
+    let g = tr.finish();
+    let tight = CompileLimits {
+        max_kernel_locals: 8,
+        ..CompileLimits::default()
+    };
+    match rt.compile(&g, s.clone(), &tight) {
+        Err(RuntimeError::Compile(poot_graph::CompileError::BodyLimit {
+            kernel,
+            what,
+            limit,
+            total,
+        })) => {
+            assert_eq!(
+                (kernel.as_str(), what, limit, total),
+                ("matvec_q4_0", "registers", 8, u64::from(regs))
+            );
+        }
+        other => panic!("expected a body-limit refusal, got {other:?}"),
+    }
+    assert!(rt.compile(&g, s, &CompileLimits::default()).is_ok());
+}
