@@ -117,3 +117,26 @@ def test_quantizers_roundtrip_close() -> None:
         raw, deq = quantize(w, dt)
         assert len(raw) == nbytes
         assert np.abs(deq - w).max() < tol
+
+
+def test_cuda_devices_come_from_the_cuda_runtime_when_it_sees_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from poot import _native
+    from poot.planner import discovery
+
+    h200 = {
+        "ordinal": 0,
+        "name": "NVIDIA H200",
+        "compute_capability": "9.0",
+        "multiprocessors": 132,
+        "total_memory": 150754820096,
+        "driver_version": 13000,
+        "nvrtc_version": "0.0",
+    }
+    monkeypatch.setattr(_native, "cuda_devices", lambda: [h200])
+    found, note = discovery.cuda_devices()
+    assert note == ""
+    (d,) = found
+    assert (d.key, d.kind, d.name, d.driver) == ("cuda:0", "cuda", "NVIDIA H200", "CUDA 13.0")
+    assert d.features == ("sm_90",) and d.cores == 132 and d.memory_bytes == 150754820096

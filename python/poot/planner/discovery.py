@@ -10,7 +10,8 @@ Sources, each optional (a missing tool is reported, never raised):
       cores), ``/proc/meminfo`` (total and available memory).
     - wgpu adapters: the wgpu runtime when this build has one (``poot._native.wgpu_adapters``),
       otherwise ``vulkaninfo --summary``; adapters are then visible but cannot be validated.
-    - CUDA: ``nvidia-smi``; its absence is reported as "no driver".
+    - CUDA: the CUDA runtime's own driver queries (``_native.cuda_devices``), else
+      ``nvidia-smi``; the absence of both is reported as "no driver".
 """
 
 from __future__ import annotations
@@ -203,7 +204,31 @@ def wgpu_adapters() -> tuple[list[DeviceInfo], str]:
 
 
 def cuda_devices() -> tuple[list[DeviceInfo], str]:
-    """CUDA devices from ``nvidia-smi``; none with a note where there is no driver."""
+    """CUDA devices: from the CUDA runtime's driver queries when built in (name, compute
+    capability as a feature ``sm_XY``, multiprocessors as cores, memory, driver version), else
+    from ``nvidia-smi``; none with a note where there is no driver."""
+    from poot import _native
+
+    listed = getattr(_native, "cuda_devices", None)
+    found = listed() if callable(listed) else []
+    if found:
+        out = []
+        for d in found:
+            major, minor = str(d["compute_capability"]).split(".")
+            version = int(d["driver_version"])  # e.g. 13000 for CUDA 13.0
+            out.append(
+                DeviceInfo(
+                    f"cuda:{d['ordinal']}",
+                    "cuda",
+                    str(d["name"]),
+                    "nvidia",
+                    f"CUDA {version // 1000}.{version % 1000 // 10}",
+                    int(d["total_memory"]),
+                    cores=int(d["multiprocessors"]),
+                    features=(f"sm_{major}{minor}",),
+                )
+            )
+        return out, ""
     text, why = _run(
         [
             "nvidia-smi",
