@@ -24,6 +24,7 @@ mod nvrtc;
 pub mod ops;
 mod plan;
 pub mod shim;
+mod steps;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -41,7 +42,7 @@ use poot_runtime::{
 pub use device::DeviceInfo;
 pub use error::CudaError;
 pub use nvrtc::Target;
-pub use plan::CudaPlan;
+pub use steps::CudaPlan;
 
 use device::{DevBuf, Device};
 
