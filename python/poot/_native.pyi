@@ -24,6 +24,9 @@ __all__ = [
     "LateInput",
     "WgpuRuntime",
     "wgpu_adapters",
+    "CudaRuntime",
+    "cuda_devices",
+    "_cuda_emulator",
     "Scheduler",
     "_mapping_probe",
 ]
