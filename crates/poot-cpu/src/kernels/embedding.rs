@@ -129,7 +129,7 @@ mod tests {
 
     #[test]
     fn every_decodable_dtype_looks_up_exact_rows() {
-        for (s, dt) in crate::kernels::DECODABLE.into_iter().enumerate() {
+        for (s, dt) in crate::kernels::decode::DECODABLE.into_iter().enumerate() {
             let dim = if dt.is_quantized() {
                 dt.block_elems() as usize * 2
             } else {

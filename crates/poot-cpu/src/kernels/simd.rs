@@ -271,7 +271,7 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::NR;
+    use crate::kernels::simd::NR;
 
     /// `ggml::hsum8`'s additions on a register.
     #[target_feature(enable = "avx2,fma")]

@@ -8,8 +8,16 @@
 
 use poot_graph::{Op, ValueId};
 
-use super::exec::Buf;
 use crate::kernels::act_cache::ActCache;
+
+/// One value's storage in a run.
+#[derive(Debug)]
+pub(super) enum Buf {
+    Empty,
+    Weight,
+    F32(Vec<f32>),
+    I32(Vec<i32>),
+}
 
 /// Activation buffers kept between runs (see the module docs). At most `KEEP` per element type
 /// are parked, none over `MAX_BYTES`, so what a long prefill needed goes back to the allocator.

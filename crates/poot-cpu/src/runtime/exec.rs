@@ -14,26 +14,18 @@ use poot_core::{dequantize, Deadline};
 use poot_graph::{Graph, Op, ValueId};
 use poot_runtime::{HostTensor, LateInput, RuntimeError};
 
-use super::arena::{for_each_operand, Arena};
+use super::arena::{for_each_operand, Arena, Buf};
 
 mod rows;
 mod sampling;
+use super::kv::{KvLayers, KvPool};
 use super::plan::CpuPlan;
 use super::profile::Profile;
-use super::{KvLayers, KvPool};
 use crate::kernels::{self, AttentionInputs, AttentionShape, KvCacheMut};
 use crate::{DType, Isa, KernelError, ThreadPool};
 
 /// A run's inputs: those given up front and those supplied late (`LateInput`).
 pub(crate) type StepInputs<'i> = (&'i [(&'i str, HostTensor)], &'i [(&'i str, LateInput)]);
-
-#[derive(Debug)]
-pub(super) enum Buf {
-    Empty,
-    Weight,
-    F32(Vec<f32>),
-    I32(Vec<i32>),
-}
 
 fn kerr(op: &'static str) -> impl Fn(KernelError) -> RuntimeError {
     move |e| RuntimeError::Kernel {

@@ -25,6 +25,7 @@
 
 mod arena;
 mod exec;
+mod kv;
 mod plan;
 mod profile;
 
@@ -44,45 +45,12 @@ use poot_runtime::{
 pub use plan::CpuPlan;
 
 use crate::hugemem::HugeBytes;
-use crate::kernels::matmul::repack::Repack;
 use crate::kernels::Numerics;
 use crate::tuning::Tuning;
 use crate::Isa;
 use crate::{PoolConfig, ThreadPool};
-
-/// Per layer, K and V of `[num_blocks, block_size, n_kv_heads, head_dim]` entries.
-#[derive(Debug)]
-pub(crate) enum KvLayers {
-    /// [`Numerics::Exact`].
-    F32 { k: Vec<Vec<f32>>, v: Vec<Vec<f32>> },
-    /// [`Numerics::Ggml`], as llama.cpp's default cache.
-    F16 { k: Vec<Vec<f16>>, v: Vec<Vec<f16>> },
-}
-
-impl KvLayers {
-    pub(crate) fn n_layers(&self) -> usize {
-        match self {
-            KvLayers::F32 { k, .. } => k.len(),
-            KvLayers::F16 { k, .. } => k.len(),
-        }
-    }
-}
-
-/// The KV pool.
-#[derive(Debug)]
-pub(crate) struct KvPool {
-    cfg: KvCacheConfig,
-    layers: KvLayers,
-}
-
-/// Bytes of a pool of `cfg` with entries of `numerics`' KV element (f32 or f16).
-fn kv_bytes(cfg: &KvCacheConfig, numerics: Numerics) -> Option<u64> {
-    let f32_bytes = cfg.bytes_f32()?;
-    Some(match numerics {
-        Numerics::Exact => f32_bytes,
-        Numerics::Ggml => f32_bytes / 2,
-    })
-}
+use kv::{kv_bytes, KvLayers, KvPool};
+use plan::Prepared;
 
 /// Options for a CPU runtime: each runtime has its own, so two in one process can differ.
 ///
@@ -177,25 +145,6 @@ pub struct CpuRuntime {
 /// Re-laid weights by (store address, tensor name); the `Weak` tells a live store from a new
 /// one that reuses a freed address.
 type RepackCache = HashMap<(usize, String), (Weak<dyn WeightStore>, Arc<Prepared>)>;
-
-/// A runtime's own copy of a stored weight, made once when a plan is compiled.
-#[derive(Debug)]
-pub(crate) enum Prepared {
-    /// Re-laid for a faster kernel (`kernels::repack`).
-    Repack(Repack),
-    /// The stored bytes as they are, in memory this runtime owns: small weights other ops read
-    /// each step, and on hosts with transparent huge pages the plain float matmul weights.
-    Copy(HugeBytes),
-}
-
-impl Prepared {
-    pub(crate) fn bytes(&self) -> usize {
-        match self {
-            Prepared::Repack(r) => r.bytes(),
-            Prepared::Copy(c) => c.len(),
-        }
-    }
-}
 
 impl CpuRuntime {
     pub fn new(options: CpuOptions) -> Result<Self, RuntimeError> {

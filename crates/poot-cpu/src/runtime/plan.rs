@@ -12,6 +12,8 @@ use std::sync::Arc;
 use poot_graph::{run_passes, CompileError, CompileLimits, DeadCodeElimination, Graph, Op};
 use poot_runtime::{CompiledPlan, RuntimeError, WeightStore};
 
+use crate::hugemem::HugeBytes;
+use crate::kernels::matmul::repack::Repack;
 use crate::kernels::matmul::MatmulPath;
 use crate::kernels::{Numerics, RopeConfig, RopeTable};
 use crate::DType;
@@ -32,11 +34,11 @@ pub struct CpuPlan {
     /// Re-laid copies of matmul weights by the weight's value index (filled by the runtime
     /// after compiling; shared with its other plans). Matmuls over these read the copy.
     /// Always `Prepared::Repack`.
-    pub(crate) repacked: HashMap<usize, Arc<super::Prepared>>,
+    pub(crate) repacked: HashMap<usize, Arc<Prepared>>,
     /// Copies of weights as stored, by value index (always `Prepared::Copy`): the small ones
     /// other ops read every step (norm weights, biases), made alongside `repacked` so that a
     /// run reads nothing from a released map, and plain float matmul weights on huge pages.
-    pub(crate) copied: HashMap<usize, Arc<super::Prepared>>,
+    pub(crate) copied: HashMap<usize, Arc<Prepared>>,
     /// How each matmul weight (by value index) is multiplied, chosen here from the plan's
     /// numerics and the weight's dtype (see `kernels::matmul::MatmulPath`).
     pub(crate) matmul_paths: HashMap<usize, MatmulPath>,
@@ -46,7 +48,7 @@ impl CpuPlan {
     /// The re-laid copy of weight value `i`, if the runtime made one.
     pub(crate) fn repack(&self, i: usize) -> Option<&crate::kernels::matmul::repack::Repack> {
         match self.repacked.get(&i).map(|p| &**p) {
-            Some(super::Prepared::Repack(r)) => Some(r),
+            Some(Prepared::Repack(r)) => Some(r),
             _ => None,
         }
     }
@@ -59,7 +61,7 @@ impl CpuPlan {
     /// The runtime's copy of weight value `i` as stored, if it made one.
     pub(crate) fn copy(&self, i: usize) -> Option<&[u8]> {
         match self.copied.get(&i).map(|p| &**p) {
-            Some(super::Prepared::Copy(c)) => Some(c),
+            Some(Prepared::Copy(c)) => Some(c),
             _ => None,
         }
     }
@@ -205,4 +207,23 @@ pub(crate) fn compile(
         copied: HashMap::new(),
         matmul_paths,
     })
+}
+
+/// A runtime's own copy of a stored weight, made once when a plan is compiled.
+#[derive(Debug)]
+pub(crate) enum Prepared {
+    /// Re-laid for a faster kernel (`kernels::repack`).
+    Repack(Repack),
+    /// The stored bytes as they are, in memory this runtime owns: small weights other ops read
+    /// each step, and on hosts with transparent huge pages the plain float matmul weights.
+    Copy(HugeBytes),
+}
+
+impl Prepared {
+    pub(crate) fn bytes(&self) -> usize {
+        match self {
+            Prepared::Repack(r) => r.bytes(),
+            Prepared::Copy(c) => c.len(),
+        }
+    }
 }
