@@ -173,7 +173,7 @@ fn silu_rows(x: &[f32], d: usize, out: &mut [f32]) {
     }
 }
 
-/// tinyBLAS' float dot (llamafile `tinyBLAS<8>`, F16/F32 with two or more tokens): 8 FMA
+/// tinyBLAS' float dot (llamafile `tinyBLAS<8>`; llama.cpp takes it for two or more tokens, poot for every count): 8 FMA
 /// lanes (`i % 8`) over `a.len()` (a multiple of 8), then [`hsum8`].
 #[inline(always)]
 pub(crate) fn dot_lanes8(a: &[f32], b: &[f32]) -> f32 {

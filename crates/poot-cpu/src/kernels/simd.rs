@@ -346,8 +346,10 @@ mod x86 {
             tile_avx2::<2, 1>(w, k, &x[tok * k..], &mut res[tok * NR..]);
             tok += 2;
         }
+        // One chain per output in every tile (no unrolling along k), so that a token's result
+        // does not depend on the tile it lands in, and so on the tokens beside it.
         if tok < t {
-            tile_avx2::<1, 2>(w, k, &x[tok * k..], &mut res[tok * NR..]);
+            tile_avx2::<1, 1>(w, k, &x[tok * k..], &mut res[tok * NR..]);
         }
     }
 
@@ -411,12 +413,13 @@ mod x86 {
             tile_avx512::<4, 1>(w, k, &x[tok * k..], &mut res[tok * NR..]);
             tok += 4;
         }
+        // One chain per output in every tile, as `dot_rows_avx2`.
         if tok + 2 <= t {
-            tile_avx512::<2, 2>(w, k, &x[tok * k..], &mut res[tok * NR..]);
+            tile_avx512::<2, 1>(w, k, &x[tok * k..], &mut res[tok * NR..]);
             tok += 2;
         }
         if tok < t {
-            tile_avx512::<1, 4>(w, k, &x[tok * k..], &mut res[tok * NR..]);
+            tile_avx512::<1, 1>(w, k, &x[tok * k..], &mut res[tok * NR..]);
         }
     }
 }

@@ -5,19 +5,24 @@
 //! p)` over `n_kv` cache cells (a multiple of 256; cells past the sequence are masked to `-inf`
 //! and hold zeros). Reproduced here, per step:
 //! 1. `q` is rounded to the cache element (f16: `vec_dot_type` of F16 weights).
-//! 2. `kq_p = dot(q, k_p)`: with two or more tokens in the step (llamafile's tinyBLAS; it only
-//!    takes `n >= 2`) 8 FMA lanes over `head_dim` then `hsum8`; with one token ggml's
-//!    `ggml_vec_dot_f16`: 32 lanes (`i % 32`), folded `(0+2) + (1+3)` by 8-lane groups, then
-//!    `hsum8_hadd`, then a tail of `head_dim % 32` products in `f64`.
+//! 2. `kq_p = dot(q, k_p)`: llamafile tinyBLAS's order (llama.cpp's order for a step of two or
+//!    more tokens), 8 FMA lanes over `head_dim` then `hsum8`, where `head_dim % 8 == 0`;
+//!    otherwise ggml's `ggml_vec_dot_f16`: 32 lanes (`i % 32`), folded `(0+2) + (1+3)` by
+//!    8-lane groups, then `hsum8_hadd`, then a tail of `head_dim % 32` products in `f64`.
 //! 3. `x_p = kq_p * scale`, `m = max x_p`, `e_p = expf(x_p - m)` with ggml's vector `expf`,
 //!    `sum` in `f64` of `hsum8` over aligned groups of 8, `p_p = e_p * (1 / sum) as f32`, then
 //!    `p_p` rounded to the cache element.
-//! 4. `o_d = dot(v_d, p)` over positions: with two or more tokens 8 lanes (`p % 8`) then
-//!    `hsum8`; with one token `ggml_vec_dot_f16`'s 32 lanes (`p % 32`) and its fold.
+//! 4. `o_d = dot(v_d, p)` over positions: 8 lanes (`p % 8`) then `hsum8` where `head_dim % 4
+//!    == 0`, otherwise `ggml_vec_dot_f16`'s 32 lanes (`p % 32`) and its fold.
+//!
+//! Batch invariance: the order depends on `head_dim` only, never on how many tokens share the
+//! step. llama.cpp takes its one-token order (32 lanes) when a step holds one token, so its
+//! answer to a prompt changes with the batch around it and with the chunking of a prefill;
+//! poot keeps tinyBLAS's order for every step instead, so a decode step's attention is not
+//! llama.cpp's bits but within the f16 rounding bound below of them (prefill steps are).
 //!
 //! Masked cells contribute exact zeros (`fma(0, 0, acc) = acc`), so iterating only over the
-//! sequence's positions `0..len` gives ggml's values bit for bit. The tinyBLAS order needs
-//! `head_dim % 8 == 0` (step 2) and `% 4 == 0` (step 4), as ggml's own dispatch does.
+//! sequence's positions `0..len` gives ggml's values bit for bit.
 //!
 //! Error vs exact attention over the f32 inputs: the f16 rounding of `q`, `k`, `v` and `p`
 //! (relative `2^-11` each) dominates; the kernel tests bound it by `2^-9 * (|q||k| scale) +
@@ -29,7 +34,7 @@ use crate::kernels::ggml::{dot_lanes32, dot_lanes8, expf, fold32, hsum8};
 use crate::kernels::scratch::AttnScratch as Scratch;
 
 /// Attends one query head `q` over positions `0..len` (cache rows at `row_of(p)`, `q.len()`
-/// values each) into `o`; `batched` says the step holds two or more tokens; `fma` that the CPU
+/// values each) into `o`; `fma` says the CPU
 /// has FMA (the arithmetic is the same either way; see the module docs).
 #[allow(clippy::too_many_arguments, reason = "one head's inputs")]
 pub(crate) fn head<T: KvElem, F: Fn(usize) -> usize>(
@@ -40,7 +45,6 @@ pub(crate) fn head<T: KvElem, F: Fn(usize) -> usize>(
     row_of: F,
     len: usize,
     scale: f32,
-    batched: bool,
     s: &mut Scratch,
     o: &mut [f32],
 ) {
@@ -48,10 +52,10 @@ pub(crate) fn head<T: KvElem, F: Fn(usize) -> usize>(
     if fma {
         // SAFETY: callers pass `fma` true only when a SIMD `Isa` was detected, which includes
         // AVX2, FMA and F16C.
-        return unsafe { head_fma(q, k_cache, v_cache, row_of, len, scale, batched, s, o) };
+        return unsafe { head_fma(q, k_cache, v_cache, row_of, len, scale, s, o) };
     }
     let _ = fma;
-    head_body::<T, F, false>(q, k_cache, v_cache, row_of, len, scale, batched, s, o);
+    head_body::<T, F, false>(q, k_cache, v_cache, row_of, len, scale, s, o);
 }
 
 /// [`head_body`] compiled with FMA, so `mul_add` is one instruction and the lane loops
@@ -66,11 +70,10 @@ fn head_fma<T: KvElem, F: Fn(usize) -> usize>(
     row_of: F,
     len: usize,
     scale: f32,
-    batched: bool,
     s: &mut Scratch,
     o: &mut [f32],
 ) {
-    head_body::<T, F, true>(q, k_cache, v_cache, row_of, len, scale, batched, s, o);
+    head_body::<T, F, true>(q, k_cache, v_cache, row_of, len, scale, s, o);
 }
 
 /// The kernel body; `F16C`: the caller runs with AVX2, FMA and F16C enabled, so cache rows are
@@ -84,7 +87,6 @@ fn head_body<T: KvElem, F: Fn(usize) -> usize, const F16C: bool>(
     row_of: F,
     len: usize,
     scale: f32,
-    batched: bool,
     s: &mut Scratch,
     o: &mut [f32],
 ) {
@@ -93,7 +95,7 @@ fn head_body<T: KvElem, F: Fn(usize) -> usize, const F16C: bool>(
     s.q.extend(q.iter().map(|&v| T::from_f32(v).to_f32()));
     s.k.resize(hd, 0.0);
     s.scores.clear();
-    let tiny_kq = batched && hd.is_multiple_of(8);
+    let tiny_kq = hd.is_multiple_of(8);
     let mut max = f32::NEG_INFINITY;
     for p in 0..len {
         let row = &k_cache[row_of(p)..][..hd];
@@ -120,11 +122,7 @@ fn head_body<T: KvElem, F: Fn(usize) -> usize, const F16C: bool>(
         s.scores.push(x);
     }
     softmax_round::<T, F16C>(&mut s.scores, max);
-    let lanes = if batched && hd.is_multiple_of(4) {
-        8
-    } else {
-        32
-    };
+    let lanes = if hd.is_multiple_of(4) { 8 } else { 32 };
     // Lane-major accumulators (`acc[lane * hd + d]`): the inner loop runs along `d`.
     s.acc.clear();
     s.acc.resize(hd * lanes, 0.0);
@@ -139,12 +137,6 @@ fn head_body<T: KvElem, F: Fn(usize) -> usize, const F16C: bool>(
         for (a, &vd) in s.acc[lane * hd..(lane + 1) * hd].iter_mut().zip(&s.k) {
             *a = vd.mul_add(w, *a);
         }
-    }
-    #[cfg(target_arch = "x86_64")]
-    if F16C && lanes == 32 && hd.is_multiple_of(8) {
-        // SAFETY: `F16C` is true only inside `head_fma` (AVX2 enabled); `s.acc` holds 32 rows
-        // of `hd`.
-        return unsafe { crate::kernels::arch::x86::attention::fold32_rows(&s.acc, o) };
     }
     for (d, o) in o.iter_mut().enumerate() {
         *o = if lanes == 8 {

@@ -1,4 +1,4 @@
-//! The batched ggml attention path for grouped query heads over an f16 cache (prefill): each
+//! The ggml attention path for grouped query heads over an f16 cache (every step): each
 //! KV head's query heads run together, so every K and V row is widened once per group, in
 //! blocks that stay in L1. Every head's arithmetic is `attention::ggml::head`'s (8-lane dots in
 //! the same order, the same softmax, 8 V lanes folded by `hsum8`), so outputs are bit-identical
@@ -19,7 +19,7 @@ use crate::kernels::scratch::AttnGuard;
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::scratch::AttnScratch as Scratch;
 
-/// [`head`]'s batched path (two or more tokens in the step) for a tile of `lens.len()` tokens
+/// [`head`]'s arithmetic for a tile of `lens.len()` tokens
 /// of one sequence and the `g` query heads that share one KV head, over an f16 cache: each K
 /// and V row is widened once for the whole tile (all its tokens and heads) instead of once
 /// per token and head. Token `j`'s heads are `q_of(j)` (`g * hd` values), it attends over
@@ -203,11 +203,10 @@ pub(crate) const TILE: usize = 16;
 /// Positions per block of [`heads_f16`] (64 rows of 64 floats: 16 KiB).
 const PB: usize = 64;
 
-/// The ggml paths over an f16 cache with grouped query heads: with two or more tokens, runs
-/// [`heads_f16`] on the pool for every KV head and every run of up to [`TILE`] consecutive
-/// tokens of one sequence, and returns `true`; with one token, `attention_decode`'s path
-/// where it applies. Returns `false` (nothing written) where neither applies: no F16C, no GQA,
-/// `head_dim % 8 != 0` (one token: see `attention_decode`), or an f32 cache. Inputs are
+/// The ggml path over an f16 cache with grouped query heads: runs [`heads_f16`] on the pool
+/// for every KV head and every run of up to [`TILE`] consecutive tokens of one sequence, and
+/// returns `true`; returns `false` (nothing written) where it does not apply: no F16C, no GQA,
+/// `head_dim % 8 != 0`, or an f32 cache. Inputs are
 /// validated by the caller (`paged_attention_numerics`). Allocates nothing: task `i` takes
 /// tokens `i * TILE..` and splits them where the sequence changes.
 #[allow(
@@ -232,10 +231,6 @@ pub(crate) fn paged_grouped<T: KvElem>(
         };
         if !fma || !(2..=64).contains(&group) {
             return false;
-        }
-        if t == 1 {
-            // One token: ggml's one-token order (`attention/decode.rs`).
-            return crate::kernels::attention::decode::paged_decode(s, inputs, (kc, vc), out, pool);
         }
         if !hd.is_multiple_of(8) {
             return false;

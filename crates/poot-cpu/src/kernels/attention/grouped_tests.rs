@@ -43,7 +43,7 @@ fn grouped_heads_are_bit_identical_to_the_per_head_path() {
             for h in 0..g {
                 let at = (j * g + h) * hd;
                 let (qh, oh) = (&q[at..at + hd], &mut want[at..at + hd]);
-                head(true, qh, &kc, &vc, row_of, l, scale, true, &mut sc, oh);
+                head(true, qh, &kc, &vc, row_of, l, scale, &mut sc, oh);
             }
         }
         let mut got = vec![f32::NAN; tt * g * hd];
@@ -133,9 +133,7 @@ fn paged_tiles_match_the_per_head_path_across_sequences() {
             let at = (i * nh + h) * hd;
             let qh = &q[at..at + hd];
             let len = pos as usize + 1;
-            head(
-                true, qh, &kc, &vc, row_of, len, 0.125, true, &mut sc, &mut want,
-            );
+            head(true, qh, &kc, &vc, row_of, len, 0.125, &mut sc, &mut want);
             assert_eq!(
                 bits(&runs[0][at..at + hd]),
                 bits(&want),

@@ -18,14 +18,14 @@
 //! Numerics ([`Numerics::Exact`], `attention/exact.rs`): scores `dot(q, k) * scale` (8 `f32`
 //! lanes), softmax in `f32` with the max subtracted (`e_p = expf(s_p - max)`, ggml's `expf`,
 //! within 1.95 ulp) and an `f32` sum, `out = (sum_p e_p * v_p) * (1 / sum)`. Error bound in
-//! the tests. [`Numerics::Ggml`] follows llama.cpp instead (`attention/ggml.rs`). Results do
-//! not depend on the thread count.
+//! the tests. [`Numerics::Ggml`] follows llama.cpp's prefill order instead (`attention/ggml.rs`).
+//! Under either, a token's result depends only on its own query and its sequence's cache: not on
+//! the thread count, nor on which or how many tokens share the step (batch invariance).
 //!
 //! Cost: O(sum over tokens of (position + 1) * n_heads * head_dim) multiply-adds, parallel over
 //! (token, head) pairs; scratch of `max position + 1` floats per thread plus `n_seqs` counters.
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod decode;
 pub(crate) mod exact;
 pub(crate) mod ggml;
 pub(crate) mod grouped;
@@ -94,12 +94,10 @@ pub fn paged_attention_numerics<T: KvElem>(
     let (k_cache, v_cache) = (&*cache.k, &*cache.v);
     let group = s.n_heads / s.n_kv_heads;
     if numerics == Numerics::Ggml {
-        let batched = plan.t >= 2;
         let fma = Isa::detect() != Isa::Scalar;
-        // A batched step over an f16 cache takes each KV head's query heads together, so every
-        // K and V row is widened once per group (bit-identical to the per-head path).
+        // A step over an f16 cache takes each KV head's query heads together, so every K and V
+        // row is widened once per group (bit-identical to the per-head path).
         let grouped = crate::kernels::attention::grouped::paged_grouped;
-        // (One token too, in ggml's one-token order, where `attention_decode` applies.)
         if grouped(fma, s, inputs, k_cache, v_cache, plan.t, out, pool) {
             return Ok(());
         }
@@ -114,7 +112,6 @@ pub fn paged_attention_numerics<T: KvElem>(
                 row_of,
                 inputs.positions[tok] as usize + 1,
                 s.scale,
-                batched,
                 scratch,
                 o,
             );

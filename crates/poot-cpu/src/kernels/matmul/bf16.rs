@@ -2,18 +2,19 @@
 //! `vec_dot_type` for BF16, its round-to-nearest-even `GGML_FP32_TO_BF16`), then products of
 //! the two bf16 values, which are exact in `f32`, summed in `f32`.
 //!
-//! Several tokens take, in order of preference:
+//! Every token count takes the first of these that applies, so that a token's result does not
+//! depend on the tokens beside it (batch invariance):
 //! - on [`Isa::Amx`](crate::kernels::simd::Isa) with AMX-BF16, tiles (`arch/x86/amx_bf16.rs`), one
 //!   `f32` chain per output, so `k + 16` replaces `k / 8 + 16` in the bound below;
 //! - on an AVX-512 path with AVX512-BF16, `vdpbf16ps` over packed bf16 tiles
 //!   (`matmul/dpbf16.rs`: 16 lanes of pairs, `k / 16 + 8` roundings); packed, with its loop
 //!   allocated by hand, it beats the packed `f32` tiles (reading the stored rows in place had
 //!   lost to them; measurements: `docs/performance-history.md`, "Measurements behind the kernels");
-//! - with `k % 8 == 0`, packed tiles in tinyBLAS's 8-lane order (`matmul/lanes8.rs`, the
-//!   rounded operands as `f32`), on AVX2 and AVX-512 alike.
+//! - with `k % 8 == 0`, tinyBLAS's 8-lane order: packed tiles (`matmul/lanes8.rs`, the
+//!   rounded operands as `f32`) for several tokens, the stored rows read in place
+//!   (`matmul/float.rs`) for one, on AVX2 and AVX-512 alike.
 //!
-//! Otherwise, and for one token (bound by memory, not arithmetic), the rounded activations go
-//! through the exact path. Either way, per output, `|got - sum_k w x'|` is at most `(k / 8 +
+//! Otherwise the rounded activations go through the exact path. Either way, per output, `|got - sum_k w x'|` is at most `(k / 8 +
 //! 16) * 2^-24 * sum_k |w x'| + k * 2^-126`, with `x'` the rounded activations (up to 2 in
 //! magnitude in the tests; `vdpbf16ps` drops products with a subnormal factor, see
 //! `matmul/dpbf16.rs`); the rounding itself is at most `2^-9 * sum_k |w x|`. The tests assert
@@ -45,13 +46,9 @@ pub(crate) fn matmul_bf16_ggml(
     out: &mut [f32],
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
-    // One token is bound by reading the weights, which one row at a time does best
-    // (`matmul/float.rs`), so it takes the rounded activations through the exact path.
     // AMX-BF16 tiles where the path has them (`arch/x86/amx_bf16.rs`: one `f32` chain per output).
     #[cfg(target_arch = "x86_64")]
-    if t >= 2
-        && ck.isa() == crate::kernels::simd::Isa::Amx
-        && crate::kernels::arch::x86::amx_bf16::applies(k)
+    if ck.isa() == crate::kernels::simd::Isa::Amx && crate::kernels::arch::x86::amx_bf16::applies(k)
     {
         let mut xb = Scratch::<u8>::zeroed(0);
         xb.extend(x.iter().flat_map(|&v| round_bf16(v).to_le_bytes()));
@@ -59,7 +56,7 @@ pub(crate) fn matmul_bf16_ggml(
         return Ok(());
     }
     // AVX512-BF16: `vdpbf16ps` over packed bf16 tiles (`matmul/dpbf16.rs`).
-    if t >= 2 && ck.isa().avx512() && crate::kernels::matmul::dpbf16::available() {
+    if ck.isa().avx512() && crate::kernels::matmul::dpbf16::available() {
         crate::kernels::matmul::dpbf16::matmul(x, (t, k), (w, row_bytes, n), out, pool);
         return Ok(());
     }
@@ -214,7 +211,6 @@ mod tests {
                             // The AMX-BF16 tiles sum each output in one chain.
                             let tiles = isa == Isa::Amx
                                 && !direct
-                                && t >= 2
                                 && cfg!(target_arch = "x86_64")
                                 && amx_tiles(k);
                             let chain = if tiles { k } else { k / 8 };

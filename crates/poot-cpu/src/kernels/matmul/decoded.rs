@@ -1,7 +1,8 @@
 //! The matmul paths that decode weights inside the kernel, under the dispatch of `matmul/mod.rs`
 //! and below every family that falls back to them (`matmul/bf16.rs` runs its rounded
-//! activations through here): one token against F16/BF16 rows (`matmul/float.rs`), several
-//! tokens against float weights in packed 8-lane tiles (`matmul/lanes8.rs`), and otherwise row
+//! activations through here): float weights with `k % 8 == 0` in tinyBLAS's 8-lane order, one
+//! token read in place (`matmul/float.rs`), several in packed tiles (`matmul/lanes8.rs`);
+//! otherwise (quantized weights, and float ones whose `k` is not a multiple of 8) row
 //! blocks decoded to `f32` and register-tiled against token tiles (see `matmul/mod.rs`'s module
 //! docs for the numerics and cost).
 
@@ -30,14 +31,15 @@ pub(crate) fn matmul_decoded(
     out: &mut [f32],
     pool: &ThreadPool,
 ) {
-    if crate::kernels::matmul::float::applies(ck, p, t) {
-        let f = crate::kernels::matmul::float::gemv_float;
-        f(ck, numerics, p, x, k, w, row_bytes, n, out, pool);
+    // Float weights with `k % 8 == 0`, in tinyBLAS's 8-lane order whatever the token count (so
+    // that a token's result does not depend on the tokens beside it): one token read in place
+    // (`matmul/float.rs`), several in packed tiles (`matmul/lanes8.rs`), the activations as
+    // given, within this path's bound (`matmul/bf16.rs` passes its rounded ones).
+    use crate::kernels::matmul::float::{self, Order};
+    if float::applies(ck, p, t, k, Order::Lanes8) {
+        float::gemv_float(ck, Order::Lanes8, p, x, k, (w, row_bytes, n), out, pool);
         return;
     }
-    // Several tokens against float weights (exact numerics here: under ggml's, `matmul/mod.rs` and
-    // `matmul/bf16.rs` took float weights elsewhere): the packed 8-lane tiles with the
-    // activations as given, within this path's bound.
     if crate::kernels::matmul::lanes8::applies(ck, p, t, k) {
         let f = crate::kernels::matmul::lanes8::matmul_lanes8;
         f(ck, (p, numerics), x, (t, k), (w, row_bytes, n), out, pool);

@@ -1,5 +1,6 @@
-//! `vdpbf16ps` tiles for BF16 weights under ggml numerics with two or more tokens (prefill), on
-//! CPUs with AVX512-BF16 and no AMX-BF16 path (`arch/x86/amx_bf16.rs`).
+//! `vdpbf16ps` tiles for BF16 weights under ggml numerics, every token count (one token too, so
+//! that a token's result does not depend on the tokens beside it), on CPUs with AVX512-BF16 and
+//! no AMX-BF16 path (`arch/x86/amx_bf16.rs`).
 //!
 //! Why: one `vdpbf16ps zmm` multiplies 32 pairs of bf16 values and adds each pair's two exact
 //! products to its lane, twice the work of a 512-bit `f32` FMA for the same issue slot, and
@@ -53,7 +54,7 @@ pub(crate) fn available() -> bool {
 }
 
 /// `out[t][n] = sum_k W[n][k] x'[t][k]` (see the module docs) for BF16 rows of `row_bytes`;
-/// the caller checked [`available`], an AVX-512 path and `t >= 2`, and `matmul_cached`
+/// the caller checked [`available`] and an AVX-512 path, and `matmul_cached`
 /// validated the shapes.
 pub(crate) fn matmul(
     x: &[f32],

@@ -1,112 +1,151 @@
-//! One token against F16 or BF16 weights, read straight from their stored bytes (decode's
-//! matvec): each row's halves are widened in registers and multiplied as they stream in, one
-//! row after another, so each thread reads one sequential stream. No row is written to
-//! scratch and read back, which is what made the decode-then-dot path run at half the
-//! memory's speed on these dtypes.
+//! One token against float weights (F16, BF16, F32), read straight from their stored bytes
+//! (decode's matvec): each row's elements are widened in registers and multiplied as they
+//! stream in, so no row is written to scratch and read back, which is what made the
+//! decode-then-dot path run at half the memory's speed on these dtypes.
 //!
-//! Numerics:
-//! - [`Numerics::Exact`] (and BF16's ggml activations once rounded, off AVX512-BF16, see
-//!   `matmul/bf16.rs`): 32 `f32` FMA lanes per row along `k` (two 16-lane accumulators on
-//!   AVX-512, four 8-lane ones on AVX2, which then take one 16-element step in the first two),
-//!   added and lane-summed, then the `k % 32` (AVX2: `k % 16`) tail in order; the exact
-//!   path's bound, `(k / 8 + 16) * 2^-24 * sum_k |x||w|`, holds (the tests assert it).
-//! - [`Numerics::Ggml`] with F16 weights: activations rounded to f16, then `ggml_vec_dot_f16`'s
-//!   32 lanes, fold and `f64` tail (`ggml::dot_lanes32`), bit for bit.
+//! Numerics: the order of the multi-token path the same weights take, so that a token's result
+//! does not depend on how many tokens share its step (batch invariance):
+//! - [`Order::Lanes8`], where `k % 8 == 0`: llamafile tinyBLAS's 8 FMA lanes per row along `k`
+//!   then `ggml::hsum8`, bit-identical to `ggml::dot_lanes8` and so to `matmul/lanes8.rs`'s
+//!   tiles. The exact path's bound, `(k / 8 + 16) * 2^-24 * sum_k |x||w|`, holds.
+//! - [`Order::Lanes32`], ggml numerics with F16 weights whose shape tinyBLAS does not take:
+//!   `ggml_vec_dot_f16`'s 32 lanes, fold and `f64` tail (`ggml::dot_lanes32`), bit for bit, as
+//!   `matmul/float_ggml.rs` computes every token count there.
 //!
-//! Results do not depend on the thread count. Cost: `2 * n * k` flops, `n * k` halves read
-//! once; memory: the rounded activations (`k` floats) under ggml numerics.
+//! The caller rounds the activations as its numerics wants (ggml: to f16 for F16 weights, to
+//! bf16 for BF16). Results do not depend on the thread count. Cost: `2 * n * k` flops, the
+//! weights read once; no scratch.
 
 use crate::kernels::decode::{f16_to_f32, Packed};
-use crate::kernels::ggml::{fold32, Numerics};
-use crate::kernels::scratch::Scratch;
+use crate::kernels::ggml::{fold32, hsum8};
 use crate::kernels::simd::{Checked, Isa};
 use crate::pool::{SharedMut, ThreadPool};
 
-/// Rows per task unit (tasks are runs of whole units).
+/// Rows per task unit (tasks are runs of whole units), and per [`Order::Lanes8`] pass: four
+/// chains side by side keep the FMA unit busy while each waits on its own latency.
 const ROWS: usize = 4;
 
-/// Whether [`gemv_float`] takes this call: one token, F16/BF16 weights, a SIMD path.
-pub(crate) fn applies(ck: Checked, p: Packed, t: usize) -> bool {
+/// The summation order of [`gemv_float`] (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Order {
+    /// tinyBLAS's 8 lanes (`k % 8 == 0`; F16, BF16, F32).
+    Lanes8,
+    /// `ggml_vec_dot_f16`'s 32 lanes (F16).
+    Lanes32,
+}
+
+/// Whether [`gemv_float`] takes one token against `p` in `order` here: a SIMD path, and the
+/// order's shapes and dtypes.
+pub(crate) fn applies(ck: Checked, p: Packed, t: usize, k: usize, order: Order) -> bool {
+    let dtype = match order {
+        Order::Lanes8 => {
+            k.is_multiple_of(8) && matches!(p, Packed::F16 | Packed::BF16 | Packed::F32)
+        }
+        Order::Lanes32 => p == Packed::F16,
+    };
     t == 1
-        && matches!(p, Packed::F16 | Packed::BF16)
+        && dtype
         && matches!(ck.isa(), Isa::Avx2 | Isa::Avx512 | Isa::Amx)
         && cfg!(target_arch = "x86_64")
 }
 
-/// `out[r] = dot(W[r], x)` for one token (see the module docs); shapes were validated by
-/// `matmul_cached` and [`applies`] holds.
+/// `out[r] = dot(W[r], x)` for one token in `order` (see the module docs); shapes were
+/// validated by `matmul_cached`, [`applies`] holds and `x` is rounded as the numerics wants.
 #[allow(clippy::too_many_arguments, reason = "matmul's validated arguments")]
 pub(crate) fn gemv_float(
     ck: Checked,
-    numerics: Numerics,
+    order: Order,
     p: Packed,
     x: &[f32],
     k: usize,
-    w: &[u8],
-    row_bytes: usize,
-    n: usize,
+    (w, row_bytes, n): (&[u8], usize, usize),
     out: &mut [f32],
     pool: &ThreadPool,
 ) {
-    debug_assert!(applies(ck, p, 1) && x.len() == k && out.len() == n);
-    let ggml = numerics == Numerics::Ggml && p == Packed::F16;
-    let mut rounded = Scratch::<f32>::zeroed(if ggml { k } else { 0 });
-    let x: &[f32] = if ggml {
-        round_f16(ck, x, &mut rounded);
-        &rounded
-    } else {
-        x
-    };
+    debug_assert!(applies(ck, p, 1, k, order) && x.len() == k && out.len() == n);
     let quads = n.div_ceil(ROWS);
     let (per_task, tasks) = pool.split(quads);
     let shared = SharedMut::new(out);
     pool.for_each(tasks, |task| {
         let r_end = ((task + 1) * per_task * ROWS).min(n);
-        for r in task * per_task * ROWS..r_end {
-            let v = row_dot(ck, ggml, p, &w[r * row_bytes..(r + 1) * row_bytes], k, x);
-            // SAFETY: row r belongs to this task only, so no other task writes it.
-            unsafe { shared.write(r, v) };
+        let mut r = task * per_task * ROWS;
+        while r < r_end {
+            let rows = ROWS.min(r_end - r);
+            let mut res = [0.0f32; ROWS];
+            rows_dot(
+                ck,
+                order,
+                p,
+                (&w[r * row_bytes..], row_bytes),
+                rows,
+                k,
+                x,
+                &mut res,
+            );
+            for (i, &v) in res.iter().enumerate().take(rows) {
+                // SAFETY: row r + i belongs to this task only, so no other task writes it.
+                unsafe { shared.write(r + i, v) };
+            }
+            r += rows;
         }
     });
 }
 
-/// `dst[i] = f16(src[i])` widened back (exact): `arch::x86::fdot16::f16_round_into` on the SIMD
-/// paths (a software conversion per value cost about as much as a quarter of a 2048-row
-/// matvec's stream).
-fn round_f16(ck: Checked, src: &[f32], dst: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let _ = ck;
-        // SAFETY: `applies` holds (a SIMD path), so `ck` proves AVX2 and F16C.
-        unsafe { crate::kernels::arch::x86::fdot16::f16_round_into(src, dst) }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = ck;
-        for (s, d) in src.iter().zip(dst) {
-            *d = half::f16::from_f32(*s).to_f32();
-        }
-    }
-}
-
-/// `dot(row, x)` for one stored row (`2 * k` bytes).
+/// `res[i] = dot(row i, x)` for `rows <= ROWS` stored rows `row_bytes` apart from `w[0]`.
+#[allow(clippy::too_many_arguments, reason = "one pass's operands")]
 #[inline]
-fn row_dot(ck: Checked, ggml: bool, p: Packed, row: &[u8], k: usize, x: &[f32]) -> f32 {
-    assert!(row.len() >= 2 * k && x.len() >= k);
+fn rows_dot(
+    ck: Checked,
+    order: Order,
+    p: Packed,
+    (w, row_bytes): (&[u8], usize),
+    rows: usize,
+    k: usize,
+    x: &[f32],
+    res: &mut [f32; ROWS],
+) {
+    let es = if p == Packed::F32 { 4 } else { 2 };
+    assert!(rows <= ROWS && w.len() >= (rows - 1) * row_bytes + es * k && x.len() >= k);
     #[cfg(target_arch = "x86_64")]
     {
-        use crate::kernels::arch::x86::fdot::{self as f, BF16, F16};
-        let (wp, xp) = (row.as_ptr(), x.as_ptr());
-        let avx512 = ck.isa().avx512();
-        if ggml {
-            let k32 = k & !31;
-            // SAFETY: `Checked` proves the ISA's features (AVX-512 implies the AVX2 set
-            // here); 2k bytes at wp and k floats at xp are asserted above.
+        use crate::kernels::arch::x86::fdot::{self as f, BF16, F16, F32};
+        let (wp, xp) = (w.as_ptr(), x.as_ptr());
+        if order == Order::Lanes8 {
+            // SAFETY: `Checked` proves AVX2, FMA and F16C (every SIMD path has them); the
+            // rows and x were asserted above (`k % 8 == 0` by `applies`).
+            let lanes: [[f32; 8]; ROWS] = unsafe {
+                match (p, rows == ROWS) {
+                    (Packed::F16, true) => f::lanes8_rows_avx2::<F16, ROWS>(wp, row_bytes, k, xp),
+                    (Packed::BF16, true) => f::lanes8_rows_avx2::<BF16, ROWS>(wp, row_bytes, k, xp),
+                    (_, true) => f::lanes8_rows_avx2::<F32, ROWS>(wp, row_bytes, k, xp),
+                    _ => {
+                        let mut l = [[0.0f32; 8]; ROWS];
+                        for (i, li) in l.iter_mut().enumerate().take(rows) {
+                            let wi = wp.add(i * row_bytes);
+                            [*li] = match p {
+                                Packed::F16 => f::lanes8_rows_avx2::<F16, 1>(wi, 0, k, xp),
+                                Packed::BF16 => f::lanes8_rows_avx2::<BF16, 1>(wi, 0, k, xp),
+                                _ => f::lanes8_rows_avx2::<F32, 1>(wi, 0, k, xp),
+                            };
+                        }
+                        l
+                    }
+                }
+            };
+            for (r, l) in res.iter_mut().zip(&lanes).take(rows) {
+                *r = hsum8(l);
+            }
+            return;
+        }
+        let k32 = k & !31;
+        for (i, r) in res.iter_mut().enumerate().take(rows) {
+            let row = &w[i * row_bytes..];
+            // SAFETY: as above (AVX-512 implies the AVX2 set here); 2k bytes at the row.
             let [lanes] = unsafe {
-                if avx512 {
-                    f::lanes32_avx512::<1>(wp, 0, k32, xp)
+                if ck.isa().avx512() {
+                    f::lanes32_avx512::<1>(row.as_ptr(), 0, k32, xp)
                 } else {
-                    f::lanes32_avx2::<1>(wp, 0, k32, xp)
+                    f::lanes32_avx2::<1>(row.as_ptr(), 0, k32, xp)
                 }
             };
             // ggml_vec_dot_f16's tail: products rounded in f32, summed in f64.
@@ -115,18 +154,9 @@ fn row_dot(ck: Checked, ggml: bool, p: Packed, row: &[u8], k: usize, x: &[f32]) 
                 let h = u16::from_le_bytes([row[2 * j], row[2 * j + 1]]);
                 s += f64::from(f16_to_f32(h) * x[j]);
             }
-            return s as f32;
-        }
-        // SAFETY: as above.
-        unsafe {
-            match (avx512, p == Packed::F16) {
-                (true, true) => f::gemv_avx512::<F16>(wp, k, xp),
-                (true, false) => f::gemv_avx512::<BF16>(wp, k, xp),
-                (false, true) => f::gemv_avx2::<F16>(wp, k, xp),
-                (false, false) => f::gemv_avx2::<BF16>(wp, k, xp),
-            }
+            *r = s as f32;
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("applies() is false off x86-64: {ck:?} {ggml} {p:?} {row:?} {k} {x:?}");
+    unreachable!("applies() is false off x86-64: {ck:?} {order:?} {p:?} {rows} {k} {res:?}");
 }

@@ -1,11 +1,12 @@
 //! The ggml-numerics matmul for F16 and F32 weights (llama.cpp's AVX2 build).
 //!
 //! ggml multiplies F16 weights with activations rounded to f16 (`vec_dot_type` F16) and F32
-//! weights with the f32 activations, in one of two orders: with two or more tokens and
-//! `k % 8 == 0`, `n % 4 == 0`, llamafile's tinyBLAS (8 FMA lanes, `ggml::dot_lanes8`);
-//! otherwise `ggml_vec_dot_f16` / `_f32` (32 lanes, then a tail in `f64` / fused into the `f32`
-//! sum, `ggml::dot_lanes32` / `dot_lanes32_f32`). Reproduced bit for bit; weight decoding is
-//! exact.
+//! weights with the f32 activations, in one of two orders: with `k % 8 == 0`, `n % 4 == 0`,
+//! llamafile's tinyBLAS (8 FMA lanes, `ggml::dot_lanes8`); otherwise `ggml_vec_dot_f16` / `_f32`
+//! (32 lanes, then a tail in `f64` / fused into the `f32` sum, `ggml::dot_lanes32` /
+//! `dot_lanes32_f32`). Reproduced bit for bit; weight decoding is exact. llama.cpp takes
+//! tinyBLAS only for two or more tokens; here the shape alone picks the order, for one token
+//! too (`matmul/float.rs`), so that a token's result does not depend on the tokens beside it.
 //!
 //! Bound vs the exact product: F32 weights `(k / 8 + 4) * 2^-24 * sum |w x|`; F16 weights add
 //! the activation rounding, `2^-11 * sum |w x|` (the tests assert both).
@@ -18,6 +19,7 @@ use crate::kernels::scratch::Scratch;
 use crate::kernels::decode::Packed;
 use crate::kernels::ggml::{dot_lanes32, dot_lanes32_f32, dot_lanes8, Numerics};
 use crate::kernels::matmul::decoded::{BLOCK_FLOATS, TOKEN_TILE};
+use crate::kernels::matmul::float::{self, Order};
 use crate::kernels::matmul::lanes8;
 use crate::kernels::simd::{self, Checked, Isa, NR};
 use crate::pool::{SharedMut, ThreadPool};
@@ -36,7 +38,14 @@ pub(crate) fn matmul_float_ggml(
     out: &mut [f32],
     pool: &ThreadPool,
 ) {
-    let tiny = t >= 2 && k.is_multiple_of(8) && n.is_multiple_of(4);
+    let tiny = k.is_multiple_of(8) && n.is_multiple_of(4);
+    let order = if tiny { Order::Lanes8 } else { Order::Lanes32 };
+    if float::applies(ck, p, t, k, order) {
+        let mut rounded = Scratch::<f32>::zeroed(0);
+        let x = rounded_for(ck, p, x, &mut rounded);
+        float::gemv_float(ck, order, p, x, k, (w, row_bytes, n), out, pool);
+        return;
+    }
     if tiny && lanes8::applies(ck, p, t, k) {
         let f = lanes8::matmul_lanes8;
         f(
@@ -51,12 +60,7 @@ pub(crate) fn matmul_float_ggml(
         return;
     }
     let mut rounded = Scratch::<f32>::zeroed(0);
-    let x: &[f32] = if p == Packed::F16 {
-        rounded.extend(x.iter().map(|&v| half::f16::from_f32(v).to_f32()));
-        &rounded
-    } else {
-        x
-    };
+    let x = rounded_for(ck, p, x, &mut rounded);
     let f16 = p == Packed::F16;
     let fma = matches!(ck.isa(), Isa::Avx2 | Isa::Avx512 | Isa::Amx);
     // Row blocks and token tiles as in `matmul_cached` (activations stay in cache).
@@ -101,6 +105,26 @@ pub(crate) fn matmul_float_ggml(
             }
         },
     );
+}
+
+/// `x` as ggml multiplies it with `p` weights: rounded to f16 (into `buf`) for F16, as given for
+/// F32.
+fn rounded_for<'a>(ck: Checked, p: Packed, x: &'a [f32], buf: &'a mut Scratch<f32>) -> &'a [f32] {
+    if p != Packed::F16 {
+        return x;
+    }
+    buf.resize(x.len(), 0.0);
+    #[cfg(target_arch = "x86_64")]
+    if ck.isa() != Isa::Scalar {
+        // SAFETY: every SIMD path has AVX2 and F16C (`Checked` proves them).
+        unsafe { crate::kernels::arch::x86::fdot16::f16_round_into(x, buf) };
+        return buf;
+    }
+    let _ = ck;
+    for (d, &v) in buf.iter_mut().zip(x) {
+        *d = half::f16::from_f32(v).to_f32();
+    }
+    buf
 }
 
 /// One dot in the order `tiny` and the weight type pick; `fma` says the CPU has FMA (so

@@ -26,6 +26,14 @@
 //! (`matmul/float_ggml.rs`), for Q4_K and Q6_K Q8_K activations and integer super-block dots
 //! (`matmul/qdot_k.rs`), for BF16 activations rounded to bf16 (`matmul/bf16.rs`); each states its
 //! bound. Q5_1 and the other k-quants keep this exact path under either numerics.
+//!
+//! Batch invariance, under both numerics: a token's row of the product is the same bits whatever
+//! tokens share the call, so a request's answer does not depend on who else is served nor on how
+//! its prefill was chunked. Every path takes one summation order per (weight, shape), never one
+//! chosen by the token count: token tiles of different widths run the same chains, and the
+//! one-token kernels run the order of the multi-token ones (`invariance_tests.rs` checks every
+//! dtype, numerics and ISA). Where llama.cpp itself switches order with the token count (tinyBLAS
+//! against vec_dot), poot keeps the multi-token order, except Q4_1 (`matmul/r8.rs`).
 
 use poot_core::DType;
 
@@ -210,8 +218,7 @@ pub(crate) enum MatmulPath {
     Q8(QKind),
     /// [`Numerics::Ggml`], Q4_K/Q6_K as stored: Q8_K activations, integer dots (`qdot_k.rs`).
     Q8K(KKind),
-    /// [`Numerics::Ggml`], F16/F32: ggml's float orders (`float_ggml.rs`); one F16 token keeps
-    /// the float rows of `decoded.rs`, under ggml's numerics there too.
+    /// [`Numerics::Ggml`], F16/F32: ggml's float orders (`float_ggml.rs`).
     FloatGgml,
     /// Weights decoded inside the kernel (`decoded.rs`): every dtype under
     /// [`Numerics::Exact`], and the ones ggml's numerics have no path of their own for.
@@ -263,11 +270,10 @@ impl MatmulPath {
             MatmulPath::Q8K(kind) => {
                 qdot_k::matmul_q8k(ck, kind, x, t, k, w, row_bytes, n, out, pool, cache)
             }
-            // One F16 token keeps the float rows of `decoded.rs` (ggml's numerics there too).
-            MatmulPath::FloatGgml if !float::applies(ck, p, t) => {
+            MatmulPath::FloatGgml => {
                 float_ggml::matmul_float_ggml(ck, p, x, t, k, w, row_bytes, n, out, pool)
             }
-            MatmulPath::FloatGgml | MatmulPath::Decoded => {
+            MatmulPath::Decoded => {
                 let f = decoded::matmul_decoded;
                 f(ck, numerics, p, x, (t, k), (w, row_bytes, n), out, pool)
             }
@@ -280,7 +286,7 @@ impl MatmulPath {
 /// `isa` under `numerics`, or `None` when the stored layout is already the fast one: under
 /// [`Numerics::Ggml`], Q4_0, Q4_1, Q5_0 and Q8_0 (`matmul/repack.rs`) and Q4_K and Q6_K
 /// (`matmul/repack_k.rs`) go 8 rows at a time. On every path, the scalar one too, so that a forced
-/// path computes what the fast ones do: multi-token calls on this layout take the block order
+/// path computes what the fast ones do: Q4_0, Q5_0 and Q8_0 on this layout take the block order
 /// (`matmul/r8.rs`). The copy is the tensor's size; the caller owns it and passes it to
 /// [`matmul_repacked`].
 pub fn repack_for(
@@ -383,3 +389,7 @@ pub(crate) fn matmul_repacked_cached(
 #[cfg(test)]
 #[path = "tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "invariance_tests.rs"]
+mod invariance_tests;

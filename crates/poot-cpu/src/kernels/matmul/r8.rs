@@ -7,21 +7,21 @@
 //! group's superblocks are read as one sequential stream and dotted against 1 (AVX2) or 2 (VNNI)
 //! tokens per pass.
 //!
-//! Numerics: one-token calls, and Q4_1 always, are bit-identical to `matmul/q8.rs` (and so to
-//! llama.cpp's vec_dot/tinyBLAS), on every ISA and thread count: see `arch/x86/qdot_r8.rs`.
-//! Multi-token Q4_0, Q5_0 and Q8_0 calls (prefill) take the block order instead: each block's 32
-//! products summed exactly in `i32`, then one FMA per block (`matmul::qdot::dot_scalar_blocks`; the
-//! order of llama.cpp's repacked Q4_0 GEMM and of its AMX kernels), which needs an eighth of the
-//! float work and is the one order an AMX tile (whole-block `i32` sums) gives: `arch/x86/amx.rs`
-//! runs it there, bit-identical to the other paths. Q4_1 stays in ggml's order so that the default
-//! model's logits match llama.cpp's AVX2 reference to 1e-5 (`tests/test_models_smollm2.py`); a Q4_1
-//! block order on AMX measured 15-25% faster matmuls but moved those logits by 0.57, activation
-//! quantization amplifying the rounding differences. Both orders quantize the activations the same
-//! way; they differ only in `f32` rounding, within `(k / 32 + 8) * 2^-24 * sum_b |dw dx sum_b|` of
-//! each other (tested), far below the activation rounding `matmul/q8.rs` bounds. Results do not
-//! depend on the thread count or on how tokens are tiled, so every chunking of a prefill with two
-//! or more tokens per step gives the same bits. The scalar path rebuilds each stored row and runs
-//! the `qdot` references.
+//! Numerics: one order per weight kind whatever the token count, so that a token's result does
+//! not depend on the tokens beside it (batch invariance), on every ISA and thread count:
+//! - Q4_1 in ggml's order, bit-identical to `matmul/q8.rs` (and so to llama.cpp's vec_dot), so
+//!   that the default model's logits match llama.cpp's AVX2 reference to 1e-5
+//!   (`tests/test_models_smollm2.py`); a Q4_1 block order on AMX measured 15-25% faster matmuls
+//!   but moved those logits by 0.57, activation quantization amplifying the rounding differences.
+//! - Q4_0, Q5_0 and Q8_0 in the block order: each block's 32 products summed exactly in `i32`,
+//!   then one FMA per block (`matmul::qdot::dot_scalar_blocks`; the order of llama.cpp's
+//!   repacked Q4_0 GEMM and GEMV and of its AMX kernels), which needs an eighth of the float work
+//!   and is the one order an AMX tile (whole-block `i32` sums) gives: `arch/x86/amx.rs` runs it
+//!   for several tokens there, bit-identical to the other paths. llama.cpp's stored-layout Q8_0
+//!   vec_dot (one token) differs from it only in `f32` rounding, within `(k / 32 + 8) * 2^-24 *
+//!   sum_b |dw dx sum_b|` (tested), far below the activation rounding `matmul/q8.rs` bounds.
+//!
+//! The scalar path rebuilds each stored row and runs the `qdot` references.
 //!
 //! Cost: as `matmul/q8.rs`, with about half the vector work per weight block; memory: the
 //! corrections, `t * k / 32` entries of 32 bytes, in reused scratch.
@@ -80,10 +80,11 @@ pub(crate) fn matmul_r8(
         QKind::Q8_0 if vnni => 128,
         _ => 0,
     };
-    // Multi-token calls but Q4_1's take the block order (see the module docs).
-    let blocks = t >= 2 && kind != QKind::Q4_1;
+    // Every call but Q4_1's takes the block order, whatever `t` is, so that a token's result
+    // does not depend on the tokens beside it (see the module docs).
+    let blocks = kind != QKind::Q4_1;
     #[cfg(target_arch = "x86_64")]
-    if blocks && ck.isa() == Isa::Amx {
+    if blocks && t >= 2 && ck.isa() == Isa::Amx {
         crate::kernels::arch::x86::amx::matmul(w, xq, t, out, pool);
         return;
     }

@@ -58,8 +58,8 @@ fn stored_rows_round_trip() {
     }
 }
 
-/// The repacked matmul on `isa` and what it must equal bit for bit: the stored-layout matmul
-/// (ggml's order), or for multi-token Q4_0/Q5_0/Q8_0 calls the block order's scalar reference.
+/// The repacked matmul on `isa` and what it must equal bit for bit: for Q4_1 the stored-layout
+/// matmul (ggml's order), for Q4_0/Q5_0/Q8_0 the block order's scalar reference, whatever `t`.
 #[allow(
     clippy::too_many_arguments,
     reason = "a matmul's shapes plus the ISA and threads"
@@ -78,8 +78,8 @@ fn both(
     let ck = isa.checked().unwrap();
     let pool = ThreadPool::new(threads).unwrap();
     let mut want = vec![0.0f32; t * n];
-    if t >= 2 && kind != QKind::Q4_1 {
-        // The block order of multi-token calls, from its scalar reference.
+    if kind != QKind::Q4_1 {
+        // The block order, from its scalar reference.
         let nb = k / 32;
         let mut a = vec![BlockQ8::default(); t * nb];
         for (xr, ar) in x.chunks_exact(k).zip(a.chunks_exact_mut(nb)) {
@@ -126,6 +126,35 @@ fn bit_identical_to_the_reference_orders_on_every_isa() {
                     let (want, got) = both(isa, dt, &w, n, k, &x, t, threads);
                     assert_eq!(got, want, "{dt} n={n} k={k} t={t} {isa:?} x{threads}");
                 }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_tokens_result_does_not_depend_on_the_tokens_beside_it() {
+    // Batch invariance: each row of a t-token call equals that token alone, on every ISA.
+    let mut rng = Rng::new(13);
+    for dt in KINDS {
+        let kind = QKind::new(dt).unwrap();
+        let (n, k, t) = (2056, 256, 7);
+        let w = synthetic_weights(dt, n, k, 5);
+        let rp = Repacked::new(kind, &w, n, k / 32);
+        let x = rng.vec(t * k, -3.0, 3.0);
+        let pool = ThreadPool::new(2).unwrap();
+        for isa in Isa::available() {
+            let ck = isa.checked().unwrap();
+            let mut all = vec![0.0f32; t * n];
+            matmul_r8(ck, &rp, &x, t, k, &mut all, &pool, None);
+            for j in 0..t {
+                let mut one = vec![0.0f32; n];
+                matmul_r8(ck, &rp, &x[j * k..(j + 1) * k], 1, k, &mut one, &pool, None);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&one),
+                    bits(&all[j * n..(j + 1) * n]),
+                    "{dt} {isa:?} tok {j}"
+                );
             }
         }
     }

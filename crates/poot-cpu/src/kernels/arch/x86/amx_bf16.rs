@@ -1,4 +1,4 @@
-//! AMX-BF16 tiles for BF16 weights under ggml numerics with two or more tokens (prefill).
+//! AMX-BF16 tiles for BF16 weights under ggml numerics, every token count (`matmul/bf16.rs`).
 //!
 //! Why: one `tdpbf16ps` multiplies 16 tokens' 32 bf16 activations by 16 weight rows' into
 //! `f32` sums, 8192 products, where AVX512-BF16's `vdpbf16ps` does 32; the products of two bf16

@@ -354,35 +354,3 @@ pub(crate) fn v_lanes_avx512(v: &[f32], w: &[f32], hd: usize, acc: &mut [f32]) {
         }
     }
 }
-
-/// `out[d] = fold32(lane l's acc[l * hd + d] for l in 0..32)` for every `d < hd`, eight `d`s
-/// at a time: `fold32`'s adds in its order, each over a vector of eight `d`s instead of one
-/// scalar, so every output is bit-identical to the scalar fold (tested). `acc` holds 32
-/// lane-major rows of `hd = out.len()` floats.
-///
-/// # Safety
-/// The caller detected AVX2; `hd % 8 == 0`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-pub(crate) unsafe fn fold32_rows(acc: &[f32], out: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let hd = out.len();
-    assert!(hd.is_multiple_of(8) && acc.len() == 32 * hd);
-    // SAFETY: lane rows are `hd` apart and `d + 8 <= hd`, so every load is inside `acc` and
-    // every store inside `out`; AVX2 by the contract.
-    unsafe {
-        let at = |l: usize, d: usize| _mm256_loadu_ps(acc.as_ptr().add(l * hd + d));
-        for d in (0..hd).step_by(8) {
-            // s[l] = (a[l] + a[16 + l]) + (a[8 + l] + a[24 + l]); then hsum8_hadd over s.
-            let s: [__m256; 8] = std::array::from_fn(|l| {
-                _mm256_add_ps(
-                    _mm256_add_ps(at(l, d), at(16 + l, d)),
-                    _mm256_add_ps(at(8 + l, d), at(24 + l, d)),
-                )
-            });
-            let r: [__m256; 4] = std::array::from_fn(|i| _mm256_add_ps(s[i], s[i + 4]));
-            let v = _mm256_add_ps(_mm256_add_ps(r[0], r[1]), _mm256_add_ps(r[2], r[3]));
-            _mm256_storeu_ps(out.as_mut_ptr().add(d), v);
-        }
-    }
-}

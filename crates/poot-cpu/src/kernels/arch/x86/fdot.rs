@@ -1,9 +1,8 @@
 //! x86 inner loops for float weights read as stored (F16 / BF16 halves, widened in registers).
 //!
-//! - [`gemv`]: `R` rows against one token, one FMA accumulator of `L` lanes (8 on AVX2, 16 on
-//!   AVX-512) per row, then a lane sum and a scalar tail: the exact path's order for one token
-//!   (see `matmul/float.rs` for the bound).
-//! - [`gemv_lanes32`]: `R` rows against one token in ggml's `ggml_vec_dot_f16` lane order
+//! - [`lanes8_rows_avx2`]: `R` rows against one token in tinyBLAS's 8 lanes (lane `i % 8`),
+//!   the chains `matmul/lanes8.rs` runs for several tokens; the caller sums each by `hsum8`.
+//! - [`lanes32_avx2`], [`lanes32_avx512`]: `R` rows against one token in ggml's `ggml_vec_dot_f16` lane order
 //!   (lane `i % 32` over whole 32-groups); the caller folds the lanes and adds the tail.
 //! - [`chunk8_avx2`]: 4 decoded f32 rows against `TT` tokens in 8 lanes (llamafile tinyBLAS's
 //!   order) over one chunk of `k`, the lane chains carried between chunks, each result summed by
@@ -15,24 +14,12 @@
 
 use std::arch::x86_64::*;
 
-use crate::kernels::decode::f16_to_f32;
 use crate::kernels::ggml::hsum8;
 use crate::kernels::simd::NR;
 
 /// Weight kinds (const-generic parameter values).
 pub(crate) const F16: u8 = 0;
 pub(crate) const BF16: u8 = 1;
-
-/// One stored element of kind `KIND` as `f32` (exact).
-#[inline(always)]
-fn scalar<const KIND: u8>(lo: u8, hi: u8) -> f32 {
-    let bits = u16::from_le_bytes([lo, hi]);
-    if KIND == F16 {
-        f16_to_f32(bits)
-    } else {
-        f32::from_bits(u32::from(bits) << 16)
-    }
-}
 
 /// 16 stored halves at `p` widened to `f32` (exact).
 #[inline(always)]
@@ -62,88 +49,55 @@ pub(crate) unsafe fn load8<const KIND: u8>(p: *const u8) -> __m256 {
     }
 }
 
-#[inline(always)]
-fn hsum256(v: __m256) -> f32 {
-    let mut a = [0.0f32; 8];
-    // SAFETY: `a` holds 8 floats; AVX is implied by every caller's target features.
-    unsafe { _mm256_storeu_ps(a.as_mut_ptr(), v) };
-    ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))
-}
+/// Weight kind `f32` for [`lanes8_rows_avx2`] (4 bytes an element).
+pub(crate) const F32: u8 = 2;
 
-/// `dot(row, x)` for one row of `k` halves at `w`, on AVX-512: two 16-lane FMA accumulators
-/// (alternate 16-element chunks), added, lane-summed, then the `k % 32` tail in order.
-///
-/// One row at a time on purpose: each thread then reads one sequential stream, which the
-/// hardware prefetchers follow at close to the memory's speed; four rows side by side (four
-/// streams a page apart) ran about a quarter slower from DRAM. Each line is prefetched into L2
-/// [`prefetch_float_ahead`](crate::kernels::simd::prefetch_float_ahead) bytes on (AVX-512 only: on
-/// the Zen 3 the AVX2 loop was measured on, software prefetch made it slower).
+/// tinyBLAS's 8 lanes of `R` stored rows (`rb` bytes apart) against one token: `out[r][l] =
+/// fma(w[8(k/8 - 1) + l], x[..], ... fma(w[l], x[l], 0))`, the chain `ggml::dot_lanes8` runs
+/// before its `hsum8`, for `k` (a multiple of 8) elements of kind `KIND` ([`F16`], [`BF16`],
+/// [`F32`]). Each row's lanes are one FMA chain along `k`, so that a token's result is the same
+/// whichever token count the matmul ran with (`matmul/lanes8.rs` runs the same chains);
+/// `R` rows side by side hide the FMA latency one chain would wait on.
 ///
 /// # Safety
-/// AVX-512F, AVX2, FMA and F16C detected; `2 * k` bytes at `w`; `k` floats at `x`.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-pub(crate) unsafe fn gemv_avx512<const KIND: u8>(w: *const u8, k: usize, x: *const f32) -> f32 {
-    let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    let main = k & !31;
-    let mut i = 0;
-    let ahead = crate::kernels::simd::prefetch_float_ahead();
-    // SAFETY: i + 32 <= main <= k for every load (the function's contract covers the rest);
-    // a prefetch never faults.
-    unsafe {
-        while i < main {
-            _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add(2 * i + ahead).cast());
-            a0 = _mm512_fmadd_ps(load16::<KIND>(w.add(2 * i)), _mm512_loadu_ps(x.add(i)), a0);
-            let (w1, x1) = (w.add(2 * i + 32), x.add(i + 16));
-            a1 = _mm512_fmadd_ps(load16::<KIND>(w1), _mm512_loadu_ps(x1), a1);
-            i += 32;
-        }
-    }
-    let mut s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-    for j in main..k {
-        // SAFETY: j < k: inside the row and x.
-        let (lo, hi, xj) = unsafe { (*w.add(2 * j), *w.add(2 * j + 1), *x.add(j)) };
-        s += scalar::<KIND>(lo, hi) * xj;
-    }
-    s
-}
-
-/// [`gemv_avx512`] on AVX2: four 8-lane accumulators over 32-element steps (one FMA chain
-/// each; with two, the loop waited on FMA latency and BF16 rows, whose widening is two integer
-/// ops, fell behind the memory stream), then one 16-element step into the first two, added
-/// pairwise and lane-summed, then the `k % 16` tail in order.
-///
-/// # Safety
-/// AVX2, FMA and F16C detected; as [`gemv_avx512`] otherwise.
+/// AVX2, FMA and F16C detected; `R` rows of `k` elements at `w`, `rb` bytes apart; `k` floats
+/// at `x`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn gemv_avx2<const KIND: u8>(w: *const u8, k: usize, x: *const f32) -> f32 {
-    let mut a = [_mm256_setzero_ps(); 4];
-    let (main32, main) = (k & !31, k & !15);
+pub(crate) unsafe fn lanes8_rows_avx2<const KIND: u8, const R: usize>(
+    w: *const u8,
+    rb: usize,
+    k: usize,
+    x: *const f32,
+) -> [[f32; 8]; R] {
+    let mut acc = [_mm256_setzero_ps(); R];
+    let es = if KIND == F32 { 4 } else { 2 };
+    let ahead = crate::kernels::simd::prefetch_float_ahead();
     let mut i = 0;
-    // SAFETY: i + 32 <= main32 (then i + 16 <= main) <= k for every load.
+    // SAFETY: i + 8 <= k for every load; a prefetch never faults.
     unsafe {
-        while i < main32 {
-            for (q, acc) in a.iter_mut().enumerate() {
-                let (wq, xq) = (w.add(2 * (i + 8 * q)), x.add(i + 8 * q));
-                *acc = _mm256_fmadd_ps(load8::<KIND>(wq), _mm256_loadu_ps(xq), *acc);
+        while i < k {
+            let xv = _mm256_loadu_ps(x.add(i));
+            for (r, a) in acc.iter_mut().enumerate() {
+                let p = w.add(r * rb + es * i);
+                if i % 32 == 0 {
+                    _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(ahead).cast());
+                }
+                let wv = if KIND == F32 {
+                    _mm256_loadu_ps(p.cast())
+                } else {
+                    load8::<KIND>(p)
+                };
+                *a = _mm256_fmadd_ps(wv, xv, *a);
             }
-            i += 32;
-        }
-        if i < main {
-            a[0] = _mm256_fmadd_ps(load8::<KIND>(w.add(2 * i)), _mm256_loadu_ps(x.add(i)), a[0]);
-            let (w1, x1) = (w.add(2 * i + 16), x.add(i + 8));
-            a[1] = _mm256_fmadd_ps(load8::<KIND>(w1), _mm256_loadu_ps(x1), a[1]);
+            i += 8;
         }
     }
-    let mut s = hsum256(_mm256_add_ps(
-        _mm256_add_ps(a[0], a[1]),
-        _mm256_add_ps(a[2], a[3]),
-    ));
-    for j in main..k {
-        // SAFETY: j < k: inside the row and x.
-        let (lo, hi, xj) = unsafe { (*w.add(2 * j), *w.add(2 * j + 1), *x.add(j)) };
-        s += scalar::<KIND>(lo, hi) * xj;
+    let mut out = [[0.0f32; 8]; R];
+    for (o, a) in out.iter_mut().zip(&acc) {
+        // SAFETY: `o` holds 8 floats.
+        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), *a) };
     }
-    s
+    out
 }
 
 /// ggml's 32 lanes of one F16 row against one token: `out[l] = sum over whole 32-groups g of
