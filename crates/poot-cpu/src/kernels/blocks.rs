@@ -14,7 +14,7 @@ use crate::KernelError;
 
 /// A weight dtype with an integer dot against Q8 activations.
 #[allow(non_camel_case_types, reason = "ggml's names")]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum QKind {
     Q4_0,
     Q4_1,
@@ -51,7 +51,7 @@ impl QKind {
 
 /// A k-quant weight dtype with an integer dot here.
 #[allow(non_camel_case_types, reason = "ggml's names")]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum KKind {
     Q4_K,
     Q6_K,

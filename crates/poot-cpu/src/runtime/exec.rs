@@ -115,6 +115,66 @@ impl<'a> Exec<'a> {
         &self.graph().info(v).shape
     }
 
+    /// Runs the fused matmul group `members` (see `CpuPlan::fuse_matmuls`): the first one's
+    /// output is returned (in `first`, already sized), the others are stored in their slots.
+    fn fused_matmul(
+        &mut self,
+        members: &[usize],
+        first: Vec<f32>,
+        key: u64,
+    ) -> Result<Buf, RuntimeError> {
+        use crate::kernels::matmul::groups::MAX_SEGMENTS;
+        let graph = self.graph();
+        let mut outs: [Vec<f32>; MAX_SEGMENTS] = Default::default();
+        let mut ws: [Option<&crate::kernels::matmul::repack::Repack>; MAX_SEGMENTS] =
+            [None; MAX_SEGMENTS];
+        let mut x = None;
+        outs[0] = first;
+        for (m, &j) in members.iter().enumerate() {
+            let Op::MatMul { x: xj, w } = &graph.equations[j] else {
+                unreachable!("fuse_matmuls groups matmuls only")
+            };
+            x = Some(*xj);
+            ws[m] = self.plan.repack(w.index());
+            if m > 0 {
+                outs[m] = self.arena.zeros(graph.values[j].numel());
+            }
+        }
+        let (Some(x), Some(w0)) = (x, ws[0]) else {
+            unreachable!("a fused group has a first member with a re-laid weight")
+        };
+        let ws = ws.map(|w| w.unwrap_or(w0));
+        let xs = self.shape(x);
+        let Buf::F32(xv) = &self.bufs[x.index()] else {
+            return Err(RuntimeError::Kernel {
+                op: "matmul",
+                detail: format!("value {} is not an f32 activation", x.0),
+            });
+        };
+        let m = members.len();
+        {
+            let [a, b, c, d] = &mut outs;
+            let mut slices: [&mut [f32]; MAX_SEGMENTS] = [a, b, c, d];
+            kernels::matmul::matmul_repacked_fused(
+                Isa::detect(),
+                xv,
+                xs[0],
+                xs[1],
+                &ws[..m],
+                &mut slices[..m],
+                self.pool,
+                Some((&mut self.arena.act, key)),
+            )
+            .map_err(kerr("matmul"))?;
+        }
+        let mut outs = outs.into_iter();
+        let first = outs.next().unwrap_or_default();
+        for (&j, out) in members[1..].iter().zip(outs) {
+            self.bufs[j] = Buf::F32(out);
+        }
+        Ok(Buf::F32(first))
+    }
+
     fn run_op(
         &mut self,
         i: usize,
@@ -202,6 +262,9 @@ impl<'a> Exec<'a> {
                 };
                 // Matmuls reading the same input (q/k/v, gate/up) quantize it once.
                 let key = (self.arena.run << 32) | x.index() as u64;
+                if let Some(members) = self.plan.fused.get(&i) {
+                    return self.fused_matmul(members, out, key);
+                }
                 if let Some(rp) = self.plan.repack(w.index()) {
                     kernels::matmul::matmul_repacked_cached(
                         Isa::detect(),
@@ -481,18 +544,21 @@ fn run_all(
                 during: format!("equation {i} ({})", op.name()),
             });
         }
-        let buf = match profile {
-            None => exec.run_op(i, op, (inputs, late), kv.as_deref_mut(), deadline)?,
-            Some(p) => {
-                let t0 = std::time::Instant::now();
-                let buf = exec.run_op(i, op, (inputs, late), kv.as_deref_mut(), deadline)?;
-                let (kind, rows) = super::profile::kind_of(plan, op, i);
-                *decode &= rows <= 1 || !matches!(op, Op::MatMul { .. });
-                p.add(&kind, rows, t0.elapsed());
-                buf
-            }
-        };
-        exec.bufs[i] = buf;
+        // A later member of a fused matmul group: its output was made with the first's.
+        if !plan.fused_later.contains(&i) {
+            let buf = match profile {
+                None => exec.run_op(i, op, (inputs, late), kv.as_deref_mut(), deadline)?,
+                Some(p) => {
+                    let t0 = std::time::Instant::now();
+                    let buf = exec.run_op(i, op, (inputs, late), kv.as_deref_mut(), deadline)?;
+                    let (kind, rows) = super::profile::kind_of(plan, op, i);
+                    *decode &= rows <= 1 || !matches!(op, Op::MatMul { .. });
+                    p.add(&kind, rows, t0.elapsed());
+                    buf
+                }
+            };
+            exec.bufs[i] = buf;
+        }
         for_each_operand(op, |v| {
             if plan.last_use[v.index()] == i {
                 let b = std::mem::replace(&mut exec.bufs[v.index()], Buf::Empty);

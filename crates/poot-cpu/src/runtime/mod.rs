@@ -371,6 +371,7 @@ impl Runtime for CpuRuntime {
         let _tuning = self.tuning.enter();
         let mut plan = plan::compile(graph, weights.clone(), limits, self.options.numerics)?;
         self.prepare_weights(&mut plan, &weights)?;
+        plan.fuse_matmuls();
         Ok(Arc::new(plan))
     }
 
@@ -490,3 +491,7 @@ impl Drop for CpuRuntime {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+#[path = "fusion_tests.rs"]
+mod fusion_tests;

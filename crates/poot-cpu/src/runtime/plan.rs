@@ -6,7 +6,7 @@
 //! plus tables) fits `CompileLimits::max_artifact_bytes`, checked before the plan is returned.
 
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use poot_graph::{run_passes, CompileError, CompileLimits, DeadCodeElimination, Graph, Op};
@@ -42,6 +42,12 @@ pub struct CpuPlan {
     /// How each matmul weight (by value index) is multiplied, chosen here from the plan's
     /// numerics and the weight's dtype (see `kernels::matmul::MatmulPath`).
     pub(crate) matmul_paths: HashMap<usize, MatmulPath>,
+    /// Matmuls run together (`fuse_matmuls`): the first one's equation index to every member's,
+    /// in order (the first included).
+    pub(crate) fused: HashMap<usize, Vec<usize>>,
+    /// The members of `fused` groups other than the first: their outputs exist before their
+    /// turn comes.
+    pub(crate) fused_later: HashSet<usize>,
 }
 
 impl CpuPlan {
@@ -50,6 +56,39 @@ impl CpuPlan {
         match self.repacked.get(&i).map(|p| &**p) {
             Some(Prepared::Repack(r)) => Some(r),
             _ => None,
+        }
+    }
+
+    /// Groups the matmuls that read the same activation through re-laid weights of one kind
+    /// (a layer's q/k/v, its gate/up) so that a run computes each group in one pool dispatch
+    /// (`kernels::matmul::matmul_repacked_fused`) when it reaches the first, instead of one
+    /// dispatch per weight. Bit-identical to running them one by one; the other outputs are
+    /// simply made earlier, alive from the first member to their last reader.
+    pub(crate) fn fuse_matmuls(&mut self) {
+        use crate::kernels::blocks::{KKind, QKind};
+        use crate::kernels::matmul::repack::Repack;
+        let key = |w: &Repack| match w {
+            Repack::Q(r) => (Ok::<QKind, KKind>(r.kind), w.k()),
+            Repack::K(r) => (Err(r.kind), w.k()),
+        };
+        let mut by_input: HashMap<_, Vec<usize>> = HashMap::new();
+        for (i, op) in self.graph.equations.iter().enumerate() {
+            let Op::MatMul { x, w } = op else { continue };
+            let Some(rp) = self.repack(w.index()) else {
+                continue;
+            };
+            by_input.entry((x.index(), key(rp))).or_default().push(i);
+        }
+        self.fused.clear();
+        self.fused_later.clear();
+        for members in by_input.into_values() {
+            for chunk in members.chunks(crate::kernels::matmul::groups::MAX_SEGMENTS) {
+                if chunk.len() < 2 {
+                    continue;
+                }
+                self.fused_later.extend(chunk[1..].iter().copied());
+                self.fused.insert(chunk[0], chunk.to_vec());
+            }
         }
     }
 
@@ -206,6 +245,8 @@ pub(crate) fn compile(
         repacked: HashMap::new(),
         copied: HashMap::new(),
         matmul_paths,
+        fused: HashMap::new(),
+        fused_later: HashSet::new(),
     })
 }
 

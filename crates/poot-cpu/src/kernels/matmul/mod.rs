@@ -42,6 +42,7 @@ pub(crate) mod decoded;
 pub(crate) mod dpbf16;
 pub(crate) mod float;
 pub(crate) mod float_ggml;
+pub(crate) mod groups;
 pub(crate) mod lanes8;
 pub(crate) mod q8;
 pub(crate) mod qdot;
@@ -386,6 +387,86 @@ pub(crate) fn matmul_repacked_cached(
     Ok(())
 }
 
+/// [`matmul_repacked_cached`] for several weights that read the same `x` (`outs[i]` is
+/// `[t, ws[i].n()]`), in one pool dispatch when they are the same kind of re-lay with the same
+/// kind and `k` (a layer's q/k/v or gate/up; otherwise one call each). Each output is
+/// bit-identical to its own call's. The same shape checks.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "matmul_repacked's, several weights"
+)]
+pub(crate) fn matmul_repacked_fused(
+    isa: Isa,
+    x: &[f32],
+    t: usize,
+    k: usize,
+    ws: &[&Repack],
+    outs: &mut [&mut [f32]],
+    pool: &ThreadPool,
+    mut cache: Option<(&mut ActCache, u64)>,
+) -> Result<(), KernelError> {
+    let ck = isa.checked()?;
+    if ws.len() != outs.len() || ws.is_empty() || ws.len() > groups::MAX_SEGMENTS {
+        return Err(KernelError::InvalidArgument {
+            what: "fused matmul",
+            detail: format!("{} weights, {} outputs", ws.len(), outs.len()),
+        });
+    }
+    for (w, out) in ws.iter().zip(outs.iter()) {
+        if k != w.k() {
+            return Err(KernelError::Length {
+                what: "matmul k (repacked weights)",
+                expected: w.k(),
+                got: k,
+            });
+        }
+        check_len("matmul out", mul(t, w.n(), "matmul out")?, out.len())?;
+    }
+    check_len("matmul x", mul(t, k, "matmul x")?, x.len())?;
+    if t == 0 {
+        return Ok(());
+    }
+    // One dispatch needs one kernel: every weight the same re-lay, kind and block count.
+    let m = ws.len();
+    match ws[0] {
+        Repack::Q(first) => {
+            let mut q = [first; groups::MAX_SEGMENTS];
+            for (slot, w) in q.iter_mut().zip(ws) {
+                if let Repack::Q(r) = w {
+                    *slot = r;
+                }
+            }
+            if ws
+                .iter()
+                .all(|w| matches!(w, Repack::Q(r) if r.kind == first.kind))
+            {
+                r8::matmul_r8_fused(ck, &q[..m], x, t, k, outs, pool, cache);
+                return Ok(());
+            }
+        }
+        Repack::K(first) => {
+            let mut kq = [first; groups::MAX_SEGMENTS];
+            for (slot, w) in kq.iter_mut().zip(ws) {
+                if let Repack::K(r) = w {
+                    *slot = r;
+                }
+            }
+            if ws
+                .iter()
+                .all(|w| matches!(w, Repack::K(r) if r.kind == first.kind))
+            {
+                rk::matmul_rk_fused(ck, &kq[..m], x, t, k, outs, pool, cache);
+                return Ok(());
+            }
+        }
+    }
+    for (w, out) in ws.iter().zip(outs.iter_mut()) {
+        let c = cache.as_mut().map(|(c, key)| (&mut **c, *key));
+        matmul_repacked_cached(isa, x, t, k, w, out, pool, c)?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 #[path = "tests.rs"]
 mod tests;
@@ -393,3 +474,7 @@ mod tests;
 #[cfg(test)]
 #[path = "invariance_tests.rs"]
 mod invariance_tests;
+
+#[cfg(test)]
+#[path = "fused_tests.rs"]
+mod fused_tests;

@@ -29,12 +29,13 @@
 use crate::kernels::act_cache::ActCache;
 use crate::kernels::blocks::QKind;
 use crate::kernels::blocks::RG;
+use crate::kernels::matmul::groups::{over_segments, over_tokens, Segment, Segments};
 use crate::kernels::matmul::qdot::{dot_scalar, dot_scalar_blocks};
 use crate::kernels::matmul::repack::Repacked;
 use crate::kernels::qact::{BlockQ8, QK8};
 use crate::kernels::scratch::Scratch;
-use crate::kernels::simd::{prefetch_ahead, Checked, Isa};
-use crate::pool::{SharedMut, ThreadPool};
+use crate::kernels::simd::{Checked, Isa};
+use crate::pool::ThreadPool;
 
 /// Groups (of 8 rows) from which one-token calls take two groups per step: 2048 rows.
 const PAIRS_FROM: usize = 256;
@@ -62,8 +63,27 @@ pub(crate) fn matmul_r8(
     pool: &ThreadPool,
     cache: Option<(&mut ActCache, u64)>,
 ) {
-    let (kind, n, nb) = (w.kind, w.n, w.nb);
-    debug_assert!(k == nb * QK8 && x.len() == t * k && out.len() == t * n);
+    matmul_r8_fused(ck, &[w], x, t, k, &mut [out], pool, cache);
+}
+
+/// [`matmul_r8`] for several weights of one kind and `k` that read the same `x` (`outs[i]` is
+/// `[t, ws[i].n]`), in one pool dispatch (`matmul/groups.rs`); each output is bit-identical to
+/// its own call's.
+#[allow(clippy::too_many_arguments, reason = "matmul's validated arguments")]
+pub(crate) fn matmul_r8_fused(
+    ck: Checked,
+    ws: &[&Repacked],
+    x: &[f32],
+    t: usize,
+    k: usize,
+    outs: &mut [&mut [f32]],
+    pool: &ThreadPool,
+    cache: Option<(&mut ActCache, u64)>,
+) {
+    let (kind, nb) = (ws[0].kind, ws[0].nb);
+    debug_assert!(ws.iter().all(|w| w.kind == kind && w.nb == nb) && ws.len() == outs.len());
+    debug_assert!(k == nb * QK8 && x.len() == t * k);
+    debug_assert!(ws.iter().zip(outs.iter()).all(|(w, o)| o.len() == t * w.n));
     let mut local = Scratch::<BlockQ8>::zeroed(0);
     let xq = crate::kernels::matmul::q8::quantized(x, kind.act_sum(), cache, &mut local, pool);
     #[cfg(target_arch = "x86_64")]
@@ -85,7 +105,9 @@ pub(crate) fn matmul_r8(
     let blocks = kind != QKind::Q4_1;
     #[cfg(target_arch = "x86_64")]
     if blocks && t >= 2 && ck.isa() == Isa::Amx {
-        crate::kernels::arch::x86::amx::matmul(w, xq, t, out, pool);
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            crate::kernels::arch::x86::amx::matmul(w, xq, t, out, pool);
+        }
         return;
     }
     let mut corr = Scratch::<[i32; 8]>::zeroed(0);
@@ -108,19 +130,29 @@ pub(crate) fn matmul_r8(
     // The block order takes two groups per step on AVX-512 VNNI too, 8 tokens a pass
     // (`arch::x86::qdot_r16::groups2_blocks`).
     #[cfg(target_arch = "x86_64")]
-    let pairs = (blocks || t >= 2 || w.groups() >= PAIRS_FROM)
-        && vnni
-        && crate::kernels::arch::x86::qdot_r16::has_vnni512();
+    let pairs = |w: &Repacked| {
+        (blocks || t >= 2 || w.groups() >= PAIRS_FROM)
+            && vnni
+            && crate::kernels::arch::x86::qdot_r16::has_vnni512()
+    };
     #[cfg(not(target_arch = "x86_64"))]
-    let pairs = false;
-    over_groups(
+    let pairs = |_: &Repacked| false;
+    let mut segs: Segments<'_> = [None, None, None, None];
+    for ((seg, w), out) in segs.iter_mut().zip(ws).zip(outs.iter_mut()) {
+        *seg = Some(Segment {
+            groups: w.groups(),
+            per: if pairs(w) { 2 } else { 1 },
+            n: w.n,
+            out,
+        });
+    }
+    over_segments(
         pool,
-        w.groups(),
-        if pairs { 2 } else { 1 },
-        n,
-        out,
-        stream.then_some(&|g| w.group(g)),
-        |g, write| {
+        segs,
+        stream.then_some(&|s: usize, g: usize| ws[s].group(g)),
+        |s, g, write| {
+            let w = ws[s];
+            let n = w.n;
             if !simd {
                 // Each stored row rebuilt once, then dotted with every token.
                 let mut row = Scratch::<u8>::zeroed(nb * kind.block_bytes());
@@ -142,7 +174,7 @@ pub(crate) fn matmul_r8(
                 return;
             }
             #[cfg(target_arch = "x86_64")]
-            if pairs && g + 1 < w.groups() {
+            if pairs(w) && g + 1 < w.groups() {
                 use crate::kernels::arch::x86::qdot_r16::{
                     groups2, groups2_blocks, BLOCK_TOKENS, TOKENS,
                 };
@@ -183,68 +215,6 @@ pub(crate) fn matmul_r8(
             }
         },
     );
-}
-
-/// The token loop of one group's (or pair's) kernel: `kernel(tok, tt, res)` fills `res` with
-/// `tt` tokens' `width` results from token `tok` on, `tt` being `tile(left)` capped at the
-/// tokens left; `write` then stores each token's results.
-pub(crate) fn over_tokens(
-    t: usize,
-    tile: impl Fn(usize) -> usize,
-    width: usize,
-    res: &mut [f32],
-    write: &dyn Fn(usize, &[f32]),
-    mut kernel: impl FnMut(usize, usize, &mut [f32]),
-) {
-    let mut tok = 0;
-    while tok < t {
-        let tt = tile(t - tok).min(t - tok);
-        kernel(tok, tt, res);
-        for j in 0..tt {
-            write(tok + j, &res[j * width..(j + 1) * width]);
-        }
-        tok += tt;
-    }
-}
-
-/// The task loop of the 8-row matmuls (`matmul_r8`, `matmul_rk`): `body(g, write)` runs for
-/// every `per`-th 8-row group `g` (`per` is 1, or 2 for kernels that take two groups at once)
-/// of a matrix of `n` rows (`groups` groups), in tasks of whole units of `per` groups claimed by
-/// the pool's threads (about four per thread, which balances load when other processes share
-/// the cores); `write(tok, res)` stores `res` (rows `8g..8g + res.len()`) for token `tok` into
-/// `out` (`[t, n]`, padding rows dropped). With `first`, each task prefetches the first
-/// [`prefetch_ahead`] bytes of its first group (`first(g)` gives a group's bytes) before its
-/// stream's own prefetches reach them.
-pub(crate) fn over_groups<'w, B>(
-    pool: &ThreadPool,
-    groups: usize,
-    per: usize,
-    n: usize,
-    out: &mut [f32],
-    first: Option<&(dyn Fn(usize) -> &'w [u8] + Sync)>,
-    body: B,
-) where
-    B: Fn(usize, &dyn Fn(usize, &[f32])) + Sync,
-{
-    let units = groups.div_ceil(per);
-    let (per_task, tasks) = pool.split(units);
-    let shared = SharedMut::new(out);
-    pool.for_each(tasks, |task| {
-        if let Some(first) = first {
-            let bytes = first(task * per_task * per);
-            crate::kernels::simd::prefetch_range(bytes.as_ptr(), bytes.len().min(prefetch_ahead()));
-        }
-        for u in task * per_task..((task + 1) * per_task).min(units) {
-            let g = u * per;
-            body(g, &|tok, res| {
-                for (r, &v) in res.iter().enumerate().take(n.saturating_sub(g * RG)) {
-                    // SAFETY: rows of unit u belong to this task only, so no other task writes
-                    // index tok * n + 8g + r (r < per * 8).
-                    unsafe { shared.write(tok * n + g * RG + r, v) };
-                }
-            });
-        }
-    });
 }
 
 #[cfg(test)]

@@ -16,8 +16,8 @@
 use crate::kernels::act_cache::ActCache;
 use crate::kernels::blocks::KKind;
 use crate::kernels::blocks::RG;
+use crate::kernels::matmul::groups::{over_segments, over_tokens, Segment, Segments};
 use crate::kernels::matmul::qdot_k::{dot_scalar, quantized_k};
-use crate::kernels::matmul::r8::{over_groups, over_tokens};
 use crate::kernels::matmul::repack_k::RepackedK;
 use crate::kernels::qact::{BlockQ8K, QK_K};
 use crate::kernels::scratch::Scratch;
@@ -37,8 +37,27 @@ pub(crate) fn matmul_rk(
     pool: &ThreadPool,
     cache: Option<(&mut ActCache, u64)>,
 ) {
-    let (kind, n, nb) = (w.kind, w.n, w.nb);
-    debug_assert!(k == nb * QK_K && x.len() == t * k && out.len() == t * n);
+    matmul_rk_fused(ck, &[w], x, t, k, &mut [out], pool, cache);
+}
+
+/// [`matmul_rk`] for several weights of one kind and `k` that read the same `x` (`outs[i]` is
+/// `[t, ws[i].n]`), in one pool dispatch (`matmul/groups.rs`); each output is bit-identical to
+/// its own call's.
+#[allow(clippy::too_many_arguments, reason = "matmul's validated arguments")]
+pub(crate) fn matmul_rk_fused(
+    ck: Checked,
+    ws: &[&RepackedK],
+    x: &[f32],
+    t: usize,
+    k: usize,
+    outs: &mut [&mut [f32]],
+    pool: &ThreadPool,
+    cache: Option<(&mut ActCache, u64)>,
+) {
+    let (kind, nb) = (ws[0].kind, ws[0].nb);
+    debug_assert!(ws.iter().all(|w| w.kind == kind && w.nb == nb) && ws.len() == outs.len());
+    debug_assert!(k == nb * QK_K && x.len() == t * k);
+    debug_assert!(ws.iter().zip(outs.iter()).all(|(w, o)| o.len() == t * w.n));
     let mut local = Scratch::<BlockQ8K>::zeroed(0);
     let xq = quantized_k(x, cache, &mut local);
     #[cfg(target_arch = "x86_64")]
@@ -57,14 +76,22 @@ pub(crate) fn matmul_rk(
         && crate::kernels::arch::x86::qdot_rk16::available();
     #[cfg(not(target_arch = "x86_64"))]
     let pairs = false;
-    over_groups(
+    let mut segs: Segments<'_> = [None, None, None, None];
+    for ((seg, w), out) in segs.iter_mut().zip(ws).zip(outs.iter_mut()) {
+        *seg = Some(Segment {
+            groups: w.groups(),
+            per: if pairs { 2 } else { 1 },
+            n: w.n,
+            out,
+        });
+    }
+    over_segments(
         pool,
-        w.groups(),
-        if pairs { 2 } else { 1 },
-        n,
-        out,
-        stream.then_some(&|g| w.group(g)),
-        |g, write| {
+        segs,
+        stream.then_some(&|s: usize, g: usize| ws[s].group(g)),
+        |s, g, write| {
+            let w = ws[s];
+            let n = w.n;
             if !simd {
                 let mut row = Scratch::<u8>::zeroed(nb * kind.block_bytes());
                 let mut res = [0.0f32; RG];

@@ -1,0 +1,106 @@
+//! The task loops of the 8-row matmuls (`matmul/r8.rs`, `matmul/rk.rs`): whole 8-row groups of
+//! one or several weights, claimed by the pool's threads in one dispatch.
+//!
+//! Several weights that read the same input (a layer's q/k/v, its gate/up) run as the segments
+//! of one dispatch: one wake of the pool and one join instead of one per weight, and tasks
+//! balanced over all their rows. Each row's arithmetic is the same as in a call of its own, so a
+//! fused call is bit-identical to separate ones (`r8_tests.rs`, `rk_tests.rs`).
+//!
+//! Invariants: every `per`-th group of every segment runs exactly once, in a task no other task
+//! shares rows with; at most [`MAX_SEGMENTS`] segments per call.
+
+use crate::kernels::blocks::RG;
+use crate::kernels::simd::prefetch_ahead;
+use crate::pool::{SharedMut, ThreadPool};
+
+/// The most weights one fused call takes (q/k/v is three).
+pub(crate) const MAX_SEGMENTS: usize = 4;
+
+/// One weight's part of a call: `groups` 8-row groups walked `per` (1, or 2 for kernels that
+/// take two groups at once) at a time, written into `out` (`[t, n]`, padding rows dropped).
+pub(crate) struct Segment<'o> {
+    pub(crate) groups: usize,
+    pub(crate) per: usize,
+    pub(crate) n: usize,
+    pub(crate) out: &'o mut [f32],
+}
+
+/// The token loop of one group's (or pair's) kernel: `kernel(tok, tt, res)` fills `res` with
+/// `tt` tokens' `width` results from token `tok` on, `tt` being `tile(left)` capped at the
+/// tokens left; `write` then stores each token's results.
+pub(crate) fn over_tokens(
+    t: usize,
+    tile: impl Fn(usize) -> usize,
+    width: usize,
+    res: &mut [f32],
+    write: &dyn Fn(usize, &[f32]),
+    mut kernel: impl FnMut(usize, usize, &mut [f32]),
+) {
+    let mut tok = 0;
+    while tok < t {
+        let tt = tile(t - tok).min(t - tok);
+        kernel(tok, tt, res);
+        for j in 0..tt {
+            write(tok + j, &res[j * width..(j + 1) * width]);
+        }
+        tok += tt;
+    }
+}
+
+/// The segments of one call: the first ones `Some`, the rest `None`.
+pub(crate) type Segments<'o> = [Option<Segment<'o>>; MAX_SEGMENTS];
+
+/// The task loop: `body(s, g, write)` runs for every `per`-th group `g` of every segment `s`, in
+/// tasks of whole units of `per` groups (about four per thread over all segments together,
+/// which balances load when other processes share the cores); `write(tok, res)` stores `res`
+/// (rows `8g..8g + res.len()` of segment `s`) for token `tok`. With `first`, each task
+/// prefetches the first [`prefetch_ahead`] bytes of its first group (`first(s, g)` gives a
+/// group's bytes) before its stream's own prefetches reach them.
+pub(crate) fn over_segments<'w, B>(
+    pool: &ThreadPool,
+    segs: Segments<'_>,
+    first: Option<&(dyn Fn(usize, usize) -> &'w [u8] + Sync)>,
+    body: B,
+) where
+    B: Fn(usize, usize, &dyn Fn(usize, &[f32])) + Sync,
+{
+    // starts[s]: the first unit of segment s (units numbered over all segments in order).
+    let mut starts = [0usize; MAX_SEGMENTS + 1];
+    let mut meta = [(0usize, 1usize); MAX_SEGMENTS]; // (n, per)
+    let mut outs: [Option<SharedMut<'_, f32>>; MAX_SEGMENTS] = [None, None, None, None];
+    let mut count = 0;
+    for (s, seg) in segs.into_iter().map_while(|s| s).enumerate() {
+        starts[s + 1] = starts[s] + seg.groups.div_ceil(seg.per);
+        meta[s] = (seg.n, seg.per);
+        outs[s] = Some(SharedMut::new(seg.out));
+        count = s + 1;
+    }
+    let units = starts[count];
+    let locate = |u: usize| {
+        let s = (0..count).rfind(|&s| starts[s] <= u).unwrap_or(0);
+        (s, (u - starts[s]) * meta[s].1)
+    };
+    let (per_task, tasks) = pool.split(units);
+    pool.for_each(tasks, |task| {
+        let begin = task * per_task;
+        if let Some(first) = first {
+            let (s, g) = locate(begin);
+            let bytes = first(s, g);
+            crate::kernels::simd::prefetch_range(bytes.as_ptr(), bytes.len().min(prefetch_ahead()));
+        }
+        for u in begin..(begin + per_task).min(units) {
+            let (s, g) = locate(u);
+            let (n, _) = meta[s];
+            let Some(out) = &outs[s] else {
+                unreachable!("every segment below segs.len() has its output")
+            };
+            body(s, g, &|tok, res| {
+                for (r, &v) in res.iter().enumerate().take(n.saturating_sub(g * RG)) {
+                    // SAFETY: rows of unit u of segment s belong to this task only, so no other
+                    // task writes index tok * n + 8g + r (r < per * 8) of that segment's output.
+                    unsafe { out.write(tok * n + g * RG + r, v) };
+                }
+            });
+        }
+    });
+}

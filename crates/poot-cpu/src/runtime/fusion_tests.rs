@@ -1,0 +1,105 @@
+//! Matmul fusion in a plan (`CpuPlan::fuse_matmuls`): matmuls that read one activation through
+//! re-laid weights of one kind run in one dispatch, with each output the bits of a plan that
+//! runs that matmul alone; other matmuls stay apart.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use poot_core::{DType, Deadline};
+use poot_graph::{CompileLimits, Graph, TraceLimits, Tracer, WeightCatalog};
+use poot_runtime::{HostTensor, Runtime, WeightStore};
+
+use super::{CpuOptions, CpuPlan, CpuRuntime};
+use crate::kernels::Numerics;
+use crate::testutil::{synthetic_weights, Rng};
+
+const K: usize = 256;
+
+struct Store(HashMap<String, (DType, Vec<usize>, Vec<u8>)>);
+
+impl WeightCatalog for Store {
+    fn describe(&self, name: &str) -> Option<(DType, Vec<usize>)> {
+        self.0.get(name).map(|(d, s, _)| (*d, s.clone()))
+    }
+}
+
+impl WeightStore for Store {
+    fn bytes(&self, name: &str) -> Option<&[u8]> {
+        self.0.get(name).map(|(_, _, b)| b.as_slice())
+    }
+    fn total_bytes(&self) -> u64 {
+        self.0.values().map(|(_, _, b)| b.len() as u64).sum()
+    }
+}
+
+/// q/k/v-like Q8_0 weights (20 rows: not a multiple of 8), a Q4_K one and an F32 one.
+fn store() -> Arc<Store> {
+    let mut m = HashMap::new();
+    for (i, (name, dt, n)) in [
+        ("q", DType::Q8_0, 40),
+        ("k", DType::Q8_0, 20),
+        ("v", DType::Q8_0, 16),
+        ("gate", DType::Q4_K, 24),
+        ("f", DType::F32, 8),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let w = synthetic_weights(dt, n, K, 3 + i as u32);
+        m.insert(name.to_owned(), (dt, vec![n, K], w));
+    }
+    Arc::new(Store(m))
+}
+
+/// `x @ W^T` for each named weight, as outputs of one graph.
+fn graph(t: usize, names: &[&str]) -> Graph {
+    let s: Arc<dyn WeightCatalog> = store();
+    let mut tr = Tracer::new(TraceLimits::default(), 2, s).unwrap();
+    let x = tr.input("x", DType::F32, vec![t, K]).unwrap();
+    for name in names {
+        let w = tr.weight(name).unwrap();
+        let y = tr.matmul(x, w).unwrap();
+        tr.output(name, y).unwrap();
+    }
+    tr.finish()
+}
+
+#[test]
+fn fused_matmuls_give_each_alone_plans_bits() {
+    let rt = CpuRuntime::new(CpuOptions {
+        threads: 2,
+        numerics: Numerics::Ggml,
+        ..CpuOptions::default()
+    })
+    .unwrap();
+    let weights = store();
+    let names = ["q", "k", "v", "gate", "f"];
+    for t in [1, 5] {
+        let x = HostTensor::F32 {
+            shape: vec![t, K],
+            data: Rng::new(9).vec(t * K, -1.0, 1.0),
+        };
+        let limits = CompileLimits::default();
+        let plan = rt
+            .compile(&graph(t, &names), weights.clone(), &limits)
+            .unwrap();
+        let cpu = plan.as_any().downcast_ref::<CpuPlan>().unwrap();
+        // q, k and v share one Q8_0 dispatch; the lone Q4_K and the F32 weight stay apart.
+        let groups: Vec<usize> = cpu.fused.values().map(Vec::len).collect();
+        assert_eq!(groups, [3], "t={t}");
+        assert_eq!(cpu.fused_later.len(), 2);
+        let all = rt
+            .run(plan.as_ref(), &[("x", x.clone())], Deadline::never())
+            .unwrap();
+        for name in names {
+            let alone = rt
+                .compile(&graph(t, &[name]), weights.clone(), &limits)
+                .unwrap();
+            let want = rt
+                .run(alone.as_ref(), &[("x", x.clone())], Deadline::never())
+                .unwrap();
+            let got = all.iter().find(|(n, _)| n == name).unwrap();
+            assert_eq!(got.1, want[0].1, "{name} t={t}");
+        }
+    }
+}
