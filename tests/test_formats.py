@@ -23,8 +23,9 @@ from poot.errors import CheckpointFormatError, UnsupportedDTypeError
 gguf = pytest.importorskip("gguf")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 from safetensors import safe_open  # noqa: E402
+from shared_data import SHARED_MODELS  # noqa: E402
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "models"
+SHARED = SHARED_MODELS
 GGUF_FILES = sorted(
     p.relative_to(SHARED).as_posix()
     for sub in ("stories260K", "vocab", "quant-slices")
@@ -51,6 +52,12 @@ def _py_type(vt: Any) -> type:
             {t.FLOAT32: float, t.FLOAT64: float, t.BOOL: bool, t.STRING: str, t.ARRAY: list}
         )
     return _SCALAR_TYPES[vt]
+
+
+def test_shared_file_lists_are_not_empty(shared_models: Path) -> None:
+    """The parametrized lists below come from globbing ../shared; an empty glob would make
+    them vanish silently instead of failing."""
+    assert len(GGUF_FILES) >= 7 and len(ST_FILES) >= 2, (GGUF_FILES, ST_FILES)
 
 
 @pytest.mark.parametrize("rel", GGUF_FILES)
