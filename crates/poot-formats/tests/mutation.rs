@@ -10,6 +10,8 @@
 //! region never affects parsing. A failure prints the file, case number and mutation, and every
 //! case is reproducible from its printed seed.
 
+mod common;
+
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -79,16 +81,7 @@ struct Target {
 }
 
 fn models_dir() -> Option<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models");
-    if dir.join("stories260K").is_dir() {
-        Some(dir)
-    } else {
-        eprintln!(
-            "skipping the mutation test: {} not found (the shared real-model folder)",
-            dir.display()
-        );
-        None
-    }
+    common::shared_models()
 }
 
 fn files_with(dir: &Path, ext: &str) -> Vec<PathBuf> {
