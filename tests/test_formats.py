@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import struct
-import time
 from pathlib import Path
 from typing import Any
 
@@ -101,14 +100,12 @@ def test_gguf_matches_gguf_py(shared_models: Path, rel: str) -> None:
         assert bytes(raw[t.offset : t.offset + t.nbytes]) == r.data.tobytes(), t.name
 
 
-def test_vocab_metadata_converts_fast(shared_models: Path) -> None:
+def test_vocab_metadata_converts_to_strs(shared_models: Path) -> None:
+    # Its speed is measured in benches/bench_formats.py, not asserted here.
     f = _native.GgufFile(shared_models / "vocab" / "ggml-vocab-gpt-2.gguf")
-    start = time.perf_counter()
     tokens = f.get("tokenizer.ggml.tokens")
-    elapsed = time.perf_counter() - start
     assert isinstance(tokens, list) and len(tokens) > 50_000
-    assert all(type(t) is str for t in tokens[:100])
-    assert elapsed < 1.0, f"{len(tokens)} strings took {elapsed:.3f}s"
+    assert all(type(t) is str for t in tokens)
 
 
 @pytest.mark.parametrize("rel", ST_FILES)
