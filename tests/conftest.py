@@ -13,12 +13,18 @@ Invariants:
   download are marked ``network`` at collection, so ``-m "not network"`` never downloads.
 - Missing ``../shared`` fixtures skip with the reason, or fail under ``POOT_REQUIRE_SHARED=1``
   (``shared_data.require_shared``).
+- Network only where marked: in a test without the ``network`` marker, a connection or name
+  lookup in this process that leaves loopback is refused and fails the test at teardown
+  (naming the address), even when the code under test turned the refusal into an "offline"
+  error. Child processes (pip, servers) are not watched.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Callable
@@ -31,6 +37,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from shared_data import SHARED_MODELS, missing_shared, require_shared  # noqa: E402
+
+pytest_plugins = ["pytester"]  # tests/test_isolation.py runs inner sessions under this conftest
 
 _ISOLATED_VARS = ("POOT_CACHE_DIR", "HF_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME")
 _session_root: Path | None = None
@@ -85,6 +93,54 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if users and local_default_model(config) is None:
         for item in users:
             item.add_marker(pytest.mark.network)
+
+
+def _loopback(host: object) -> bool:
+    if not isinstance(host, str) or host in ("localhost", ""):
+        return isinstance(host, str)
+    try:
+        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False  # a name other than localhost: a real lookup
+
+
+@pytest.fixture(autouse=True)
+def _network_only_where_marked(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Any:
+    if request.node.get_closest_marker("network") is not None:
+        yield
+        return
+    tried: list[str] = []
+    real_connect, real_connect_ex = socket.socket.connect, socket.socket.connect_ex
+    real_getaddrinfo = socket.getaddrinfo
+
+    def check(sock: socket.socket, address: Any) -> None:
+        inet = sock.family in (socket.AF_INET, socket.AF_INET6)
+        if inet and isinstance(address, tuple) and not _loopback(address[0]):
+            tried.append(f"connect {address[0]}:{address[1]}")
+            raise ConnectionRefusedError(f"test without the network marker reached {address}")
+
+    def connect(sock: socket.socket, address: Any) -> None:
+        check(sock, address)
+        real_connect(sock, address)
+
+    def connect_ex(sock: socket.socket, address: Any) -> int:
+        check(sock, address)
+        return real_connect_ex(sock, address)
+
+    def getaddrinfo(host: Any, *a: Any, **k: Any) -> Any:
+        name = host.decode() if isinstance(host, bytes) else host
+        if name is not None and not _loopback(name):
+            tried.append(f"lookup {name}")
+            raise socket.gaierror(socket.EAI_NONAME, f"test without the network marker: {name}")
+        return real_getaddrinfo(host, *a, **k)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    yield
+    assert not tried, f"reached the network without @pytest.mark.network: {tried}"
 
 
 @pytest.fixture(scope="session")

@@ -177,14 +177,19 @@ def test_response_format(server: ServerProcess) -> None:
         assert got.choices[0].finish_reason == "stop"
         value = json.loads(got.choices[0].message.content)
         assert set(value) == {"ok"} and isinstance(value["ok"], bool)
+        # Greedy on this prompt the object closes after 8 tokens ({"name": "Paris"}), so the
+        # parse below always runs (the sky prompt above recurses past any limit in json_object).
+        named = [
+            {"role": "user", "content": 'Give me a JSON object with the key "name" set to "Paris".'}
+        ]
         got = client.chat.completions.create(
             model=NAME,
-            messages=messages,
+            messages=named,
             max_tokens=40,
             temperature=0,
             response_format={"type": "json_object"},
         )
         text = got.choices[0].message.content
         assert text.lstrip().startswith("{")  # guided from the first token
-        if got.choices[0].finish_reason == "stop":  # the model may still run out of tokens
-            assert isinstance(json.loads(text), dict)
+        assert got.choices[0].finish_reason == "stop", text
+        assert set(json.loads(text)) == {"name"}
