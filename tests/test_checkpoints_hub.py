@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -21,21 +20,36 @@ from poot.errors import ModelNotFoundError, OfflineError
 # ---------------------------------------------------------------- the hub, offline
 
 
-def test_hub_offline_env_fails_fast(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_hub_offline_env_fails_fast(
+    silent_server: SilentServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Fast means "without touching the network": the endpoint records every connection.
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_ENDPOINT", silent_server.url)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
-    start = time.monotonic()
     with pytest.raises(OfflineError) as e:
         resolve_model_files("HuggingFaceTB/SmolLM2-135M-Instruct")
-    assert time.monotonic() - start < 5
+    assert silent_server.connections() == 0
     msg = str(e.value)
     assert "HF_HUB_OFFLINE" in msg and "local path" in msg and "poot pull" in msg
     assert isinstance(e.value, ConnectionError)
 
 
-@pytest.fixture
-def silent_server() -> Iterator[str]:
+class SilentServer:
     """A TCP endpoint that accepts connections and never answers (a black-holed network)."""
+
+    def __init__(self, url: str, held: list[socket.socket]) -> None:
+        self.url = url
+        self._held = held
+
+    def connections(self) -> int:
+        """Connections accepted so far."""
+        return len(self._held)
+
+
+@pytest.fixture
+def silent_server() -> Iterator[SilentServer]:
+    """A ``SilentServer`` on a free loopback port."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(16)
@@ -53,7 +67,7 @@ def silent_server() -> Iterator[str]:
 
     t = threading.Thread(target=accept, daemon=True)
     t.start()
-    yield f"http://127.0.0.1:{srv.getsockname()[1]}"
+    yield SilentServer(f"http://127.0.0.1:{srv.getsockname()[1]}", held)
     stop.set()
     t.join()
     for c in held:
@@ -71,16 +85,19 @@ def _closed_port() -> int:
 
 @pytest.mark.timeout(30)
 def test_hub_unreachable_fails_fast(
-    silent_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    silent_server: SilentServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    # A black-holed hub ends in OfflineError through the read timeout poot passes
+    # (POOT_NETWORK_TIMEOUT), not by hanging: the error names the timeout. pytest-timeout's 30 s
+    # is the hang guard, not a claim about speed.
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setenv("HF_ENDPOINT", silent_server)
+    monkeypatch.setenv("HF_ENDPOINT", silent_server.url)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
     monkeypatch.setenv("POOT_NETWORK_TIMEOUT", "1")
-    start = time.monotonic()
-    with pytest.raises(OfflineError, match="local path.*poot pull"):
+    with pytest.raises(OfflineError, match="local path.*poot pull") as e:
         resolve_model_files("HuggingFaceTB/SmolLM2-135M-Instruct")
-    assert time.monotonic() - start < 10
+    assert "timeout" in str(e.value).lower() or "timed out" in str(e.value).lower()
+    assert silent_server.connections() >= 1
 
 
 @pytest.mark.timeout(30)
@@ -88,10 +105,9 @@ def test_hub_connection_refused_fails_fast(monkeypatch: pytest.MonkeyPatch, tmp_
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
-    start = time.monotonic()
-    with pytest.raises(OfflineError, match="SmolLM2"):
+    with pytest.raises(OfflineError, match="SmolLM2") as e:
         resolve_model_files("HuggingFaceTB/SmolLM2-135M-Instruct@main")
-    assert time.monotonic() - start < 10
+    assert "connect" in str(e.value).lower() or "refused" in str(e.value).lower()
 
 
 class _NotFoundHandler(BaseHTTPRequestHandler):

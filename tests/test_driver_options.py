@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
+from shared_data import SHARED_MODELS, require_shared
 
 import poot
 from poot import errors
 from poot.driver_options import DriverOptions, kv_block_bytes
 
-STORIES = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "stories260K"
+STORIES = SHARED_MODELS / "stories260K"
 
 
 @dataclass(frozen=True)
@@ -92,8 +92,7 @@ def test_fit_errors() -> None:
 
 def test_llm_accepts_options_and_logs(caplog: pytest.LogCaptureFixture) -> None:
     path = STORIES / "stories260K-f32.gguf"
-    if not path.exists():
-        pytest.skip("stories260K not available")
+    require_shared(path, "stories260K")
     opts = DriverOptions(max_num_seqs=3, max_step_tokens=32, block_size=8, num_blocks=40)
     with caplog.at_level(logging.INFO, logger="poot"):
         llm = poot.LLM(str(path), driver=opts, max_model_len=64, max_num_seqs=2)
@@ -114,8 +113,7 @@ def test_llm_accepts_options_and_logs(caplog: pytest.LogCaptureFixture) -> None:
 
 def test_llm_default_options() -> None:
     path = STORIES / "stories260K-f32.gguf"
-    if not path.exists():
-        pytest.skip("stories260K not available")
+    require_shared(path, "stories260K")
     llm = poot.LLM(str(path), max_model_len=128)
     assert llm.driver.num_blocks is not None and llm.driver.num_blocks >= 128 // 16
     assert llm.driver.max_num_seqs == 8

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import struct
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +22,9 @@ from poot.errors import CheckpointFormatError, UnsupportedDTypeError
 gguf = pytest.importorskip("gguf")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 from safetensors import safe_open  # noqa: E402
+from shared_data import SHARED_MODELS  # noqa: E402
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "models"
+SHARED = SHARED_MODELS
 GGUF_FILES = sorted(
     p.relative_to(SHARED).as_posix()
     for sub in ("stories260K", "vocab", "quant-slices")
@@ -51,6 +51,12 @@ def _py_type(vt: Any) -> type:
             {t.FLOAT32: float, t.FLOAT64: float, t.BOOL: bool, t.STRING: str, t.ARRAY: list}
         )
     return _SCALAR_TYPES[vt]
+
+
+def test_shared_file_lists_are_not_empty(shared_models: Path) -> None:
+    """The parametrized lists below come from globbing ../shared; an empty glob would make
+    them vanish silently instead of failing."""
+    assert len(GGUF_FILES) >= 7 and len(ST_FILES) >= 2, (GGUF_FILES, ST_FILES)
 
 
 @pytest.mark.parametrize("rel", GGUF_FILES)
@@ -94,14 +100,12 @@ def test_gguf_matches_gguf_py(shared_models: Path, rel: str) -> None:
         assert bytes(raw[t.offset : t.offset + t.nbytes]) == r.data.tobytes(), t.name
 
 
-def test_vocab_metadata_converts_fast(shared_models: Path) -> None:
+def test_vocab_metadata_converts_to_strs(shared_models: Path) -> None:
+    # Its speed is measured in benches/bench_formats.py, not asserted here.
     f = _native.GgufFile(shared_models / "vocab" / "ggml-vocab-gpt-2.gguf")
-    start = time.perf_counter()
     tokens = f.get("tokenizer.ggml.tokens")
-    elapsed = time.perf_counter() - start
     assert isinstance(tokens, list) and len(tokens) > 50_000
-    assert all(type(t) is str for t in tokens[:100])
-    assert elapsed < 1.0, f"{len(tokens)} strings took {elapsed:.3f}s"
+    assert all(type(t) is str for t in tokens)
 
 
 @pytest.mark.parametrize("rel", ST_FILES)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -21,13 +20,27 @@ def test_lease_and_return() -> None:
     assert snap["device"]["peak"] == 50
 
 
+class _ObservedCondition(threading.Condition):
+    """The ledger's condition, telling the test when a lease starts waiting on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits = 0
+        self.waiting = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits += 1
+        self.waiting.set()
+        return super().wait(timeout)
+
+
 def test_zero_budget_fails_closed_at_once() -> None:
     ledger = CapacityLedger(host=None, device=0, disk=0)
+    ledger._cond = cond = _ObservedCondition()
     for pool in ("device", "disk"):
-        t0 = time.monotonic()
         with pytest.raises(CapacityError) as e:
             ledger.lease(**{pool: 1}, wait_s=5.0)
-        assert time.monotonic() - t0 < 1.0
+        assert cond.waits == 0  # refused before any wait, whatever wait_s allows
         assert (e.value.pool, e.value.requested, e.value.available, e.value.limit) == (
             pool,
             1,
@@ -48,10 +61,12 @@ def test_over_budget_fails_with_the_numbers() -> None:
 
 def test_a_lease_waits_bounded_then_fails() -> None:
     ledger = CapacityLedger(host=100, device=None, disk=None)
+    ledger._cond = cond = _ObservedCondition()
     held = ledger.lease(host=80)
     with pytest.raises(CapacityError) as e:
         ledger.lease(host=30, wait_s=0.05)
-    assert e.value.available == 20
+    assert e.value.available == 20 and "after waiting 0.05 s" in str(e.value)
+    cond.waiting.clear()
     got: list[object] = []
 
     def waiter() -> None:
@@ -59,7 +74,7 @@ def test_a_lease_waits_bounded_then_fails() -> None:
 
     t = threading.Thread(target=waiter)
     t.start()
-    time.sleep(0.05)
+    assert cond.waiting.wait(5)  # the waiter is blocked on the ledger, not yet served
     held.release()
     held.release()  # a second release is a no-op
     t.join(5)

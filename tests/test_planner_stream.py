@@ -46,7 +46,9 @@ def _returned(c: CompiledModel) -> bool:
 def test_stories_streams_with_resident_ids(stories_q8: Path, tmp_path: Path) -> None:
     want = _greedy(poot.LLM(stories_q8), 24)
     size = stories_q8.stat().st_size
-    cfg = CompileConfig(device_budget_bytes=_kv(stories_q8) + size // 2, spill_dir=tmp_path)
+    cfg = CompileConfig(
+        allow_gpu=False, device_budget_bytes=_kv(stories_q8) + size // 2, spill_dir=tmp_path
+    )
     llm = poot.LLM(stories_q8, config=cfg)
     c = llm.compiled
     assert c is not None and c.streams and not c.direct
@@ -64,7 +66,8 @@ def test_default_model_streams_with_resident_ids(default_model_path: Path, tmp_p
     want = _greedy(poot.LLM(default_model_path), 8)
     budget = _kv(default_model_path) + default_model_path.stat().st_size * 7 // 10
     llm = poot.LLM(
-        default_model_path, config=CompileConfig(device_budget_bytes=budget, spill_dir=tmp_path)
+        default_model_path,
+        config=CompileConfig(allow_gpu=False, device_budget_bytes=budget, spill_dir=tmp_path),
     )
     assert llm.compiled is not None and llm.compiled.streams
     assert _greedy(llm, 8) == want
@@ -72,7 +75,7 @@ def test_default_model_streams_with_resident_ids(default_model_path: Path, tmp_p
 
 
 def test_resident_plan_takes_the_direct_path(stories_q8: Path) -> None:
-    llm = poot.LLM(stories_q8, config=CompileConfig())
+    llm = poot.LLM(stories_q8, config=CompileConfig(allow_gpu=False))
     assert llm.compiled is not None and llm.compiled.direct
     # On the CPU the direct path prepares the weights at load too, not in the first request.
     prepared = llm.runtime.memory()["weight_bytes"]
@@ -98,12 +101,15 @@ def test_tmpfs_spill_dir_is_refused(stories_q8: Path) -> None:
     # poot.compile alone plans the workload's KV pool (an LLM passes its own, bigger one).
     kv = kv_bytes(stories_q8)
     try:
-        cfg = CompileConfig(device_budget_bytes=kv + 120_000, spill_dir=spill)
+        cfg = CompileConfig(allow_gpu=False, device_budget_bytes=kv + 120_000, spill_dir=spill)
         with pytest.raises(SpillDirError) as e:
             poot.compile(stories_q8, cfg)
         assert e.value.fs_type == 0x01021994 and str(spill) in str(e.value)
         ok = CompileConfig(
-            device_budget_bytes=kv + 120_000, spill_dir=spill, allow_tmpfs_spill=True
+            allow_gpu=False,
+            device_budget_bytes=kv + 120_000,
+            spill_dir=spill,
+            allow_tmpfs_spill=True,
         )
         assert poot.compile(stories_q8, ok).streams
     finally:
@@ -112,7 +118,10 @@ def test_tmpfs_spill_dir_is_refused(stories_q8: Path) -> None:
 
 def test_a_stalled_load_raises_stalled_naming_the_chunk(stories_q8: Path, tmp_path: Path) -> None:
     cfg = CompileConfig(
-        device_budget_bytes=_kv(stories_q8) + 120_000, spill_dir=tmp_path, stall_timeout_s=0.3
+        allow_gpu=False,
+        device_budget_bytes=_kv(stories_q8) + 120_000,
+        spill_dir=tmp_path,
+        stall_timeout_s=0.3,
     )
     llm = poot.LLM(stories_q8, config=cfg)
     gate = threading.Event()
@@ -136,7 +145,9 @@ def test_a_stalled_load_raises_stalled_naming_the_chunk(stories_q8: Path, tmp_pa
 
 
 def test_cancel_stops_only_its_own_forward(stories_q8: Path, tmp_path: Path) -> None:
-    cfg = CompileConfig(device_budget_bytes=_kv(stories_q8) + 120_000, spill_dir=tmp_path)
+    cfg = CompileConfig(
+        allow_gpu=False, device_budget_bytes=_kv(stories_q8) + 120_000, spill_dir=tmp_path
+    )
     llm = poot.LLM(stories_q8, config=cfg)
     c = llm.compiled
     assert c is not None
@@ -168,7 +179,9 @@ def test_async_engine_over_a_streamed_model(stories_q8: Path, tmp_path: Path) ->
     resident = poot.LLM(stories_q8)
     want = [resident.generate([p], params)[0].outputs[0].token_ids for p in prompts]
     cfg = CompileConfig(
-        device_budget_bytes=_kv(stories_q8) + stories_q8.stat().st_size // 2, spill_dir=tmp_path
+        allow_gpu=False,
+        device_budget_bytes=_kv(stories_q8) + stories_q8.stat().st_size // 2,
+        spill_dir=tmp_path,
     )
     llm = poot.LLM(stories_q8, config=cfg)
     assert llm.compiled is not None and llm.compiled.streams
@@ -192,7 +205,9 @@ def test_streamed_logprobs_and_logits_match_resident(stories_q8: Path, tmp_path:
     params = poot.SamplingParams(max_tokens=6, temperature=0.0, logprobs=3)
     resident = poot.LLM(stories_q8)
     cfg = CompileConfig(
-        device_budget_bytes=_kv(stories_q8) + stories_q8.stat().st_size // 2, spill_dir=tmp_path
+        allow_gpu=False,
+        device_budget_bytes=_kv(stories_q8) + stories_q8.stat().st_size // 2,
+        spill_dir=tmp_path,
     )
     streamed = poot.LLM(stories_q8, config=cfg)
     a = resident.generate([PROMPT], params)[0].outputs[0]
@@ -205,6 +220,7 @@ def test_streamed_logprobs_and_logits_match_resident(stories_q8: Path, tmp_path:
 def test_streams_from_disk_when_the_host_budget_is_short(stories_q8: Path, tmp_path: Path) -> None:
     size = stories_q8.stat().st_size
     cfg = CompileConfig(
+        allow_gpu=False,
         device_budget_bytes=_kv(stories_q8) + size // 2,
         host_budget_bytes=_kv(stories_q8) + size * 6 // 10,
         spill_dir=tmp_path,

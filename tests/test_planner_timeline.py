@@ -21,7 +21,9 @@ def streamed(stories: Path, tmp_path_factory: pytest.TempPathFactory) -> poot.LL
     from planner_fixtures import llm_kv_bytes
 
     budget = llm_kv_bytes(gguf) + gguf.stat().st_size // 2  # the KV pool, then half the weights
-    llm = poot.LLM(gguf, config=CompileConfig(device_budget_bytes=budget, spill_dir=spill))
+    llm = poot.LLM(
+        gguf, config=CompileConfig(allow_gpu=False, device_budget_bytes=budget, spill_dir=spill)
+    )
     llm.generate(["Once"], poot.SamplingParams(max_tokens=3, temperature=0.0))
     return llm
 
@@ -45,7 +47,7 @@ def test_page_is_self_contained(streamed: poot.LLM, tmp_path: Path, measured: bo
 
 
 def test_measured_needs_a_run(stories: Path, tmp_path: Path) -> None:
-    compiled = poot.compile(stories / "stories260K-Q8_0.gguf")
+    compiled = poot.compile(stories / "stories260K-Q8_0.gguf", CompileConfig(allow_gpu=False))
     with pytest.raises(ValueError, match="no measured step"):
         compiled.visualize(tmp_path / "x.html", measured=True)
 

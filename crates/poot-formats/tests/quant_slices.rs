@@ -7,7 +7,10 @@
 //! F16/Q8_0/Q4_0 files and bounds the distance to the f32 original by what the format can
 //! represent, so a layout slip anywhere in a whole file shows up.
 //!
-//! Both skip, saying why, where `../shared/models` is absent.
+//! Both skip, recording why, where `../shared/models` is absent, and fail there under
+//! `POOT_REQUIRE_SHARED=1` (see `common`).
+
+mod common;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -17,16 +20,7 @@ use poot_core::DType;
 use poot_formats::{GgufFile, SafetensorsFile, TensorInfo};
 
 fn models_dir() -> Option<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models");
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        eprintln!(
-            "skipping: {} not found (the shared real-model folder)",
-            dir.display()
-        );
-        None
-    }
+    common::shared_models()
 }
 
 fn le_f32s(bytes: &[u8]) -> Vec<f32> {

@@ -386,7 +386,8 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn silu_rows_in_registers_give_the_scalar_bits() {
-        if !(crate::CpuFeatures::get().avx2 && crate::CpuFeatures::get().fma) {
+        let f = crate::CpuFeatures::get();
+        if !crate::testutil::isa_runs("avx2", f.avx2 && f.fma) {
             return;
         }
         // Rows of 21 (two groups of 8 and a libm tail); values across expf's range, past its
@@ -407,7 +408,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn hsum8v_is_hsum8() {
-        if !crate::CpuFeatures::get().avx {
+        if !crate::testutil::isa_runs("avx2", crate::CpuFeatures::get().avx) {
             return;
         }
         let mut rng = crate::testutil::Rng::new(5);
@@ -422,7 +423,8 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn expf8_is_expf_lane_by_lane() {
-        if !(crate::CpuFeatures::get().avx2 && crate::CpuFeatures::get().fma) {
+        let f = crate::CpuFeatures::get();
+        if !crate::testutil::isa_runs("avx2", f.avx2 && f.fma) {
             return;
         }
         let mut x = -110.0f32;

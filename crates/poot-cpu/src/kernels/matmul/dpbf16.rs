@@ -470,8 +470,7 @@ mod tests {
 
     #[test]
     fn vector_rounding_matches_round_bf16() {
-        if !available() {
-            println!("no AVX512-BF16 on this CPU: nothing to run");
+        if !crate::testutil::isa_runs("bf16", available()) {
             return;
         }
         let mut v: Vec<f32> = vec![
@@ -517,8 +516,7 @@ mod tests {
     /// partial quads and blocks, and independent of the thread count.
     #[test]
     fn within_bound_and_thread_independent() {
-        if !available() {
-            println!("no AVX512-BF16 on this CPU: nothing to run");
+        if !crate::testutil::isa_runs("bf16", available()) {
             return;
         }
         for (n, k) in [(7, 45), (9, 64), (70, 1024), (134, 2080)] {

@@ -25,8 +25,7 @@ fn available_where_the_cpu_and_linux_have_tiles() {
 
 #[test]
 fn bit_identical_to_the_block_order_on_every_thread() {
-    if !available() {
-        println!("no AMX on this CPU: nothing to run");
+    if !crate::testutil::isa_runs("amx", available()) {
         return;
     }
     let mut rng = Rng::new(5);
@@ -66,8 +65,7 @@ fn bit_identical_to_the_block_order_on_every_thread() {
 
 #[test]
 fn a_configuration_the_thread_had_survives_a_call() {
-    if !available() {
-        println!("no AMX on this CPU: nothing to run");
+    if !crate::testutil::isa_runs("amx", available()) {
         return;
     }
     // Another library's tiles on the calling thread (which runs tasks too): tmm7 as 2 x 8.

@@ -341,8 +341,7 @@ mod tests {
 
     #[test]
     fn two_groups_give_each_groups_bits_on_every_kind() {
-        if !has_vnni512() {
-            println!("no AVX-512 VNNI on this CPU: nothing to run");
+        if !crate::testutil::isa_runs("vnni", has_vnni512()) {
             return;
         }
         let mut rng = Rng::new(31);
@@ -403,8 +402,7 @@ mod tests {
 
     #[test]
     fn two_groups_in_block_order_give_each_groups_bits() {
-        if !has_vnni512() {
-            println!("no AVX-512 VNNI on this CPU: nothing to run");
+        if !crate::testutil::isa_runs("vnni", has_vnni512()) {
             return;
         }
         let mut rng = Rng::new(37);

@@ -180,8 +180,7 @@ mod tests {
 
     #[test]
     fn two_groups_give_each_groups_bits() {
-        if !available() {
-            println!("no AVX-512 BW on this CPU: nothing to run");
+        if !crate::testutil::isa_runs("avx512", available()) {
             return;
         }
         let mut rng = Rng::new(43);
