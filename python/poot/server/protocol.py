@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "ChatCompletionRequest",
     "ChatMessage",
+    "ToolCall",
     "CompletionRequest",
     "ResponseFormat",
     "StreamOptions",
@@ -96,11 +97,26 @@ class TextPart(_Model):
     text: str
 
 
+class FunctionCall(_Model):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Model):
+    """A call an assistant message made (the history of a tool-using conversation)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Model):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    refusal: str | None = None  # accepted on assistant messages (clients echo it back)
 
     def text(self) -> str:
         if self.content is None:
@@ -117,6 +133,7 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    tools: list[dict[str, Any]] | None = None
+    # Checked field by field in ``poot.server.tools`` (a 400 names e.g. tools[0].function.name).
+    tools: list[Any] | None = Field(default=None, max_length=128)
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None  # accepted; tools are refused below
+    parallel_tool_calls: bool | None = None

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from poot.server.generation import Event
 from poot.server.params import Job
+from poot.server.tool_parsers import ParsedCall, ToolStream
 from poot.tokenizer import Tokenizer
 
 __all__ = ["Builder", "sse"]
@@ -36,6 +37,8 @@ class _Choice:
     logprobs: list[tuple[int, dict[int, Any]]] = field(default_factory=list)
     offset: int = 0  # characters emitted so far (completions' text_offset)
     started: bool = False  # chat: the role chunk was sent
+    tools: ToolStream | None = None  # chat with tools: the reply's parser while streaming
+    calls: int = 0  # tool calls streamed so far
 
 
 class Builder:
@@ -51,6 +54,15 @@ class Builder:
         self.tokenizer = tokenizer
         self.created = int(time.time())
         self.choices = [_Choice() for _ in job.choices]
+        # A marker that is a special token is not in the decoded text: it is put back where
+        # its token appears, so the parser sees it.
+        self.marker_id: int | None = None
+        if job.tools is not None:
+            for c in self.choices:
+                c.tools = ToolStream(job.tools.fmt)
+            tid = tokenizer.token_to_id(job.tools.fmt.marker)
+            if tid is not None and tokenizer.is_special(tid):
+                self.marker_id = tid
         if job.echo:
             for i, (p, _) in enumerate(job.choices):
                 self.choices[i].text.append(job.prompt_texts[p] or "")
@@ -125,9 +137,15 @@ class Builder:
 
     # ---- whole responses ----------------------------------------------------------------------
 
+    def _text(self, ev: Event) -> str:
+        if self.marker_id is not None and self.marker_id in ev.token_ids:
+            assert self.job.tools is not None
+            return self.job.tools.fmt.marker + ev.text
+        return ev.text
+
     def add(self, ev: Event) -> None:
         c = self.choices[ev.index]
-        c.text.append(ev.text)
+        c.text.append(self._text(ev))
         c.tokens += len(ev.token_ids)
         c.logprobs += self._pairs(ev)
         if ev.finish_reason is not None:
@@ -139,13 +157,19 @@ class Builder:
             text = "".join(c.text)
             lps = self._logprobs(c, c.logprobs)
             if self.route == "chat":
+                message: dict[str, Any] = {"role": "assistant", "content": text}
+                finish = c.finish_reason
+                if self.job.tools is not None:
+                    content, calls = self.job.tools.fmt.parse(text)
+                    if calls:
+                        message = {
+                            "role": "assistant",
+                            "content": content,
+                            "tool_calls": [call.openai() for call in calls],
+                        }
+                        finish = "tool_calls" if finish == "stop" else finish
                 choices.append(
-                    {
-                        "index": i,
-                        "message": {"role": "assistant", "content": text},
-                        "logprobs": lps,
-                        "finish_reason": c.finish_reason,
-                    }
+                    {"index": i, "message": message, "logprobs": lps, "finish_reason": finish}
                 )
             else:
                 choices.append(
@@ -187,6 +211,8 @@ class Builder:
                 c.started = True
                 first = {"role": "assistant", "content": ""}
                 out.append(sse(self._chunk([self._chat_choice(ev.index, first, None, None)])))
+            if c.tools is not None:
+                return out + self._tool_chunks(ev, c, lps)
             delta = {"content": ev.text} if ev.text or ev.finish_reason is None else {}
             out.append(
                 sse(self._chunk([self._chat_choice(ev.index, delta, lps, ev.finish_reason)]))
@@ -210,6 +236,43 @@ class Builder:
                     )
                 )
             )
+        return out
+
+    def _tool_chunks(self, ev: Event, c: _Choice, lps: Any) -> list[bytes]:
+        """Chunks of a reply parsed for tool calls: content deltas, then each call as a delta
+        with its id and name and one with its arguments (OpenAI's streamed shape)."""
+        assert c.tools is not None
+        parts = c.tools.feed(self._text(ev))
+        if ev.finish_reason is not None:
+            parts += c.tools.finish()
+        out = []
+        for part in parts:
+            if isinstance(part, ParsedCall):
+                head = {
+                    "index": c.calls,
+                    "id": part.id,
+                    "type": "function",
+                    "function": {"name": part.name, "arguments": ""},
+                }
+                args = {"index": c.calls, "function": {"arguments": part.arguments}}
+                c.calls += 1
+                for call in (head, args):
+                    out.append(
+                        sse(
+                            self._chunk(
+                                [self._chat_choice(ev.index, {"tool_calls": [call]}, None, None)]
+                            )
+                        )
+                    )
+            elif part:
+                out.append(
+                    sse(self._chunk([self._chat_choice(ev.index, {"content": part}, None, None)]))
+                )
+        if lps is not None:
+            out.append(sse(self._chunk([self._chat_choice(ev.index, {}, lps, None)])))
+        if ev.finish_reason is not None:
+            finish = "tool_calls" if c.calls and ev.finish_reason == "stop" else ev.finish_reason
+            out.append(sse(self._chunk([self._chat_choice(ev.index, {}, None, finish)])))
         return out
 
     @staticmethod
