@@ -211,8 +211,16 @@ def completion_job(req: CompletionRequest, llm: LLM, served: str, max_n: int) ->
         raise _unsupported("suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise _unsupported("best_of", "other than n is not supported by this server")
+    drop = req.max_tokens == 0
+    if drop and not req.echo:
+        raise APIError(
+            400, "max_tokens 0 needs echo=true", param="max_tokens", code="invalid_value"
+        )
+    if drop and req.stream:
+        raise _unsupported("max_tokens", "0 is not supported with stream=true")
+    prompt_lps = req.prompt_logprobs
     if req.echo and req.logprobs is not None:
-        raise _unsupported("echo", "together with logprobs is not supported by this server")
+        prompt_lps = max(req.logprobs, prompt_lps or 0)
     raw = req.prompt
     items: list[str | list[int]]
     if isinstance(raw, str):
@@ -245,10 +253,13 @@ def completion_job(req: CompletionRequest, llm: LLM, served: str, max_n: int) ->
     extra = _options(req, vocab)
     if req.logprobs is not None:
         extra["logprobs"] = req.logprobs
+    if prompt_lps is not None:
+        extra["prompt_logprobs"] = prompt_lps
     choices: list[tuple[int, SamplingParams]] = []
+    requested = 1 if drop else req.max_tokens
     for p, ids in enumerate(prompts):
         limit = llm.max_model_len
-        mt = _max_tokens(req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, len(ids), limit, "prompt")
+        mt = _max_tokens(requested, COMPLETIONS_DEFAULT_MAX_TOKENS, len(ids), limit, "prompt")
         choices += [(p, sp) for sp in _params(req, mt, req.n, extra)]
     return Job(
         prompts,
@@ -257,6 +268,8 @@ def completion_job(req: CompletionRequest, llm: LLM, served: str, max_n: int) ->
         logprobs=req.logprobs,
         echo=req.echo,
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        prompt_logprobs=prompt_lps,
+        drop_output=drop,
     )
 
 

@@ -18,6 +18,8 @@ __all__ = [
     "ChatMessage",
     "ToolCall",
     "CompletionRequest",
+    "DetokenizeRequest",
+    "TokenizeRequest",
     "ResponseFormat",
     "StreamOptions",
 ]
@@ -86,8 +88,13 @@ class CompletionRequest(_SamplingRequest):
         | Annotated[list[str], Field(min_length=1)]
         | Annotated[list[Annotated[list[int], Field(min_length=1)]], Field(min_length=1)]
     )
+    # 0 with ``echo``: score the prompt only (lm-evaluation-harness's loglikelihood shape).
+    max_tokens: int | None = Field(default=None, ge=0)
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
+    # vLLM's extension: each prompt token's logprob and this many alternatives, as
+    # ``choices[i].prompt_logprobs``.
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     best_of: int | None = Field(default=None, ge=1)
     suffix: str | None = None
 
@@ -137,3 +144,22 @@ class ChatCompletionRequest(_SamplingRequest):
     tools: list[Any] | None = Field(default=None, max_length=128)
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+
+
+class TokenizeRequest(_Model):
+    """``POST /tokenize`` (vLLM's shape): a ``prompt``, or chat ``messages`` rendered with
+    the model's template first."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Model):
+    """``POST /detokenize`` (vLLM's shape)."""
+
+    model: str | None = None
+    tokens: list[int]

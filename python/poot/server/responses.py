@@ -39,6 +39,8 @@ class _Choice:
     started: bool = False  # chat: the role chunk was sent
     tools: ToolStream | None = None  # chat with tools: the reply's parser while streaming
     calls: int = 0  # tool calls streamed so far
+    prompt_lps: list[dict[int, Any] | None] | None = None  # the prompt's, once they came
+    prompt_sent: bool = False  # completions: the prompt's logprobs went out (echo)
 
 
 class Builder:
@@ -90,9 +92,60 @@ class Builder:
         ranked = sorted(d.items(), key=lambda kv: kv[1].rank)
         return [(tid, lp) for tid, lp in ranked if lp.rank <= n][:n]
 
+    def _prompt_part(self, index: int, choice: _Choice) -> dict[str, list[Any]]:
+        """The prompt's tokens in the legacy logprobs lists (the first has no logprob)."""
+        prompt = self.job.prompts[self.job.choices[index][0]]
+        entries = choice.prompt_lps or [None] * len(prompt)
+        n = self.job.logprobs or 0
+        part: dict[str, list[Any]] = {
+            "tokens": [],
+            "token_logprobs": [],
+            "top_logprobs": [],
+            "text_offset": [],
+        }
+        for tid, entry in zip(prompt, entries, strict=True):
+            chosen = None if entry is None else entry.get(tid)
+            tok = self._token_text(tid, chosen)
+            part["tokens"].append(tok)
+            part["token_logprobs"].append(None if chosen is None else chosen.logprob)
+            tops = None
+            if entry is not None:
+                ranked = sorted(entry.items(), key=lambda kv: kv[1].rank or 1 << 30)
+                tops = {
+                    self._token_text(a, lp): lp.logprob
+                    for a, lp in ranked
+                    if lp.rank is not None and lp.rank <= n
+                }
+                if not tops and chosen is not None:
+                    tops = {tok: chosen.logprob}
+            part["top_logprobs"].append(tops)
+            part["text_offset"].append(choice.offset)
+            choice.offset += len(tok)
+        return part
+
+    def _vllm_prompt_logprobs(self, index: int, choice: _Choice) -> list[Any] | None:
+        """vLLM's ``prompt_logprobs``: per prompt token ``{id: {logprob, rank,
+        decoded_token}}`` (None for the first)."""
+        if choice.prompt_lps is None:
+            return None
+        return [
+            None
+            if entry is None
+            else {
+                str(t): {
+                    "logprob": lp.logprob,
+                    "rank": lp.rank,
+                    "decoded_token": self._token_text(t, lp),
+                }
+                for t, lp in entry.items()
+            }
+            for entry in choice.prompt_lps
+        ]
+
     def _logprobs(self, choice: _Choice, pairs: list[tuple[int, dict[int, Any]]]) -> Any:
         if self.job.logprobs is None:
             return None
+        index = self.choices.index(choice)
         if self.route == "chat":
             content = []
             for tid, d in pairs:
@@ -115,6 +168,12 @@ class Builder:
                 )
             return {"content": content, "refusal": None}
         tokens, token_lps, tops, offsets = [], [], [], []
+        with_prompt = self.job.echo and choice.prompt_lps is not None and not choice.prompt_sent
+        if with_prompt:
+            choice.prompt_sent = True
+            part = self._prompt_part(index, choice)
+            tokens, token_lps = part["tokens"], part["token_logprobs"]
+            tops, offsets = part["top_logprobs"], part["text_offset"]
         for tid, d in pairs:
             chosen = d.get(tid)
             tok = self._token_text(tid, chosen)
@@ -145,6 +204,12 @@ class Builder:
 
     def add(self, ev: Event) -> None:
         c = self.choices[ev.index]
+        if ev.prompt_logprobs is not None:
+            c.prompt_lps = ev.prompt_logprobs
+        if self.job.drop_output:  # max_tokens 0: the one sampled token is not returned
+            if ev.finish_reason is not None:
+                c.finish_reason = "length" if ev.finish_reason != "error" else "error"
+            return
         c.text.append(self._text(ev))
         c.tokens += len(ev.token_ids)
         c.logprobs += self._pairs(ev)
@@ -172,9 +237,15 @@ class Builder:
                     {"index": i, "message": message, "logprobs": lps, "finish_reason": finish}
                 )
             else:
-                choices.append(
-                    {"index": i, "text": text, "logprobs": lps, "finish_reason": c.finish_reason}
-                )
+                choice = {
+                    "index": i,
+                    "text": text,
+                    "logprobs": lps,
+                    "finish_reason": c.finish_reason,
+                }
+                if self.job.prompt_logprobs is not None:
+                    choice["prompt_logprobs"] = self._vllm_prompt_logprobs(i, c)
+                choices.append(choice)
         obj = "chat.completion" if self.route == "chat" else "text_completion"
         return {
             "id": self.id,
@@ -204,6 +275,8 @@ class Builder:
         """The SSE chunks for one event (chat sends the assistant role first)."""
         c = self.choices[ev.index]
         c.tokens += len(ev.token_ids)
+        if ev.prompt_logprobs is not None:
+            c.prompt_lps = ev.prompt_logprobs
         lps = self._logprobs(c, self._pairs(ev)) if ev.token_ids else None
         out = []
         if self.route == "chat":

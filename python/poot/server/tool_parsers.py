@@ -116,9 +116,10 @@ class ToolFormat:
             except json.JSONDecodeError:
                 return None
             items = obj if isinstance(obj, list) else [obj]
-            calls = [_call_from(o, keys) for o in items]
-            return None if not calls or any(c is None for c in calls) else calls  # type: ignore[return-value]
-        calls = []
+            found = [_call_from(o, keys) for o in items]
+            ok = [c for c in found if c is not None]
+            return ok if ok and len(ok) == len(found) else None
+        calls: list[ParsedCall] = []
         for piece in _split_top_level(block, ";"):
             try:
                 call = _call_from(json.loads(piece), keys)

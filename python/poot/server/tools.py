@@ -213,7 +213,7 @@ def render_messages(
         role = "system" if m.role == "developer" else m.role
         msg: dict[str, Any] = {"role": role, "content": m.text()}
         if m.tool_calls:
-            calls = [
+            calls: list[dict[str, Any]] = [
                 {
                     "id": c.id,
                     "type": "function",
