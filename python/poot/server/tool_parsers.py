@@ -33,6 +33,8 @@ __all__ = ["FORMATS", "ParsedCall", "ToolFormat", "ToolStream", "format_for_temp
 
 Family = Literal["hermes", "llama3", "mistral"]
 
+_COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
 
 @dataclass(frozen=True)
 class ParsedCall:
@@ -146,7 +148,10 @@ class ToolFormat:
             }
             for f in functions
         ]
-        return options[0] if len(options) == 1 else {"anyOf": options}
+        schema = options[0] if len(options) == 1 else {"anyOf": options}
+        # One line with ", " and ": " (as ``poot.guidance`` does for json_schema): free
+        # whitespace lets a small model write newlines until max_tokens runs out.
+        return {**schema, "x-guidance": _COMPACT}
 
     def grammar(
         self,
@@ -178,7 +183,8 @@ class ToolFormat:
             ]
             head = marker
         elif self.family == "mistral":
-            array = {"type": "array", "items": json.loads(schema), "minItems": 1}
+            item = {k: v for k, v in json.loads(schema).items() if k != "x-guidance"}
+            array = {"type": "array", "items": item, "minItems": 1, "x-guidance": _COMPACT}
             if not parallel:
                 array["maxItems"] = 1
             lines = [f'calls: " "? %json {json.dumps(array, separators=(",", ":"))}']
