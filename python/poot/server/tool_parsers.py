@@ -29,7 +29,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["FORMATS", "ParsedCall", "ToolFormat", "ToolStream", "format_for_template"]
+__all__ = ["FORMATS", "ParsedCall", "ToolFormat", "ToolStream", "closed", "format_for_template"]
 
 Family = Literal["hermes", "llama3", "mistral"]
 
@@ -68,6 +68,24 @@ def _call_from(obj: Any, args_keys: tuple[str, ...]) -> ParsedCall | None:
                 return None
             return ParsedCall(obj["name"], json.dumps(args, ensure_ascii=False))
     return ParsedCall(obj["name"], "{}")
+
+
+def closed(schema: Any) -> Any:
+    """``schema`` with ``additionalProperties: false`` on every object schema that lists
+    ``properties`` and does not say otherwise (xgrammar's strict mode, as vLLM serves tool
+    arguments): a small model would otherwise invent properties until max_tokens."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: closed(v) if k != "properties" else v for k, v in schema.items()}
+    if isinstance(schema.get("properties"), dict):
+        out["properties"] = {k: closed(v) for k, v in schema["properties"].items()}
+        out.setdefault("additionalProperties", False)
+    for key in ("$defs", "definitions", "patternProperties", "dependentSchemas"):
+        if isinstance(schema.get(key), dict):
+            out[key] = {k: closed(v) for k, v in schema[key].items()}
+    return out
 
 
 def _lark_str(s: str) -> str:
@@ -141,7 +159,7 @@ class ToolFormat:
                 "type": "object",
                 "properties": {
                     "name": {"const": f["name"]},
-                    self.args_key: f.get("parameters") or {"type": "object"},
+                    self.args_key: closed(f.get("parameters") or {"type": "object"}),
                 },
                 "required": ["name", self.args_key],
                 "additionalProperties": False,
