@@ -58,6 +58,8 @@ class StreamOutput:
         logprobs: with ``SamplingParams.logprobs`` set, one dict per id in ``token_ids`` (the
             chosen id and the top alternatives); else None.
         stop_reason: on the last output, the stop id or string that ended it, if any.
+        prompt_logprobs: with ``SamplingParams.prompt_logprobs`` set, on the first output:
+            one entry per prompt token (``RequestOutput.prompt_logprobs``); else None.
     """
 
     request_id: str
@@ -66,6 +68,7 @@ class StreamOutput:
     finish_reason: FinishReason | None = None
     logprobs: list[dict[int, Logprob]] | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -229,8 +232,10 @@ class AsyncEngine:
             stream.emitted = len(req.out)
             finish: FinishReason | None = req.finish_reason  # type: ignore[assignment]
             stop = req.stop_reason if finish is not None else None
+            # The prompt is whole by the first token: its logprobs go with the first output.
+            prompt_lps = req.prompt_logprobs if stream.emitted == len(tokens) else None
             stream.queue.put_nowait(
-                StreamOutput(stream.request_id, text, tokens, finish, lps, stop)
+                StreamOutput(stream.request_id, text, tokens, finish, lps, stop, prompt_lps)
             )
             if finish is not None:
                 stream.done = True

@@ -20,6 +20,13 @@ Invariants:
       blocks at once, and a step left in flight by an error is closed by ``settle``.
     - The core is not thread-safe: one caller steps it at a time (``AsyncEngine`` adds and
       aborts only between steps).
+    - Prompt logprobs (``SamplingParams.prompt_logprobs``) come from the request's own
+      prefill: a step holding such a prefill chunk runs as an ``all_logits`` step, and each
+      prompt position's entry is ``log_softmax`` (on the host, float32) of that token's
+      logits, so it equals ``log_softmax(LLM.logits(prompt[:i]))`` bit for bit where the
+      runtime's numerics are batch-invariant (the CPU's). Positions the prefix cache skipped
+      are computed before the step by an ``all_logits`` pass over the cached blocks (it
+      rewrites their identical KV); a recompute after preemption does not overwrite them.
 """
 
 from __future__ import annotations
@@ -31,10 +38,18 @@ from poot import _native
 from poot.guidance import Guide
 from poot.outputs import Logprob
 from poot.request import Request, sampling_rows
-from poot.runner import SchedulerOutput, StepResult, StepRunner
+from poot.runner import SchedulerOutput, StepResult, StepRunner, next_pow2
 from poot.tokenizer import Tokenizer
 
-__all__ = ["EngineCore"]
+__all__ = ["EngineCore", "log_softmax"]
+
+
+def log_softmax(logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """``logits - logsumexp(logits)`` in float32 (the host's one formula for prompt
+    logprobs; tests apply it to ``LLM.logits`` to compare bit for bit)."""
+    x = np.asarray(logits, np.float32)
+    m = np.max(x)
+    return (x - (m + np.log(np.sum(np.exp(x - m), dtype=np.float32)))).astype(np.float32)
 
 
 class EngineCore:
@@ -151,6 +166,8 @@ class EngineCore:
             raise RuntimeError("the scheduler planned an empty step with requests live")
         rows = [self._live[i] for i in ids]
         samples = plan.sample
+        # Rows whose prefill chunk asks for prompt logprobs (before in_prefill moves on).
+        wants = [i for i, r in enumerate(rows) if r.in_prefill and r.prompt_logprobs is not None]
         for r, n, sample in zip(rows, plan.row_tokens, samples, strict=True):
             if r.in_prefill:
                 self.prefill_tokens += n
@@ -166,6 +183,11 @@ class EngineCore:
                     logits = np.asarray(self.runner.run_plan(plan, "logits")[i], np.float32)
             if logits is not None and len(ids) == 1:
                 result = StepResult(np.asarray([int(np.argmax(logits))], np.int32))
+            elif wants:
+                for i in wants:
+                    self._fill_cached_prompt(plan, i, rows[i])
+                result, every = self.runner.run_all_logits(plan, sampling)
+                self._record_prompt_logprobs(plan, rows, wants, every)
             else:
                 result = self.runner.run_sample(plan, sampling)
         except BaseException:
@@ -211,6 +233,75 @@ class EngineCore:
         rank_of = top.index(chosen) + 1 if chosen in top else None
         entry[chosen] = Logprob(lps[0], rank_of, self._token_text(chosen))
         req.add_logprobs(entry, lps[0])
+
+    def _prompt_entry(
+        self, logits: npt.NDArray[np.float32], token: int, n: int
+    ) -> dict[int, Logprob]:
+        lps = log_softmax(logits)
+        chosen = float(lps[token])
+        entry: dict[int, Logprob] = {}
+        if n > 0:
+            top = np.argpartition(-lps, n - 1)[:n]
+            top = top[np.lexsort((top, -lps[top]))]  # by logprob, ties by id
+            for rank, t in enumerate(top.tolist(), start=1):
+                entry[t] = Logprob(float(lps[t]), rank, self._token_text(t))
+        rank_of = int(np.count_nonzero(lps > lps[token])) + 1
+        entry[token] = Logprob(chosen, rank_of, self._token_text(token))
+        return entry
+
+    def _record_prompt_logprobs(
+        self,
+        plan: SchedulerOutput,
+        rows: list[Request],
+        wants: list[int],
+        every: npt.NDArray[np.float32],
+    ) -> None:
+        """Each wanted row's prompt entries from its tokens' logits (token j's logits give
+        the logprob of the token after it)."""
+        positions, seq = plan.inputs["positions"], plan.inputs["token_seq"]
+        want = set(wants)
+        for j in range(plan.num_tokens):
+            row = int(seq[j])
+            if row not in want:
+                continue
+            req = rows[row]
+            assert req.prompt_logprobs is not None
+            p = int(positions[j]) + 1
+            if p < len(req.prompt_ids) and req.prompt_logprobs[p] is None:
+                n = req.params.prompt_logprobs or 0
+                req.prompt_logprobs[p] = self._prompt_entry(every[j], req.prompt_ids[p], n)
+
+    def _fill_cached_prompt(self, plan: SchedulerOutput, row: int, req: Request) -> None:
+        """Entries for prompt positions the prefix cache skipped: an ``all_logits`` pass over
+        them (one sequence, the row's block table; it rewrites their identical KV)."""
+        assert req.prompt_logprobs is not None
+        positions, seq = plan.inputs["positions"], plan.inputs["token_seq"]
+        first = min(int(positions[j]) for j in range(plan.num_tokens) if int(seq[j]) == row)
+        if first == 0 or all(e is not None for e in req.prompt_logprobs[1 : first + 1]):
+            return
+        table = np.asarray(plan.inputs["block_tables"][row], np.int32)
+        bs = self.scheduler.block_size
+        step = self.runner.max_step_tokens
+        for a in range(0, first, step):
+            b = min(a + step, first)
+            k, t = b - a, next_pow2(b - a)
+            pos = np.arange(a, b, dtype=np.int32)
+            inputs = {
+                "ids": np.zeros(t, np.int32),
+                "positions": np.zeros(t, np.int32),
+                "slot_mapping": np.full(t, -1, np.int32),
+                "token_seq": np.zeros(t, np.int32),
+                "block_tables": table.reshape(1, -1),
+                "last_rows": np.asarray([k - 1], np.int32),
+            }
+            inputs["ids"][:k] = req.prompt_ids[a:b]
+            inputs["positions"][:k] = pos
+            inputs["slot_mapping"][:k] = table[pos // bs] * bs + pos % bs
+            sub = SchedulerOutput(
+                [req.request_id], [k], [False], [], k, 0, (t, 1, table.size), inputs
+            )
+            _, every = self.runner.run_all_logits(sub, None)
+            self._record_prompt_logprobs(sub, [req], [0], every)
 
     def _token_text(self, token: int) -> str:
         piece = self.tokenizer.token_piece(token)

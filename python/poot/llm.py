@@ -457,6 +457,7 @@ class LLM:
             prompt_token_ids=list(req.prompt_ids),
             outputs=[completion],
             finished=req.finish_reason is not None,
+            prompt_logprobs=req.prompt_logprobs,
         )
 
     def generate_stream(

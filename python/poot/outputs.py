@@ -66,6 +66,8 @@ class RequestOutput:
         prompt_token_ids: the prompt's token ids.
         outputs: the completions (one for now).
         finished: True when every completion has finished.
+        prompt_logprobs: with ``SamplingParams.prompt_logprobs`` set, one entry per prompt
+            token (None for the first): its ``Logprob`` and the top alternatives; else None.
     """
 
     request_id: str
@@ -73,3 +75,4 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = True
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

@@ -66,6 +66,9 @@ class Request:
     # Text deltas accepted but not yet yielded by the loop that owns the request.
     pending: deque[str] = field(default_factory=deque)
     logprobs: list[dict[int, Logprob]] | None = None
+    # With ``params.prompt_logprobs``: one entry per prompt token (None for the first, and
+    # for positions not computed yet), filled by the engine during the prefill.
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     cumulative_logprob: float | None = None
     request_id: int = -1
     # Whether the request's next row is (part of) a prefill: until its first sample, and again
@@ -83,6 +86,8 @@ class Request:
         if self.params.logprobs is not None:
             self.logprobs = []
             self.cumulative_logprob = 0.0
+        if self.params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None] * len(self.prompt_ids)
 
     @property
     def length(self) -> int:

@@ -15,7 +15,9 @@ Invariants:
       ``artifact_bytes``, evicting LRU or refusing.
     - A ``sample`` step reads back only token ids (and, when a row asks, the logprobs of the
       chosen token and the top 20); full logits cross to the host only from a ``logits``
-      step, which only ``LLM.logits`` runs.
+      step, which only ``LLM.logits`` runs, and from an ``all_logits`` step, which the
+      engine runs only for steps holding a prefill chunk of a request that asked for
+      prompt logprobs.
     - Sampling features shape the plan: the adjust width (rounded up to a power of two, at
       least 16), whether a token mask is taken, whether logprobs are output. A step without
       them runs the plain plan.
@@ -278,6 +280,14 @@ class StepRunner:
         """Runs one ``sample`` step; see ``StepResult``."""
         return self._run(plan, "sample", sampling).result
 
+    def run_all_logits(
+        self, plan: SchedulerOutput, sampling: SamplingRows | None
+    ) -> tuple[StepResult, npt.NDArray[np.float32]]:
+        """Runs one ``all_logits`` step: the ``sample`` step's result, and every token's
+        logits (float32 [plan.num_tokens, vocab], tokens in plan order)."""
+        out = self._run(plan, "all_logits", sampling)
+        return out.result, out.out["all_logits"][: plan.num_tokens]
+
     def _run(
         self, plan: SchedulerOutput, kind: StepKind, sampling: SamplingRows | None
     ) -> _Outputs:
@@ -286,7 +296,7 @@ class StepRunner:
             raise ValueError("a step needs at least one sequence")
         if sampling is None:
             sampling = SamplingRows([0.0] * rows, [0] * rows, [1.0] * rows, [0.0] * rows)
-        sample = kind == "sample"
+        sample = kind != "logits"
         tokens, seqs, max_blocks = plan.dims
         shape = StepShape(
             tokens,
@@ -320,7 +330,14 @@ class StepRunner:
         head_names = {"temperature", "top_k", "top_p", "min_p", "uniform", "adj_ids"}
         head_names |= {"adj_counts", "adj_bias", "repetition", "presence", "frequency"}
         head_inputs = {k: inputs.pop(k) for k in list(inputs) if k in head_names}
-        forward = self.plan(replace(shape, kind="logits", adjust=0, masked=False, logprobs=0))
+        # An all_logits step keeps its kind (and its plain sampling, unused): the forward
+        # brings back every token's logits and the head samples the last rows on the host.
+        every = shape.kind == "all_logits"
+        forward = self.plan(
+            replace(
+                shape, kind="all_logits" if every else "logits", adjust=0, masked=False, logprobs=0
+            )
+        )
         if shape.masked:
             assert sampling.fill_mask is not None
             if self._pool is None:
@@ -331,12 +348,19 @@ class StepRunner:
             except BaseException:
                 future.exception()  # let the forward finish before the step is abandoned
                 raise
-            logits = future.result()["logits"]
+            outs = future.result()
         else:
-            logits = self.runtime.run(forward, inputs, self.timeout_s)["logits"]
+            outs = self.runtime.run(forward, inputs, self.timeout_s)
+        if every:
+            logits = outs["all_logits"][np.asarray(inputs["last_rows"], np.intp)]
+        else:
+            logits = outs["logits"]
         head_inputs["logits"] = np.ascontiguousarray(logits, np.float32)
         host, head = self._head(shape, int(logits.shape[1]))
-        return _Outputs(host.run(head, head_inputs, self.timeout_s), plan.num_seqs)
+        result = dict(host.run(head, head_inputs, self.timeout_s))
+        if every:
+            result["all_logits"] = outs["all_logits"]
+        return _Outputs(result, plan.num_seqs)
 
     def _head(self, shape: StepShape, vocab: int) -> tuple[CpuRuntime, Plan]:
         """The host runtime and the sampling-step plan (logits as an input) for ``shape``."""
@@ -346,7 +370,8 @@ class StepRunner:
         head = self._heads.get(key)
         if head is None:
             t = Tracer(self.weights, 1, self.trace_limits)
-            trace_head(t, t.input("logits", "f32", [shape.seqs, vocab]), shape)
+            head_shape = replace(shape, kind="sample")
+            trace_head(t, t.input("logits", "f32", [shape.seqs, vocab]), head_shape)
             head = self._host.compile(t.finish(), self.weights, self.compile_limits)
             self._heads[key] = head
         return self._host, head

@@ -61,6 +61,9 @@ class SamplingParams:
         ignore_eos: keep generating past the model's end-of-sequence ids.
         logprobs: None for none; n in 0..20 returns the chosen token's log probability and
             the n most likely alternatives, from the model's raw distribution.
+        prompt_logprobs: None for none; n in 0..20 returns, for every prompt token after the
+            first, its log probability given the tokens before it and the n most likely
+            alternatives (computed in the request's prefill, from full logits).
         json_schema: guide the output to JSON valid under this schema (a dict or JSON text).
         json_object: guide the output to any JSON object (OpenAI's ``json_object``).
         regex: guide the output to match this regular expression.
@@ -84,6 +87,7 @@ class SamplingParams:
     stop: Sequence[str] | str | None = None
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     json_schema: Mapping[str, Any] | str | None = None
     json_object: bool = False
     regex: str | None = None
@@ -142,6 +146,9 @@ class SamplingParams:
         n = self.logprobs
         if n is not None and (not _is_int(n) or not 0 <= n <= MAX_LOGPROBS):
             raise bad("logprobs", f"must be None or an integer in [0, {MAX_LOGPROBS}]")
+        n = self.prompt_logprobs
+        if n is not None and (not _is_int(n) or not 0 <= n <= MAX_LOGPROBS):
+            raise bad("prompt_logprobs", f"must be None or an integer in [0, {MAX_LOGPROBS}]")
         self._check_guidance(bad)
 
     def _check_bias(self, bad: Any) -> tuple[tuple[int, float], ...]:

@@ -208,7 +208,8 @@ class LlamaModel:
             embed = t.weight(n.embed)
             x = t.embedding(embed, ins.ids)
         else:
-            rows = shape.seqs if start == head_unit else shape.tokens
+            gathered = start == head_unit and shape.kind != "all_logits"
+            rows = shape.seqs if gathered else shape.tokens
             x = t.input("hidden", "f32", [rows, h.hidden_size])
         last = h.n_layers - 1
         for i in range(max(0, start - 1), min(h.n_layers, end - 1)):
@@ -229,7 +230,7 @@ class LlamaModel:
                 head_dim=h.head_dim,
                 scale=h.head_dim**-0.5,
             )
-            if i == last:
+            if i == last and shape.kind != "all_logits":
                 # Only each sequence's last row is sampled; every row's k/v is already written.
                 att = t.gather_rows(att, ins.last_rows)
                 x = t.gather_rows(x, ins.last_rows)
@@ -247,4 +248,4 @@ class LlamaModel:
         else:
             head = embed if embed is not None else t.weight(n.embed)
         logits = t.matmul(x, head)
-        trace_head(t, logits, shape)
+        trace_head(t, logits, shape, ins.last_rows)

@@ -18,8 +18,10 @@ input              dtype  shape               meaning
 
 A model definition computes ``logits`` [seqs, vocab] from these and hands them to
 ``trace_head``, which appends the sampling step (``sample`` graphs) or names them as the output
-(``logits`` graphs, only for callers that ask for full logits). The sampling step declares its
-own per-row inputs, all [seqs] unless noted:
+(``logits`` graphs, only for callers that ask for full logits). An ``all_logits`` graph keeps
+every token's row to the end (no gather after the last layer), outputs those logits
+[tokens, vocab] as ``all_logits`` and samples the gathered last rows (prompt logprobs). The
+sampling step declares its own per-row inputs, all [seqs] unless noted:
 
 ======================  =====  ========================================================
 input                   dtype  meaning
@@ -55,7 +57,7 @@ __all__ = ["MASK_INPUT", "StepInputs", "StepKind", "StepShape", "declare_inputs"
 
 MASK_INPUT = "token_mask"
 
-StepKind = Literal["sample", "logits"]
+StepKind = Literal["sample", "logits", "all_logits"]
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,8 @@ class StepShape:
         tokens: tokens in the step.
         seqs: sequences (rows of ``block_tables``, one sampled token each).
         max_blocks: columns of ``block_tables``.
-        kind: ``"sample"`` (outputs token ids) or ``"logits"`` (outputs full logits).
+        kind: ``"sample"`` (outputs token ids), ``"logits"`` (outputs full logits) or
+            ``"all_logits"`` (a sample step that also outputs every token's logits).
         adjust: width of the per-row penalty/bias id lists; 0 = no adjust op.
         masked: whether the step takes a token mask (guided decoding).
         logprobs: top alternatives returned per row; 0 = no logprobs outputs.
@@ -106,11 +109,22 @@ def declare_inputs(t: Tracer, shape: StepShape) -> StepInputs:
     )
 
 
-def trace_head(t: Tracer, logits: Value, shape: StepShape) -> None:
-    """Ends a step graph after ``logits`` [seqs, vocab]: the sampling step or the logits."""
+def trace_head(t: Tracer, logits: Value, shape: StepShape, last_rows: Value | None = None) -> None:
+    """Ends a step graph after ``logits`` [seqs, vocab]: the sampling step or the logits.
+
+    An ``all_logits`` step passes every token's logits [tokens, vocab] and ``last_rows``:
+    they are output as ``all_logits`` (prompt logprobs), then each sequence's last row is
+    sampled as in a ``sample`` step (the kernels' results do not depend on the row count, so
+    the gathered rows equal a ``sample`` step's logits bit for bit).
+    """
     if shape.kind == "logits":
         t.output("logits", logits)
         return
+    if shape.kind == "all_logits":
+        if last_rows is None:
+            raise ValueError("an all_logits step needs last_rows")
+        t.output("all_logits", logits)
+        logits = t.gather_rows(logits, last_rows)
     s, vocab = logits.shape
     raw = logits
     if shape.adjust > 0:

@@ -5,8 +5,10 @@ then loads the model in the background (``/health`` answers 503 ``loading`` unti
 ready). ``--port 0`` takes any free port; the line says which. Binds to 127.0.0.1 unless
 ``--host`` says otherwise. ``--api-key`` (or ``POOT_API_KEY``; the command line is the one
 place the server reads it) makes ``/v1/*`` require ``Authorization: Bearer <key>``.
-Exit codes: 0 after a clean shutdown (Ctrl-C, SIGTERM), 1 when the model cannot be loaded,
-2 for bad arguments.
+SIGTERM or Ctrl-C drains: new requests get 503, running ones have ``--shutdown-timeout``
+seconds to finish before they are cancelled (``poot.server.shutdown``); a second signal exits
+at once. Exit codes: 0 after a clean shutdown, 1 when the model cannot be loaded (or on a
+second signal), 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -41,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  poot-serve --model path/to/model.gguf --port 9000 --api-key KEY\n"
         "  poot-serve --backend wgpu --max-num-seqs 8\n\n"
         "exit codes:\n"
-        "  0    stopped cleanly (SIGTERM or Ctrl-C)\n"
-        "  1    the model could not be loaded or the server failed\n"
+        "  0    stopped cleanly (SIGTERM or Ctrl-C: drained, see --shutdown-timeout)\n"
+        "  1    the model could not be loaded, the server failed, or a second signal\n"
         "  2    bad usage",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -117,6 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds one engine step may take before the runtime counts as dead "
         f"(default {d.step_timeout_s:g})",
     )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=d.shutdown_timeout_s,
+        help="on SIGTERM/Ctrl-C, seconds running requests may take before they are cancelled "
+        f"(default {d.shutdown_timeout_s:g})",
+    )
     p.add_argument("--max-n", type=int, default=d.max_n, help=f"largest n (default {d.max_n})")
     p.add_argument(
         "--chat-template",
@@ -156,6 +165,7 @@ def _config(args: argparse.Namespace) -> ServerConfig:
         step_timeout_s=args.step_timeout,
         backend=args.backend,
         progress=not args.quiet,
+        shutdown_timeout_s=args.shutdown_timeout,
     )
 
 
@@ -189,6 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import uvicorn
 
     from poot.server.app import create_app
+    from poot.server.shutdown import DrainingServer
 
     fatal: list[str] = []
     server: uvicorn.Server | None = None
@@ -204,14 +215,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"poot-serve: error: cannot listen on {args.host}:{args.port}: {e}\n")
         return 1
     app = create_app(config, on_fatal=on_fatal)
-    server = uvicorn.Server(
+    server = DrainingServer(
         uvicorn.Config(
             app,
             log_level=args.log_level,
             access_log=args.access_log,
             timeout_graceful_shutdown=5,
             lifespan="on",
-        )
+        ),
+        app.state.poot,
+        config.shutdown_timeout_s,
     )
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

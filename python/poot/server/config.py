@@ -40,6 +40,8 @@ class ServerConfig:
             it poisons the runtime (``/health`` then answers 503 ``dead``).
         backend: ``"cpu"``, ``"wgpu"`` or ``"cuda"`` (``poot.LLM(backend=...)``).
         progress: progress bars while loading (pulling the default model, preparing weights).
+        shutdown_timeout_s: on SIGTERM/SIGINT, how long running requests may go on before
+            they are cancelled (``poot.server.shutdown``).
     """
 
     model: str | None = None
@@ -58,12 +60,22 @@ class ServerConfig:
     chat_template: str | None = None
     step_timeout_s: float = 600.0
     progress: bool = True
+    shutdown_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "kv_cache_bytes", "max_queue", "max_body_bytes", "max_n"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+        if (
+            isinstance(self.shutdown_timeout_s, bool)
+            or not isinstance(self.shutdown_timeout_s, int | float)
+            or not self.shutdown_timeout_s >= 0
+        ):
+            raise ConfigError(
+                f"shutdown_timeout_s must be a number of seconds >= 0, got "
+                f"{self.shutdown_timeout_s!r}"
+            )
         for name in ("queue_timeout_s", "request_timeout_s", "step_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:

@@ -20,6 +20,7 @@ from typing import Any
 from poot.async_engine import AsyncEngine, RequestAbortedError, StreamOutput
 from poot.server.errors import APIError, from_exception
 from poot.server.params import Job
+from poot.server.shutdown import shutting_down_error
 from poot.server.state import Live
 
 __all__ = ["Event", "run_job"]
@@ -35,6 +36,8 @@ class Event:
         token_ids: tokens sampled since its previous event.
         logprobs: one dict per new token (chosen id and alternatives), or None.
         finish_reason: set on its last event: ``stop``, ``length``, ``error`` or ``cancelled``.
+        prompt_logprobs: on its first event, with prompt logprobs asked for: one entry per
+            prompt token (None for the first).
     """
 
     index: int
@@ -42,6 +45,7 @@ class Event:
     token_ids: list[int]
     logprobs: list[dict[int, Any]] | None = None
     finish_reason: str | None = None
+    prompt_logprobs: list[dict[int, Any] | None] | None = None
 
 
 _Item = tuple[int, StreamOutput | BaseException | None]
@@ -51,6 +55,9 @@ async def _pump(
     engine: AsyncEngine, job: Job, index: int, rid: str, live: Live, sink: asyncio.Queue[_Item]
 ) -> None:
     prompt_index, params = job.choices[index]
+    if live.shutdown:
+        sink.put_nowait((index, shutting_down_error()))
+        return
     if live.cancelled:  # cancelled while queued: never reaches the engine
         sink.put_nowait((index, None))
         return
@@ -58,7 +65,10 @@ async def _pump(
         async for out in engine.add_request(job.prompts[prompt_index], params, request_id=rid):
             sink.put_nowait((index, out))
     except RequestAbortedError as e:
-        sink.put_nowait((index, None if live.cancelled else e))
+        if live.shutdown:
+            sink.put_nowait((index, shutting_down_error()))
+        else:
+            sink.put_nowait((index, None if live.cancelled else e))
     except asyncio.CancelledError:
         raise
     except BaseException as e:  # a typed engine error: the consumer raises it
@@ -115,6 +125,7 @@ async def run_job(
                 list(item.token_ids),
                 getattr(item, "logprobs", None),
                 item.finish_reason,
+                getattr(item, "prompt_logprobs", None),
             )
     finally:
         for task in tasks:

@@ -53,6 +53,17 @@ class Admission:
         self.retry_after_s = retry_after_s
         self._free = slots
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self.closed = False
+
+    def close(self) -> None:
+        """Refuses every waiter and later request with 503 ``server_shutting_down``."""
+        from poot.server.shutdown import shutting_down_error
+
+        self.closed = True
+        while self._waiters:
+            _, fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_exception(shutting_down_error())
 
     @property
     def waiting(self) -> int:
@@ -71,6 +82,10 @@ class Admission:
             APIError: 429 when the queue is full; 503 after ``timeout_s`` of waiting.
         """
         n = max(1, min(n, self.slots))
+        if self.closed:
+            from poot.server.shutdown import shutting_down_error
+
+            raise shutting_down_error()
         if not self._waiters and self._free >= n:
             self._free -= n
             return Grant(self, n)
@@ -89,7 +104,8 @@ class Admission:
             await asyncio.wait_for(asyncio.shield(fut), timeout_s)
         except BaseException as e:
             if fut.done() and not fut.cancelled():
-                self._release(n)  # granted just as we gave up: hand the slots on
+                if fut.exception() is None:
+                    self._release(n)  # granted just as we gave up: hand the slots on
             else:
                 fut.cancel()
                 self._waiters.remove(entry)

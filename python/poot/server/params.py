@@ -22,6 +22,7 @@ from poot.sampling import SamplingParams
 from poot.server.errors import APIError
 from poot.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingRequest
 from poot.server.state import check_chat_template
+from poot.server.tools import ToolPlan, plan_tools, render_messages
 
 __all__ = ["Job", "chat_job", "completion_job"]
 
@@ -41,6 +42,11 @@ class Job:
         logprobs: top alternatives per token (None: no logprobs).
         echo: prefix each completion with its prompt's text.
         include_usage: stream a last chunk with token counts.
+        tools: how a chat request uses tools (its replies are parsed for calls), or None.
+        prompt_logprobs: top alternatives per prompt token (``echo`` with ``logprobs``), or
+            None.
+        drop_output: the request asked for no completion tokens (``max_tokens: 0``): one is
+            generated (the engine always samples one) and not returned.
     """
 
     prompts: list[list[int]]
@@ -49,6 +55,9 @@ class Job:
     logprobs: int | None = None
     echo: bool = False
     include_usage: bool = False
+    tools: ToolPlan | None = None
+    prompt_logprobs: int | None = None
+    drop_output: bool = False
 
     @property
     def prompt_tokens(self) -> int:
@@ -202,8 +211,16 @@ def completion_job(req: CompletionRequest, llm: LLM, served: str, max_n: int) ->
         raise _unsupported("suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise _unsupported("best_of", "other than n is not supported by this server")
+    drop = req.max_tokens == 0
+    if drop and not req.echo:
+        raise APIError(
+            400, "max_tokens 0 needs echo=true", param="max_tokens", code="invalid_value"
+        )
+    if drop and req.stream:
+        raise _unsupported("max_tokens", "0 is not supported with stream=true")
+    prompt_lps = req.prompt_logprobs
     if req.echo and req.logprobs is not None:
-        raise _unsupported("echo", "together with logprobs is not supported by this server")
+        prompt_lps = max(req.logprobs, prompt_lps or 0)
     raw = req.prompt
     items: list[str | list[int]]
     if isinstance(raw, str):
@@ -236,10 +253,13 @@ def completion_job(req: CompletionRequest, llm: LLM, served: str, max_n: int) ->
     extra = _options(req, vocab)
     if req.logprobs is not None:
         extra["logprobs"] = req.logprobs
+    if prompt_lps is not None:
+        extra["prompt_logprobs"] = prompt_lps
     choices: list[tuple[int, SamplingParams]] = []
+    requested = 1 if drop else req.max_tokens
     for p, ids in enumerate(prompts):
         limit = llm.max_model_len
-        mt = _max_tokens(req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, len(ids), limit, "prompt")
+        mt = _max_tokens(requested, COMPLETIONS_DEFAULT_MAX_TOKENS, len(ids), limit, "prompt")
         choices += [(p, sp) for sp in _params(req, mt, req.n, extra)]
     return Job(
         prompts,
@@ -248,14 +268,14 @@ def completion_job(req: CompletionRequest, llm: LLM, served: str, max_n: int) ->
         logprobs=req.logprobs,
         echo=req.echo,
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        prompt_logprobs=prompt_lps,
+        drop_output=drop,
     )
 
 
 def chat_job(req: ChatCompletionRequest, llm: LLM, served: str, max_n: int) -> Job:
     """The job of a ``/v1/chat/completions`` body (the prompt is the rendered template)."""
     _common_checks(req, served, max_n)
-    if req.tools or (req.tool_choice not in (None, "none")):
-        raise _unsupported("tools", "(function calling) is not supported by this server")
     if req.max_tokens is not None and req.max_completion_tokens is not None:
         if req.max_tokens != req.max_completion_tokens:
             raise APIError(
@@ -269,15 +289,16 @@ def chat_job(req: ChatCompletionRequest, llm: LLM, served: str, max_n: int) -> J
             400, "top_logprobs needs logprobs=true", param="top_logprobs", code="invalid_value"
         )
     check_chat_template(llm)
-    messages = [
-        {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-        for m in req.messages
-    ]
+    templates = llm.tokenizer.chat_templates
+    template = templates.get("tool_use") if req.tools else None
+    tools = plan_tools(req, template or llm.tokenizer.chat_template)
+    messages, variables = render_messages(req.messages, tools)
     last = messages[-1]["role"]
     text = llm.tokenizer.apply_chat_template(
         messages,
         add_generation_prompt=last != "assistant",
-        continue_final_message=last == "assistant",
+        continue_final_message=last == "assistant" and tools is None,
+        **variables,
     )
     ids = llm.tokenizer.encode(text, add_special_tokens=False)
     if not ids:
@@ -292,11 +313,22 @@ def chat_job(req: ChatCompletionRequest, llm: LLM, served: str, max_n: int) -> J
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     if logprobs is not None:
         extra["logprobs"] = logprobs
-    choices = [(0, sp) for sp in _params(req, mt, req.n, extra)]
+    if tools is not None:
+        extra["grammar"] = tools.grammar(llm.tokenizer)
+    try:
+        choices = [(0, sp) for sp in _params(req, mt, req.n, extra)]
+    except APIError as e:
+        if tools is not None and e.param == "grammar":
+            # The grammar is the tools' parameters schemas: one of them does not compile.
+            raise APIError(
+                400, e.message.replace("grammar", "tools", 1), param="tools", code="invalid_value"
+            ) from None
+        raise
     return Job(
         [ids],
         [None],
         choices,
         logprobs=logprobs,
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        tools=tools,
     )

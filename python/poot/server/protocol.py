@@ -16,7 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "ChatCompletionRequest",
     "ChatMessage",
+    "ToolCall",
     "CompletionRequest",
+    "DetokenizeRequest",
+    "TokenizeRequest",
     "ResponseFormat",
     "StreamOptions",
 ]
@@ -85,8 +88,13 @@ class CompletionRequest(_SamplingRequest):
         | Annotated[list[str], Field(min_length=1)]
         | Annotated[list[Annotated[list[int], Field(min_length=1)]], Field(min_length=1)]
     )
+    # 0 with ``echo``: score the prompt only (lm-evaluation-harness's loglikelihood shape).
+    max_tokens: int | None = Field(default=None, ge=0)
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
+    # vLLM's extension: each prompt token's logprob and this many alternatives, as
+    # ``choices[i].prompt_logprobs``.
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     best_of: int | None = Field(default=None, ge=1)
     suffix: str | None = None
 
@@ -96,11 +104,26 @@ class TextPart(_Model):
     text: str
 
 
+class FunctionCall(_Model):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Model):
+    """A call an assistant message made (the history of a tool-using conversation)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Model):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    refusal: str | None = None  # accepted on assistant messages (clients echo it back)
 
     def text(self) -> str:
         if self.content is None:
@@ -117,6 +140,26 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    tools: list[dict[str, Any]] | None = None
+    # Checked field by field in ``poot.server.tools`` (a 400 names e.g. tools[0].function.name).
+    tools: list[Any] | None = Field(default=None, max_length=128)
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None  # accepted; tools are refused below
+    parallel_tool_calls: bool | None = None
+
+
+class TokenizeRequest(_Model):
+    """``POST /tokenize`` (vLLM's shape): a ``prompt``, or chat ``messages`` rendered with
+    the model's template first."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Model):
+    """``POST /detokenize`` (vLLM's shape)."""
+
+    model: str | None = None
+    tokens: list[int]

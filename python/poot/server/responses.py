@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from poot.server.generation import Event
 from poot.server.params import Job
+from poot.server.tool_parsers import ParsedCall, ToolStream
 from poot.tokenizer import Tokenizer
 
 __all__ = ["Builder", "sse"]
@@ -36,6 +37,10 @@ class _Choice:
     logprobs: list[tuple[int, dict[int, Any]]] = field(default_factory=list)
     offset: int = 0  # characters emitted so far (completions' text_offset)
     started: bool = False  # chat: the role chunk was sent
+    tools: ToolStream | None = None  # chat with tools: the reply's parser while streaming
+    calls: int = 0  # tool calls streamed so far
+    prompt_lps: list[dict[int, Any] | None] | None = None  # the prompt's, once they came
+    prompt_sent: bool = False  # completions: the prompt's logprobs went out (echo)
 
 
 class Builder:
@@ -51,6 +56,15 @@ class Builder:
         self.tokenizer = tokenizer
         self.created = int(time.time())
         self.choices = [_Choice() for _ in job.choices]
+        # A marker that is a special token is not in the decoded text: it is put back where
+        # its token appears, so the parser sees it.
+        self.marker_id: int | None = None
+        if job.tools is not None:
+            for c in self.choices:
+                c.tools = ToolStream(job.tools.fmt)
+            tid = tokenizer.token_to_id(job.tools.fmt.marker)
+            if tid is not None and tokenizer.is_special(tid):
+                self.marker_id = tid
         if job.echo:
             for i, (p, _) in enumerate(job.choices):
                 self.choices[i].text.append(job.prompt_texts[p] or "")
@@ -78,9 +92,60 @@ class Builder:
         ranked = sorted(d.items(), key=lambda kv: kv[1].rank)
         return [(tid, lp) for tid, lp in ranked if lp.rank <= n][:n]
 
+    def _prompt_part(self, index: int, choice: _Choice) -> dict[str, list[Any]]:
+        """The prompt's tokens in the legacy logprobs lists (the first has no logprob)."""
+        prompt = self.job.prompts[self.job.choices[index][0]]
+        entries = choice.prompt_lps or [None] * len(prompt)
+        n = self.job.logprobs or 0
+        part: dict[str, list[Any]] = {
+            "tokens": [],
+            "token_logprobs": [],
+            "top_logprobs": [],
+            "text_offset": [],
+        }
+        for tid, entry in zip(prompt, entries, strict=True):
+            chosen = None if entry is None else entry.get(tid)
+            tok = self._token_text(tid, chosen)
+            part["tokens"].append(tok)
+            part["token_logprobs"].append(None if chosen is None else chosen.logprob)
+            tops = None
+            if entry is not None:
+                ranked = sorted(entry.items(), key=lambda kv: kv[1].rank or 1 << 30)
+                tops = {
+                    self._token_text(a, lp): lp.logprob
+                    for a, lp in ranked
+                    if lp.rank is not None and lp.rank <= n
+                }
+                if not tops and chosen is not None:
+                    tops = {tok: chosen.logprob}
+            part["top_logprobs"].append(tops)
+            part["text_offset"].append(choice.offset)
+            choice.offset += len(tok)
+        return part
+
+    def _vllm_prompt_logprobs(self, index: int, choice: _Choice) -> list[Any] | None:
+        """vLLM's ``prompt_logprobs``: per prompt token ``{id: {logprob, rank,
+        decoded_token}}`` (None for the first)."""
+        if choice.prompt_lps is None:
+            return None
+        return [
+            None
+            if entry is None
+            else {
+                str(t): {
+                    "logprob": lp.logprob,
+                    "rank": lp.rank,
+                    "decoded_token": self._token_text(t, lp),
+                }
+                for t, lp in entry.items()
+            }
+            for entry in choice.prompt_lps
+        ]
+
     def _logprobs(self, choice: _Choice, pairs: list[tuple[int, dict[int, Any]]]) -> Any:
         if self.job.logprobs is None:
             return None
+        index = self.choices.index(choice)
         if self.route == "chat":
             content = []
             for tid, d in pairs:
@@ -103,6 +168,12 @@ class Builder:
                 )
             return {"content": content, "refusal": None}
         tokens, token_lps, tops, offsets = [], [], [], []
+        with_prompt = self.job.echo and choice.prompt_lps is not None and not choice.prompt_sent
+        if with_prompt:
+            choice.prompt_sent = True
+            part = self._prompt_part(index, choice)
+            tokens, token_lps = part["tokens"], part["token_logprobs"]
+            tops, offsets = part["top_logprobs"], part["text_offset"]
         for tid, d in pairs:
             chosen = d.get(tid)
             tok = self._token_text(tid, chosen)
@@ -125,9 +196,21 @@ class Builder:
 
     # ---- whole responses ----------------------------------------------------------------------
 
+    def _text(self, ev: Event) -> str:
+        if self.marker_id is not None and self.marker_id in ev.token_ids:
+            assert self.job.tools is not None
+            return self.job.tools.fmt.marker + ev.text
+        return ev.text
+
     def add(self, ev: Event) -> None:
         c = self.choices[ev.index]
-        c.text.append(ev.text)
+        if ev.prompt_logprobs is not None:
+            c.prompt_lps = ev.prompt_logprobs
+        if self.job.drop_output:  # max_tokens 0: the one sampled token is not returned
+            if ev.finish_reason is not None:
+                c.finish_reason = "length" if ev.finish_reason != "error" else "error"
+            return
+        c.text.append(self._text(ev))
         c.tokens += len(ev.token_ids)
         c.logprobs += self._pairs(ev)
         if ev.finish_reason is not None:
@@ -139,18 +222,30 @@ class Builder:
             text = "".join(c.text)
             lps = self._logprobs(c, c.logprobs)
             if self.route == "chat":
+                message: dict[str, Any] = {"role": "assistant", "content": text}
+                finish = c.finish_reason
+                if self.job.tools is not None:
+                    content, calls = self.job.tools.fmt.parse(text)
+                    if calls:
+                        message = {
+                            "role": "assistant",
+                            "content": content,
+                            "tool_calls": [call.openai() for call in calls],
+                        }
+                        finish = "tool_calls" if finish == "stop" else finish
                 choices.append(
-                    {
-                        "index": i,
-                        "message": {"role": "assistant", "content": text},
-                        "logprobs": lps,
-                        "finish_reason": c.finish_reason,
-                    }
+                    {"index": i, "message": message, "logprobs": lps, "finish_reason": finish}
                 )
             else:
-                choices.append(
-                    {"index": i, "text": text, "logprobs": lps, "finish_reason": c.finish_reason}
-                )
+                choice = {
+                    "index": i,
+                    "text": text,
+                    "logprobs": lps,
+                    "finish_reason": c.finish_reason,
+                }
+                if self.job.prompt_logprobs is not None:
+                    choice["prompt_logprobs"] = self._vllm_prompt_logprobs(i, c)
+                choices.append(choice)
         obj = "chat.completion" if self.route == "chat" else "text_completion"
         return {
             "id": self.id,
@@ -180,6 +275,8 @@ class Builder:
         """The SSE chunks for one event (chat sends the assistant role first)."""
         c = self.choices[ev.index]
         c.tokens += len(ev.token_ids)
+        if ev.prompt_logprobs is not None:
+            c.prompt_lps = ev.prompt_logprobs
         lps = self._logprobs(c, self._pairs(ev)) if ev.token_ids else None
         out = []
         if self.route == "chat":
@@ -187,6 +284,8 @@ class Builder:
                 c.started = True
                 first = {"role": "assistant", "content": ""}
                 out.append(sse(self._chunk([self._chat_choice(ev.index, first, None, None)])))
+            if c.tools is not None:
+                return out + self._tool_chunks(ev, c, lps)
             delta = {"content": ev.text} if ev.text or ev.finish_reason is None else {}
             out.append(
                 sse(self._chunk([self._chat_choice(ev.index, delta, lps, ev.finish_reason)]))
@@ -210,6 +309,43 @@ class Builder:
                     )
                 )
             )
+        return out
+
+    def _tool_chunks(self, ev: Event, c: _Choice, lps: Any) -> list[bytes]:
+        """Chunks of a reply parsed for tool calls: content deltas, then each call as a delta
+        with its id and name and one with its arguments (OpenAI's streamed shape)."""
+        assert c.tools is not None
+        parts = c.tools.feed(self._text(ev))
+        if ev.finish_reason is not None:
+            parts += c.tools.finish()
+        out = []
+        for part in parts:
+            if isinstance(part, ParsedCall):
+                head = {
+                    "index": c.calls,
+                    "id": part.id,
+                    "type": "function",
+                    "function": {"name": part.name, "arguments": ""},
+                }
+                args = {"index": c.calls, "function": {"arguments": part.arguments}}
+                c.calls += 1
+                for call in (head, args):
+                    out.append(
+                        sse(
+                            self._chunk(
+                                [self._chat_choice(ev.index, {"tool_calls": [call]}, None, None)]
+                            )
+                        )
+                    )
+            elif part:
+                out.append(
+                    sse(self._chunk([self._chat_choice(ev.index, {"content": part}, None, None)]))
+                )
+        if lps is not None:
+            out.append(sse(self._chunk([self._chat_choice(ev.index, {}, lps, None)])))
+        if ev.finish_reason is not None:
+            finish = "tool_calls" if c.calls and ev.finish_reason == "stop" else ev.finish_reason
+            out.append(sse(self._chunk([self._chat_choice(ev.index, {}, None, finish)])))
         return out
 
     @staticmethod

@@ -27,10 +27,16 @@ from poot.server.generation import Event, run_job
 from poot.server.limits import check_api_key
 from poot.server.metrics import CONTENT_TYPE, Metrics
 from poot.server.params import Job, chat_job, completion_job
-from poot.server.protocol import ChatCompletionRequest, CompletionRequest
+from poot.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 from poot.server.responses import Builder, Route, sse
-from poot.server.state import Live, ServerState
+from poot.server.state import Live, ServerState, check_chat_template
 from poot.server.streaming import EventStream, until_disconnect
+from poot.server.tools import render_messages
 
 __all__ = ["install_routes"]
 
@@ -114,6 +120,24 @@ async def _parse(request: Request, model: type[_Body], route: Route) -> _Body:
         error = validation_error(e.errors())
         _metrics(request).outcome(route, "invalid")
         raise error from None
+
+
+async def _parse_plain(request: Request, model: type[_Body]) -> _Body:
+    """The body validated as ``model`` (a 400 in OpenAI's shape; no route metrics)."""
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as e:
+        raise validation_error(e.errors()) from None
+
+
+def _check_name(given: str | None, served: str) -> None:
+    if given is not None and given != served:
+        raise APIError(
+            404,
+            f"the model {given!r} does not exist; this server serves {served!r}",
+            param="model",
+            code="model_not_found",
+        )
 
 
 def _request_id(request: Request, prefix: str, state: ServerState) -> str:
@@ -285,8 +309,56 @@ def install_routes(app: FastAPI) -> None:
 
     app.include_router(v1)
 
+    @app.post("/tokenize", dependencies=[Depends(_auth)])
+    async def tokenize(request: Request) -> dict[str, Any]:
+        body = await _parse_plain(request, TokenizeRequest)
+        state = _state(request)
+        llm = state.ready()[0]
+        _check_name(body.model, state.model_name)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(
+                400, "give one of prompt and messages", param="prompt", code="invalid_value"
+            )
+        if body.messages is not None:
+            check_chat_template(llm)
+            messages, _ = render_messages(body.messages, None)
+            text = llm.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=body.add_generation_prompt
+            )
+            ids = llm.tokenizer.encode(text, add_special_tokens=False)
+        else:
+            assert body.prompt is not None
+            ids = llm.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        out: dict[str, Any] = {
+            "count": len(ids),
+            "max_model_len": llm.max_model_len,
+            "tokens": ids,
+        }
+        if body.return_token_strs:
+            out["token_strs"] = [llm.tokenizer.id_to_token(t) for t in ids]
+        return out
+
+    @app.post("/detokenize", dependencies=[Depends(_auth)])
+    async def detokenize(request: Request) -> dict[str, Any]:
+        body = await _parse_plain(request, DetokenizeRequest)
+        state = _state(request)
+        llm = state.ready()[0]
+        _check_name(body.model, state.model_name)
+        vocab = llm.files.hparams.vocab_size
+        bad = [t for t in body.tokens if not 0 <= t < vocab]
+        if bad:
+            raise APIError(
+                400,
+                f"token id {bad[0]} is outside the vocabulary of {vocab}",
+                param="tokens",
+                code="invalid_value",
+            )
+        return {"prompt": llm.tokenizer.decode(body.tokens)}
+
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:
+        if _state(request).draining:
+            return JSONResponse({"status": "draining"}, 503, headers={"Retry-After": "5"})
         status = _state(request).health()
         code = 200 if status == "ok" else 503
         return JSONResponse({"status": "dead" if status == "failed" else status}, code)

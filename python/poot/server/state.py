@@ -120,6 +120,7 @@ class Live:
 
     engine_ids: list[str]
     cancelled: bool = False
+    shutdown: bool = False  # cancelled by a graceful shutdown: streams end with an error
 
 
 @dataclass
@@ -134,6 +135,8 @@ class ServerState:
     live: dict[str, Live] = field(default_factory=dict)
     on_fatal: Callable[[str], None] | None = None
     created: int = field(default_factory=lambda: int(time.time()))
+    draining: bool = False  # a graceful shutdown started: nothing new is admitted
+    drain_task: asyncio.Future[None] | None = None
 
     async def load(self, loader: Callable[[], LLM]) -> None:
         """Loads the model in a worker thread; a failure is fatal (``on_fatal``)."""
@@ -168,6 +171,10 @@ class ServerState:
 
     def ready(self) -> tuple[LLM, AsyncEngine, Admission]:
         """The model, engine and admission gate, or a 503 ``APIError`` when not serving."""
+        if self.draining:
+            from poot.server.shutdown import shutting_down_error
+
+            raise shutting_down_error()
         status = self.health()
         if status == "ok":
             assert self.llm is not None and self.engine is not None
