@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from poot.errors import UnsupportedArchitectureError
 from poot.models.llama import LlamaModel
+from poot.models.qwen3 import Qwen3Model
 
 if TYPE_CHECKING:
     from poot.checkpoints import ModelFiles
@@ -23,6 +24,7 @@ GGUF_ARCHITECTURES: dict[str, type[LlamaModel]] = {
     "llama": LlamaModel,
     "mistral": LlamaModel,
     "qwen2": LlamaModel,
+    "qwen3": Qwen3Model,
 }
 
 # HF config.json architectures[0] (or model_type) -> definition.
@@ -30,9 +32,11 @@ HF_ARCHITECTURES: dict[str, type[LlamaModel]] = {
     "LlamaForCausalLM": LlamaModel,
     "MistralForCausalLM": LlamaModel,
     "Qwen2ForCausalLM": LlamaModel,
+    "Qwen3ForCausalLM": Qwen3Model,
     "llama": LlamaModel,
     "mistral": LlamaModel,
     "qwen2": LlamaModel,
+    "qwen3": Qwen3Model,
 }
 
 
