@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from family_models import llama_cpp_logits, reference_greedy, reference_logits
 
 import poot
-from family_models import llama_cpp_logits, reference_greedy, reference_logits
 
 FAMILY = "qwen3"
 PROMPT = [1, 17, 93, 5, 64, 120, 33, 8, 77, 200, 11]

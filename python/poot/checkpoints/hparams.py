@@ -17,7 +17,12 @@ from poot.checkpoints.metadata import metadata_array_len
 from poot.errors import CheckpointFormatError
 
 # HF model_type / GGUF general.architecture names that are the Llama graph.
-_HF_ARCH_ALIASES = {"llama": "llama", "mistral": "llama", "smollm": "llama"}
+_HF_ARCH_ALIASES = {
+    "llama": "llama",
+    "mistral": "llama",
+    "smollm": "llama",
+    "gemma3_text": "gemma3",
+}
 
 
 @dataclass(frozen=True)

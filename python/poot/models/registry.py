@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from poot.errors import UnsupportedArchitectureError
+from poot.models.gemma import GemmaModel
 from poot.models.llama import LlamaModel
 from poot.models.qwen3 import Qwen3Model
 
@@ -25,6 +26,8 @@ GGUF_ARCHITECTURES: dict[str, type[LlamaModel]] = {
     "mistral": LlamaModel,
     "qwen2": LlamaModel,
     "qwen3": Qwen3Model,
+    "gemma2": GemmaModel,
+    "gemma3": GemmaModel,
 }
 
 # HF config.json architectures[0] (or model_type) -> definition.
@@ -33,10 +36,14 @@ HF_ARCHITECTURES: dict[str, type[LlamaModel]] = {
     "MistralForCausalLM": LlamaModel,
     "Qwen2ForCausalLM": LlamaModel,
     "Qwen3ForCausalLM": Qwen3Model,
+    "Gemma2ForCausalLM": GemmaModel,
+    "Gemma3ForCausalLM": GemmaModel,
     "llama": LlamaModel,
     "mistral": LlamaModel,
     "qwen2": LlamaModel,
     "qwen3": Qwen3Model,
+    "gemma2": GemmaModel,
+    "gemma3_text": GemmaModel,
 }
 
 
