@@ -459,13 +459,26 @@ def write_family(root: Path, family: str, seed: int = 0) -> dict[str, Any]:
 # llama.cpp.
 
 
-def llama_cpp_logits(path: Path, ids: list[int]) -> np.ndarray | None:
-    """llama.cpp's logits [T, V] for ``ids`` (one sequence, 1 thread), or None without it."""
+# poot's ggml numerics against llama.cpp on the same GGUF: both keep an f16 KV cache and round
+# q and the softmax weights to f16 (``poot-cpu``'s attention/ggml.rs), but poot takes one
+# summation order for every step (batch invariance) and scales scores instead of queries, so
+# logits differ by a few f16 roundings: bounded relative to the largest logit.
+LLAMA_CPP_REL = 5e-4
+LLAMA_CPP_ABS = 1e-3
+
+
+def assert_close_to_llama_cpp(got: np.ndarray, ref: np.ndarray) -> None:
+    bound = LLAMA_CPP_REL * float(np.abs(ref).max()) + LLAMA_CPP_ABS
+    diff = float(np.abs(got.astype(np.float64) - ref).max())
+    assert diff <= bound, f"max |poot - llama.cpp| = {diff:.3g} > {bound:.3g}"
+
+
+def _llama(path: Path) -> Any:
     try:
         import llama_cpp
     except ImportError:
         return None
-    llm = llama_cpp.Llama(
+    return llama_cpp.Llama(
         model_path=str(path),
         n_ctx=256,
         n_batch=256,
@@ -474,8 +487,30 @@ def llama_cpp_logits(path: Path, ids: list[int]) -> np.ndarray | None:
         verbose=False,
         seed=0,
     )
+
+
+def llama_cpp_logits(path: Path, ids: list[int]) -> np.ndarray | None:
+    """llama.cpp's logits [T, V] for ``ids`` (one sequence, 1 thread), or None without it."""
+    llm = _llama(path)
+    if llm is None:
+        return None
     llm.eval(ids)
     out = np.array(llm.scores[: len(ids)], dtype=np.float32)
+    llm.close()
+    return out
+
+
+def llama_cpp_greedy(path: Path, prompt: list[int], n: int) -> list[int] | None:
+    """llama.cpp's ``n`` greedy ids after ``prompt`` (argmax of its logits), or None."""
+    llm = _llama(path)
+    if llm is None:
+        return None
+    llm.eval(prompt)
+    out: list[int] = []
+    for _ in range(n):
+        nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        out.append(nxt)
+        llm.eval([nxt])
     llm.close()
     return out
 

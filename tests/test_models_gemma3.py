@@ -11,7 +11,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from family_models import llama_cpp_logits, reference_greedy, reference_logits
+from family_models import (
+    assert_close_to_llama_cpp,
+    llama_cpp_greedy,
+    llama_cpp_logits,
+    reference_greedy,
+    reference_logits,
+)
 
 import poot
 
@@ -61,4 +67,7 @@ def test_gguf_matches_llama_cpp(model: dict[str, Any]) -> None:
     if ref is None:
         pytest.skip("llama-cpp-python is not importable (../shared/peers/llama-cpp.sh builds it)")
     llm = poot.LLM(str(model["gguf"]), threads=1, numerics="ggml")
-    np.testing.assert_allclose(llm.logits(PROMPT), ref[-1], rtol=0, atol=2e-3)
+    assert_close_to_llama_cpp(llm.logits(PROMPT), ref[-1])
+    params = poot.SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    got = llm.generate([PROMPT], params)[0].outputs[0].token_ids
+    assert list(got) == llama_cpp_greedy(model["gguf"], PROMPT, 32)

@@ -97,3 +97,7 @@ pub(crate) fn attend<T: KvElem>(
         },
     );
 }
+
+#[cfg(test)]
+#[path = "windowed_tests.rs"]
+mod tests;
