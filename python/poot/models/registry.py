@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from poot.errors import UnsupportedArchitectureError
 from poot.models.gemma import GemmaModel
 from poot.models.llama import LlamaModel
+from poot.models.phi3 import Phi3Model
 from poot.models.qwen3 import Qwen3Model
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ GGUF_ARCHITECTURES: dict[str, type[LlamaModel]] = {
     "qwen3": Qwen3Model,
     "gemma2": GemmaModel,
     "gemma3": GemmaModel,
+    "phi3": Phi3Model,
 }
 
 # HF config.json architectures[0] (or model_type) -> definition.
@@ -38,12 +40,14 @@ HF_ARCHITECTURES: dict[str, type[LlamaModel]] = {
     "Qwen3ForCausalLM": Qwen3Model,
     "Gemma2ForCausalLM": GemmaModel,
     "Gemma3ForCausalLM": GemmaModel,
+    "Phi3ForCausalLM": Phi3Model,
     "llama": LlamaModel,
     "mistral": LlamaModel,
     "qwen2": LlamaModel,
     "qwen3": Qwen3Model,
     "gemma2": GemmaModel,
     "gemma3_text": GemmaModel,
+    "phi3": Phi3Model,
 }
 
 
