@@ -70,3 +70,10 @@ def test_gguf_matches_llama_cpp(model: dict[str, Any]) -> None:
     params = poot.SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
     got = llm.generate([PROMPT], params)[0].outputs[0].token_ids
     assert list(got) == llama_cpp_greedy(model["gguf"], PROMPT, 32)
+
+
+def test_numpy_interpreter_runs_the_graph(model: dict[str, Any], make_llm: Any) -> None:
+    """tests/numpy_runtime.py interprets the windowed, soft-capped graph like the reference."""
+    llm = make_llm(model["hf"], runtime="numpy")
+    ref = reference_logits(FAMILY, model["weights"], PROMPT)[-1]
+    np.testing.assert_allclose(llm.logits(PROMPT), ref, rtol=0, atol=1e-4)

@@ -64,3 +64,21 @@ def test_window_changes_the_answer(model: dict[str, Any], tmp_path: Any) -> None
     windowed = poot.LLM(str(model["hf"]), threads=1, numerics="exact").logits(PROMPT)
     full = poot.LLM(str(d), threads=1, numerics="exact").logits(PROMPT)
     assert np.abs(windowed - full).max() > 1e-2
+
+
+def test_batched_chunked_and_paged_runs_give_the_single_run_ids(model: dict[str, Any]) -> None:
+    """Three prompts together, prefilled in chunks of 4 tokens through blocks of 4 slots (the
+    window spans block boundaries and chunk boundaries): each gets its own greedy ids."""
+    prompts = [PROMPT, PROMPT[3:], [1, 250, 3, 3, 3, 9, 44, 71, 5, 6, 120, 7, 8, 19]]
+    params = poot.SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    alone = [
+        poot.LLM(str(model["gguf"]), threads=1, numerics="exact")
+        .generate([p], params)[0]
+        .outputs[0]
+        .token_ids
+        for p in prompts
+    ]
+    llm = poot.LLM(str(model["gguf"]), threads=2, numerics="exact", block_size=4, max_step_tokens=4)
+    together = [r.outputs[0].token_ids for r in llm.generate(prompts, params)]
+    assert [list(x) for x in together] == [list(x) for x in alone]
+    assert list(alone[0]) == reference_greedy(FAMILY, model["weights"], PROMPT, 20)
