@@ -65,3 +65,17 @@ def test_gguf_matches_llama_cpp(model: dict[str, Any]) -> None:
     params = poot.SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
     got = llm.generate([PROMPT], params)[0].outputs[0].token_ids
     assert list(got) == llama_cpp_greedy(model["gguf"], PROMPT, 32)
+
+
+def test_inspect_shows_the_family(model: dict[str, Any]) -> None:
+    import io
+
+    from poot.checkpoints import resolve_model_files
+    from poot.cli import inspect_report, print_inspect
+
+    for form, arch in (("hf", "Qwen3ForCausalLM"), ("gguf", "qwen3")):
+        report = inspect_report(resolve_model_files(str(model[form])), with_tensors=False)
+        assert (report["family"], report["architecture"]) == ("qwen3", arch)
+        out = io.StringIO()
+        print_inspect(report, out)
+        assert f"family      qwen3 (architecture {arch})" in out.getvalue()

@@ -89,8 +89,9 @@ def family_fields_gguf(
             out["rope_local_theta"] = f32_shortest(base_swa) if base_swa else 10000.0
         elif base_swa:
             out["rope_local_theta"] = f32_shortest(base_swa)
-    elif arch in ("llama", "mistral", "qwen2", "qwen3") and window:
-        # Mistral 7B v0.1 and the like: every layer windowed.
+    elif arch in ("llama", "mistral") and window:
+        # Mistral 7B v0.1 and the like: every layer windowed. (Qwen2/3 configs state a window
+        # they do not use, use_sliding_window false, so a GGUF's key is not trusted for them.)
         out["layer_windows"] = (window,) * n_layers
     # phi3: llama.cpp disables Phi-3's window (ggml-org/llama.cpp#13676); a GGUF is run as
     # llama.cpp runs it, so the window is not read here.
