@@ -214,3 +214,21 @@ def make_llm(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
         return poot.LLM(str(path), **kw)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def family_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Any]:
+    """``family_checkpoints(family, seed=0)``: a family's random-weight HF dir and GGUF
+    (``tests/family_models.py``), written once per session, or once into
+    ``POOT_FAMILY_CACHE`` when that is set."""
+    import os
+
+    from family_models import write_family
+
+    cache = os.environ.get("POOT_FAMILY_CACHE")
+    root = Path(cache) if cache else tmp_path_factory.mktemp("families")
+
+    def make(family: str, seed: int = 0) -> Any:
+        return write_family(root, family, seed)
+
+    return make

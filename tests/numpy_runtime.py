@@ -227,8 +227,11 @@ class NumpyRuntime:
                 vc[slots[i]] = v[i].reshape(hkv, dh)
         out = np.zeros((t, h * dh))
         bs = self.block_size
+        window, cap = a.get("window", 0), a.get("softcap", 0.0)
         for i in range(t):
-            pos = np.arange(positions[i] + 1)
+            # A windowed layer reads only the last `window` positions.
+            first = max(0, positions[i] + 1 - window) if window else 0
+            pos = np.arange(first, positions[i] + 1)
             table = tables[token_seq[i]]
             idx = table[pos // bs] * bs + pos % bs
             keys, vals = kc[idx], vc[idx]  # [P, hkv, dh]
@@ -237,6 +240,8 @@ class NumpyRuntime:
             for head in range(h):
                 kv = head // group
                 s = keys[:, kv, :] @ qi[head] * a["scale"]
+                if cap:
+                    s = np.tanh(s / cap) * cap
                 p = np.exp(s - s.max())
                 p /= p.sum()
                 if self.ggml:
@@ -282,6 +287,8 @@ class NumpyRuntime:
             elif op == "gelu":
                 c = math.sqrt(2 / math.pi)
                 r = 0.5 * x[0] * (1 + np.tanh(c * (x[0] + 0.044715 * x[0] ** 3)))
+            elif op == "softcap":
+                r = np.tanh(x[0] / attrs["cap"]) * attrs["cap"]
             elif op == "softmax":
                 e = np.exp(x[0] - x[0].max(-1, keepdims=True))
                 r = e / e.sum(-1, keepdims=True)

@@ -98,12 +98,16 @@ def inspect_report(mf: ModelFiles, *, with_tensors: bool = True) -> dict[str, An
             torch_dtype=mf.config.get("torch_dtype", mf.config.get("dtype")),
             quantization=(mf.config.get("quantization_config") or {}).get("quant_method"),
         )
+    from poot.models.registry import architecture_of, family_of
+
     tokenizer = mf.tokenizer_summary()
     tokenizer["chat_template"] = mf.chat_template is not None
     report: dict[str, Any] = {
         "spec": mf.spec,
         "kind": mf.kind,
         "path": str(mf.path),
+        "architecture": architecture_of(mf),
+        "family": family_of(mf),
         "format": fmt,
         "hparams": mf.hparams.to_dict(),
         "tokenizer": tokenizer,
@@ -138,6 +142,8 @@ def print_inspect(report: dict[str, Any], out: TextIO) -> None:
     w = out.write
     w(f"spec        {report['spec']}\n")
     w(f"path        {report['path']}\n")
+    family = report.get("family") or "none (not supported by poot)"
+    w(f"family      {family} (architecture {report.get('architecture') or '-'})\n")
     fmt = report["format"]
     if report["kind"] == "gguf":
         w(

@@ -174,6 +174,8 @@ fn graph(s: Arc<Store>) -> poot_graph::Graph {
         n_kv_heads: KV_HEADS as u32,
         head_dim: HD as u32,
         scale: 0.125,
+        window: 0,
+        softcap: 0.0,
     };
     let a = t.paged_attention(q, k, v, meta, cfg).unwrap();
     let o = mm(&mut t, a, "wo");

@@ -375,6 +375,13 @@ impl Builder<'_> {
                 self.loc[i] = Some(Loc::Host(self.samples.len() - 1));
             }
             Op::PagedAttention { q, k, v, meta, cfg } => {
+                if cfg.window != 0 || cfg.softcap != 0.0 {
+                    return Err(invalid(format!(
+                        "paged_attention: no sliding-window or soft-capped CUDA kernel yet \
+                         (window {}, softcap {})",
+                        cfg.window, cfg.softcap
+                    )));
+                }
                 if cfg.n_kv_heads == 0
                     || cfg.n_heads % cfg.n_kv_heads != 0
                     || !cfg.scale.is_finite()

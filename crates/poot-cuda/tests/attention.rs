@@ -51,6 +51,8 @@ fn graph(t: usize, seqs: usize) -> Graph {
         n_kv_heads: HKV,
         head_dim: D,
         scale: 1.0 / (D as f32).sqrt(),
+        window: 0,
+        softcap: 0.0,
     };
     let o = tr.paged_attention(q, k, v, meta, cfg).unwrap();
     tr.output("o", o).unwrap();

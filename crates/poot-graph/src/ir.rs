@@ -84,6 +84,13 @@ pub struct AttentionConfig {
     pub n_kv_heads: u32,
     pub head_dim: u32,
     pub scale: f32,
+    /// Sliding window: `0` attends to every position `0..=pos`; `w > 0` only to
+    /// `pos + 1 - w ..= pos` (Mistral, Gemma's local layers). Positions outside it are never
+    /// read; the paged pool keeps their blocks (see `docs/families.md`).
+    pub window: u32,
+    /// Attention logit soft-cap: `0` none; `c > 0` turns each score `s` into
+    /// `c * tanh(s / c)` before the softmax (Gemma 2).
+    pub softcap: f32,
 }
 
 /// Per-step attention metadata, all runtime inputs (i32).
@@ -185,6 +192,11 @@ pub enum Op {
     Softmax {
         x: ValueId,
     },
+    /// Elementwise `cap * tanh(x / cap)` (Gemma 2's final logit soft-capping).
+    Softcap {
+        x: ValueId,
+        cap: f32,
+    },
     /// `x` [T, n_heads * head_dim] rotated by `positions` [T].
     Rope {
         x: ValueId,
@@ -266,6 +278,7 @@ impl Op {
             Op::Silu { .. } => "silu",
             Op::Gelu { .. } => "gelu",
             Op::Softmax { .. } => "softmax",
+            Op::Softcap { .. } => "softcap",
             Op::Rope { .. } => "rope",
             Op::PagedAttention { .. } => "paged_attention",
             Op::Reshape { .. } => "reshape",
@@ -288,7 +301,9 @@ impl Op {
             Op::RmsNorm { x, weight, .. } => vec![*x, *weight],
             Op::MatMul { x, w } => vec![*x, *w],
             Op::Add { a, b } | Op::Mul { a, b } => vec![*a, *b],
-            Op::Silu { x } | Op::Gelu { x } | Op::Softmax { x } => vec![*x],
+            Op::Silu { x } | Op::Gelu { x } | Op::Softmax { x } | Op::Softcap { x, .. } => {
+                vec![*x]
+            }
             Op::Rope { x, positions, .. } => vec![*x, *positions],
             Op::PagedAttention { q, k, v, meta, .. } => vec![
                 *q,
@@ -346,7 +361,9 @@ impl Op {
                 *a = f(*a);
                 *b = f(*b);
             }
-            Op::Silu { x } | Op::Gelu { x } | Op::Softmax { x } => *x = f(*x),
+            Op::Silu { x } | Op::Gelu { x } | Op::Softmax { x } | Op::Softcap { x, .. } => {
+                *x = f(*x)
+            }
             Op::Rope { x, positions, .. } => {
                 *x = f(*x);
                 *positions = f(*positions);

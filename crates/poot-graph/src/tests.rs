@@ -219,6 +219,8 @@ fn attention_checks_gqa_and_metadata() {
         n_kv_heads: 4,
         head_dim: 8,
         scale: 0.35,
+        window: 0,
+        softcap: 0.0,
     };
     let out = t.paged_attention(q, kv, kv, meta, cfg).unwrap();
     assert_eq!(t.info(out).unwrap().shape, vec![3, 64]);

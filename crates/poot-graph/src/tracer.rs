@@ -360,6 +360,18 @@ impl Tracer {
         self.push(Op::Gelu { x }, out, 0, 0)
     }
 
+    /// `cap * tanh(x / cap)` elementwise; `cap` must be positive and finite.
+    pub fn softcap(&mut self, x: ValueId, cap: f32) -> Result<ValueId, TraceError> {
+        let out = self.act("softcap", x, "x", None)?;
+        if !(cap.is_finite() && cap > 0.0) {
+            return Err(shape_err(
+                "softcap",
+                format!("cap must be positive and finite, got {cap}"),
+            ));
+        }
+        self.push(Op::Softcap { x, cap }, out, 0, 0)
+    }
+
     pub fn softmax(&mut self, x: ValueId) -> Result<ValueId, TraceError> {
         let out = self.act("softmax", x, "x", None)?;
         self.push(Op::Softmax { x }, out, 0, 0)
@@ -421,6 +433,12 @@ impl Tracer {
             return Err(shape_err(
                 OP,
                 format!("{h} heads over {hkv} kv heads of dim {dh}"),
+            ));
+        }
+        if !(cfg.softcap.is_finite() && cfg.softcap >= 0.0) {
+            return Err(shape_err(
+                OP,
+                format!("softcap must be finite and >= 0, got {}", cfg.softcap),
             ));
         }
         let t = qi.shape[0];

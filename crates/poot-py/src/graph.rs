@@ -97,7 +97,10 @@ fn attrs<'py>(py: Python<'py>, op: &Op) -> PyResult<Bound<'py, PyDict>> {
             d.set_item("n_kv_heads", cfg.n_kv_heads)?;
             d.set_item("head_dim", cfg.head_dim)?;
             d.set_item("scale", cfg.scale)?;
+            d.set_item("window", cfg.window)?;
+            d.set_item("softcap", cfg.softcap)?;
         }
+        Op::Softcap { cap, .. } => d.set_item("cap", cap)?,
         Op::Reshape { shape, .. } => d.set_item("shape", PyTuple::new(py, shape)?)?,
         Op::Slice {
             axis, start, end, ..
@@ -129,9 +132,16 @@ fn attr_text(op: &Op) -> String {
             cfg.scaling
         ),
         Op::PagedAttention { cfg, .. } => format!(
-            " layer={} heads={}/{}x{} scale={}",
-            cfg.layer, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale
+            " layer={} heads={}/{}x{} scale={} window={} softcap={}",
+            cfg.layer,
+            cfg.n_heads,
+            cfg.n_kv_heads,
+            cfg.head_dim,
+            cfg.scale,
+            cfg.window,
+            cfg.softcap
         ),
+        Op::Softcap { cap, .. } => format!(" cap={cap}"),
         Op::Reshape { shape, .. } => format!(" shape={shape:?}"),
         Op::Slice {
             axis, start, end, ..

@@ -320,6 +320,12 @@ impl PyTracer {
         self.unary(py, x, Tracer::gelu)
     }
 
+    /// `cap * tanh(x / cap)` elementwise (logit soft-capping).
+    fn softcap(&mut self, py: Python<'_>, x: &PyValue, cap: f32) -> PyResult<PyValue> {
+        let x = self.vid(py, x)?;
+        self.rec(py, |t| t.softcap(x, cap))
+    }
+
     /// Over the last dim.
     fn softmax(&mut self, py: Python<'_>, x: &PyValue) -> PyResult<PyValue> {
         self.unary(py, x, Tracer::softmax)
@@ -370,8 +376,9 @@ impl PyTracer {
     }
 
     /// Causal grouped-query attention over the paged KV cache of `layer`, writing this step's
-    /// k/v into their slots first. `scale` defaults to 1/sqrt(head_dim).
-    #[pyo3(signature = (q, k, v, *, slot_mapping, token_seq, positions, block_tables, layer, n_heads, n_kv_heads, head_dim, scale=None))]
+    /// k/v into their slots first. `scale` defaults to 1/sqrt(head_dim); `window` (0: none)
+    /// limits each token to its last `window` positions; `softcap` (0: none) caps scores.
+    #[pyo3(signature = (q, k, v, *, slot_mapping, token_seq, positions, block_tables, layer, n_heads, n_kv_heads, head_dim, scale=None, window=0, softcap=0.0))]
     #[allow(clippy::too_many_arguments)]
     fn paged_attention(
         &mut self,
@@ -388,6 +395,8 @@ impl PyTracer {
         n_kv_heads: u32,
         head_dim: u32,
         scale: Option<f32>,
+        window: u32,
+        softcap: f32,
     ) -> PyResult<PyValue> {
         let meta = AttentionMeta {
             slot_mapping: self.vid(py, slot_mapping)?,
@@ -401,6 +410,8 @@ impl PyTracer {
             n_kv_heads,
             head_dim,
             scale: scale.unwrap_or_else(|| 1.0 / (head_dim.max(1) as f32).sqrt()),
+            window,
+            softcap,
         };
         let (q, k, v) = (self.vid(py, q)?, self.vid(py, k)?, self.vid(py, v)?);
         self.rec(py, |t| t.paged_attention(q, k, v, meta, cfg))

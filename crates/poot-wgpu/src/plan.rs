@@ -63,7 +63,11 @@ impl CompiledPlan for WgpuPlan {
 /// Ops with a WGSL kernel: every op of the IR except the sampling step's logit ops, whose
 /// steps the engine samples on the host (see `sample.rs`).
 pub(crate) fn supports(op: &str) -> bool {
-    !matches!(op, "adjust_logits" | "mask_logits" | "top_k" | "logprobs")
+    // softcap (Gemma 2's final logits) has no WGSL kernel yet: steps holding it run on the CPU.
+    !matches!(
+        op,
+        "adjust_logits" | "mask_logits" | "top_k" | "logprobs" | "softcap"
+    )
 }
 
 fn invalid(detail: String) -> RuntimeError {
@@ -110,9 +114,11 @@ fn kernels_of(rt: &WgpuRuntime, graph: &Graph, op: &Op) -> Vec<(Kernel, DType)> 
         Op::GatherRows { .. } => vec![(Kernel::Gather, DType::F32)],
         Op::Sample { .. } => vec![(Kernel::Argmax, DType::F32)],
         Op::Input { .. } | Op::Weight { .. } | Op::Literal { .. } | Op::Reshape { .. } => vec![],
-        Op::AdjustLogits { .. } | Op::MaskLogits { .. } | Op::TopK { .. } | Op::Logprobs { .. } => {
-            vec![]
-        }
+        Op::AdjustLogits { .. }
+        | Op::MaskLogits { .. }
+        | Op::TopK { .. }
+        | Op::Logprobs { .. }
+        | Op::Softcap { .. } => vec![],
     }
 }
 
@@ -138,6 +144,13 @@ fn check_op(graph: &Graph, i: usize, op: &Op, used_by: &[Vec<usize>]) -> Result<
                 "wgpu attention needs head_dim <= 256 and n_heads a multiple of n_kv_heads \
                  (got {}x{}, {} kv heads)",
                 cfg.n_heads, cfg.head_dim, cfg.n_kv_heads
+            )));
+        }
+        Op::PagedAttention { cfg, .. } if cfg.window != 0 || cfg.softcap != 0.0 => {
+            return Err(invalid(format!(
+                "wgpu attention has no sliding-window or soft-capped kernel yet (window {}, \
+                 softcap {}); run this model on the CPU runtime",
+                cfg.window, cfg.softcap
             )));
         }
         Op::Sample { params, .. } => {

@@ -294,6 +294,8 @@ fn paged_attention_prefill_then_decode() {
         n_kv_heads: 2,
         head_dim: 16,
         scale: 0.25,
+        window: 0,
+        softcap: 0.0,
     };
     let mut rng = Rng(15);
     // Sequence 0 uses blocks [3, 1]; sequence 1 (decode only at step 2) uses block [5].

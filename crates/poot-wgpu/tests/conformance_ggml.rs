@@ -154,6 +154,8 @@ fn attention_matches_cpu_ggml() {
         n_kv_heads: 2,
         head_dim: 16,
         scale: 0.25,
+        window: 0,
+        softcap: 0.0,
     };
     let mut rng = Rng(22);
     type Step = (Vec<i32>, Vec<i32>, Vec<i32>, Vec<i32>);

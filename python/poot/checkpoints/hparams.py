@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Collection, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from poot.checkpoints.metadata import metadata_array_len
 from poot.errors import CheckpointFormatError
 
 # HF model_type / GGUF general.architecture names that are the Llama graph.
-_HF_ARCH_ALIASES = {"llama": "llama", "mistral": "llama", "smollm": "llama"}
+_HF_ARCH_ALIASES = {
+    "llama": "llama",
+    "mistral": "llama",
+    "smollm": "llama",
+    "gemma3_text": "gemma3",
+}
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,14 @@ class ModelHParams:
         tie_word_embeddings: the output projection reuses the token embedding.
         bos_token_id: the beginning-of-sequence token, if known.
         eos_token_ids: every end-of-sequence token, first the primary one.
+        layer_windows: per layer, ``0`` (global attention) or the sliding window ``W`` (a token
+            at position ``p`` attends to ``p - W + 1 ..= p``); empty when no layer is windowed.
+        attn_logit_softcap: attention scores become ``c * tanh(s / c)`` (Gemma 2), or None.
+        final_logit_softcap: logits become ``c * tanh(l / c)`` (Gemma 2), or None.
+        query_pre_attn_scalar: attention scale is ``query_pre_attn_scalar ** -0.5`` instead of
+            ``head_dim ** -0.5`` (Gemma), or None.
+        rope_local_theta: RoPE base of the windowed layers when it differs (Gemma 3), or None.
+        embedding_scale: the embedding is multiplied by ``sqrt(hidden_size)`` (Gemma).
     """
 
     architecture: str
@@ -76,6 +89,16 @@ class ModelHParams:
     rope_scaling: RopeScaling | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    layer_windows: tuple[int, ...] = ()
+    attn_logit_softcap: float | None = None
+    final_logit_softcap: float | None = None
+    query_pre_attn_scalar: float | None = None
+    rope_local_theta: float | None = None
+    embedding_scale: bool = False
+
+    def window(self, layer: int) -> int:
+        """Layer ``layer``'s sliding window, ``0`` for global attention."""
+        return self.layer_windows[layer] if self.layer_windows else 0
 
     @property
     def embedding_length(self) -> int:
@@ -96,6 +119,7 @@ class ModelHParams:
         """A JSON-ready dict of every field."""
         out = asdict(self)
         out["eos_token_ids"] = list(self.eos_token_ids)
+        out["layer_windows"] = list(self.layer_windows)
         if self.rope_scaling is not None:
             out["rope_scaling"]["params"] = dict(self.rope_scaling.params)
         return out
@@ -114,7 +138,8 @@ def f32_shortest(value: float) -> float:
     return value
 
 
-def _bad(source: str, key: str, why: str) -> CheckpointFormatError:
+def bad_hparams(source: str, key: str, why: str) -> CheckpointFormatError:
+    """The error for a missing or malformed hyperparameter ``key`` of ``source``."""
     return CheckpointFormatError(
         f"{source}: {key} {why}", kind="bad_hparams", file=source, field=key
     )
@@ -124,15 +149,15 @@ def _int(meta: Mapping[str, Any], key: str, source: str, default: int | None = N
     value = meta.get(key)
     if value is None:
         if default is None:
-            raise _bad(source, key, "is missing")
+            raise bad_hparams(source, key, "is missing")
         return default
     if isinstance(value, bool) or not isinstance(value, int):
         # GGUF allows a per-layer array for some counts; poot needs one value for all layers.
         if isinstance(value, list | tuple) and value and len(set(value)) == 1:
             return int(value[0])
-        raise _bad(source, key, f"must be an integer, got {value!r}")
+        raise bad_hparams(source, key, f"must be an integer, got {value!r}")
     if value < 0:
-        raise _bad(source, key, f"must not be negative, got {value}")
+        raise bad_hparams(source, key, f"must not be negative, got {value}")
     return value
 
 
@@ -140,10 +165,10 @@ def _float(meta: Mapping[str, Any], key: str, source: str, default: float | None
     value = meta.get(key)
     if value is None:
         if default is None:
-            raise _bad(source, key, "is missing")
+            raise bad_hparams(source, key, "is missing")
         return default
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _bad(source, key, f"must be a number, got {value!r}")
+        raise bad_hparams(source, key, f"must be a number, got {value!r}")
     return float(value)
 
 
@@ -159,14 +184,24 @@ def _eos_ids(value: Any) -> tuple[int, ...]:
 
 def _check(h: ModelHParams, source: str) -> ModelHParams:
     if h.n_heads == 0 or h.n_kv_heads == 0 or h.n_heads % h.n_kv_heads != 0:
-        raise _bad(
+        raise bad_hparams(
             source,
             "head counts",
             f"n_heads={h.n_heads} is not a multiple of n_kv_heads={h.n_kv_heads}",
         )
     for name in ("vocab_size", "hidden_size", "n_layers", "head_dim", "intermediate_size"):
         if getattr(h, name) <= 0:
-            raise _bad(source, name, "must be positive")
+            raise bad_hparams(source, name, "must be positive")
+    if h.layer_windows and len(h.layer_windows) != h.n_layers:
+        raise bad_hparams(
+            source,
+            "layer_windows",
+            f"has {len(h.layer_windows)} entries for {h.n_layers} layers",
+        )
+    for name in ("attn_logit_softcap", "final_logit_softcap", "query_pre_attn_scalar"):
+        v = getattr(h, name)
+        if v is not None and not (v > 0 and v != float("inf")):
+            raise bad_hparams(source, name, f"must be positive and finite, got {v}")
     return h
 
 
@@ -184,7 +219,7 @@ def hparams_from_gguf(
     """
     arch = metadata.get("general.architecture")
     if not isinstance(arch, str) or not arch:
-        raise _bad(source, "general.architecture", "is missing")
+        raise bad_hparams(source, "general.architecture", "is missing")
     p = f"{arch}."
     hidden = _int(metadata, p + "embedding_length", source)
     n_heads = _int(metadata, p + "attention.head_count", source)
@@ -196,7 +231,9 @@ def hparams_from_gguf(
     if vocab is None:
         vocab = metadata_array_len(metadata, "tokenizer.ggml.tokens")
         if vocab is None:
-            raise _bad(source, p + "vocab_size", "is missing and there is no tokenizer.ggml.tokens")
+            raise bad_hparams(
+                source, p + "vocab_size", "is missing and there is no tokenizer.ggml.tokens"
+            )
     scaling = None
     stype = metadata.get(p + "rope.scaling.type")
     if isinstance(stype, str) and stype != "none":
@@ -236,7 +273,10 @@ def hparams_from_gguf(
         bos_token_id=bos if isinstance(bos, int) else None,
         eos_token_ids=_eos_ids(metadata.get("tokenizer.ggml.eos_token_id")),
     )
-    return _check(h, source)
+    from poot.checkpoints.family_hparams import family_fields_gguf
+
+    extra = family_fields_gguf(arch, metadata, h.n_layers, hidden, n_heads, head_dim, source)
+    return _check(replace(h, **extra), source)
 
 
 def hparams_from_hf_config(
@@ -254,7 +294,7 @@ def hparams_from_hf_config(
         cfg = {**cfg, **cfg["text_config"]}
     model_type = cfg.get("model_type")
     if not isinstance(model_type, str) or not model_type:
-        raise _bad(source, "model_type", "is missing")
+        raise bad_hparams(source, "model_type", "is missing")
     arch = _HF_ARCH_ALIASES.get(model_type, model_type)
     hidden = _int(cfg, "hidden_size", source)
     n_heads = _int(cfg, "num_attention_heads", source)
@@ -315,4 +355,7 @@ def hparams_from_hf_config(
         bos_token_id=bos if isinstance(bos, int) and not isinstance(bos, bool) else None,
         eos_token_ids=eos_ids,
     )
-    return _check(h, source)
+    from poot.checkpoints.family_hparams import family_fields_hf
+
+    extra = family_fields_hf(cfg, model_type, h.n_layers, source)
+    return _check(replace(h, **extra), source)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from poot.errors import UnsupportedArchitectureError
-from poot.models.step import StepShape, declare_inputs, trace_head
+from poot.models.step import StepInputs, StepShape, declare_inputs, trace_head
 
 if TYPE_CHECKING:
     from poot._native import Tracer, Value
@@ -43,6 +43,10 @@ class WeightNames:
     q_bias: str
     k_bias: str
     v_bias: str
+    q_norm: str = ""
+    k_norm: str = ""
+    post_attn_norm: str = ""
+    post_ffn_norm: str = ""
 
 
 GGUF_NAMES = WeightNames(
@@ -61,6 +65,10 @@ GGUF_NAMES = WeightNames(
     q_bias="blk.{i}.attn_q.bias",
     k_bias="blk.{i}.attn_k.bias",
     v_bias="blk.{i}.attn_v.bias",
+    q_norm="blk.{i}.attn_q_norm.weight",
+    k_norm="blk.{i}.attn_k_norm.weight",
+    post_attn_norm="blk.{i}.post_attention_norm.weight",
+    post_ffn_norm="blk.{i}.post_ffw_norm.weight",
 )
 
 HF_NAMES = WeightNames(
@@ -79,6 +87,8 @@ HF_NAMES = WeightNames(
     q_bias="model.layers.{i}.self_attn.q_proj.bias",
     k_bias="model.layers.{i}.self_attn.k_proj.bias",
     v_bias="model.layers.{i}.self_attn.v_proj.bias",
+    q_norm="model.layers.{i}.self_attn.q_norm.weight",
+    k_norm="model.layers.{i}.self_attn.k_norm.weight",
 )
 
 RopeStyle = Literal["interleaved", "neox"]
@@ -175,6 +185,102 @@ class LlamaModel:
             scaling=self.rope_scaling,
         )
 
+    def embed(self, t: Tracer, table: Value, ids: Value) -> Value:
+        """The hidden state of the step's tokens (families override to scale it)."""
+        return t.embedding(table, ids)
+
+    def norm(self, t: Tracer, x: Value, weight: str) -> Value:
+        """RMSNorm of ``x`` by the stored weight ``weight``."""
+        return t.rms_norm(x, t.weight(weight), self.hparams.rms_norm_eps)
+
+    def qkv(self, t: Tracer, i: int, a: Value) -> tuple[Value, Value, Value]:
+        """Layer ``i``'s q, k, v projections of the normed hidden state ``a``."""
+        n = self.names
+        q = self._proj(t, a, n.q.format(i=i), n.q_bias.format(i=i))
+        k = self._proj(t, a, n.k.format(i=i), n.k_bias.format(i=i))
+        v = self._proj(t, a, n.v.format(i=i), n.v_bias.format(i=i))
+        return q, k, v
+
+    def qk_norm(self, t: Tracer, i: int, q: Value, k: Value) -> tuple[Value, Value]:
+        """Hook before RoPE: per-head q/k normalisation in families that have it."""
+        return q, k
+
+    def rope_qk(
+        self, t: Tracer, i: int, q: Value, k: Value, positions: Value
+    ) -> tuple[Value, Value]:
+        """Layer ``i``'s rotary embedding of q and k."""
+        h = self.hparams
+        return self._rope(t, q, positions, h.n_heads), self._rope(t, k, positions, h.n_kv_heads)
+
+    def attention_options(self, i: int) -> dict[str, Any]:
+        """Extra ``paged_attention`` arguments of layer ``i`` (window, soft-cap)."""
+        window = self.hparams.window(i)
+        return {"window": window} if window else {}
+
+    def attention(self, t: Tracer, i: int, a: Value, ins: StepInputs, kv_layer: int) -> Value:
+        """Layer ``i``'s attention of the normed hidden state ``a`` (before the output
+        projection), writing its k/v into KV layer ``kv_layer``."""
+        h = self.hparams
+        q, k, v = self.qkv(t, i, a)
+        q, k = self.qk_norm(t, i, q, k)
+        q, k = self.rope_qk(t, i, q, k, ins.positions)
+        return t.paged_attention(
+            q,
+            k,
+            v,
+            slot_mapping=ins.slot_mapping,
+            token_seq=ins.token_seq,
+            positions=ins.positions,
+            block_tables=ins.block_tables,
+            layer=kv_layer,
+            n_heads=h.n_heads,
+            n_kv_heads=h.n_kv_heads,
+            head_dim=h.head_dim,
+            scale=self.attention_scale(),
+            **self.attention_options(i),
+        )
+
+    def attention_scale(self) -> float:
+        """The factor on ``q . k``."""
+        return float(self.hparams.head_dim**-0.5)
+
+    def ffn(self, t: Tracer, i: int, f: Value) -> Value:
+        """Layer ``i``'s SwiGLU feed-forward of the normed hidden state ``f``."""
+        n = self.names
+        gate = t.silu(t.matmul(f, t.weight(n.gate.format(i=i))))
+        up = t.matmul(f, t.weight(n.up.format(i=i)))
+        return t.matmul(t.mul(gate, up), t.weight(n.down.format(i=i)))
+
+    def layer(
+        self,
+        t: Tracer,
+        i: int,
+        x: Value,
+        ins: StepInputs,
+        kv_layer: int,
+        last_rows: Value | None = None,
+    ) -> Value:
+        """One pre-norm decoder block; ``last_rows`` (the last layer) keeps only the rows that
+        are sampled after attention (every row's k/v is already written by then)."""
+        n = self.names
+        att = self.attention(t, i, self.norm(t, x, n.attn_norm.format(i=i)), ins, kv_layer)
+        if last_rows is not None:
+            att = t.gather_rows(att, last_rows)
+            x = t.gather_rows(x, last_rows)
+        x = t.add(x, t.matmul(att, t.weight(n.o.format(i=i))))
+        f = self.norm(t, x, n.ffn_norm.format(i=i))
+        return t.add(x, self.ffn(t, i, f))
+
+    def head(self, t: Tracer, x: Value, embed: Value | None) -> Value:
+        """The logits of the final hidden rows."""
+        n = self.names
+        x = self.norm(t, x, n.norm)
+        if t.has_weight(n.output):
+            out = t.weight(n.output)
+        else:
+            out = embed if embed is not None else t.weight(n.embed)
+        return t.matmul(x, out)
+
     def trace(self, t: Tracer, shape: StepShape) -> None:
         """Traces one step of ``shape`` into ``t`` (inputs and outputs per ``poot.models.step``)."""
         self.trace_units(t, shape, 0, self.hparams.n_layers + 2)
@@ -195,57 +301,29 @@ class LlamaModel:
         """
         h, n = self.hparams, self.names
         ins = declare_inputs(t, shape)
-        eps = h.rms_norm_eps
-        meta = {
-            "slot_mapping": ins.slot_mapping,
-            "token_seq": ins.token_seq,
-            "positions": ins.positions,
-            "block_tables": ins.block_tables,
-        }
         head_unit = h.n_layers + 1
         embed = None
         if start == 0:
             embed = t.weight(n.embed)
-            x = t.embedding(embed, ins.ids)
+            x = self.embed(t, embed, ins.ids)
         else:
             gathered = start == head_unit and shape.kind != "all_logits"
             rows = shape.seqs if gathered else shape.tokens
             x = t.input("hidden", "f32", [rows, h.hidden_size])
         last = h.n_layers - 1
         for i in range(max(0, start - 1), min(h.n_layers, end - 1)):
-            a = t.rms_norm(x, t.weight(n.attn_norm.format(i=i)), eps)
-            q = self._proj(t, a, n.q.format(i=i), n.q_bias.format(i=i))
-            k = self._proj(t, a, n.k.format(i=i), n.k_bias.format(i=i))
-            v = self._proj(t, a, n.v.format(i=i), n.v_bias.format(i=i))
-            q = self._rope(t, q, ins.positions, h.n_heads)
-            k = self._rope(t, k, ins.positions, h.n_kv_heads)
-            att = t.paged_attention(
-                q,
-                k,
-                v,
-                **meta,
-                layer=i - kv_base,
-                n_heads=h.n_heads,
-                n_kv_heads=h.n_kv_heads,
-                head_dim=h.head_dim,
-                scale=h.head_dim**-0.5,
+            x = self.layer(
+                t,
+                i,
+                x,
+                ins,
+                i - kv_base,
+                # Only each sequence's last row is sampled (every row's k/v is already written),
+                # except in an all_logits step, which outputs every row's logits.
+                last_rows=ins.last_rows if i == last and shape.kind != "all_logits" else None,
             )
-            if i == last and shape.kind != "all_logits":
-                # Only each sequence's last row is sampled; every row's k/v is already written.
-                att = t.gather_rows(att, ins.last_rows)
-                x = t.gather_rows(x, ins.last_rows)
-            x = t.add(x, t.matmul(att, t.weight(n.o.format(i=i))))
-            f = t.rms_norm(x, t.weight(n.ffn_norm.format(i=i)), eps)
-            gate = t.silu(t.matmul(f, t.weight(n.gate.format(i=i))))
-            up = t.matmul(f, t.weight(n.up.format(i=i)))
-            x = t.add(x, t.matmul(t.mul(gate, up), t.weight(n.down.format(i=i))))
         if end <= head_unit:
             t.output("hidden", x)
             return
-        x = t.rms_norm(x, t.weight(n.norm), eps)
-        if t.has_weight(n.output):
-            head = t.weight(n.output)
-        else:
-            head = embed if embed is not None else t.weight(n.embed)
-        logits = t.matmul(x, head)
+        logits = self.head(t, x, embed)
         trace_head(t, logits, shape, ins.last_rows)

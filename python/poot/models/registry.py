@@ -11,18 +11,32 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from poot.errors import UnsupportedArchitectureError
+from poot.models.gemma import GemmaModel
 from poot.models.llama import LlamaModel
+from poot.models.phi3 import Phi3Model
+from poot.models.qwen3 import Qwen3Model
 
 if TYPE_CHECKING:
     from poot.checkpoints import ModelFiles
 
-__all__ = ["GGUF_ARCHITECTURES", "HF_ARCHITECTURES", "architecture_of", "model_definition"]
+__all__ = [
+    "FAMILIES",
+    "GGUF_ARCHITECTURES",
+    "HF_ARCHITECTURES",
+    "architecture_of",
+    "family_of",
+    "model_definition",
+]
 
 # GGUF general.architecture -> definition.
 GGUF_ARCHITECTURES: dict[str, type[LlamaModel]] = {
     "llama": LlamaModel,
     "mistral": LlamaModel,
     "qwen2": LlamaModel,
+    "qwen3": Qwen3Model,
+    "gemma2": GemmaModel,
+    "gemma3": GemmaModel,
+    "phi3": Phi3Model,
 }
 
 # HF config.json architectures[0] (or model_type) -> definition.
@@ -30,9 +44,17 @@ HF_ARCHITECTURES: dict[str, type[LlamaModel]] = {
     "LlamaForCausalLM": LlamaModel,
     "MistralForCausalLM": LlamaModel,
     "Qwen2ForCausalLM": LlamaModel,
+    "Qwen3ForCausalLM": Qwen3Model,
+    "Gemma2ForCausalLM": GemmaModel,
+    "Gemma3ForCausalLM": GemmaModel,
+    "Phi3ForCausalLM": Phi3Model,
     "llama": LlamaModel,
     "mistral": LlamaModel,
     "qwen2": LlamaModel,
+    "qwen3": Qwen3Model,
+    "gemma2": GemmaModel,
+    "gemma3_text": GemmaModel,
+    "phi3": Phi3Model,
 }
 
 
@@ -46,6 +68,23 @@ def architecture_of(files: ModelFiles) -> str:
         return archs[0]
     model_type = files.config.get("model_type")
     return model_type if isinstance(model_type, str) else ""
+
+
+# Definition -> the family name ``poot inspect`` shows.
+FAMILIES: dict[type[LlamaModel], str] = {
+    LlamaModel: "llama",
+    Qwen3Model: "qwen3",
+    GemmaModel: "gemma",
+    Phi3Model: "phi3",
+}
+
+
+def family_of(files: ModelFiles) -> str | None:
+    """The model family poot runs the checkpoint as (e.g. ``"llama"``, ``"gemma"``), or None
+    when its architecture has no definition."""
+    table = GGUF_ARCHITECTURES if files.kind == "gguf" else HF_ARCHITECTURES
+    cls = table.get(architecture_of(files))
+    return FAMILIES[cls] if cls is not None else None
 
 
 def model_definition(files: ModelFiles) -> LlamaModel:

@@ -103,6 +103,20 @@ unary!(
     gelu_erf, gelu_erf_to, gelu_erf_f32
 );
 
+/// Soft-capping in place: `x = tanh(x * (1 / cap)) * cap`, the order of llama.cpp's Gemma 2
+/// graph (`ggml_scale`, `ggml_tanh`, `ggml_scale`); `cap` must be positive and finite.
+pub fn softcap(x: &mut [f32], cap: f32) -> Result<(), KernelError> {
+    if !(cap.is_finite() && cap > 0.0) {
+        return Err(KernelError::InvalidArgument {
+            what: "softcap cap",
+            detail: format!("{cap} is not positive and finite"),
+        });
+    }
+    let inv = 1.0 / cap;
+    x.iter_mut().for_each(|v| *v = (*v * inv).tanh() * cap);
+    Ok(())
+}
+
 /// SwiGLU: `out[i] = silu(gate[i]) * up[i]`.
 pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), KernelError> {
     check_len("silu_mul up", gate.len(), up.len())?;

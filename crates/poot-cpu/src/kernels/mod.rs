@@ -42,10 +42,11 @@ pub mod rope;
 
 pub use act::{
     add, add_inplace, gelu_erf, gelu_erf_to, gelu_tanh, gelu_tanh_to, mul, mul_inplace, silu,
-    silu_mul, silu_to, softmax,
+    silu_mul, silu_to, softcap, softmax,
 };
 pub use attention::{
-    paged_attention, paged_attention_numerics, AttentionInputs, AttentionShape, KvCacheMut, KvElem,
+    paged_attention, paged_attention_masked, paged_attention_numerics, AttentionInputs,
+    AttentionMask, AttentionShape, KvCacheMut, KvElem,
 };
 pub use decode::DECODABLE;
 pub use embedding::embedding;

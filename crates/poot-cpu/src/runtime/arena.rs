@@ -100,7 +100,7 @@ pub(super) fn for_each_operand(op: &Op, mut f: impl FnMut(ValueId)) {
         Op::RmsNorm { x, weight, .. } => [*x, *weight].into_iter().for_each(f),
         Op::MatMul { x, w } => [*x, *w].into_iter().for_each(f),
         Op::Add { a, b } | Op::Mul { a, b } => [*a, *b].into_iter().for_each(f),
-        Op::Silu { x } | Op::Gelu { x } | Op::Softmax { x } => f(*x),
+        Op::Silu { x } | Op::Gelu { x } | Op::Softmax { x } | Op::Softcap { x, .. } => f(*x),
         Op::Rope { x, positions, .. } => [*x, *positions].into_iter().for_each(f),
         Op::PagedAttention { q, k, v, meta, .. } => [
             *q,

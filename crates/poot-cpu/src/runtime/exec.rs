@@ -309,6 +309,12 @@ impl<'a> Exec<'a> {
                     .map_err(kerr("softmax"))?;
                 Buf::F32(out)
             }
+            Op::Softcap { x, cap } => {
+                let mut out = self.arena.f32s(numel);
+                out.extend_from_slice(self.f32(*x, "softcap")?);
+                kernels::softcap(&mut out, *cap).map_err(kerr("softcap"))?;
+                Buf::F32(out)
+            }
             Op::Rope { x, positions, cfg } => {
                 self.rope(i, *x, *positions, cfg.n_heads as usize, &info.shape)?
             }
@@ -357,14 +363,19 @@ impl<'a> Exec<'a> {
                 };
 
                 let numerics = self.plan.numerics;
+                let mask = kernels::AttentionMask {
+                    window: cfg.window as usize,
+                    softcap: cfg.softcap,
+                };
                 match &mut kv.layers {
                     KvLayers::F32 { k, v } => {
                         let cache = KvCacheMut {
                             k: &mut k[layer],
                             v: &mut v[layer],
                         };
-                        kernels::paged_attention_numerics(
+                        kernels::paged_attention_masked(
                             numerics,
+                            mask,
                             &shape,
                             &attn_inputs,
                             cache,
@@ -377,8 +388,9 @@ impl<'a> Exec<'a> {
                             k: &mut k[layer],
                             v: &mut v[layer],
                         };
-                        kernels::paged_attention_numerics(
+                        kernels::paged_attention_masked(
                             numerics,
+                            mask,
                             &shape,
                             &attn_inputs,
                             cache,

@@ -327,6 +327,8 @@ fn kv_pool_case(numerics: Numerics, tol: f32) {
         n_kv_heads: 1,
         head_dim: 4,
         scale: 0.5,
+        window: 0,
+        softcap: 0.0,
     };
     let o = t.paged_attention(q, q, q, m, cfg).unwrap();
     t.output("o", o).unwrap();

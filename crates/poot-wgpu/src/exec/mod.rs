@@ -550,7 +550,8 @@ impl<'a> Exec<'a> {
             Op::AdjustLogits { .. }
             | Op::MaskLogits { .. }
             | Op::TopK { .. }
-            | Op::Logprobs { .. } => {
+            | Op::Logprobs { .. }
+            | Op::Softcap { .. } => {
                 // `compile` refuses these (see `plan::supports`).
                 return Err(kernel_err(op.name(), "no wgpu kernel".into()));
             }

@@ -81,21 +81,23 @@ pub(crate) fn attend<T: KvElem>(
             let len = inputs.positions[tok] as usize + 1;
             let q = &inputs.q[idx * s.head_dim..(idx + 1) * s.head_dim];
             let row_of = kv_row_of(s, inputs, tok, h / group);
-            head(fma, s, q, (k_cache, v_cache), row_of, len, scores, o);
+            head(fma, s, q, (k_cache, v_cache), row_of, len, 0.0, scores, o);
         },
     );
 }
 
 /// One query head `q` over positions `0..len` (rows at `row_of(p)`) into `o` (see the module
-/// docs).
+/// docs). `softcap > 0` replaces each score `s` by `tanh(s * (1 / softcap)) * softcap` (llama.cpp's
+/// order) before the softmax; `0` leaves the scores as they are.
 #[allow(clippy::too_many_arguments, reason = "one head's inputs")]
-fn head<T: KvElem>(
+pub(crate) fn head<T: KvElem>(
     fma: bool,
     s: &AttentionShape,
     q: &[f32],
     (k_cache, v_cache): (&[T], &[T]),
     row_of: impl Fn(usize) -> usize,
     len: usize,
+    softcap: f32,
     scores: &mut Scratch<f32>,
     o: &mut [f32],
 ) {
@@ -104,7 +106,10 @@ fn head<T: KvElem>(
     let mut max = f32::NEG_INFINITY;
     for p in 0..len {
         let r = row_of(p);
-        let sc = dot_kv(q, &k_cache[r..r + hd]) * s.scale;
+        let mut sc = dot_kv(q, &k_cache[r..r + hd]) * s.scale;
+        if softcap > 0.0 {
+            sc = (sc * (1.0 / softcap)).tanh() * softcap;
+        }
         max = max.max(sc);
         scores.push(sc);
     }
@@ -404,6 +409,7 @@ mod tests {
                     (&k[..], &v[..]),
                     row_of,
                     len,
+                    0.0,
                     &mut scores,
                     &mut o,
                 );

@@ -30,10 +30,12 @@ pub(crate) mod exact;
 pub(crate) mod ggml;
 pub(crate) mod grouped;
 pub(crate) mod kv;
+pub(crate) mod windowed;
 
 use crate::error::{check_len, mul};
 use crate::kernels::attention::kv::kv_row_of;
 pub use crate::kernels::attention::kv::{AttentionInputs, AttentionShape, KvCacheMut, KvElem};
+pub use crate::kernels::attention::windowed::AttentionMask;
 use crate::kernels::ggml::Numerics;
 use crate::kernels::scratch::AttnGuard;
 use crate::kernels::simd::Isa;
@@ -74,6 +76,34 @@ pub fn paged_attention_numerics<T: KvElem>(
     out: &mut [f32],
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
+    paged_attention_masked(
+        numerics,
+        AttentionMask::default(),
+        shape,
+        inputs,
+        cache,
+        out,
+        pool,
+    )
+}
+
+/// [`paged_attention_numerics`] of a layer with a sliding window and/or a score soft-cap
+/// (`attention/windowed.rs`); an empty mask is exactly [`paged_attention_numerics`].
+pub fn paged_attention_masked<T: KvElem>(
+    numerics: Numerics,
+    mask: AttentionMask,
+    shape: &AttentionShape,
+    inputs: &AttentionInputs<'_>,
+    cache: KvCacheMut<'_, T>,
+    out: &mut [f32],
+    pool: &ThreadPool,
+) -> Result<(), KernelError> {
+    if !(mask.softcap.is_finite() && mask.softcap >= 0.0) {
+        return Err(invalid(
+            "attention softcap",
+            format!("{} is not finite and >= 0", mask.softcap),
+        ));
+    }
     let plan = validate(shape, inputs, cache.k.len(), cache.v.len(), out.len())?;
     let s = shape;
     let kv_row = s.n_kv_heads * s.head_dim;
@@ -92,6 +122,11 @@ pub fn paged_attention_numerics<T: KvElem>(
         return Ok(());
     }
     let (k_cache, v_cache) = (&*cache.k, &*cache.v);
+    if !mask.is_none() {
+        let caches = (k_cache, v_cache);
+        crate::kernels::attention::windowed::attend(numerics, mask, s, inputs, caches, out, pool);
+        return Ok(());
+    }
     let group = s.n_heads / s.n_kv_heads;
     if numerics == Numerics::Ggml {
         let fma = Isa::detect() != Isa::Scalar;

@@ -1,0 +1,523 @@
+"""Small random-weight checkpoints of the model families, and references to check poot against.
+
+Tests only. For each family in ``FAMILIES`` (the family's real head shapes, few layers, a small
+vocabulary and a sliding window short enough that a test's prompt crosses it):
+
+- ``make_weights`` draws Hugging Face-named float32 weights from a seed;
+- ``write_hf`` writes them as a HF directory (config.json + model.safetensors + tokenizer.json);
+- ``write_gguf`` writes the same weights as the GGUF llama.cpp's converter makes (its tensor
+  names, Gemma's norm weights stored as ``1 + w``, Llama q/k rows permuted for the interleaved
+  RoPE, fused Phi-3 tensors kept fused);
+- ``reference_logits`` is a float64 numpy forward pass written from transformers' modeling code
+  for the family (the fallback reference: no torch here);
+- ``llama_cpp_logits`` runs llama.cpp (llama-cpp-python, built by ``../shared/peers/llama-cpp.sh``
+  with ``LLAMA_CPP_PY_VERSION=0.3.36``) on a GGUF, the independent reference for GGUF files;
+  ``None`` when it is not importable.
+
+Files are cached under ``POOT_FAMILY_CACHE`` (default: a pytest tmp dir) by family and seed.
+Run ``python tests/family_models.py OUT_DIR`` to write every family's files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# Family -> config.json. The head shapes are the released models' (Qwen3-0.6B: head_dim 128,
+# 2:1 GQA, q wider than hidden; Gemma 2/3: head_dim 256; Phi-3-mini: head_dim 96, fused
+# tensors; Mistral 7B v0.1: every layer windowed).
+FAMILIES: dict[str, dict[str, Any]] = {
+    "qwen3": {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": 256,
+        "intermediate_size": 384,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 128,
+        "vocab_size": 256,
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "float32",
+    },
+    "gemma2": {
+        "architectures": ["Gemma2ForCausalLM"],
+        "model_type": "gemma2",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 256,
+        "query_pre_attn_scalar": 256,
+        "vocab_size": 256,
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "sliding_window": 7,
+        "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "tie_word_embeddings": True,
+        "bos_token_id": 2,
+        "eos_token_id": 1,
+        "torch_dtype": "float32",
+    },
+    "gemma3": {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 256,
+        "query_pre_attn_scalar": 256,
+        "vocab_size": 256,
+        "max_position_embeddings": 1024,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0,
+        "sliding_window": 6,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+        "hidden_activation": "gelu_pytorch_tanh",
+        "tie_word_embeddings": True,
+        "bos_token_id": 2,
+        "eos_token_id": 1,
+        "torch_dtype": "float32",
+    },
+    "phi3": {
+        "architectures": ["Phi3ForCausalLM"],
+        "model_type": "phi3",
+        "hidden_size": 192,
+        "intermediate_size": 320,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "vocab_size": 256,
+        "max_position_embeddings": 4096,
+        "original_max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "float32",
+    },
+    "mistral": {
+        "architectures": ["MistralForCausalLM"],
+        "model_type": "mistral",
+        "hidden_size": 256,
+        "intermediate_size": 384,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 128,
+        "vocab_size": 256,
+        "max_position_embeddings": 1024,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "sliding_window": 5,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "float32",
+    },
+}
+
+GGUF_ARCH = {
+    "qwen3": "qwen3",
+    "gemma2": "gemma2",
+    "gemma3": "gemma3",
+    "phi3": "phi3",
+    "mistral": "llama",
+}
+
+
+def head_dim(cfg: dict[str, Any]) -> int:
+    return int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+
+
+def is_gemma(family: str) -> bool:
+    return family.startswith("gemma")
+
+
+def make_weights(family: str, seed: int = 0) -> dict[str, np.ndarray]:
+    """HF-named float32 weights of ``family`` drawn from ``seed``."""
+    cfg = FAMILIES[family]
+    rng = np.random.default_rng(seed)
+    d, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    hd = head_dim(cfg)
+    qw, kvw = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+
+    def mat(*shape: int, scale: float | None = None) -> np.ndarray:
+        s = scale if scale is not None else 1.0 / math.sqrt(shape[-1])
+        return (rng.standard_normal(shape) * s).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray:
+        # Gemma stores w with the norm applying (1 + w); the others store w near 1.
+        base = 0.0 if is_gemma(family) else 1.0
+        return (base + mat(n, scale=0.1)).astype(np.float32)
+
+    w = {"model.embed_tokens.weight": mat(v, d, scale=1.0 if not is_gemma(family) else 0.06)}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = norm(d)
+        if family == "phi3":
+            w[p + "self_attn.qkv_proj.weight"] = mat(qw + 2 * kvw, d)
+            w[p + "mlp.gate_up_proj.weight"] = mat(2 * f, d)
+        else:
+            w[p + "self_attn.q_proj.weight"] = mat(qw, d)
+            w[p + "self_attn.k_proj.weight"] = mat(kvw, d)
+            w[p + "self_attn.v_proj.weight"] = mat(kvw, d)
+            w[p + "mlp.gate_proj.weight"] = mat(f, d)
+            w[p + "mlp.up_proj.weight"] = mat(f, d)
+        w[p + "self_attn.o_proj.weight"] = mat(d, qw)
+        w[p + "mlp.down_proj.weight"] = mat(d, f)
+        w[p + "post_attention_layernorm.weight"] = norm(d)
+        if family in ("qwen3", "gemma3"):
+            w[p + "self_attn.q_norm.weight"] = norm(hd)
+            w[p + "self_attn.k_norm.weight"] = norm(hd)
+        if is_gemma(family):
+            w[p + "pre_feedforward_layernorm.weight"] = norm(d)
+            w[p + "post_feedforward_layernorm.weight"] = norm(d)
+    w["model.norm.weight"] = norm(d)
+    if not cfg["tie_word_embeddings"]:
+        w["lm_head.weight"] = mat(v, d)
+    return w
+
+
+# ---------------------------------------------------------------------------------------------
+# The float64 reference, after transformers' modeling_{qwen3,gemma2,gemma3,phi3,mistral}.py.
+
+
+def _rms(x: np.ndarray, w: np.ndarray, eps: float, gemma: bool) -> np.ndarray:
+    y = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    return y * (1.0 + w) if gemma else y * w
+
+
+def _rope(
+    x: np.ndarray, pos: np.ndarray, theta: float, rot: int, factor: float = 1.0
+) -> np.ndarray:
+    """rotate_half RoPE of the first ``rot`` dims of x [T, H, Dh]; linear scaling ``factor``."""
+    half = rot // 2
+    inv = 1.0 / (theta ** (np.arange(0, rot, 2, dtype=np.float64) / rot)) / factor
+    ang = pos[:, None].astype(np.float64) * inv[None, :]
+    cos = np.concatenate([np.cos(ang)] * 2, axis=-1)[:, None, :]
+    sin = np.concatenate([np.sin(ang)] * 2, axis=-1)[:, None, :]
+    xr, rest = x[..., :rot], x[..., rot:]
+    rotated = np.concatenate([-xr[..., half:], xr[..., :half]], axis=-1)
+    return np.concatenate([xr * cos + rotated * sin, rest], axis=-1)
+
+
+def layer_window(family: str, i: int) -> int:
+    """Layer i's sliding window as transformers applies it (0: global)."""
+    cfg = FAMILIES[family]
+    w = int(cfg.get("sliding_window") or 0)
+    if family == "gemma2":
+        return w if i % 2 == 0 else 0
+    if family == "gemma3":
+        return w if cfg["layer_types"][i] == "sliding_attention" else 0
+    return w
+
+
+def reference_logits(family: str, w: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
+    """All positions' logits [T, V] in float64."""
+    cfg = FAMILIES[family]
+    g = is_gemma(family)
+    eps = cfg["rms_norm_eps"]
+    w64 = {k: v.astype(np.float64) for k, v in w.items()}
+    t, hd = len(ids), head_dim(cfg)
+    h, hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    f = cfg["intermediate_size"]
+    pos = np.arange(t)
+    x = w64["model.embed_tokens.weight"][ids]
+    if g:
+        x = x * math.sqrt(cfg["hidden_size"])
+    rot = int(hd * cfg.get("partial_rotary_factor", 1.0))
+    scale = cfg.get("query_pre_attn_scalar", hd) ** -0.5
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        a = _rms(x, w64[p + "input_layernorm.weight"], eps, g)
+        if family == "phi3":
+            qkv = a @ w64[p + "self_attn.qkv_proj.weight"].T
+            q, k, v = np.split(qkv, [h * hd, (h + hkv) * hd], axis=-1)
+        else:
+            q = a @ w64[p + "self_attn.q_proj.weight"].T
+            k = a @ w64[p + "self_attn.k_proj.weight"].T
+            v = a @ w64[p + "self_attn.v_proj.weight"].T
+        q, k, v = q.reshape(t, h, hd), k.reshape(t, hkv, hd), v.reshape(t, hkv, hd)
+        if p + "self_attn.q_norm.weight" in w64:
+            q = _rms(q, w64[p + "self_attn.q_norm.weight"], eps, g)
+            k = _rms(k, w64[p + "self_attn.k_norm.weight"], eps, g)
+        win = layer_window(family, i)
+        theta = cfg["rope_theta"]
+        if family == "gemma3" and win:
+            theta = cfg["rope_local_base_freq"]
+        q, k = _rope(q, pos, theta, rot), _rope(k, pos, theta, rot)
+        k, v = np.repeat(k, h // hkv, axis=1), np.repeat(v, h // hkv, axis=1)
+        s = np.einsum("thd,shd->hts", q, k) * scale
+        cap = cfg.get("attn_logit_softcapping")
+        if cap:
+            s = np.tanh(s / cap) * cap
+        dist = pos[:, None] - pos[None, :]
+        allowed = dist >= 0
+        if win:
+            allowed &= dist < win
+        s = np.where(allowed[None], s, -np.inf)
+        e = np.exp(s - s.max(axis=-1, keepdims=True))
+        att = np.einsum("hts,shd->thd", e / e.sum(axis=-1, keepdims=True), v).reshape(t, h * hd)
+        o = att @ w64[p + "self_attn.o_proj.weight"].T
+        if g:
+            o = _rms(o, w64[p + "post_attention_layernorm.weight"], eps, g)
+            x = x + o
+            m = _rms(x, w64[p + "pre_feedforward_layernorm.weight"], eps, g)
+        else:
+            x = x + o
+            m = _rms(x, w64[p + "post_attention_layernorm.weight"], eps, g)
+        if family == "phi3":
+            gate, up = np.split(m @ w64[p + "mlp.gate_up_proj.weight"].T, [f], axis=-1)
+        else:
+            gate = m @ w64[p + "mlp.gate_proj.weight"].T
+            up = m @ w64[p + "mlp.up_proj.weight"].T
+        if g:
+            act = 0.5 * gate * (1 + np.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate**3)))
+        else:
+            act = gate / (1.0 + np.exp(-gate))
+        y = (act * up) @ w64[p + "mlp.down_proj.weight"].T
+        if g:
+            y = _rms(y, w64[p + "post_feedforward_layernorm.weight"], eps, g)
+        x = x + y
+    x = _rms(x, w64["model.norm.weight"], eps, g)
+    head = w64.get("lm_head.weight", w64["model.embed_tokens.weight"])
+    logits = x @ head.T
+    cap = cfg.get("final_logit_softcapping")
+    if cap:
+        logits = np.tanh(logits / cap) * cap
+    return logits
+
+
+def reference_greedy(family: str, w: dict[str, np.ndarray], prompt: list[int], n: int) -> list[int]:
+    ids = list(prompt)
+    for _ in range(n):
+        ids.append(int(np.argmax(reference_logits(family, w, ids)[-1])))
+    return ids[len(prompt) :]
+
+
+# ---------------------------------------------------------------------------------------------
+# Writers.
+
+
+def _tokenizer_json(path: Path, vocab_size: int) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab_size)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(path))
+
+
+def write_hf(directory: Path, family: str, w: dict[str, np.ndarray]) -> Path:
+    from safetensors.numpy import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(FAMILIES[family]))
+    save_file(w, str(directory / "model.safetensors"))
+    _tokenizer_json(directory / "tokenizer.json", FAMILIES[family]["vocab_size"])
+    return directory
+
+
+_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.gate_up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
+
+
+def _permute(wt: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's converter's q/k row permutation for Llama-architecture GGUFs."""
+    return (
+        wt.reshape(n_head, 2, wt.shape[0] // n_head // 2, *wt.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(wt.shape)
+    )
+
+
+def gguf_tensors(family: str, w: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The GGUF tensors llama.cpp's converter makes from the HF weights ``w``."""
+    cfg = FAMILIES[family]
+    out: dict[str, np.ndarray] = {}
+    for name, arr in w.items():
+        if name == "model.embed_tokens.weight":
+            gname = "token_embd.weight"
+        elif name == "model.norm.weight":
+            gname = "output_norm.weight"
+        elif name == "lm_head.weight":
+            gname = "output.weight"
+        else:
+            _, _, layer, rest = name.split(".", 3)
+            if rest == "post_attention_layernorm.weight":
+                leaf = "post_attention_norm.weight" if is_gemma(family) else "ffn_norm.weight"
+            else:
+                leaf = _LAYER_NAMES[rest]
+            gname = f"blk.{layer}.{leaf}"
+            if GGUF_ARCH[family] == "llama" and rest == "self_attn.q_proj.weight":
+                arr = _permute(arr, cfg["num_attention_heads"])
+            elif GGUF_ARCH[family] == "llama" and rest == "self_attn.k_proj.weight":
+                arr = _permute(arr, cfg["num_key_value_heads"])
+        if is_gemma(family) and name.endswith("norm.weight"):
+            arr = (arr + 1.0).astype(np.float32)  # the converter folds Gemma's (1 + w)
+        out[gname] = arr
+    return out
+
+
+def write_gguf(path: Path, family: str, w: dict[str, np.ndarray]) -> Path:
+    import gguf
+
+    cfg = FAMILIES[family]
+    arch = GGUF_ARCH[family]
+    hd = head_dim(cfg)
+    wr = gguf.GGUFWriter(str(path), arch)
+    wr.add_context_length(cfg["max_position_embeddings"])
+    wr.add_embedding_length(cfg["hidden_size"])
+    wr.add_block_count(cfg["num_hidden_layers"])
+    wr.add_feed_forward_length(cfg["intermediate_size"])
+    wr.add_head_count(cfg["num_attention_heads"])
+    wr.add_head_count_kv(cfg["num_key_value_heads"])
+    wr.add_key_length(hd)
+    wr.add_value_length(hd)
+    wr.add_rope_freq_base(cfg["rope_theta"])
+    wr.add_rope_dimension_count(int(hd * cfg.get("partial_rotary_factor", 1.0)))
+    wr.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if cfg.get("sliding_window"):
+        wr.add_sliding_window(cfg["sliding_window"])
+    if family == "gemma2":
+        wr.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        wr.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    if family == "gemma3":
+        types = cfg["layer_types"]
+        wr.add_array(
+            f"{arch}.attention.sliding_window_pattern", [t == "sliding_attention" for t in types]
+        )
+        wr.add_float32(f"{arch}.rope.freq_base_swa", cfg["rope_local_base_freq"])
+    if family == "phi3":
+        wr.add_uint32(
+            f"{arch}.rope.scaling.original_context_length", cfg["original_max_position_embeddings"]
+        )
+    # A SentencePiece vocabulary of plain pieces: the tests feed token ids, not text.
+    v = cfg["vocab_size"]
+    wr.add_tokenizer_model("llama")
+    wr.add_token_list([f"w{i}" for i in range(v)])
+    wr.add_token_scores([0.0] * v)
+    wr.add_token_types([1] * v)
+    wr.add_bos_token_id(cfg["bos_token_id"])
+    wr.add_eos_token_id(cfg["eos_token_id"])
+    for name, arr in gguf_tensors(family, w).items():
+        wr.add_tensor(name, arr)
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    return path
+
+
+def write_family(root: Path, family: str, seed: int = 0) -> dict[str, Any]:
+    """Writes (or reuses) ``family``'s HF dir and GGUF under ``root``; returns weights and paths."""
+    w = make_weights(family, seed)
+    d = root / f"{family}-s{seed}"
+    hf, gg = d / "hf", d / f"{family}-tiny-f32.gguf"
+    if not (hf / "model.safetensors").is_file():
+        write_hf(hf, family, w)
+    if not gg.is_file():
+        d.mkdir(parents=True, exist_ok=True)
+        write_gguf(gg.with_suffix(".tmp"), family, w)
+        gg.with_suffix(".tmp").rename(gg)
+    return {"family": family, "weights": w, "hf": hf, "gguf": gg}
+
+
+# ---------------------------------------------------------------------------------------------
+# llama.cpp.
+
+
+# poot's ggml numerics against llama.cpp on the same GGUF: both keep an f16 KV cache and round
+# q and the softmax weights to f16 (``poot-cpu``'s attention/ggml.rs), but poot takes one
+# summation order for every step (batch invariance) and scales scores instead of queries, so
+# logits differ by a few f16 roundings: bounded relative to the largest logit.
+LLAMA_CPP_REL = 5e-4
+LLAMA_CPP_ABS = 1e-3
+
+
+def assert_close_to_llama_cpp(got: np.ndarray, ref: np.ndarray) -> None:
+    bound = LLAMA_CPP_REL * float(np.abs(ref).max()) + LLAMA_CPP_ABS
+    diff = float(np.abs(got.astype(np.float64) - ref).max())
+    assert diff <= bound, f"max |poot - llama.cpp| = {diff:.3g} > {bound:.3g}"
+
+
+def _llama(path: Path) -> Any:
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    return llama_cpp.Llama(
+        model_path=str(path),
+        n_ctx=256,
+        n_batch=256,
+        n_threads=1,
+        logits_all=True,
+        verbose=False,
+        seed=0,
+    )
+
+
+def llama_cpp_logits(path: Path, ids: list[int]) -> np.ndarray | None:
+    """llama.cpp's logits [T, V] for ``ids`` (one sequence, 1 thread), or None without it."""
+    llm = _llama(path)
+    if llm is None:
+        return None
+    llm.eval(ids)
+    out = np.array(llm.scores[: len(ids)], dtype=np.float32)
+    llm.close()
+    return out
+
+
+def llama_cpp_greedy(path: Path, prompt: list[int], n: int) -> list[int] | None:
+    """llama.cpp's ``n`` greedy ids after ``prompt`` (argmax of its logits), or None."""
+    llm = _llama(path)
+    if llm is None:
+        return None
+    llm.eval(prompt)
+    out: list[int] = []
+    for _ in range(n):
+        nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        out.append(nxt)
+        llm.eval([nxt])
+    llm.close()
+    return out
+
+
+if __name__ == "__main__":
+    import sys
+
+    out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else "family-models")
+    for fam in FAMILIES:
+        print(write_family(out_dir, fam)["gguf"])
