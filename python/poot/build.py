@@ -16,10 +16,12 @@ DEBUG_BUILD_WARNING = (
 
 
 def build_profile() -> str:
-    """``"release"`` or ``"debug"``: how ``poot._native`` was compiled."""
+    """``"release"`` or ``"debug"``: how ``poot._native`` was compiled (``"unknown"`` for a
+    module built before it said)."""
     from poot import _native
 
-    return str(_native.build_profile)
+    # "unknown": a native module older than the attribute (it predates this check).
+    return str(getattr(_native, "build_profile", "unknown"))
 
 
 def warn_if_debug(profile: str | None = None) -> bool:

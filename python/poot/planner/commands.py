@@ -24,6 +24,7 @@ def _gib(n: int) -> str:
 def doctor_report() -> dict[str, Any]:
     """Discovery plus profile state, as plain data (``doctor --json``)."""
     from poot import _native
+    from poot.build import build_profile
     from poot.planner.discovery import discover
     from poot.planner.profiles import load_profile, profile_path
 
@@ -49,7 +50,7 @@ def doctor_report() -> dict[str, Any]:
         )
     return {
         "poot_version": _native.__version__,
-        "build_profile": _native.build_profile,
+        "build_profile": build_profile(),
         "host_memory_bytes": disc.host_memory_bytes,
         "host_available_bytes": disc.host_available_bytes,
         "devices": devices,
