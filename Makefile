@@ -3,6 +3,7 @@
 #   make test     build + install poot with test extras, run the Rust and Python tests
 #   make develop  editable install for contributors (Python edits are live; rerun after Rust edits)
 #   make lint / fmt / bench / docs / test-device-wgpu / test-device-cuda / ptx-check
+#   make fuzz     atheris over the parsers of outside input (FUZZ_RUNS each; FUZZ_TARGETS)
 #   make fresh-clone-check   the README's two commands on a fresh clone (before resolving issues)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -13,7 +14,7 @@ export CARGO_TARGET_DIR ?= $(CURDIR)/target
 PYTEST_ARGS ?=
 
 .PHONY: all setup build develop run test test-rust test-python lint fmt bench docs \
-        fresh-clone-check \
+        fresh-clone-check fuzz \
         test-device-wgpu test-device-cuda ptx-check cuda-device-bundle clean
 
 all: build
@@ -64,6 +65,16 @@ fmt: $(BIN)/python
 
 bench: setup
 	$(BIN)/python -m pytest benches --benchmark-only
+
+# Fuzzing (tests/fuzz/run.py): each target FUZZ_RUNS executions, niced; crash reproducers go to
+# tests/fuzz/crashes/<target>/ and tests/test_fuzz_regressions.py replays them on every test run.
+FUZZ_RUNS ?= 1000000
+FUZZ_TARGETS ?= gguf safetensors tokenizer_json chat_template guidance http
+fuzz: setup
+	$(BIN)/python -m pip install -q 'atheris>=2.3'
+	for t in $(FUZZ_TARGETS); do \
+		nice -n 19 $(BIN)/python tests/fuzz/run.py $$t -runs=$(FUZZ_RUNS) || exit 1; \
+	done
 
 # The documentation site (mkdocs, warnings are errors) into target/site.
 docs: $(BIN)/python

@@ -92,6 +92,12 @@ def trigger_capacity(path: Path) -> None:
     poot.compile(str(path), poot.CompileConfig(device_budget_bytes=0))
 
 
+def trigger_cache_write(path: Path) -> None:
+    from poot.checkpoints import cache
+
+    cache.check_space(path.parent, 1 << 62)  # more than any disk holds
+
+
 TRIGGERS: dict[type[errors.PootError], Callable[[Path], None]] = {
     errors.TraceBudgetError: trigger_trace_budget,
     errors.ArtifactTooLargeError: trigger_artifact,
@@ -100,6 +106,7 @@ TRIGGERS: dict[type[errors.PootError], Callable[[Path], None]] = {
     errors.PreparedEntryLimitError: trigger_prepared,
     errors.DeviceMemoryError: trigger_kv_memory,
     errors.CapacityError: trigger_capacity,
+    errors.CacheWriteError: trigger_cache_write,
 }
 
 

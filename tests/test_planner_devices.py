@@ -97,7 +97,10 @@ def test_validate_hardware_exits_nonzero_on_failure(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import poot.planner.validate as v
+    import poot.planner.validate_wgpu  # noqa: F401
 
+    # validate_wgpu binds validate's _BOUNDS when first imported; imported first inside the
+    # patch it kept the patched dict for every later test (found by a shuffled order).
     monkeypatch.setenv("POOT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(v, "_BOUNDS", {**v._BOUNDS, "Q4_0": 1e-4})  # no quantizer: it crashes
     assert main(["validate-hardware", "--quick"]) == 1

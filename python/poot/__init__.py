@@ -9,6 +9,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from poot._native import __version__
+from poot.build import warn_if_debug
+
+warn_if_debug()  # a debug native module is 10-50x slower: say so once, with the fix
 
 if TYPE_CHECKING:
     from poot.async_engine import AsyncEngine, StreamOutput

@@ -8,6 +8,7 @@ import numpy.typing as npt
 
 __all__ = [
     "__version__",
+    "build_profile",
     "TensorInfo",
     "GgufFile",
     "BpeModel",
@@ -32,6 +33,7 @@ __all__ = [
 ]
 
 __version__: str
+build_profile: Literal["debug", "release"]
 
 @final
 class TensorInfo:

