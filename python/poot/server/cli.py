@@ -176,11 +176,11 @@ def _config(args: argparse.Namespace) -> ServerConfig:
 
 
 def _start_loading(config: ServerConfig) -> Future[LLM]:
-    """Loads the model on a new thread (``poot.server.state.load_llm``); the future holds the
+    """Loads the model on a new thread (``poot.server.loading.load_llm``); the future holds the
     ``LLM`` or the error."""
     # Imported here, before the thread starts: the web stack imported meanwhile on the main
     # thread shares no module with it, so the two threads never wait on each other's imports.
-    from poot.server.state import load_llm
+    from poot.server.loading import load_llm
 
     future: Future[LLM] = Future()
 
@@ -226,12 +226,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:
         sys.stderr.write(f"poot-serve: error: cannot listen on {args.host}:{args.port}: {e}\n")
         return 1
-    # The model loads from here on, on its own thread, while the web stack is imported: its
-    # slow parts (the KV pool's allocation, preparing the weights) run without the GIL.
-    loading = _start_loading(config)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(f"poot-serve: listening on http://{shown}:{port}", flush=True)
+    # The model loads from here on, on its own thread, while the web stack is imported: its
+    # slow parts (preparing the weights, the KV pool) run without the GIL.
+    loading = _start_loading(config)
 
     import uvicorn
 
