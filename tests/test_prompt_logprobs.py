@@ -125,3 +125,40 @@ def test_out_of_range_is_refused(bad: Any) -> None:
     with pytest.raises(SamplingParamsError) as e:
         SamplingParams(prompt_logprobs=bad)
     assert e.value.field == "prompt_logprobs"
+
+
+@pytest.mark.slow  # about a minute: the CUDA kernels compile and run in the CPU emulation
+def test_split_sampling_runtime_gives_the_cpus_values(
+    stories: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a runtime without the logit ops (the CUDA runtime on its CPU emulation of the
+    driver), a step with prompt logprobs and penalties runs split: every token's logits from
+    the device, the sampling on the host. Same values and ids as the CPU."""
+    import poot.llm
+    from poot import _native, errors
+
+    try:
+        emulator = _native._cuda_emulator()
+    except (RuntimeError, errors.BackendNotCompiledError) as e:
+        pytest.skip(f"no CPU emulation of the CUDA driver here ({e})")
+    monkeypatch.setattr(
+        poot.llm,
+        "_make_cuda_runtime",
+        lambda t: _native.CudaRuntime(0, t, driver_library=emulator, nvrtc_library=emulator),
+    )
+    path = str(stories / "stories260K-f32.gguf")
+    params = SamplingParams(
+        max_tokens=4, temperature=0.8, seed=7, repetition_penalty=1.3, prompt_logprobs=1
+    )
+    cuda = LLM(path, backend="cuda", max_step_tokens=8, progress=False)
+    assert not cuda.runtime.supports("adjust_logits")
+    prompt = "Once upon a time there was a little girl named Lily"
+    got = cuda.generate(prompt, params)[0]
+    want = LLM(path, numerics="exact", max_step_tokens=8, progress=False).generate(prompt, params)[
+        0
+    ]
+    assert got.outputs[0].token_ids == want.outputs[0].token_ids
+    ids = got.prompt_token_ids
+    a = _chosen(got.prompt_logprobs, ids)
+    b = _chosen(want.prompt_logprobs, ids)
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)  # another device's kernels

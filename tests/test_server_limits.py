@@ -32,15 +32,18 @@ def server(default_model_path: Path) -> Iterator[ServerProcess]:
             "--served-model-name",
             NAME,
             "--max-model-len",
-            "1024",
+            "4096",
             "--max-num-seqs",
             "1",
             "--max-queue",
             "1",
+            # B must still be waiting when the test has seen it queued and sent C (the queue
+            # timeout), and A still running when B gives up (the request timeout): windows of
+            # seconds, not one, so a loaded machine does not turn them into a race.
             "--queue-timeout",
-            "1",
+            "3",
             "--request-timeout",
-            "4",
+            "8",
             "--threads",
             "1",
         ]
@@ -102,7 +105,8 @@ def test_a_full_queue_answers_429(patient_server: ServerProcess) -> None:
 
 
 def test_queue_timeout_and_request_timeout(server: ServerProcess) -> None:
-    long = {"model": NAME, "prompt": "Tell me a story.", "max_tokens": 1000, "ignore_eos": True}
+    # Far more tokens than fit in the request timeout, however fast the machine.
+    long = {"model": NAME, "prompt": "Tell me a story.", "max_tokens": 4000, "ignore_eos": True}
     with httpx.Client(base_url=server.url, timeout=60) as http:
         events: list[Any] = []
         with http.stream("POST", "/v1/completions", json={**long, "stream": True}) as a:
@@ -118,9 +122,9 @@ def test_queue_timeout_and_request_timeout(server: ServerProcess) -> None:
             b.start()
             assert server.wait_metric("poot_queue_depth", 1) == 1  # B waits
             b.join(30)
-            err = _error(queued["r"], 503)  # B gave up after --queue-timeout 1
+            err = _error(queued["r"], 503)  # B gave up after --queue-timeout 3
             assert err["code"] == "queue_timeout"
-            for line in lines:  # A runs into --request-timeout 4
+            for line in lines:  # A runs into --request-timeout 8
                 if line.startswith("data: "):
                     data = line[6:]
                     events.append(data if data == "[DONE]" else json.loads(data))

@@ -32,7 +32,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -47,13 +47,17 @@ from poot.guidance import Guide
 from poot.models import model_definition
 from poot.numerics import Numerics, model_key, numerics_for
 from poot.outputs import CompletionOutput, RequestOutput
-from poot.planner.compiled import CompileConfig, CompiledModel
 from poot.prepared import PreparedPolicy
 from poot.request import Request
 from poot.runner import StepRunner
 from poot.runtimes import Runtime
 from poot.sampling import SamplingParams
 from poot.tokenizer import Tokenizer, load_tokenizer
+
+if TYPE_CHECKING:
+    # Only annotations here: the planner is imported where a config asks for it, which keeps
+    # it off poot-serve's start-up path.
+    from poot.planner.compiled import CompileConfig, CompiledModel
 
 __all__ = ["LLM", "PromptType"]
 

@@ -333,6 +333,9 @@ class StepRunner:
         # An all_logits step keeps its kind (and its plain sampling, unused): the forward
         # brings back every token's logits and the head samples the last rows on the host.
         every = shape.kind == "all_logits"
+        if every:
+            plain = ("temperature", "top_k", "top_p", "min_p", "uniform")
+            inputs.update({k: head_inputs[k] for k in plain})
         forward = self.plan(
             replace(
                 shape, kind="all_logits" if every else "logits", adjust=0, masked=False, logprobs=0

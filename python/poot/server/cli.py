@@ -18,13 +18,19 @@ import logging
 import os
 import socket
 import sys
+import threading
 from collections.abc import Sequence
+from concurrent.futures import Future
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from poot import _native
 from poot.checkpoints import DEFAULT_SPEC, SPEC_FORMS
 from poot.errors import ConfigError
 from poot.server.config import DEFAULT_HOST, DEFAULT_PORT, ServerConfig
+
+if TYPE_CHECKING:
+    from poot.llm import LLM
 
 __all__ = ["build_parser", "main"]
 
@@ -169,6 +175,25 @@ def _config(args: argparse.Namespace) -> ServerConfig:
     )
 
 
+def _start_loading(config: ServerConfig) -> Future[LLM]:
+    """Loads the model on a new thread (``poot.server.loading.load_llm``); the future holds the
+    ``LLM`` or the error."""
+    # Imported here, before the thread starts: the web stack imported meanwhile on the main
+    # thread shares no module with it, so the two threads never wait on each other's imports.
+    from poot.server.loading import load_llm
+
+    future: Future[LLM] = Future()
+
+    def work() -> None:
+        try:
+            future.set_result(load_llm(config))
+        except BaseException as e:  # the app's loader re-raises it (a fatal load error)
+            future.set_exception(e)
+
+    threading.Thread(target=work, name="poot-load", daemon=True).start()
+    return future
+
+
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -196,6 +221,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
 
+    try:
+        sock = _bind(args.host, args.port)
+    except OSError as e:
+        sys.stderr.write(f"poot-serve: error: cannot listen on {args.host}:{args.port}: {e}\n")
+        return 1
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"poot-serve: listening on http://{shown}:{port}", flush=True)
+    # The model loads from here on, on its own thread, while the web stack is imported: its
+    # slow parts (preparing the weights, the KV pool) run without the GIL.
+    loading = _start_loading(config)
+
     import uvicorn
 
     from poot.server.app import create_app
@@ -209,12 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if server is not None:
             server.should_exit = True
 
-    try:
-        sock = _bind(args.host, args.port)
-    except OSError as e:
-        sys.stderr.write(f"poot-serve: error: cannot listen on {args.host}:{args.port}: {e}\n")
-        return 1
-    app = create_app(config, on_fatal=on_fatal)
+    app = create_app(config, loader=loading.result, on_fatal=on_fatal)
     server = DrainingServer(
         uvicorn.Config(
             app,
@@ -226,9 +258,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         app.state.poot,
         config.shutdown_timeout_s,
     )
-    host, port = sock.getsockname()[:2]
-    shown = f"[{host}]" if ":" in host else host
-    print(f"poot-serve: listening on http://{shown}:{port}", flush=True)
     server.run(sockets=[sock])
     if fatal:
         sys.stderr.write(f"poot-serve: error: {fatal[0]}\n")

@@ -145,7 +145,7 @@ class Builder:
     def _logprobs(self, choice: _Choice, pairs: list[tuple[int, dict[int, Any]]]) -> Any:
         if self.job.logprobs is None:
             return None
-        index = self.choices.index(choice)
+        index = next(i for i, c in enumerate(self.choices) if c is choice)
         if self.route == "chat":
             content = []
             for tid, d in pairs:

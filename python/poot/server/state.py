@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,89 +18,19 @@ from pathlib import Path
 from typing import Literal
 
 from poot.async_engine import AsyncEngine
-from poot.checkpoints import DEFAULT_MODEL, DEFAULT_SPEC, resolve_model_files
-from poot.driver_options import DriverOptions, kv_block_bytes
+from poot.checkpoints import DEFAULT_MODEL, DEFAULT_SPEC
 from poot.errors import ChatTemplateError, PootError
 from poot.llm import LLM
-from poot.numerics import numerics_for
 from poot.server.config import ServerConfig
 from poot.server.errors import APIError
 from poot.server.limits import Admission
+from poot.server.loading import load_llm
 
 __all__ = ["Live", "ServerState", "check_chat_template", "load_llm", "served_name"]
 
 logger = logging.getLogger("poot.server")
 
 Status = Literal["loading", "ok", "dead", "failed"]
-
-
-def _available_bytes() -> int:
-    """Memory the OS can give without swapping (MemAvailable), or 0 where unknown."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return 0
-
-
-def load_llm(config: ServerConfig) -> LLM:
-    """Resolves (pulling the default model if needed) and loads the model, its KV pool sized by
-    ``DriverOptions.fit`` to the memory free after the weights, capped by
-    ``config.kv_cache_bytes``; with progress bars where ``config.progress``.
-
-    Raises:
-        PootError: the model cannot be found or loaded, or the memory does not hold one
-            sequence.
-    """
-    files = resolve_model_files(config.model, progress=config.progress)
-    h = files.hparams
-    max_model_len = config.max_model_len or min(h.context_length, 4096)
-    entry_bytes = 2 if numerics_for("auto", files) == "ggml" else 4
-    reserve = 0.1
-    block_size = DriverOptions().block_size
-    # fit keeps ``reserve`` of what it is given back, so the cap is scaled up to stay exact.
-    free = int(config.kv_cache_bytes / (1 - reserve))
-    available = _available_bytes() - files.total_bytes
-    if available > 0:
-        free = min(free, available)
-    # No more than ``max_num_seqs`` full-length sequences can use: the pool is allocated
-    # (and touched) up front, so a tiny model must not take the whole cap.
-    blocks = config.max_num_seqs * -(-max_model_len // block_size)
-    free = min(free, int(blocks * kv_block_bytes(h, block_size, entry_bytes) / (1 - reserve)) + 1)
-    opts = DriverOptions.fit(
-        h,
-        free,
-        reserve,
-        max_model_len=max_model_len,
-        entry_bytes=entry_bytes,
-        block_size=block_size,
-        max_rows=config.max_num_seqs,
-    )
-    # fit counts rows as full-length sequences; most requests are far shorter, so the rows
-    # asked for are kept and the scheduler preempts if the pool ever runs out.
-    opts = opts.with_overrides(max_num_seqs=min(config.max_num_seqs, opts.max_step_tokens))
-    llm = LLM(
-        str(files.path),
-        threads=config.threads,
-        max_model_len=max_model_len,
-        driver=opts,
-        timeout_s=config.step_timeout_s,
-        backend="cuda"
-        if config.backend == "cuda"
-        else "wgpu"
-        if config.backend == "wgpu"
-        else "cpu",
-        progress=config.progress,
-    )
-    if config.chat_template is not None:
-        llm.tokenizer.chat_templates["default"] = config.chat_template
-    return llm
 
 
 def served_name(config: ServerConfig) -> str:
