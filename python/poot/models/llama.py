@@ -160,6 +160,11 @@ class LlamaModel:
             names, style = HF_NAMES, "neox"
         return cls(h, names, style, rope_scaling_spec(h, str(files.path)))
 
+    def for_context(self, max_model_len: int) -> LlamaModel:
+        """The definition for running with sequences of up to ``max_model_len`` tokens (the
+        same one, unless a family's arithmetic depends on it: Phi-3 LongRoPE)."""
+        return self
+
     @property
     def kv_shape(self) -> tuple[int, int, int]:
         """``(n_layers, n_kv_heads, head_dim)`` of the KV cache."""
