@@ -139,6 +139,27 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "eos_token_id": 2,
         "torch_dtype": "float32",
     },
+    # Llama 3.1's GGUF layout: interleaved RoPE (permuted q/k) with per-pair frequency divisors
+    # in rope_freqs.weight (llama.cpp's converter bakes the llama3 rule into them). GGUF only.
+    "llama31": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 256,
+        "intermediate_size": 384,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 128,
+        "vocab_size": 256,
+        "max_position_embeddings": 1024,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "rope_freqs": [1.0] * 16 + [1.0 + 0.5 * i for i in range(32)] + [8.0] * 16,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "float32",
+    },
     "mistral": {
         "architectures": ["MistralForCausalLM"],
         "model_type": "mistral",
@@ -166,6 +187,7 @@ GGUF_ARCH = {
     "gemma3": "gemma3",
     "phi3": "phi3",
     "phi3_long": "phi3",
+    "llama31": "llama",
     "mistral": "llama",
 }
 
@@ -235,6 +257,8 @@ def _rms(x: np.ndarray, w: np.ndarray, eps: float, gemma: bool) -> np.ndarray:
 def longrope(family: str, long: bool) -> tuple[np.ndarray, float] | None:
     """(ext_factors, attention_factor) of a LongRoPE family, HF's recipe; None for others."""
     cfg = FAMILIES[family]
+    if "rope_freqs" in cfg:
+        return np.asarray(cfg["rope_freqs"], np.float64), 1.0
     rs = cfg.get("rope_scaling") or {}
     if rs.get("type") not in ("longrope", "su"):
         return None
@@ -474,7 +498,9 @@ def write_gguf(path: Path, family: str, w: dict[str, np.ndarray]) -> Path:
         wr.add_uint32(
             f"{arch}.rope.scaling.original_context_length", cfg["original_max_position_embeddings"]
         )
-    lr = longrope(family, False)
+    if "rope_freqs" in cfg:
+        wr.add_tensor("rope_freqs.weight", np.asarray(cfg["rope_freqs"], np.float32))
+    lr = longrope(family, False) if "rope_freqs" not in cfg else None
     if lr is not None:
         # llama.cpp's converter: the factors as tensors, HF's attention factor as metadata.
         wr.add_float32(f"{arch}.rope.scaling.attn_factor", lr[1])
