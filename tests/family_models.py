@@ -114,6 +114,52 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "eos_token_id": 2,
         "torch_dtype": "float32",
     },
+    # Phi-4-mini's shape of LongRoPE: head_dim 128, 3/4 of it rotating (48 factor pairs), GQA.
+    "phi3_long": {
+        "architectures": ["Phi3ForCausalLM"],
+        "model_type": "phi3",
+        "hidden_size": 256,
+        "intermediate_size": 320,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "partial_rotary_factor": 0.75,
+        "vocab_size": 256,
+        "max_position_embeddings": 256,
+        "original_max_position_embeddings": 64,
+        "rope_scaling": {
+            "type": "longrope",
+            "short_factor": [1.0 + 0.05 * i for i in range(48)],
+            "long_factor": [1.0 + 0.9 * i for i in range(48)],
+        },
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": True,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "float32",
+    },
+    # Llama 3.1's GGUF layout: interleaved RoPE (permuted q/k) with per-pair frequency divisors
+    # in rope_freqs.weight (llama.cpp's converter bakes the llama3 rule into them). GGUF only.
+    "llama31": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 256,
+        "intermediate_size": 384,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 128,
+        "vocab_size": 256,
+        "max_position_embeddings": 1024,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "rope_freqs": [1.0] * 16 + [1.0 + 0.5 * i for i in range(32)] + [8.0] * 16,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "float32",
+    },
     "mistral": {
         "architectures": ["MistralForCausalLM"],
         "model_type": "mistral",
@@ -140,6 +186,8 @@ GGUF_ARCH = {
     "gemma2": "gemma2",
     "gemma3": "gemma3",
     "phi3": "phi3",
+    "phi3_long": "phi3",
+    "llama31": "llama",
     "mistral": "llama",
 }
 
@@ -173,7 +221,7 @@ def make_weights(family: str, seed: int = 0) -> dict[str, np.ndarray]:
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = norm(d)
-        if family == "phi3":
+        if family.startswith("phi3"):
             w[p + "self_attn.qkv_proj.weight"] = mat(qw + 2 * kvw, d)
             w[p + "mlp.gate_up_proj.weight"] = mat(2 * f, d)
         else:
@@ -206,15 +254,36 @@ def _rms(x: np.ndarray, w: np.ndarray, eps: float, gemma: bool) -> np.ndarray:
     return y * (1.0 + w) if gemma else y * w
 
 
+def longrope(family: str, long: bool) -> tuple[np.ndarray, float] | None:
+    """(ext_factors, attention_factor) of a LongRoPE family, HF's recipe; None for others."""
+    cfg = FAMILIES[family]
+    if "rope_freqs" in cfg:
+        return np.asarray(cfg["rope_freqs"], np.float64), 1.0
+    rs = cfg.get("rope_scaling") or {}
+    if rs.get("type") not in ("longrope", "su"):
+        return None
+    orig = cfg["original_max_position_embeddings"]
+    factor = cfg["max_position_embeddings"] / orig
+    attn = math.sqrt(1 + math.log(factor) / math.log(orig)) if factor > 1 else 1.0
+    return np.asarray(rs["long_factor" if long else "short_factor"], np.float64), attn
+
+
 def _rope(
-    x: np.ndarray, pos: np.ndarray, theta: float, rot: int, factor: float = 1.0
+    x: np.ndarray,
+    pos: np.ndarray,
+    theta: float,
+    rot: int,
+    ext: tuple[np.ndarray, float] | None = None,
 ) -> np.ndarray:
-    """rotate_half RoPE of the first ``rot`` dims of x [T, H, Dh]; linear scaling ``factor``."""
+    """rotate_half RoPE of the first ``rot`` dims of x [T, H, Dh]; ``ext``: LongRoPE's
+    (ext_factors, attention_factor)."""
     half = rot // 2
-    inv = 1.0 / (theta ** (np.arange(0, rot, 2, dtype=np.float64) / rot)) / factor
+    base = theta ** (np.arange(0, rot, 2, dtype=np.float64) / rot)
+    inv = 1.0 / (base * ext[0]) if ext is not None else 1.0 / base
     ang = pos[:, None].astype(np.float64) * inv[None, :]
-    cos = np.concatenate([np.cos(ang)] * 2, axis=-1)[:, None, :]
-    sin = np.concatenate([np.sin(ang)] * 2, axis=-1)[:, None, :]
+    m = ext[1] if ext is not None else 1.0
+    cos = np.concatenate([np.cos(ang)] * 2, axis=-1)[:, None, :] * m
+    sin = np.concatenate([np.sin(ang)] * 2, axis=-1)[:, None, :] * m
     xr, rest = x[..., :rot], x[..., rot:]
     rotated = np.concatenate([-xr[..., half:], xr[..., :half]], axis=-1)
     return np.concatenate([xr * cos + rotated * sin, rest], axis=-1)
@@ -231,8 +300,10 @@ def layer_window(family: str, i: int) -> int:
     return w
 
 
-def reference_logits(family: str, w: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
-    """All positions' logits [T, V] in float64."""
+def reference_logits(
+    family: str, w: dict[str, np.ndarray], ids: list[int], long_rope: bool = False
+) -> np.ndarray:
+    """All positions' logits [T, V] in float64 (``long_rope``: LongRoPE's long factors)."""
     cfg = FAMILIES[family]
     g = is_gemma(family)
     eps = cfg["rms_norm_eps"]
@@ -249,7 +320,7 @@ def reference_logits(family: str, w: dict[str, np.ndarray], ids: list[int]) -> n
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         a = _rms(x, w64[p + "input_layernorm.weight"], eps, g)
-        if family == "phi3":
+        if family.startswith("phi3"):
             qkv = a @ w64[p + "self_attn.qkv_proj.weight"].T
             q, k, v = np.split(qkv, [h * hd, (h + hkv) * hd], axis=-1)
         else:
@@ -264,7 +335,8 @@ def reference_logits(family: str, w: dict[str, np.ndarray], ids: list[int]) -> n
         theta = cfg["rope_theta"]
         if family == "gemma3" and win:
             theta = cfg["rope_local_base_freq"]
-        q, k = _rope(q, pos, theta, rot), _rope(k, pos, theta, rot)
+        ext = longrope(family, long_rope)
+        q, k = _rope(q, pos, theta, rot, ext), _rope(k, pos, theta, rot, ext)
         k, v = np.repeat(k, h // hkv, axis=1), np.repeat(v, h // hkv, axis=1)
         s = np.einsum("thd,shd->hts", q, k) * scale
         cap = cfg.get("attn_logit_softcapping")
@@ -285,7 +357,7 @@ def reference_logits(family: str, w: dict[str, np.ndarray], ids: list[int]) -> n
         else:
             x = x + o
             m = _rms(x, w64[p + "post_attention_layernorm.weight"], eps, g)
-        if family == "phi3":
+        if family.startswith("phi3"):
             gate, up = np.split(m @ w64[p + "mlp.gate_up_proj.weight"].T, [f], axis=-1)
         else:
             gate = m @ w64[p + "mlp.gate_proj.weight"].T
@@ -307,10 +379,12 @@ def reference_logits(family: str, w: dict[str, np.ndarray], ids: list[int]) -> n
     return logits
 
 
-def reference_greedy(family: str, w: dict[str, np.ndarray], prompt: list[int], n: int) -> list[int]:
+def reference_greedy(
+    family: str, w: dict[str, np.ndarray], prompt: list[int], n: int, long_rope: bool = False
+) -> list[int]:
     ids = list(prompt)
     for _ in range(n):
-        ids.append(int(np.argmax(reference_logits(family, w, ids)[-1])))
+        ids.append(int(np.argmax(reference_logits(family, w, ids, long_rope)[-1])))
     return ids[len(prompt) :]
 
 
@@ -420,10 +494,19 @@ def write_gguf(path: Path, family: str, w: dict[str, np.ndarray]) -> Path:
             f"{arch}.attention.sliding_window_pattern", [t == "sliding_attention" for t in types]
         )
         wr.add_float32(f"{arch}.rope.freq_base_swa", cfg["rope_local_base_freq"])
-    if family == "phi3":
+    if family.startswith("phi3"):
         wr.add_uint32(
             f"{arch}.rope.scaling.original_context_length", cfg["original_max_position_embeddings"]
         )
+    if "rope_freqs" in cfg:
+        wr.add_tensor("rope_freqs.weight", np.asarray(cfg["rope_freqs"], np.float32))
+    lr = longrope(family, False) if "rope_freqs" not in cfg else None
+    if lr is not None:
+        # llama.cpp's converter: the factors as tensors, HF's attention factor as metadata.
+        wr.add_float32(f"{arch}.rope.scaling.attn_factor", lr[1])
+        for which in ("long", "short"):
+            ext = np.asarray(cfg["rope_scaling"][f"{which}_factor"], np.float32)
+            wr.add_tensor(f"rope_factors_{which}.weight", ext)
     # A SentencePiece vocabulary of plain pieces: the tests feed token ids, not text.
     v = cfg["vocab_size"]
     wr.add_tokenizer_model("llama")

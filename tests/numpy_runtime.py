@@ -60,6 +60,8 @@ def _rope_freqs(attrs: dict[str, Any]) -> Array:
         scaled = np.where(wavelen > low_wl, inv / factor, inv)
         mid = (wavelen <= low_wl) & (wavelen >= high_wl)
         inv = np.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+    elif s["type"] == "factors":
+        inv = inv / np.asarray(s["factors"], np.float64)
     return inv
 
 
@@ -70,6 +72,9 @@ def rope(x: Array, positions: Array, attrs: dict[str, Any]) -> Array:
     y = x.reshape(t, h, dh).copy()
     angles = positions.astype(np.float64)[:, None] * _rope_freqs(attrs)[None, :]
     cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]
+    if attrs["scaling"]["type"] == "factors":
+        m = attrs["scaling"]["attn_factor"]
+        cos, sin = cos * m, sin * m
     if attrs["style"] == "interleaved":
         a, b = y[:, :, 0:rot:2].copy(), y[:, :, 1:rot:2].copy()
         y[:, :, 0:rot:2] = a * cos - b * sin

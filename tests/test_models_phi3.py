@@ -65,22 +65,3 @@ def test_gguf_matches_llama_cpp(model: dict[str, Any]) -> None:
     params = poot.SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
     got = llm.generate([PROMPT], params)[0].outputs[0].token_ids
     assert list(got) == llama_cpp_greedy(model["gguf"], PROMPT, 32)
-
-
-def test_longrope_is_a_typed_error(model: dict[str, Any], tmp_path: Any) -> None:
-    import json
-    import shutil
-
-    from poot.errors import UnsupportedArchitectureError
-
-    d = tmp_path / "longrope"
-    shutil.copytree(model["hf"], d)
-    cfg = json.loads((d / "config.json").read_text())
-    cfg["rope_scaling"] = {
-        "type": "longrope",
-        "short_factor": [1.0] * 48,
-        "long_factor": [2.0] * 48,
-    }
-    (d / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(UnsupportedArchitectureError, match="LongRoPE"):
-        poot.LLM(str(d), threads=1)

@@ -219,6 +219,7 @@ class LLM:
         max_step_tokens, max_num_seqs = opts.max_step_tokens, opts.max_num_seqs
         enable_prefix_caching = opts.enable_prefix_caching
         self.max_model_len = max_model_len
+        self.definition = self.definition.for_context(max_model_len)
         self.max_num_seqs = max_num_seqs
         self.block_size = block_size
         eos_ids = frozenset(self.tokenizer.eos_ids) | frozenset(h.eos_token_ids)

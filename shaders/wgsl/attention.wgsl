@@ -1,10 +1,12 @@
 // Paged attention, one workgroup per (token, head): token t attends to positions 0..=pos of its
 // sequence through the block table, in tiles of 64 positions with an online softmax (running
 // max m and sum l). Each lane owns head dims li, li + 64, ... (head_dim <= 256).
+// `window` > 0: the token reads only its last `window` positions (a sliding-window layer);
+// `softcap` > 0: scores become tanh(s * (1 / softcap)) * softcap (Gemma 2).
 struct P {
     t: u32, heads: u32, kv_heads: u32, hd: u32,
     bs: u32, max_blocks: u32, num_blocks: u32, scale: f32,
-    seqs: u32, _a: u32, _b: u32, _c: u32,
+    seqs: u32, window: u32, softcap: f32, _c: u32,
 }
 @group(0) @binding(0) var<storage, read> q: array<f32>;
 @group(0) @binding(1) var<storage, read> kc: array<f32>;
@@ -37,7 +39,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var m = NEG;
     var l = 0.0;
     var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
-    for (var p0 = 0; p0 < n; p0 += 64) {
+    var lo = 0;
+    if (p.window > 0u && n > i32(p.window)) { lo = n - i32(p.window); }
+    for (var p0 = lo; p0 < n; p0 += 64) {
         let j = p0 + i32(li);
         var s = NEG;
         var slot = -1;
@@ -51,6 +55,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                     var dot = 0.0;
                     for (var d = 0u; d < p.hd; d++) { dot += qs[d] * kc[ko + d]; }
                     s = dot * p.scale;
+                    if (p.softcap > 0.0) { s = softcap(s, p.softcap); }
                 }
             }
         }
@@ -96,4 +101,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             y[qo + d] = o;
         }
     }
+}
+
+// tanh of a clamped argument (|x| >= 10 is +-1 in f32; some tanh lowerings overflow above).
+fn softcap(s: f32, c: f32) -> f32 {
+    return tanh(clamp(s * (1.0 / c), -10.0, 10.0)) * c;
 }

@@ -6,7 +6,7 @@
 struct P {
     t: u32, heads: u32, kv_heads: u32, hd: u32,
     bs: u32, max_blocks: u32, num_blocks: u32, scale: f32,
-    seqs: u32, _a: u32, _b: u32, _c: u32,
+    seqs: u32, window: u32, softcap: f32, _c: u32,
 }
 @group(0) @binding(0) var<storage, read> q: array<f32>;
 @group(0) @binding(1) var<storage, read> kc: array<f32>;
@@ -41,6 +41,9 @@ fn score(j: i32, n: i32, seq: i32, kvh: u32) -> Score {
                 var dot = 0.0;
                 for (var d = 0u; d < p.hd; d++) { dot += qs[d] * kc[ko + d]; }
                 r.s = dot * p.scale;
+                if (p.softcap > 0.0) {
+                    r.s = tanh(clamp(r.s * (1.0 / p.softcap), -10.0, 10.0)) * p.softcap;
+                }
             }
         }
     }
@@ -59,9 +62,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (li == 0u) { wseq = token_seq[t]; wpos = positions[t]; }
     let seq = workgroupUniformLoad(&wseq);
     let n = workgroupUniformLoad(&wpos) + 1;
+    // A sliding-window layer reads only the last `window` positions.
+    var lo = 0;
+    if (p.window > 0u && n > i32(p.window)) { lo = n - i32(p.window); }
     var m = NEG;
     var l = 0.0;
-    for (var p0 = 0; p0 < n; p0 += 64) {
+    for (var p0 = lo; p0 < n; p0 += 64) {
         let r = score(p0 + i32(li), n, seq, kvh);
         red[li] = r.s;
         workgroupBarrier();
@@ -86,7 +92,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var inv = 0.0;
     if (l > 0.0) { inv = 1.0 / l; }
     var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
-    for (var p0 = 0; p0 < n; p0 += 64) {
+    for (var p0 = lo; p0 < n; p0 += 64) {
         let r = score(p0 + i32(li), n, seq, kvh);
         var w = 0.0;
         if (r.slot >= 0) { w = f16r(exp(r.s - m) * inv); }

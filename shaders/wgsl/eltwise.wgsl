@@ -1,4 +1,4 @@
-// Elementwise ops over f32: 0 add, 1 mul (b broadcast by `i % bn`), 2 silu, 3 gelu (tanh),
+// Elementwise ops over f32: 0 add, 1 mul (b broadcast by `i % bn`), 2 silu, 3 gelu (tanh), 5 softcap,
 // 4 silu with ggml's vector expf (ggml numerics: the CPU runtime's ggml::expf, lane for lane,
 // so SiLU outputs match ggml's where `fma` is fused instead of differing by the shader exp's
 // ulps, which the Q8 quantization of the next matmul would amplify).
@@ -13,11 +13,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = gid.x + gid.y * p.lanes_x;
     if (i >= p.n) { return; }
     let v = a[i];
-    let u = b[i % p.bn];
     var r: f32;
     switch p.op {
-        case 0u: { r = v + u; }
-        case 1u: { r = v * u; }
+        case 0u: { r = v + b[i % p.bn]; }
+        case 1u: { r = v * b[i % p.bn]; }
+        // softcap: `bn` holds the cap's bits; tanh of a clamped argument (|x| >= 10 is +-1).
+        case 5u: {
+            let c = bitcast<f32>(p.bn);
+            r = tanh(clamp(v * (1.0 / c), -10.0, 10.0)) * c;
+        }
         case 2u: { r = v / (1.0 + exp(-v)); }
         case 4u: { r = v / (1.0 + ggml_expf(0.0 - v)); }
         default: {

@@ -61,7 +61,19 @@ pub enum RopeScaling {
         high_freq_factor: f32,
         original_max_position: u32,
     },
+    /// Per-pair frequency divisors (Phi-3 LongRoPE's short or long factors, GGUF
+    /// `rope_factors_*` / `rope_freqs`): pair `i`'s inverse frequency is divided by
+    /// `factors[i]` for `i < rot_dim / 2` (at most [`MAX_ROPE_FACTORS`] pairs; the rest of the
+    /// array is unused), and every cos and sin is multiplied by `attn_factor` (LongRoPE's
+    /// attention scaling; 1 for none). A fixed array keeps the op `Copy`.
+    Factors {
+        factors: [f32; MAX_ROPE_FACTORS],
+        attn_factor: f32,
+    },
 }
+
+/// Most rotation pairs [`RopeScaling::Factors`] holds (`rot_dim` up to 128).
+pub const MAX_ROPE_FACTORS: usize = 64;
 
 /// Static parameters of a rope op.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -13,7 +13,7 @@ pub mod tracer;
 pub use error::{CompileError, TraceError};
 pub use ir::{
     AdjustInputs, AttentionConfig, AttentionMeta, Graph, Op, RopeConfig, RopeScaling, RopeStyle,
-    SampleInputs, ValueId, ValueInfo,
+    SampleInputs, ValueId, ValueInfo, MAX_ROPE_FACTORS,
 };
 pub use limits::{CompileLimits, Resource, TraceLimits};
 pub use passes::{run_passes, validate, DeadCodeElimination, Emitter, Pass};

@@ -273,3 +273,43 @@ fn validate_rejects_forward_references() {
     g.equations[1] = Op::Silu { x: ValueId(5) };
     assert!(matches!(validate(&g), Err(CompileError::Invalid(_))));
 }
+
+#[test]
+fn softcap_and_attention_softcap_are_checked() {
+    let mut t = Tracer::new(TraceLimits::default(), 3, catalog()).unwrap();
+    let x = t.input("x", DType::F32, vec![3, 8]).unwrap();
+    t.softcap(x, 30.0).unwrap();
+    for bad in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+        assert!(t.softcap(x, bad).is_err(), "cap {bad}");
+    }
+    let q = t.input("q", DType::F32, vec![3, 64]).unwrap();
+    let kv = t.input("kv", DType::F32, vec![3, 32]).unwrap();
+    let ids: Vec<ValueId> = ["slots", "seq", "pos"]
+        .iter()
+        .map(|n| t.input(n, DType::I32, vec![3]).unwrap())
+        .collect();
+    let tables = t.input("tables", DType::I32, vec![1, 4]).unwrap();
+    let meta = AttentionMeta {
+        slot_mapping: ids[0],
+        token_seq: ids[1],
+        positions: ids[2],
+        block_tables: tables,
+    };
+    let cfg = AttentionConfig {
+        layer: 0,
+        n_heads: 8,
+        n_kv_heads: 4,
+        head_dim: 8,
+        scale: 0.35,
+        window: 5,
+        softcap: 50.0,
+    };
+    t.paged_attention(q, kv, kv, meta, cfg).unwrap();
+    for softcap in [-1.0, f32::NAN, f32::INFINITY] {
+        let bad = AttentionConfig { softcap, ..cfg };
+        assert!(
+            t.paged_attention(q, kv, kv, meta, bad).is_err(),
+            "{softcap}"
+        );
+    }
+}

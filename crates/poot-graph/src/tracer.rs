@@ -408,6 +408,25 @@ impl Tracer {
                 format!("theta must be positive, got {}", cfg.theta),
             ));
         }
+        if let crate::ir::RopeScaling::Factors {
+            factors,
+            attn_factor,
+        } = &cfg.scaling
+        {
+            let half = cfg.rot_dim as usize / 2;
+            let ok = |f: f32| f.is_finite() && f > 0.0;
+            if half > factors.len() || !factors[..half].iter().all(|&f| ok(f)) || !ok(*attn_factor)
+            {
+                return Err(shape_err(
+                    "rope",
+                    format!(
+                        "frequency factors need rot_dim / 2 = {half} <= {} positive finite \
+                         factors and a positive attn_factor (got {attn_factor})",
+                        factors.len()
+                    ),
+                ));
+            }
+        }
         self.push(Op::Rope { x, positions, cfg }, xi, 0, 0)
     }
 

@@ -88,6 +88,14 @@ fn attrs<'py>(py: Python<'py>, op: &Op) -> PyResult<Bound<'py, PyDict>> {
                     s.set_item("high_freq_factor", high_freq_factor)?;
                     s.set_item("original_max_position", original_max_position)?;
                 }
+                RopeScaling::Factors {
+                    factors,
+                    attn_factor,
+                } => {
+                    s.set_item("type", "factors")?;
+                    s.set_item("factors", &factors[..cfg.rot_dim as usize / 2])?;
+                    s.set_item("attn_factor", attn_factor)?;
+                }
             }
             d.set_item("scaling", s)?;
         }

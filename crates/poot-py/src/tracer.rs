@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use poot_core::DType;
 use poot_graph::{
     AdjustInputs, AttentionConfig, AttentionMeta, RopeConfig, RopeScaling, RopeStyle, SampleInputs,
-    Tracer, ValueId, ValueInfo,
+    Tracer, ValueId, ValueInfo, MAX_ROPE_FACTORS,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -122,8 +122,26 @@ fn parse_scaling(py: Python<'_>, scaling: Option<&Bound<'_, PyDict>>) -> PyResul
                 original_max_position,
             })
         }
+        "factors" => {
+            let given: Vec<f32> = match d.get_item("factors")? {
+                Some(v) => v.extract().map_err(wrap)?,
+                None => return Err(bad("rope scaling \"factors\" needs factors".into())),
+            };
+            if given.len() > MAX_ROPE_FACTORS {
+                return Err(bad(format!(
+                    "rope scaling \"factors\": {} factors, at most {MAX_ROPE_FACTORS}",
+                    given.len()
+                )));
+            }
+            let mut factors = [1.0f32; MAX_ROPE_FACTORS];
+            factors[..given.len()].copy_from_slice(&given);
+            Ok(RopeScaling::Factors {
+                factors,
+                attn_factor: dict_f32(d, "attn_factor", Some(1.0)).map_err(wrap)?,
+            })
+        }
         other => Err(bad(format!(
-            "rope scaling type {other:?} is not supported (none, linear, llama3)"
+            "rope scaling type {other:?} is not supported (none, linear, llama3, factors)"
         ))),
     }
 }

@@ -63,11 +63,7 @@ impl CompiledPlan for WgpuPlan {
 /// Ops with a WGSL kernel: every op of the IR except the sampling step's logit ops, whose
 /// steps the engine samples on the host (see `sample.rs`).
 pub(crate) fn supports(op: &str) -> bool {
-    // softcap (Gemma 2's final logits) has no WGSL kernel yet: steps holding it run on the CPU.
-    !matches!(
-        op,
-        "adjust_logits" | "mask_logits" | "top_k" | "logprobs" | "softcap"
-    )
+    !matches!(op, "adjust_logits" | "mask_logits" | "top_k" | "logprobs")
 }
 
 fn invalid(detail: String) -> RuntimeError {
@@ -99,7 +95,9 @@ fn kernels_of(rt: &WgpuRuntime, graph: &Graph, op: &Op) -> Vec<(Kernel, DType)> 
         Op::Add { b, .. } | Op::Mul { b, .. } => {
             [deq(*b), vec![(Kernel::Eltwise, DType::F32)]].concat()
         }
-        Op::Silu { .. } | Op::Gelu { .. } => vec![(Kernel::Eltwise, DType::F32)],
+        Op::Silu { .. } | Op::Gelu { .. } | Op::Softcap { .. } => {
+            vec![(Kernel::Eltwise, DType::F32)]
+        }
         Op::Softmax { .. } => vec![(Kernel::Softmax, DType::F32)],
         Op::Rope { .. } => vec![(Kernel::Rope, DType::F32)],
         Op::PagedAttention { .. } => vec![
@@ -114,11 +112,9 @@ fn kernels_of(rt: &WgpuRuntime, graph: &Graph, op: &Op) -> Vec<(Kernel, DType)> 
         Op::GatherRows { .. } => vec![(Kernel::Gather, DType::F32)],
         Op::Sample { .. } => vec![(Kernel::Argmax, DType::F32)],
         Op::Input { .. } | Op::Weight { .. } | Op::Literal { .. } | Op::Reshape { .. } => vec![],
-        Op::AdjustLogits { .. }
-        | Op::MaskLogits { .. }
-        | Op::TopK { .. }
-        | Op::Logprobs { .. }
-        | Op::Softcap { .. } => vec![],
+        Op::AdjustLogits { .. } | Op::MaskLogits { .. } | Op::TopK { .. } | Op::Logprobs { .. } => {
+            vec![]
+        }
     }
 }
 
@@ -144,13 +140,6 @@ fn check_op(graph: &Graph, i: usize, op: &Op, used_by: &[Vec<usize>]) -> Result<
                 "wgpu attention needs head_dim <= 256 and n_heads a multiple of n_kv_heads \
                  (got {}x{}, {} kv heads)",
                 cfg.n_heads, cfg.head_dim, cfg.n_kv_heads
-            )));
-        }
-        Op::PagedAttention { cfg, .. } if cfg.window != 0 || cfg.softcap != 0.0 => {
-            return Err(invalid(format!(
-                "wgpu attention has no sliding-window or soft-capped kernel yet (window {}, \
-                 softcap {}); run this model on the CPU runtime",
-                cfg.window, cfg.softcap
             )));
         }
         Op::Sample { params, .. } => {

@@ -31,6 +31,28 @@ pub(crate) fn inv_freq(cfg: &RopeConfig) -> Result<Vec<f32>, RuntimeError> {
         .collect();
     match cfg.scaling {
         RopeScaling::None => {}
+        RopeScaling::Factors {
+            factors,
+            attn_factor,
+        } => {
+            // The device rotates by host cos/sin without a scale: LongRoPE's attention factor
+            // has no path here yet (the CPU and CUDA runtimes apply it).
+            if attn_factor != 1.0 {
+                return Err(bad(format!(
+                    "wgpu rope: an attention factor {attn_factor} (LongRoPE) is not supported"
+                )));
+            }
+            if half > factors.len() {
+                return Err(bad(format!(
+                    "rope: {half} pairs, at most {} factors",
+                    factors.len()
+                )));
+            }
+            for (x, &d) in f.iter_mut().zip(&factors) {
+                check_factor("rope frequency factor", d)?;
+                *x /= d;
+            }
+        }
         RopeScaling::Linear { factor } => {
             check_factor("rope linear factor", factor)?;
             f.iter_mut().for_each(|x| *x /= factor);

@@ -7,7 +7,8 @@
 //! 1e-5 * K * max|x| * max|w| per element, stated here as atol 2e-4 on outputs of size ~1;
 //! elementwise and norm ops 1e-6 to 1e-5 (exp/tanh/sqrt differ by ulps across libms); rope
 //! uses the host's cos/sin, so only the unfused rotation rounds (1e-6); attention's online
-//! softmax reorders sums (2e-5). Sampling is in conformance_sample.rs.
+//! softmax reorders sums (2e-5), also with a sliding window and soft-capped scores (tanh differs
+//! by ulps). Sampling is in conformance_sample.rs.
 mod common;
 
 use std::sync::Arc;
@@ -181,6 +182,7 @@ fn norm_and_elementwise_ops() {
                     ("silu", tr.silu(x).unwrap()),
                     ("gelu", tr.gelu(x).unwrap()),
                     ("softmax", tr.softmax(x).unwrap()),
+                    ("softcap", tr.softcap(x, 1.5).unwrap()),
                 ]
             },
             &[("x", x), ("y", y)],
@@ -275,6 +277,13 @@ fn data_movement_is_exact() {
 /// token), GQA 4 query heads over 2 kv heads, on both runtimes.
 #[test]
 fn paged_attention_prefill_then_decode() {
+    // Plain; a sliding window of 3 (positions 0..5 cross it); soft-capped scores; both.
+    for (window, softcap) in [(0, 0.0), (3, 0.0), (0, 0.5), (3, 0.5)] {
+        attention_case(window, softcap);
+    }
+}
+
+fn attention_case(window: u32, softcap: f32) {
     let Some(rt) = open(WgpuOptions::default()) else {
         return;
     };
@@ -294,8 +303,8 @@ fn paged_attention_prefill_then_decode() {
         n_kv_heads: 2,
         head_dim: 16,
         scale: 0.25,
-        window: 0,
-        softcap: 0.0,
+        window,
+        softcap,
     };
     let mut rng = Rng(15);
     // Sequence 0 uses blocks [3, 1]; sequence 1 (decode only at step 2) uses block [5].
@@ -353,7 +362,7 @@ fn paged_attention_prefill_then_decode() {
             )
             .unwrap();
         assert_close(
-            &format!("attention step {step}"),
+            &format!("attention step {step}, window {window}, softcap {softcap}"),
             &want[0].1,
             &got[0].1,
             2e-5,

@@ -137,6 +137,14 @@ fn quantized_matmul_matches_cpu_ggml() {
 /// the f16 KV pool and f16 weights against the CPU's ggml attention.
 #[test]
 fn attention_matches_cpu_ggml() {
+    // Plain; a sliding window of 3; soft-capped scores (the CPU takes its exact per-head path
+    // for those under ggml numerics too, so the bound is the same f16 one).
+    for (window, softcap) in [(0, 0.0), (3, 0.0), (0, 0.5)] {
+        ggml_attention_case(window, softcap);
+    }
+}
+
+fn ggml_attention_case(window: u32, softcap: f32) {
     let Some(rt) = ggml_wgpu() else { return };
     let cpu = ggml_cpu();
     let kv = KvCacheConfig {
@@ -154,8 +162,8 @@ fn attention_matches_cpu_ggml() {
         n_kv_heads: 2,
         head_dim: 16,
         scale: 0.25,
-        window: 0,
-        softcap: 0.0,
+        window,
+        softcap,
     };
     let mut rng = Rng(22);
     type Step = (Vec<i32>, Vec<i32>, Vec<i32>, Vec<i32>);
@@ -195,7 +203,7 @@ fn attention_matches_cpu_ggml() {
             ("pos", i32s(vec![t], pos)),
             ("tables", i32s(vec![s, 2], tables)),
         ];
-        let what = format!("ggml attention step {step}");
+        let what = format!("ggml attention step {step}, window {window}, softcap {softcap}");
         let worst = run_both(&cpu, &rt, &what, &g, store, &inputs, (1e-3, 0.0));
         eprintln!("{what}: max |wgpu - cpu| = {worst:e}");
     }

@@ -310,7 +310,10 @@ def hparams_from_hf_config(
         stype = raw.get("rope_type", raw.get("type"))
         if isinstance(stype, str) and stype != "default":
             factor = raw.get("factor")
-            orig = raw.get("original_max_position_embeddings")
+            # Phi-3 states the pretrained context at the top level, not in rope_scaling.
+            orig = raw.get(
+                "original_max_position_embeddings", cfg.get("original_max_position_embeddings")
+            )
             scaling = RopeScaling(
                 type=stype,
                 factor=float(factor) if isinstance(factor, int | float) else None,

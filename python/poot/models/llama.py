@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from poot.errors import UnsupportedArchitectureError
+from poot.errors import CheckpointFormatError, UnsupportedArchitectureError
 from poot.models.step import StepInputs, StepShape, declare_inputs, trace_head
 
 if TYPE_CHECKING:
@@ -120,6 +120,56 @@ def rope_scaling_spec(h: ModelHParams, source: str) -> dict[str, Any] | None:
     )
 
 
+def gguf_f32_vector(files: ModelFiles, name: str, n: int) -> list[float]:
+    """The ``n`` values of the GGUF's F32 tensor ``name``, read from the mapped file.
+
+    Raises:
+        CheckpointFormatError: the tensor is missing, not F32, or not ``n`` values.
+    """
+    import numpy as np
+
+    info = next((t for t in files.tensors() if t.name == name), None)
+    if info is None or info.dtype != "F32" or info.n_elements != n:
+        got = "missing" if info is None else f"{info.dtype} {tuple(info.shape)}"
+        raise CheckpointFormatError(
+            f"{files.path}: {name} must be {n} F32 values, got {got}",
+            kind="bad_tensor",
+            file=str(files.path),
+            tensor=name,
+        )
+    return [float(v) for v in np.fromfile(info.file, dtype="<f4", count=n, offset=info.offset)]
+
+
+def rope_freqs_spec(files: ModelFiles) -> dict[str, Any]:
+    """The rope ``factors`` scaling of a GGUF with ``rope_freqs.weight`` (Llama 3.1 and later:
+    llama.cpp's converter bakes the llama3 frequency rule into per-pair divisors), times a
+    linear factor if the file also states one, as llama.cpp applies both.
+
+    Raises:
+        CheckpointFormatError: a malformed tensor.
+        UnsupportedArchitectureError: another stated scaling.
+    """
+    h = files.hparams
+    factors = gguf_f32_vector(files, "rope_freqs.weight", h.rope_dim // 2)
+    if not all(f > 0 and f != float("inf") for f in factors):
+        raise CheckpointFormatError(
+            f"{files.path}: rope_freqs.weight must be positive and finite",
+            kind="bad_tensor",
+            file=str(files.path),
+            tensor="rope_freqs.weight",
+        )
+    base = rope_scaling_spec(h, str(files.path))
+    if base is not None and base["type"] == "linear":
+        factors = [f * base["factor"] for f in factors]
+    elif base is not None:
+        raise UnsupportedArchitectureError(
+            f"{files.path}: rope_freqs.weight with RoPE scaling {base['type']!r}",
+            architecture=h.architecture,
+            supported=("none", "linear"),
+        )
+    return {"type": "factors", "factors": factors, "attn_factor": 1.0}
+
+
 @dataclass(frozen=True)
 class LlamaModel:
     """A Llama-family decoder, traced one step at a time.
@@ -150,15 +200,15 @@ class LlamaModel:
             arch = files.metadata.get("general.architecture")
             style: RopeStyle = "neox" if arch == "qwen2" else "interleaved"
             if any(t.name == "rope_freqs.weight" for t in files.tensors()):
-                raise UnsupportedArchitectureError(
-                    f"{files.path}: per-dimension RoPE frequency factors (rope_freqs.weight, "
-                    "Llama 3.1 GGUF) are not supported yet",
-                    architecture=str(arch),
-                    supported=("llama", "mistral", "qwen2"),
-                )
+                return cls(h, names, style, rope_freqs_spec(files))
         else:
             names, style = HF_NAMES, "neox"
         return cls(h, names, style, rope_scaling_spec(h, str(files.path)))
+
+    def for_context(self, max_model_len: int) -> LlamaModel:
+        """The definition for running with sequences of up to ``max_model_len`` tokens (the
+        same one, unless a family's arithmetic depends on it: Phi-3 LongRoPE)."""
+        return self
 
     @property
     def kv_shape(self) -> tuple[int, int, int]:

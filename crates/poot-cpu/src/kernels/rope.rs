@@ -25,6 +25,9 @@
 //!
 //! Scaling: `Linear` divides `inv_freq` by the factor (HF "linear"; ggml `freq_scale = 1 /
 //! factor`). `Llama3` follows HF `_compute_llama3_parameters` step by step in `f32`.
+//! `Factors` divides `inv_freq[i]` by `factors[i]` (HF LongRoPE's `ext_factors`, ggml's
+//! `freq_factors`) and multiplies each cos and sin by `attn_factor` (HF's `attention_scaling`,
+//! ggml's `mscale`); it takes the f32 recipe under both numerics.
 //!
 //! Cost: building a [`RopeTable`] is O(rot_dim); [`rope`] is O(t * rot_dim) `sin`/`cos` plus
 //! O(t * n_heads * rot_dim) multiply-adds, with one `rot_dim`-sized scratch per call;
@@ -59,6 +62,8 @@ pub struct RopeTable {
     inv_freq: Vec<f32>,
     /// ggml's recipe: `(theta_scale, freq_scale)`.
     ggml: Option<(f32, f32)>,
+    /// Multiplies every cos and sin (`RopeScaling::Factors::attn_factor`); 1 for none.
+    mscale: f32,
 }
 
 fn invalid(what: &'static str, detail: String) -> KernelError {
@@ -72,7 +77,7 @@ impl RopeTable {
         let freq_scale = match cfg.scaling {
             RopeScaling::None => Some(1.0),
             RopeScaling::Linear { factor } => Some(1.0 / factor),
-            RopeScaling::Llama3 { .. } => None,
+            RopeScaling::Llama3 { .. } | RopeScaling::Factors { .. } => None,
         };
         if numerics == Numerics::Ggml && cfg.rot_dim > 0 {
             let theta_scale = cfg.theta.powf(-2.0 / cfg.rot_dim as f32);
@@ -103,6 +108,7 @@ impl RopeTable {
         let mut inv_freq: Vec<f32> = (0..half)
             .map(|i| 1.0 / cfg.theta.powf((2 * i) as f32 / dim))
             .collect();
+        let mut mscale = 1.0f32;
         match cfg.scaling {
             RopeScaling::None => {}
             RopeScaling::Linear { factor } => {
@@ -150,12 +156,30 @@ impl RopeTable {
                     };
                 }
             }
+            RopeScaling::Factors {
+                factors,
+                attn_factor,
+            } => {
+                if half > factors.len() {
+                    return Err(invalid(
+                        "rope factors",
+                        format!("{half} pairs, at most {} factors", factors.len()),
+                    ));
+                }
+                check_factor("rope attn_factor", attn_factor)?;
+                for (f, &d) in inv_freq.iter_mut().zip(&factors) {
+                    check_factor("rope frequency factor", d)?;
+                    *f /= d;
+                }
+                mscale = attn_factor;
+            }
         }
         Ok(RopeTable {
             style: cfg.style,
             head_dim: cfg.head_dim,
             inv_freq,
             ggml: None,
+            mscale,
         })
     }
 
@@ -306,6 +330,10 @@ fn angles(pos: i32, table: &RopeTable, cs: &mut [(f32, f32)]) {
         for (c, &f) in cs.iter_mut().zip(&table.inv_freq) {
             let angle = p * f;
             *c = (angle.cos(), angle.sin());
+        }
+        if table.mscale != 1.0 {
+            let m = table.mscale;
+            cs.iter_mut().for_each(|c| *c = (c.0 * m, c.1 * m));
         }
     }
 }

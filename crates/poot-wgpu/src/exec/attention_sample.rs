@@ -75,6 +75,8 @@ impl Exec<'_> {
             kv.cfg.num_blocks,
             cfg.scale.to_bits(),
             tables[0] as u32,
+            cfg.window,
+            cfg.softcap.to_bits(),
         ];
         let kernel = if ggml {
             Kernel::AttentionGgml

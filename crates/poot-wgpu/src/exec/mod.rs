@@ -438,6 +438,20 @@ impl<'a> Exec<'a> {
                 )?;
                 out
             }
+            Op::Softcap { x, cap } => {
+                let out = self.alloc(out_bytes);
+                let xb = self.buf(*x, op.name())?;
+                let (grid, lanes_x) = lane_grid(numel);
+                let words = [numel as u32, cap.to_bits(), 5, lanes_x];
+                self.dispatch(
+                    Kernel::Eltwise,
+                    DType::F32,
+                    vec![xb.clone(), xb, out.clone()],
+                    &words,
+                    grid,
+                )?;
+                out
+            }
             Op::Softmax { x } => {
                 let d = *info.shape.last().unwrap_or(&1);
                 let rows = numel / d.max(1);
@@ -550,8 +564,7 @@ impl<'a> Exec<'a> {
             Op::AdjustLogits { .. }
             | Op::MaskLogits { .. }
             | Op::TopK { .. }
-            | Op::Logprobs { .. }
-            | Op::Softcap { .. } => {
+            | Op::Logprobs { .. } => {
                 // `compile` refuses these (see `plan::supports`).
                 return Err(kernel_err(op.name(), "no wgpu kernel".into()));
             }
