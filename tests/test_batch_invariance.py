@@ -108,3 +108,26 @@ def test_outputs_do_not_depend_on_batch_chunking_or_preemption(
         if "num_blocks" in kw:
             assert other.scheduler.stats()["preemptions"] > 0
         assert other.scheduler.used_blocks == 0
+
+
+def test_wgpu_outputs_do_not_depend_on_batch_or_chunking(default_model_path: Path) -> None:
+    """The same on the wgpu backend (lavapipe in CI), under its default numerics: its WGSL
+    matmuls and attention take one order per output whatever the step's row count. Fewer and
+    shorter requests than on the CPU: a software Vulkan device is slow."""
+    from wgpu_util import require_wgpu
+
+    require_wgpu()
+    prompts = PROMPTS[:3] + PROMPTS[-1:]
+    few = {"max_tokens": 8, "logprobs": 0, "ignore_eos": True}
+    cases = (
+        SamplingParams(temperature=0.0, **few),
+        SamplingParams(temperature=0.9, top_p=0.95, seed=7, **few),
+    )
+    llm = LLM(str(default_model_path), backend="wgpu", max_model_len=256)
+    chunked = LLM(str(default_model_path), backend="wgpu", max_model_len=256, max_step_tokens=3)
+    for params in cases:
+        alone = [_runs(llm.generate(p, params))[0] for p in prompts]
+        assert _runs(llm.generate(prompts, params)) == alone, f"{params.temperature=} batched"
+        got = _runs(chunked.generate(prompts, params))
+        assert got == alone, f"{params.temperature=} chunked by 3"
+    assert llm.scheduler.used_blocks == 0 and chunked.scheduler.used_blocks == 0

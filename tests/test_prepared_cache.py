@@ -145,8 +145,17 @@ def test_llm_evict_keeps_within_limits_and_output(build: Callable[..., Any]) -> 
     assert s["used_blocks"] == 0
 
 
-@pytest.mark.parametrize("limit", [{"max_prepared_entries": 1}, {"max_prepared_bytes": 40_000}])
-def test_llm_refuse_raises_and_stays_usable(build: Callable[..., Any], limit: dict) -> None:
+@pytest.mark.parametrize("by", ["entries", "bytes"])
+def test_llm_refuse_raises_and_stays_usable(build: Callable[..., Any], by: str) -> None:
+    # Room for exactly the first plan (the 8-token prefill): by count, or by its own bytes
+    # (measured, since a plan's bytes follow the graph IR's layout).
+    if by == "entries":
+        limit = {"max_prepared_entries": 1}
+    else:
+        probe = build(max_prepared_entries=1)
+        probe.generate(PROMPT[:8], SamplingParams(max_tokens=1, temperature=0.0))
+        (first,) = probe.runner.cached_plans
+        limit = {"max_prepared_bytes": probe.runner.plans._entries[first].artifact_bytes}
     llm = build(prepared_policy="refuse", **limit)
     with pytest.raises(errors.PreparedEntryLimitError) as e:
         llm.generate(PROMPT, GREEDY)
