@@ -52,8 +52,8 @@ def load_llm(config: ServerConfig) -> LLM:
     available = _available_bytes() - files.total_bytes
     if available > 0:
         free = min(free, available)
-    # No more than ``max_num_seqs`` full-length sequences can use: the pool is allocated
-    # (and touched) up front, so a tiny model must not take the whole cap.
+    # No more than ``max_num_seqs`` full-length sequences can use: the pool is reserved up
+    # front (its pages are touched as KV is written), so a tiny model must not take the cap.
     blocks = config.max_num_seqs * -(-max_model_len // block_size)
     free = min(free, int(blocks * kv_block_bytes(h, block_size, entry_bytes) / (1 - reserve)) + 1)
     opts = DriverOptions.fit(
