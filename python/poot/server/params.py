@@ -291,8 +291,9 @@ def chat_job(req: ChatCompletionRequest, llm: LLM, served: str, max_n: int) -> J
     check_chat_template(llm)
     templates = llm.tokenizer.chat_templates
     template = templates.get("tool_use") if req.tools else None
-    tools = plan_tools(req, template or llm.tokenizer.chat_template)
-    messages, variables = render_messages(req.messages, tools)
+    template = template or llm.tokenizer.chat_template
+    tools = plan_tools(req, template)
+    messages, variables = render_messages(req.messages, tools, template)
     # A last assistant message is continued, except with tools: a reply that may be calls
     # starts a turn of its own.
     cont = messages[-1]["role"] == "assistant" and tools is None
