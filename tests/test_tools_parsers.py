@@ -250,6 +250,18 @@ def test_render_for_a_template_without_tools(tokenizer: Any) -> None:
     assert messages[3]["content"] == "<tool_response>\n21 C\n</tool_response>"
 
 
+def test_mistral_call_ids_are_nine_alphanumerics() -> None:
+    template = "[AVAILABLE_TOOLS]{{ tools }}[TOOL_CALLS]"
+    req = _req(messages=HISTORY, tools=[WEATHER])
+    plan = plan_tools(req, template)
+    assert plan is not None and plan.fmt.family == "mistral" and plan.template_knows_tools
+    messages, _ = render_messages(req.messages, plan, template)
+    # Mistral's templates raise on any other id; "call_1" maps to the same 9 characters in
+    # the call and in its result.
+    assert messages[1]["tool_calls"][0]["id"] == "0000call1"
+    assert messages[2]["tool_call_id"] == "0000call1"
+
+
 def test_no_tools_or_none_plans_nothing(tokenizer: Any) -> None:
     assert plan_tools(_req(messages=HISTORY[:1]), tokenizer.chat_template) is None
     none = _req(messages=HISTORY[:1], tools=[WEATHER], tool_choice="none")

@@ -3,8 +3,11 @@
 Modules: ``config`` (``ServerConfig``), ``protocol`` (request bodies), ``params`` (bodies to
 engine work), ``generation`` (running it), ``responses`` (OpenAI response and chunk shapes),
 ``routes``, ``streaming`` (SSE with disconnect detection), ``limits`` (queue, body size, API
-key), ``errors`` (OpenAI's error shape), ``metrics`` (Prometheus), ``state`` (the model, loaded
-in the background, and health), ``app`` (``create_app``) and ``cli`` (``poot-serve``).
+key), ``errors`` (OpenAI's error shape), ``metrics`` (Prometheus), ``tools`` and
+``tool_parsers`` (function calling: the request side, the families' formats), ``loading`` (the
+model sized to memory and budgets), ``state`` (the model, loaded in the background, and
+health), ``shutdown`` (draining on SIGTERM), ``app`` (``create_app``) and ``cli``
+(``poot-serve``).
 Nothing outside this package imports it.
 """
 

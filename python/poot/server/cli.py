@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from poot import _native
 from poot.checkpoints import DEFAULT_SPEC, SPEC_FORMS
 from poot.errors import ConfigError
-from poot.server.config import DEFAULT_HOST, DEFAULT_PORT, ServerConfig
+from poot.server.config import DEFAULT_HOST, DEFAULT_PORT, ServerConfig, parse_size
 
 if TYPE_CHECKING:
     from poot.llm import LLM
@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n"
         "  poot-serve\n"
         "  poot-serve --model path/to/model.gguf --port 9000 --api-key KEY\n"
-        "  poot-serve --backend wgpu --max-num-seqs 8\n\n"
+        "  poot-serve --backend wgpu --max-num-seqs 8\n"
+        "  poot-serve --model big.gguf --device-budget 4GiB --spill-dir /data/spill\n\n"
         "exit codes:\n"
         "  0    stopped cleanly (SIGTERM or Ctrl-C: drained, see --shutdown-timeout)\n"
         "  1    the model could not be loaded, the server failed, or a second signal\n"
@@ -93,6 +94,31 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=d.kv_cache_bytes >> 20,
         help=f"most MiB of KV cache; less if memory is short (default {d.kv_cache_bytes >> 20})",
+    )
+    p.add_argument(
+        "--device-budget",
+        metavar="SIZE",
+        default=None,
+        help="bytes the model may use on its device (e.g. 512MiB): weights, KV pool, buffers; "
+        "weights that do not fit are streamed (default: no limit, all resident)",
+    )
+    p.add_argument(
+        "--host-budget",
+        metavar="SIZE",
+        default=None,
+        help="host bytes for weights streamed from RAM (default: the RAM that is free)",
+    )
+    p.add_argument(
+        "--spill-dir",
+        default=None,
+        help="where streamed weights' buffer files go (default: <cache>/spill)",
+    )
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=d.stall_timeout_s,
+        help="seconds a streamed weight load may make no progress before the step fails "
+        f"(default {d.stall_timeout_s:g})",
     )
     p.add_argument(
         "--max-queue",
@@ -172,6 +198,10 @@ def _config(args: argparse.Namespace) -> ServerConfig:
         backend=args.backend,
         progress=not args.quiet,
         shutdown_timeout_s=args.shutdown_timeout,
+        device_budget_bytes=None if args.device_budget is None else parse_size(args.device_budget),
+        host_budget_bytes=None if args.host_budget is None else parse_size(args.host_budget),
+        spill_dir=args.spill_dir,
+        stall_timeout_s=args.stall_timeout,
     )
 
 

@@ -10,7 +10,37 @@ from dataclasses import dataclass
 
 from poot.errors import ConfigError
 
-__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "ServerConfig"]
+__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "ServerConfig", "parse_size"]
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``"512MiB"``, ``"2GB"`` or ``"1048576"`` (binary and decimal units).
+
+    Raises:
+        ConfigError: not a size.
+    """
+    s = text.strip().lower().replace(" ", "")
+    num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = s[len(num) :]
+    try:
+        value = float(num)
+    except ValueError:
+        value = -1.0
+    if unit not in _UNITS or not value >= 1:
+        raise ConfigError(f"not a size: {text!r} (e.g. 512MiB, 2GB, 1048576)")
+    return int(value * _UNITS[unit])
+
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -42,6 +72,13 @@ class ServerConfig:
         progress: progress bars while loading (pulling the default model, preparing weights).
         shutdown_timeout_s: on SIGTERM/SIGINT, how long running requests may go on before
             they are cancelled (``poot.server.shutdown``).
+        device_budget_bytes: bytes the model may use on its device (weights, KV pool,
+            buffers); when the weights do not fit, the planner streams them
+            (``poot.CompileConfig.device_budget_bytes``). None: no planning, the whole model
+            resident.
+        host_budget_bytes: host bytes for weights streamed from RAM (``CompileConfig``).
+        spill_dir: where streamed weights' buffer files go (``CompileConfig.spill_dir``).
+        stall_timeout_s: a weight load with no progress for this long fails the step.
     """
 
     model: str | None = None
@@ -61,6 +98,10 @@ class ServerConfig:
     step_timeout_s: float = 600.0
     progress: bool = True
     shutdown_timeout_s: float = 30.0
+    device_budget_bytes: int | None = None
+    host_budget_bytes: int | None = None
+    spill_dir: str | None = None
+    stall_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "kv_cache_bytes", "max_queue", "max_body_bytes", "max_n"):
@@ -76,7 +117,13 @@ class ServerConfig:
                 f"shutdown_timeout_s must be a number of seconds >= 0, got "
                 f"{self.shutdown_timeout_s!r}"
             )
-        for name in ("queue_timeout_s", "request_timeout_s", "step_timeout_s"):
+        for name in ("device_budget_bytes", "host_budget_bytes"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ConfigError(f"{name} must be a number of bytes >= 1, got {value!r}")
+        for name in ("queue_timeout_s", "request_timeout_s", "step_timeout_s", "stall_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")

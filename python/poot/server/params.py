@@ -291,14 +291,14 @@ def chat_job(req: ChatCompletionRequest, llm: LLM, served: str, max_n: int) -> J
     check_chat_template(llm)
     templates = llm.tokenizer.chat_templates
     template = templates.get("tool_use") if req.tools else None
-    tools = plan_tools(req, template or llm.tokenizer.chat_template)
-    messages, variables = render_messages(req.messages, tools)
-    last = messages[-1]["role"]
+    template = template or llm.tokenizer.chat_template
+    tools = plan_tools(req, template)
+    messages, variables = render_messages(req.messages, tools, template)
+    # A last assistant message is continued, except with tools: a reply that may be calls
+    # starts a turn of its own.
+    cont = messages[-1]["role"] == "assistant" and tools is None
     text = llm.tokenizer.apply_chat_template(
-        messages,
-        add_generation_prompt=last != "assistant",
-        continue_final_message=last == "assistant" and tools is None,
-        **variables,
+        messages, add_generation_prompt=not cont, continue_final_message=cont, **variables
     )
     ids = llm.tokenizer.encode(text, add_special_tokens=False)
     if not ids:

@@ -1,5 +1,5 @@
-"""The HTTP routes: OpenAI's completions, chat completions and models, plus health, metrics
-and cancel.
+"""The HTTP routes: OpenAI's completions, chat completions and models, plus health, metrics,
+cancel, and vLLM's tokenize and detokenize.
 
 One request's life: validate the body (pydantic, 400) -> build its ``Job`` (400 for what the
 model or the build cannot do) -> take queue slots (429 full, 503 queue timeout) -> run it,

@@ -19,6 +19,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import time
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -86,7 +87,7 @@ class DrainingServer(uvicorn.Server):
         self._signalled = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def startup(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
 

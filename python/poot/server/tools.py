@@ -199,15 +199,27 @@ def _arguments(i: int, j: int, raw: str) -> Any:
         raise _bad(field, f"{field} is not JSON") from None
 
 
+def _mistral_id(call_id: str) -> str:
+    """A call id as Mistral's templates require it: 9 letters or digits (they raise
+    otherwise); the same id always maps to the same one."""
+    return re.sub(r"[^A-Za-z0-9]", "", call_id)[-9:].rjust(9, "0")
+
+
 def render_messages(
-    messages: list[ChatMessage], plan: ToolPlan | None
+    messages: list[ChatMessage], plan: ToolPlan | None, template: str | None = None
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The template's messages and extra variables (``tools``) for a request.
+
+    Args:
+        messages: the request's messages.
+        plan: its tool use (None: no tools rendered).
+        template: the chat template (its family decides how call ids are written).
 
     Raises:
         APIError: an assistant tool call's arguments are not JSON.
     """
     knows = plan is not None and plan.template_knows_tools
+    fix_id = _mistral_id if format_for_template(template).family == "mistral" else str
     out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
         role = "system" if m.role == "developer" else m.role
@@ -215,7 +227,7 @@ def render_messages(
         if m.tool_calls:
             calls: list[dict[str, Any]] = [
                 {
-                    "id": c.id,
+                    "id": fix_id(c.id),
                     "type": "function",
                     "function": {
                         "name": c.function.name,
@@ -238,7 +250,7 @@ def render_messages(
                 msg["content"] = "\n".join(([msg["content"]] if msg["content"] else []) + blocks)
         if role == "tool":
             if m.tool_call_id is not None:
-                msg["tool_call_id"] = m.tool_call_id
+                msg["tool_call_id"] = fix_id(m.tool_call_id)
             if m.name is not None:
                 msg["name"] = m.name
             if not knows:

@@ -35,6 +35,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use half::f16;
+use half::vec::HalfBitsVecExt;
 use poot_core::Deadline;
 use poot_graph::{CompileLimits, Graph, Op};
 use poot_runtime::{
@@ -391,14 +392,24 @@ impl Runtime for CpuRuntime {
         let mut slot = self.kv_lock();
         *slot = None; // free the old pool before allocating the new one
         let n = cfg.n_layers as usize;
+        // One zeroed allocation per layer (calloc: the OS maps zero pages as they are first
+        // written), not `vec![layer; n]`, whose clones write every byte: a 1 GiB pool took
+        // half a second at server start. A page is now first touched by the step that writes
+        // KV into it, a few microseconds per page.
+        let zeros_f32 = || -> Vec<Vec<f32>> { (0..n).map(|_| vec![0f32; elems]).collect() };
+        let zeros_f16 = || -> Vec<Vec<f16>> {
+            (0..n)
+                .map(|_| vec![0u16; elems].reinterpret_into())
+                .collect()
+        };
         let layers = match numerics {
             Numerics::Exact => KvLayers::F32 {
-                k: vec![vec![0f32; elems]; n],
-                v: vec![vec![0f32; elems]; n],
+                k: zeros_f32(),
+                v: zeros_f32(),
             },
             Numerics::Ggml => KvLayers::F16 {
-                k: vec![vec![f16::ZERO; elems]; n],
-                v: vec![vec![f16::ZERO; elems]; n],
+                k: zeros_f16(),
+                v: zeros_f16(),
             },
         };
         *slot = Some(KvPool { cfg, layers });
