@@ -1,10 +1,11 @@
 """llama.cpp's tokenizer test vectors for the families' vocabularies.
 
-``ggml-vocab-{qwen2,phi-3,qwen35}.gguf`` with their ``.inp``/``.out`` cases (Qwen2/Qwen3's
-byte-level BPE, Phi-3's SentencePiece) from llama.cpp's ``models/`` directory, which is not in
-``../shared/models``: set ``POOT_LLAMA_CPP_MODELS`` to that directory (the llama-cpp-python
-0.3.36 sdist built by ``../shared/peers/llama-cpp.sh`` holds it under ``vendor/llama.cpp``).
-Gemma 4's vocabulary (``tokenizer.ggml.model = gemma4``) is not supported yet: a typed error.
+``ggml-vocab-{qwen2,phi-3,qwen35,gemma-4}.gguf`` with their ``.inp``/``.out`` cases
+(Qwen2/Qwen3's byte-level BPE, Phi-3's SentencePiece, Gemma 4's raw UTF-8 BPE) from llama.cpp's
+``models/`` directory, which is not in ``../shared/models``: set ``POOT_LLAMA_CPP_MODELS`` to
+that directory (the llama-cpp-python 0.3.36 sdist built by ``../shared/peers/llama-cpp.sh``
+holds it under ``vendor/llama.cpp``). Gemma 4's cases (its backend is new) also decode back
+to their text.
 """
 
 from __future__ import annotations
@@ -16,17 +17,16 @@ from pathlib import Path
 import pytest
 from test_tokenizer_vocab import _read_cases
 
-from poot.errors import TokenizerError
 from poot.tokenizer import Tokenizer, load_tokenizer
 
-VOCABS = ("qwen2", "phi-3", "qwen35")
+VOCABS = ("qwen2", "phi-3", "qwen35", "gemma-4")
 _DIR = os.environ.get("POOT_LLAMA_CPP_MODELS")
 MODELS = Path(_DIR) if _DIR else None
 
 
-def _params() -> list[object]:
+def _params(names: tuple[str, ...] = VOCABS) -> list[object]:
     out: list[object] = []
-    for name in VOCABS:
+    for name in names:
         path = MODELS / f"ggml-vocab-{name}.gguf" if MODELS else None
         if path is None or not path.is_file():
             why = f"ggml-vocab-{name}.gguf not found (set POOT_LLAMA_CPP_MODELS)"
@@ -48,9 +48,15 @@ def test_llama_cpp_vocab_case(gguf: Path, text: str, expected: list[int]) -> Non
     assert tok.encode(text, add_special_tokens=False, parse_special=False) == expected
 
 
-def test_gemma4_vocabulary_is_a_typed_error() -> None:
+@pytest.mark.parametrize(("gguf", "text", "expected"), _params(("gemma-4",)))
+def test_gemma4_case_decodes_to_its_text(gguf: Path, text: str, expected: list[int]) -> None:
+    assert _tokenizer(gguf).decode(expected, clean_up_tokenization_spaces=False) == text
+
+
+def test_gemma4_always_adds_bos() -> None:
     path = MODELS / "ggml-vocab-gemma-4.gguf" if MODELS else None
     if path is None or not path.is_file():
         pytest.skip("ggml-vocab-gemma-4.gguf not found (set POOT_LLAMA_CPP_MODELS)")
-    with pytest.raises(TokenizerError, match="gemma4"):
-        load_tokenizer(path)
+    tok = _tokenizer(path)
+    ids = tok.encode("Hello world")
+    assert ids[0] == tok.bos_id == 2
