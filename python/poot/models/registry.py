@@ -96,7 +96,7 @@ def family_of(files: ModelFiles) -> str | None:
 def _definition_class(files: ModelFiles) -> type[LlamaModel] | None:
     arch = architecture_of(files)
     if files.kind == "gguf":
-        if files.hparams.n_experts > 0 and arch in GGUF_MOE:
+        if arch in GGUF_MOE and files.hparams.n_experts > 0:
             return GGUF_MOE[arch]
         return GGUF_ARCHITECTURES.get(arch)
     return HF_ARCHITECTURES.get(arch)
