@@ -204,6 +204,28 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "eos_token_id": 2,
         "torch_dtype": "float32",
     },
+    # OLMoE's layout scaled down: q/k RMS-normed over their full width, weights not
+    # renormalised; 8 experts, 2 per token.
+    "olmoe": {
+        "architectures": ["OlmoeForCausalLM"],
+        "model_type": "olmoe",
+        "hidden_size": 256,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "norm_topk_prob": False,
+        "vocab_size": 256,
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "float32",
+    },
     "mistral": {
         "architectures": ["MistralForCausalLM"],
         "model_type": "mistral",
@@ -234,6 +256,7 @@ GGUF_ARCH = {
     "llama31": "llama",
     "mixtral": "llama",
     "qwen3moe": "qwen3moe",
+    "olmoe": "olmoe",
     "mistral": "llama",
 }
 
@@ -303,6 +326,9 @@ def make_weights(family: str, seed: int = 0) -> dict[str, np.ndarray]:
         if family in ("qwen3", "gemma3", "qwen3moe"):
             w[p + "self_attn.q_norm.weight"] = norm(hd)
             w[p + "self_attn.k_norm.weight"] = norm(hd)
+        elif family == "olmoe":
+            w[p + "self_attn.q_norm.weight"] = norm(qw)
+            w[p + "self_attn.k_norm.weight"] = norm(kvw)
         if is_gemma(family):
             w[p + "pre_feedforward_layernorm.weight"] = norm(d)
             w[p + "post_feedforward_layernorm.weight"] = norm(d)
@@ -394,8 +420,11 @@ def reference_logits(
             q = a @ w64[p + "self_attn.q_proj.weight"].T
             k = a @ w64[p + "self_attn.k_proj.weight"].T
             v = a @ w64[p + "self_attn.v_proj.weight"].T
+        if family == "olmoe":  # full-width q/k norms, before the heads are split
+            q = _rms(q, w64[p + "self_attn.q_norm.weight"], eps, g)
+            k = _rms(k, w64[p + "self_attn.k_norm.weight"], eps, g)
         q, k, v = q.reshape(t, h, hd), k.reshape(t, hkv, hd), v.reshape(t, hkv, hd)
-        if p + "self_attn.q_norm.weight" in w64:
+        if p + "self_attn.q_norm.weight" in w64 and family != "olmoe":
             q = _rms(q, w64[p + "self_attn.q_norm.weight"], eps, g)
             k = _rms(k, w64[p + "self_attn.k_norm.weight"], eps, g)
         win = layer_window(family, i)
@@ -450,7 +479,8 @@ def reference_logits(
 
 
 def _moe(family: str, w64: dict[str, np.ndarray], p: str, m: np.ndarray) -> np.ndarray:
-    """transformers' Mixtral / Qwen3-MoE block: softmax router, top-k, weights renormalised."""
+    """transformers' Mixtral / Qwen3-MoE / OLMoE block: softmax router, top-k, weights
+    renormalised unless ``norm_topk_prob`` is false (OLMoE)."""
     k = FAMILIES[family]["num_experts_per_tok"]
     logits = m @ w64[p + "moe.gate.weight"].T
     probs = np.exp(logits - logits.max(-1, keepdims=True))
@@ -458,7 +488,9 @@ def _moe(family: str, w64: dict[str, np.ndarray], p: str, m: np.ndarray) -> np.n
     out = np.zeros_like(m)
     for t in range(m.shape[0]):
         top = np.argsort(-probs[t], kind="stable")[:k]
-        wts = probs[t, top] / probs[t, top].sum()
+        wts = probs[t, top]
+        if FAMILIES[family].get("norm_topk_prob", True):
+            wts = wts / wts.sum()
         for e, wt in zip(top, wts, strict=True):
             q = f"{p}moe.experts.{e}."
             g = m[t] @ w64[q + "gate.weight"].T

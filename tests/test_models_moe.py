@@ -1,10 +1,11 @@
 """Packed mixture-of-experts: Mixtral and Qwen3-MoE GGUFs (experts as 3-D tensors, in place).
 
 Random-weight checkpoints from ``tests/family_models.py`` (``mixtral``: 4 experts, 2 per token;
-``qwen3moe``: Qwen3-30B-A3B's layout scaled down, 8 experts of width 128, 2 per token).
-References: a float64 numpy forward written from transformers' Mixtral / Qwen3-MoE blocks
-(softmax router, top-k, renormalised weights), and llama.cpp on the GGUF where
-llama-cpp-python is importable.
+``qwen3moe``: Qwen3-30B-A3B's layout scaled down, 8 experts of width 128, 2 per token;
+``olmoe``: full-width q/k norms, weights not renormalised).
+References: a float64 numpy forward written from transformers' Mixtral / Qwen3-MoE / OLMoE
+blocks (softmax router, top-k, weights renormalised where the family does), and llama.cpp on
+the GGUF where llama-cpp-python is importable.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from family_models import (
 import poot
 
 PROMPT = [1, 17, 93, 5, 64, 120, 33, 8, 77, 200, 11, 42, 9]
-FAMILIES = ["mixtral", "qwen3moe"]
+FAMILIES = ["mixtral", "qwen3moe", "olmoe"]
 GREEDY32 = poot.SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
 
 
@@ -74,7 +75,7 @@ def test_inspect_names_the_moe_family(family_checkpoints: Any) -> None:
     from poot.checkpoints import resolve_model_files
     from poot.cli import inspect_report
 
-    for family, name in (("mixtral", "mixtral"), ("qwen3moe", "qwen3moe")):
+    for family, name in (("mixtral", "mixtral"), ("qwen3moe", "qwen3moe"), ("olmoe", "olmoe")):
         files = resolve_model_files(str(family_checkpoints(family)["gguf"]))
         report = inspect_report(files, with_tensors=False)
         assert report["family"] == name

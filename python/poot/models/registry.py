@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from poot.errors import UnsupportedArchitectureError
 from poot.models.gemma import GemmaModel
 from poot.models.llama import LlamaModel
-from poot.models.moe import MixtralModel, Qwen3MoeModel
+from poot.models.moe import MixtralModel, OlmoeModel, Qwen3MoeModel
 from poot.models.phi3 import Phi3Model
 from poot.models.qwen3 import Qwen3Model
 
@@ -39,6 +39,7 @@ GGUF_ARCHITECTURES: dict[str, type[LlamaModel]] = {
     "gemma3": GemmaModel,
     "phi3": Phi3Model,
     "qwen3moe": Qwen3MoeModel,
+    "olmoe": OlmoeModel,
 }
 
 # GGUF architectures whose files with ``{arch}.expert_count`` are mixture-of-experts models.
@@ -83,6 +84,7 @@ FAMILIES: dict[type[LlamaModel], str] = {
     Phi3Model: "phi3",
     MixtralModel: "mixtral",
     Qwen3MoeModel: "qwen3moe",
+    OlmoeModel: "olmoe",
 }
 
 
