@@ -213,6 +213,27 @@ pub enum Op {
     Softmax {
         x: ValueId,
     },
+    /// Each row's values at its ids: `x` [T, E] f32, `ids` [T, k] i32 -> [T, k] (a router's
+    /// probabilities of its selected experts).
+    GatherCols {
+        x: ValueId,
+        ids: ValueId,
+    },
+    /// Mixture-of-experts matmul: `w` is a stored [E, N, K] (experts packed in place), `ids`
+    /// [T, k] i32 each token's experts; `x` is [T, K] (every slot of token `t` reads row `t`)
+    /// or [T * k, K] (slot `j` of token `t` reads row `t * k + j`) -> [T * k, N], row
+    /// `t * k + j` = `x` row times expert `ids[t, j]`. Only the selected experts' rows are read.
+    MoeMatMul {
+        x: ValueId,
+        w: ValueId,
+        ids: ValueId,
+    },
+    /// `y` [T * k, D] combined by `weights` [T, k] -> [T, D]: row `t` = sum over `j` (in order)
+    /// of `weights[t, j] * y[t * k + j]`.
+    MoeCombine {
+        y: ValueId,
+        weights: ValueId,
+    },
     /// Elementwise `cap * tanh(x / cap)` (Gemma 2's final logit soft-capping).
     Softcap {
         x: ValueId,
@@ -300,6 +321,9 @@ impl Op {
             Op::Gelu { .. } => "gelu",
             Op::Softmax { .. } => "softmax",
             Op::Softcap { .. } => "softcap",
+            Op::GatherCols { .. } => "gather_cols",
+            Op::MoeMatMul { .. } => "moe_matmul",
+            Op::MoeCombine { .. } => "moe_combine",
             Op::Rope { .. } => "rope",
             Op::PagedAttention { .. } => "paged_attention",
             Op::Reshape { .. } => "reshape",
@@ -338,6 +362,9 @@ impl Op {
             Op::Reshape { x, .. } | Op::Slice { x, .. } => vec![*x],
             Op::Concat { xs, .. } => xs.clone(),
             Op::GatherRows { x, rows } => vec![*x, *rows],
+            Op::GatherCols { x, ids } => vec![*x, *ids],
+            Op::MoeMatMul { x, w, ids } => vec![*x, *w, *ids],
+            Op::MoeCombine { y, weights } => vec![*y, *weights],
             Op::Sample { logits, params } => vec![
                 *logits,
                 params.temperature,
@@ -403,6 +430,19 @@ impl Op {
             Op::GatherRows { x, rows } => {
                 *x = f(*x);
                 *rows = f(*rows);
+            }
+            Op::GatherCols { x, ids } => {
+                *x = f(*x);
+                *ids = f(*ids);
+            }
+            Op::MoeMatMul { x, w, ids } => {
+                *x = f(*x);
+                *w = f(*w);
+                *ids = f(*ids);
+            }
+            Op::MoeCombine { y, weights } => {
+                *y = f(*y);
+                *weights = f(*weights);
             }
             Op::Sample { logits, params } => {
                 *logits = f(*logits);

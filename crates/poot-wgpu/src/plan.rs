@@ -63,7 +63,17 @@ impl CompiledPlan for WgpuPlan {
 /// Ops with a WGSL kernel: every op of the IR except the sampling step's logit ops, whose
 /// steps the engine samples on the host (see `sample.rs`).
 pub(crate) fn supports(op: &str) -> bool {
-    !matches!(op, "adjust_logits" | "mask_logits" | "top_k" | "logprobs")
+    // The mixture-of-experts ops have no WGSL kernels yet.
+    !matches!(
+        op,
+        "adjust_logits"
+            | "mask_logits"
+            | "top_k"
+            | "logprobs"
+            | "gather_cols"
+            | "moe_matmul"
+            | "moe_combine"
+    )
 }
 
 fn invalid(detail: String) -> RuntimeError {
@@ -112,9 +122,13 @@ fn kernels_of(rt: &WgpuRuntime, graph: &Graph, op: &Op) -> Vec<(Kernel, DType)> 
         Op::GatherRows { .. } => vec![(Kernel::Gather, DType::F32)],
         Op::Sample { .. } => vec![(Kernel::Argmax, DType::F32)],
         Op::Input { .. } | Op::Weight { .. } | Op::Literal { .. } | Op::Reshape { .. } => vec![],
-        Op::AdjustLogits { .. } | Op::MaskLogits { .. } | Op::TopK { .. } | Op::Logprobs { .. } => {
-            vec![]
-        }
+        Op::AdjustLogits { .. }
+        | Op::MaskLogits { .. }
+        | Op::TopK { .. }
+        | Op::Logprobs { .. }
+        | Op::GatherCols { .. }
+        | Op::MoeMatMul { .. }
+        | Op::MoeCombine { .. } => vec![],
     }
 }
 

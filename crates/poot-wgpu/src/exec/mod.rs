@@ -564,7 +564,10 @@ impl<'a> Exec<'a> {
             Op::AdjustLogits { .. }
             | Op::MaskLogits { .. }
             | Op::TopK { .. }
-            | Op::Logprobs { .. } => {
+            | Op::Logprobs { .. }
+            | Op::GatherCols { .. }
+            | Op::MoeMatMul { .. }
+            | Op::MoeCombine { .. } => {
                 // `compile` refuses these (see `plan::supports`).
                 return Err(kernel_err(op.name(), "no wgpu kernel".into()));
             }
