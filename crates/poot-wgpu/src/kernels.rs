@@ -20,7 +20,7 @@ pub(crate) enum Kernel {
     MatMul,
     /// F16 weights with f16 products (adapters with `shader-f16`, opted in).
     MatMulF16,
-    /// Integer block dots against Q8 activations (ggml numerics, Q4_0/Q4_1/Q8_0 weights).
+    /// Integer block dots against Q8 activations (ggml numerics, Q4_0/Q4_1/Q5_0/Q8_0 weights).
     MatMulQ8,
     /// Activation rows to Q8_0/Q8_1 blocks (ggml numerics).
     QuantQ8,
@@ -105,19 +105,28 @@ pub(crate) fn decoder(dtype: DType) -> Option<&'static str> {
         DType::Q8_0 => include_str!("../../../shaders/wgsl/dec_q8_0.wgsl"),
         DType::Q4_0 => include_str!("../../../shaders/wgsl/dec_q4_0.wgsl"),
         DType::Q4_1 => include_str!("../../../shaders/wgsl/dec_q4_1.wgsl"),
+        DType::Q5_0 => include_str!("../../../shaders/wgsl/dec_q5_0.wgsl"),
+        DType::Q5_1 => include_str!("../../../shaders/wgsl/dec_q5_1.wgsl"),
+        DType::Q2_K => include_str!("../../../shaders/wgsl/dec_q2_k.wgsl"),
+        DType::Q3_K => include_str!("../../../shaders/wgsl/dec_q3_k.wgsl"),
         DType::Q4_K => include_str!("../../../shaders/wgsl/dec_q4_k.wgsl"),
+        DType::Q5_K => include_str!("../../../shaders/wgsl/dec_q5_k.wgsl"),
         DType::Q6_K => include_str!("../../../shaders/wgsl/dec_q6_k.wgsl"),
+        DType::Q8_K => include_str!("../../../shaders/wgsl/dec_q8_k.wgsl"),
         _ => return None,
     })
 }
 
 /// The integer decoder of a stored dtype for `matmul_q8.wgsl` (`qdecode32`: the block's quants
 /// as `i32` and its `(d, m)`), or `None` when ggml numerics has no integer dot for it here.
+/// These are the dtypes whose ggml `vec_dot_type` is Q8_0/Q8_1 and that the CPU runtime's ggml
+/// numerics dots in integers too (Q5_1 keeps the exact matmul there, so it does here).
 pub(crate) fn qdecoder(dtype: DType) -> Option<&'static str> {
     Some(match dtype {
         DType::Q8_0 => include_str!("../../../shaders/wgsl/qdec_q8_0.wgsl"),
         DType::Q4_0 => include_str!("../../../shaders/wgsl/qdec_q4_0.wgsl"),
         DType::Q4_1 => include_str!("../../../shaders/wgsl/qdec_q4_1.wgsl"),
+        DType::Q5_0 => include_str!("../../../shaders/wgsl/qdec_q5_0.wgsl"),
         _ => return None,
     })
 }
@@ -257,8 +266,14 @@ mod tests {
             DType::Q8_0,
             DType::Q4_0,
             DType::Q4_1,
+            DType::Q5_0,
+            DType::Q5_1,
+            DType::Q2_K,
+            DType::Q3_K,
             DType::Q4_K,
+            DType::Q5_K,
             DType::Q6_K,
+            DType::Q8_K,
         ];
         for k in [
             Kernel::MatMul,
@@ -278,11 +293,13 @@ mod tests {
     #[test]
     fn the_q8_matmul_fits_for_its_dtypes_only() {
         let limits = CompileLimits::default();
-        for dt in [DType::Q8_0, DType::Q4_0, DType::Q4_1] {
+        for dt in [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0] {
             let src = source(Kernel::MatMulQ8, dt).unwrap();
             check_body("matmul_q8", &src, &limits).unwrap();
         }
-        assert!(source(Kernel::MatMulQ8, DType::Q4_K).is_err());
+        for dt in [DType::Q5_1, DType::Q4_K] {
+            assert!(source(Kernel::MatMulQ8, dt).is_err(), "{dt}");
+        }
     }
 
     #[test]
@@ -301,7 +318,11 @@ mod tests {
 
     #[test]
     fn unknown_dtypes_have_no_decoder() {
-        assert!(decoder(DType::Q5_0).is_none());
-        assert!(source(Kernel::MatMul, DType::Q5_0).is_err());
+        // Q8_1 is an activation format only (ggml has no dequantizer for it); I8 is no GGUF
+        // weight dtype the CPU decodes either.
+        for dt in [DType::Q8_1, DType::I8] {
+            assert!(decoder(dt).is_none(), "{dt}");
+            assert!(source(Kernel::MatMul, dt).is_err(), "{dt}");
+        }
     }
 }
