@@ -24,6 +24,10 @@ pub(crate) enum Kernel {
     MatMulQ8,
     /// Activation rows to Q8_0/Q8_1 blocks (ggml numerics).
     QuantQ8,
+    /// Integer super-block dots against Q8_K activations (ggml numerics, Q4_K/Q6_K weights).
+    MatMulQ8K,
+    /// Activation rows to Q8_K blocks (ggml numerics).
+    QuantQ8K,
     Embedding,
     Dequant,
     RmsNorm,
@@ -47,6 +51,8 @@ impl Kernel {
             Kernel::MatMulF16 => "matmul_f16",
             Kernel::MatMulQ8 => "matmul_q8",
             Kernel::QuantQ8 => "quant_q8",
+            Kernel::MatMulQ8K => "matmul_q8k",
+            Kernel::QuantQ8K => "quant_q8k",
             Kernel::Embedding => "embedding",
             Kernel::Dequant => "dequant",
             Kernel::RmsNorm => "rms_norm",
@@ -69,6 +75,8 @@ impl Kernel {
             Kernel::MatMulF16 => include_str!("../../../shaders/wgsl/matmul_f16.wgsl"),
             Kernel::MatMulQ8 => include_str!("../../../shaders/wgsl/matmul_q8.wgsl"),
             Kernel::QuantQ8 => include_str!("../../../shaders/wgsl/quant_q8.wgsl"),
+            Kernel::MatMulQ8K => include_str!("../../../shaders/wgsl/matmul_q8k.wgsl"),
+            Kernel::QuantQ8K => include_str!("../../../shaders/wgsl/quant_q8k.wgsl"),
             Kernel::Embedding => include_str!("../../../shaders/wgsl/embedding.wgsl"),
             Kernel::Dequant => include_str!("../../../shaders/wgsl/dequant.wgsl"),
             Kernel::RmsNorm => include_str!("../../../shaders/wgsl/rms_norm.wgsl"),
@@ -89,7 +97,11 @@ impl Kernel {
     pub fn reads_weights(self) -> bool {
         matches!(
             self,
-            Kernel::MatMul | Kernel::MatMulQ8 | Kernel::Embedding | Kernel::Dequant
+            Kernel::MatMul
+                | Kernel::MatMulQ8
+                | Kernel::MatMulQ8K
+                | Kernel::Embedding
+                | Kernel::Dequant
         )
     }
 }
@@ -131,15 +143,26 @@ pub(crate) fn qdecoder(dtype: DType) -> Option<&'static str> {
     })
 }
 
+/// The super-block integer dot of a stored dtype for `matmul_q8k.wgsl` (`kdot`: a super-block's
+/// exact `(sumi, summ)` against a Q8_K block; `kscales`: its `(d, dmin)`; `KBYTES`), or `None`
+/// when ggml numerics has no Q8_K dot for it (the CPU runtime's `qdot_k.rs` has Q4_K and Q6_K).
+pub(crate) fn kdecoder(dtype: DType) -> Option<&'static str> {
+    Some(match dtype {
+        DType::Q4_K => include_str!("../../../shaders/wgsl/kdot_q4_k.wgsl"),
+        DType::Q6_K => include_str!("../../../shaders/wgsl/kdot_q6_k.wgsl"),
+        _ => return None,
+    })
+}
+
 /// The full WGSL of `kernel` for weights of `dtype` (ignored by kernels that read none).
 pub(crate) fn source(kernel: Kernel, dtype: DType) -> Result<String, CompileError> {
     if !kernel.reads_weights() {
         return Ok(kernel.source().to_owned());
     }
-    let dec = if kernel == Kernel::MatMulQ8 {
-        qdecoder(dtype)
-    } else {
-        decoder(dtype)
+    let dec = match kernel {
+        Kernel::MatMulQ8 => qdecoder(dtype),
+        Kernel::MatMulQ8K => kdecoder(dtype),
+        _ => decoder(dtype),
     };
     let dec = dec.ok_or_else(|| {
         CompileError::Invalid(format!(
@@ -280,6 +303,7 @@ mod tests {
             Kernel::Attention,
             Kernel::AttentionGgml,
             Kernel::QuantQ8,
+            Kernel::QuantQ8K,
             Kernel::Argmax,
             Kernel::Rope,
         ] {
@@ -299,6 +323,13 @@ mod tests {
         }
         for dt in [DType::Q5_1, DType::Q4_K] {
             assert!(source(Kernel::MatMulQ8, dt).is_err(), "{dt}");
+        }
+        for dt in [DType::Q4_K, DType::Q6_K] {
+            let src = source(Kernel::MatMulQ8K, dt).unwrap();
+            check_body("matmul_q8k", &src, &limits).unwrap();
+        }
+        for dt in [DType::Q5_K, DType::Q8_0] {
+            assert!(source(Kernel::MatMulQ8K, dt).is_err(), "{dt}");
         }
     }
 

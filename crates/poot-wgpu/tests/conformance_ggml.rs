@@ -10,6 +10,9 @@
 //!   lavapipe the quantization is bit-exact (`activation_quantization_is_bit_exact`) and so is a
 //!   one-block dot (k = 32), while k >= 64 differs by ulps: its `fma` is unfused. Seen: <= 1.6e-5
 //!   on outputs of size ~10; stated as atol 1e-5, rtol 1e-5.
+//! - Q4_K/Q6_K matmul: Q8_K activations (the same IEEE steps as the CPU's: a divide, half-even
+//!   rounding, a reciprocal) and exact integer super-block sums, then the CPU's `fma` order
+//!   (`qdot_k.rs`); again only `fma` fusion differs, within the same stated bound.
 //! - Q5_1, Q2_K, Q3_K, Q5_K and Q8_K matmul: ggml numerics keeps the exact f32 matmul for them
 //!   on both runtimes (as the CPU's `Numerics::Ggml` docs say), so the exact suite's bound
 //!   holds: atol 2e-4, rtol 1e-5.
@@ -107,7 +110,14 @@ fn quantized_matmul_matches_cpu_ggml() {
     let cpu = ggml_cpu();
     let mut rng = Rng(21);
     let (k, n) = (256, 67);
-    for dt in [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0] {
+    for dt in [
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q4_K,
+        DType::Q6_K,
+    ] {
         for t in [1usize, 4, 9] {
             let mut s = Store::default();
             s.add("w", dt, vec![n, k], packed(dt, n, k, &mut rng));
