@@ -146,6 +146,39 @@ fn quantized_matmul_matches_cpu_ggml() {
     }
 }
 
+/// The integer paths over weights split across 4 KiB bindings (each part's rows read from its
+/// byte 0; Q5_0's 22-byte blocks leave rows unaligned), k = 512 (two Q4_K/Q6_K super-blocks).
+#[test]
+fn split_weights_take_the_integer_paths_too() {
+    let Some(rt) = common::runtime(WgpuOptions {
+        ggml: true,
+        max_binding_bytes: Some(4096),
+        ..WgpuOptions::default()
+    }) else {
+        return;
+    };
+    let cpu = ggml_cpu();
+    let mut rng = Rng(26);
+    let (k, n, t) = (512, 45, 3);
+    for dt in [DType::Q5_0, DType::Q4_K, DType::Q6_K] {
+        let mut s = Store::default();
+        s.add("w", dt, vec![n, k], packed(dt, n, k, &mut rng));
+        let store = Arc::new(s);
+        let cat: Arc<dyn WeightCatalog> = store.clone();
+        let mut tr = Tracer::new(TraceLimits::default(), t, cat).unwrap();
+        let x = tr.input("x", DType::F32, vec![t, k]).unwrap();
+        let w = tr.weight("w").unwrap();
+        let y = tr.matmul(x, w).unwrap();
+        tr.output("y", y).unwrap();
+        let g = tr.finish();
+        let xs: Vec<f32> = rng.vec(t * k).iter().map(|v| 3.0 * v).collect();
+        let what = format!("split ggml matmul {dt}");
+        let inputs = [("x", f32s(vec![t, k], xs))];
+        let worst = run_both(&cpu, &rt, &what, &g, store, &inputs, (1e-5, 1e-5));
+        eprintln!("{what}: max |wgpu - cpu| = {worst:e}");
+    }
+}
+
 #[test]
 fn exact_matmul_dtypes_match_cpu_ggml() {
     let Some(rt) = ggml_wgpu() else { return };
