@@ -97,6 +97,8 @@ fn kernels_of(rt: &WgpuRuntime, graph: &Graph, op: &Op) -> Vec<(Kernel, DType)> 
             let k = graph.info(*w).shape.get(1).copied().unwrap_or(0);
             if rt.q8_matmul(wdt(*w), k) {
                 vec![(Kernel::QuantQ8, DType::F32), (Kernel::MatMulQ8, wdt(*w))]
+            } else if rt.q8k_matmul(wdt(*w), k) {
+                vec![(Kernel::QuantQ8K, DType::F32), (Kernel::MatMulQ8K, wdt(*w))]
             } else {
                 vec![(rt.matmul_kernel(wdt(*w)), wdt(*w))]
             }

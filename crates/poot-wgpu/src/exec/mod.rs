@@ -366,6 +366,10 @@ impl<'a> Exec<'a> {
                     self.matmul_q8(&wt, xb, out.clone(), t, k, n)?;
                     return Ok(Some(out));
                 }
+                if self.rt.q8k_matmul(wt.dtype, k) {
+                    self.matmul_q8k(&wt, xb, out.clone(), t, k, n)?;
+                    return Ok(Some(out));
+                }
                 for part in &wt.parts {
                     // One lane per row: workgroups of 64 rows, wrapped into y past 65535.
                     let groups = part.rows.div_ceil(64).max(1);
