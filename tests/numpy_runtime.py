@@ -216,7 +216,7 @@ class NumpyRuntime:
         self.v = [np.zeros(shape) for _ in range(n_layers)]
         self.block_size = block_size
 
-    def compile(self, graph: Any, weights: Any = None, limits: Any = None) -> NumpyPlan:
+    def prepare(self, graph: Any, weights: Any = None, limits: Any = None) -> NumpyPlan:
         return NumpyPlan(graph)
 
     def attention(self, q: Array, k: Array, v: Array, meta: list[Array], a: dict) -> Array:

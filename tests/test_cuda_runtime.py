@@ -86,9 +86,9 @@ def test_a_graph_on_the_gpu_matches_the_cpu(stories: Path) -> None:
     x = np.random.default_rng(0).standard_normal((3, 64), dtype=np.float32)
     gpu = _native.CudaRuntime()
     assert gpu.name == "cuda" and gpu.device["compute_capability"]
-    got = gpu.run(gpu.compile(g, w), {"x": x})["y"]
+    got = gpu.run(gpu.prepare(g, w), {"x": x})["y"]
     cpu = _native.CpuRuntime(1, "exact")
-    want = cpu.run(cpu.compile(g, w), {"x": x})["y"]
+    want = cpu.run(cpu.prepare(g, w), {"x": x})["y"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -97,7 +97,7 @@ def test_a_stalled_run_times_out_and_poisons(stories: Path) -> None:
     _require_device()
     g, w = _matmul_graph(stories)
     rt = _native.CudaRuntime()
-    plan = rt.compile(g, w)
+    plan = rt.prepare(g, w)
     x = np.ones((3, 64), dtype=np.float32)
     rt.run(plan, {"x": x})
     rt._inject_stall(3.0)
@@ -149,17 +149,17 @@ def test_stories_greedy_ids_on_the_emulated_runtime_equal_the_cpu(
 def test_the_emulated_runtime_times_out_and_poisons(stories: Path, emulator: str) -> None:
     g, w = _matmul_graph(stories)
     rt = _emulated(emulator)
-    plan = rt.compile(g, w)
+    plan = rt.prepare(g, w)
     x = np.ones((3, 64), dtype=np.float32)
     cpu = _native.CpuRuntime(1, "exact")
-    want = cpu.run(cpu.compile(g, w), {"x": x})["y"]
+    want = cpu.run(cpu.prepare(g, w), {"x": x})["y"]
     np.testing.assert_allclose(rt.run(plan, {"x": x})["y"], want, rtol=1e-5, atol=1e-6)
     rt._inject_stall(3.0)
     with pytest.raises(errors.DeviceTimeoutError):
         rt.run(plan, {"x": x}, timeout_s=0.2)
     assert rt.health()["status"] == "poisoned"
     with pytest.raises(errors.RuntimePoisonedError):
-        rt.compile(g, w)
+        rt.prepare(g, w)
 
 
 def test_penalties_and_logprobs_run_split_on_the_emulated_runtime(

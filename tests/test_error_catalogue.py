@@ -62,14 +62,14 @@ def trigger_artifact(path: Path) -> None:
     t, w = _trace(path, 4, None)
     x = t.input("x", "f32", [4, 64])
     t.output("y", t.matmul(x, t.weight("token_embd.weight")))
-    _native.CpuRuntime(1).compile(t.finish(), w, _native.CompileLimits(max_artifact_bytes=100))
+    _native.CpuRuntime(1).prepare(t.finish(), w, _native.CompileLimits(max_artifact_bytes=100))
 
 
 def trigger_expansion(path: Path) -> None:
     t, w = _trace(path, 4, None)
     x = t.input("x", "f32", [4, 64])
     t.output("y", t.silu(t.silu(t.silu(x))))
-    _native.CpuRuntime(1).compile(t.finish(), w, _native.CompileLimits(max_equations=2))
+    _native.CpuRuntime(1).prepare(t.finish(), w, _native.CompileLimits(max_equations=2))
 
 
 def trigger_context(path: Path) -> None:

@@ -131,7 +131,7 @@ def _compile(weights: _native.Weights, limits: _native.CompileLimits) -> _native
     rt = cpu_runtime_or_skip(1)
     t = _native.Tracer(weights, 2)
     t.output("y", tiny_trace(t))
-    return rt.compile(t.finish(), weights, limits)
+    return rt.prepare(t.finish(), weights, limits)
 
 
 def test_runtime_compile_expansion(weights: _native.Weights) -> None:
@@ -448,7 +448,7 @@ def test_run_errors_timeout_and_poisoning(weights: _native.Weights) -> None:
     t = _native.Tracer(weights, 2)
     ids = t.input("ids", "i32", [2])
     t.output("y", t.silu(t.embedding(t.weight("token_embd.weight"), ids)))
-    plan = rt.compile(t.finish(), weights)
+    plan = rt.prepare(t.finish(), weights)
     ok = {"ids": np.array([1, 2], np.int32)}
     y = rt.run(plan, ok)["y"]
     assert y.dtype == np.float32 and y.shape == (2, 64)

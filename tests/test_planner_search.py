@@ -165,7 +165,7 @@ def test_null_runtime_matches_the_cost_model(gguf: Path, model4g) -> None:  # ty
     w = _native.Weights(files.gguf)
     t = _native.Tracer(w, shape.tokens)
     model_definition(files).trace(t, shape)
-    plan = rt.compile(t.finish(), w)
+    plan = rt.prepare(t.finish(), w)
     out = rt.run(plan, {})
     assert out["token_ids"].shape == (1,)
     placement = Placement((Segment("cuda:0", 0, len(model4g.units)),))

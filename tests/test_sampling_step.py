@@ -36,7 +36,7 @@ def run_head(
     rt = cpu_runtime_or_skip(1)
     t = _native.Tracer(weights, 1)
     trace_head(t, t.input("logits", "f32", list(logits.shape)), shape)
-    plan = rt.compile(t.finish(), weights, _native.CompileLimits())
+    plan = rt.prepare(t.finish(), weights, _native.CompileLimits())
     return rt.run(plan, {"logits": logits, **ins}, 30.0, late)
 
 
@@ -156,7 +156,7 @@ def test_penalties_and_bias_match_numpy(weights: Any) -> None:
         frequency=t.input("frequency", "f32", [s]),
     )
     t.output("adjusted", adj)
-    plan = rt.compile(t.finish(), weights, _native.CompileLimits())
+    plan = rt.prepare(t.finish(), weights, _native.CompileLimits())
     per_row = {
         k: np.array([c[i] for c in cases], np.float32)
         for i, k in [(3, "repetition"), (4, "presence"), (5, "frequency")]
@@ -230,7 +230,7 @@ def test_a_failed_late_input_fails_the_run_and_nothing_else(weights: Any) -> Non
     rt = cpu_runtime_or_skip(1)
     t = _native.Tracer(weights, 1)
     trace_head(t, t.input("logits", "f32", [1, V]), StepShape(1, 1, 1, masked=True))
-    plan = rt.compile(t.finish(), weights, _native.CompileLimits())
+    plan = rt.prepare(t.finish(), weights, _native.CompileLimits())
     ins = {"logits": LOGITS[None, :].copy(), **rows_inputs(1, temperature=0.0)}
     slot = _native.LateInput()
     slot.fail("the grammar engine crashed")

@@ -256,7 +256,7 @@ class StepRunner:
         tracer = Tracer(self.weights, shape.tokens, self.trace_limits)
         self.definition.trace(tracer, shape)
         graph = tracer.finish()
-        return self.runtime.compile(graph, self.weights, self.compile_limits)
+        return self.runtime.prepare(graph, self.weights, self.compile_limits)
 
     def run_plan(
         self, plan: SchedulerOutput, kind: StepKind = "sample", sampling: SamplingRows | None = None
@@ -375,7 +375,7 @@ class StepRunner:
             t = Tracer(self.weights, 1, self.trace_limits)
             head_shape = replace(shape, kind="sample")
             trace_head(t, t.input("logits", "f32", [shape.seqs, vocab]), head_shape)
-            head = self._host.compile(t.finish(), self.weights, self.compile_limits)
+            head = self._host.prepare(t.finish(), self.weights, self.compile_limits)
             self._heads[key] = head
         return self._host, head
 

@@ -44,8 +44,9 @@ class Runtime(Protocol):
         """Allocates (or replaces) the paged KV pool."""
         ...
 
-    def compile(self, graph: Graph, weights: Weights, limits: CompileLimits | None = None) -> Plan:
-        """Compiles a traced graph against ``weights`` under ``limits``."""
+    def prepare(self, graph: Graph, weights: Weights, limits: CompileLimits | None = None) -> Plan:
+        """Prepares a plan: the traced graph compiled for this runtime against ``weights``, under
+        ``limits`` (the runtime-level verb; ``poot.compile`` places a whole model)."""
         ...
 
     def run(

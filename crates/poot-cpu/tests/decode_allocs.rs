@@ -211,7 +211,7 @@ fn allocations_per_warm_step(numerics: Numerics) -> usize {
     .unwrap();
     let s = store();
     let plan = rt
-        .compile(&graph(s.clone()), s, &CompileLimits::default())
+        .prepare(&graph(s.clone()), s, &CompileLimits::default())
         .unwrap();
     let one = |v: i32| HostTensor::I32 {
         shape: vec![1],

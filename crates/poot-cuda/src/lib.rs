@@ -276,7 +276,7 @@ impl Runtime for CudaRuntime {
         plan::supports(op)
     }
 
-    fn compile(
+    fn prepare(
         &self,
         graph: &Graph,
         weights: Arc<dyn WeightStore>,

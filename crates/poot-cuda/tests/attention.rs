@@ -154,14 +154,14 @@ fn attention_case(window: u32, softcap: f32) {
         let lim = CompileLimits::default();
         let got = out(&rt
             .run(
-                rt.compile(&g, store.clone(), &lim).unwrap().as_ref(),
+                rt.prepare(&g, store.clone(), &lim).unwrap().as_ref(),
                 &inputs,
                 Deadline::default_device(),
             )
             .unwrap());
         let want = out(&cpu
             .run(
-                cpu.compile(&g, store.clone(), &lim).unwrap().as_ref(),
+                cpu.prepare(&g, store.clone(), &lim).unwrap().as_ref(),
                 &inputs,
                 Deadline::never(),
             )
@@ -184,7 +184,7 @@ fn bad_metadata_is_refused_before_anything_runs() {
     let Some(rt) = common::runtime() else { return };
     let store: Arc<Store> = Arc::new(Store::default());
     let g = graph(2, 1);
-    let plan = rt.compile(&g, store, &CompileLimits::default()).unwrap();
+    let plan = rt.prepare(&g, store, &CompileLimits::default()).unwrap();
     let mut rng = Rng(5);
     let inputs = step(&mut rng, &[(0, 0, true), (0, 1, true)], &[[0, 1, 2]]);
     let err = rt

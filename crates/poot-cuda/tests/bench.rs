@@ -44,7 +44,7 @@ fn matvec_bandwidth() {
             let y = t.matmul(x, wv).unwrap();
             t.output("y", y).unwrap();
             let p = rt
-                .compile(&t.finish(), s.clone(), &CompileLimits::default())
+                .prepare(&t.finish(), s.clone(), &CompileLimits::default())
                 .unwrap();
             let xs = [(
                 "x",

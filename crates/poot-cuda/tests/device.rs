@@ -47,11 +47,11 @@ fn both(
     })
     .unwrap();
     let lim = CompileLimits::default();
-    let p = rt.compile(g, s.clone(), &lim).unwrap();
+    let p = rt.prepare(g, s.clone(), &lim).unwrap();
     let got = rt
         .run(p.as_ref(), inputs, Deadline::default_device())
         .unwrap();
-    let pc = cpu.compile(g, s.clone(), &lim).unwrap();
+    let pc = cpu.prepare(g, s.clone(), &lim).unwrap();
     let want = cpu.run(pc.as_ref(), inputs, Deadline::never()).unwrap();
     (
         got.into_iter().map(|x| x.1).collect(),
@@ -246,7 +246,7 @@ fn the_gpu_and_the_cpu_shim_compute_the_same_bits() {
         tr.output("y", y).unwrap();
         let xs = rng.vec(t * k);
         let p = rt
-            .compile(&tr.finish(), s.clone(), &CompileLimits::default())
+            .prepare(&tr.finish(), s.clone(), &CompileLimits::default())
             .unwrap();
         let gpu = rt
             .run(
@@ -293,7 +293,7 @@ fn bad_graphs_and_inputs_are_typed_errors() {
     let x = tr.embedding(emb, ids).unwrap();
     let y = tr.softmax(x).unwrap();
     tr.output("y", y).unwrap();
-    match rt.compile(&tr.finish(), s.clone(), &CompileLimits::default()) {
+    match rt.prepare(&tr.finish(), s.clone(), &CompileLimits::default()) {
         Err(RuntimeError::Compile(e)) => assert!(e.to_string().contains("softmax"), "{e}"),
         other => panic!("expected an unsupported-op error, got {other:?}"),
     }
@@ -303,7 +303,7 @@ fn bad_graphs_and_inputs_are_typed_errors() {
     let x = tr.embedding(emb, ids).unwrap();
     tr.output("x", x).unwrap();
     let p = rt
-        .compile(&tr.finish(), s.clone(), &CompileLimits::default())
+        .prepare(&tr.finish(), s.clone(), &CompileLimits::default())
         .unwrap();
     let err = rt
         .run(
@@ -352,7 +352,7 @@ fn plans_share_uploaded_weights() {
         let w = tr.weight("w").unwrap();
         let y = tr.matmul(x, w).unwrap();
         tr.output("y", y).unwrap();
-        rt.compile(&tr.finish(), s.clone(), &CompileLimits::default())
+        rt.prepare(&tr.finish(), s.clone(), &CompileLimits::default())
             .unwrap()
     };
     let (a, b) = (plan(1), plan(4));
@@ -447,7 +447,7 @@ fn a_kernel_over_the_body_limit_is_refused() {
         max_kernel_locals: 8,
         ..CompileLimits::default()
     };
-    match rt.compile(&g, s.clone(), &tight) {
+    match rt.prepare(&g, s.clone(), &tight) {
         Err(RuntimeError::Compile(poot_graph::CompileError::BodyLimit {
             kernel,
             what,
@@ -461,5 +461,5 @@ fn a_kernel_over_the_body_limit_is_refused() {
         }
         other => panic!("expected a body-limit refusal, got {other:?}"),
     }
-    assert!(rt.compile(&g, s, &CompileLimits::default()).is_ok());
+    assert!(rt.prepare(&g, s, &CompileLimits::default()).is_ok());
 }

@@ -29,7 +29,7 @@ fn a_stalled_run_times_out_and_poisons_the_runtime() {
     let y = t.matmul(x, w).unwrap();
     t.output("y", y).unwrap();
     let plan = rt
-        .compile(&t.finish(), s.clone(), &CompileLimits::default())
+        .prepare(&t.finish(), s.clone(), &CompileLimits::default())
         .unwrap();
     let x = || {
         vec![(
@@ -76,7 +76,7 @@ fn a_stalled_run_times_out_and_poisons_the_runtime() {
         .unwrap_err();
     assert!(matches!(again, RuntimeError::Poisoned { .. }), "{again:?}");
     let compile = rt
-        .compile(plan.graph(), s, &CompileLimits::default())
+        .prepare(plan.graph(), s, &CompileLimits::default())
         .unwrap_err();
     assert!(
         matches!(compile, RuntimeError::Poisoned { .. }),

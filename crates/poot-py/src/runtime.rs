@@ -267,16 +267,17 @@ impl PyCpuRuntime {
         self.cpu.isa().name()
     }
 
-    /// Compiles a traced graph against `weights` under `limits` (GIL released).
+    /// Prepares a plan: the traced graph compiled against `weights` under `limits` (GIL
+    /// released).
     #[pyo3(signature = (graph, weights, limits=None))]
-    fn compile(
+    fn prepare(
         &self,
         py: Python<'_>,
         graph: &PyGraph,
         weights: &PyWeights,
         limits: Option<&PyCompileLimits>,
     ) -> PyResult<PyPlan> {
-        compile_on(&self.inner, py, graph, weights, limits)
+        prepare_on(&self.inner, py, graph, weights, limits)
     }
 
     /// Allocates (or replaces) the paged KV pool: per layer, K and V of
@@ -341,8 +342,8 @@ impl PyCpuRuntime {
 
 // The methods every runtime class shares (written once against `Arc<dyn Runtime>`).
 
-/// Compiles under the GIL-free helper; see `CpuRuntime.compile`.
-pub(crate) fn compile_on(
+/// Prepares a plan without the GIL; see `CpuRuntime.prepare`.
+pub(crate) fn prepare_on(
     rt: &Arc<dyn Runtime>,
     py: Python<'_>,
     graph: &PyGraph,
@@ -351,7 +352,7 @@ pub(crate) fn compile_on(
 ) -> PyResult<PyPlan> {
     let limits = compile_limits(limits);
     let (rt, g, store) = (rt.clone(), graph.inner.clone(), weights.store.clone());
-    let plan = without_gil(py, move || rt.compile(&g, store, &limits))?
+    let plan = without_gil(py, move || rt.prepare(&g, store, &limits))?
         .map_err(|e| runtime_error(py, e))?;
     Ok(PyPlan { inner: plan })
 }

@@ -16,7 +16,7 @@ use crate::errors::runtime_error;
 use crate::gil::without_gil;
 use crate::graph::PyGraph;
 use crate::limits::PyCompileLimits;
-use crate::runtime::{compile_on, configure_kv_on, health_of, memory_of, run_on, PyPlan};
+use crate::runtime::{configure_kv_on, health_of, memory_of, prepare_on, run_on, PyPlan};
 use crate::weights::PyWeights;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -180,14 +180,14 @@ impl PyWgpuRuntime {
     }
 
     #[pyo3(signature = (graph, weights, limits=None))]
-    fn compile(
+    fn prepare(
         &self,
         py: Python<'_>,
         graph: &PyGraph,
         weights: &PyWeights,
         limits: Option<&PyCompileLimits>,
     ) -> PyResult<PyPlan> {
-        compile_on(&self.dyn_rt(), py, graph, weights, limits)
+        prepare_on(&self.dyn_rt(), py, graph, weights, limits)
     }
 
     #[pyo3(signature = (*, n_layers, n_kv_heads, head_dim, block_size, num_blocks))]

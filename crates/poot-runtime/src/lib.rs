@@ -98,8 +98,9 @@ pub trait Runtime: Send + Sync {
     fn kv_entry_bytes(&self) -> u32 {
         DEFAULT_KV_ENTRY_BYTES
     }
-    /// Compiles a traced graph against a checkpoint's weights, under `limits`.
-    fn compile(
+    /// Prepares a plan: compiles a traced graph against a checkpoint's weights, under `limits`
+    /// (the runtime-level verb; `poot.compile` in Python places a whole model over devices).
+    fn prepare(
         &self,
         graph: &Graph,
         weights: Arc<dyn WeightStore>,

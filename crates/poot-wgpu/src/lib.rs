@@ -259,7 +259,7 @@ impl Runtime for WgpuRuntime {
         plan::supports(op)
     }
 
-    fn compile(
+    fn prepare(
         &self,
         graph: &Graph,
         weights: Arc<dyn WeightStore>,

@@ -363,14 +363,14 @@ fn attention_case(window: u32, softcap: f32) {
         let limits = CompileLimits::default();
         let want = cpu
             .run(
-                cpu.compile(&g, store.clone(), &limits).unwrap().as_ref(),
+                cpu.prepare(&g, store.clone(), &limits).unwrap().as_ref(),
                 &inputs,
                 Deadline::never(),
             )
             .unwrap();
         let got = rt
             .run(
-                rt.compile(&g, store, &limits).unwrap().as_ref(),
+                rt.prepare(&g, store, &limits).unwrap().as_ref(),
                 &inputs,
                 Deadline::default_device(),
             )
@@ -406,7 +406,7 @@ fn bad_ids_are_refused_on_the_host_without_poisoning() {
     let y = tr.embedding(e, ids).unwrap();
     tr.output("y", y).unwrap();
     let plan = rt
-        .compile(&tr.finish(), s, &CompileLimits::default())
+        .prepare(&tr.finish(), s, &CompileLimits::default())
         .unwrap();
     let err = rt
         .run(
@@ -452,7 +452,7 @@ fn a_kernel_over_the_body_limit_is_refused_at_compile() {
         max_kernel_instructions: 20,
         ..CompileLimits::default()
     };
-    let err = rt.compile(&tr.finish(), s, &limits).unwrap_err();
+    let err = rt.prepare(&tr.finish(), s, &limits).unwrap_err();
     assert!(
         matches!(
             err,

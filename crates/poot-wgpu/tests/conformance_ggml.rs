@@ -73,14 +73,14 @@ fn run_both(
     let limits = CompileLimits::default();
     let want = cpu
         .run(
-            cpu.compile(g, store.clone(), &limits).unwrap().as_ref(),
+            cpu.prepare(g, store.clone(), &limits).unwrap().as_ref(),
             inputs,
             Deadline::never(),
         )
         .unwrap();
     let got = rt
         .run(
-            rt.compile(g, store, &limits).unwrap().as_ref(),
+            rt.prepare(g, store, &limits).unwrap().as_ref(),
             inputs,
             Deadline::default_device(),
         )

@@ -103,7 +103,7 @@ fn run_embedding(
     let e = tr.embedding(w, i).unwrap();
     tr.output("e", e).unwrap();
     let plan = rt
-        .compile(&tr.finish(), s, &CompileLimits::default())
+        .prepare(&tr.finish(), s, &CompileLimits::default())
         .unwrap();
     let out = rt
         .run(
@@ -200,14 +200,14 @@ fn real_slices_ggml_matmul_matches_the_cpu() {
         let inputs = [("x", f32s(vec![t, k], rng.vec(t * k)))];
         let want = cpu
             .run(
-                cpu.compile(&g, s.clone(), &limits).unwrap().as_ref(),
+                cpu.prepare(&g, s.clone(), &limits).unwrap().as_ref(),
                 &inputs,
                 Deadline::never(),
             )
             .unwrap();
         let got = rt
             .run(
-                rt.compile(&g, s, &limits).unwrap().as_ref(),
+                rt.prepare(&g, s, &limits).unwrap().as_ref(),
                 &inputs,
                 Deadline::default_device(),
             )

@@ -57,7 +57,7 @@ fn a_stalled_submission_times_out_and_poisons() {
     };
     let (g, s) = graph();
     let plan = rt
-        .compile(&g, s.clone(), &CompileLimits::default())
+        .prepare(&g, s.clone(), &CompileLimits::default())
         .unwrap();
     let out = rt
         .run(plan.as_ref(), &x(), Deadline::default_device())
@@ -87,7 +87,7 @@ fn a_stalled_submission_times_out_and_poisons() {
         .run(plan.as_ref(), &x(), Deadline::default_device())
         .unwrap_err();
     assert!(matches!(err, RuntimeError::Poisoned { .. }), "{err:?}");
-    let err = rt.compile(&g, s, &CompileLimits::default()).unwrap_err();
+    let err = rt.prepare(&g, s, &CompileLimits::default()).unwrap_err();
     assert!(matches!(err, RuntimeError::Poisoned { .. }), "{err:?}");
 }
 
@@ -101,7 +101,7 @@ fn the_runtime_timeout_bounds_waits_without_a_caller_deadline() {
         return;
     };
     let (g, s) = graph();
-    let plan = rt.compile(&g, s, &CompileLimits::default()).unwrap();
+    let plan = rt.prepare(&g, s, &CompileLimits::default()).unwrap();
     rt.inject_stall(STALL);
     let start = Instant::now();
     let err = rt.run(plan.as_ref(), &x(), Deadline::never()).unwrap_err();
@@ -118,7 +118,7 @@ fn a_lost_device_is_a_typed_error_and_poisons() {
         return;
     };
     let (g, s) = graph();
-    let plan = rt.compile(&g, s, &CompileLimits::default()).unwrap();
+    let plan = rt.prepare(&g, s, &CompileLimits::default()).unwrap();
     rt.inject_device_loss();
     let err = rt
         .run(plan.as_ref(), &x(), Deadline::default_device())

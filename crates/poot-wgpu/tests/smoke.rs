@@ -34,7 +34,7 @@ fn runs_a_linear_layer() {
     let y = t.add(y, b).unwrap();
     t.output("y", y).unwrap();
     let g = t.finish();
-    let plan = rt.compile(&g, s, &CompileLimits::default()).unwrap();
+    let plan = rt.prepare(&g, s, &CompileLimits::default()).unwrap();
     let x = HostTensor::F32 {
         shape: vec![2, 2],
         data: vec![1., 0., 0., 1.],

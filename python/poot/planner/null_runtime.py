@@ -56,7 +56,7 @@ class NullRuntime:
     def configure_kv(self, **kw: int) -> None:
         self.kv = dict(kw)
 
-    def compile(
+    def prepare(
         self, graph: Graph, weights: Weights | None = None, limits: CompileLimits | None = None
     ) -> NullPlan:
         return NullPlan(graph, self.graph_seconds(graph))

@@ -95,8 +95,8 @@ class LeasedRuntime:
     def configure_kv(self, **kw: int) -> None:
         self.inner.configure_kv(**kw)
 
-    def compile(self, graph: Graph, weights: Weights, limits: CompileLimits | None = None) -> Plan:
-        return self.inner.compile(graph, weights, limits)
+    def prepare(self, graph: Graph, weights: Weights, limits: CompileLimits | None = None) -> Plan:
+        return self.inner.prepare(graph, weights, limits)
 
     def run(
         self,

@@ -155,7 +155,7 @@ class SplitRuntime:
             self.definition.trace_units(t, shape, p.start, p.end, p.layers[0])
             graph = t.finish()
             inputs.append(frozenset(x[0] for x in graph.inputs()))
-            plans.append(p.runtime.compile(graph, self.weights, self.compile_limits))
+            plans.append(p.runtime.prepare(graph, self.weights, self.compile_limits))
         return SplitPlan(shape, plans, inputs)
 
     def run(

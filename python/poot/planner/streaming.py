@@ -190,7 +190,7 @@ class StreamingRuntime:
                 tracer = Tracer(weights, plan.shape.tokens, self.trace_limits)
                 self.definition.trace_units(tracer, plan.shape, a, b, self.kv_base)
                 graph = tracer.finish()
-                compiled = self.inner.compile(graph, weights, self.compile_limits)
+                compiled = self.inner.prepare(graph, weights, self.compile_limits)
                 names = {x[0] for x in graph.inputs()}
                 feed = {k: v for k, v in inputs.items() if k in names}
                 if hidden is not None:

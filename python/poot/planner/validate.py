@@ -123,7 +123,7 @@ class _Bench:
         t = _native.Tracer(self.weights, rows, _native.TraceLimits(max_tokens=max(rows, 1)))
         xv = t.input("x", "f32", [rows, self.k])
         t.output("y", body(t, xv))
-        plan = rt.compile(t.finish(), self.weights)
+        plan = rt.prepare(t.finish(), self.weights)
         out = rt.run(plan, {"x": x})["y"]
         best = float("inf")
         for _ in range(repeat):
@@ -214,7 +214,7 @@ def _time_matmul(
     n, k = described[1]
     t = _native.Tracer(w, rows, _native.TraceLimits(max_tokens=max(rows, 1)))
     t.output("y", t.matmul(t.input("x", "f32", [rows, k]), t.weight(name)))
-    plan = rt.compile(t.finish(), w)
+    plan = rt.prepare(t.finish(), w)
     x = {"x": np.full((rows, k), 0.5, np.float32)}
     t0 = time.perf_counter()
     rt.run(plan, x)
@@ -241,7 +241,7 @@ def _time_chain(
     for name in names:
         v = t.matmul(v, t.weight(name))
     t.output("y", v)
-    plan = rt.compile(t.finish(), w)
+    plan = rt.prepare(t.finish(), w)
     x = {"x": np.full((1, k), 0.01, np.float32)}
     rt.run(plan, x)
     best = float("inf")
@@ -363,7 +363,7 @@ def _time_segment_start(folder: Path, rng: np.random.Generator) -> float:
             for _ in range(3):
                 v = t.silu(v)
         t.output("y", v)
-        rt.run(rt.compile(t.finish(), w), x)
+        rt.run(rt.prepare(t.finish(), w), x)
         del w, t
         best = min(best, time.perf_counter() - t0)
     return best
@@ -413,7 +413,7 @@ def benchmark_cpu(
         for _ in range(chain):
             v = t.add(v, v)
         t.output("y", v)
-        plan = rt.compile(t.finish(), w)
+        plan = rt.prepare(t.finish(), w)
         x = {"x": np.ones((1, 256), np.float32)}
         best = float("inf")
         for _ in range(20):
@@ -426,7 +426,7 @@ def benchmark_cpu(
         t = _native.Tracer(w, 1)
         v = t.input("x", "f32", [1, 256])
         t.output("y", t.add(v, v))
-        plan = rt.compile(t.finish(), w)
+        plan = rt.prepare(t.finish(), w)
         run_s = float("inf")
         for _ in range(50):
             t0 = time.perf_counter()

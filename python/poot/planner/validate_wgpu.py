@@ -90,7 +90,7 @@ def _run_graph(
     ``repeat`` further runs (inf when 0)."""
     t = _native.Tracer(weights, rows, _native.TraceLimits(max_tokens=max(rows, 1)))
     t.output("y", body(t, t.input("x", "f32", [rows, cols])))
-    plan = rt.compile(t.finish(), weights)
+    plan = rt.prepare(t.finish(), weights)
     out = rt.run(plan, {"x": x}, _WGPU_TIMEOUT_S)["y"]
     best = float("inf")
     for _ in range(repeat):

@@ -81,7 +81,7 @@ fn fused_matmuls_give_each_alone_plans_bits() {
         };
         let limits = CompileLimits::default();
         let plan = rt
-            .compile(&graph(t, &names), weights.clone(), &limits)
+            .prepare(&graph(t, &names), weights.clone(), &limits)
             .unwrap();
         let cpu = plan.as_any().downcast_ref::<CpuPlan>().unwrap();
         // q, k and v share one Q8_0 dispatch; the lone Q4_K and the F32 weight stay apart.
@@ -93,7 +93,7 @@ fn fused_matmuls_give_each_alone_plans_bits() {
             .unwrap();
         for name in names {
             let alone = rt
-                .compile(&graph(t, &[name]), weights.clone(), &limits)
+                .prepare(&graph(t, &[name]), weights.clone(), &limits)
                 .unwrap();
             let want = rt
                 .run(alone.as_ref(), &[("x", x.clone())], Deadline::never())

@@ -369,7 +369,7 @@ impl Runtime for CpuRuntime {
         CpuRuntime::kv_entry_bytes_for(self.options.numerics)
     }
 
-    fn compile(
+    fn prepare(
         &self,
         graph: &Graph,
         weights: Arc<dyn WeightStore>,

@@ -73,7 +73,7 @@ fn runs_a_linear_layer() {
     })
     .unwrap();
     let plan = rt
-        .compile(&linear_graph(), store(), &CompileLimits::default())
+        .prepare(&linear_graph(), store(), &CompileLimits::default())
         .unwrap();
     // Where huge pages are available the float matmul weight is copied onto them (counted as
     // the runtime's own weight bytes) and the results below are the copy's; elsewhere nothing
@@ -130,9 +130,9 @@ fn two_runtimes_with_different_options_coexist() {
         });
     }
     let (pa, pb) = (
-        a.compile(&linear_graph(), store(), &CompileLimits::default())
+        a.prepare(&linear_graph(), store(), &CompileLimits::default())
             .unwrap(),
-        b.compile(&linear_graph(), store(), &CompileLimits::default())
+        b.prepare(&linear_graph(), store(), &CompileLimits::default())
             .unwrap(),
     );
     // Each plan chose its matmul weight's path when it compiled.
@@ -185,11 +185,11 @@ fn weight_progress_counts_each_matmul_weight_once() {
     t.output("z", z).unwrap();
     let g = t.finish();
     let weights = store();
-    rt.compile(&g, weights.clone(), &CompileLimits::default())
+    rt.prepare(&g, weights.clone(), &CompileLimits::default())
         .unwrap();
     // "w" is 6 f32s; "b" is no matmul's weight.
     assert_eq!(rt.weight_progress(), (24, 24));
-    rt.compile(&linear_graph(), weights, &CompileLimits::default())
+    rt.prepare(&linear_graph(), weights, &CompileLimits::default())
         .unwrap();
     assert_eq!(rt.weight_progress(), (24, 24));
 }
@@ -202,7 +202,7 @@ fn profile_counts_every_op_kind() {
     })
     .unwrap();
     let plan = rt
-        .compile(&linear_graph(), store(), &CompileLimits::default())
+        .prepare(&linear_graph(), store(), &CompileLimits::default())
         .unwrap();
     for _ in 0..3 {
         rt.run(plan.as_ref(), &[("x", x())], Deadline::never())
@@ -227,7 +227,7 @@ fn profile_counts_every_op_kind() {
 fn inputs_are_checked() {
     let rt = CpuRuntime::new(CpuOptions::default()).unwrap();
     let plan = rt
-        .compile(&linear_graph(), store(), &CompileLimits::default())
+        .prepare(&linear_graph(), store(), &CompileLimits::default())
         .unwrap();
     let err = rt.run(plan.as_ref(), &[], Deadline::never()).unwrap_err();
     assert!(matches!(err, RuntimeError::MissingInput { name } if name == "x"));
@@ -246,7 +246,7 @@ fn inputs_are_checked() {
 fn a_missed_deadline_poisons_the_runtime() {
     let rt = CpuRuntime::new(CpuOptions::default()).unwrap();
     let plan = rt
-        .compile(&linear_graph(), store(), &CompileLimits::default())
+        .prepare(&linear_graph(), store(), &CompileLimits::default())
         .unwrap();
     let err = rt
         .run(
@@ -262,7 +262,7 @@ fn a_missed_deadline_poisons_the_runtime() {
     assert!(matches!(err, RuntimeError::Poisoned { .. }));
     assert!(matches!(rt.health(), Health::Poisoned { .. }));
     assert!(rt
-        .compile(&linear_graph(), store(), &CompileLimits::default())
+        .prepare(&linear_graph(), store(), &CompileLimits::default())
         .is_err());
 }
 
@@ -273,7 +273,7 @@ fn artifact_over_the_limit_is_refused() {
         max_artifact_bytes: 64,
         ..CompileLimits::default()
     };
-    let err = rt.compile(&linear_graph(), store(), &limits).unwrap_err();
+    let err = rt.prepare(&linear_graph(), store(), &limits).unwrap_err();
     assert!(matches!(
         err,
         RuntimeError::Compile(CompileError::ArtifactTooLarge { limit: 64, .. })
@@ -333,7 +333,7 @@ fn kv_pool_case(numerics: Numerics, tol: f32) {
     let o = t.paged_attention(q, q, q, m, cfg).unwrap();
     t.output("o", o).unwrap();
     let plan = rt
-        .compile(&t.finish(), store(), &CompileLimits::default())
+        .prepare(&t.finish(), store(), &CompileLimits::default())
         .unwrap();
     let i32s = |d: Vec<i32>| HostTensor::I32 {
         shape: vec![d.len()],
@@ -448,7 +448,7 @@ fn rowwise_ops_give_the_same_bits_on_any_thread_count() {
             })
             .unwrap();
             let plan = rt
-                .compile(
+                .prepare(
                     &rowwise_graph(t, store.clone()),
                     store.clone(),
                     &CompileLimits::default(),

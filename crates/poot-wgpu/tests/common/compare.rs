@@ -48,12 +48,12 @@ pub fn compare(
     let cpu = cpu();
     let want = cpu
         .run(
-            cpu.compile(&g, store.clone(), &limits).unwrap().as_ref(),
+            cpu.prepare(&g, store.clone(), &limits).unwrap().as_ref(),
             inputs,
             Deadline::never(),
         )
         .unwrap();
-    let plan = rt.compile(&g, store, &limits).unwrap();
+    let plan = rt.prepare(&g, store, &limits).unwrap();
     let got = rt
         .run(plan.as_ref(), inputs, Deadline::default_device())
         .unwrap();

@@ -188,7 +188,7 @@ mod tests {
             ..CpuOptions::default()
         })
         .unwrap();
-        let plan = rt.compile(&graph, store, &CompileLimits::default())?;
+        let plan = rt.prepare(&graph, store, &CompileLimits::default())?;
         let f = |shape: Vec<usize>, data: Vec<f32>| HostTensor::F32 { shape, data };
         let inputs = [
             ("x", f(vec![2, 3], vec![1., 0., 2., 0., 1., -1.])),
