@@ -115,6 +115,10 @@ def download_snapshot(
     # huggingface_hub reads HF_HUB_OFFLINE once, at its import; poot's settings are read now, and
     # they decide.
     constants.HF_HUB_OFFLINE = settings.hf_offline
+    # Likewise HF_ENDPOINT: HfApi takes the endpoint poot passes, but huggingface_hub's own
+    # side requests (its agent-harness registry, fetched once per process when building
+    # headers) use constants.ENDPOINT, which would still name huggingface.co.
+    constants.ENDPOINT = (settings.hub_endpoint or constants._HF_DEFAULT_ENDPOINT).rstrip("/")
     if settings.hf_offline:
         cached = _from_cache(repo_id, revision, settings)
         if cached is None:

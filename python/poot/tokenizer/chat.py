@@ -158,6 +158,10 @@ def render_chat_template(
         compiled = _compile(template)
     except jinja2.TemplateError as e:
         raise ChatTemplateError(f"chat template does not compile: {e}") from e
+    except (SyntaxError, RecursionError, ValueError) as e:  # jinja emits Python it cannot compile
+        raise ChatTemplateError(
+            f"chat template does not compile: {type(e).__name__}: {e}"
+        ) from e  # (a `break` outside a loop reaches Python's compiler; found by fuzzing)
     variables = {**(special_tokens or {}), **kwargs}
     try:
         rendered = compiled.render(

@@ -137,6 +137,10 @@ class HfBackend(Backend):
             self._tk = HfTokenizer.from_file(str(path))
         except Exception as e:  # tokenizers raises plain Exception on malformed files
             raise TokenizerError(f"cannot load {path}: {e}") from e
+        except BaseException as e:  # some malformed files panic in its Rust (found by fuzzing)
+            if type(e).__name__ != "PanicException":
+                raise
+            raise TokenizerError(f"cannot load {path}: the tokenizers library panicked: {e}") from e
         self._tk_plain: HfTokenizer | None = None
         self._clean_up = bool(tokenizer_config.get("clean_up_tokenization_spaces", False))
         strings = special_token_strings(tokenizer_config)
