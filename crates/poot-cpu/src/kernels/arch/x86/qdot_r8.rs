@@ -135,9 +135,11 @@ unsafe fn blocks_body<const KIND: u8, const T: usize, const VNNI: bool>(
         let gp = grp.as_ptr();
         let mut acc = [_mm256_setzero_ps(); T];
         let m4 = _mm256_set1_epi8(0x0f);
+        // `body`'s stream prefetch: one token streams the weights from DRAM.
+        let ahead = crate::kernels::simd::prefetch_ahead();
         for b in 0..nb {
             let s = gp.add(b * sb);
-            _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(4 * sb).cast());
+            crate::kernels::simd::prefetch_stream(s, sb, ahead);
             let d8 = _mm256_cvtph_ps(_mm_loadu_si128(s.cast()));
             let ab: [&BlockQ8; T] = std::array::from_fn(|j| a.get_unchecked(j * nb + b));
             let mut isum: [__m256i; T] =
