@@ -84,6 +84,7 @@ pub const fn layout(dtype: DType) -> Option<&'static BlockLayout> {
         DType::Q5_K => &q5_k::LAYOUT,
         DType::Q6_K => &q6_k::LAYOUT,
         DType::Q8_K => &q8_k::LAYOUT,
+        DType::Q4_Z => &q4_z::LAYOUT,
         _ => return None,
     })
 }
@@ -126,6 +127,15 @@ block!(
     q4_0, Q4_0, 32, [
         D = ("d", 0, 2, "f16 scale"),
         QS = ("qs", 2, 16, "4-bit quants: byte j holds element j (low nibble) and j+16 (high)"),
+    ]
+);
+block!(
+    /// poot's GPTQ/AWQ int4 block: `x = (q - z) * d`, z an integer zero point (0..=16: GPTQ
+    /// v1's `+1` convention can reach 16). Not a ggml type; the nibble order is Q4_0's.
+    q4_z, Q4_Z, 32, [
+        D = ("d", 0, 2, "f16 scale"),
+        Z = ("z", 2, 1, "u8 zero point"),
+        QS = ("qs", 3, 16, "4-bit quants: byte j holds element j (low nibble) and j+16 (high)"),
     ]
 );
 block!(
@@ -251,7 +261,7 @@ mod tests {
             );
             assert_eq!(l.elems as u64, dt.block_elems(), "{dt}: element count");
         }
-        assert_eq!(seen, 15);
+        assert_eq!(seen, 16);
     }
 
     #[test]
