@@ -96,7 +96,11 @@ def inspect_report(mf: ModelFiles, *, with_tensors: bool = True) -> dict[str, An
         fmt.update(
             files=[str(f) for f in mf.weight_files],
             torch_dtype=mf.config.get("torch_dtype", mf.config.get("dtype")),
-            quantization=(mf.config.get("quantization_config") or {}).get("quant_method"),
+            quantization=(
+                mf.quantization.describe()
+                if mf.quantization is not None
+                else (mf.config.get("quantization_config") or {}).get("quant_method")
+            ),
         )
     from poot.models.registry import architecture_of, family_of
 

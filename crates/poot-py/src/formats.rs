@@ -321,6 +321,8 @@ impl PySafetensorsFile {
 #[derive(Debug)]
 pub struct PySafetensorsModel {
     inner: Arc<SafetensorsModel>,
+    /// How its int4 layers are packed (GPTQ/AWQ), when the checkpoint's config says so.
+    int4: Option<poot_runtime::Int4Spec>,
 }
 
 impl PySafetensorsModel {
@@ -328,15 +330,47 @@ impl PySafetensorsModel {
     pub(crate) fn shared(&self) -> Arc<SafetensorsModel> {
         Arc::clone(&self.inner)
     }
+
+    /// The int4 packing `Weights` re-lays the layers from, if any.
+    pub(crate) fn int4(&self) -> Option<poot_runtime::Int4Spec> {
+        self.int4
+    }
+}
+
+/// `("gptq" | "gptq_v2" | "awq", group_size)` as an [`poot_runtime::Int4Spec`].
+fn int4_spec(int4: Option<(String, i64)>) -> PyResult<Option<poot_runtime::Int4Spec>> {
+    use poot_core::quant::hf::Int4Packing;
+    let Some((packing, group_size)) = int4 else {
+        return Ok(None);
+    };
+    let packing = match packing.as_str() {
+        "gptq" => Int4Packing::GptqV1,
+        "gptq_v2" => Int4Packing::GptqV2,
+        "awq" => Int4Packing::Awq,
+        other => {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "int4 packing {other:?} is not one of 'gptq', 'gptq_v2', 'awq'"
+            )))
+        }
+    };
+    Ok(Some(poot_runtime::Int4Spec {
+        packing,
+        group_size,
+    }))
 }
 
 #[pymethods]
 impl PySafetensorsModel {
+    /// `int4`: `(packing, group_size)` for a GPTQ/AWQ checkpoint; `Weights` then re-lays its
+    /// int4 layers (nothing is read here).
     #[new]
-    fn py_new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+    #[pyo3(signature = (path, *, int4=None))]
+    fn py_new(py: Python<'_>, path: PathBuf, int4: Option<(String, i64)>) -> PyResult<Self> {
+        let int4 = int4_spec(int4)?;
         let inner = open_with(py, move || SafetensorsModel::open(path))?;
         Ok(PySafetensorsModel {
             inner: Arc::new(inner),
+            int4,
         })
     }
 

@@ -11,6 +11,7 @@
 
 mod error;
 mod host;
+mod int4_weights;
 mod late;
 mod poison;
 pub mod sample;
@@ -25,6 +26,7 @@ use poot_graph::{CompileLimits, Graph};
 
 pub use error::RuntimeError;
 pub use host::HostTensor;
+pub use int4_weights::{Int4Error, Int4Spec, Int4Weights};
 pub use late::LateInput;
 pub use poison::Poison;
 pub use weights::{GgufWeights, SafetensorsWeights, WeightStore};

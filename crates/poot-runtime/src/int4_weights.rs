@@ -1,0 +1,196 @@
+//! A GPTQ or AWQ int4 safetensors checkpoint as a weight store: each quantized linear layer
+//! appears as one `<prefix>.weight` of dtype `Q4_Z` and shape `[out, in]`.
+//!
+//! Invariants: the re-lay (`poot_core::quant::hf`) happens once, here, for every layer before
+//! the store exists, so a malformed layer is refused before any plan compiles; the Q4_Z copy is
+//! 4.75 bits a weight (no float copy is ever made), and the int4 source tensors' mapped pages
+//! are dropped from the resident set once copied, so the quantized layers count once. The
+//! source tensors (`qweight`, `qzeros`, `scales`, `g_idx`) are hidden; every other tensor
+//! (embeddings, norms, a float `lm_head`) is served as stored, from the map.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use poot_core::quant::hf::{int4_to_q4z, Int4Packing};
+use poot_core::DType;
+use poot_formats::SafetensorsModel;
+use poot_graph::WeightCatalog;
+
+use crate::weights::{SafetensorsWeights, WeightStore};
+
+/// Why an int4 checkpoint could not be laid out; names the tensor and the field at fault.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{tensor}: {message}")]
+pub struct Int4Error {
+    /// The tensor concerned (`...q_proj.scales`, ...).
+    pub tensor: String,
+    /// `"missing_tensor"`, `"dtype"`, `"shape"` or `"g_idx"`.
+    pub kind: &'static str,
+    pub message: String,
+}
+
+/// How the checkpoint's int4 layers are packed, from its `quantization_config`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Int4Spec {
+    pub packing: Int4Packing,
+    /// `-1`: one group per row.
+    pub group_size: i64,
+}
+
+/// Tensors of a safetensors checkpoint with its int4 layers re-laid as Q4_Z.
+#[derive(Debug, Clone)]
+pub struct Int4Weights {
+    inner: SafetensorsWeights,
+    /// `<prefix>.weight` -> (Q4_Z rows, `[out, in]`).
+    relaid: Arc<HashMap<String, (Vec<u8>, [usize; 2])>>,
+    hidden: Arc<std::collections::HashSet<String>>,
+}
+
+const PARTS: [&str; 4] = ["qweight", "qzeros", "scales", "g_idx"];
+
+fn err(tensor: &str, kind: &'static str, message: impl Into<String>) -> Int4Error {
+    Int4Error {
+        tensor: tensor.to_owned(),
+        kind,
+        message: message.into(),
+    }
+}
+
+impl Int4Weights {
+    /// Re-lays every `<prefix>.qweight` of `model` under `spec`.
+    pub fn new(model: Arc<SafetensorsModel>, spec: Int4Spec) -> Result<Self, Int4Error> {
+        let mut relaid = HashMap::new();
+        let mut hidden = std::collections::HashSet::new();
+        let prefixes: Vec<String> = model
+            .tensors()
+            .filter_map(|(_, t)| t.name.strip_suffix(".qweight").map(str::to_owned))
+            .collect();
+        for prefix in prefixes {
+            let get = |part: &str, dtype: DType, required: bool| {
+                let name = format!("{prefix}.{part}");
+                let Some((file, t)) = model.tensor(&name) else {
+                    return if required {
+                        Err(err(
+                            &name,
+                            "missing_tensor",
+                            "is missing (int4 layers need qweight, qzeros and scales)",
+                        ))
+                    } else {
+                        Ok(None)
+                    };
+                };
+                if t.dtype != dtype || t.shape.len() != 2 && part != "g_idx" {
+                    return Err(err(
+                        &name,
+                        "dtype",
+                        format!(
+                            "is {} {:?}, expected a 2-d {dtype} tensor",
+                            t.dtype, t.shape
+                        ),
+                    ));
+                }
+                Ok(Some((file, t)))
+            };
+            let (qf, qw) = get("qweight", DType::I32, true)?.expect("required");
+            let (zf, qz) = get("qzeros", DType::I32, true)?.expect("required");
+            let (sf, sc) = get("scales", DType::F16, true)?.expect("required");
+            let g_idx = match spec.packing {
+                Int4Packing::Awq => None,
+                _ => get("g_idx", DType::I32, false)?,
+            };
+            let (r, c) = (qw.shape[0] as usize, qw.shape[1] as usize);
+            let (k, n) = match spec.packing {
+                Int4Packing::Awq => (r, c * 8),
+                _ => (r * 8, c),
+            };
+            // The scales' shape is the one the layer's groups must agree with; check it
+            // here so the error names the tensor rather than a byte count.
+            let groups = poot_core::quant::hf::groups_for(spec.group_size, k, n)
+                .map_err(|e| err(&format!("{prefix}.qweight"), "shape", e.to_string()))?;
+            if sc.shape != [groups as u64, n as u64] {
+                return Err(err(
+                    &format!("{prefix}.scales"),
+                    "shape",
+                    format!(
+                        "has shape {:?}, expected [{groups}, {n}] (group_size {})",
+                        sc.shape, spec.group_size
+                    ),
+                ));
+            }
+            let out = int4_to_q4z(
+                spec.packing,
+                (
+                    qf.tensor_bytes(qw),
+                    zf.tensor_bytes(qz),
+                    sf.tensor_bytes(sc),
+                    g_idx.map(|(f, t)| f.tensor_bytes(t)),
+                ),
+                (k, n),
+                spec.group_size,
+            )
+            .map_err(|e| {
+                use poot_core::quant::hf::HfQuantError as E;
+                let (part, kind) = match &e {
+                    E::Shape { tensor, .. } => (*tensor, "shape"),
+                    E::Geometry { .. } => ("qweight", "shape"),
+                    E::GroupIndex { .. } | E::ActOrder { .. } => ("g_idx", "g_idx"),
+                };
+                err(&format!("{prefix}.{part}"), kind, e.to_string())
+            })?;
+            for part in PARTS {
+                let name = format!("{prefix}.{part}");
+                if let Some((f, t)) = model.tensor(&name) {
+                    // The copy above is the one read from now on: drop the source's pages.
+                    f.release_tensor(t);
+                }
+                hidden.insert(name);
+            }
+            relaid.insert(format!("{prefix}.weight"), (out, [n, k]));
+        }
+        Ok(Self {
+            inner: SafetensorsWeights::new(model),
+            relaid: Arc::new(relaid),
+            hidden: Arc::new(hidden),
+        })
+    }
+
+    /// How many layers were re-laid.
+    pub fn layers(&self) -> usize {
+        self.relaid.len()
+    }
+}
+
+impl WeightCatalog for Int4Weights {
+    fn describe(&self, name: &str) -> Option<(DType, Vec<usize>)> {
+        if let Some((_, shape)) = self.relaid.get(name) {
+            return Some((DType::Q4_Z, shape.to_vec()));
+        }
+        if self.hidden.contains(name) {
+            return None;
+        }
+        self.inner.describe(name)
+    }
+}
+
+impl WeightStore for Int4Weights {
+    fn bytes(&self, name: &str) -> Option<&[u8]> {
+        if let Some((b, _)) = self.relaid.get(name) {
+            return Some(b);
+        }
+        if self.hidden.contains(name) {
+            return None;
+        }
+        self.inner.bytes(name)
+    }
+
+    fn total_bytes(&self) -> u64 {
+        let hidden: u64 = self
+            .hidden
+            .iter()
+            .filter_map(|n| self.inner.describe(n).and(self.inner.bytes(n)))
+            .map(|b| b.len() as u64)
+            .sum();
+        let relaid: u64 = self.relaid.values().map(|(b, _)| b.len() as u64).sum();
+        self.inner.total_bytes() - hidden + relaid
+    }
+}
