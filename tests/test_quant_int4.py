@@ -133,13 +133,15 @@ def test_model_logits_and_greedy_ids_match_the_dequantized_reference(
     assert list(got) == reference_greedy(FAMILY, deq, PROMPT, 8)
 
 
-def test_inspect_shows_the_layout(tmp_path: Path) -> None:
-    from poot.checkpoints import resolve_model_files
-
-    d, _ = _quantized_model(tmp_path, "gptq", 128)
-    mf = resolve_model_files(str(d))
-    assert mf.quantization is not None
-    assert mf.quantization.describe().startswith("gptq int4, group 128, asym")
+def test_inspect_shows_the_layout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from poot.cli import main
 
+    d, _ = _quantized_model(tmp_path, "gptq", 128)
+    assert main(["inspect", "--json", "--quiet", str(d)]) == 0
+    fmt = json.loads(capsys.readouterr().out)["format"]
+    assert fmt["quantization"].startswith("gptq int4, group 128, asym")
+    assert "Q4_Z" in fmt["quantization"]
+    assert fmt["quantized_layers"] == 2 * len(LINEAR)
+    assert sorted(fmt["float_weights"]) == ["lm_head.weight", "model.embed_tokens.weight"]
     assert main(["inspect", str(d)]) == 0
+    assert "quantized   14 int4 layers; kept in float: " in capsys.readouterr().out

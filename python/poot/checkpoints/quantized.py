@@ -62,6 +62,19 @@ class QuantLayout:
         )
 
 
+def float_weights(names_dtypes: list[tuple[str, str, int]]) -> tuple[int, list[str]]:
+    """How many int4 layers a tensor table holds, and the matrices it keeps in float
+    (embeddings, a float ``lm_head``): ``(name, dtype, ndim)`` triples in, for ``poot inspect``.
+    """
+    layers = {n.removesuffix(".qweight") for n, _, _ in names_dtypes if n.endswith(".qweight")}
+    floats = [
+        n
+        for n, dt, ndim in names_dtypes
+        if ndim == 2 and dt in ("F32", "F16", "BF16") and n.rsplit(".", 1)[0] not in layers
+    ]
+    return len(layers), floats
+
+
 def _refuse(source: str, key: str, message: str) -> CheckpointFormatError:
     return CheckpointFormatError(
         f"{source}: {message}",
