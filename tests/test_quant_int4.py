@@ -75,6 +75,31 @@ def test_one_matmul_matches_the_float64_dequantization(
     assert np.all(np.abs(got - ref) <= bound), np.max(np.abs(got - ref) - bound)
 
 
+@pytest.mark.device_wgpu
+@pytest.mark.parametrize("numerics", ["exact", "ggml"])
+def test_wgpu_matmul_matches_the_cpu(tmp_path: Path, numerics: str) -> None:
+    """The WGSL Q4_Z decoder (``shaders/wgsl/dec_q4_z.wgsl``) decodes the same exact values;
+    the sums may differ in order, so the bound is the dot-product bound above, twice."""
+    from wgpu_util import require_wgpu
+
+    require_wgpu()
+    k, n = 256, 40
+    rng = np.random.default_rng(7)
+    tensors, ref_w = quantize_layer(rng.standard_normal((n, k)), "gptq", 64)
+    d = _write(tmp_path, {f"l.{p}": v for p, v in tensors.items()}, {})
+    x = rng.standard_normal((5, k)).astype(np.float32)
+    w = _native.Weights(_native.SafetensorsModel(str(d), int4=("gptq", 64)))
+    t = _native.Tracer(w, x.shape[0])
+    xv = t.input("x", "f32", list(x.shape))
+    t.output("y", t.matmul(xv, t.weight("l.weight")))
+    g = t.finish()
+    gpu = _native.WgpuRuntime(60.0, numerics=numerics)  # type: ignore[arg-type]
+    got = np.asarray(gpu.run(gpu.compile(g, w), {"x": x})["y"])
+    x64 = x.astype(np.float64)
+    bound = 2.02 * k * 2.0**-24 * (np.abs(x64) @ np.abs(ref_w).T)
+    assert np.all(np.abs(got - x64 @ ref_w.T) <= bound)
+
+
 def test_gptq_v1_zero_of_zero_reads_as_sixteen(tmp_path: Path) -> None:
     """v1 stores zero - 1 in 4 bits: a zero of 0 is stored 15 and read back as 16."""
     k, n = 32, 8
@@ -131,6 +156,33 @@ def test_model_logits_and_greedy_ids_match_the_dequantized_reference(
     params = poot.SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     got = llm.generate([PROMPT], params)[0].outputs[0].token_ids
     assert list(got) == reference_greedy(FAMILY, deq, PROMPT, 8)
+
+
+@pytest.mark.device_wgpu
+def test_model_on_wgpu_matches_the_dequantized_reference(tmp_path: Path) -> None:
+    from family_models import reference_greedy, reference_logits
+    from wgpu_util import require_wgpu
+
+    require_wgpu()
+    d, deq = _quantized_model(tmp_path, "gptq", 64)
+    llm = poot.LLM(str(d), backend="wgpu", numerics="exact")
+    ref = reference_logits(FAMILY, deq, PROMPT)[-1]
+    np.testing.assert_allclose(llm.logits(PROMPT), ref, rtol=0, atol=2e-4)
+    params = poot.SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    got = llm.generate([PROMPT], params)[0].outputs[0].token_ids
+    assert list(got) == reference_greedy(FAMILY, deq, PROMPT, 8)
+
+
+def test_auto_numerics_runs_them_as_quantized(tmp_path: Path) -> None:
+    """``numerics="auto"`` treats an int4 directory as quantized (llama.cpp's arithmetic: an f16
+    KV cache, so the bound is the f16 rounding of K and V carried through two layers)."""
+    from family_models import reference_logits
+
+    d, deq = _quantized_model(tmp_path, "awq", 128)
+    llm = poot.LLM(str(d), threads=1)
+    assert llm.numerics == "ggml"
+    ref = reference_logits(FAMILY, deq, PROMPT)[-1]
+    np.testing.assert_allclose(llm.logits(PROMPT), ref, rtol=0, atol=5e-3)
 
 
 def test_inspect_shows_the_layout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

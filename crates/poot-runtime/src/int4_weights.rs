@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use poot_core::quant::hf::{int4_to_q4z, Int4Packing};
+use poot_core::quant::hf::{int4_to_q4z, Int4Packing, Int4Tensors};
 use poot_core::DType;
 use poot_formats::SafetensorsModel;
 use poot_graph::WeightCatalog;
@@ -37,12 +37,15 @@ pub struct Int4Spec {
     pub group_size: i64,
 }
 
+/// One re-laid layer: its Q4_Z rows and `[out, in]`.
+type Relaid = (Vec<u8>, [usize; 2]);
+
 /// Tensors of a safetensors checkpoint with its int4 layers re-laid as Q4_Z.
 #[derive(Debug, Clone)]
 pub struct Int4Weights {
     inner: SafetensorsWeights,
     /// `<prefix>.weight` -> (Q4_Z rows, `[out, in]`).
-    relaid: Arc<HashMap<String, (Vec<u8>, [usize; 2])>>,
+    relaid: Arc<HashMap<String, Relaid>>,
     hidden: Arc<std::collections::HashSet<String>>,
 }
 
@@ -119,12 +122,12 @@ impl Int4Weights {
             }
             let out = int4_to_q4z(
                 spec.packing,
-                (
-                    qf.tensor_bytes(qw),
-                    zf.tensor_bytes(qz),
-                    sf.tensor_bytes(sc),
-                    g_idx.map(|(f, t)| f.tensor_bytes(t)),
-                ),
+                Int4Tensors {
+                    qweight: qf.tensor_bytes(qw),
+                    qzeros: zf.tensor_bytes(qz),
+                    scales: sf.tensor_bytes(sc),
+                    g_idx: g_idx.map(|(f, t)| f.tensor_bytes(t)),
+                },
                 (k, n),
                 spec.group_size,
             )

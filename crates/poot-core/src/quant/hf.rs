@@ -163,20 +163,35 @@ fn block_groups(
         .collect()
 }
 
+/// One layer's stored tensors, as little-endian bytes (I32 quants and zeros, F16 scales, I32
+/// `g_idx`); `g_idx` is GPTQ's and must be `None` for AWQ.
+#[derive(Clone, Copy, Debug)]
+pub struct Int4Tensors<'a> {
+    pub qweight: &'a [u8],
+    pub qzeros: &'a [u8],
+    pub scales: &'a [u8],
+    pub g_idx: Option<&'a [u8]>,
+}
+
 /// Bytes of the Q4_Z form of an `n x k` weight.
 pub fn q4z_bytes(n: usize, k: usize) -> usize {
     n * (k / 32) * q4_z::BYTES
 }
 
 /// Re-lays one int4 linear weight (`k` = in_features, `n` = out_features) into `n` rows of
-/// Q4_Z blocks. Tensor bytes are as stored (little-endian I32 and F16); `g_idx` is GPTQ's and
-/// must be `None` for AWQ.
+/// Q4_Z blocks.
 pub fn int4_to_q4z(
     packing: Int4Packing,
-    (qweight, qzeros, scales, g_idx): (&[u8], &[u8], &[u8], Option<&[u8]>),
+    t: Int4Tensors<'_>,
     (k, n): (usize, usize),
     group_size: i64,
 ) -> Result<Vec<u8>, HfQuantError> {
+    let Int4Tensors {
+        qweight,
+        qzeros,
+        scales,
+        g_idx,
+    } = t;
     let groups = groups_for(group_size, k, n)?;
     // Every stored tensor is 4 bits per quant and 2 bytes per scale, whichever dim is packed.
     check_len("qweight", (k, n), k * n / 2, qweight.len())?;

@@ -1,6 +1,6 @@
 //! The GPTQ/AWQ re-lay against the formats' definitions, computed here element by element.
 
-use super::hf::{int4_to_q4z, HfQuantError, Int4Packing};
+use super::hf::{int4_to_q4z, HfQuantError, Int4Packing, Int4Tensors};
 use crate::{dequantize, DType};
 
 /// A small deterministic generator (xorshift), so the test needs no crate.
@@ -68,7 +68,14 @@ fn check(packing: Int4Packing, k: usize, n: usize, group: i64) {
         }
     };
     let sb: Vec<u8> = s.iter().flat_map(|h| h.to_le_bytes()).collect();
-    let out = int4_to_q4z(packing, (&le(&qw), &le(&qz), &sb, None), (k, n), group).unwrap();
+    let (qw, qz) = (le(&qw), le(&qz));
+    let t = Int4Tensors {
+        qweight: &qw,
+        qzeros: &qz,
+        scales: &sb,
+        g_idx: None,
+    };
+    let out = int4_to_q4z(packing, t, (k, n), group).unwrap();
     let mut got = vec![0f32; k * n];
     dequantize(DType::Q4_Z, &out, &mut got).unwrap();
     for j in 0..n {
@@ -110,7 +117,13 @@ fn bad_geometry_and_g_idx_are_typed_errors() {
     let qz = vec![0u8; 2 * 8 / 2];
     let sc = vec![0u8; 2 * 8 * 2];
     let run = |g_idx: Option<&[u8]>, group| {
-        int4_to_q4z(Int4Packing::GptqV2, (&qw, &qz, &sc, g_idx), (64, 8), group)
+        let t = Int4Tensors {
+            qweight: &qw,
+            qzeros: &qz,
+            scales: &sc,
+            g_idx,
+        };
+        int4_to_q4z(Int4Packing::GptqV2, t, (64, 8), group)
     };
     assert!(matches!(run(None, 48), Err(HfQuantError::Geometry { .. })));
     assert!(matches!(
