@@ -16,7 +16,7 @@ from quant_int4 import quant_config, quantize_layer
 
 from poot import _native
 from poot.checkpoints.quantized import quant_layout
-from poot.errors import CheckpointFormatError
+from poot.errors import CheckpointFormatError, UnsupportedQuantizationError
 
 
 @pytest.mark.parametrize(
@@ -37,8 +37,9 @@ from poot.errors import CheckpointFormatError
 def test_unsupported_configs_are_refused_naming_the_field(
     tmp_path: Path, q: dict[str, Any], field: str
 ) -> None:
-    with pytest.raises(CheckpointFormatError) as e:
+    with pytest.raises(UnsupportedQuantizationError) as e:
         quant_layout({"quantization_config": q}, tmp_path)
+    assert isinstance(e.value, CheckpointFormatError) and isinstance(e.value, ValueError)
     assert e.value.kind == "unsupported_quantization"
     assert e.value.field == f"quantization_config.{field}"
 
@@ -50,6 +51,22 @@ def test_quantize_config_json_beside_the_config_is_read(tmp_path: Path) -> None:
     layout = quant_layout({}, tmp_path)
     assert layout is not None and layout.native == ("gptq", 64) and not layout.sym
     assert quant_layout({}, tmp_path / "elsewhere") is None
+
+
+def test_loading_an_unsupported_directory_fails_before_any_weight(tmp_path: Path) -> None:
+    """The refusal comes from the config: the directory's tensors are never opened."""
+    from family_models import FAMILIES
+
+    import poot
+
+    q = {"quant_method": "gptq", "bits": 3, "group_size": 128}
+    (tmp_path / "config.json").write_text(
+        json.dumps(dict(FAMILIES["mistral"], quantization_config=q))
+    )
+    (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(UnsupportedQuantizationError) as e:
+        poot.LLM(str(tmp_path))
+    assert e.value.field == "quantization_config.bits" and "3-bit" in str(e.value)
 
 
 def _layer(tmp_path: Path, change: Any, packing: str = "gptq", group: int = 32) -> Path:

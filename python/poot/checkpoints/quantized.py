@@ -7,8 +7,9 @@ poot's Q4_Z blocks (32 weights: an f16 scale, a u8 zero point, 16 bytes of nibbl
 a weight) and multiplied by the CPU runtime's decoded matmul; no float copy is made.
 
 Invariant: :func:`quant_layout` decides from the config files alone, before any tensor is
-read, and refuses every layout, bit width or option it does not load with a
-``CheckpointFormatError`` (``kind="unsupported_quantization"``) whose ``field`` names the
+read, and refuses every layout, bit width or option it does not load with an
+``UnsupportedQuantizationError`` (a ``CheckpointFormatError``,
+``kind="unsupported_quantization"``) whose ``field`` names the
 config key (``quantization_config.bits``, ...). Malformed tensors (shapes, dtypes, missing
 ``scales``, ``g_idx`` out of range) are refused by the native re-lay when ``Weights`` is built,
 naming the tensor.
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from poot.errors import CheckpointFormatError
+from poot.errors import CheckpointFormatError, UnsupportedQuantizationError
 
 Packing = Literal["gptq", "gptq_v2", "awq"]
 
@@ -75,8 +76,8 @@ def float_weights(names_dtypes: list[tuple[str, str, int]]) -> tuple[int, list[s
     return len(layers), floats
 
 
-def _refuse(source: str, key: str, message: str) -> CheckpointFormatError:
-    return CheckpointFormatError(
+def _refuse(source: str, key: str, message: str) -> UnsupportedQuantizationError:
+    return UnsupportedQuantizationError(
         f"{source}: {message}",
         kind="unsupported_quantization",
         file=source,
@@ -97,8 +98,9 @@ def quant_layout(config: dict[str, Any], directory: Path) -> QuantLayout | None:
     quantized.
 
     Raises:
-        CheckpointFormatError: a method, bit width or option poot does not load (the field is
-            named), or a malformed ``quantize_config.json``.
+        UnsupportedQuantizationError: a method, bit width or option poot does not load (the
+            field is named).
+        CheckpointFormatError: a malformed ``quantize_config.json``.
     """
     source = str(directory / "config.json")
     q = config.get("quantization_config")
