@@ -20,22 +20,25 @@ AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
 AWQ_POS = [0, 4, 1, 5, 2, 6, 3, 7]
 
 
-def rtn(w: np.ndarray, group: int, sym: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Round-to-nearest int4 of ``w`` ([n, k] float): quants [k, n], zeros and f16 scales
-    [groups, n] (GPTQ/AWQ calibration is not the point; the layout is)."""
+def rtn(
+    w: np.ndarray, group: int, sym: bool, bits: int = 4
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Round-to-nearest ``bits``-bit quantization of ``w`` ([n, k] float): quants [k, n], zeros
+    and f16 scales [groups, n] (GPTQ/AWQ calibration is not the point; the layout is)."""
     n, k = w.shape
     g = k if group == -1 else group
+    top = (1 << bits) - 1
     wg = w.reshape(n, k // g, g).astype(np.float64)
     if sym:
-        scale = np.abs(wg).max(axis=2) / 7.0
-        zero = np.full(scale.shape, 8.0)
+        scale = np.abs(wg).max(axis=2) / (top // 2)
+        zero = np.full(scale.shape, float(top // 2 + 1))
     else:
         lo, hi = np.minimum(wg.min(axis=2), 0), np.maximum(wg.max(axis=2), 0)
-        scale = (hi - lo) / 15.0
+        scale = (hi - lo) / top
         zero = np.round(-lo / np.where(scale == 0, 1, scale))
     scale = np.where(scale == 0, 1e-3, scale).astype(np.float16)
     s64 = scale.astype(np.float64)
-    q = np.clip(np.round(wg / s64[:, :, None]) + zero[:, :, None], 0, 15)
+    q = np.clip(np.round(wg / s64[:, :, None]) + zero[:, :, None], 0, top)
     return (
         q.reshape(n, k).T.astype(np.uint32),
         zero.T.astype(np.uint32),
@@ -58,6 +61,33 @@ def pack_gptq(q: np.ndarray, z: np.ndarray, v1: bool) -> tuple[np.ndarray, np.nd
     for e in range(8):
         qz |= zs[:, e::8] << np.uint32(4 * e)
     return _words(qw), _words(qz)
+
+
+def pack_gptq8(q: np.ndarray, z: np.ndarray, v1: bool) -> tuple[np.ndarray, np.ndarray]:
+    """8-bit GPTQ: ``qweight`` [k/4, n] and ``qzeros`` [groups, n/4], a byte each."""
+    k, n = q.shape
+    qw = np.zeros((k // 4, n), np.uint32)
+    for e in range(4):
+        qw |= q[e::4, :] << np.uint32(8 * e)
+    zs = ((z.astype(np.int64) - 1) & 0xFF).astype(np.uint32) if v1 else z
+    qz = np.zeros((z.shape[0], n // 4), np.uint32)
+    for e in range(4):
+        qz |= zs[:, e::4] << np.uint32(8 * e)
+    return _words(qw), _words(qz)
+
+
+def dequant_gptq8(
+    qweight: np.ndarray, qzeros: np.ndarray, scales: np.ndarray, group: int, v1: bool
+) -> np.ndarray:
+    """W [n, k] in float64: byte ``i % 4`` of ``qweight[i // 4, j]``; zeros likewise (+1 in v1)."""
+    kw, n = qweight.shape
+    k = kw * 4
+    b = qweight.view(np.uint32)[..., None] >> (8 * np.arange(4, dtype=np.uint32))
+    q = (b & 0xFF).astype(np.int64).transpose(0, 2, 1).reshape(k, n)
+    zb = qzeros.view(np.uint32)[..., None] >> (8 * np.arange(4, dtype=np.uint32))
+    z = (zb & 0xFF).astype(np.int64).reshape(qzeros.shape[0], n) + (1 if v1 else 0)
+    gi = np.arange(k) // (k if group == -1 else group)
+    return ((q - z[gi]) * scales.astype(np.float64)[gi]).T
 
 
 def pack_awq(q: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -108,12 +138,21 @@ def dequant_awq(
 
 
 def quantize_layer(
-    w: np.ndarray, packing: str, group: int, sym: bool = False, g_idx: bool = False
+    w: np.ndarray,
+    packing: str,
+    group: int,
+    sym: bool = False,
+    g_idx: bool = False,
+    bits: int = 4,
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """The stored tensors of one linear layer (``qweight``, ``qzeros``, ``scales``, maybe
     ``g_idx``) and its float64 dequantization."""
-    q, z, s = rtn(w, group, sym)
+    q, z, s = rtn(w, group, sym, bits)
     k = w.shape[1]
+    if bits == 8:
+        v1 = packing == "gptq"
+        qw, qz = pack_gptq8(q, z, v1)
+        return {"qweight": qw, "qzeros": qz, "scales": s}, dequant_gptq8(qw, qz, s, group, v1)
     if packing == "awq":
         qw, qz = pack_awq(q, z)
         return {"qweight": qw, "qzeros": qz, "scales": s}, dequant_awq(qw, qz, s, group)
@@ -127,7 +166,7 @@ def quantize_layer(
     return t, dequant_gptq(qw, qz, s, gi, group, v1)
 
 
-def quant_config(packing: str, group: int, sym: bool = False) -> dict[str, object]:
+def quant_config(packing: str, group: int, sym: bool = False, bits: int = 4) -> dict[str, object]:
     """``config.json``'s ``quantization_config`` as the producers write it."""
     if packing == "awq":
         return {
@@ -139,7 +178,7 @@ def quant_config(packing: str, group: int, sym: bool = False) -> dict[str, objec
         }
     return {
         "quant_method": "gptq",
-        "bits": 4,
+        "bits": bits,
         "group_size": group,
         "sym": sym,
         "desc_act": False,

@@ -23,7 +23,8 @@ from poot.errors import CheckpointFormatError, UnsupportedQuantizationError
     ("q", "field"),
     [
         ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "bits"),
-        ({"quant_method": "gptq", "bits": 8, "group_size": 128}, "bits"),
+        ({"quant_method": "gptq", "bits": 2, "group_size": 128}, "bits"),
+        ({"quant_method": "awq", "bits": 8, "group_size": 128}, "bits"),
         ({"quant_method": "gptq", "bits": 4, "group_size": 48}, "group_size"),
         ({"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"}, "checkpoint_format"),
         ({"quant_method": "awq", "bits": 4, "version": "gemv"}, "version"),
@@ -49,7 +50,7 @@ def test_quantize_config_json_beside_the_config_is_read(tmp_path: Path) -> None:
         json.dumps({"bits": 4, "group_size": 64, "sym": False, "desc_act": False})
     )
     layout = quant_layout({}, tmp_path)
-    assert layout is not None and layout.native == ("gptq", 64) and not layout.sym
+    assert layout is not None and layout.native == ("gptq", 64, 4) and not layout.sym
     assert quant_layout({}, tmp_path / "elsewhere") is None
 
 
@@ -83,7 +84,7 @@ def _layer(tmp_path: Path, change: Any, packing: str = "gptq", group: int = 32) 
 
 
 def _load(d: Path, packing: str = "gptq", group: int = 32) -> None:
-    _native.Weights(_native.SafetensorsModel(str(d), int4=(packing, group)))
+    _native.Weights(_native.SafetensorsModel(str(d), packed=(packing, group, 4)))
 
 
 def _set(key: str, value: Any) -> Any:
@@ -128,7 +129,22 @@ def test_group_size_that_does_not_divide_in_features(tmp_path: Path) -> None:
     assert e.value.tensor == "l.qweight"
 
 
-def test_unknown_packing_is_a_value_error(tmp_path: Path) -> None:
+def test_unknown_packing_or_bits_is_a_value_error(tmp_path: Path) -> None:
     d = _layer(tmp_path, lambda t: None)
     with pytest.raises(ValueError, match="packing"):
         _load(d, packing="exl2")
+    with pytest.raises(ValueError, match="8-bit"):
+        _native.SafetensorsModel(str(d), packed=("awq", 32, 8))
+    with pytest.raises(ValueError, match="3-bit"):
+        _native.SafetensorsModel(str(d), packed=("gptq", 32, 3))
+
+
+def test_8bit_layer_read_as_4bit_is_a_shape_error(tmp_path: Path) -> None:
+    w = np.random.default_rng(1).standard_normal((16, 64))
+    tensors, _ = quantize_layer(w, "gptq", 32, bits=8)
+    from safetensors.numpy import save_file
+
+    save_file({f"l.{p}": v for p, v in tensors.items()}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(CheckpointFormatError) as e:
+        _load(tmp_path)
+    assert e.value.kind == "shape"

@@ -36,10 +36,12 @@ def _write(directory: Path, tensors: dict[str, np.ndarray], config: dict[str, An
     return directory
 
 
-def _matmul(directory: Path, packing: str, group: int, x: np.ndarray, n: int) -> np.ndarray:
-    st = _native.SafetensorsModel(str(directory), int4=(packing, group))
+def _matmul(
+    directory: Path, packing: str, group: int, x: np.ndarray, n: int, bits: int = 4
+) -> np.ndarray:
+    st = _native.SafetensorsModel(str(directory), packed=(packing, group, bits))
     w = _native.Weights(st)
-    assert w.describe("l.weight") == ("Q4_Z", (n, x.shape[1]))
+    assert w.describe("l.weight") == ("Q4_Z" if bits == 4 else "Q8_Z", (n, x.shape[1]))
     assert w.describe("l.qweight") is None, "the int4 source tensors are hidden"
     t = _native.Tracer(w, x.shape[0])
     xv = t.input("x", "f32", list(x.shape))
@@ -76,19 +78,20 @@ def test_one_matmul_matches_the_float64_dequantization(
 
 
 @pytest.mark.device_wgpu
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("numerics", ["exact", "ggml"])
-def test_wgpu_matmul_matches_the_cpu(tmp_path: Path, numerics: str) -> None:
-    """The WGSL Q4_Z decoder (``shaders/wgsl/dec_q4_z.wgsl``) decodes the same exact values;
-    the sums may differ in order, so the bound is the dot-product bound above, twice."""
+def test_wgpu_matmul_matches_the_reference(tmp_path: Path, numerics: str, bits: int) -> None:
+    """The WGSL Q4_Z and Q8_Z decoders (``shaders/wgsl/dec_q{4,8}_z.wgsl``) decode the same
+    exact values; the sums may differ in order, so the bound is the dot-product bound, twice."""
     from wgpu_util import require_wgpu
 
     require_wgpu()
     k, n = 256, 40
     rng = np.random.default_rng(7)
-    tensors, ref_w = quantize_layer(rng.standard_normal((n, k)), "gptq", 64)
+    tensors, ref_w = quantize_layer(rng.standard_normal((n, k)), "gptq", 64, bits=bits)
     d = _write(tmp_path, {f"l.{p}": v for p, v in tensors.items()}, {})
     x = rng.standard_normal((5, k)).astype(np.float32)
-    w = _native.Weights(_native.SafetensorsModel(str(d), int4=("gptq", 64)))
+    w = _native.Weights(_native.SafetensorsModel(str(d), packed=("gptq", 64, bits)))
     t = _native.Tracer(w, x.shape[0])
     xv = t.input("x", "f32", list(x.shape))
     t.output("y", t.matmul(xv, t.weight("l.weight")))
@@ -97,6 +100,21 @@ def test_wgpu_matmul_matches_the_cpu(tmp_path: Path, numerics: str) -> None:
     got = np.asarray(gpu.run(gpu.compile(g, w), {"x": x})["y"])
     x64 = x.astype(np.float64)
     bound = 2.02 * k * 2.0**-24 * (np.abs(x64) @ np.abs(ref_w).T)
+    assert np.all(np.abs(got - x64 @ ref_w.T) <= bound)
+
+
+@pytest.mark.parametrize("packing", ["gptq", "gptq_v2"])
+@pytest.mark.parametrize(("k", "n", "group", "sym"), [(128, 24, -1, True), (256, 40, 64, False)])
+def test_gptq_8bit_matmul_matches_the_float64_dequantization(
+    tmp_path: Path, packing: str, k: int, n: int, group: int, sym: bool
+) -> None:
+    rng = np.random.default_rng(k + n)
+    tensors, ref_w = quantize_layer(rng.standard_normal((n, k)), packing, group, sym, bits=8)
+    d = _write(tmp_path, {f"l.{p}": v for p, v in tensors.items()}, {})
+    x = rng.standard_normal((2, k)).astype(np.float32)
+    got = _matmul(d, packing, group, x, n, bits=8)
+    x64 = x.astype(np.float64)
+    bound = 1.01 * k * 2.0**-24 * (np.abs(x64) @ np.abs(ref_w).T)
     assert np.all(np.abs(got - x64 @ ref_w.T) <= bound)
 
 
@@ -119,7 +137,9 @@ PROMPT = [2, 17, 93, 5, 64, 120, 33, 8]
 LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def _quantized_model(root: Path, packing: str, group: int) -> tuple[Path, dict[str, np.ndarray]]:
+def _quantized_model(
+    root: Path, packing: str, group: int, bits: int = 4
+) -> tuple[Path, dict[str, np.ndarray]]:
     """The family's random float weights with every linear layer quantized (lm_head stays
     float, as GPTQ and AWQ leave it), and the dequantized float64 weights."""
     from family_models import FAMILIES, _tokenizer_json, make_weights
@@ -130,26 +150,30 @@ def _quantized_model(root: Path, packing: str, group: int) -> tuple[Path, dict[s
     for name, v in w.items():
         mod = name.rsplit(".", 2)
         if name.endswith(".weight") and len(mod) == 3 and mod[1] in LINEAR:
-            tensors, ref = quantize_layer(v, packing, group, sym=False, g_idx=packing != "awq")
+            g_idx = packing != "awq"
+            tensors, ref = quantize_layer(v, packing, group, g_idx=g_idx, bits=bits)
             prefix = name.removesuffix(".weight")
             stored.update({f"{prefix}.{p}": t for p, t in tensors.items()})
             deq[name] = ref
         else:
             stored[name] = v
             deq[name] = v.astype(np.float64)
-    config = dict(FAMILIES[FAMILY], quantization_config=quant_config(packing, group))
-    d = _write(root / f"{packing}-g{group}", stored, config)
+    config = dict(FAMILIES[FAMILY], quantization_config=quant_config(packing, group, bits=bits))
+    d = _write(root / f"{packing}-g{group}-{bits}", stored, config)
     _tokenizer_json(d / "tokenizer.json", config["vocab_size"])
     return d, deq
 
 
-@pytest.mark.parametrize(("packing", "group"), [("gptq", 128), ("gptq_v2", 64), ("awq", 128)])
+@pytest.mark.parametrize(
+    ("packing", "group", "bits"),
+    [("gptq", 128, 4), ("gptq_v2", 64, 4), ("awq", 128, 4), ("gptq", 128, 8)],
+)
 def test_model_logits_and_greedy_ids_match_the_dequantized_reference(
-    tmp_path: Path, packing: str, group: int
+    tmp_path: Path, packing: str, group: int, bits: int
 ) -> None:
     from family_models import reference_greedy, reference_logits
 
-    d, deq = _quantized_model(tmp_path, packing, group)
+    d, deq = _quantized_model(tmp_path, packing, group, bits)
     llm = poot.LLM(str(d), threads=1, numerics="exact")
     ref = reference_logits(FAMILY, deq, PROMPT)[-1]
     np.testing.assert_allclose(llm.logits(PROMPT), ref, rtol=0, atol=2e-4)

@@ -112,7 +112,7 @@ class SafetensorsModel:
     """A checkpoint of one or more safetensors files: a directory, an index JSON, or one file."""
 
     def __new__(
-        cls, path: str | os.PathLike[str], *, int4: tuple[str, int] | None = None
+        cls, path: str | os.PathLike[str], *, packed: tuple[str, int, int] | None = None
     ) -> SafetensorsModel: ...
     @property
     def files(self) -> list[str]: ...

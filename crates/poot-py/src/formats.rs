@@ -337,10 +337,11 @@ impl PySafetensorsModel {
     }
 }
 
-/// `("gptq" | "gptq_v2" | "awq", group_size)` as an [`poot_runtime::Int4Spec`].
-fn int4_spec(int4: Option<(String, i64)>) -> PyResult<Option<poot_runtime::Int4Spec>> {
+/// `("gptq" | "gptq_v2" | "awq", group_size, bits)` as an [`poot_runtime::Int4Spec`].
+fn int4_spec(packed: Option<(String, i64, u8)>) -> PyResult<Option<poot_runtime::Int4Spec>> {
     use poot_core::quant::hf::Int4Packing;
-    let Some((packing, group_size)) = int4 else {
+    use pyo3::exceptions::PyValueError;
+    let Some((packing, group_size, bits)) = packed else {
         return Ok(None);
     };
     let packing = match packing.as_str() {
@@ -348,25 +349,24 @@ fn int4_spec(int4: Option<(String, i64)>) -> PyResult<Option<poot_runtime::Int4S
         "gptq_v2" => Int4Packing::GptqV2,
         "awq" => Int4Packing::Awq,
         other => {
-            return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                "int4 packing {other:?} is not one of 'gptq', 'gptq_v2', 'awq'"
+            return Err(PyValueError::new_err(format!(
+                "packing {other:?} is not one of 'gptq', 'gptq_v2', 'awq'"
             )))
         }
     };
-    Ok(Some(poot_runtime::Int4Spec {
-        packing,
-        group_size,
-    }))
+    poot_runtime::Int4Spec::new(packing, group_size, bits)
+        .map(Some)
+        .map_err(PyValueError::new_err)
 }
 
 #[pymethods]
 impl PySafetensorsModel {
-    /// `int4`: `(packing, group_size)` for a GPTQ/AWQ checkpoint; `Weights` then re-lays its
-    /// int4 layers (nothing is read here).
+    /// `packed`: `(packing, group_size, bits)` for a GPTQ/AWQ checkpoint; `Weights` then
+    /// re-lays its quantized layers (nothing is read here).
     #[new]
-    #[pyo3(signature = (path, *, int4=None))]
-    fn py_new(py: Python<'_>, path: PathBuf, int4: Option<(String, i64)>) -> PyResult<Self> {
-        let int4 = int4_spec(int4)?;
+    #[pyo3(signature = (path, *, packed=None))]
+    fn py_new(py: Python<'_>, path: PathBuf, packed: Option<(String, i64, u8)>) -> PyResult<Self> {
+        let int4 = int4_spec(packed)?;
         let inner = open_with(py, move || SafetensorsModel::open(path))?;
         Ok(PySafetensorsModel {
             inner: Arc::new(inner),

@@ -1,9 +1,9 @@
-//! A GPTQ or AWQ int4 safetensors checkpoint as a weight store: each quantized linear layer
-//! appears as one `<prefix>.weight` of dtype `Q4_Z` and shape `[out, in]`.
+//! A GPTQ or AWQ safetensors checkpoint as a weight store: each quantized linear layer appears
+//! as one `<prefix>.weight` of dtype `Q4_Z` (int4) or `Q8_Z` (8-bit GPTQ), shape `[out, in]`.
 //!
 //! Invariants: the re-lay (`poot_core::quant::hf`) happens once, here, for every layer before
 //! the store exists, so a malformed layer is refused before any plan compiles; the Q4_Z copy is
-//! 4.75 bits a weight (no float copy is ever made), and the int4 source tensors' mapped pages
+//! 4.75 bits a weight (Q8_Z: 9; no float copy is ever made), and the int4 source tensors' mapped pages
 //! are dropped from the resident set once copied, so the quantized layers count once. The
 //! source tensors (`qweight`, `qzeros`, `scales`, `g_idx`) are hidden; every other tensor
 //! (embeddings, norms, a float `lm_head`) is served as stored, from the map.
@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use poot_core::quant::hf::{int4_to_q4z, Int4Packing, Int4Tensors};
+use poot_core::quant::hf::{gptq8_to_q8z, int4_to_q4z, Int4Packing, Int4Tensors};
 use poot_core::DType;
 use poot_formats::SafetensorsModel;
 use poot_graph::WeightCatalog;
@@ -35,10 +35,32 @@ pub struct Int4Spec {
     pub packing: Int4Packing,
     /// `-1`: one group per row.
     pub group_size: i64,
+    /// 4 (GPTQ, AWQ: Q4_Z) or 8 (GPTQ only: Q8_Z).
+    bits: u8,
 }
 
-/// One re-laid layer: its Q4_Z rows and `[out, in]`.
-type Relaid = (Vec<u8>, [usize; 2]);
+impl Int4Spec {
+    /// The spec, or why not: 4 bits for every packing, 8 for GPTQ only.
+    pub fn new(packing: Int4Packing, group_size: i64, bits: u8) -> Result<Self, String> {
+        match (bits, packing) {
+            (4, _) | (8, Int4Packing::GptqV1 | Int4Packing::GptqV2) => Ok(Self {
+                packing,
+                group_size,
+                bits,
+            }),
+            (8, Int4Packing::Awq) => Err("AWQ has no 8-bit layout".to_owned()),
+            (b, _) => Err(format!("{b}-bit weights are not supported (4 and 8 only)")),
+        }
+    }
+
+    /// 4 or 8.
+    pub fn bits(&self) -> u8 {
+        self.bits
+    }
+}
+
+/// One re-laid layer: its Q4_Z or Q8_Z rows, that dtype and `[out, in]`.
+type Relaid = (Vec<u8>, DType, [usize; 2]);
 
 /// Tensors of a safetensors checkpoint with its int4 layers re-laid as Q4_Z.
 #[derive(Debug, Clone)]
@@ -102,8 +124,9 @@ impl Int4Weights {
                 _ => get("g_idx", DType::I32, false)?,
             };
             let (r, c) = (qw.shape[0] as usize, qw.shape[1] as usize);
-            let (k, n) = match spec.packing {
-                Int4Packing::Awq => (r, c * 8),
+            let (k, n) = match (spec.packing, spec.bits) {
+                (Int4Packing::Awq, _) => (r, c * 8),
+                (_, 8) => (r * 4, c),
                 _ => (r * 8, c),
             };
             // The scales' shape is the one the layer's groups must agree with; check it
@@ -120,18 +143,22 @@ impl Int4Weights {
                     ),
                 ));
             }
-            let out = int4_to_q4z(
-                spec.packing,
-                Int4Tensors {
-                    qweight: qf.tensor_bytes(qw),
-                    qzeros: zf.tensor_bytes(qz),
-                    scales: sf.tensor_bytes(sc),
-                    g_idx: g_idx.map(|(f, t)| f.tensor_bytes(t)),
-                },
-                (k, n),
-                spec.group_size,
-            )
-            .map_err(|e| {
+            let tensors = Int4Tensors {
+                qweight: qf.tensor_bytes(qw),
+                qzeros: zf.tensor_bytes(qz),
+                scales: sf.tensor_bytes(sc),
+                g_idx: g_idx.map(|(f, t)| f.tensor_bytes(t)),
+            };
+            // `Int4Spec::new` allows 8 bits only for GPTQ.
+            let (out, dtype) = if spec.bits == 8 {
+                let v1 = spec.packing == Int4Packing::GptqV1;
+                let q = gptq8_to_q8z(v1, tensors, (k, n), spec.group_size);
+                (q, DType::Q8_Z)
+            } else {
+                let q = int4_to_q4z(spec.packing, tensors, (k, n), spec.group_size);
+                (q, DType::Q4_Z)
+            };
+            let out = out.map_err(|e| {
                 use poot_core::quant::hf::HfQuantError as E;
                 let (part, kind) = match &e {
                     E::Shape { tensor, .. } => (*tensor, "shape"),
@@ -148,7 +175,7 @@ impl Int4Weights {
                 }
                 hidden.insert(name);
             }
-            relaid.insert(format!("{prefix}.weight"), (out, [n, k]));
+            relaid.insert(format!("{prefix}.weight"), (out, dtype, [n, k]));
         }
         Ok(Self {
             inner: SafetensorsWeights::new(model),
@@ -165,8 +192,8 @@ impl Int4Weights {
 
 impl WeightCatalog for Int4Weights {
     fn describe(&self, name: &str) -> Option<(DType, Vec<usize>)> {
-        if let Some((_, shape)) = self.relaid.get(name) {
-            return Some((DType::Q4_Z, shape.to_vec()));
+        if let Some((_, dtype, shape)) = self.relaid.get(name) {
+            return Some((*dtype, shape.to_vec()));
         }
         if self.hidden.contains(name) {
             return None;
@@ -177,7 +204,7 @@ impl WeightCatalog for Int4Weights {
 
 impl WeightStore for Int4Weights {
     fn bytes(&self, name: &str) -> Option<&[u8]> {
-        if let Some((b, _)) = self.relaid.get(name) {
+        if let Some((b, _, _)) = self.relaid.get(name) {
             return Some(b);
         }
         if self.hidden.contains(name) {
@@ -193,7 +220,7 @@ impl WeightStore for Int4Weights {
             .filter_map(|n| self.inner.describe(n).and(self.inner.bytes(n)))
             .map(|b| b.len() as u64)
             .sum();
-        let relaid: u64 = self.relaid.values().map(|(b, _)| b.len() as u64).sum();
+        let relaid: u64 = self.relaid.values().map(|(b, _, _)| b.len() as u64).sum();
         self.inner.total_bytes() - hidden + relaid
     }
 }

@@ -108,6 +108,7 @@ pub(crate) fn decoder(dtype: DType) -> Option<&'static str> {
         DType::Q4_K => include_str!("../../../shaders/wgsl/dec_q4_k.wgsl"),
         DType::Q6_K => include_str!("../../../shaders/wgsl/dec_q6_k.wgsl"),
         DType::Q4_Z => include_str!("../../../shaders/wgsl/dec_q4_z.wgsl"),
+        DType::Q8_Z => include_str!("../../../shaders/wgsl/dec_q8_z.wgsl"),
         _ => return None,
     })
 }

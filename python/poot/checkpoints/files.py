@@ -201,7 +201,7 @@ def open_hf_dir(directory: Path, spec: str) -> ModelFiles:
     quantization = quant_layout(config, directory)
     st = _native.SafetensorsModel(
         str(safetensors_source(directory)),
-        int4=quantization.native if quantization is not None else None,
+        packed=quantization.native if quantization is not None else None,
     )
     tokenizer_json = directory / "tokenizer.json"
     return ModelFiles(

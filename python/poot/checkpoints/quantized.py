@@ -1,10 +1,11 @@
 """Quantized Hugging Face checkpoints: which ``quantization_config`` poot loads, and how.
 
-Loaded: GPTQ int4 (AutoGPTQ, GPTQModel, Optimum; ``checkpoint_format`` ``gptq`` with the v1
-``zero - 1`` convention or GPTQModel's ``gptq_v2``) and AWQ int4 (AutoAWQ's GEMM layout), at
-``group_size`` -1 or a multiple of 32. Their linear layers are re-laid once, at load, into
-poot's Q4_Z blocks (32 weights: an f16 scale, a u8 zero point, 16 bytes of nibbles; 4.75 bits
-a weight) and multiplied by the CPU runtime's decoded matmul; no float copy is made.
+Loaded: GPTQ int4 and int8 (AutoGPTQ, GPTQModel, Optimum; ``checkpoint_format`` ``gptq`` with
+the v1 ``zero - 1`` convention or GPTQModel's ``gptq_v2``) and AWQ int4 (AutoAWQ's GEMM
+layout), at ``group_size`` -1 or a multiple of 32. Their linear layers are re-laid once, at
+load, into poot's Q4_Z blocks (32 weights: an f16 scale, a u8 zero point, 16 bytes of nibbles;
+4.75 bits a weight) or Q8_Z blocks (9 bits a weight) and multiplied by the runtimes' decoded
+matmuls; no float copy is made.
 
 Invariant: :func:`quant_layout` decides from the config files alone, before any tensor is
 read, and refuses every layout, bit width or option it does not load with an
@@ -34,7 +35,8 @@ class QuantLayout:
     Attributes:
         method: ``"gptq"`` or ``"awq"``.
         packing: ``"gptq"`` (v1 zeros), ``"gptq_v2"`` or ``"awq"``; what the native re-lay reads.
-        bits: always 4 today.
+        bits: 4, or 8 for GPTQ (held as Q8_Z: a u8 quant each, an f16 scale and a u16 zero a
+            32-block).
         group_size: -1 (one group per row) or a multiple of 32.
         sym: symmetric zeros (the zeros are stored either way and read as stored).
         desc_act: act-order; loaded only when ``g_idx`` keeps each 32 columns in one group.
@@ -48,18 +50,19 @@ class QuantLayout:
     desc_act: bool
 
     @property
-    def native(self) -> tuple[str, int]:
-        """The ``int4=`` argument of ``_native.SafetensorsModel``."""
-        return (self.packing, self.group_size)
+    def native(self) -> tuple[str, int, int]:
+        """The ``packed=`` argument of ``_native.SafetensorsModel``."""
+        return (self.packing, self.group_size, self.bits)
 
     def describe(self) -> str:
         """One line for ``poot inspect``."""
         group = "per row" if self.group_size == -1 else f"group {self.group_size}"
         zeros = "sym" if self.sym else "asym"
         act = ", act-order" if self.desc_act else ""
+        held = "Q4_Z (4.75 bits/weight)" if self.bits == 4 else "Q8_Z (9 bits/weight)"
         return (
             f"{self.packing} int{self.bits}, {group}, {zeros}{act}; "
-            "linear layers held as Q4_Z (4.75 bits/weight), the rest as stored"
+            f"linear layers held as {held}, the rest as stored"
         )
 
 
@@ -128,8 +131,11 @@ def quant_layout(config: dict[str, Any], directory: Path) -> QuantLayout | None:
         )
     # AutoAWQ's own quant_config spells them w_bit and q_group_size.
     bits = _int(q, "bits", _int(q, "w_bit", 4, source), source)
-    if bits != 4:
-        raise _refuse(source, "bits", f"{method} with {bits}-bit weights is not supported (4 only)")
+    if bits != 4 and not (bits == 8 and method == "gptq"):
+        only = "4 and 8" if method == "gptq" else "4"
+        raise _refuse(
+            source, "bits", f"{method} with {bits}-bit weights is not supported ({only} only)"
+        )
     group_size = _int(q, "group_size", _int(q, "q_group_size", 128, source), source)
     if group_size != -1 and (group_size <= 0 or group_size % 32):
         raise _refuse(

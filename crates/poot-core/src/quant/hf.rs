@@ -1,4 +1,5 @@
-//! Hugging Face int4 layouts (GPTQ, AWQ) re-laid into [`DType::Q4_Z`] rows.
+//! Hugging Face int4 layouts (GPTQ, AWQ) re-laid into [`DType::Q4_Z`] rows, and 8-bit GPTQ
+//! into [`DType::Q8_Z`] rows ([`gptq8_to_q8z`]: the same layout with 4 quants a word).
 //!
 //! GPTQ (AutoGPTQ, GPTQModel, Optimum) packs eight 4-bit quants per little-endian `i32` along
 //! the input dim: `qweight` is `[k / 8, n]`, element `(i, j)` is nibble `i % 8` of word
@@ -245,6 +246,45 @@ pub fn int4_to_q4z(
                     put(i, 8 * c + e, ((w >> (4 * pos)) & 0xF) as u8);
                 }
             }
+        }
+    }
+    Ok(out)
+}
+
+/// Re-lays one 8-bit GPTQ linear weight into `n` rows of Q8_Z blocks: `qweight` is
+/// `[k / 4, n]` (byte `i % 4` of word `[i / 4, j]`), `qzeros` `[groups, n / 4]`, the rest as for
+/// int4. AWQ has no 8-bit layout.
+pub fn gptq8_to_q8z(
+    v1: bool,
+    t: Int4Tensors<'_>,
+    (k, n): (usize, usize),
+    group_size: i64,
+) -> Result<Vec<u8>, HfQuantError> {
+    use crate::quant::layout::q8_z;
+    let groups = groups_for(group_size, k, n)?;
+    check_len("qweight", (k, n), k * n, t.qweight.len())?;
+    check_len("qzeros", (k, n), groups * n, t.qzeros.len())?;
+    check_len("scales", (k, n), groups * n * 2, t.scales.len())?;
+    let bgroup = block_groups(t.g_idx, k, n, groups)?;
+    let row = (k / 32) * q8_z::BYTES;
+    let mut out = vec![0u8; n * row];
+    for j in 0..n {
+        let r = &mut out[j * row..(j + 1) * row];
+        for (b, &g) in bgroup.iter().enumerate() {
+            let blk = &mut r[b * q8_z::BYTES..(b + 1) * q8_z::BYTES];
+            let s = 2 * (g * n + j);
+            blk[q8_z::D.range()].copy_from_slice(&t.scales[s..s + 2]);
+            // The zeros are packed 4 a word along the output dim, in byte order.
+            let z = u16::from(t.qzeros[g * n + j]) + u16::from(v1);
+            blk[q8_z::Z.range()].copy_from_slice(&z.to_le_bytes());
+        }
+    }
+    for (wi, w) in words(t.qweight).enumerate() {
+        let (i0, j) = (wi / n * 4, wi % n);
+        for e in 0..4 {
+            let i = i0 + e;
+            let at = j * row + (i / 32) * q8_z::BYTES + q8_z::QS.offset + i % 32;
+            out[at] = (w >> (8 * e)) as u8;
         }
     }
     Ok(out)

@@ -1,6 +1,6 @@
 //! The GPTQ/AWQ re-lay against the formats' definitions, computed here element by element.
 
-use super::hf::{int4_to_q4z, HfQuantError, Int4Packing, Int4Tensors};
+use super::hf::{gptq8_to_q8z, int4_to_q4z, HfQuantError, Int4Packing, Int4Tensors};
 use crate::{dequantize, DType};
 
 /// A small deterministic generator (xorshift), so the test needs no crate.
@@ -149,4 +149,58 @@ fn bad_geometry_and_g_idx_are_typed_errors() {
         run(Some(&le(&g)), 32),
         Err(HfQuantError::ActOrder { start: 32 })
     ));
+}
+
+#[test]
+fn gptq_8bit_matches_the_definition() {
+    let (k, n, group) = (128usize, 16usize, 64usize);
+    let groups = k / group;
+    let mut rng = Rng(77);
+    let q: Vec<u32> = (0..k * n).map(|_| rng.next() % 256).collect();
+    let z: Vec<u32> = (0..groups * n).map(|_| rng.next() % 256).collect();
+    let s: Vec<u16> = (0..groups * n)
+        .map(|_| 0x2c00 | (rng.next() as u16 & 0x3ff))
+        .collect();
+    for v1 in [false, true] {
+        let mut qw = vec![0u32; k * n / 4];
+        for i in 0..k {
+            for j in 0..n {
+                qw[(i / 4) * n + j] |= q[i * n + j] << (8 * (i % 4));
+            }
+        }
+        let mut qz = vec![0u32; groups * n / 4];
+        for g in 0..groups {
+            for j in 0..n {
+                let stored = if v1 {
+                    z[g * n + j].wrapping_sub(1) & 0xFF
+                } else {
+                    z[g * n + j]
+                };
+                qz[g * n / 4 + j / 4] |= stored << (8 * (j % 4));
+            }
+        }
+        let sb: Vec<u8> = s.iter().flat_map(|h| h.to_le_bytes()).collect();
+        let (qw, qz) = (le(&qw), le(&qz));
+        let t = Int4Tensors {
+            qweight: &qw,
+            qzeros: &qz,
+            scales: &sb,
+            g_idx: None,
+        };
+        let out = gptq8_to_q8z(v1, t, (k, n), group as i64).unwrap();
+        let mut got = vec![0f32; k * n];
+        dequantize(DType::Q8_Z, &out, &mut got).unwrap();
+        for j in 0..n {
+            for i in 0..k {
+                let g = i / group;
+                let mut zz = z[g * n + j] as i32;
+                if v1 && zz == 0 {
+                    zz = 256;
+                }
+                let want = (q[i * n + j] as i32 - zz) as f64
+                    * f64::from(half::f16::from_bits(s[g * n + j]).to_f32());
+                assert_eq!(f64::from(got[j * k + i]), want, "v1={v1} ({j},{i})");
+            }
+        }
+    }
 }
