@@ -65,7 +65,7 @@ fn build_checkpoint_error(
 }
 
 /// A malformed GPTQ/AWQ layer: `CheckpointFormatError` naming the tensor.
-pub fn int4_error(py: Python<'_>, e: poot_runtime::Int4Error) -> PyErr {
+pub fn gptq_awq_error(py: Python<'_>, e: poot_runtime::GptqAwqError) -> PyErr {
     let message = e.to_string();
     poot_error(
         py,

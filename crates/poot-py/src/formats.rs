@@ -321,8 +321,8 @@ impl PySafetensorsFile {
 #[derive(Debug)]
 pub struct PySafetensorsModel {
     inner: Arc<SafetensorsModel>,
-    /// How its int4 layers are packed (GPTQ/AWQ), when the checkpoint's config says so.
-    int4: Option<poot_runtime::Int4Spec>,
+    /// How its GPTQ/AWQ layers are packed, when the checkpoint's config says so.
+    packed: Option<poot_runtime::GptqAwqSpec>,
 }
 
 impl PySafetensorsModel {
@@ -331,30 +331,30 @@ impl PySafetensorsModel {
         Arc::clone(&self.inner)
     }
 
-    /// The int4 packing `Weights` re-lays the layers from, if any.
-    pub(crate) fn int4(&self) -> Option<poot_runtime::Int4Spec> {
-        self.int4
+    /// The GPTQ/AWQ packing `Weights` re-lays the layers from, if any.
+    pub(crate) fn packed(&self) -> Option<poot_runtime::GptqAwqSpec> {
+        self.packed
     }
 }
 
-/// `("gptq" | "gptq_v2" | "awq", group_size, bits)` as an [`poot_runtime::Int4Spec`].
-fn int4_spec(packed: Option<(String, i64, u8)>) -> PyResult<Option<poot_runtime::Int4Spec>> {
-    use poot_core::quant::hf::Int4Packing;
+/// `("gptq" | "gptq_v2" | "awq", group_size, bits)` as an [`poot_runtime::GptqAwqSpec`].
+fn packed_spec(packed: Option<(String, i64, u8)>) -> PyResult<Option<poot_runtime::GptqAwqSpec>> {
+    use poot_core::quant::hf::IntPacking;
     use pyo3::exceptions::PyValueError;
     let Some((packing, group_size, bits)) = packed else {
         return Ok(None);
     };
     let packing = match packing.as_str() {
-        "gptq" => Int4Packing::GptqV1,
-        "gptq_v2" => Int4Packing::GptqV2,
-        "awq" => Int4Packing::Awq,
+        "gptq" => IntPacking::GptqV1,
+        "gptq_v2" => IntPacking::GptqV2,
+        "awq" => IntPacking::Awq,
         other => {
             return Err(PyValueError::new_err(format!(
                 "packing {other:?} is not one of 'gptq', 'gptq_v2', 'awq'"
             )))
         }
     };
-    poot_runtime::Int4Spec::new(packing, group_size, bits)
+    poot_runtime::GptqAwqSpec::new(packing, group_size, bits)
         .map(Some)
         .map_err(PyValueError::new_err)
 }
@@ -366,11 +366,11 @@ impl PySafetensorsModel {
     #[new]
     #[pyo3(signature = (path, *, packed=None))]
     fn py_new(py: Python<'_>, path: PathBuf, packed: Option<(String, i64, u8)>) -> PyResult<Self> {
-        let int4 = int4_spec(packed)?;
+        let packed = packed_spec(packed)?;
         let inner = open_with(py, move || SafetensorsModel::open(path))?;
         Ok(PySafetensorsModel {
             inner: Arc::new(inner),
-            int4,
+            packed,
         })
     }
 

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use poot_graph::WeightCatalog;
-use poot_runtime::{GgufWeights, Int4Weights, SafetensorsWeights, WeightStore};
+use poot_runtime::{GgufWeights, GptqAwqWeights, SafetensorsWeights, WeightStore};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
@@ -44,7 +44,7 @@ impl PyWeights {
 #[pymethods]
 impl PyWeights {
     /// The weights of an opened `GgufFile` or `SafetensorsModel` (no data is read or copied,
-    /// except a GPTQ/AWQ model's int4 layers, re-laid once as Q4_Z: `poot_core::quant::hf`).
+    /// except a GPTQ/AWQ model's layers, re-laid once as Q4_Z/Q8_Z: `poot_core::quant::hf`).
     #[new]
     fn py_new(source: &Bound<'_, PyAny>) -> PyResult<Self> {
         if let Ok(f) = source.downcast::<PyGgufFile>() {
@@ -59,11 +59,11 @@ impl PyWeights {
                 .first()
                 .map(|f| f.path().to_string_lossy().into_owned())
                 .unwrap_or_default();
-            if let Some(spec) = m.get().int4() {
+            if let Some(spec) = m.get().packed() {
                 let py = source.py();
                 let store = py
-                    .allow_threads(move || Int4Weights::new(model, spec))
-                    .map_err(|e| crate::errors::int4_error(py, e))?;
+                    .allow_threads(move || GptqAwqWeights::new(model, spec))
+                    .map_err(|e| crate::errors::gptq_awq_error(py, e))?;
                 return Ok(Self::from_store(store, name));
             }
             return Ok(Self::from_store(SafetensorsWeights::new(model), name));

@@ -10,8 +10,8 @@
 //! - The host receives only the graph's named outputs.
 
 mod error;
+mod gptq_awq;
 mod host;
-mod int4_weights;
 mod late;
 mod poison;
 pub mod sample;
@@ -25,8 +25,8 @@ use poot_core::Deadline;
 use poot_graph::{CompileLimits, Graph};
 
 pub use error::RuntimeError;
+pub use gptq_awq::{GptqAwqError, GptqAwqSpec, GptqAwqWeights};
 pub use host::HostTensor;
-pub use int4_weights::{Int4Error, Int4Spec, Int4Weights};
 pub use late::LateInput;
 pub use poison::Poison;
 pub use weights::{GgufWeights, SafetensorsWeights, WeightStore};

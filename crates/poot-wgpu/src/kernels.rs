@@ -261,6 +261,8 @@ mod tests {
             DType::Q4_1,
             DType::Q4_K,
             DType::Q6_K,
+            DType::Q4_Z,
+            DType::Q8_Z,
         ];
         for k in [
             Kernel::MatMul,

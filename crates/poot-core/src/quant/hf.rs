@@ -30,7 +30,7 @@ use crate::quant::layout::q4_z;
 
 /// Which packing the tensors use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Int4Packing {
+pub enum IntPacking {
     /// GPTQ with the v1 `zero - 1` convention.
     GptqV1,
     /// GPTQModel's `gptq_v2`: zeros stored as they are.
@@ -39,7 +39,7 @@ pub enum Int4Packing {
     Awq,
 }
 
-/// A malformed or unsupported int4 tensor set.
+/// A malformed or unsupported GPTQ/AWQ tensor set.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum HfQuantError {
     /// A tensor's byte length does not match the shape the others imply.
@@ -167,7 +167,7 @@ fn block_groups(
 /// One layer's stored tensors, as little-endian bytes (I32 quants and zeros, F16 scales, I32
 /// `g_idx`); `g_idx` is GPTQ's and must be `None` for AWQ.
 #[derive(Clone, Copy, Debug)]
-pub struct Int4Tensors<'a> {
+pub struct PackedTensors<'a> {
     pub qweight: &'a [u8],
     pub qzeros: &'a [u8],
     pub scales: &'a [u8],
@@ -182,12 +182,12 @@ pub fn q4z_bytes(n: usize, k: usize) -> usize {
 /// Re-lays one int4 linear weight (`k` = in_features, `n` = out_features) into `n` rows of
 /// Q4_Z blocks.
 pub fn int4_to_q4z(
-    packing: Int4Packing,
-    t: Int4Tensors<'_>,
+    packing: IntPacking,
+    t: PackedTensors<'_>,
     (k, n): (usize, usize),
     group_size: i64,
 ) -> Result<Vec<u8>, HfQuantError> {
-    let Int4Tensors {
+    let PackedTensors {
         qweight,
         qzeros,
         scales,
@@ -206,11 +206,11 @@ pub fn int4_to_q4z(
     const AWQ_POS: [u32; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
     let zero = |g: usize, j: usize| -> u8 {
         let (w, pos) = match packing {
-            Int4Packing::Awq => (word_at(qzeros, g * n / 8 + j / 8), AWQ_POS[j % 8]),
+            IntPacking::Awq => (word_at(qzeros, g * n / 8 + j / 8), AWQ_POS[j % 8]),
             _ => (word_at(qzeros, g * n / 8 + j / 8), (j % 8) as u32),
         };
         let z = ((w >> (4 * pos)) & 0xF) as u8;
-        if packing == Int4Packing::GptqV1 {
+        if packing == IntPacking::GptqV1 {
             z + 1
         } else {
             z
@@ -231,7 +231,7 @@ pub fn int4_to_q4z(
         out[at] |= if e < 16 { q } else { q << 4 };
     };
     match packing {
-        Int4Packing::GptqV1 | Int4Packing::GptqV2 => {
+        IntPacking::GptqV1 | IntPacking::GptqV2 => {
             for (wi, w) in words(qweight).enumerate() {
                 let (i0, j) = (wi / n * 8, wi % n);
                 for e in 0..8 {
@@ -239,7 +239,7 @@ pub fn int4_to_q4z(
                 }
             }
         }
-        Int4Packing::Awq => {
+        IntPacking::Awq => {
             for (wi, w) in words(qweight).enumerate() {
                 let (i, c) = (wi / (n / 8), wi % (n / 8));
                 for (e, &pos) in AWQ_POS.iter().enumerate() {
@@ -256,7 +256,7 @@ pub fn int4_to_q4z(
 /// int4. AWQ has no 8-bit layout.
 pub fn gptq8_to_q8z(
     v1: bool,
-    t: Int4Tensors<'_>,
+    t: PackedTensors<'_>,
     (k, n): (usize, usize),
     group_size: i64,
 ) -> Result<Vec<u8>, HfQuantError> {

@@ -1,6 +1,6 @@
 //! The GPTQ/AWQ re-lay against the formats' definitions, computed here element by element.
 
-use super::hf::{gptq8_to_q8z, int4_to_q4z, HfQuantError, Int4Packing, Int4Tensors};
+use super::hf::{gptq8_to_q8z, int4_to_q4z, HfQuantError, IntPacking, PackedTensors};
 use crate::{dequantize, DType};
 
 /// A small deterministic generator (xorshift), so the test needs no crate.
@@ -19,7 +19,7 @@ fn le(words: &[u32]) -> Vec<u8> {
 }
 
 /// Packs `q[i][j]` (k x n quants) and zeros, re-lays, and checks every element.
-fn check(packing: Int4Packing, k: usize, n: usize, group: i64) {
+fn check(packing: IntPacking, k: usize, n: usize, group: i64) {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (k * 31 + n) as u64);
     let groups = if group == -1 { 1 } else { k / group as usize };
     let q: Vec<u32> = (0..k * n).map(|_| rng.next() % 16).collect();
@@ -30,7 +30,7 @@ fn check(packing: Int4Packing, k: usize, n: usize, group: i64) {
         .collect();
     let awq_pos = [0, 4, 1, 5, 2, 6, 3, 7];
     let (qw, qz) = match packing {
-        Int4Packing::Awq => {
+        IntPacking::Awq => {
             let mut qw = vec![0u32; k * n / 8];
             for i in 0..k {
                 for j in 0..n {
@@ -52,7 +52,7 @@ fn check(packing: Int4Packing, k: usize, n: usize, group: i64) {
                     qw[(i / 8) * n + j] |= q[i * n + j] << (4 * (i % 8));
                 }
             }
-            let v1 = packing == Int4Packing::GptqV1;
+            let v1 = packing == IntPacking::GptqV1;
             let mut qz = vec![0u32; groups * n / 8];
             for g in 0..groups {
                 for j in 0..n {
@@ -69,7 +69,7 @@ fn check(packing: Int4Packing, k: usize, n: usize, group: i64) {
     };
     let sb: Vec<u8> = s.iter().flat_map(|h| h.to_le_bytes()).collect();
     let (qw, qz) = (le(&qw), le(&qz));
-    let t = Int4Tensors {
+    let t = PackedTensors {
         qweight: &qw,
         qzeros: &qz,
         scales: &sb,
@@ -82,7 +82,7 @@ fn check(packing: Int4Packing, k: usize, n: usize, group: i64) {
         for i in 0..k {
             let g = i / (k / groups);
             let mut zz = z[g * n + j] as i32;
-            if packing == Int4Packing::GptqV1 && zz == 0 {
+            if packing == IntPacking::GptqV1 && zz == 0 {
                 zz = 16; // v1 stores zero - 1 in 4 bits; a zero of 0 reads back as 16
             }
             let want = (q[i * n + j] as i32 - zz) as f64
@@ -98,7 +98,7 @@ fn check(packing: Int4Packing, k: usize, n: usize, group: i64) {
 
 #[test]
 fn every_packing_and_group_size_matches_the_definition() {
-    for packing in [Int4Packing::GptqV1, Int4Packing::GptqV2, Int4Packing::Awq] {
+    for packing in [IntPacking::GptqV1, IntPacking::GptqV2, IntPacking::Awq] {
         for (k, n, g) in [
             (64, 8, -1),
             (128, 16, 32),
@@ -117,13 +117,13 @@ fn bad_geometry_and_g_idx_are_typed_errors() {
     let qz = vec![0u8; 2 * 8 / 2];
     let sc = vec![0u8; 2 * 8 * 2];
     let run = |g_idx: Option<&[u8]>, group| {
-        let t = Int4Tensors {
+        let t = PackedTensors {
             qweight: &qw,
             qzeros: &qz,
             scales: &sc,
             g_idx,
         };
-        int4_to_q4z(Int4Packing::GptqV2, t, (64, 8), group)
+        int4_to_q4z(IntPacking::GptqV2, t, (64, 8), group)
     };
     assert!(matches!(run(None, 48), Err(HfQuantError::Geometry { .. })));
     assert!(matches!(
@@ -181,7 +181,7 @@ fn gptq_8bit_matches_the_definition() {
         }
         let sb: Vec<u8> = s.iter().flat_map(|h| h.to_le_bytes()).collect();
         let (qw, qz) = (le(&qw), le(&qz));
-        let t = Int4Tensors {
+        let t = PackedTensors {
             qweight: &qw,
             qzeros: &qz,
             scales: &sb,

@@ -3,7 +3,7 @@
 //!
 //! Invariants: the re-lay (`poot_core::quant::hf`) happens once, here, for every layer before
 //! the store exists, so a malformed layer is refused before any plan compiles; the Q4_Z copy is
-//! 4.75 bits a weight (Q8_Z: 9; no float copy is ever made), and the int4 source tensors' mapped pages
+//! 4.75 bits a weight (Q8_Z: 9; no float copy is ever made), and the source tensors' mapped pages
 //! are dropped from the resident set once copied, so the quantized layers count once. The
 //! source tensors (`qweight`, `qzeros`, `scales`, `g_idx`) are hidden; every other tensor
 //! (embeddings, norms, a float `lm_head`) is served as stored, from the map.
@@ -11,17 +11,17 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use poot_core::quant::hf::{gptq8_to_q8z, int4_to_q4z, Int4Packing, Int4Tensors};
+use poot_core::quant::hf::{gptq8_to_q8z, int4_to_q4z, IntPacking, PackedTensors};
 use poot_core::DType;
 use poot_formats::SafetensorsModel;
 use poot_graph::WeightCatalog;
 
 use crate::weights::{SafetensorsWeights, WeightStore};
 
-/// Why an int4 checkpoint could not be laid out; names the tensor and the field at fault.
+/// Why a GPTQ/AWQ checkpoint could not be laid out; names the tensor at fault.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{tensor}: {message}")]
-pub struct Int4Error {
+pub struct GptqAwqError {
     /// The tensor concerned (`...q_proj.scales`, ...).
     pub tensor: String,
     /// `"missing_tensor"`, `"dtype"`, `"shape"` or `"g_idx"`.
@@ -29,26 +29,26 @@ pub struct Int4Error {
     pub message: String,
 }
 
-/// How the checkpoint's int4 layers are packed, from its `quantization_config`.
+/// How the checkpoint's GPTQ/AWQ layers are packed, from its `quantization_config`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Int4Spec {
-    pub packing: Int4Packing,
+pub struct GptqAwqSpec {
+    pub packing: IntPacking,
     /// `-1`: one group per row.
     pub group_size: i64,
     /// 4 (GPTQ, AWQ: Q4_Z) or 8 (GPTQ only: Q8_Z).
     bits: u8,
 }
 
-impl Int4Spec {
+impl GptqAwqSpec {
     /// The spec, or why not: 4 bits for every packing, 8 for GPTQ only.
-    pub fn new(packing: Int4Packing, group_size: i64, bits: u8) -> Result<Self, String> {
+    pub fn new(packing: IntPacking, group_size: i64, bits: u8) -> Result<Self, String> {
         match (bits, packing) {
-            (4, _) | (8, Int4Packing::GptqV1 | Int4Packing::GptqV2) => Ok(Self {
+            (4, _) | (8, IntPacking::GptqV1 | IntPacking::GptqV2) => Ok(Self {
                 packing,
                 group_size,
                 bits,
             }),
-            (8, Int4Packing::Awq) => Err("AWQ has no 8-bit layout".to_owned()),
+            (8, IntPacking::Awq) => Err("AWQ has no 8-bit layout".to_owned()),
             (b, _) => Err(format!("{b}-bit weights are not supported (4 and 8 only)")),
         }
     }
@@ -62,9 +62,9 @@ impl Int4Spec {
 /// One re-laid layer: its Q4_Z or Q8_Z rows, that dtype and `[out, in]`.
 type Relaid = (Vec<u8>, DType, [usize; 2]);
 
-/// Tensors of a safetensors checkpoint with its int4 layers re-laid as Q4_Z.
+/// Tensors of a safetensors checkpoint with its GPTQ/AWQ layers re-laid as Q4_Z or Q8_Z.
 #[derive(Debug, Clone)]
-pub struct Int4Weights {
+pub struct GptqAwqWeights {
     inner: SafetensorsWeights,
     /// `<prefix>.weight` -> (Q4_Z rows, `[out, in]`).
     relaid: Arc<HashMap<String, Relaid>>,
@@ -73,17 +73,17 @@ pub struct Int4Weights {
 
 const PARTS: [&str; 4] = ["qweight", "qzeros", "scales", "g_idx"];
 
-fn err(tensor: &str, kind: &'static str, message: impl Into<String>) -> Int4Error {
-    Int4Error {
+fn err(tensor: &str, kind: &'static str, message: impl Into<String>) -> GptqAwqError {
+    GptqAwqError {
         tensor: tensor.to_owned(),
         kind,
         message: message.into(),
     }
 }
 
-impl Int4Weights {
-    /// Re-lays every `<prefix>.qweight` of `model` under `spec`.
-    pub fn new(model: Arc<SafetensorsModel>, spec: Int4Spec) -> Result<Self, Int4Error> {
+impl GptqAwqWeights {
+    /// Re-lays every `<prefix>.qweight` of `model` under `spec` (int4: Q4_Z, 8-bit: Q8_Z).
+    pub fn new(model: Arc<SafetensorsModel>, spec: GptqAwqSpec) -> Result<Self, GptqAwqError> {
         let mut relaid = HashMap::new();
         let mut hidden = std::collections::HashSet::new();
         let prefixes: Vec<String> = model
@@ -98,7 +98,7 @@ impl Int4Weights {
                         Err(err(
                             &name,
                             "missing_tensor",
-                            "is missing (int4 layers need qweight, qzeros and scales)",
+                            "is missing (GPTQ/AWQ layers need qweight, qzeros and scales)",
                         ))
                     } else {
                         Ok(None)
@@ -120,12 +120,12 @@ impl Int4Weights {
             let (zf, qz) = get("qzeros", DType::I32, true)?.expect("required");
             let (sf, sc) = get("scales", DType::F16, true)?.expect("required");
             let g_idx = match spec.packing {
-                Int4Packing::Awq => None,
+                IntPacking::Awq => None,
                 _ => get("g_idx", DType::I32, false)?,
             };
             let (r, c) = (qw.shape[0] as usize, qw.shape[1] as usize);
             let (k, n) = match (spec.packing, spec.bits) {
-                (Int4Packing::Awq, _) => (r, c * 8),
+                (IntPacking::Awq, _) => (r, c * 8),
                 (_, 8) => (r * 4, c),
                 _ => (r * 8, c),
             };
@@ -143,15 +143,15 @@ impl Int4Weights {
                     ),
                 ));
             }
-            let tensors = Int4Tensors {
+            let tensors = PackedTensors {
                 qweight: qf.tensor_bytes(qw),
                 qzeros: zf.tensor_bytes(qz),
                 scales: sf.tensor_bytes(sc),
                 g_idx: g_idx.map(|(f, t)| f.tensor_bytes(t)),
             };
-            // `Int4Spec::new` allows 8 bits only for GPTQ.
+            // `GptqAwqSpec::new` allows 8 bits only for GPTQ.
             let (out, dtype) = if spec.bits == 8 {
-                let v1 = spec.packing == Int4Packing::GptqV1;
+                let v1 = spec.packing == IntPacking::GptqV1;
                 let q = gptq8_to_q8z(v1, tensors, (k, n), spec.group_size);
                 (q, DType::Q8_Z)
             } else {
@@ -190,7 +190,7 @@ impl Int4Weights {
     }
 }
 
-impl WeightCatalog for Int4Weights {
+impl WeightCatalog for GptqAwqWeights {
     fn describe(&self, name: &str) -> Option<(DType, Vec<usize>)> {
         if let Some((_, dtype, shape)) = self.relaid.get(name) {
             return Some((*dtype, shape.to_vec()));
@@ -202,7 +202,7 @@ impl WeightCatalog for Int4Weights {
     }
 }
 
-impl WeightStore for Int4Weights {
+impl WeightStore for GptqAwqWeights {
     fn bytes(&self, name: &str) -> Option<&[u8]> {
         if let Some((b, _, _)) = self.relaid.get(name) {
             return Some(b);
