@@ -323,6 +323,8 @@ pub struct PySafetensorsModel {
     inner: Arc<SafetensorsModel>,
     /// How its GPTQ/AWQ layers are packed, when the checkpoint's config says so.
     packed: Option<poot_runtime::GptqAwqSpec>,
+    /// The re-laid store, built by the first `Weights` over this model and shared by the rest.
+    relaid: std::sync::OnceLock<Arc<poot_runtime::GptqAwqWeights>>,
 }
 
 impl PySafetensorsModel {
@@ -334,6 +336,11 @@ impl PySafetensorsModel {
     /// The GPTQ/AWQ packing `Weights` re-lays the layers from, if any.
     pub(crate) fn packed(&self) -> Option<poot_runtime::GptqAwqSpec> {
         self.packed
+    }
+
+    /// Where the re-laid store is kept once built (see `Weights`).
+    pub(crate) fn relaid(&self) -> &std::sync::OnceLock<Arc<poot_runtime::GptqAwqWeights>> {
+        &self.relaid
     }
 }
 
@@ -371,6 +378,7 @@ impl PySafetensorsModel {
         Ok(PySafetensorsModel {
             inner: Arc::new(inner),
             packed,
+            relaid: std::sync::OnceLock::new(),
         })
     }
 

@@ -60,11 +60,25 @@ impl PyWeights {
                 .map(|f| f.path().to_string_lossy().into_owned())
                 .unwrap_or_default();
             if let Some(spec) = m.get().packed() {
-                let py = source.py();
-                let store = py
-                    .allow_threads(move || GptqAwqWeights::new(model, spec))
-                    .map_err(|e| crate::errors::gptq_awq_error(py, e))?;
-                return Ok(Self::from_store(store, name));
+                // One re-lay per opened model: the planner and the LLM each build a `Weights`
+                // from the same model, and two Q4_Z copies would double its memory.
+                let cell = m.get().relaid();
+                let store = match cell.get() {
+                    Some(store) => Arc::clone(store),
+                    None => {
+                        let py = source.py();
+                        let store = py
+                            .allow_threads(move || GptqAwqWeights::new(model, spec))
+                            .map_err(|e| crate::errors::gptq_awq_error(py, e))?;
+                        Arc::clone(cell.get_or_init(|| Arc::new(store)))
+                    }
+                };
+                let catalog: Arc<dyn WeightCatalog> = store.clone();
+                return Ok(PyWeights {
+                    store,
+                    catalog,
+                    source: name,
+                });
             }
             return Ok(Self::from_store(SafetensorsWeights::new(model), name));
         }
