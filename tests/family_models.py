@@ -160,6 +160,72 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "eos_token_id": 2,
         "torch_dtype": "float32",
     },
+    # Mixtral's layout (GGUF ``llama`` with experts), scaled down: 4 experts, 2 per token.
+    "mixtral": {
+        "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral",
+        "hidden_size": 256,
+        "intermediate_size": 192,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 128,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "vocab_size": 256,
+        "max_position_embeddings": 1024,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "float32",
+    },
+    # Qwen3-30B-A3B's layout scaled down: per-head q/k norms, 8 experts of width 128, 2 per token.
+    "qwen3moe": {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "hidden_size": 256,
+        "intermediate_size": 384,
+        "moe_intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 128,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "norm_topk_prob": True,
+        "vocab_size": 256,
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "float32",
+    },
+    # OLMoE's layout scaled down: q/k RMS-normed over their full width, weights not
+    # renormalised; 8 experts, 2 per token.
+    "olmoe": {
+        "architectures": ["OlmoeForCausalLM"],
+        "model_type": "olmoe",
+        "hidden_size": 256,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "norm_topk_prob": False,
+        "vocab_size": 256,
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "float32",
+    },
     "mistral": {
         "architectures": ["MistralForCausalLM"],
         "model_type": "mistral",
@@ -188,6 +254,9 @@ GGUF_ARCH = {
     "phi3": "phi3",
     "phi3_long": "phi3",
     "llama31": "llama",
+    "mixtral": "llama",
+    "qwen3moe": "qwen3moe",
+    "olmoe": "olmoe",
     "mistral": "llama",
 }
 
@@ -198,6 +267,16 @@ def head_dim(cfg: dict[str, Any]) -> int:
 
 def is_gemma(family: str) -> bool:
     return family.startswith("gemma")
+
+
+def n_experts(family: str) -> int:
+    cfg = FAMILIES[family]
+    return int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
+
+
+def expert_ff(family: str) -> int:
+    cfg = FAMILIES[family]
+    return int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"])
 
 
 def make_weights(family: str, seed: int = 0) -> dict[str, np.ndarray]:
@@ -224,6 +303,16 @@ def make_weights(family: str, seed: int = 0) -> dict[str, np.ndarray]:
         if family.startswith("phi3"):
             w[p + "self_attn.qkv_proj.weight"] = mat(qw + 2 * kvw, d)
             w[p + "mlp.gate_up_proj.weight"] = mat(2 * f, d)
+        elif n_experts(family):
+            w[p + "self_attn.q_proj.weight"] = mat(qw, d)
+            w[p + "self_attn.k_proj.weight"] = mat(kvw, d)
+            w[p + "self_attn.v_proj.weight"] = mat(kvw, d)
+            fe = expert_ff(family)
+            w[p + "moe.gate.weight"] = mat(n_experts(family), d, scale=1.0)
+            for j in range(n_experts(family)):
+                w[p + f"moe.experts.{j}.gate.weight"] = mat(fe, d)
+                w[p + f"moe.experts.{j}.up.weight"] = mat(fe, d)
+                w[p + f"moe.experts.{j}.down.weight"] = mat(d, fe)
         else:
             w[p + "self_attn.q_proj.weight"] = mat(qw, d)
             w[p + "self_attn.k_proj.weight"] = mat(kvw, d)
@@ -231,11 +320,15 @@ def make_weights(family: str, seed: int = 0) -> dict[str, np.ndarray]:
             w[p + "mlp.gate_proj.weight"] = mat(f, d)
             w[p + "mlp.up_proj.weight"] = mat(f, d)
         w[p + "self_attn.o_proj.weight"] = mat(d, qw)
-        w[p + "mlp.down_proj.weight"] = mat(d, f)
+        if not n_experts(family):
+            w[p + "mlp.down_proj.weight"] = mat(d, f)
         w[p + "post_attention_layernorm.weight"] = norm(d)
-        if family in ("qwen3", "gemma3"):
+        if family in ("qwen3", "gemma3", "qwen3moe"):
             w[p + "self_attn.q_norm.weight"] = norm(hd)
             w[p + "self_attn.k_norm.weight"] = norm(hd)
+        elif family == "olmoe":
+            w[p + "self_attn.q_norm.weight"] = norm(qw)
+            w[p + "self_attn.k_norm.weight"] = norm(kvw)
         if is_gemma(family):
             w[p + "pre_feedforward_layernorm.weight"] = norm(d)
             w[p + "post_feedforward_layernorm.weight"] = norm(d)
@@ -327,8 +420,11 @@ def reference_logits(
             q = a @ w64[p + "self_attn.q_proj.weight"].T
             k = a @ w64[p + "self_attn.k_proj.weight"].T
             v = a @ w64[p + "self_attn.v_proj.weight"].T
+        if family == "olmoe":  # full-width q/k norms, before the heads are split
+            q = _rms(q, w64[p + "self_attn.q_norm.weight"], eps, g)
+            k = _rms(k, w64[p + "self_attn.k_norm.weight"], eps, g)
         q, k, v = q.reshape(t, h, hd), k.reshape(t, hkv, hd), v.reshape(t, hkv, hd)
-        if p + "self_attn.q_norm.weight" in w64:
+        if p + "self_attn.q_norm.weight" in w64 and family != "olmoe":
             q = _rms(q, w64[p + "self_attn.q_norm.weight"], eps, g)
             k = _rms(k, w64[p + "self_attn.k_norm.weight"], eps, g)
         win = layer_window(family, i)
@@ -357,6 +453,9 @@ def reference_logits(
         else:
             x = x + o
             m = _rms(x, w64[p + "post_attention_layernorm.weight"], eps, g)
+        if n_experts(family):
+            x = x + _moe(family, w64, p, m)
+            continue
         if family.startswith("phi3"):
             gate, up = np.split(m @ w64[p + "mlp.gate_up_proj.weight"].T, [f], axis=-1)
         else:
@@ -377,6 +476,27 @@ def reference_logits(
     if cap:
         logits = np.tanh(logits / cap) * cap
     return logits
+
+
+def _moe(family: str, w64: dict[str, np.ndarray], p: str, m: np.ndarray) -> np.ndarray:
+    """transformers' Mixtral / Qwen3-MoE / OLMoE block: softmax router, top-k, weights
+    renormalised unless ``norm_topk_prob`` is false (OLMoE)."""
+    k = FAMILIES[family]["num_experts_per_tok"]
+    logits = m @ w64[p + "moe.gate.weight"].T
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    out = np.zeros_like(m)
+    for t in range(m.shape[0]):
+        top = np.argsort(-probs[t], kind="stable")[:k]
+        wts = probs[t, top]
+        if FAMILIES[family].get("norm_topk_prob", True):
+            wts = wts / wts.sum()
+        for e, wt in zip(top, wts, strict=True):
+            q = f"{p}moe.experts.{e}."
+            g = m[t] @ w64[q + "gate.weight"].T
+            u = m[t] @ w64[q + "up.weight"].T
+            out[t] += wt * ((g / (1.0 + np.exp(-g)) * u) @ w64[q + "down.weight"].T)
+    return out
 
 
 def reference_greedy(
@@ -442,6 +562,23 @@ def gguf_tensors(family: str, w: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     cfg = FAMILIES[family]
     out: dict[str, np.ndarray] = {}
     for name, arr in w.items():
+        if ".moe.experts." in name:
+            continue  # packed below
+        if name.endswith(".moe.gate.weight"):
+            layer = name.split(".")[2]
+            out[f"blk.{layer}.ffn_gate_inp.weight"] = arr
+            for hf, gg in (
+                ("gate", "ffn_gate_exps"),
+                ("up", "ffn_up_exps"),
+                ("down", "ffn_down_exps"),
+            ):
+                out[f"blk.{layer}.{gg}.weight"] = np.stack(
+                    [
+                        w[f"model.layers.{layer}.moe.experts.{j}.{hf}.weight"]
+                        for j in range(n_experts(family))
+                    ]
+                )
+            continue
         if name == "model.embed_tokens.weight":
             gname = "token_embd.weight"
         elif name == "model.norm.weight":
@@ -498,6 +635,11 @@ def write_gguf(path: Path, family: str, w: dict[str, np.ndarray]) -> Path:
         wr.add_uint32(
             f"{arch}.rope.scaling.original_context_length", cfg["original_max_position_embeddings"]
         )
+    if n_experts(family):
+        wr.add_expert_count(n_experts(family))
+        wr.add_expert_used_count(cfg["num_experts_per_tok"])
+        if "moe_intermediate_size" in cfg:
+            wr.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     if "rope_freqs" in cfg:
         wr.add_tensor("rope_freqs.weight", np.asarray(cfg["rope_freqs"], np.float32))
     lr = longrope(family, False) if "rope_freqs" not in cfg else None
@@ -585,17 +727,48 @@ def llama_cpp_logits(path: Path, ids: list[int]) -> np.ndarray | None:
 
 def llama_cpp_greedy(path: Path, prompt: list[int], n: int) -> list[int] | None:
     """llama.cpp's ``n`` greedy ids after ``prompt`` (argmax of its logits), or None."""
+    got = llama_cpp_greedy_margins(path, prompt, n)
+    return None if got is None else got[0]
+
+
+def llama_cpp_greedy_margins(
+    path: Path, prompt: list[int], n: int
+) -> tuple[list[int], list[float], list[float]] | None:
+    """llama.cpp's greedy ids, the gap between its two best logits at each step, and the
+    largest |logit| at each step; or None without llama-cpp-python."""
     llm = _llama(path)
     if llm is None:
         return None
     llm.eval(prompt)
-    out: list[int] = []
+    ids: list[int] = []
+    gaps: list[float] = []
+    tops: list[float] = []
     for _ in range(n):
-        nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-        out.append(nxt)
-        llm.eval([nxt])
+        row = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float64)
+        two = np.sort(row)[-2:]
+        ids.append(int(np.argmax(row)))
+        gaps.append(float(two[1] - two[0]))
+        tops.append(float(np.abs(row).max()))
+        llm.eval([ids[-1]])
     llm.close()
-    return out
+    return ids, gaps, tops
+
+
+def assert_greedy_matches_llama_cpp(got: list[int], path: Path, prompt: list[int]) -> None:
+    """``got`` equals llama.cpp's greedy ids up to the first step whose two best logits are
+    closer than twice the logit bound (a near-tie either engine may break either way; after
+    it the sequences are different texts). Skips without llama-cpp-python."""
+    import pytest
+
+    ref = llama_cpp_greedy_margins(path, prompt, len(got))
+    if ref is None:
+        pytest.skip("llama-cpp-python is not importable (../shared/peers/llama-cpp.sh builds it)")
+    ids, gaps, tops = ref
+    for i, (a, b) in enumerate(zip(got, ids, strict=True)):
+        if a != b:
+            tie = 2 * (LLAMA_CPP_REL * tops[i] + LLAMA_CPP_ABS)
+            assert gaps[i] <= tie, f"step {i}: {a} vs llama.cpp's {b}, gap {gaps[i]:.3g}"
+            return
 
 
 if __name__ == "__main__":

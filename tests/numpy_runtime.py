@@ -292,6 +292,20 @@ class NumpyRuntime:
             elif op == "gelu":
                 c = math.sqrt(2 / math.pi)
                 r = 0.5 * x[0] * (1 + np.tanh(c * (x[0] + 0.044715 * x[0] ** 3)))
+            elif op == "gather_cols":
+                r = np.take_along_axis(x[0], x[1].astype(np.int64), axis=1)
+            elif op == "moe_matmul":
+                a, w, ids = x[0], x[1], x[2].astype(np.int64)
+                if self.ggml:
+                    a = ggml_activations(a, dtypes[args[1]])
+                slots = ids.shape[1]
+                shared = a.shape[0] == ids.shape[0]
+                r = np.stack(
+                    [w[e] @ a[s // slots if shared else s] for s, e in enumerate(ids.reshape(-1))]
+                )
+            elif op == "moe_combine":
+                t, k = x[1].shape
+                r = (x[0].reshape(t, k, -1) * x[1][:, :, None]).sum(axis=1)
             elif op == "softcap":
                 r = np.tanh(x[0] / attrs["cap"]) * attrs["cap"]
             elif op == "softmax":

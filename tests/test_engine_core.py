@@ -180,7 +180,17 @@ def test_the_cpu_runtime_states_its_seam(numerics: str, entry: int) -> None:
     rt = _native.CpuRuntime(1, numerics)  # type: ignore[arg-type]
     assert isinstance(rt, Runtime)
     assert rt.kv_entry_bytes == entry
+    # The planner sizes pools before it builds runtimes: the class says the same.
+    assert _native.CpuRuntime.kv_entry_bytes_for(numerics) == entry
+    assert _native.WgpuRuntime.kv_entry_bytes_for(numerics) == 4
+    assert _native.CudaRuntime.kv_entry_bytes_for(numerics) == 4
     assert all(rt.supports(op) for op in (*LOGIT_OPS, "matmul", "paged_attention"))
+
+
+def test_kv_entry_bytes_for_refuses_unknown_numerics() -> None:
+    for cls in (_native.CpuRuntime, _native.WgpuRuntime, _native.CudaRuntime):
+        with pytest.raises(ValueError, match="numerics"):
+            cls.kv_entry_bytes_for("fast")
 
 
 def test_the_pool_is_sized_by_the_runtime_s_entry_and_the_scheduler_s_blocks(

@@ -25,25 +25,32 @@ extern "C" __global__ void kv_write(const float* __restrict__ k, const float* __
     }
 }
 
+// The first position a token at `pos` reads: `window` > 0 keeps only its last `window`
+// positions (a sliding-window layer), 0 every position.
+__device__ __forceinline__ int poot_first(int pos, int window) {
+    return (window > 0 && pos + 1 > window) ? pos + 1 - window : 0;
+}
+
 // The flat slot of position p under sequence `seq`'s block table.
 __device__ __forceinline__ long long poot_slot(const int* tables, int seq, int max_blocks,
                                                int bs, int p) {
     return (long long)tables[(long long)seq * max_blocks + p / bs] * bs + p % bs;
 }
 
-// scores[(t * H + h) * ctx + p] for p <= positions[t]. Launch: grid (ceil(ctx / 256), t * H).
+// scores[(t * H + h) * ctx + p] for first <= p <= positions[t]; `softcap` > 0 caps each score
+// as tanh(s * (1 / softcap)) * softcap (the CPU's order). Launch: grid (ceil(ctx / 256), t * H).
 extern "C" __global__ void attn_scores(const float* __restrict__ q, const float* __restrict__ kc,
                                        const int* __restrict__ tables,
                                        const int* __restrict__ seqs,
                                        const int* __restrict__ positions,
                                        float* __restrict__ scores, int n_heads, int n_kv_heads,
                                        int head_dim, int bs, int max_blocks, int ctx,
-                                       float scale) {
+                                       float scale, int window, float softcap) {
     int p = blockIdx.x * 256 + threadIdx.x;
     int th = blockIdx.y;
     int t = th / n_heads;
     int h = th % n_heads;
-    if (p > positions[t] || p >= ctx) {
+    if (p > positions[t] || p >= ctx || p < poot_first(positions[t], window)) {
         return;
     }
     int kvh = h / (n_heads / n_kv_heads);
@@ -67,20 +74,25 @@ extern "C" __global__ void attn_scores(const float* __restrict__ q, const float*
         float prod = qh[i] * kr[i];
         dot += prod;
     }
-    scores[(long long)th * ctx + p] = dot * scale;
+    float sc = dot * scale;
+    if (softcap > 0.0f) {
+        sc = tanhf(sc * (1.0f / softcap)) * softcap;
+    }
+    scores[(long long)th * ctx + p] = sc;
 }
 
 // In place: scores -> e_p = expf(s_p - max), and inv[th] = 1 / sum_p e_p (position order).
 // Launch: block (256), grid (t * H).
 extern "C" __global__ void attn_softmax(float* __restrict__ scores, float* __restrict__ inv,
                                         const int* __restrict__ positions, int n_heads,
-                                        int ctx) {
+                                        int ctx, int window) {
     __shared__ float partial[8];
     int th = blockIdx.x;
     int len = positions[th / n_heads] + 1;
+    int lo = poot_first(len - 1, window);
     float* s = scores + (long long)th * ctx;
     float m = -__uint_as_float(0x7F800000u);
-    for (int p = threadIdx.x; p < len; p += 256) {
+    for (int p = lo + threadIdx.x; p < len; p += 256) {
         m = fmaxf(m, s[p]);
     }
     for (int o = 16; o > 0; o >>= 1) {
@@ -94,14 +106,14 @@ extern "C" __global__ void attn_softmax(float* __restrict__ scores, float* __res
     for (int i = 1; i < 8; ++i) {
         m = fmaxf(m, partial[i]);
     }
-    for (int p = threadIdx.x; p < len; p += 256) {
+    for (int p = lo + threadIdx.x; p < len; p += 256) {
         s[p] = expf(s[p] - m);
     }
     __syncthreads();
     // The sum in position order, as the CPU adds it (one thread: len is a context, not more).
     if (threadIdx.x == 0) {
         float sum = 0.0f;
-        for (int p = 0; p < len; ++p) {
+        for (int p = lo; p < len; ++p) {
             sum += s[p];
         }
         inv[th] = 1.0f / sum;
@@ -114,7 +126,7 @@ extern "C" __global__ void attn_out(const float* __restrict__ scores,
                                     const int* __restrict__ tables, const int* __restrict__ seqs,
                                     const int* __restrict__ positions, float* __restrict__ out,
                                     int n_heads, int n_kv_heads, int head_dim, int bs,
-                                    int max_blocks, int ctx) {
+                                    int max_blocks, int ctx, int window) {
     int d = blockIdx.x * 256 + threadIdx.x;
     int th = blockIdx.y;
     if (d >= head_dim) {
@@ -125,7 +137,7 @@ extern "C" __global__ void attn_out(const float* __restrict__ scores,
     int len = positions[t] + 1;
     const float* e = scores + (long long)th * ctx;
     float acc = 0.0f;
-    for (int p = 0; p < len; ++p) {
+    for (int p = poot_first(len - 1, window); p < len; ++p) {
         long long slot = poot_slot(tables, seqs[t], max_blocks, bs, p);
         float prod = e[p] * vc[(slot * n_kv_heads + kvh) * head_dim + d];
         acc += prod;

@@ -29,6 +29,27 @@ extern "C" __global__ void silu_f32(const float* __restrict__ x, float* __restri
     }
 }
 
+// GELU, tanh approximation (ggml's and HF's "gelu_pytorch_tanh"), in the CPU's order:
+// 0.5 * x * (1 + tanh(sqrt(2 / pi) * x * (1 + 0.044715 * x * x))); tanhf within 2 ulp.
+extern "C" __global__ void gelu_f32(const float* __restrict__ x, float* __restrict__ out,
+                                    long long n) {
+    long long i = (long long)blockIdx.x * 256 + threadIdx.x;
+    if (i < n) {
+        float v = x[i];
+        float inner = 0.7978845608028654f * v * (1.0f + 0.044715f * v * v);
+        out[i] = 0.5f * v * (1.0f + tanhf(inner));
+    }
+}
+
+// Soft-capping: tanh(x * (1 / cap)) * cap (Gemma 2's final logits), the CPU's order.
+extern "C" __global__ void softcap_f32(const float* __restrict__ x, float* __restrict__ out,
+                                       long long n, float cap) {
+    long long i = (long long)blockIdx.x * 256 + threadIdx.x;
+    if (i < n) {
+        out[i] = tanhf(x[i] * (1.0f / cap)) * cap;
+    }
+}
+
 // Rotary embedding of x [t, n_heads * head_dim] -> out, with (cos, sin) pairs cs [t, half]
 // computed on the host by the CPU runtime's recipe (so angles are the CPU's bits). Pairs are
 // (2p, 2p + 1) (interleaved) or (p, p + half) (neox); dims past 2 * half are copied.

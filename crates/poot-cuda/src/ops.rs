@@ -196,6 +196,31 @@ pub fn silu(x: u64, out: u64, n: u64) -> Launch {
     }
 }
 
+/// GELU (tanh approximation) of `n` floats.
+pub fn gelu(x: u64, out: u64, n: u64) -> Launch {
+    Launch {
+        kernel: "gelu_f32",
+        grid: [blocks(n, BLOCK), 1, 1],
+        block: [BLOCK, 1, 1],
+        args: vec![Arg::Ptr(x), Arg::Ptr(out), Arg::I64(n as i64)],
+    }
+}
+
+/// `tanh(x / cap) * cap` of `n` floats.
+pub fn softcap(x: u64, out: u64, n: u64, cap: f32) -> Launch {
+    Launch {
+        kernel: "softcap_f32",
+        grid: [blocks(n, BLOCK), 1, 1],
+        block: [BLOCK, 1, 1],
+        args: vec![
+            Arg::Ptr(x),
+            Arg::Ptr(out),
+            Arg::I64(n as i64),
+            Arg::F32(cap),
+        ],
+    }
+}
+
 /// Rotates `x [t, n_heads * head_dim]` into `out` with `cs` = (cos, sin) pairs `[t, half]`.
 #[allow(clippy::too_many_arguments, reason = "the kernel's own signature")]
 pub fn rope(
@@ -296,7 +321,14 @@ pub struct AttnAddrs {
 }
 
 /// The four launches of one paged attention: KV write, scores, softmax, weighted sum.
-pub fn paged_attention(s: &AttnShape, a: &AttnAddrs, scale: f32) -> [Launch; 4] {
+/// `window` > 0 reads only each token's last `window` positions; `softcap` > 0 caps scores.
+pub fn paged_attention(
+    s: &AttnShape,
+    a: &AttnAddrs,
+    scale: f32,
+    window: u32,
+    softcap: f32,
+) -> [Launch; 4] {
     let row = s.n_kv_heads * s.head_dim;
     let rows = s.t * s.n_heads;
     let inv = a.scratch + u64::from(rows) * u64::from(s.ctx()) * 4;
@@ -334,6 +366,8 @@ pub fn paged_attention(s: &AttnShape, a: &AttnAddrs, scale: f32) -> [Launch; 4] 
                 int(s.max_blocks),
                 int(s.ctx()),
                 Arg::F32(scale),
+                int(window),
+                Arg::F32(softcap),
             ],
         },
         Launch {
@@ -346,6 +380,7 @@ pub fn paged_attention(s: &AttnShape, a: &AttnAddrs, scale: f32) -> [Launch; 4] 
                 ptr(a.positions),
                 int(s.n_heads),
                 int(s.ctx()),
+                int(window),
             ],
         },
         Launch {
@@ -366,6 +401,7 @@ pub fn paged_attention(s: &AttnShape, a: &AttnAddrs, scale: f32) -> [Launch; 4] 
                 int(s.block_size),
                 int(s.max_blocks),
                 int(s.ctx()),
+                int(window),
             ],
         },
     ]
@@ -398,6 +434,8 @@ mod tests {
             "add_f32",
             "mul_f32",
             "silu_f32",
+            "gelu_f32",
+            "softcap_f32",
             "rope_f32",
             "embedding",
             "gather_rows",
@@ -409,7 +447,7 @@ mod tests {
         ] {
             assert!(names.contains(&k), "{k} missing from {names:?}");
         }
-        assert_eq!(names.len(), 17, "{names:?}");
+        assert_eq!(names.len(), 19, "{names:?}");
     }
 
     #[test]

@@ -53,6 +53,8 @@ pub fn supports(op: &str) -> bool {
             | "add"
             | "mul"
             | "silu"
+            | "gelu"
+            | "softcap"
             | "rope"
             | "reshape"
             | "gather_rows"
@@ -304,6 +306,18 @@ impl Builder<'_> {
                 let l = ops::silu(xa, out, self.numel(*x) as u64);
                 self.launches.push(Step::Fixed(l));
             }
+            Op::Gelu { x } => {
+                let xa = self.f32_operand("gelu", *x)?;
+                let out = self.out(i);
+                let l = ops::gelu(xa, out, self.numel(*x) as u64);
+                self.launches.push(Step::Fixed(l));
+            }
+            Op::Softcap { x, cap } => {
+                let xa = self.f32_operand("softcap", *x)?;
+                let out = self.out(i);
+                let l = ops::softcap(xa, out, self.numel(*x) as u64, *cap);
+                self.launches.push(Step::Fixed(l));
+            }
             Op::GatherRows { x, rows } => {
                 let d = *g.info(*x).shape.last().unwrap_or(&1);
                 let n_rows = self.numel(*x) / d.max(1);
@@ -375,16 +389,10 @@ impl Builder<'_> {
                 self.loc[i] = Some(Loc::Host(self.samples.len() - 1));
             }
             Op::PagedAttention { q, k, v, meta, cfg } => {
-                if cfg.window != 0 || cfg.softcap != 0.0 {
-                    return Err(invalid(format!(
-                        "paged_attention: no sliding-window or soft-capped CUDA kernel yet \
-                         (window {}, softcap {})",
-                        cfg.window, cfg.softcap
-                    )));
-                }
                 if cfg.n_kv_heads == 0
                     || cfg.n_heads % cfg.n_kv_heads != 0
                     || !cfg.scale.is_finite()
+                    || !(cfg.softcap.is_finite() && cfg.softcap >= 0.0)
                 {
                     return Err(invalid(format!(
                         "paged_attention: {cfg:?} is not a valid head layout"

@@ -225,7 +225,13 @@ pub(crate) fn run(
                 v_cache: pool.v[layer].ptr,
                 scratch: buf.ptr,
             };
-            attention.push(ops::paged_attention(shape, &addrs, a.cfg.scale));
+            attention.push(ops::paged_attention(
+                shape,
+                &addrs,
+                a.cfg.scale,
+                a.cfg.window,
+                a.cfg.softcap,
+            ));
         }
     }
 

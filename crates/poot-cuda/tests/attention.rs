@@ -1,11 +1,12 @@
 //! Paged attention on the CUDA runtime against the CPU runtime's exact attention: chunked
 //! prefill of two sequences in one step, then a decode step reading what the first wrote,
 //! grouped query heads, a head size off the 8-lane dot's multiple (the tail), padding tokens
-//! that write no KV, and typed refusals of bad metadata. On a GPU where one exists, else on
+//! that write no KV, a sliding window and soft-capped scores, and typed refusals of bad
+//! metadata. On a GPU where one exists, else on
 //! the CPU emulation of the driver (the same kernels through the shim).
 //!
 //! Bound: scores and sums take the CPU's operations in its order (NVRTC --fmad=false), so
-//! only `expf` differs (the GPU's and the host libm's against ggml's, each within 2 ulp); the
+//! only `expf` (and `tanhf` for capped scores) differs (each within 2 ulp of the CPU's); the
 //! outputs, convex combinations of V rows, then differ by at most 1e-6 of V's magnitude (1).
 mod common;
 
@@ -26,6 +27,11 @@ const BS: u32 = 4;
 const MAX_BLOCKS: usize = 3;
 
 fn graph(t: usize, seqs: usize) -> Graph {
+    graph_masked(t, seqs, 0, 0.0)
+}
+
+/// `window` > 0: a sliding-window layer; `softcap` > 0: capped scores (Mistral, Gemma).
+fn graph_masked(t: usize, seqs: usize, window: u32, softcap: f32) -> Graph {
     let s: Arc<dyn WeightCatalog> = Arc::new(Store::default());
     let mut tr = Tracer::new(TraceLimits::default(), t, s).unwrap();
     let q = tr
@@ -51,8 +57,8 @@ fn graph(t: usize, seqs: usize) -> Graph {
         n_kv_heads: HKV,
         head_dim: D,
         scale: 1.0 / (D as f32).sqrt(),
-        window: 0,
-        softcap: 0.0,
+        window,
+        softcap,
     };
     let o = tr.paged_attention(q, k, v, meta, cfg).unwrap();
     tr.output("o", o).unwrap();
@@ -110,6 +116,14 @@ fn out(o: &[(String, HostTensor)]) -> Vec<f32> {
 
 #[test]
 fn chunked_prefill_then_decode_matches_the_cpu_runtime() {
+    // Plain; a window of 3 (the prefill's later tokens and both decodes read only their last
+    // three positions); soft-capped scores; both.
+    for (window, softcap) in [(0, 0.0), (3, 0.0), (0, 0.5), (3, 0.5)] {
+        attention_case(window, softcap);
+    }
+}
+
+fn attention_case(window: u32, softcap: f32) {
     let Some(rt) = common::runtime() else { return };
     let cpu = CpuRuntime::new(CpuOptions {
         threads: 1,
@@ -135,7 +149,7 @@ fn chunked_prefill_then_decode_matches_the_cpu_runtime() {
     // Step 2: each decodes one token, reading what step 1 wrote.
     let steps = [toks, vec![(0, 6, true), (1, 3, true)]];
     for toks in &steps {
-        let g = graph(toks.len(), tables.len());
+        let g = graph_masked(toks.len(), tables.len(), window, softcap);
         let inputs = step(&mut rng, toks, &tables);
         let lim = CompileLimits::default();
         let got = out(&rt
@@ -157,7 +171,10 @@ fn chunked_prefill_then_decode_matches_the_cpu_runtime() {
             .zip(&want)
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
-        eprintln!("{} tokens: worst abs diff {worst:e}", toks.len());
+        eprintln!(
+            "{} tokens, window {window}, softcap {softcap}: worst abs diff {worst:e}",
+            toks.len()
+        );
         assert!(worst <= 1e-6, "worst {worst}");
     }
 }

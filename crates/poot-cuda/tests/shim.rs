@@ -189,6 +189,30 @@ fn elementwise_ops_match_the_cpu_runtime() {
             got[i]
         );
     }
+    // GELU and soft-capping: the CPU's operations, tanhf within a few ulp (of the output's
+    // magnitude: 1 + tanh loses the relative bound near -1).
+    let mut got = vec![f32::NAN; n];
+    launch(s, &ops::gelu(addr(&a), out(&mut got), n as u64));
+    for i in 0..n {
+        let want = cpu::act::gelu_tanh_f32(a[i]);
+        assert!(
+            (got[i] - want).abs() <= 8.0 * f32::EPSILON * a[i].abs().max(1.0),
+            "gelu({}) {} vs {want}",
+            a[i],
+            got[i]
+        );
+    }
+    let mut got = vec![f32::NAN; n];
+    launch(s, &ops::softcap(addr(&a), out(&mut got), n as u64, 0.75));
+    for i in 0..n {
+        let want = (a[i] * (1.0 / 0.75f32)).tanh() * 0.75;
+        assert!(
+            (got[i] - want).abs() <= 4.0 * f32::EPSILON,
+            "softcap({}) {} vs {want}",
+            a[i],
+            got[i]
+        );
+    }
 }
 
 /// RoPE with the host's angles: each output is the CPU's two rounded products and one add,

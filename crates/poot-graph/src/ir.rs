@@ -48,6 +48,11 @@ pub enum RopeStyle {
 
 /// Rotary frequency scaling.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "Factors keeps its table inline so RopeConfig (and Op) stay Copy-able and \
+              self-contained; the cost is about 260 bytes per op, counted in artifact_bytes"
+)]
 pub enum RopeScaling {
     None,
     /// Positions divided by `factor`.
@@ -154,6 +159,10 @@ pub struct AdjustInputs {
 
 /// The coarse ops. Operand shapes are checked by the tracer; see `Tracer` for each rule.
 #[derive(Clone, Debug, PartialEq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "Rope's inline factor table (see RopeScaling); a graph holds one Op per equation"
+)]
 pub enum Op {
     /// A runtime input, fed by name at every run.
     Input {
@@ -203,6 +212,27 @@ pub enum Op {
     /// Over the last dim.
     Softmax {
         x: ValueId,
+    },
+    /// Each row's values at its ids: `x` [T, E] f32, `ids` [T, k] i32 -> [T, k] (a router's
+    /// probabilities of its selected experts).
+    GatherCols {
+        x: ValueId,
+        ids: ValueId,
+    },
+    /// Mixture-of-experts matmul: `w` is a stored [E, N, K] (experts packed in place), `ids`
+    /// [T, k] i32 each token's experts; `x` is [T, K] (every slot of token `t` reads row `t`)
+    /// or [T * k, K] (slot `j` of token `t` reads row `t * k + j`) -> [T * k, N], row
+    /// `t * k + j` = `x` row times expert `ids[t, j]`. Only the selected experts' rows are read.
+    MoeMatMul {
+        x: ValueId,
+        w: ValueId,
+        ids: ValueId,
+    },
+    /// `y` [T * k, D] combined by `weights` [T, k] -> [T, D]: row `t` = sum over `j` (in order)
+    /// of `weights[t, j] * y[t * k + j]`.
+    MoeCombine {
+        y: ValueId,
+        weights: ValueId,
     },
     /// Elementwise `cap * tanh(x / cap)` (Gemma 2's final logit soft-capping).
     Softcap {
@@ -291,6 +321,9 @@ impl Op {
             Op::Gelu { .. } => "gelu",
             Op::Softmax { .. } => "softmax",
             Op::Softcap { .. } => "softcap",
+            Op::GatherCols { .. } => "gather_cols",
+            Op::MoeMatMul { .. } => "moe_matmul",
+            Op::MoeCombine { .. } => "moe_combine",
             Op::Rope { .. } => "rope",
             Op::PagedAttention { .. } => "paged_attention",
             Op::Reshape { .. } => "reshape",
@@ -329,6 +362,9 @@ impl Op {
             Op::Reshape { x, .. } | Op::Slice { x, .. } => vec![*x],
             Op::Concat { xs, .. } => xs.clone(),
             Op::GatherRows { x, rows } => vec![*x, *rows],
+            Op::GatherCols { x, ids } => vec![*x, *ids],
+            Op::MoeMatMul { x, w, ids } => vec![*x, *w, *ids],
+            Op::MoeCombine { y, weights } => vec![*y, *weights],
             Op::Sample { logits, params } => vec![
                 *logits,
                 params.temperature,
@@ -394,6 +430,19 @@ impl Op {
             Op::GatherRows { x, rows } => {
                 *x = f(*x);
                 *rows = f(*rows);
+            }
+            Op::GatherCols { x, ids } => {
+                *x = f(*x);
+                *ids = f(*ids);
+            }
+            Op::MoeMatMul { x, w, ids } => {
+                *x = f(*x);
+                *w = f(*w);
+                *ids = f(*ids);
+            }
+            Op::MoeCombine { y, weights } => {
+                *y = f(*y);
+                *weights = f(*weights);
             }
             Op::Sample { logits, params } => {
                 *logits = f(*logits);

@@ -20,6 +20,7 @@ fn catalog() -> Arc<dyn WeightCatalog> {
     m.insert("emb".to_owned(), (DType::Q8_0, vec![512, 64]));
     m.insert("norm".to_owned(), (DType::F32, vec![64]));
     m.insert("wq".to_owned(), (DType::Q4_0, vec![64, 64]));
+    m.insert("exps".to_owned(), (DType::Q8_0, vec![8, 32, 64]));
     Arc::new(Catalog(m))
 }
 
@@ -312,4 +313,28 @@ fn softcap_and_attention_softcap_are_checked() {
             "{softcap}"
         );
     }
+}
+
+#[test]
+fn moe_ops_check_their_shapes() {
+    let mut t = Tracer::new(TraceLimits::default(), 3, catalog()).unwrap();
+    let x = t.input("x", DType::F32, vec![3, 64]).unwrap();
+    let logits = t.input("logits", DType::F32, vec![3, 8]).unwrap();
+    let ids = t.top_k_ids(logits, 2).unwrap();
+    let exps = t.weight("exps").unwrap();
+    let wq = t.weight("wq").unwrap();
+    let g = t.gather_cols(logits, ids).unwrap();
+    assert_eq!(t.info(g).unwrap().shape, vec![3, 2]);
+    let y = t.moe_matmul(x, exps, ids).unwrap();
+    assert_eq!(t.info(y).unwrap().shape, vec![6, 32]);
+    let c = t.moe_combine(y, g).unwrap();
+    assert_eq!(t.info(c).unwrap().shape, vec![3, 32]);
+    // A 2-D weight, a K mismatch, ids of another token count, weights of another k.
+    assert!(t.moe_matmul(x, wq, ids).is_err());
+    let y32 = t.input("y32", DType::F32, vec![3, 32]).unwrap();
+    assert!(t.moe_matmul(y32, exps, ids).is_err());
+    let ids4 = t.input("ids4", DType::I32, vec![4, 2]).unwrap();
+    assert!(t.gather_cols(logits, ids4).is_err());
+    let g3 = t.input("g3", DType::F32, vec![3, 3]).unwrap();
+    assert!(t.moe_combine(y, g3).is_err());
 }

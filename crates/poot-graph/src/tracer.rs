@@ -14,6 +14,7 @@ use crate::error::TraceError;
 use crate::ir::{AttentionConfig, AttentionMeta, Graph, Op, RopeConfig, ValueId, ValueInfo};
 use crate::limits::{Resource, TraceLimits};
 
+mod moe;
 mod sample;
 
 /// Where the tracer looks up stored tensors: dtype and row-major shape by name.

@@ -243,6 +243,18 @@ impl PyCpuRuntime {
         self.inner.supports(op)
     }
 
+    /// Bytes of one KV element in the pool of a CPU runtime under `numerics` (what
+    /// `kv_entry_bytes` says once it exists): for sizing pools before the runtime is built.
+    #[staticmethod]
+    fn kv_entry_bytes_for(numerics: &str) -> PyResult<u32> {
+        let n = poot_cpu::Numerics::from_name(numerics).ok_or_else(|| {
+            pyo3::exceptions::PyValueError::new_err(format!(
+                "numerics must be \"ggml\" or \"exact\", got {numerics:?}"
+            ))
+        })?;
+        Ok(poot_cpu::CpuRuntime::kv_entry_bytes_for(n))
+    }
+
     /// Bytes of one KV cache element in this runtime's pool (2 for f16, 4 for f32).
     #[getter]
     fn kv_entry_bytes(&self) -> u32 {

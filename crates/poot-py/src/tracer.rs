@@ -338,6 +338,31 @@ impl PyTracer {
         self.unary(py, x, Tracer::gelu)
     }
 
+    /// `x` [T, E] at `ids` [T, k] (i32) -> [T, k] (a router's weights of its chosen experts).
+    fn gather_cols(&mut self, py: Python<'_>, x: &PyValue, ids: &PyValue) -> PyResult<PyValue> {
+        let (x, ids) = (self.vid(py, x)?, self.vid(py, ids)?);
+        self.rec(py, |t| t.gather_cols(x, ids))
+    }
+
+    /// `x` [T or T * k, K] through experts `ids` [T, k] of the stored `w` [E, N, K]
+    /// -> [T * k, N]; only the chosen experts' rows are read.
+    fn moe_matmul(
+        &mut self,
+        py: Python<'_>,
+        x: &PyValue,
+        w: &PyValue,
+        ids: &PyValue,
+    ) -> PyResult<PyValue> {
+        let (x, w, ids) = (self.vid(py, x)?, self.vid(py, w)?, self.vid(py, ids)?);
+        self.rec(py, |t| t.moe_matmul(x, w, ids))
+    }
+
+    /// `y` [T * k, D] weighted by `weights` [T, k] and summed per token -> [T, D].
+    fn moe_combine(&mut self, py: Python<'_>, y: &PyValue, weights: &PyValue) -> PyResult<PyValue> {
+        let (y, weights) = (self.vid(py, y)?, self.vid(py, weights)?);
+        self.rec(py, |t| t.moe_combine(y, weights))
+    }
+
     /// `cap * tanh(x / cap)` elementwise (logit soft-capping).
     fn softcap(&mut self, py: Python<'_>, x: &PyValue, cap: f32) -> PyResult<PyValue> {
         let x = self.vid(py, x)?;

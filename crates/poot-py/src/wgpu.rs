@@ -140,6 +140,19 @@ impl PyWgpuRuntime {
         self.dyn_rt().supports(op)
     }
 
+    /// Bytes of one KV element in the pool of this backend's runtime under `numerics` (what
+    /// `kv_entry_bytes` says once it exists; f32 under either): for sizing pools before the
+    /// runtime is built.
+    #[staticmethod]
+    fn kv_entry_bytes_for(numerics: &str) -> PyResult<u32> {
+        match numerics {
+            "exact" | "ggml" => Ok(poot_runtime::DEFAULT_KV_ENTRY_BYTES),
+            other => Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "numerics must be \"exact\" or \"ggml\", got {other:?}"
+            ))),
+        }
+    }
+
     /// Bytes of one KV cache element in this runtime's pool.
     #[getter]
     fn kv_entry_bytes(&self) -> u32 {

@@ -85,6 +85,9 @@ pub enum Health {
     Poisoned { reason: String },
 }
 
+/// The KV element of a runtime that does not say otherwise ([`Runtime::kv_entry_bytes`]): f32.
+pub const DEFAULT_KV_ENTRY_BYTES: u32 = 4;
+
 /// A device backend over whole graphs.
 pub trait Runtime: Send + Sync {
     fn name(&self) -> &'static str;
@@ -95,7 +98,7 @@ pub trait Runtime: Send + Sync {
     /// Bytes of one KV cache entry (one element of K or V) in this runtime's pool: what the
     /// driver sizes the pool by. f32 unless a backend says otherwise.
     fn kv_entry_bytes(&self) -> u32 {
-        4
+        DEFAULT_KV_ENTRY_BYTES
     }
     /// Compiles a traced graph against a checkpoint's weights, under `limits`.
     fn compile(

@@ -20,10 +20,14 @@ pub(crate) enum Kernel {
     MatMul,
     /// F16 weights with f16 products (adapters with `shader-f16`, opted in).
     MatMulF16,
-    /// Integer block dots against Q8 activations (ggml numerics, Q4_0/Q4_1/Q8_0 weights).
+    /// Integer block dots against Q8 activations (ggml numerics, Q4_0/Q4_1/Q5_0/Q8_0 weights).
     MatMulQ8,
     /// Activation rows to Q8_0/Q8_1 blocks (ggml numerics).
     QuantQ8,
+    /// Integer super-block dots against Q8_K activations (ggml numerics, Q4_K/Q6_K weights).
+    MatMulQ8K,
+    /// Activation rows to Q8_K blocks (ggml numerics).
+    QuantQ8K,
     Embedding,
     Dequant,
     RmsNorm,
@@ -47,6 +51,8 @@ impl Kernel {
             Kernel::MatMulF16 => "matmul_f16",
             Kernel::MatMulQ8 => "matmul_q8",
             Kernel::QuantQ8 => "quant_q8",
+            Kernel::MatMulQ8K => "matmul_q8k",
+            Kernel::QuantQ8K => "quant_q8k",
             Kernel::Embedding => "embedding",
             Kernel::Dequant => "dequant",
             Kernel::RmsNorm => "rms_norm",
@@ -69,6 +75,8 @@ impl Kernel {
             Kernel::MatMulF16 => include_str!("../../../shaders/wgsl/matmul_f16.wgsl"),
             Kernel::MatMulQ8 => include_str!("../../../shaders/wgsl/matmul_q8.wgsl"),
             Kernel::QuantQ8 => include_str!("../../../shaders/wgsl/quant_q8.wgsl"),
+            Kernel::MatMulQ8K => include_str!("../../../shaders/wgsl/matmul_q8k.wgsl"),
+            Kernel::QuantQ8K => include_str!("../../../shaders/wgsl/quant_q8k.wgsl"),
             Kernel::Embedding => include_str!("../../../shaders/wgsl/embedding.wgsl"),
             Kernel::Dequant => include_str!("../../../shaders/wgsl/dequant.wgsl"),
             Kernel::RmsNorm => include_str!("../../../shaders/wgsl/rms_norm.wgsl"),
@@ -89,7 +97,11 @@ impl Kernel {
     pub fn reads_weights(self) -> bool {
         matches!(
             self,
-            Kernel::MatMul | Kernel::MatMulQ8 | Kernel::Embedding | Kernel::Dequant
+            Kernel::MatMul
+                | Kernel::MatMulQ8
+                | Kernel::MatMulQ8K
+                | Kernel::Embedding
+                | Kernel::Dequant
         )
     }
 }
@@ -105,8 +117,14 @@ pub(crate) fn decoder(dtype: DType) -> Option<&'static str> {
         DType::Q8_0 => include_str!("../../../shaders/wgsl/dec_q8_0.wgsl"),
         DType::Q4_0 => include_str!("../../../shaders/wgsl/dec_q4_0.wgsl"),
         DType::Q4_1 => include_str!("../../../shaders/wgsl/dec_q4_1.wgsl"),
+        DType::Q5_0 => include_str!("../../../shaders/wgsl/dec_q5_0.wgsl"),
+        DType::Q5_1 => include_str!("../../../shaders/wgsl/dec_q5_1.wgsl"),
+        DType::Q2_K => include_str!("../../../shaders/wgsl/dec_q2_k.wgsl"),
+        DType::Q3_K => include_str!("../../../shaders/wgsl/dec_q3_k.wgsl"),
         DType::Q4_K => include_str!("../../../shaders/wgsl/dec_q4_k.wgsl"),
+        DType::Q5_K => include_str!("../../../shaders/wgsl/dec_q5_k.wgsl"),
         DType::Q6_K => include_str!("../../../shaders/wgsl/dec_q6_k.wgsl"),
+        DType::Q8_K => include_str!("../../../shaders/wgsl/dec_q8_k.wgsl"),
         DType::Q4_Z => include_str!("../../../shaders/wgsl/dec_q4_z.wgsl"),
         DType::Q8_Z => include_str!("../../../shaders/wgsl/dec_q8_z.wgsl"),
         _ => return None,
@@ -115,11 +133,25 @@ pub(crate) fn decoder(dtype: DType) -> Option<&'static str> {
 
 /// The integer decoder of a stored dtype for `matmul_q8.wgsl` (`qdecode32`: the block's quants
 /// as `i32` and its `(d, m)`), or `None` when ggml numerics has no integer dot for it here.
+/// These are the dtypes whose ggml `vec_dot_type` is Q8_0/Q8_1 and that the CPU runtime's ggml
+/// numerics dots in integers too (Q5_1 keeps the exact matmul there, so it does here).
 pub(crate) fn qdecoder(dtype: DType) -> Option<&'static str> {
     Some(match dtype {
         DType::Q8_0 => include_str!("../../../shaders/wgsl/qdec_q8_0.wgsl"),
         DType::Q4_0 => include_str!("../../../shaders/wgsl/qdec_q4_0.wgsl"),
         DType::Q4_1 => include_str!("../../../shaders/wgsl/qdec_q4_1.wgsl"),
+        DType::Q5_0 => include_str!("../../../shaders/wgsl/qdec_q5_0.wgsl"),
+        _ => return None,
+    })
+}
+
+/// The super-block integer dot of a stored dtype for `matmul_q8k.wgsl` (`kdot`: a super-block's
+/// exact `(sumi, summ)` against a Q8_K block; `kscales`: its `(d, dmin)`; `KBYTES`), or `None`
+/// when ggml numerics has no Q8_K dot for it (the CPU runtime's `qdot_k.rs` has Q4_K and Q6_K).
+pub(crate) fn kdecoder(dtype: DType) -> Option<&'static str> {
+    Some(match dtype {
+        DType::Q4_K => include_str!("../../../shaders/wgsl/kdot_q4_k.wgsl"),
+        DType::Q6_K => include_str!("../../../shaders/wgsl/kdot_q6_k.wgsl"),
         _ => return None,
     })
 }
@@ -129,10 +161,10 @@ pub(crate) fn source(kernel: Kernel, dtype: DType) -> Result<String, CompileErro
     if !kernel.reads_weights() {
         return Ok(kernel.source().to_owned());
     }
-    let dec = if kernel == Kernel::MatMulQ8 {
-        qdecoder(dtype)
-    } else {
-        decoder(dtype)
+    let dec = match kernel {
+        Kernel::MatMulQ8 => qdecoder(dtype),
+        Kernel::MatMulQ8K => kdecoder(dtype),
+        _ => decoder(dtype),
     };
     let dec = dec.ok_or_else(|| {
         CompileError::Invalid(format!(
@@ -259,8 +291,14 @@ mod tests {
             DType::Q8_0,
             DType::Q4_0,
             DType::Q4_1,
+            DType::Q5_0,
+            DType::Q5_1,
+            DType::Q2_K,
+            DType::Q3_K,
             DType::Q4_K,
+            DType::Q5_K,
             DType::Q6_K,
+            DType::Q8_K,
             DType::Q4_Z,
             DType::Q8_Z,
         ];
@@ -269,6 +307,7 @@ mod tests {
             Kernel::Attention,
             Kernel::AttentionGgml,
             Kernel::QuantQ8,
+            Kernel::QuantQ8K,
             Kernel::Argmax,
             Kernel::Rope,
         ] {
@@ -282,11 +321,20 @@ mod tests {
     #[test]
     fn the_q8_matmul_fits_for_its_dtypes_only() {
         let limits = CompileLimits::default();
-        for dt in [DType::Q8_0, DType::Q4_0, DType::Q4_1] {
+        for dt in [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0] {
             let src = source(Kernel::MatMulQ8, dt).unwrap();
             check_body("matmul_q8", &src, &limits).unwrap();
         }
-        assert!(source(Kernel::MatMulQ8, DType::Q4_K).is_err());
+        for dt in [DType::Q5_1, DType::Q4_K] {
+            assert!(source(Kernel::MatMulQ8, dt).is_err(), "{dt}");
+        }
+        for dt in [DType::Q4_K, DType::Q6_K] {
+            let src = source(Kernel::MatMulQ8K, dt).unwrap();
+            check_body("matmul_q8k", &src, &limits).unwrap();
+        }
+        for dt in [DType::Q5_K, DType::Q8_0] {
+            assert!(source(Kernel::MatMulQ8K, dt).is_err(), "{dt}");
+        }
     }
 
     #[test]
@@ -305,7 +353,11 @@ mod tests {
 
     #[test]
     fn unknown_dtypes_have_no_decoder() {
-        assert!(decoder(DType::Q5_0).is_none());
-        assert!(source(Kernel::MatMul, DType::Q5_0).is_err());
+        // Q8_1 is an activation format only (ggml has no dequantizer for it); I8 is no GGUF
+        // weight dtype the CPU decodes either.
+        for dt in [DType::Q8_1, DType::I8] {
+            assert!(decoder(dt).is_none(), "{dt}");
+            assert!(source(Kernel::MatMul, dt).is_err(), "{dt}");
+        }
     }
 }

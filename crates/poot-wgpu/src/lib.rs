@@ -1,8 +1,9 @@
 //! poot-wgpu: the wgpu runtime, `poot_runtime::Runtime` over WGSL kernels (`shaders/wgsl`).
 //!
 //! Invariants:
-//! - Weights reach the device as stored (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, F16, BF16, F32 bytes)
-//!   and are decoded inside the kernels; a weight larger than one storage binding (lavapipe:
+//! - Weights reach the device as stored (every dtype the CPU runtime decodes: Q4_0, Q4_1,
+//!   Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, F16, BF16, F32 bytes) and are decoded
+//!   inside the kernels; a weight larger than one storage binding (lavapipe:
 //!   128 MiB) is split by whole rows across bindings (`weights`).
 //! - Every device wait is bounded: by the caller's `Deadline` and by
 //!   [`WgpuOptions::timeout`] (600 s by default), whichever comes first. A wait that times out
@@ -14,8 +15,9 @@
 //!   [`WgpuOptions::f16_arithmetic`] takes F16-weight products in f16 where the adapter offers
 //!   `shader-f16`, under a looser stated bound.
 //! - [`WgpuOptions::ggml`] follows llama.cpp's CPU arithmetic instead (the CPU runtime's
-//!   `Numerics::Ggml`): Q4_0/Q4_1/Q8_0 matmuls quantize activations to Q8 blocks and do integer
-//!   block dots in ggml's order (`matmul_q8.wgsl`), the KV pool holds f16-rounded values (still
+//!   `Numerics::Ggml`): Q4_0/Q4_1/Q5_0/Q8_0 matmuls quantize activations to Q8 blocks and do integer
+//!   block dots in ggml's order (`matmul_q8.wgsl`), Q4_K/Q6_K matmuls take Q8_K activations and
+//!   exact super-block integer dots in the CPU runtime's order (`matmul_q8k.wgsl`), the KV pool holds f16-rounded values (still
 //!   f32 storage), and attention rounds q and its softmax weights to f16
 //!   (`attention_ggml.wgsl`), and SiLU uses ggml's vector `expf`. RoPE and norms keep the exact
 //!   kernels and shader compilers may unfuse or reorder float steps, so results are a few ulps
@@ -157,6 +159,12 @@ impl WgpuRuntime {
     /// dtype with an integer decoder, whole 32-blocks).
     pub(crate) fn q8_matmul(&self, dtype: DType, k: usize) -> bool {
         self.options.ggml && k.is_multiple_of(32) && kernels::qdecoder(dtype).is_some()
+    }
+
+    /// Whether a `[t, k]` by `dtype` matmul takes the Q8_K integer path here (ggml numerics,
+    /// Q4_K/Q6_K, whole 256-value super-blocks), as the CPU runtime's ggml numerics does.
+    pub(crate) fn q8k_matmul(&self, dtype: DType, k: usize) -> bool {
+        self.options.ggml && k.is_multiple_of(256) && kernels::kdecoder(dtype).is_some()
     }
 
     /// Bytes one storage binding may hold here.

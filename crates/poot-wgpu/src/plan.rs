@@ -63,7 +63,17 @@ impl CompiledPlan for WgpuPlan {
 /// Ops with a WGSL kernel: every op of the IR except the sampling step's logit ops, whose
 /// steps the engine samples on the host (see `sample.rs`).
 pub(crate) fn supports(op: &str) -> bool {
-    !matches!(op, "adjust_logits" | "mask_logits" | "top_k" | "logprobs")
+    // The mixture-of-experts ops have no WGSL kernels yet.
+    !matches!(
+        op,
+        "adjust_logits"
+            | "mask_logits"
+            | "top_k"
+            | "logprobs"
+            | "gather_cols"
+            | "moe_matmul"
+            | "moe_combine"
+    )
 }
 
 fn invalid(detail: String) -> RuntimeError {
@@ -87,6 +97,8 @@ fn kernels_of(rt: &WgpuRuntime, graph: &Graph, op: &Op) -> Vec<(Kernel, DType)> 
             let k = graph.info(*w).shape.get(1).copied().unwrap_or(0);
             if rt.q8_matmul(wdt(*w), k) {
                 vec![(Kernel::QuantQ8, DType::F32), (Kernel::MatMulQ8, wdt(*w))]
+            } else if rt.q8k_matmul(wdt(*w), k) {
+                vec![(Kernel::QuantQ8K, DType::F32), (Kernel::MatMulQ8K, wdt(*w))]
             } else {
                 vec![(rt.matmul_kernel(wdt(*w)), wdt(*w))]
             }
@@ -112,9 +124,13 @@ fn kernels_of(rt: &WgpuRuntime, graph: &Graph, op: &Op) -> Vec<(Kernel, DType)> 
         Op::GatherRows { .. } => vec![(Kernel::Gather, DType::F32)],
         Op::Sample { .. } => vec![(Kernel::Argmax, DType::F32)],
         Op::Input { .. } | Op::Weight { .. } | Op::Literal { .. } | Op::Reshape { .. } => vec![],
-        Op::AdjustLogits { .. } | Op::MaskLogits { .. } | Op::TopK { .. } | Op::Logprobs { .. } => {
-            vec![]
-        }
+        Op::AdjustLogits { .. }
+        | Op::MaskLogits { .. }
+        | Op::TopK { .. }
+        | Op::Logprobs { .. }
+        | Op::GatherCols { .. }
+        | Op::MoeMatMul { .. }
+        | Op::MoeCombine { .. } => vec![],
     }
 }
 

@@ -23,15 +23,22 @@ use poot_graph::{
 use poot_runtime::{KvCacheConfig, Runtime};
 use poot_wgpu::WgpuOptions;
 
-const WEIGHT_DTYPES: [DType; 8] = [
+/// Every stored dtype the CPU runtime decodes (`poot_cpu`'s packed kinds).
+const WEIGHT_DTYPES: [DType; 14] = [
     DType::F32,
     DType::F16,
     DType::BF16,
     DType::Q8_0,
     DType::Q4_0,
     DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q2_K,
+    DType::Q3_K,
     DType::Q4_K,
+    DType::Q5_K,
     DType::Q6_K,
+    DType::Q8_K,
 ];
 
 #[test]
@@ -101,7 +108,14 @@ fn weights_larger_than_a_binding_are_split_by_rows() {
     assert_eq!(rt.max_binding_bytes(), 4096);
     let mut rng = Rng(9);
     let (k, n, t) = (256, 67, 3);
-    for dt in [DType::F32, DType::Q4_0, DType::Q6_K] {
+    // Blocks of 22 and 110 bytes: parts start on row boundaries that are not 4-aligned.
+    for dt in [
+        DType::F32,
+        DType::Q4_0,
+        DType::Q5_0,
+        DType::Q3_K,
+        DType::Q6_K,
+    ] {
         let mut s = Store::default();
         s.add("w", dt, vec![n, k], packed(dt, n, k, &mut rng));
         let x = f32s(vec![t, k], rng.vec(t * k));

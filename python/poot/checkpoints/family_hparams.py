@@ -93,6 +93,14 @@ def family_fields_gguf(
         # Mistral 7B v0.1 and the like: every layer windowed. (Qwen2/3 configs state a window
         # they do not use, use_sliding_window false, so a GGUF's key is not trusted for them.)
         out["layer_windows"] = (window,) * n_layers
+    experts = meta.get(p + "expert_count")
+    if isinstance(experts, int) and experts > 0:
+        used = meta.get(p + "expert_used_count")
+        if not isinstance(used, int) or not 0 < used <= experts:
+            raise bad_hparams(source, p + "expert_used_count", f"must be in 1..={experts}")
+        ff = meta.get(p + "expert_feed_forward_length", meta.get(p + "feed_forward_length"))
+        out["n_experts"], out["n_experts_used"] = experts, used
+        out["expert_ff"] = int(ff) if isinstance(ff, int) else 0
     # phi3: llama.cpp disables Phi-3's window (ggml-org/llama.cpp#13676); a GGUF is run as
     # llama.cpp runs it, so the window is not read here.
     return out

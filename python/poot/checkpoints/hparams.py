@@ -71,6 +71,9 @@ class ModelHParams:
             ``head_dim ** -0.5`` (Gemma), or None.
         rope_local_theta: RoPE base of the windowed layers when it differs (Gemma 3), or None.
         embedding_scale: the embedding is multiplied by ``sqrt(hidden_size)`` (Gemma).
+        n_experts: experts per mixture-of-experts layer (0: a dense model).
+        n_experts_used: experts each token is routed to.
+        expert_ff: one expert's FFN width (``intermediate_size`` when not stated apart).
     """
 
     architecture: str
@@ -95,6 +98,9 @@ class ModelHParams:
     query_pre_attn_scalar: float | None = None
     rope_local_theta: float | None = None
     embedding_scale: bool = False
+    n_experts: int = 0
+    n_experts_used: int = 0
+    expert_ff: int = 0
 
     def window(self, layer: int) -> int:
         """Layer ``layer``'s sliding window, ``0`` for global attention."""

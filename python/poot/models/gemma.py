@@ -51,7 +51,9 @@ class GemmaModel(LlamaModel):
 
     norm_plus_one: bool = False
     # Constants of the trace being recorded (a Value belongs to one tracer): width -> row.
-    _consts: dict[tuple[int, str], Value] = field(default_factory=dict, compare=False, repr=False)
+    _consts: dict[tuple[int, int, str], Value] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @classmethod
     def from_files(cls, files: ModelFiles) -> GemmaModel:
@@ -62,7 +64,8 @@ class GemmaModel(LlamaModel):
         return cls(h, names, "neox", rope_scaling_spec(h, str(files.path)), norm_plus_one=not gguf)
 
     def _const(self, t: Tracer, width: int, value: float, tag: str) -> Value:
-        key = (width, tag)
+        # Keyed by the tracer too: traces of one definition may be recorded concurrently.
+        key = (id(t), width, tag)
         v = self._consts.get(key)
         if v is None:
             v = t.literal([value] * width, [width])
@@ -70,11 +73,11 @@ class GemmaModel(LlamaModel):
         return v
 
     def trace_units(self, t: Tracer, shape: Any, start: int, end: int, kv_base: int = 0) -> None:
-        self._consts.clear()
         try:
             super().trace_units(t, shape, start, end, kv_base)
         finally:
-            self._consts.clear()
+            for key in [k for k in self._consts if k[0] == id(t)]:
+                self._consts.pop(key, None)
 
     def _weight_norm(self, t: Tracer, name: str, width: int) -> Value:
         w = t.weight(name)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from poot.errors import UnsupportedArchitectureError
 from poot.models.gemma import GemmaModel
 from poot.models.llama import LlamaModel
+from poot.models.moe import MixtralModel, OlmoeModel, Qwen3MoeModel
 from poot.models.phi3 import Phi3Model
 from poot.models.qwen3 import Qwen3Model
 
@@ -37,7 +38,12 @@ GGUF_ARCHITECTURES: dict[str, type[LlamaModel]] = {
     "gemma2": GemmaModel,
     "gemma3": GemmaModel,
     "phi3": Phi3Model,
+    "qwen3moe": Qwen3MoeModel,
+    "olmoe": OlmoeModel,
 }
+
+# GGUF architectures whose files with ``{arch}.expert_count`` are mixture-of-experts models.
+GGUF_MOE: dict[str, type[LlamaModel]] = {"llama": MixtralModel, "mistral": MixtralModel}
 
 # HF config.json architectures[0] (or model_type) -> definition.
 HF_ARCHITECTURES: dict[str, type[LlamaModel]] = {
@@ -76,15 +82,26 @@ FAMILIES: dict[type[LlamaModel], str] = {
     Qwen3Model: "qwen3",
     GemmaModel: "gemma",
     Phi3Model: "phi3",
+    MixtralModel: "mixtral",
+    Qwen3MoeModel: "qwen3moe",
+    OlmoeModel: "olmoe",
 }
 
 
 def family_of(files: ModelFiles) -> str | None:
     """The model family poot runs the checkpoint as (e.g. ``"llama"``, ``"gemma"``), or None
     when its architecture has no definition."""
-    table = GGUF_ARCHITECTURES if files.kind == "gguf" else HF_ARCHITECTURES
-    cls = table.get(architecture_of(files))
+    cls = _definition_class(files)
     return FAMILIES[cls] if cls is not None else None
+
+
+def _definition_class(files: ModelFiles) -> type[LlamaModel] | None:
+    arch = architecture_of(files)
+    if files.kind == "gguf":
+        if arch in GGUF_MOE and files.hparams.n_experts > 0:
+            return GGUF_MOE[arch]
+        return GGUF_ARCHITECTURES.get(arch)
+    return HF_ARCHITECTURES.get(arch)
 
 
 def model_definition(files: ModelFiles) -> LlamaModel:
@@ -95,7 +112,7 @@ def model_definition(files: ModelFiles) -> LlamaModel:
     """
     arch = architecture_of(files)
     table = GGUF_ARCHITECTURES if files.kind == "gguf" else HF_ARCHITECTURES
-    cls = table.get(arch)
+    cls = _definition_class(files)
     if cls is None:
         supported = tuple(sorted(k for k in table if k[:1].isupper() or files.kind == "gguf"))
         where = "general.architecture" if files.kind == "gguf" else "config.json architectures"

@@ -25,7 +25,16 @@ from typing import Any
 
 import numpy.typing as npt
 
-from poot._native import CompileLimits, CpuRuntime, Graph, LateInput, Plan, Weights, WgpuRuntime
+from poot._native import (
+    CompileLimits,
+    CpuRuntime,
+    CudaRuntime,
+    Graph,
+    LateInput,
+    Plan,
+    Weights,
+    WgpuRuntime,
+)
 from poot.checkpoints import ModelFiles
 from poot.errors import BackendNotCompiledError, PlannerError
 from poot.models.step import StepShape
@@ -218,9 +227,13 @@ def plan_runner(
     base = _Base(runner, files, backend, numerics)
     old = runner
     # The KV pool every device holds (for its own layers) is the runner's: its blocks, with
-    # each device kind's KV element (the base runtime says its own).
+    # each device kind's KV element, as each runtime kind states it (the base runtime's own).
     positions = old.pool_blocks * old.block_size
-    entries = {"cpu": 2 if numerics == "ggml" else 4, "wgpu": 4}
+    entries = {
+        "cpu": CpuRuntime.kv_entry_bytes_for(numerics),
+        "wgpu": WgpuRuntime.kv_entry_bytes_for(numerics),
+        "cuda": CudaRuntime.kv_entry_bytes_for(numerics),
+    }
     entries[backend] = int(old.runtime.kv_entry_bytes)
     compiled = compile(
         files, config, definition=old.definition, weights=old.weights,

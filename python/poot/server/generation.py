@@ -103,7 +103,11 @@ async def run_job(
             try:
                 if left <= 0:
                     raise TimeoutError
-                index, item = await asyncio.wait_for(sink.get(), left)
+                # Not asyncio.wait_for: up to Python 3.11 it can swallow this task's cancellation
+                # (a disconnect) when the item arrives in the same loop turn, and the stream then
+                # runs on to its end for a client that is gone, holding its row.
+                async with asyncio.timeout(left):
+                    index, item = await sink.get()
             except TimeoutError:
                 raise APIError(
                     504,

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from poot.errors import TokenizerError
 from poot.tokenizer.base import Backend, Tokenizer
 from poot.tokenizer.gguf_bpe import BpeBackend, bpe_model
+from poot.tokenizer.gguf_gemma4 import Gemma4Backend
 from poot.tokenizer.gguf_spm import SpmBackend, SpmTable
 from poot.tokenizer.gguf_vocab import read_gguf_vocab, tokenizer_model
 from poot.tokenizer.hf import HfBackend, chat_templates_from_dir, special_token_strings
@@ -132,6 +133,10 @@ def tokenizer_from_gguf_metadata(
                 keys=list(metadata),
             )
             backend = BpeBackend(vocab, bpe, pre)
+        elif model == "gemma4":
+            bpe = bpe_model(metadata, ignore_merges=False)
+            vocab = read_gguf_vocab(get, bpe, keys=list(metadata))
+            backend = Gemma4Backend(vocab, bpe)
         else:
             spm = SpmTable.from_metadata(get)
             vocab = read_gguf_vocab(get, spm, keys=list(metadata))

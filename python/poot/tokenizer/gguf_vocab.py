@@ -184,7 +184,7 @@ class GgufVocab:
     defaults applied; the token texts themselves stay in the backend's ``TokenTable``.
 
     Attributes:
-        model: ``tokenizer.ggml.model`` (``"llama"`` or ``"gpt2"``).
+        model: ``tokenizer.ggml.model`` (``"llama"``, ``"gpt2"`` or ``"gemma4"``).
         pre: ``tokenizer.ggml.pre`` (``"default"`` when absent).
         n_tokens: the number of token ids.
         attrs: ``ATTR`` bits by id (2 bytes each).
@@ -221,10 +221,10 @@ def tokenizer_model(get: MetaGetter) -> str:
     model = get("tokenizer.ggml.model")
     if not isinstance(model, str):
         raise TokenizerError("GGUF metadata has no tokenizer.ggml.model")
-    if model not in ("llama", "gpt2"):
+    if model not in ("llama", "gpt2", "gemma4"):
         raise TokenizerError(
-            f"unknown tokenizer.ggml.model {model!r}: poot supports 'llama' (SentencePiece) "
-            "and 'gpt2' (byte-level BPE)"
+            f"unknown tokenizer.ggml.model {model!r}: poot supports 'llama' (SentencePiece), "
+            "'gpt2' (byte-level BPE) and 'gemma4' (raw UTF-8 BPE)"
         )
     return model
 
@@ -269,6 +269,10 @@ def read_gguf_vocab(
     if model == "llama":
         bos, eos, unk = 1, 2, 0
         add_bos, add_eos, add_space_prefix = True, False, True
+    elif model == "gemma4":
+        # llama.cpp: no default special ids; the file names them.
+        bos, eos, unk = None, None, None
+        add_bos, add_eos, add_space_prefix = True, False, False
     else:
         bos, eos, unk = 11, 11, None
         add_bos, add_eos, add_space_prefix = False, False, False
@@ -279,6 +283,8 @@ def read_gguf_vocab(
     add_bos = _flag(get("tokenizer.ggml.add_bos_token"), add_bos)
     add_eos = _flag(get("tokenizer.ggml.add_eos_token"), add_eos)
     add_space_prefix = _flag(get("tokenizer.ggml.add_space_prefix"), add_space_prefix)
+    if model == "gemma4":
+        add_bos = True  # llama.cpp overrides a false add_bos_token for Gemma 4
 
     def special(key: str, default: int | None) -> int | None:
         # An id outside the vocabulary is ignored (llama.cpp warns and keeps the default).

@@ -275,3 +275,44 @@ fn precomputed_angles_give_the_same_bits() {
         "{err}"
     );
 }
+
+#[test]
+fn frequency_factors_divide_each_pair_and_scale_cos_sin() {
+    use poot_graph::MAX_ROPE_FACTORS;
+    let (hd, rot) = (32, 24);
+    let mut factors = [1.0f32; MAX_ROPE_FACTORS];
+    for (i, f) in factors.iter_mut().take(rot / 2).enumerate() {
+        *f = 1.0 + i as f32 * 0.75;
+    }
+    let plain = RopeTable::new(&cfg(RopeStyle::NeoX, hd, rot)).unwrap();
+    let scaled_cfg = RopeConfig {
+        scaling: RopeScaling::Factors {
+            factors,
+            attn_factor: 1.25,
+        },
+        ..cfg(RopeStyle::NeoX, hd, rot)
+    };
+    // Ggml numerics keeps the f32 recipe for factors (no repeated-multiplication form).
+    for numerics in [Numerics::Exact, Numerics::Ggml] {
+        let table = RopeTable::with_numerics(&scaled_cfg, numerics).unwrap();
+        for (i, (&a, &b)) in table.inv_freq().iter().zip(plain.inv_freq()).enumerate() {
+            assert_eq!(a, b / factors[i], "pair {i}");
+        }
+        let mut cs = Vec::new();
+        rope_angles(&[7], &table, &mut cs).unwrap();
+        for (i, &(c, s)) in cs.iter().enumerate() {
+            let angle = 7.0f32 * table.inv_freq()[i];
+            assert_eq!((c, s), (angle.cos() * 1.25, angle.sin() * 1.25), "pair {i}");
+        }
+    }
+    let mut bad = factors;
+    bad[3] = 0.0;
+    let bad_cfg = RopeConfig {
+        scaling: RopeScaling::Factors {
+            factors: bad,
+            attn_factor: 1.0,
+        },
+        ..scaled_cfg
+    };
+    assert!(RopeTable::new(&bad_cfg).is_err());
+}

@@ -116,6 +116,9 @@ pub(super) fn for_each_operand(op: &Op, mut f: impl FnMut(ValueId)) {
         Op::Reshape { x, .. } | Op::Slice { x, .. } => f(*x),
         Op::Concat { xs, .. } => xs.iter().copied().for_each(f),
         Op::GatherRows { x, rows } => [*x, *rows].into_iter().for_each(f),
+        Op::GatherCols { x, ids } => [*x, *ids].into_iter().for_each(f),
+        Op::MoeMatMul { x, w, ids } => [*x, *w, *ids].into_iter().for_each(f),
+        Op::MoeCombine { y, weights } => [*y, *weights].into_iter().for_each(f),
         // Anything else (new ops): the graph's own list.
         _ => op.operands().into_iter().for_each(f),
     }

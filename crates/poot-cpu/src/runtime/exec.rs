@@ -16,6 +16,7 @@ use poot_runtime::{HostTensor, LateInput, RuntimeError};
 
 use super::arena::{for_each_operand, Arena, Buf};
 
+mod moe;
 mod rows;
 mod sampling;
 use super::kv::{KvLayers, KvPool};
@@ -309,6 +310,9 @@ impl<'a> Exec<'a> {
                     .map_err(kerr("softmax"))?;
                 Buf::F32(out)
             }
+            Op::GatherCols { x, ids } => self.gather_cols(*x, *ids)?,
+            Op::MoeMatMul { x, w, ids } => self.moe_matmul(*x, *w, *ids)?,
+            Op::MoeCombine { y, weights } => self.moe_combine(*y, *weights)?,
             Op::Softcap { x, cap } => {
                 let mut out = self.arena.f32s(numel);
                 out.extend_from_slice(self.f32(*x, "softcap")?);

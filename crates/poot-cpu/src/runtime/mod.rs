@@ -148,6 +148,16 @@ pub struct CpuRuntime {
 type RepackCache = HashMap<(usize, String), (Weak<dyn WeightStore>, Arc<Prepared>)>;
 
 impl CpuRuntime {
+    /// Bytes of one KV element in the pool of a runtime under `numerics`: f16 as llama.cpp
+    /// keeps it under ggml numerics, f32 otherwise. What `Runtime::kv_entry_bytes` answers, for
+    /// a caller (the planner) that sizes pools before it builds the runtime.
+    pub fn kv_entry_bytes_for(numerics: Numerics) -> u32 {
+        match numerics {
+            Numerics::Exact => 4,
+            Numerics::Ggml => 2,
+        }
+    }
+
     pub fn new(options: CpuOptions) -> Result<Self, RuntimeError> {
         let tuning = options.tuning();
         // The workers serve this runtime only; the caller (worker 0) enters it per call.
@@ -356,10 +366,7 @@ impl Runtime for CpuRuntime {
     }
 
     fn kv_entry_bytes(&self) -> u32 {
-        match self.options.numerics {
-            Numerics::Exact => 4,
-            Numerics::Ggml => 2,
-        }
+        CpuRuntime::kv_entry_bytes_for(self.options.numerics)
     }
 
     fn compile(

@@ -1,5 +1,6 @@
-//! The ggml-numerics matmul: the activation rows quantized to Q8_0/Q8_1 blocks
-//! (`quant_q8.wgsl`), then integer block dots against the packed weight (`matmul_q8.wgsl`).
+//! The ggml-numerics matmuls: the activation rows quantized to Q8_0/Q8_1 blocks
+//! (`quant_q8.wgsl`), then integer block dots against the packed weight (`matmul_q8.wgsl`);
+//! for Q4_K/Q6_K, Q8_K blocks (`quant_q8k.wgsl`) and super-block dots (`matmul_q8k.wgsl`).
 //!
 //! Invariants: only taken for weights with an integer decoder and `k % 32 == 0`
 //! (`WgpuRuntime::q8_matmul`); Q4_1 weights pair with Q8_1 activations (with the block sums),
@@ -20,6 +21,8 @@ use crate::weights::GpuWeight;
 const BLOCK_WORDS: u64 = 10;
 /// Tokens per lane in `matmul_q8.wgsl` (its `TT`).
 const TT: usize = 4;
+/// Words per Q8_K block: 64 words of quants, `d`, 16 sums (see `quant_q8k.wgsl`).
+const K_BLOCK_WORDS: u64 = 81;
 
 impl Exec<'_> {
     /// Records `out[t, n] = W[n] . x[t]` with ggml's quantized activations and integer dots.
@@ -65,6 +68,51 @@ impl Exec<'_> {
             ];
             let bufs = vec![Arc::new(part.buffer.clone()), qa.clone(), out.clone()];
             self.dispatch(Kernel::MatMulQ8, wt.dtype, bufs, &words, grid)?;
+        }
+        let size = qa.size();
+        self.free.entry(size).or_default().push(qa);
+        Ok(())
+    }
+
+    /// Records `out[t, n] = W[n] . x[t]` for Q4_K/Q6_K with Q8_K activations and exact
+    /// super-block integer dots (the CPU runtime's `qdot_k.rs` order).
+    pub(super) fn matmul_q8k(
+        &mut self,
+        wt: &GpuWeight,
+        xb: Arc<wgpu::Buffer>,
+        out: Arc<wgpu::Buffer>,
+        t: usize,
+        k: usize,
+        n: usize,
+    ) -> Result<(), RuntimeError> {
+        let per_row = k / 256;
+        let blocks = t * per_row;
+        let qa = self.alloc(blocks as u64 * K_BLOCK_WORDS * 4);
+        let (grid, lanes_x) = lane_grid(blocks);
+        self.dispatch(
+            Kernel::QuantQ8K,
+            DType::F32,
+            vec![xb, qa.clone()],
+            &[blocks as u32, lanes_x, 0, 0],
+            grid,
+        )?;
+        for part in &wt.parts {
+            // One lane per row and token: workgroups of 64 rows, wrapped into y past 65535.
+            let groups = part.rows.div_ceil(64).max(1);
+            let gx = groups.min(65535);
+            let grid = [gx as u32, groups.div_ceil(gx) as u32, t.max(1) as u32];
+            let words = [
+                part.rows as u32,
+                k as u32,
+                t as u32,
+                wt.row_bytes as u32,
+                part.row0 as u32,
+                n as u32,
+                per_row as u32,
+                gx as u32,
+            ];
+            let bufs = vec![Arc::new(part.buffer.clone()), qa.clone(), out.clone()];
+            self.dispatch(Kernel::MatMulQ8K, wt.dtype, bufs, &words, grid)?;
         }
         let size = qa.size();
         self.free.entry(size).or_default().push(qa);

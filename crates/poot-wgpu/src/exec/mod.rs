@@ -366,6 +366,10 @@ impl<'a> Exec<'a> {
                     self.matmul_q8(&wt, xb, out.clone(), t, k, n)?;
                     return Ok(Some(out));
                 }
+                if self.rt.q8k_matmul(wt.dtype, k) {
+                    self.matmul_q8k(&wt, xb, out.clone(), t, k, n)?;
+                    return Ok(Some(out));
+                }
                 for part in &wt.parts {
                     // One lane per row: workgroups of 64 rows, wrapped into y past 65535.
                     let groups = part.rows.div_ceil(64).max(1);
@@ -564,7 +568,10 @@ impl<'a> Exec<'a> {
             Op::AdjustLogits { .. }
             | Op::MaskLogits { .. }
             | Op::TopK { .. }
-            | Op::Logprobs { .. } => {
+            | Op::Logprobs { .. }
+            | Op::GatherCols { .. }
+            | Op::MoeMatMul { .. }
+            | Op::MoeCombine { .. } => {
                 // `compile` refuses these (see `plan::supports`).
                 return Err(kernel_err(op.name(), "no wgpu kernel".into()));
             }

@@ -107,6 +107,25 @@ pub fn packed(dtype: DType, rows: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
                         set(&mut b, 2, scale / 64.0);
                     }
                     DType::Q6_K => set(&mut b, 208, scale / 64.0),
+                    // Q5: quants span twice Q4's range, so half the scale.
+                    DType::Q5_0 => set(&mut b, 0, scale / 2.0),
+                    DType::Q5_1 => {
+                        set(&mut b, 0, scale / 2.0);
+                        set(&mut b, 2, -0.1 * rng.f32().abs());
+                    }
+                    // Q2_K: 4-bit scales times 2-bit quants (up to 45), 4-bit mins.
+                    DType::Q2_K => {
+                        set(&mut b, 80, scale / 4.0);
+                        set(&mut b, 82, scale / 16.0);
+                    }
+                    // Q3_K: signed 6-bit scales times q - 4 (up to 128 in magnitude).
+                    DType::Q3_K => set(&mut b, 108, scale / 32.0),
+                    DType::Q5_K => {
+                        set(&mut b, 0, scale / 32.0);
+                        set(&mut b, 2, scale / 64.0);
+                    }
+                    // Q8_K's scale is an f32.
+                    DType::Q8_K => b[..4].copy_from_slice(&(scale / 8.0).to_le_bytes()),
                     _ => panic!("no test packer for {dtype}"),
                 }
                 out.extend_from_slice(&b);

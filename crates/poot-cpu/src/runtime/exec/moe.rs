@@ -1,0 +1,245 @@
+//! The mixture-of-experts ops: `gather_cols`, `moe_matmul` and `moe_combine`.
+//!
+//! `moe_matmul` reads a stored [E, N, K] tensor in place (packed, any dtype the matmul kernels
+//! read): expert `e` is the contiguous byte range `e * N * row_bytes .. (e + 1) * N *
+//! row_bytes`. A step's (token, slot) pairs are grouped by expert, so each selected expert's
+//! rows are streamed once per step through the ordinary matmul path for its dtype and the
+//! plan's numerics; experts no token chose are never read. Every id is checked against `E`
+//! before anything is computed (a typed error otherwise). Results do not depend on how the
+//! step's tokens are grouped: the matmul kernels give each row the same bits whatever the row
+//! count (batch-invariant numerics).
+
+use poot_graph::ValueId;
+use poot_runtime::RuntimeError;
+
+use super::{kerr, Buf, Exec};
+use crate::kernels::matmul::{matmul_on_path, MatmulPath};
+use crate::kernels::simd::Isa;
+
+fn bad(op: &'static str, detail: String) -> RuntimeError {
+    RuntimeError::Kernel { op, detail }
+}
+
+impl Exec<'_> {
+    pub(super) fn gather_cols(&mut self, x: ValueId, ids: ValueId) -> Result<Buf, RuntimeError> {
+        let e = self.shape(x)[1];
+        let k = self.shape(ids)[1];
+        let xv = self.f32(x, "gather_cols")?;
+        let iv = self.i32(ids, "gather_cols")?;
+        let mut out = Vec::with_capacity(iv.len());
+        for (r, row) in iv.chunks(k.max(1)).enumerate() {
+            for &id in row {
+                if id < 0 || id as usize >= e {
+                    return Err(bad("gather_cols", format!("id {id} outside 0..{e}")));
+                }
+                out.push(xv[r * e + id as usize]);
+            }
+        }
+        Ok(Buf::F32(out))
+    }
+
+    pub(super) fn moe_matmul(
+        &mut self,
+        x: ValueId,
+        w: ValueId,
+        ids: ValueId,
+    ) -> Result<Buf, RuntimeError> {
+        const OP: &str = "moe_matmul";
+        let (bytes, dtype) = self.weight(w, OP)?;
+        let ws = self.shape(w);
+        let (n_exp, n, k) = (ws[0], ws[1], ws[2]);
+        let (t, slots) = (self.shape(ids)[0], self.shape(ids)[1]);
+        let x_rows = self.shape(x)[0];
+        let per_expert = dtype
+            .bytes_for((n * k) as u64)
+            .ok_or_else(|| bad(OP, format!("{n}x{k} is not whole blocks of {dtype}")))?
+            as usize;
+        if bytes.len() != per_expert * n_exp {
+            return Err(bad(
+                OP,
+                format!("{} bytes for {n_exp} experts of {per_expert}", bytes.len()),
+            ));
+        }
+        let iv = self.i32(ids, OP)?.to_vec();
+        if let Some(&id) = iv.iter().find(|&&id| id < 0 || id as usize >= n_exp) {
+            return Err(bad(OP, format!("expert id {id} outside 0..{n_exp}")));
+        }
+        let xv = self.f32(x, OP)?.to_vec();
+        let shared = x_rows == t;
+        let numerics = self.plan.numerics;
+        let path = MatmulPath::choose(numerics, dtype);
+        let mut out = self.arena.zeros(t * slots * n);
+        let (mut xs, mut ys, mut members) = (Vec::new(), Vec::new(), Vec::new());
+        for e in 0..n_exp {
+            members.clear();
+            members.extend((0..iv.len()).filter(|&s| iv[s] as usize == e));
+            if members.is_empty() {
+                continue;
+            }
+            xs.clear();
+            for &s in &members {
+                let r = if shared { s / slots } else { s };
+                xs.extend_from_slice(&xv[r * k..(r + 1) * k]);
+            }
+            ys.clear();
+            ys.resize(members.len() * n, 0.0);
+            let we = &bytes[e * per_expert..(e + 1) * per_expert];
+            let pool = self.pool;
+            matmul_on_path(
+                path,
+                numerics,
+                Isa::detect(),
+                &xs,
+                members.len(),
+                k,
+                we,
+                dtype,
+                n,
+                &mut ys,
+                pool,
+                None,
+            )
+            .map_err(kerr(OP))?;
+            for (j, &s) in members.iter().enumerate() {
+                out[s * n..(s + 1) * n].copy_from_slice(&ys[j * n..(j + 1) * n]);
+            }
+        }
+        Ok(Buf::F32(out))
+    }
+
+    pub(super) fn moe_combine(
+        &mut self,
+        y: ValueId,
+        weights: ValueId,
+    ) -> Result<Buf, RuntimeError> {
+        let d = self.shape(y)[1];
+        let (t, k) = (self.shape(weights)[0], self.shape(weights)[1]);
+        let yv = self.f32(y, "moe_combine")?;
+        let wv = self.f32(weights, "moe_combine")?;
+        let mut out = vec![0.0f32; t * d];
+        for (r, o) in out.chunks_mut(d.max(1)).enumerate() {
+            for j in 0..k {
+                let wgt = wv[r * k + j];
+                let row = &yv[(r * k + j) * d..(r * k + j + 1) * d];
+                for (a, &b) in o.iter_mut().zip(row) {
+                    *a += wgt * b;
+                }
+            }
+        }
+        Ok(Buf::F32(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    use poot_core::{DType, Deadline};
+    use poot_graph::{CompileLimits, TraceLimits, Tracer, WeightCatalog};
+    use poot_runtime::{HostTensor, Runtime, RuntimeError, WeightStore};
+
+    use crate::runtime::{CpuOptions, CpuRuntime};
+
+    /// One f32 weight `w` [E=3, N=2, K=3]: expert `e`, row `n`, column `k` holds
+    /// `100 e + 10 n + k`.
+    struct Store(Vec<u8>);
+
+    impl WeightCatalog for Store {
+        fn describe(&self, name: &str) -> Option<(DType, Vec<usize>)> {
+            (name == "w").then(|| (DType::F32, vec![3, 2, 3]))
+        }
+    }
+
+    impl WeightStore for Store {
+        fn bytes(&self, name: &str) -> Option<&[u8]> {
+            (name == "w").then_some(self.0.as_slice())
+        }
+        fn total_bytes(&self) -> u64 {
+            self.0.len() as u64
+        }
+    }
+
+    fn w(e: usize, n: usize, k: usize) -> f32 {
+        (100 * e + 10 * n + k) as f32
+    }
+
+    fn run(ids: Vec<i32>) -> Result<HashMap<String, Vec<f32>>, RuntimeError> {
+        let bytes = (0..3)
+            .flat_map(|e| (0..2).flat_map(move |n| (0..3).map(move |k| w(e, n, k))))
+            .flat_map(f32::to_le_bytes)
+            .collect();
+        let store = Arc::new(Store(bytes));
+        let cat: Arc<dyn WeightCatalog> = store.clone();
+        let mut t = Tracer::new(TraceLimits::default(), 2, cat).unwrap();
+        let x = t.input("x", DType::F32, vec![2, 3]).unwrap();
+        let logits = t.input("logits", DType::F32, vec![2, 3]).unwrap();
+        let idv = t.input("ids", DType::I32, vec![2, 2]).unwrap();
+        let wv = t.weight("w").unwrap();
+        let y = t.moe_matmul(x, wv, idv).unwrap();
+        let g = t.gather_cols(logits, idv).unwrap();
+        let c = t.moe_combine(y, g).unwrap();
+        for (name, v) in [("y", y), ("g", g), ("c", c)] {
+            t.output(name, v).unwrap();
+        }
+        let graph = t.finish();
+        let rt = CpuRuntime::new(CpuOptions {
+            threads: 1,
+            ..CpuOptions::default()
+        })
+        .unwrap();
+        let plan = rt.compile(&graph, store, &CompileLimits::default())?;
+        let f = |shape: Vec<usize>, data: Vec<f32>| HostTensor::F32 { shape, data };
+        let inputs = [
+            ("x", f(vec![2, 3], vec![1., 0., 2., 0., 1., -1.])),
+            ("logits", f(vec![2, 3], vec![0.5, 1.5, 2.5, -1., 0., 1.])),
+            (
+                "ids",
+                HostTensor::I32 {
+                    shape: vec![2, 2],
+                    data: ids,
+                },
+            ),
+        ];
+        let out = rt.run(plan.as_ref(), &inputs, Deadline::never())?;
+        Ok(out
+            .into_iter()
+            .map(|(name, t)| match t {
+                HostTensor::F32 { data, .. } => (name, data),
+                _ => panic!("f32 outputs"),
+            })
+            .collect())
+    }
+
+    #[test]
+    fn each_slot_reads_its_expert_and_the_combination_is_weighted() {
+        let ids = vec![2, 0, 1, 2];
+        let out = run(ids.clone()).unwrap();
+        let x = [[1f32, 0., 2.], [0., 1., -1.]];
+        let mut want_y = Vec::new();
+        for (s, &e) in ids.iter().enumerate() {
+            for n in 0..2 {
+                let row = &x[s / 2];
+                want_y.push((0..3).map(|k| row[k] * w(e as usize, n, k)).sum::<f32>());
+            }
+        }
+        assert_eq!(out["y"], want_y);
+        assert_eq!(out["g"], vec![2.5, 0.5, 0.0, 1.0]);
+        let want_c: Vec<f32> = (0..2)
+            .flat_map(|t| {
+                let (g, y) = (&out["g"], &want_y);
+                (0..2).map(move |n| g[2 * t] * y[4 * t + n] + g[2 * t + 1] * y[4 * t + 2 + n])
+            })
+            .collect();
+        assert_eq!(out["c"], want_c);
+    }
+
+    #[test]
+    fn an_expert_id_out_of_range_is_a_typed_error() {
+        let err = run(vec![0, 3, 1, 2]).unwrap_err();
+        assert!(
+            matches!(&err, RuntimeError::Kernel { op: "moe_matmul", detail } if detail.contains("expert id 3")),
+            "{err:?}"
+        );
+    }
+}

@@ -1,0 +1,132 @@
+"""Packed mixture-of-experts feed-forwards: Mixtral, Qwen3-MoE and OLMoE (GGUF).
+
+A MoE layer replaces the SwiGLU feed-forward by a router and ``E`` experts. GGUF stores the
+experts packed as 3-D tensors (``ffn_gate_exps``/``ffn_up_exps`` [E, F, D], ``ffn_down_exps``
+[E, D, F]) and the router as ``ffn_gate_inp`` [E, D]. The trace, per layer:
+
+- ``logits = f @ ffn_gate_inp``; ``ids = top_k_ids(logits, k)`` (largest first, ties by lower
+  id);
+- weights: ``softmax(gather_cols(logits, ids))``, which equals llama.cpp's softmax over every
+  expert, top-k, then the selected probabilities divided by their sum (Mixtral, Qwen3-MoE:
+  ``norm_w``), or ``gather_cols(softmax(logits), ids)`` without it (OLMoE);
+- ``moe_matmul`` for gate, up and down reads only the selected experts' rows of the packed
+  tensors, in place (the CPU groups a step's tokens by expert: each expert's rows are streamed
+  once per step), and ``moe_combine`` sums each token's expert outputs by its weights.
+
+Mixtral is the Llama block (GGUF ``llama`` with ``llama.expert_count``); Qwen3-MoE the Qwen3
+block (per-head q/k norms) with ``qwen3moe.expert_feed_forward_length``-wide experts; OLMoE the
+Llama block with q and k RMS-normed over their full width before RoPE (NeoX pairing) and
+weights not renormalised. Hugging Face directories of MoE models (experts stored one tensor
+each) are refused: packing them in place needs a weight view poot does not have yet.
+Qwen2-MoE's shared expert (a sigmoid gate from a 1-D weight) is not implemented: its GGUF
+architecture ``qwen2moe`` is refused by the registry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from poot.errors import UnsupportedArchitectureError
+from poot.models.llama import GGUF_NAMES, LlamaModel, rope_scaling_spec
+from poot.models.qwen3 import Qwen3Model
+
+if TYPE_CHECKING:
+    from poot._native import Tracer, Value
+    from poot.checkpoints import ModelFiles
+
+__all__ = ["MixtralModel", "OlmoeModel", "Qwen3MoeModel", "moe_ffn"]
+
+
+def moe_ffn(t: Tracer, i: int, f: Value, k: int, renorm: bool = True) -> Value:
+    """Layer ``i``'s routed SwiGLU experts of the normed hidden state ``f`` (GGUF names);
+    ``renorm``: the chosen experts' weights sum to 1 (else they are the full softmax's)."""
+    p = f"blk.{i}."
+    logits = t.matmul(f, t.weight(p + "ffn_gate_inp.weight"))
+    ids = t.top_k_ids(logits, k)
+    if renorm:
+        weights = t.softmax(t.gather_cols(logits, ids))
+    else:
+        weights = t.gather_cols(t.softmax(logits), ids)
+    gate = t.silu(t.moe_matmul(f, t.weight(p + "ffn_gate_exps.weight"), ids))
+    up = t.moe_matmul(f, t.weight(p + "ffn_up_exps.weight"), ids)
+    y = t.moe_matmul(t.mul(gate, up), t.weight(p + "ffn_down_exps.weight"), ids)
+    return t.moe_combine(y, weights)
+
+
+def _check(files: ModelFiles) -> None:
+    if files.kind != "gguf":
+        raise UnsupportedArchitectureError(
+            f"{files.path}: mixture-of-experts models run from GGUF files only (their HF "
+            "directories store each expert apart)",
+            architecture=files.hparams.architecture,
+            supported=("GGUF llama (Mixtral)", "GGUF qwen3moe", "GGUF olmoe"),
+        )
+    if files.hparams.n_experts_used <= 0:
+        raise UnsupportedArchitectureError(
+            f"{files.path}: no expert_used_count",
+            architecture=files.hparams.architecture,
+        )
+
+
+@dataclass(frozen=True)
+class MixtralModel(LlamaModel):
+    """Mixtral: the Llama block with routed experts (see the module docs)."""
+
+    @classmethod
+    def from_files(cls, files: ModelFiles) -> MixtralModel:
+        """The definition for a Mixtral GGUF.
+
+        Raises:
+            UnsupportedArchitectureError: not a GGUF, or no experts used per token.
+        """
+        _check(files)
+        base = LlamaModel.from_files(files)
+        return cls(base.hparams, base.names, base.rope_style, base.rope_scaling)
+
+    def ffn(self, t: Tracer, i: int, f: Value) -> Value:
+        return moe_ffn(t, i, f, self.hparams.n_experts_used)
+
+
+@dataclass(frozen=True)
+class Qwen3MoeModel(Qwen3Model):
+    """Qwen3-MoE: the Qwen3 block with routed experts (see the module docs)."""
+
+    @classmethod
+    def from_files(cls, files: ModelFiles) -> Qwen3MoeModel:
+        """The definition for a Qwen3-MoE GGUF.
+
+        Raises:
+            UnsupportedArchitectureError: not a GGUF, or no experts used per token.
+        """
+        _check(files)
+        base = Qwen3Model.from_files(files)
+        return cls(base.hparams, base.names, base.rope_style, base.rope_scaling)
+
+    def ffn(self, t: Tracer, i: int, f: Value) -> Value:
+        return moe_ffn(t, i, f, self.hparams.n_experts_used)
+
+
+@dataclass(frozen=True)
+class OlmoeModel(LlamaModel):
+    """OLMoE: full-width q/k RMSNorm, routed experts without renormalisation."""
+
+    @classmethod
+    def from_files(cls, files: ModelFiles) -> OlmoeModel:
+        """The definition for an OLMoE GGUF.
+
+        Raises:
+            UnsupportedArchitectureError: not a GGUF, or no experts used per token.
+        """
+        _check(files)
+        h = files.hparams
+        return cls(h, GGUF_NAMES, "neox", rope_scaling_spec(h, str(files.path)))
+
+    def qk_norm(self, t: Tracer, i: int, q: Value, k: Value) -> tuple[Value, Value]:
+        n, eps = self.names, self.hparams.rms_norm_eps
+        q = t.rms_norm(q, t.weight(n.q_norm.format(i=i)), eps)
+        k = t.rms_norm(k, t.weight(n.k_norm.format(i=i)), eps)
+        return q, k
+
+    def ffn(self, t: Tracer, i: int, f: Value) -> Value:
+        return moe_ffn(t, i, f, self.hparams.n_experts_used, renorm=False)
