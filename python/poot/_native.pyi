@@ -111,7 +111,9 @@ class SafetensorsFile:
 class SafetensorsModel:
     """A checkpoint of one or more safetensors files: a directory, an index JSON, or one file."""
 
-    def __new__(cls, path: str | os.PathLike[str]) -> SafetensorsModel: ...
+    def __new__(
+        cls, path: str | os.PathLike[str], *, packed: tuple[str, int, int] | None = None
+    ) -> SafetensorsModel: ...
     @property
     def files(self) -> list[str]: ...
     @property

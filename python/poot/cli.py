@@ -96,8 +96,17 @@ def inspect_report(mf: ModelFiles, *, with_tensors: bool = True) -> dict[str, An
         fmt.update(
             files=[str(f) for f in mf.weight_files],
             torch_dtype=mf.config.get("torch_dtype", mf.config.get("dtype")),
-            quantization=(mf.config.get("quantization_config") or {}).get("quant_method"),
+            quantization=(
+                mf.quantization.describe()
+                if mf.quantization is not None
+                else (mf.config.get("quantization_config") or {}).get("quant_method")
+            ),
         )
+        if mf.quantization is not None:
+            from poot.checkpoints.quantized import float_weights
+
+            layers, floats = float_weights([(t.name, t.dtype, len(t.shape)) for t in mf.tensors()])
+            fmt.update(quantized_layers=layers, float_weights=floats)
     from poot.models.registry import architecture_of, family_of
 
     tokenizer = mf.tokenizer_summary()
@@ -159,6 +168,11 @@ def print_inspect(report: dict[str, Any], out: TextIO) -> None:
             + (f", quantization {fmt['quantization']}" if fmt.get("quantization") else "")
             + ")\n"
         )
+        if "quantized_layers" in fmt:
+            w(
+                f"quantized   {fmt['quantized_layers']} int4 layers; kept in float: "
+                f"{', '.join(fmt['float_weights']) or '-'}\n"
+            )
     w(
         f"tensors     {report['n_tensors']}, {report['total_bytes']} bytes "
         f"({_human_bytes(report['total_bytes'])})\n"

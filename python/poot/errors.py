@@ -76,6 +76,15 @@ class UnsupportedDTypeError(CheckpointFormatError):
     )
 
 
+class UnsupportedQuantizationError(CheckpointFormatError):
+    """A checkpoint's quantization layout, bit width or option is one poot does not load."""
+
+    hint = (
+        "Use a GPTQ (gptq or gptq_v2, 4 or 8 bits) or AWQ (GEMM, 4 bits) export with group_size"
+        " -1 or a multiple of 32, or a GGUF file; `field` names the config key poot refused."
+    )
+
+
 class ModelNotFoundError(CheckpointError, FileNotFoundError):
     """A model spec names nothing poot can find."""
 

@@ -35,11 +35,17 @@ pub enum DType {
     Q5_K,
     Q6_K,
     Q8_K,
+    /// poot's own 4-bit block with an integer zero point (`y = (q - z) * d`), the in-memory
+    /// form of GPTQ and AWQ int4 weights (`quant::hf`); no file stores it.
+    Q4_Z,
+    /// Its 8-bit sibling (`y = (q - z) * d`, q a u8, z a u16: GPTQ v1's `+1` reaches 256), the
+    /// in-memory form of 8-bit GPTQ weights.
+    Q8_Z,
 }
 
 impl DType {
     /// Every dtype, in a stable order (for tables and exhaustive tests).
-    pub const ALL: [DType; 24] = [
+    pub const ALL: [DType; 26] = [
         DType::F64,
         DType::F32,
         DType::F16,
@@ -64,13 +70,15 @@ impl DType {
         DType::Q5_K,
         DType::Q6_K,
         DType::Q8_K,
+        DType::Q4_Z,
+        DType::Q8_Z,
     ];
 
     /// Elements per block (1 for plain scalars).
     pub const fn block_elems(self) -> u64 {
         use DType::*;
         match self {
-            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 => 32,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | Q4_Z | Q8_Z => 32,
             Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K => 256,
             _ => 1,
         }
@@ -96,10 +104,12 @@ impl DType {
             Q5_K => 176,
             Q6_K => 210,
             Q8_K => 292,
+            Q4_Z => 19,
+            Q8_Z => 36,
         }
     }
 
-    /// True for ggml's block-quantized types.
+    /// True for block-quantized types (ggml's, `Q4_Z` and `Q8_Z`).
     pub const fn is_quantized(self) -> bool {
         self.block_elems() > 1
     }
@@ -165,7 +175,7 @@ impl DType {
             I64 => 27,
             F64 => 28,
             BF16 => 30,
-            U8 | Bool | F8E4M3 | F8E5M2 => return None,
+            U8 | Bool | F8E4M3 | F8E5M2 | Q4_Z | Q8_Z => return None,
         })
     }
 
@@ -217,6 +227,8 @@ impl DType {
             Q5_K => "Q5_K",
             Q6_K => "Q6_K",
             Q8_K => "Q8_K",
+            Q4_Z => "Q4_Z",
+            Q8_Z => "Q8_Z",
         }
     }
 }
@@ -247,5 +259,6 @@ mod tests {
         assert_eq!(DType::Q4_0.bytes_for(33), None);
         assert_eq!(DType::Q6_K.bytes_for(256), Some(210));
         assert_eq!(DType::F32.bytes_for(u64::MAX), None);
+        assert_eq!(DType::Q4_Z.bytes_for(128), Some(76));
     }
 }

@@ -266,6 +266,12 @@ impl SafetensorsFile {
     pub fn tensor_bytes(&self, t: &TensorInfo) -> &[u8] {
         crate::tensor::slice_of(&self.map, t, &self.path)
     }
+
+    /// Drops `t`'s pages from the process's resident set (see `Mapped::release`): for a caller
+    /// that keeps its own copy of the tensor (a re-laid int4 layer). Later reads still work.
+    pub fn release_tensor(&self, t: &TensorInfo) {
+        self.map.release(self.tensor_bytes(t));
+    }
 }
 
 #[cfg(test)]

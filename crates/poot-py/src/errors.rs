@@ -64,6 +64,22 @@ fn build_checkpoint_error(
     Ok(PyErr::from_value(value))
 }
 
+/// A malformed GPTQ/AWQ layer: `CheckpointFormatError` naming the tensor.
+pub fn gptq_awq_error(py: Python<'_>, e: poot_runtime::GptqAwqError) -> PyErr {
+    let message = e.to_string();
+    poot_error(
+        py,
+        "CheckpointFormatError",
+        message,
+        |kw| {
+            kw.set_item("kind", e.kind)?;
+            kw.set_item("tensor", &e.tensor)?;
+            kw.set_item("field", "quantization_config")
+        },
+        PyValueError::new_err,
+    )
+}
+
 /// `EISDIR`, the same on Linux and macOS.
 const EISDIR: i32 = 21;
 

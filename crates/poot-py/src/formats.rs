@@ -321,6 +321,10 @@ impl PySafetensorsFile {
 #[derive(Debug)]
 pub struct PySafetensorsModel {
     inner: Arc<SafetensorsModel>,
+    /// How its GPTQ/AWQ layers are packed, when the checkpoint's config says so.
+    packed: Option<poot_runtime::GptqAwqSpec>,
+    /// The re-laid store, built by the first `Weights` over this model and shared by the rest.
+    relaid: std::sync::OnceLock<Arc<poot_runtime::GptqAwqWeights>>,
 }
 
 impl PySafetensorsModel {
@@ -328,15 +332,53 @@ impl PySafetensorsModel {
     pub(crate) fn shared(&self) -> Arc<SafetensorsModel> {
         Arc::clone(&self.inner)
     }
+
+    /// The GPTQ/AWQ packing `Weights` re-lays the layers from, if any.
+    pub(crate) fn packed(&self) -> Option<poot_runtime::GptqAwqSpec> {
+        self.packed
+    }
+
+    /// Where the re-laid store is kept once built (see `Weights`).
+    pub(crate) fn relaid(&self) -> &std::sync::OnceLock<Arc<poot_runtime::GptqAwqWeights>> {
+        &self.relaid
+    }
+}
+
+/// `("gptq" | "gptq_v2" | "awq", group_size, bits)` as an [`poot_runtime::GptqAwqSpec`].
+fn packed_spec(packed: Option<(String, i64, u8)>) -> PyResult<Option<poot_runtime::GptqAwqSpec>> {
+    use poot_core::quant::hf::IntPacking;
+    use pyo3::exceptions::PyValueError;
+    let Some((packing, group_size, bits)) = packed else {
+        return Ok(None);
+    };
+    let packing = match packing.as_str() {
+        "gptq" => IntPacking::GptqV1,
+        "gptq_v2" => IntPacking::GptqV2,
+        "awq" => IntPacking::Awq,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "packing {other:?} is not one of 'gptq', 'gptq_v2', 'awq'"
+            )))
+        }
+    };
+    poot_runtime::GptqAwqSpec::new(packing, group_size, bits)
+        .map(Some)
+        .map_err(PyValueError::new_err)
 }
 
 #[pymethods]
 impl PySafetensorsModel {
+    /// `packed`: `(packing, group_size, bits)` for a GPTQ/AWQ checkpoint; `Weights` then
+    /// re-lays its quantized layers (nothing is read here).
     #[new]
-    fn py_new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+    #[pyo3(signature = (path, *, packed=None))]
+    fn py_new(py: Python<'_>, path: PathBuf, packed: Option<(String, i64, u8)>) -> PyResult<Self> {
+        let packed = packed_spec(packed)?;
         let inner = open_with(py, move || SafetensorsModel::open(path))?;
         Ok(PySafetensorsModel {
             inner: Arc::new(inner),
+            packed,
+            relaid: std::sync::OnceLock::new(),
         })
     }
 

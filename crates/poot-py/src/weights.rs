@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use poot_graph::WeightCatalog;
-use poot_runtime::{GgufWeights, SafetensorsWeights, WeightStore};
+use poot_runtime::{GgufWeights, GptqAwqWeights, SafetensorsWeights, WeightStore};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
@@ -43,7 +43,8 @@ impl PyWeights {
 
 #[pymethods]
 impl PyWeights {
-    /// The weights of an opened `GgufFile` or `SafetensorsModel` (no data is read or copied).
+    /// The weights of an opened `GgufFile` or `SafetensorsModel` (no data is read or copied,
+    /// except a GPTQ/AWQ model's layers, re-laid once as Q4_Z/Q8_Z: `poot_core::quant::hf`).
     #[new]
     fn py_new(source: &Bound<'_, PyAny>) -> PyResult<Self> {
         if let Ok(f) = source.downcast::<PyGgufFile>() {
@@ -58,6 +59,27 @@ impl PyWeights {
                 .first()
                 .map(|f| f.path().to_string_lossy().into_owned())
                 .unwrap_or_default();
+            if let Some(spec) = m.get().packed() {
+                // One re-lay per opened model: the planner and the LLM each build a `Weights`
+                // from the same model, and two Q4_Z copies would double its memory.
+                let cell = m.get().relaid();
+                let store = match cell.get() {
+                    Some(store) => Arc::clone(store),
+                    None => {
+                        let py = source.py();
+                        let store = py
+                            .allow_threads(move || GptqAwqWeights::new(model, spec))
+                            .map_err(|e| crate::errors::gptq_awq_error(py, e))?;
+                        Arc::clone(cell.get_or_init(|| Arc::new(store)))
+                    }
+                };
+                let catalog: Arc<dyn WeightCatalog> = store.clone();
+                return Ok(PyWeights {
+                    store,
+                    catalog,
+                    source: name,
+                });
+            }
             return Ok(Self::from_store(SafetensorsWeights::new(model), name));
         }
         Err(PyTypeError::new_err(format!(

@@ -10,6 +10,7 @@
 //! - The host receives only the graph's named outputs.
 
 mod error;
+mod gptq_awq;
 mod host;
 mod late;
 mod poison;
@@ -24,6 +25,7 @@ use poot_core::Deadline;
 use poot_graph::{CompileLimits, Graph};
 
 pub use error::RuntimeError;
+pub use gptq_awq::{GptqAwqError, GptqAwqSpec, GptqAwqWeights};
 pub use host::HostTensor;
 pub use late::LateInput;
 pub use poison::Poison;

@@ -125,6 +125,8 @@ pub(crate) fn decoder(dtype: DType) -> Option<&'static str> {
         DType::Q5_K => include_str!("../../../shaders/wgsl/dec_q5_k.wgsl"),
         DType::Q6_K => include_str!("../../../shaders/wgsl/dec_q6_k.wgsl"),
         DType::Q8_K => include_str!("../../../shaders/wgsl/dec_q8_k.wgsl"),
+        DType::Q4_Z => include_str!("../../../shaders/wgsl/dec_q4_z.wgsl"),
+        DType::Q8_Z => include_str!("../../../shaders/wgsl/dec_q8_z.wgsl"),
         _ => return None,
     })
 }
@@ -297,6 +299,8 @@ mod tests {
             DType::Q5_K,
             DType::Q6_K,
             DType::Q8_K,
+            DType::Q4_Z,
+            DType::Q8_Z,
         ];
         for k in [
             Kernel::MatMul,

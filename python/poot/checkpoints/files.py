@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from poot import _native
 from poot.checkpoints.hparams import ModelHParams, hparams_from_gguf, hparams_from_hf_config
 from poot.checkpoints.metadata import GgufMetadata, metadata_array_len
+from poot.checkpoints.quantized import QuantLayout, quant_layout
 from poot.errors import CheckpointFormatError
 
 if TYPE_CHECKING:
@@ -44,6 +45,8 @@ class ModelFiles:
         tokenizer_json: tokenizer.json if the directory has one.
         tokenizer_config: tokenizer_config.json, or ``{}``.
         generation_config: generation_config.json, or ``{}``.
+        quantization: the GPTQ/AWQ layout of a quantized HF directory (its int4 layers are
+            re-laid when ``Weights`` is built), else None.
     """
 
     spec: str
@@ -57,6 +60,7 @@ class ModelFiles:
     tokenizer_json: Path | None = None
     tokenizer_config: dict[str, Any] = field(default_factory=dict)
     generation_config: dict[str, Any] = field(default_factory=dict)
+    quantization: QuantLayout | None = None
 
     def tensors(self) -> list[TensorInfo]:
         """Every stored tensor, in file order."""
@@ -193,7 +197,12 @@ def open_hf_dir(directory: Path, spec: str) -> ModelFiles:
     hparams = hparams_from_hf_config(
         config, generation_config, source=str(directory / "config.json")
     )
-    st = _native.SafetensorsModel(str(safetensors_source(directory)))
+    # Decided from the config alone, so an unsupported layout is refused before any weight.
+    quantization = quant_layout(config, directory)
+    st = _native.SafetensorsModel(
+        str(safetensors_source(directory)),
+        packed=quantization.native if quantization is not None else None,
+    )
     tokenizer_json = directory / "tokenizer.json"
     return ModelFiles(
         spec=spec,
@@ -205,4 +214,5 @@ def open_hf_dir(directory: Path, spec: str) -> ModelFiles:
         tokenizer_json=tokenizer_json if tokenizer_json.is_file() else None,
         tokenizer_config=_read_optional_json(directory / "tokenizer_config.json"),
         generation_config=generation_config,
+        quantization=quantization,
     )

@@ -17,9 +17,11 @@ from typing import Any
 from poot.config import Settings
 from poot.errors import CheckpointError, ModelNotFoundError, OfflineError
 
-# Only what poot reads: weights as safetensors, config, tokenizer files.
+# Only what poot reads: weights as safetensors, config (older AutoGPTQ exports keep their
+# quantization settings in quantize_config.json), tokenizer files.
 ALLOW_PATTERNS = [
     "config.json",
+    "quantize_config.json",
     "generation_config.json",
     "*.safetensors",
     "model.safetensors.index.json",

@@ -84,6 +84,8 @@ pub const fn layout(dtype: DType) -> Option<&'static BlockLayout> {
         DType::Q5_K => &q5_k::LAYOUT,
         DType::Q6_K => &q6_k::LAYOUT,
         DType::Q8_K => &q8_k::LAYOUT,
+        DType::Q4_Z => &q4_z::LAYOUT,
+        DType::Q8_Z => &q8_z::LAYOUT,
         _ => return None,
     })
 }
@@ -126,6 +128,23 @@ block!(
     q4_0, Q4_0, 32, [
         D = ("d", 0, 2, "f16 scale"),
         QS = ("qs", 2, 16, "4-bit quants: byte j holds element j (low nibble) and j+16 (high)"),
+    ]
+);
+block!(
+    /// poot's GPTQ/AWQ int4 block: `x = (q - z) * d`, z an integer zero point (0..=16: GPTQ
+    /// v1's `+1` convention can reach 16). Not a ggml type; the nibble order is Q4_0's.
+    q4_z, Q4_Z, 32, [
+        D = ("d", 0, 2, "f16 scale"),
+        Z = ("z", 2, 1, "u8 zero point"),
+        QS = ("qs", 3, 16, "4-bit quants: byte j holds element j (low nibble) and j+16 (high)"),
+    ]
+);
+block!(
+    /// poot's 8-bit GPTQ block: `x = (q - z) * d`, q a u8, z a u16 (0..=256: v1's `+1`).
+    q8_z, Q8_Z, 32, [
+        D = ("d", 0, 2, "f16 scale"),
+        Z = ("z", 2, 2, "u16 zero point"),
+        QS = ("qs", 4, 32, "u8 quants, element j in byte j"),
     ]
 );
 block!(
@@ -251,7 +270,7 @@ mod tests {
             );
             assert_eq!(l.elems as u64, dt.block_elems(), "{dt}: element count");
         }
-        assert_eq!(seen, 15);
+        assert_eq!(seen, 17);
     }
 
     #[test]

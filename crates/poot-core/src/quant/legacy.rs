@@ -6,7 +6,7 @@
 
 use super::f16_at;
 use super::layout::{bfloat16, float16, float32, q4_0 as l40, q4_1 as l41, q5_0 as l50};
-use super::layout::{q5_1 as l51, q8_0 as l80};
+use super::layout::{q4_z as l4z, q5_1 as l51, q8_0 as l80, q8_z as l8z};
 
 /// One little-endian `f32`, bits unchanged (NaN payloads included).
 pub fn f32(b: &[u8; float32::BYTES], y: &mut [f32; 1]) {
@@ -32,6 +32,26 @@ pub fn q4_0(b: &[u8; l40::BYTES], y: &mut [f32; l40::ELEMS]) {
         let x1 = i32::from(q >> 4) - 8;
         *lo = x0 as f32 * d;
         *hi = x1 as f32 * d;
+    }
+}
+
+/// Q4_Z: `y = (q - z) * d`; `q - z` is a small integer, so the one multiply is exact.
+pub fn q4_z(b: &[u8; l4z::BYTES], y: &mut [f32; l4z::ELEMS]) {
+    let d = f16_at(b, l4z::D.offset);
+    let z = i32::from(b[l4z::Z.offset]);
+    let (lo, hi) = y.split_at_mut(l4z::ELEMS / 2);
+    for ((&q, lo), hi) in b[l4z::QS.range()].iter().zip(lo).zip(hi) {
+        *lo = (i32::from(q & 0x0F) - z) as f32 * d;
+        *hi = (i32::from(q >> 4) - z) as f32 * d;
+    }
+}
+
+/// Q8_Z: `y = (q - z) * d`, exact as Q4_Z's (`|q - z| <= 256`).
+pub fn q8_z(b: &[u8; l8z::BYTES], y: &mut [f32; l8z::ELEMS]) {
+    let d = f16_at(b, l8z::D.offset);
+    let z = i32::from(u16::from_le_bytes([b[l8z::Z.offset], b[l8z::Z.offset + 1]]));
+    for (&q, y) in b[l8z::QS.range()].iter().zip(y.iter_mut()) {
+        *y = (i32::from(q) - z) as f32 * d;
     }
 }
 

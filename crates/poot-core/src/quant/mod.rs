@@ -19,11 +19,15 @@
 //! unaligned `&[u8]`; nothing is transmuted.
 //!
 //! Cost: O(elements); only [`dequantize_to_vec`] allocates. Supported: F32, F16, BF16, Q4_0,
-//! Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K. Q8_1 has a layout but no
-//! dequantizer (ggml has none).
+//! Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, and poot's own Q4_Z and Q8_Z
+//! (the in-memory forms of GPTQ/AWQ int4 and GPTQ int8, see [`hf`]). Q8_1 has a layout but no dequantizer (ggml
+//! has none).
 
 #[cfg(test)]
 mod golden_tests;
+pub mod hf;
+#[cfg(test)]
+mod hf_tests;
 pub mod kquants;
 pub mod layout;
 pub mod legacy;
@@ -52,7 +56,7 @@ pub enum QuantError {
 }
 
 /// Every dtype [`dequantize`] accepts.
-pub const SUPPORTED: [DType; 14] = [
+pub const SUPPORTED: [DType; 16] = [
     DType::F32,
     DType::F16,
     DType::BF16,
@@ -67,6 +71,8 @@ pub const SUPPORTED: [DType; 14] = [
     DType::Q5_K,
     DType::Q6_K,
     DType::Q8_K,
+    DType::Q4_Z,
+    DType::Q8_Z,
 ];
 
 /// True when [`dequantize`] has a reference for `dtype`.
@@ -96,6 +102,8 @@ pub fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), Quant
         DType::Q5_K => each_block(src, dst, kquants::q5_k),
         DType::Q6_K => each_block(src, dst, kquants::q6_k),
         DType::Q8_K => each_block(src, dst, kquants::q8_k),
+        DType::Q4_Z => each_block(src, dst, legacy::q4_z),
+        DType::Q8_Z => each_block(src, dst, legacy::q8_z),
         _ => return Err(QuantError::Unsupported { dtype }),
     }
     Ok(())

@@ -30,6 +30,8 @@ pub(crate) enum Packed {
     Q5_K,
     Q6_K,
     Q8_K,
+    Q4_Z,
+    Q8_Z,
 }
 
 impl Packed {
@@ -50,13 +52,15 @@ impl Packed {
             DType::Q5_K => Packed::Q5_K,
             DType::Q6_K => Packed::Q6_K,
             DType::Q8_K => Packed::Q8_K,
+            DType::Q4_Z => Packed::Q4_Z,
+            DType::Q8_Z => Packed::Q8_Z,
             _ => return None,
         })
     }
 }
 
 /// Every dtype the kernels decode (matmul weights, embedding tables, norm weights).
-pub const DECODABLE: [DType; 14] = [
+pub const DECODABLE: [DType; 16] = [
     DType::F32,
     DType::F16,
     DType::BF16,
@@ -71,6 +75,8 @@ pub const DECODABLE: [DType; 14] = [
     DType::Q5_K,
     DType::Q6_K,
     DType::Q8_K,
+    DType::Q4_Z,
+    DType::Q8_Z,
 ];
 
 /// Exact `f16` bits to `f32` (NaNs keep their payload with the quiet bit set, as F16C does).
@@ -148,6 +154,8 @@ pub(crate) fn decode_run(p: Packed, src: &[u8], dst: &mut [f32]) {
         Packed::Q5_K => each_block!(src, dst, q5_k, 176, 256),
         Packed::Q6_K => each_block!(src, dst, q6_k, 210, 256),
         Packed::Q8_K => each_block!(src, dst, q8_k, 292, 256),
+        Packed::Q4_Z => each_block!(src, dst, q4_z, 19, 32),
+        Packed::Q8_Z => each_block!(src, dst, q8_z, 36, 32),
     }
 }
 
@@ -158,6 +166,28 @@ fn q4_0(b: &[u8; 18], y: &mut [f32; 32]) {
         let q = b[2 + j];
         y[j] = (i32::from(q & 0x0F) - 8) as f32 * d;
         y[j + 16] = (i32::from(q >> 4) - 8) as f32 * d;
+    }
+}
+
+/// poot's GPTQ/AWQ block (`poot_core::quant::layout::q4_z`): `y = (q - z) * d`.
+#[inline(always)]
+fn q4_z(b: &[u8; 19], y: &mut [f32; 32]) {
+    let d = f16_at(b, 0);
+    let z = i32::from(b[2]);
+    for j in 0..16 {
+        let q = b[3 + j];
+        y[j] = (i32::from(q & 0x0F) - z) as f32 * d;
+        y[j + 16] = (i32::from(q >> 4) - z) as f32 * d;
+    }
+}
+
+/// poot's 8-bit GPTQ block (`poot_core::quant::layout::q8_z`): `y = (q - z) * d`.
+#[inline(always)]
+fn q8_z(b: &[u8; 36], y: &mut [f32; 32]) {
+    let d = f16_at(b, 0);
+    let z = i32::from(u16::from_le_bytes([b[2], b[3]]));
+    for j in 0..32 {
+        y[j] = (i32::from(b[4 + j]) - z) as f32 * d;
     }
 }
 

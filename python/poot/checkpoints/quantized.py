@@ -1,0 +1,167 @@
+"""Quantized Hugging Face checkpoints: which ``quantization_config`` poot loads, and how.
+
+Loaded: GPTQ int4 and int8 (AutoGPTQ, GPTQModel, Optimum; ``checkpoint_format`` ``gptq`` with
+the v1 ``zero - 1`` convention or GPTQModel's ``gptq_v2``) and AWQ int4 (AutoAWQ's GEMM
+layout), at ``group_size`` -1 or a multiple of 32. Their linear layers are re-laid once, at
+load, into poot's Q4_Z blocks (32 weights: an f16 scale, a u8 zero point, 16 bytes of nibbles;
+4.75 bits a weight) or Q8_Z blocks (9 bits a weight) and multiplied by the runtimes' decoded
+matmuls; no float copy is made.
+
+Invariant: :func:`quant_layout` decides from the config files alone, before any tensor is
+read, and refuses every layout, bit width or option it does not load with an
+``UnsupportedQuantizationError`` (a ``CheckpointFormatError``,
+``kind="unsupported_quantization"``) whose ``field`` names the
+config key (``quantization_config.bits``, ...). Malformed tensors (shapes, dtypes, missing
+``scales``, ``g_idx`` out of range) are refused by the native re-lay when ``Weights`` is built,
+naming the tensor.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from poot.errors import CheckpointFormatError, UnsupportedQuantizationError
+
+Packing = Literal["gptq", "gptq_v2", "awq"]
+
+
+@dataclass(frozen=True)
+class QuantLayout:
+    """A quantized checkpoint's layout, as poot loads it.
+
+    Attributes:
+        method: ``"gptq"`` or ``"awq"``.
+        packing: ``"gptq"`` (v1 zeros), ``"gptq_v2"`` or ``"awq"``; what the native re-lay reads.
+        bits: 4, or 8 for GPTQ (held as Q8_Z: a u8 quant each, an f16 scale and a u16 zero a
+            32-block).
+        group_size: -1 (one group per row) or a multiple of 32.
+        sym: symmetric zeros (the zeros are stored either way and read as stored).
+        desc_act: act-order; loaded only when ``g_idx`` keeps each 32 columns in one group.
+    """
+
+    method: Literal["gptq", "awq"]
+    packing: Packing
+    bits: int
+    group_size: int
+    sym: bool
+    desc_act: bool
+
+    @property
+    def native(self) -> tuple[str, int, int]:
+        """The ``packed=`` argument of ``_native.SafetensorsModel``."""
+        return (self.packing, self.group_size, self.bits)
+
+    def describe(self) -> str:
+        """One line for ``poot inspect``."""
+        group = "per row" if self.group_size == -1 else f"group {self.group_size}"
+        zeros = "sym" if self.sym else "asym"
+        act = ", act-order" if self.desc_act else ""
+        held = "Q4_Z (4.75 bits/weight)" if self.bits == 4 else "Q8_Z (9 bits/weight)"
+        return (
+            f"{self.packing} int{self.bits}, {group}, {zeros}{act}; "
+            f"linear layers held as {held}, the rest as stored"
+        )
+
+
+def float_weights(names_dtypes: list[tuple[str, str, int]]) -> tuple[int, list[str]]:
+    """How many int4 layers a tensor table holds, and the matrices it keeps in float
+    (embeddings, a float ``lm_head``): ``(name, dtype, ndim)`` triples in, for ``poot inspect``.
+    """
+    layers = {n.removesuffix(".qweight") for n, _, _ in names_dtypes if n.endswith(".qweight")}
+    floats = [
+        n
+        for n, dt, ndim in names_dtypes
+        if ndim == 2 and dt in ("F32", "F16", "BF16") and n.rsplit(".", 1)[0] not in layers
+    ]
+    return len(layers), floats
+
+
+def _refuse(source: str, key: str, message: str) -> UnsupportedQuantizationError:
+    return UnsupportedQuantizationError(
+        f"{source}: {message}",
+        kind="unsupported_quantization",
+        file=source,
+        field=f"quantization_config.{key}",
+    )
+
+
+def _int(q: dict[str, Any], key: str, default: int, source: str) -> int:
+    v = q.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _refuse(source, key, f"{key} must be an integer, got {v!r}")
+    return v
+
+
+def quant_layout(config: dict[str, Any], directory: Path) -> QuantLayout | None:
+    """The layout of a checkpoint, from ``config.json``'s ``quantization_config`` (or a
+    ``quantize_config.json`` beside it, as older AutoGPTQ exports write); None when it is not
+    quantized.
+
+    Raises:
+        UnsupportedQuantizationError: a method, bit width or option poot does not load (the
+            field is named).
+        CheckpointFormatError: a malformed ``quantize_config.json``.
+    """
+    source = str(directory / "config.json")
+    q = config.get("quantization_config")
+    side = directory / "quantize_config.json"
+    if q is None and side.is_file():
+        source = str(side)
+        try:
+            q = json.loads(side.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise CheckpointFormatError(
+                f"{side}: not readable JSON ({e})", kind="invalid_json", file=str(side)
+            ) from e
+        q = {"quant_method": "gptq", **q} if isinstance(q, dict) else q
+    if q is None:
+        return None
+    if not isinstance(q, dict):
+        raise _refuse(source, "quant_method", "quantization_config must be an object")
+    method = str(q.get("quant_method", "")).lower()
+    if method not in ("gptq", "awq"):
+        raise _refuse(
+            source,
+            "quant_method",
+            f"quant_method {method!r} is not supported yet (poot loads gptq and awq int4; "
+            "compressed-tensors, fp8, bitsandbytes and others are refused)",
+        )
+    # AutoAWQ's own quant_config spells them w_bit and q_group_size.
+    bits = _int(q, "bits", _int(q, "w_bit", 4, source), source)
+    if bits != 4 and not (bits == 8 and method == "gptq"):
+        only = "4 and 8" if method == "gptq" else "4"
+        raise _refuse(
+            source, "bits", f"{method} with {bits}-bit weights is not supported ({only} only)"
+        )
+    group_size = _int(q, "group_size", _int(q, "q_group_size", 128, source), source)
+    if group_size != -1 and (group_size <= 0 or group_size % 32):
+        raise _refuse(
+            source, "group_size", f"group_size {group_size} is not -1 or a multiple of 32"
+        )
+    if method == "awq":
+        version = str(q.get("version", "gemm")).lower()
+        if version != "gemm":
+            raise _refuse(
+                source, "version", f"AWQ version {version!r} is not supported (GEMM only)"
+            )
+        zero = q.get("zero_point", True)
+        if zero is not True:
+            raise _refuse(source, "zero_point", "AWQ without zero points is not supported")
+        return QuantLayout("awq", "awq", bits, group_size, sym=False, desc_act=False)
+    fmt = str(q.get("checkpoint_format", "gptq")).lower()
+    if fmt not in ("gptq", "gptq_v2"):
+        raise _refuse(
+            source,
+            "checkpoint_format",
+            f"GPTQ checkpoint_format {fmt!r} is not supported (gptq and gptq_v2 only)",
+        )
+    for key in ("is_marlin_format", "use_exllama_v2_format"):
+        if q.get(key):
+            raise _refuse(source, key, f"{key} checkpoints are not supported")
+    sym = bool(q.get("sym", True))
+    desc_act = bool(q.get("desc_act", False))
+    packing: Packing = "gptq_v2" if fmt == "gptq_v2" else "gptq"
+    return QuantLayout("gptq", packing, bits, group_size, sym=sym, desc_act=desc_act)

@@ -1,0 +1,105 @@
+"""Packed stays packed for GPTQ too: loading a GPTQ int4 directory raises resident memory by
+at most 1.25x its file size plus the KV pool. The Q4_Z re-lay is 1.14x the int4 tensors at
+group 128 and the source tensors' mapped pages are dropped once copied
+(``crates/poot-runtime/src/gptq_awq.rs``); a second copy, or the file's pages kept beside the
+copy, would be 2x and more. Measured as ``tests/test_memory.py`` does: a fresh interpreter,
+/proc's VmRSS after the imports, after loading and after generating.
+
+Generating is checked separately, against the same directory's load: the CPU runtime's plan
+arenas are heap memory that grows per layer and per step shape (about 5 MB a layer here at a
+256-token context, float directories alike), which on a 29 MB fixture is not small beside the
+weights; the bound for it is the issue's (1.15x the file plus the KV pool) on top of the load.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from quant_int4 import quant_config, quantize_layer
+
+_SCRIPT = r"""
+import json, sys
+
+def rss():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+import numpy, tokenizers, jinja2  # imports are not the model's memory
+import poot, poot.llm, poot.tokenizer, poot.models
+
+base = rss()
+llm = poot.LLM(sys.argv[1], threads=1, max_model_len=256, num_blocks=16)
+loaded = rss()
+out = llm.generate([[1, 2, 3]], poot.SamplingParams(max_tokens=8, temperature=0))
+print(json.dumps({
+    "base": base,
+    "loaded": loaded,
+    "after": rss(),
+    "kv_bytes": llm.runtime.memory()["kv_bytes"],
+    "tokens": len(out[0].outputs[0].token_ids),
+}))
+"""
+
+D, F, LAYERS, VOCAB = 1024, 2816, 4, 256
+
+
+def _write(directory: Path) -> Path:
+    """A Llama-shaped GPTQ int4 g128 directory (about 29 MB: int4 layers, float embeddings)."""
+    from family_models import FAMILIES, _tokenizer_json
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(0)
+    st = {
+        "model.embed_tokens.weight": rng.standard_normal((VOCAB, D)).astype(np.float32),
+        "lm_head.weight": rng.standard_normal((VOCAB, D)).astype(np.float32),
+        "model.norm.weight": np.ones(D, np.float32),
+    }
+    shapes = {"self_attn.q_proj": (D, D), "self_attn.k_proj": (D, D), "self_attn.v_proj": (D, D)}
+    shapes |= {"self_attn.o_proj": (D, D), "mlp.gate_proj": (F, D), "mlp.up_proj": (F, D)}
+    shapes |= {"mlp.down_proj": (D, F)}
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        st[p + "input_layernorm.weight"] = np.ones(D, np.float32)
+        st[p + "post_attention_layernorm.weight"] = np.ones(D, np.float32)
+        for name, shape in shapes.items():
+            tensors, _ = quantize_layer(rng.standard_normal(shape) * 0.02, "gptq", 128)
+            st.update({f"{p}{name}.{k}": v for k, v in tensors.items()})
+    directory.mkdir()
+    save_file(st, str(directory / "model.safetensors"))
+    config = dict(FAMILIES["mistral"], hidden_size=D, intermediate_size=F, sliding_window=None)
+    config |= {"num_hidden_layers": LAYERS, "num_attention_heads": 8, "num_key_value_heads": 8}
+    config |= {"quantization_config": quant_config("gptq", 128)}
+    (directory / "config.json").write_text(json.dumps(config))
+    _tokenizer_json(directory / "tokenizer.json", VOCAB)
+    return directory
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+def test_gptq_resident_memory_is_close_to_the_file_size(tmp_path: Path) -> None:
+    d = _write(tmp_path / "gptq")
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, str(d)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    m = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert m["tokens"] == 8
+    file_size = (d / "model.safetensors").stat().st_size
+    loaded = m["loaded"] - m["base"]
+    bound = 1.25 * file_size + m["kv_bytes"]
+    assert loaded <= bound, (
+        f"loading grew RSS by {loaded} bytes; bound {bound:.0f} "
+        f"(file {file_size}, kv {m['kv_bytes']})"
+    )
+    generating = m["after"] - m["loaded"]
+    assert generating <= 1.15 * file_size, f"generating grew RSS by {generating} bytes"
