@@ -57,7 +57,12 @@ pub(crate) fn matmul_bf16_ggml(
     }
     // AVX512-BF16: `vdpbf16ps` over packed bf16 tiles (`matmul/dpbf16.rs`).
     if ck.isa().avx512() && crate::kernels::matmul::dpbf16::available() {
-        crate::kernels::matmul::dpbf16::matmul(x, (t, k), (w, row_bytes, n), out, pool);
+        if t == 1 {
+            // The same sums, the stored rows read in place (`matmul/dpbf16_one.rs`).
+            crate::kernels::matmul::dpbf16_one::gemv(x, k, (w, row_bytes, n), out, pool);
+        } else {
+            crate::kernels::matmul::dpbf16::matmul(x, (t, k), (w, row_bytes, n), out, pool);
+        }
         return Ok(());
     }
     // AVX2 and AVX-512: packed tiles in tinyBLAS's 8-lane order (`matmul/lanes8.rs`).

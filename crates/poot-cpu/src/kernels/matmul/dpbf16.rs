@@ -102,7 +102,7 @@ fn x_offset(g0: usize, gt: usize, kp: usize, c0: usize) -> usize {
 
 /// The activations rounded to bf16, in tile order (see the module docs), one token group a
 /// task.
-fn pack_x(x: &[f32], (t, k): (usize, usize), pool: &ThreadPool) -> Aligned<u16> {
+pub(super) fn pack_x(x: &[f32], (t, k): (usize, usize), pool: &ThreadPool) -> Aligned<u16> {
     let kp = k.next_multiple_of(32);
     let mut xp = Aligned::<u16>::zeroed(t * kp);
     pool.for_each_chunk_mut(

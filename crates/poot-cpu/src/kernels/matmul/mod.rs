@@ -40,6 +40,7 @@ use poot_core::DType;
 pub(crate) mod bf16;
 pub(crate) mod decoded;
 pub(crate) mod dpbf16;
+pub(crate) mod dpbf16_one;
 pub(crate) mod float;
 pub(crate) mod float_ggml;
 pub(crate) mod groups;
