@@ -47,7 +47,7 @@ def _matmul(
     xv = t.input("x", "f32", list(x.shape))
     t.output("y", t.matmul(xv, t.weight("l.weight")))
     rt = _native.CpuRuntime(1, "exact")
-    return np.asarray(rt.run(rt.compile(t.finish(), w), {"x": x})["y"])
+    return np.asarray(rt.run(rt.prepare(t.finish(), w), {"x": x})["y"])
 
 
 @pytest.mark.parametrize("packing", PACKINGS)
@@ -97,7 +97,7 @@ def test_wgpu_matmul_matches_the_reference(tmp_path: Path, numerics: str, bits: 
     t.output("y", t.matmul(xv, t.weight("l.weight")))
     g = t.finish()
     gpu = _native.WgpuRuntime(60.0, numerics=numerics)  # type: ignore[arg-type]
-    got = np.asarray(gpu.run(gpu.compile(g, w), {"x": x})["y"])
+    got = np.asarray(gpu.run(gpu.prepare(g, w), {"x": x})["y"])
     x64 = x.astype(np.float64)
     bound = 2.02 * k * 2.0**-24 * (np.abs(x64) @ np.abs(ref_w).T)
     assert np.all(np.abs(got - x64 @ ref_w.T) <= bound)
