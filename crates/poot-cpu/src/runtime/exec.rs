@@ -16,6 +16,7 @@ use poot_runtime::{HostTensor, LateInput, RuntimeError};
 
 use super::arena::{for_each_operand, Arena, Buf};
 
+mod matmul;
 mod moe;
 mod rows;
 mod sampling;
@@ -23,7 +24,7 @@ use super::kv::{KvLayers, KvPool};
 use super::plan::CpuPlan;
 use super::profile::Profile;
 use crate::kernels::{self, AttentionInputs, AttentionShape, KvCacheMut};
-use crate::{DType, Isa, KernelError, ThreadPool};
+use crate::{DType, KernelError, ThreadPool};
 
 /// A run's inputs: those given up front and those supplied late (`LateInput`).
 pub(crate) type StepInputs<'i> = (&'i [(&'i str, HostTensor)], &'i [(&'i str, LateInput)]);
@@ -116,66 +117,6 @@ impl<'a> Exec<'a> {
         &self.graph().info(v).shape
     }
 
-    /// Runs the fused matmul group `members` (see `CpuPlan::fuse_matmuls`): the first one's
-    /// output is returned (in `first`, already sized), the others are stored in their slots.
-    fn fused_matmul(
-        &mut self,
-        members: &[usize],
-        first: Vec<f32>,
-        key: u64,
-    ) -> Result<Buf, RuntimeError> {
-        use crate::kernels::matmul::groups::MAX_SEGMENTS;
-        let graph = self.graph();
-        let mut outs: [Vec<f32>; MAX_SEGMENTS] = Default::default();
-        let mut ws: [Option<&crate::kernels::matmul::repack::Repack>; MAX_SEGMENTS] =
-            [None; MAX_SEGMENTS];
-        let mut x = None;
-        outs[0] = first;
-        for (m, &j) in members.iter().enumerate() {
-            let Op::MatMul { x: xj, w } = &graph.equations[j] else {
-                unreachable!("fuse_matmuls groups matmuls only")
-            };
-            x = Some(*xj);
-            ws[m] = self.plan.repack(w.index());
-            if m > 0 {
-                outs[m] = self.arena.zeros(graph.values[j].numel());
-            }
-        }
-        let (Some(x), Some(w0)) = (x, ws[0]) else {
-            unreachable!("a fused group has a first member with a re-laid weight")
-        };
-        let ws = ws.map(|w| w.unwrap_or(w0));
-        let xs = self.shape(x);
-        let Buf::F32(xv) = &self.bufs[x.index()] else {
-            return Err(RuntimeError::Kernel {
-                op: "matmul",
-                detail: format!("value {} is not an f32 activation", x.0),
-            });
-        };
-        let m = members.len();
-        {
-            let [a, b, c, d] = &mut outs;
-            let mut slices: [&mut [f32]; MAX_SEGMENTS] = [a, b, c, d];
-            kernels::matmul::matmul_repacked_fused(
-                Isa::detect(),
-                xv,
-                xs[0],
-                xs[1],
-                &ws[..m],
-                &mut slices[..m],
-                self.pool,
-                Some((&mut self.arena.act, key)),
-            )
-            .map_err(kerr("matmul"))?;
-        }
-        let mut outs = outs.into_iter();
-        let first = outs.next().unwrap_or_default();
-        for (&j, out) in members[1..].iter().zip(outs) {
-            self.bufs[j] = Buf::F32(out);
-        }
-        Ok(Buf::F32(first))
-    }
-
     fn run_op(
         &mut self,
         i: usize,
@@ -252,55 +193,7 @@ impl<'a> Exec<'a> {
                 Buf::F32(out)
             }
             Op::RmsNorm { x, weight, eps } => self.rms_norm(*x, *weight, *eps, &info.shape)?,
-            Op::MatMul { x, w } => {
-                let (bytes, dtype) = self.weight(*w, "matmul")?;
-                let xs = self.shape(*x);
-                let n = self.shape(*w)[0];
-                let mut out = self.arena.zeros(numel);
-                self.f32(*x, "matmul")?; // a typed error unless x is an f32 activation
-                let Buf::F32(xv) = &self.bufs[x.index()] else {
-                    unreachable!("checked just above")
-                };
-                // Matmuls reading the same input (q/k/v, gate/up) quantize it once.
-                let key = (self.arena.run << 32) | x.index() as u64;
-                if let Some(members) = self.plan.fused.get(&i) {
-                    return self.fused_matmul(members, out, key);
-                }
-                if let Some(rp) = self.plan.repack(w.index()) {
-                    kernels::matmul::matmul_repacked_cached(
-                        Isa::detect(),
-                        xv,
-                        xs[0],
-                        xs[1],
-                        rp,
-                        &mut out,
-                        self.pool,
-                        Some((&mut self.arena.act, key)),
-                    )
-                    .map_err(kerr("matmul"))?;
-                    return Ok(Buf::F32(out));
-                }
-                // The path compiling chose for this weight (a plan built by hand has none).
-                let path = self.plan.matmul_path(w.index()).unwrap_or_else(|| {
-                    kernels::matmul::MatmulPath::choose(self.plan.numerics, dtype)
-                });
-                kernels::matmul::matmul_on_path(
-                    path,
-                    self.plan.numerics,
-                    Isa::detect(),
-                    xv,
-                    xs[0],
-                    xs[1],
-                    bytes,
-                    dtype,
-                    n,
-                    &mut out,
-                    self.pool,
-                    Some((&mut self.arena.act, key)),
-                )
-                .map_err(kerr("matmul"))?;
-                Buf::F32(out)
-            }
+            Op::MatMul { x, w } => self.matmul(i, *x, *w, numel)?,
             Op::Add { a, b } | Op::Mul { a, b } => self.binary(op, *a, *b, &info.shape)?,
             Op::Silu { x } | Op::Gelu { x } => self.activation(op, *x, &info.shape)?,
             Op::Softmax { x } => {
