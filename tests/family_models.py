@@ -685,7 +685,7 @@ def write_family(root: Path, family: str, seed: int = 0) -> dict[str, Any]:
 
 
 # poot's ggml numerics against llama.cpp on the same GGUF: both keep an f16 KV cache and round
-# q and the softmax weights to f16 (``poot-cpu``'s attention/ggml.rs), but poot takes one
+# q and the softmax weights to f16 (``poot-cpu``'s attention/ggml_heads.rs), but poot takes one
 # summation order for every step (batch invariance) and scales scores instead of queries, so
 # logits differ by a few f16 roundings: bounded relative to the largest logit.
 LLAMA_CPP_REL = 5e-4

@@ -10,7 +10,7 @@
 //!   and integer dots as ggml does (`matmul/qdot_k.rs`), in an order of their own (close to, not
 //!   bit for bit, llama.cpp's); BF16, Q5_1 and the other k-quants keep the exact matmul;
 //! - attention keeps an f16 KV cache, rounds `q` and the softmax weights to f16 and follows
-//!   ggml's lane order and `expf` (`attention/ggml.rs`);
+//!   ggml's lane order and `expf` (`attention/ggml_heads.rs`);
 //! - RoPE builds `theta` by repeated multiplication and fuses as gcc does (`rope.rs`);
 //! - SiLU uses ggml's vector `expf` ([`expf`]) on whole 8-lane groups, libm on a row's tail.
 //!

@@ -101,7 +101,7 @@ impl<T: Parked> Drop for Scratch<T> {
     }
 }
 
-/// Per-thread scratch of the ggml attention path (`attention/ggml.rs` and the kernels built on
+/// Per-thread scratch of the ggml attention path (`attention/ggml_heads.rs` and the kernels built on
 /// it).
 #[derive(Debug, Default)]
 pub(crate) struct AttnScratch {

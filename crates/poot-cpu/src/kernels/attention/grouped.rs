@@ -1,8 +1,8 @@
 //! The ggml attention path for grouped query heads over an f16 cache (every step): each
 //! KV head's query heads run together, so every K and V row is widened once per group, in
-//! blocks that stay in L1. Every head's arithmetic is `attention::ggml::head`'s (8-lane dots in
+//! blocks that stay in L1. Every head's arithmetic is `attention::ggml_heads::head`'s (8-lane dots in
 //! the same order, the same softmax, 8 V lanes folded by `hsum8`), so outputs are bit-identical
-//! to the per-head path (tested here). Split from `attention/ggml.rs`, which keeps the per-head
+//! to the per-head path (tested here). Split from `attention/ggml_heads.rs`, which keeps the per-head
 //! path, its softmax and its scratch.
 
 #[cfg(target_arch = "x86_64")]
@@ -10,7 +10,7 @@ use crate::kernels::arch::x86::attention::{
     scores_one, scores_pair, v_heads_avx2, v_lanes_avx512, widen16,
 };
 #[cfg(target_arch = "x86_64")]
-use crate::kernels::attention::ggml::softmax_round;
+use crate::kernels::attention::ggml_heads::softmax_round;
 use crate::kernels::attention::kv::KvElem;
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::ggml::hsum8;

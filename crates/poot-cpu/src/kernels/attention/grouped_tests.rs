@@ -1,7 +1,7 @@
 //! `heads_f16` and `paged_grouped` against the per-head path, bit for bit.
 
 use super::*;
-use crate::kernels::attention::ggml::head;
+use crate::kernels::attention::ggml_heads::head;
 use crate::testutil::Rng;
 use half::f16;
 

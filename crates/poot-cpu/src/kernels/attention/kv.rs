@@ -1,7 +1,7 @@
 //! What every attention kernel shares, at the bottom of the attention family: the KV element
 //! types ([`KvElem`]: `f32`, or `half::f16` as llama.cpp keeps it), one call's shapes and
 //! inputs, the cache view, and where a position's KV row lives (`kv_row_of`). The dispatch
-//! (`attention/mod.rs`) and the kernels (`attention/exact.rs`, `attention/ggml.rs`,
+//! (`attention/mod.rs`) and the kernels (`attention/exact.rs`, `attention/ggml_heads.rs`,
 //! `attention/grouped.rs`, `attention/decode.rs`) all import from here and never from each
 //! other upward. See `attention/mod.rs` for the layout and the contract.
 

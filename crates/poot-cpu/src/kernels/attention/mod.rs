@@ -18,7 +18,7 @@
 //! Numerics ([`Numerics::Exact`], `attention/exact.rs`): scores `dot(q, k) * scale` (8 `f32`
 //! lanes), softmax in `f32` with the max subtracted (`e_p = expf(s_p - max)`, ggml's `expf`,
 //! within 1.95 ulp) and an `f32` sum, `out = (sum_p e_p * v_p) * (1 / sum)`. Error bound in
-//! the tests. [`Numerics::Ggml`] follows llama.cpp's prefill order instead (`attention/ggml.rs`).
+//! the tests. [`Numerics::Ggml`] follows llama.cpp's prefill order instead (`attention/ggml_heads.rs`).
 //! Under either, a token's result depends only on its own query and its sequence's cache: not on
 //! the thread count, nor on which or how many tokens share the step (batch invariance).
 //!
@@ -27,7 +27,7 @@
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod exact;
-pub(crate) mod ggml;
+pub(crate) mod ggml_heads;
 pub(crate) mod grouped;
 pub(crate) mod kv;
 pub(crate) mod windowed;
@@ -139,7 +139,7 @@ pub fn paged_attention_masked<T: KvElem>(
         pool.for_each_chunk_mut(out, s.head_dim, AttnGuard::take, |scratch, idx, o| {
             let (tok, h) = (idx / s.n_heads, idx % s.n_heads);
             let row_of = kv_row_of(s, inputs, tok, h / group);
-            ggml::head(
+            ggml_heads::head(
                 fma,
                 &inputs.q[idx * s.head_dim..(idx + 1) * s.head_dim],
                 k_cache,

@@ -7,7 +7,7 @@
 //!
 //! Arithmetic: each (token, head) runs the per-head path of the numerics it is under over the
 //! positions `lo..=p` only: [`Numerics::Exact`]'s `exact::head` (a window that starts at 0 gives
-//! the unwindowed bits), [`Numerics::Ggml`]'s `ggml::head` (llama.cpp masks cells outside the
+//! the unwindowed bits), [`Numerics::Ggml`]'s `ggml_heads::head` (llama.cpp masks cells outside the
 //! window to `-inf`, which contribute exact zeros, so skipping them keeps its values). A
 //! soft-capped layer (`softcap > 0`) takes `exact::head` under both numerics: each score `s`
 //! becomes `softcap * tanh(s / softcap)` before the softmax, as llama.cpp's Gemma 2 graph does
@@ -71,7 +71,7 @@ pub(crate) fn attend<T: KvElem>(
     if numerics == Numerics::Ggml && mask.softcap == 0.0 {
         pool.for_each_chunk_mut(out, s.head_dim, AttnGuard::take, |scratch, idx, o| {
             let (q, row_of, len) = span(idx);
-            crate::kernels::attention::ggml::head(
+            crate::kernels::attention::ggml_heads::head(
                 fma, q, k_cache, v_cache, row_of, len, s.scale, scratch, o,
             );
         });

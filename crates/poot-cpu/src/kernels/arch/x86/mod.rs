@@ -6,7 +6,7 @@
 //! `qdot_r16` - `matmul::qdot::dot_scalar{,_blocks}`; `qdot_k`, `qdot_rk`, `qdot_rk16` -
 //! `matmul::qdot_k::dot_scalar`; `fdot`, `fdot16` - the scalar rows of `matmul::float` and
 //! `matmul::lanes8`; `amx`, `amx_bf16` - the VNNI/AVX-512 tiles they stand in for;
-//! `attention` (the grouped score and V loops) - `attention::ggml::head`.
+//! `attention` (the grouped score and V loops) - `attention::ggml_heads::head`.
 
 pub(crate) mod amx;
 pub(crate) mod amx_bf16;
