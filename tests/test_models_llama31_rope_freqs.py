@@ -11,13 +11,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from family_models import (
-    assert_close_to_llama_cpp,
-    llama_cpp_greedy,
-    llama_cpp_logits,
-    reference_greedy,
-    reference_logits,
-)
+from family_llama_cpp import assert_close_to_llama_cpp, llama_cpp_greedy, llama_cpp_logits
+from family_reference import reference_greedy, reference_logits
 
 import poot
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from family_models import reference_greedy, reference_logits
+from family_reference import reference_greedy, reference_logits
 
 import poot
 

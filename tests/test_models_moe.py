@@ -14,13 +14,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from family_models import (
+from family_llama_cpp import (
     assert_close_to_llama_cpp,
     assert_greedy_matches_llama_cpp,
     llama_cpp_logits,
-    reference_greedy,
-    reference_logits,
 )
+from family_reference import reference_greedy, reference_logits
 
 import poot
 

@@ -171,7 +171,7 @@ def _quantized_model(
 def test_model_logits_and_greedy_ids_match_the_dequantized_reference(
     tmp_path: Path, packing: str, group: int, bits: int
 ) -> None:
-    from family_models import reference_greedy, reference_logits
+    from family_reference import reference_greedy, reference_logits
 
     d, deq = _quantized_model(tmp_path, packing, group, bits)
     llm = poot.LLM(str(d), threads=1, numerics="exact")
@@ -184,7 +184,7 @@ def test_model_logits_and_greedy_ids_match_the_dequantized_reference(
 
 @pytest.mark.device_wgpu
 def test_model_on_wgpu_matches_the_dequantized_reference(tmp_path: Path) -> None:
-    from family_models import reference_greedy, reference_logits
+    from family_reference import reference_greedy, reference_logits
     from wgpu_util import require_wgpu
 
     require_wgpu()
@@ -200,7 +200,7 @@ def test_model_on_wgpu_matches_the_dequantized_reference(tmp_path: Path) -> None
 def test_auto_numerics_runs_them_as_quantized(tmp_path: Path) -> None:
     """``numerics="auto"`` treats an int4 directory as quantized (llama.cpp's arithmetic: an f16
     KV cache, so the bound is the f16 rounding of K and V carried through two layers)."""
-    from family_models import reference_logits
+    from family_reference import reference_logits
 
     d, deq = _quantized_model(tmp_path, "awq", 128)
     llm = poot.LLM(str(d), threads=1)

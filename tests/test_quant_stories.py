@@ -55,6 +55,7 @@ def test_stories_quantized_matches_its_dequantized_reference_for_32_tokens(
     stories: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, packing: str, group: int
 ) -> None:
     import family_models
+    import family_reference
 
     src = stories / "hf"
     cfg: dict[str, Any] = json.loads((src / "config.json").read_text())
@@ -63,8 +64,8 @@ def test_stories_quantized_matches_its_dequantized_reference_for_32_tokens(
     llm = poot.LLM(str(tmp_path / packing), threads=1, numerics="exact")
     assert llm.weights.describe("model.layers.0.self_attn.q_proj.weight") == ("Q4_Z", (64, 64))
     assert llm.weights.describe("model.layers.0.mlp.down_proj.weight")[0] == "F32"
-    ref = family_models.reference_logits("stories", deq, PROMPT)[-1]
+    ref = family_reference.reference_logits("stories", deq, PROMPT)[-1]
     np.testing.assert_allclose(llm.logits(PROMPT), ref, rtol=0, atol=2e-4)
     params = poot.SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
     got = llm.generate([PROMPT], params)[0].outputs[0].token_ids
-    assert list(got) == family_models.reference_greedy("stories", deq, PROMPT, 32)
+    assert list(got) == family_reference.reference_greedy("stories", deq, PROMPT, 32)
