@@ -454,7 +454,7 @@ fn run_all(
             });
         }
         // A later member of a fused matmul group: its output was made with the first's.
-        if !plan.fused_later.contains(&i) {
+        if !plan.fused_later.get(i).copied().unwrap_or(false) {
             let buf = match profile {
                 None => exec.run_op(i, op, (inputs, late), kv.as_deref_mut(), deadline)?,
                 Some(p) => {

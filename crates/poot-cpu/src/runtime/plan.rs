@@ -6,7 +6,7 @@
 //! plus tables) fits `CompileLimits::max_artifact_bytes`, checked before the plan is returned.
 
 use std::any::Any;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use poot_graph::{run_passes, CompileError, CompileLimits, DeadCodeElimination, Graph, Op};
@@ -45,9 +45,9 @@ pub struct CpuPlan {
     /// Matmuls run together (`fuse_matmuls`): the first one's equation index to every member's,
     /// in order (the first included).
     pub(crate) fused: HashMap<usize, Vec<usize>>,
-    /// The members of `fused` groups other than the first: their outputs exist before their
-    /// turn comes.
-    pub(crate) fused_later: HashSet<usize>,
+    /// By equation: whether it is a member of a `fused` group other than the first, whose
+    /// output exists before its turn comes (a flag per equation: the run loop asks for each).
+    pub(crate) fused_later: Vec<bool>,
 }
 
 impl CpuPlan {
@@ -80,13 +80,15 @@ impl CpuPlan {
             by_input.entry((x.index(), key(rp))).or_default().push(i);
         }
         self.fused.clear();
-        self.fused_later.clear();
+        self.fused_later = vec![false; self.graph.equations.len()];
         for members in by_input.into_values() {
             for chunk in members.chunks(crate::kernels::matmul::groups::MAX_SEGMENTS) {
                 if chunk.len() < 2 {
                     continue;
                 }
-                self.fused_later.extend(chunk[1..].iter().copied());
+                for &j in &chunk[1..] {
+                    self.fused_later[j] = true;
+                }
                 self.fused.insert(chunk[0], chunk.to_vec());
             }
         }
@@ -246,7 +248,7 @@ pub(crate) fn compile(
         copied: HashMap::new(),
         matmul_paths,
         fused: HashMap::new(),
-        fused_later: HashSet::new(),
+        fused_later: Vec::new(),
     })
 }
 
