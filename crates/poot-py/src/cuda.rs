@@ -169,12 +169,8 @@ impl PyCudaRuntime {
     /// runtime is built.
     #[staticmethod]
     fn kv_entry_bytes_for(numerics: &str) -> PyResult<u32> {
-        match numerics {
-            "exact" | "ggml" => Ok(poot_runtime::DEFAULT_KV_ENTRY_BYTES),
-            other => Err(pyo3::exceptions::PyValueError::new_err(format!(
-                "numerics must be \"exact\" or \"ggml\", got {other:?}"
-            ))),
-        }
+        crate::runtime::ggml_numerics(numerics)?;
+        Ok(poot_runtime::DEFAULT_KV_ENTRY_BYTES)
     }
 
     /// Bytes of one KV cache element in this runtime's pool (f32).

@@ -340,6 +340,18 @@ impl PyCpuRuntime {
     }
 }
 
+/// Whether a GPU runtime's `numerics` argument is `"ggml"` (`false` for `"exact"`); a
+/// `ValueError` naming both choices otherwise.
+pub(crate) fn ggml_numerics(numerics: &str) -> PyResult<bool> {
+    match numerics {
+        "exact" => Ok(false),
+        "ggml" => Ok(true),
+        other => Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "numerics must be \"exact\" or \"ggml\", got {other:?}"
+        ))),
+    }
+}
+
 // The methods every runtime class shares (written once against `Arc<dyn Runtime>`).
 
 /// Prepares a plan without the GIL; see `CpuRuntime.prepare`.

@@ -109,15 +109,7 @@ impl PyWgpuRuntime {
         f16_arithmetic: bool,
         numerics: &str,
     ) -> PyResult<Self> {
-        let ggml = match numerics {
-            "exact" => false,
-            "ggml" => true,
-            other => {
-                return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                    "numerics must be \"exact\" or \"ggml\", got {other:?}"
-                )))
-            }
-        };
+        let ggml = crate::runtime::ggml_numerics(numerics)?;
         if !(timeout_s.is_finite() && timeout_s > 0.0) {
             return Err(pyo3::exceptions::PyValueError::new_err(format!(
                 "timeout_s must be finite and > 0, got {timeout_s}"
@@ -145,12 +137,8 @@ impl PyWgpuRuntime {
     /// runtime is built.
     #[staticmethod]
     fn kv_entry_bytes_for(numerics: &str) -> PyResult<u32> {
-        match numerics {
-            "exact" | "ggml" => Ok(poot_runtime::DEFAULT_KV_ENTRY_BYTES),
-            other => Err(pyo3::exceptions::PyValueError::new_err(format!(
-                "numerics must be \"exact\" or \"ggml\", got {other:?}"
-            ))),
-        }
+        crate::runtime::ggml_numerics(numerics)?;
+        Ok(poot_runtime::DEFAULT_KV_ENTRY_BYTES)
     }
 
     /// Bytes of one KV cache element in this runtime's pool.
