@@ -26,13 +26,13 @@ echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}" >>"$OUT/env.log"
 export POOT_REQUIRE_CUDA=1
 for t in unit nvrtc shim device attention fault; do
   echo "== $t" | tee -a "$OUT/summary.log"
-  timeout 240 "$BIN/$t" --test-threads=1 --nocapture >"$OUT/$t.log" 2>&1
+  timeout "${TEST_TIMEOUT:-240}" "$BIN/$t" --test-threads=1 --nocapture >"$OUT/$t.log" 2>&1
   rc=$?
   grep -E '^test |test result|SKIP|panicked|bit-equal|worst|stalled' "$OUT/$t.log" | tee -a "$OUT/summary.log"
   echo "exit $rc" | tee -a "$OUT/summary.log"
   [ $rc -ne 0 ] && status=1
 done
 echo "== bench" | tee -a "$OUT/summary.log"
-timeout 180 "$BIN/bench" --ignored --nocapture --test-threads=1 >"$OUT/bench.log" 2>&1 || status=1
+timeout "${BENCH_TIMEOUT:-180}" "$BIN/bench" --ignored --nocapture --test-threads=1 >"$OUT/bench.log" 2>&1 || status=1
 grep -vE '^(running|test |$)' "$OUT/bench.log" | tee -a "$OUT/summary.log"
 exit $status
