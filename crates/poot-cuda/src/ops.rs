@@ -51,6 +51,8 @@ pub fn kernel_names(source: &str) -> Vec<&str> {
 
 /// Rows one matvec block computes (`MV_ROWS` in matvec.cu: 8 warps of 256 threads).
 pub const MV_ROWS: u32 = 8;
+/// Tokens one matvec warp computes from one decode of its row (`MV_TOK` in matvec.cu).
+pub const MV_TOK: u32 = 4;
 /// Threads per block of every kernel.
 pub const BLOCK: u32 = 256;
 
@@ -144,7 +146,7 @@ pub fn dtype_code(dtype: DType) -> Option<i32> {
 pub fn matvec(dtype: DType, w: u64, x: u64, y: u64, t: u32, n: u32, k: u32) -> Launch {
     Launch {
         kernel: matvec_kernel(dtype).expect("the plan checked the dtype"),
-        grid: [blocks(n.into(), MV_ROWS), t, 1],
+        grid: [blocks(n.into(), MV_ROWS), t.div_ceil(MV_TOK), 1],
         block: [BLOCK, 1, 1],
         args: vec![
             Arg::Ptr(w),
@@ -152,6 +154,7 @@ pub fn matvec(dtype: DType, w: u64, x: u64, y: u64, t: u32, n: u32, k: u32) -> L
             Arg::Ptr(y),
             Arg::I32(n as i32),
             Arg::I32(k as i32),
+            Arg::I32(t as i32),
         ],
     }
 }

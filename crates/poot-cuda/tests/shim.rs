@@ -39,9 +39,16 @@ fn launch(s: &Shim, l: &Launch) {
 }
 
 /// Matvec/matmul shapes: (t, n, k). SmolLM2's (576 -> 1536), a row count off the 8-row
-/// block, blocks per row off the 32 lanes, and several tokens.
-const MATMUL_SHAPES: [(usize, usize, usize); 4] =
-    [(1, 1536, 576), (1, 13, 96), (3, 67, 1088), (2, 5, 32)];
+/// block, blocks per row off the 32 lanes, and token counts below, past and across the
+/// 4-token group a warp computes from one decode of its row.
+const MATMUL_SHAPES: [(usize, usize, usize); 6] = [
+    (1, 1536, 576),
+    (1, 13, 96),
+    (3, 67, 1088),
+    (2, 5, 32),
+    (6, 67, 1088),
+    (9, 13, 96),
+];
 
 #[test]
 fn matvec_matches_the_cpu_runtime_for_every_packed_dtype() {
@@ -78,6 +85,41 @@ fn matvec_matches_the_cpu_runtime_for_every_packed_dtype() {
                     dot_bound(k, sums[i])
                 );
             }
+        }
+    }
+}
+
+/// A token's row is summed in the same order whatever the tokens beside it: the matvec of 7
+/// tokens gives, for each, the bits of that token alone.
+#[test]
+fn a_tokens_result_does_not_depend_on_the_token_count() {
+    let Some(s) = shim() else { return };
+    let mut rng = Rng(13);
+    let (t, n, k) = (7, 19, 160);
+    for dtype in MATMUL_DTYPES {
+        let w = packed(dtype, n, k, &mut rng);
+        let x = rng.vec(t * k);
+        let run = |x: &[f32], t: usize| {
+            let mut got = vec![f32::NAN; t * n];
+            launch(
+                s,
+                &ops::matvec(
+                    dtype,
+                    addr(&w),
+                    addr(x),
+                    out(&mut got),
+                    t as u32,
+                    n as u32,
+                    k as u32,
+                ),
+            );
+            got
+        };
+        let all = run(&x, t);
+        for i in 0..t {
+            let one = run(&x[i * k..(i + 1) * k], 1);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&all[i * n..(i + 1) * n]), bits(&one), "{dtype} token {i}");
         }
     }
 }
