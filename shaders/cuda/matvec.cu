@@ -1,8 +1,8 @@
 // x [t, k] times W stored [n, k] -> y [t, n], the weight read packed in place.
 //
 // Launch: block (256), grid (ceil(n / 8), ceil(t / MV_TOK)). Each warp owns one output row
-// for up to MV_TOK tokens: lane l takes 32-element blocks l, l + 32, ... of the row, decodes
-// each exactly once (the reference dequantizer's `q * d` / `q * d + m`, unfused) and
+// for up to MV_TOK tokens: its lanes split the row (below, per format), decode each weight
+// exactly once (the reference dequantizer's `q * d` / `q * d + m`, unfused) and
 // accumulates w * x in f32 for each of its tokens, so a prompt reads each weight t / MV_TOK
 // times rather than t times. The warp sums its lanes in a fixed xor tree. Each token's
 // additions happen in the same order whatever the token count, so a row's result does not
@@ -43,23 +43,33 @@
         }                                                                         \
     }
 
+// The block formats: 8 lanes share a 32-element block (lane slot s = lane % 8 takes 4 of its
+// elements) and the warp's 4 lane groups take blocks g, g + 4, ... (g = lane / 8), so each
+// load instruction of the warp reads 4 neighbouring blocks' bytes and x values, coalesced.
+#define MV_SLOT (lane & 7)
+#define MV_GROUP (lane >> 3)
+
 extern "C" __global__ void matvec_q8_0(const u8* __restrict__ w, const float* __restrict__ x,
                                        float* __restrict__ y, int n, int k, int t) {
     MV_BEGIN
     if (row < n) {
         int nb = k >> 5;
+        int s = MV_SLOT;
         const u8* wr = w + (long long)row * (long long)nb * 34u;
-        for (int b = lane; b < nb; b += 32) {
+        for (int b = MV_GROUP; b < nb; b += 4) {
             const u8* blk = wr + (long long)b * 34u;
             float d = poot_f16(poot_ld16(blk));
-            int xb = b * 32;
-            for (int i = 0; i < 16; ++i) {
-                u32 pair = poot_ld16(blk + 2 + 2 * i);
-                float w0 = (float)(i8)(pair & 0xFFu) * d;
-                float w1 = (float)(i8)(pair >> 8) * d;
-                MV_ADD(w0, xb + 2 * i)
-                MV_ADD(w1, xb + 2 * i + 1)
-            }
+            u32 lo = poot_ld16(blk + 2 + 4 * s);
+            u32 hi = poot_ld16(blk + 4 + 4 * s);
+            int xb = b * 32 + 4 * s;
+            float w0 = (float)(i8)(lo & 0xFFu) * d;
+            float w1 = (float)(i8)(lo >> 8) * d;
+            float w2 = (float)(i8)(hi & 0xFFu) * d;
+            float w3 = (float)(i8)(hi >> 8) * d;
+            MV_ADD(w0, xb)
+            MV_ADD(w1, xb + 1)
+            MV_ADD(w2, xb + 2)
+            MV_ADD(w3, xb + 3)
         }
     }
     MV_END
@@ -70,23 +80,22 @@ extern "C" __global__ void matvec_q4_0(const u8* __restrict__ w, const float* __
     MV_BEGIN
     if (row < n) {
         int nb = k >> 5;
+        int s = MV_SLOT;
         const u8* wr = w + (long long)row * (long long)nb * 18u;
-        for (int b = lane; b < nb; b += 32) {
+        for (int b = MV_GROUP; b < nb; b += 4) {
             const u8* blk = wr + (long long)b * 18u;
             float d = poot_f16(poot_ld16(blk));
-            int xb = b * 32;
-            for (int i = 0; i < 8; ++i) {
-                u32 pair = poot_ld16(blk + 2 + 2 * i);
-                // Byte j holds element j (low nibble) and element j + 16 (high nibble).
-                float lo0 = (float)((int)(pair & 0xFu) - 8) * d;
-                float hi0 = (float)((int)((pair >> 4) & 0xFu) - 8) * d;
-                float lo1 = (float)((int)((pair >> 8) & 0xFu) - 8) * d;
-                float hi1 = (float)((int)((pair >> 12) & 0xFu) - 8) * d;
-                MV_ADD(lo0, xb + 2 * i)
-                MV_ADD(lo1, xb + 2 * i + 1)
-                MV_ADD(hi0, xb + 2 * i + 16)
-                MV_ADD(hi1, xb + 2 * i + 17)
-            }
+            // Byte j holds element j (low nibble) and element j + 16 (high nibble).
+            u32 pair = poot_ld16(blk + 2 + 2 * s);
+            int xb = b * 32 + 2 * s;
+            float lo0 = (float)((int)(pair & 0xFu) - 8) * d;
+            float hi0 = (float)((int)((pair >> 4) & 0xFu) - 8) * d;
+            float lo1 = (float)((int)((pair >> 8) & 0xFu) - 8) * d;
+            float hi1 = (float)((int)((pair >> 12) & 0xFu) - 8) * d;
+            MV_ADD(lo0, xb)
+            MV_ADD(lo1, xb + 1)
+            MV_ADD(hi0, xb + 16)
+            MV_ADD(hi1, xb + 17)
         }
     }
     MV_END
@@ -97,24 +106,24 @@ extern "C" __global__ void matvec_q4_1(const u8* __restrict__ w, const float* __
     MV_BEGIN
     if (row < n) {
         int nb = k >> 5;
+        int s = MV_SLOT;
         const u8* wr = w + (long long)row * (long long)nb * 20u;
-        for (int b = lane; b < nb; b += 32) {
-            // 20-byte blocks: 4-byte aligned, so the quants load as four u32 words.
-            const u32* blk = (const u32*)(wr + (long long)b * 20u);
-            u32 dm = blk[0];
+        for (int b = MV_GROUP; b < nb; b += 4) {
+            // 20-byte blocks: 4-byte aligned, so d and m load as one u32 word.
+            const u8* blk = wr + (long long)b * 20u;
+            u32 dm = *(const u32*)blk;
             float d = poot_f16(dm & 0xFFFFu);
             float m = poot_f16(dm >> 16);
-            int xb = b * 32;
-            for (int i = 0; i < 4; ++i) {
-                u32 q = blk[1 + i];
-                for (int j = 0; j < 4; ++j) {
-                    u32 byte = (q >> (8 * j)) & 0xFFu;
-                    float lo = (float)(int)(byte & 0xFu) * d + m;
-                    float hi = (float)(int)(byte >> 4) * d + m;
-                    MV_ADD(lo, xb + 4 * i + j)
-                    MV_ADD(hi, xb + 4 * i + j + 16)
-                }
-            }
+            u32 pair = poot_ld16(blk + 4 + 2 * s);
+            int xb = b * 32 + 2 * s;
+            float lo0 = (float)(int)(pair & 0xFu) * d + m;
+            float hi0 = (float)(int)((pair >> 4) & 0xFu) * d + m;
+            float lo1 = (float)(int)((pair >> 8) & 0xFu) * d + m;
+            float hi1 = (float)(int)((pair >> 12) & 0xFu) * d + m;
+            MV_ADD(lo0, xb)
+            MV_ADD(lo1, xb + 1)
+            MV_ADD(hi0, xb + 16)
+            MV_ADD(hi1, xb + 17)
         }
     }
     MV_END
