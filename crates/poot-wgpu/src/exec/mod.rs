@@ -370,9 +370,13 @@ impl<'a> Exec<'a> {
                     self.matmul_q8k(&wt, xb, out.clone(), t, k, n)?;
                     return Ok(Some(out));
                 }
+                let kernel = self.rt.matmul_kernel(wt.dtype);
+                // matmul.wgsl: workgroups of 8 rows of 8 lanes each; matmul_f16.wgsl: one lane
+                // per row, 64 rows a workgroup.
+                let rows_per_group = if kernel == Kernel::MatMul { 8 } else { 64 };
                 for part in &wt.parts {
-                    // One lane per row: workgroups of 64 rows, wrapped into y past 65535.
-                    let groups = part.rows.div_ceil(64).max(1);
+                    // Wrapped into y past 65535 workgroups.
+                    let groups = part.rows.div_ceil(rows_per_group).max(1);
                     let gx = groups.min(65535);
                     let grid = [
                         gx as u32,
@@ -390,7 +394,6 @@ impl<'a> Exec<'a> {
                         gx as u32,
                     ];
                     let bufs = vec![Arc::new(part.buffer.clone()), xb.clone(), out.clone()];
-                    let kernel = self.rt.matmul_kernel(wt.dtype);
                     self.dispatch(kernel, wt.dtype, bufs, &words, grid)?;
                 }
                 out
