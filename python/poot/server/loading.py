@@ -1,7 +1,7 @@
 """``load_llm``: the server's model, sized to the memory that is free.
 
-Kept apart from the web stack (no FastAPI import), so ``poot-serve`` can start loading the
-model on its own thread while uvicorn and FastAPI are still being imported.
+Kept apart from the web stack (no Starlette import), so ``poot-serve`` can start loading the
+model on its own thread while uvicorn and Starlette are still being imported.
 """
 
 from __future__ import annotations
