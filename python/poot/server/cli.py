@@ -28,6 +28,7 @@ from poot import _native
 from poot.checkpoints import DEFAULT_SPEC, SPEC_FORMS
 from poot.errors import ConfigError
 from poot.server.config import DEFAULT_HOST, DEFAULT_PORT, ServerConfig, parse_size
+from poot.server.startup import Phase
 
 if TYPE_CHECKING:
     from poot.llm import LLM
@@ -205,18 +206,22 @@ def _config(args: argparse.Namespace) -> ServerConfig:
     )
 
 
-def _start_loading(config: ServerConfig) -> Future[LLM]:
+def _start_loading(config: ServerConfig, phase: Phase) -> Future[LLM]:
     """Loads the model on a new thread (``poot.server.loading.load_llm``); the future holds the
     ``LLM`` or the error."""
     # Imported here, before the thread starts: the web stack imported meanwhile on the main
     # thread shares no module with it, so the two threads never wait on each other's imports.
     from poot.server.loading import load_llm
 
+    phase.done("model code imported")
     future: Future[LLM] = Future()
 
     def work() -> None:
         try:
-            future.set_result(load_llm(config))
+            phase = Phase()
+            llm = load_llm(config)
+            phase.done("model loaded")
+            future.set_result(llm)
         except BaseException as e:  # the app's loader re-raises it (a fatal load error)
             future.set_exception(e)
 
@@ -236,6 +241,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``poot-serve``; return its exit code."""
+    phase = Phase(from_process_start=True)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.backend == "cuda" and not _native.cuda_devices():
@@ -250,6 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    phase.done("interpreter started, poot-serve imported, arguments read")
 
     try:
         sock = _bind(args.host, args.port)
@@ -259,14 +266,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(f"poot-serve: listening on http://{shown}:{port}", flush=True)
+    phase.done("listening")
     # The model loads from here on, on its own thread, while the web stack is imported: its
     # slow parts (preparing the weights, the KV pool) run without the GIL.
-    loading = _start_loading(config)
+    loading = _start_loading(config, phase)
 
     import uvicorn
 
     from poot.server.app import create_app
     from poot.server.shutdown import DrainingServer
+
+    phase.done("web stack imported")
 
     fatal: list[str] = []
     server: uvicorn.Server | None = None
@@ -288,6 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         app.state.poot,
         config.shutdown_timeout_s,
     )
+    phase.done("app created")
     server.run(sockets=[sock])
     if fatal:
         sys.stderr.write(f"poot-serve: error: {fatal[0]}\n")
