@@ -24,6 +24,7 @@ from poot.server.errors import exception_handlers
 from poot.server.limits import BodyLimit
 from poot.server.metrics import Metrics
 from poot.server.routes import routes
+from poot.server.startup import mark
 from poot.server.state import ServerState, load_llm, served_name
 
 __all__ = ["create_app"]
@@ -47,6 +48,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        mark("serving: the event loop runs")
         task = asyncio.create_task(state.load(load))
         try:
             yield

@@ -52,9 +52,15 @@ def since_start() -> float:
 
 
 def mark(what: str) -> None:
-    """Logs that ``what`` happened, with the time since the process started."""
+    """Logs that ``what`` happened, with the time since the process started and the CPU
+    time of the calling thread since it started."""
     if logger.isEnabledFor(logging.DEBUG):
-        logger.debug("startup %.3f s: %s", since_start(), what)
+        logger.debug(
+            "startup %.3f s: %s (this thread's CPU so far %.3f s)",
+            since_start(),
+            what,
+            time.thread_time(),
+        )
 
 
 class Phase:
