@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-
 from poot.checkpoints import cache
 from poot.config import Settings
 from poot.errors import (
