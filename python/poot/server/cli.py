@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["build_parser", "main"]
 
 API_KEY_ENV = "POOT_API_KEY"
+ROWS_ENV = "POOT_SERVE_MAX_ROWS"
 BACKENDS = ("cpu", "wgpu", "cuda")
 
 
@@ -48,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n"
         "  poot-serve\n"
         "  poot-serve --model path/to/model.gguf --port 9000 --api-key KEY\n"
-        "  poot-serve --backend wgpu --max-num-seqs 8\n"
+        "  poot-serve --backend wgpu --max-model-len 2048\n"
         "  poot-serve --model big.gguf --device-budget 4GiB --spill-dir /data/spill\n\n"
         "exit codes:\n"
         "  0    stopped cleanly (SIGTERM or Ctrl-C: drained, see --shutdown-timeout)\n"
@@ -85,23 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens per sequence (default: the model's context, at most 4096)",
     )
     p.add_argument(
-        "--max-num-seqs",
-        type=int,
-        default=d.max_num_seqs,
-        help=f"sequences decoding together (default {d.max_num_seqs})",
-    )
-    p.add_argument(
-        "--kv-cache-mib",
-        type=int,
-        default=d.kv_cache_bytes >> 20,
-        help=f"most MiB of KV cache; less if memory is short (default {d.kv_cache_bytes >> 20})",
-    )
-    p.add_argument(
         "--device-budget",
         metavar="SIZE",
         default=None,
         help="bytes the model may use on its device (e.g. 512MiB): weights, KV pool, buffers; "
-        "weights that do not fit are streamed (default: no limit, all resident)",
+        "the rows and the KV pool are fitted to what the weights leave, and weights that do "
+        "not fit are streamed (default: no limit; the KV pool takes half the free RAM on the "
+        "CPU, 90%% of the GPU's memory on CUDA, 1 GiB on wgpu)",
     )
     p.add_argument(
         "--host-budget",
@@ -174,6 +165,38 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# Flags that were removed, and what replaces them (named in the error).
+_GONE = {
+    "--max-num-seqs": "the rows are fitted to the memory that is free",
+    "--kv-cache-mib": "the KV pool is fitted to the memory that is free",
+}
+
+
+def _refuse_gone_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    for arg in argv:
+        flag = arg.split("=", 1)[0]
+        if flag in _GONE:
+            parser.error(
+                f"{flag} is gone: {_GONE[flag]} (docs/server.md, \"Rows and the KV pool\"); "
+                "to bound the memory poot-serve takes, use --device-budget SIZE "
+                "(and --host-budget SIZE for weights streamed from RAM)"
+            )
+
+
+def _max_rows() -> int | None:
+    """``POOT_SERVE_MAX_ROWS``, for tests and diagnosis (None when unset)."""
+    text = os.environ.get(ROWS_ENV)
+    if text is None or not text.strip():
+        return None
+    try:
+        rows = int(text)
+    except ValueError:
+        rows = 0
+    if rows < 1:
+        raise ConfigError(f"{ROWS_ENV} must be an integer >= 1, got {text!r}")
+    return rows
+
+
 def _config(args: argparse.Namespace) -> ServerConfig:
     template = args.chat_template
     if template is not None and "{" not in template:
@@ -187,8 +210,7 @@ def _config(args: argparse.Namespace) -> ServerConfig:
         api_key=args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV),
         threads=args.threads,
         max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        kv_cache_bytes=args.kv_cache_mib << 20,
+        max_rows=_max_rows(),
         max_queue=args.max_queue,
         queue_timeout_s=args.queue_timeout,
         request_timeout_s=args.request_timeout,
@@ -243,6 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``poot-serve``; return its exit code."""
     phase = Phase(from_process_start=True)
     parser = build_parser()
+    _refuse_gone_flags(parser, sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if args.backend == "cuda" and not _native.cuda_devices():
         parser.error(
