@@ -177,7 +177,7 @@ def _refuse_gone_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> 
         flag = arg.split("=", 1)[0]
         if flag in _GONE:
             parser.error(
-                f"{flag} is gone: {_GONE[flag]} (docs/server.md, \"Rows and the KV pool\"); "
+                f'{flag} is gone: {_GONE[flag]} (docs/server.md, "Rows and the KV pool"); '
                 "to bound the memory poot-serve takes, use --device-budget SIZE "
                 "(and --host-budget SIZE for weights streamed from RAM)"
             )
