@@ -19,7 +19,19 @@ from server_process import CLEAN_EXIT, ServerProcess
 # What a served request needs is imported before /health says 200; these are not needed by
 # it: FastAPI (the app is Starlette's), tqdm (progress bars only draw on a terminal), the
 # planner (only with --device-budget/--host-budget), the hub client (only to download).
-_NOT_AT_START = ("fastapi", "tqdm", "poot.planner", "huggingface_hub", "transformers", "torch")
+# (``poot-serve`` itself also turns pydantic's plugin scan off, which keeps
+# ``importlib.metadata`` out; importing the modules as here does not.)
+_NOT_AT_START = (
+    "fastapi",
+    "tqdm",
+    "poot.planner",
+    "huggingface_hub",
+    "transformers",
+    "torch",
+    # Guided decoding's engine: imported by the first guided request (which builds its
+    # tokenizer then anyway, about a second); with it goes the package metadata machinery.
+    "llguidance",
+)
 
 
 def test_the_server_start_imports_no_module_it_does_not_use() -> None:
