@@ -111,6 +111,7 @@ class _WeightPreparation:
         except BaseException as e:  # re-raised by join, on the constructor's thread
             self._error = e
             return
+        # The first step's warm-up: its compile prepared every weight.
         logger.info("weights prepared in %.2f s", time.perf_counter() - t0)
 
     def join(self) -> None:
@@ -286,13 +287,15 @@ class LLM:
         # The planner's placement (``poot.planner``): the runner it builds for this model
         # (direct, streamed or split), and the runtime and backend the steps then run on.
         self.compiled: CompiledModel | None = None
+        logger.debug("load: model mapped in %.3f s", time.perf_counter() - t_start)
         if config is not None:
             from poot.planner.runners import plan_runner
 
+            t0 = time.perf_counter()
             planned = plan_runner(runner, self.files, config, backend, resolved)
             runner, self.compiled = planned.runner, planned.compiled
             self.runtime, self.backend = planned.runtime, planned.backend
-        logger.debug("load: model mapped in %.3f s", time.perf_counter() - t_start)
+            logger.debug("load: planned in %.3f s", time.perf_counter() - t0)
         # The weights' huge-page copies and re-lays happen here rather than in the first
         # request, wherever the whole model runs on this CPU (streaming and split plans place
         # and stream weights their own way). They run on a thread of their own, mostly
