@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from poot import _native
 from poot.checkpoints import resolve_model_files
 from poot.driver_options import DriverOptions, kv_block_bytes
+from poot.errors import ConfigError
 from poot.llm import LLM
 from poot.numerics import numerics_for
 from poot.server.config import ServerConfig
@@ -131,15 +132,23 @@ def load_llm(config: ServerConfig) -> LLM:
     ceiling = int(blocks * block_bytes / (1 - _RESERVE)) + block_bytes
     # Nor more than the runtimes allocate (the pool holds one more block, the null block).
     limit = int((RUNTIME_KV_LIMIT - block_bytes) / (1 - _RESERVE))
-    opts = DriverOptions.fit(
-        h,
-        min(free, ceiling, limit),
-        _RESERVE,
-        max_model_len=max_model_len,
-        entry_bytes=entry_bytes,
-        block_size=block_size,
-        max_rows=max_rows,
-    )
+    try:
+        opts = DriverOptions.fit(
+            h,
+            min(free, ceiling, limit),
+            _RESERVE,
+            max_model_len=max_model_len,
+            entry_bytes=entry_bytes,
+            block_size=block_size,
+            max_rows=max_rows,
+        )
+    except ConfigError as e:
+        where = "--device-budget" if config.device_budget_bytes is not None else "free memory"
+        raise ConfigError(
+            f"no room for one sequence's KV cache in the {where} left after the weights: {e}; "
+            "lower --max-model-len"
+            + (" or raise --device-budget" if config.device_budget_bytes is not None else "")
+        ) from None
     llm = LLM(
         str(files.path),
         threads=config.threads,
