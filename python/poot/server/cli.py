@@ -9,6 +9,11 @@ SIGTERM or Ctrl-C drains: new requests get 503, running ones have ``--shutdown-t
 seconds to finish before they are cancelled (``poot.server.shutdown``); a second signal exits
 at once. Exit codes: 0 after a clean shutdown, 1 when the model cannot be loaded (or on a
 second signal), 2 for bad arguments.
+
+The rows and the KV pool are fitted to the memory (``poot.server.loading``); the removed
+``--max-num-seqs`` and ``--kv-cache-mib`` are refused with an error naming
+``--device-budget``. ``POOT_SERVE_MAX_ROWS`` caps the rows, for tests and diagnosis.
+``--log-level debug`` traces the start-up's phases (``poot.server.startup``).
 """
 
 from __future__ import annotations
