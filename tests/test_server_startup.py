@@ -19,8 +19,8 @@ from server_process import CLEAN_EXIT, ServerProcess
 # What a served request needs is imported before /health says 200; these are not needed by
 # it: FastAPI (the app is Starlette's), tqdm (progress bars only draw on a terminal), the
 # planner (only with --device-budget/--host-budget), the hub client (only to download).
-# (``poot-serve`` itself also turns pydantic's plugin scan off, which keeps
-# ``importlib.metadata`` out; importing the modules as here does not.)
+# (``poot-serve`` also turns pydantic's scan of every installed package's entry points off;
+# pydantic still imports ``importlib.metadata`` itself.)
 _NOT_AT_START = (
     "fastapi",
     "tqdm",
