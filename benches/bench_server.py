@@ -10,6 +10,10 @@ HTTP.
   time-to-first-token (client side: request sent to first text chunk) of each run is printed
   in a table of its own at the end.
 
+poot-serve fits its rows and KV pool to the memory, as a user gets it (no row cap: with
+``--max-model-len 512`` it finds room for every client); llama-server gets as many slots as
+there are clients.
+
 The peer runs where ``$LLAMA_BIN/llama-server`` exists (``source /tmp/llama-env.sh``); without
 it only poot's rows appear. No thresholds: speed is measured, not asserted.
 """
@@ -98,7 +102,7 @@ def _start(impl: str, gguf: Path, slots: int) -> Server:
     if impl == "poot":
         cmd = [
             sys.executable, "-m", "poot.server.cli", "--model", str(gguf), "--port", str(port),
-            "--threads", str(THREADS), "--max-num-seqs", str(slots), "--max-model-len", "512",
+            "--threads", str(THREADS), "--max-model-len", "512",
             "--log-level", "warning",
         ]  # fmt: skip
         model = gguf.stem

@@ -4,6 +4,7 @@ before anything starts."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -55,7 +56,7 @@ def test_unloadable_model_exits_with_error(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [["--max-num-seqs", "0"], ["--queue-timeout", "-1"], ["--port", "x"]],
+    [["--max-queue", "0"], ["--queue-timeout", "-1"], ["--port", "x"]],
 )
 def test_bad_options_exit_2(args: list[str]) -> None:
     proc = subprocess.run(
@@ -73,3 +74,30 @@ def test_config_refuses_bad_values() -> None:
         ServerConfig(max_queue=0)
     with pytest.raises(ConfigError, match="api_key"):
         ServerConfig(api_key=" ")
+
+
+@pytest.mark.parametrize("args", [["--max-num-seqs", "8"], ["--kv-cache-mib=512"]])
+def test_removed_batch_flags_name_their_replacement(args: list[str]) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "poot.server.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    flag = args[0].split("=")[0]
+    assert f"poot-serve: error: {flag} is gone" in proc.stderr
+    assert "--device-budget" in proc.stderr and "fitted to the memory" in proc.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "two"])
+def test_a_bad_row_cap_exits_2(value: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "poot.server.cli"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "POOT_SERVE_MAX_ROWS": value},
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "POOT_SERVE_MAX_ROWS must be an integer >= 1" in proc.stderr

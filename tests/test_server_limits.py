@@ -21,6 +21,8 @@ import poot
 openai = pytest.importorskip("openai")
 
 NAME = "smol"
+# One row: the server's own fit would find room for many (POOT_SERVE_MAX_ROWS, docs/server.md).
+ONE_ROW = {"POOT_SERVE_MAX_ROWS": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +35,6 @@ def server(default_model_path: Path) -> Iterator[ServerProcess]:
             NAME,
             "--max-model-len",
             "4096",
-            "--max-num-seqs",
-            "1",
             "--max-queue",
             "1",
             # B must still be waiting when the test has seen it queued and sent C (the queue
@@ -46,7 +46,8 @@ def server(default_model_path: Path) -> Iterator[ServerProcess]:
             "8",
             "--threads",
             "1",
-        ]
+        ],
+        env=ONE_ROW,
     )
     yield srv
     assert srv.stop() in CLEAN_EXIT, srv.log()
@@ -60,9 +61,9 @@ def patient_server(default_model_path: Path) -> Iterator[ServerProcess]:
     srv = ServerProcess(
         [
             "--model", str(default_model_path), "--served-model-name", NAME,
-            "--max-model-len", "4096", "--max-num-seqs", "1", "--max-queue", "1",
-            "--threads", "1",
-        ]
+            "--max-model-len", "4096", "--max-queue", "1", "--threads", "1",
+        ],
+        env=ONE_ROW,
     )  # fmt: skip
     yield srv
     assert srv.stop() in CLEAN_EXIT, srv.log()

@@ -95,7 +95,10 @@ async def _watch_health(http: httpx.AsyncClient, end: float, bad: list[int]) -> 
 
 
 def test_64_streaming_clients(stories: Path) -> None:
-    srv = ServerProcess(["--model", str(stories / "stories260K-f32.gguf"), "--max-num-seqs", "16"])
+    # 16 rows, so the 64 clients also queue (the fitted server would give each a row).
+    srv = ServerProcess(
+        ["--model", str(stories / "stories260K-f32.gguf")], env={"POOT_SERVE_MAX_ROWS": "16"}
+    )
     try:
         sent: Counter[str] = Counter()
         seen: Counter[str] = Counter()

@@ -23,14 +23,16 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-import llguidance
-import llguidance.numpy as llg_np
 import numpy as np
 import numpy.typing as npt
 
 from poot.errors import SamplingParamsError
 
 if TYPE_CHECKING:
+    # Imported where a guided request first needs it: unguided work (and a server's
+    # start-up) never pays for llguidance and the package metadata it reads.
+    import llguidance
+
     from poot.sampling import SamplingParams
     from poot.tokenizer import Tokenizer
 
@@ -45,6 +47,10 @@ def grammar_of(params: SamplingParams) -> tuple[str, str] | None:
     Raises:
         SamplingParamsError: the constraint does not compile.
     """
+    if not any(_given(params, f) for f in ("json_schema", "json_object", "regex", "grammar")):
+        return None
+    import llguidance
+
     try:
         if params.json_schema is not None or params.json_object:
             field = "json_schema" if params.json_schema is not None else "json_object"
@@ -83,6 +89,8 @@ def validate(params: SamplingParams) -> None:
     if found is None:
         return
     field, grammar = found
+    import llguidance
+
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, None)
     if is_error:
         raise SamplingParamsError(f"{field} does not compile: {'; '.join(messages)}", field=field)
@@ -136,6 +144,8 @@ class Guide:
 
     def lltokenizer(self) -> llguidance.LLTokenizer:
         """The llguidance tokenizer, built on first use."""
+        import llguidance
+
         with self._lock:
             if self._lltok is None:
                 eos: int | list[int] = self.eos_ids or 0
@@ -163,6 +173,8 @@ class Guide:
         if found is None:
             return None
         field, grammar = found
+        import llguidance
+
         m = llguidance.LLMatcher(self.lltokenizer(), grammar, log_level=0)
         if m.is_error():
             raise SamplingParamsError(f"{field} does not compile: {m.get_error()}", field=field)
@@ -178,6 +190,8 @@ class Guide:
         """
         mask = np.full((seqs, self.words), -1, np.int32)
         if rows:
+            import llguidance.numpy as llg_np
+
             self.lltokenizer()
             assert self._executor is not None
             llg_np.fill_next_token_bitmask_par(self._executor, [(m, r) for r, m in rows], mask)

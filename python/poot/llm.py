@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -89,6 +90,34 @@ def _make_cuda_runtime(timeout_s: float) -> _native.CudaRuntime:
     ``timeout_s``. ``DeviceUnavailableError`` names what is missing where there is no
     driver, NVRTC or device."""
     return _native.CudaRuntime(0, timeout_s)
+
+
+class _WeightPreparation:
+    """``runner.prepare_weights`` on a thread of its own; ``join`` waits and re-raises what it
+    raised. Always joined before the ``LLM`` is returned or its constructor raises, so no
+    preparation outlives the constructor."""
+
+    def __init__(self, runner: StepRunner, progress: bool) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(runner, progress), name="poot-prepare", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, runner: StepRunner, progress: bool) -> None:
+        t0 = time.perf_counter()
+        try:
+            runner.prepare_weights(progress=progress)
+        except BaseException as e:  # re-raised by join, on the constructor's thread
+            self._error = e
+            return
+        # The first step's warm-up: its compile prepared every weight.
+        logger.info("weights prepared in %.2f s", time.perf_counter() - t0)
+
+    def join(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 class LLM:
@@ -168,8 +197,8 @@ class LLM:
         progress: bool = True,
         cpu: CpuSettings | None = None,
     ) -> None:
+        t_start = time.perf_counter()
         self.files: ModelFiles = resolve_model_files(model)
-        self.tokenizer: Tokenizer = load_tokenizer(self.files)
         self.definition = model_definition(self.files)
         h = self.files.hparams
         trace_limits = trace_limits or _native.TraceLimits()
@@ -222,7 +251,6 @@ class LLM:
         self.definition = self.definition.for_context(max_model_len)
         self.max_num_seqs = max_num_seqs
         self.block_size = block_size
-        eos_ids = frozenset(self.tokenizer.eos_ids) | frozenset(h.eos_token_ids)
         source = self.files.gguf if self.files.gguf is not None else self.files.safetensors
         assert source is not None
         self.weights = _native.Weights(source)
@@ -256,25 +284,38 @@ class LLM:
             max_plan_bytes=opts.max_prepared_bytes,
             plan_policy=opts.prepared_policy,
         )
-        self.guide = Guide(self.tokenizer, h.vocab_size, eos_ids)
         # The planner's placement (``poot.planner``): the runner it builds for this model
         # (direct, streamed or split), and the runtime and backend the steps then run on.
         self.compiled: CompiledModel | None = None
+        logger.debug("load: model mapped in %.3f s", time.perf_counter() - t_start)
         if config is not None:
             from poot.planner.runners import plan_runner
 
+            t0 = time.perf_counter()
             planned = plan_runner(runner, self.files, config, backend, resolved)
             runner, self.compiled = planned.runner, planned.compiled
             self.runtime, self.backend = planned.runtime, planned.backend
-        self.core = EngineCore(self.scheduler, runner, self.guide, self.tokenizer, eos_ids)
+            logger.debug("load: planned in %.3f s", time.perf_counter() - t0)
         # The weights' huge-page copies and re-lays happen here rather than in the first
         # request, wherever the whole model runs on this CPU (streaming and split plans place
-        # and stream weights their own way).
+        # and stream weights their own way). They run on a thread of their own, mostly
+        # without the GIL, while the tokenizer (Python) loads on this one.
         direct = self.compiled is None or self.compiled.direct
-        if direct and isinstance(self.runtime, _native.CpuRuntime):
+        preparing = (
+            _WeightPreparation(runner, progress)
+            if direct and isinstance(self.runtime, _native.CpuRuntime)
+            else None
+        )
+        try:
             t0 = time.perf_counter()
-            self.runner.prepare_weights(progress=progress)
-            logger.info("weights prepared in %.2f s", time.perf_counter() - t0)
+            self.tokenizer: Tokenizer = load_tokenizer(self.files)
+            logger.debug("load: tokenizer in %.3f s", time.perf_counter() - t0)
+            eos_ids = frozenset(self.tokenizer.eos_ids) | frozenset(h.eos_token_ids)
+            self.guide = Guide(self.tokenizer, h.vocab_size, eos_ids)
+            self.core = EngineCore(self.scheduler, runner, self.guide, self.tokenizer, eos_ids)
+        finally:
+            if preparing is not None:
+                preparing.join()
         logger.info(opts.log_line(h, entry_bytes))
 
     def __repr__(self) -> str:

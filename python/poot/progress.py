@@ -7,7 +7,8 @@ seconds while the body of the ``with`` runs in the calling thread.
 Invariants:
     - The bar shows nothing for work shorter than ``delay`` seconds (tqdm's ``delay``), and
       nothing where ``disable`` is None and the file is not a terminal (logs stay clean) or
-      ``TQDM_DISABLE`` is set.
+      ``TQDM_DISABLE`` is set. A disabled bar starts no thread and does not import
+      ``tqdm`` (about 40 ms of a server's start-up, mostly its version lookup).
     - Leaving the ``with``, by return or by exception, stops and joins the thread; the bar
       ends at the last figures ``poll`` gave, never past ``total``.
 """
@@ -20,8 +21,6 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TextIO
-
-from tqdm import tqdm
 
 
 @contextmanager
@@ -40,6 +39,11 @@ def polled_bar(
         # its defaults; both are honoured here.
         out = file if file is not None else sys.stderr
         disable = bool(os.environ.get("TQDM_DISABLE")) or not out.isatty()
+    if disable:
+        yield
+        return
+    from tqdm import tqdm
+
     bar = tqdm(
         total=0,
         unit="B",
@@ -48,7 +52,6 @@ def polled_bar(
         desc=desc,
         file=file,
         delay=delay,
-        disable=disable,
     )
     stop = threading.Event()
 

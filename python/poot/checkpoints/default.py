@@ -35,8 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from tqdm import tqdm
-
 from poot.checkpoints import cache
 from poot.config import Settings
 from poot.errors import (
@@ -329,6 +327,8 @@ def _write_verified(
             raise
         raise (cache.write_error(e, dest, model.size) or e) from None
     tmp = Path(tmp_name)
+    from tqdm import tqdm  # here: importing it costs a server's start-up some 40 ms
+
     try:
         os.fchmod(fd, 0o644)  # mkstemp makes it private; a cached model is an ordinary file
         digest = hashlib.sha256()

@@ -1,8 +1,12 @@
-"""``create_app``: the FastAPI application of ``poot-serve``.
+"""``create_app``: the ASGI application of ``poot-serve`` (Starlette).
 
 The app owns one ``ServerState``: the model loads in a worker thread started by the lifespan,
 so the socket answers (``/health`` 503 ``loading``) while it loads. On shutdown the engine ends
 every request (their clients get an error) and its driver stops.
+
+Starlette rather than FastAPI: the routes validate their bodies themselves (pydantic, into
+OpenAI's error shape), so FastAPI's layer added nothing but its import, about a quarter of a
+second of ``poot-serve``'s start (``docs/server.md``, start-up).
 """
 
 from __future__ import annotations
@@ -11,14 +15,16 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
-from fastapi import FastAPI
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
 
 from poot.llm import LLM
 from poot.server.config import ServerConfig
-from poot.server.errors import install_handlers
+from poot.server.errors import exception_handlers
 from poot.server.limits import BodyLimit
 from poot.server.metrics import Metrics
-from poot.server.routes import install_routes
+from poot.server.routes import routes
+from poot.server.startup import mark
 from poot.server.state import ServerState, load_llm, served_name
 
 __all__ = ["create_app"]
@@ -29,7 +35,7 @@ def create_app(
     *,
     loader: Callable[[], LLM] | None = None,
     on_fatal: Callable[[str], None] | None = None,
-) -> FastAPI:
+) -> Starlette:
     """The server's app.
 
     Args:
@@ -41,7 +47,8 @@ def create_app(
     load = loader or (lambda: load_llm(config))
 
     @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        mark("serving: the event loop runs")
         task = asyncio.create_task(state.load(load))
         try:
             yield
@@ -52,16 +59,12 @@ def create_app(
             if state.engine is not None:
                 await state.engine.shutdown()
 
-    app = FastAPI(
-        title="poot",
+    app = Starlette(
+        routes=routes(),
+        middleware=[Middleware(BodyLimit, max_bytes=config.max_body_bytes)],
+        exception_handlers=exception_handlers(),
         lifespan=lifespan,
-        docs_url=None,
-        redoc_url=None,
-        openapi_url=None,
     )
     app.state.poot = state
     app.state.metrics = Metrics(state.engine_stats)
-    install_handlers(app)
-    install_routes(app)
-    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     return app

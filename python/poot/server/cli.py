@@ -9,6 +9,11 @@ SIGTERM or Ctrl-C drains: new requests get 503, running ones have ``--shutdown-t
 seconds to finish before they are cancelled (``poot.server.shutdown``); a second signal exits
 at once. Exit codes: 0 after a clean shutdown, 1 when the model cannot be loaded (or on a
 second signal), 2 for bad arguments.
+
+The rows and the KV pool are fitted to the memory (``poot.server.loading``); the removed
+``--max-num-seqs`` and ``--kv-cache-mib`` are refused with an error naming
+``--device-budget``. ``POOT_SERVE_MAX_ROWS`` caps the rows, for tests and diagnosis.
+``--log-level debug`` traces the start-up's phases (``poot.server.startup``).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from poot import _native
 from poot.checkpoints import DEFAULT_SPEC, SPEC_FORMS
 from poot.errors import ConfigError
 from poot.server.config import DEFAULT_HOST, DEFAULT_PORT, ServerConfig, parse_size
+from poot.server.startup import Phase
 
 if TYPE_CHECKING:
     from poot.llm import LLM
@@ -35,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = ["build_parser", "main"]
 
 API_KEY_ENV = "POOT_API_KEY"
+ROWS_ENV = "POOT_SERVE_MAX_ROWS"
 BACKENDS = ("cpu", "wgpu", "cuda")
 
 
@@ -47,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n"
         "  poot-serve\n"
         "  poot-serve --model path/to/model.gguf --port 9000 --api-key KEY\n"
-        "  poot-serve --backend wgpu --max-num-seqs 8\n"
+        "  poot-serve --backend wgpu --max-model-len 2048\n"
         "  poot-serve --model big.gguf --device-budget 4GiB --spill-dir /data/spill\n\n"
         "exit codes:\n"
         "  0    stopped cleanly (SIGTERM or Ctrl-C: drained, see --shutdown-timeout)\n"
@@ -84,23 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens per sequence (default: the model's context, at most 4096)",
     )
     p.add_argument(
-        "--max-num-seqs",
-        type=int,
-        default=d.max_num_seqs,
-        help=f"sequences decoding together (default {d.max_num_seqs})",
-    )
-    p.add_argument(
-        "--kv-cache-mib",
-        type=int,
-        default=d.kv_cache_bytes >> 20,
-        help=f"most MiB of KV cache; less if memory is short (default {d.kv_cache_bytes >> 20})",
-    )
-    p.add_argument(
         "--device-budget",
         metavar="SIZE",
         default=None,
         help="bytes the model may use on its device (e.g. 512MiB): weights, KV pool, buffers; "
-        "weights that do not fit are streamed (default: no limit, all resident)",
+        "the rows and the KV pool are fitted to what the weights leave, and weights that do "
+        "not fit are streamed (default: no limit; the KV pool takes half the free RAM on the "
+        "CPU, 90%% of the GPU's memory on CUDA, 1 GiB on wgpu)",
     )
     p.add_argument(
         "--host-budget",
@@ -173,6 +170,38 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# Flags that were removed, and what replaces them (named in the error).
+_GONE = {
+    "--max-num-seqs": "the rows are fitted to the memory that is free",
+    "--kv-cache-mib": "the KV pool is fitted to the memory that is free",
+}
+
+
+def _refuse_gone_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    for arg in argv:
+        flag = arg.split("=", 1)[0]
+        if flag in _GONE:
+            parser.error(
+                f'{flag} is gone: {_GONE[flag]} (docs/server.md, "Rows and the KV pool"); '
+                "to bound the memory poot-serve takes, use --device-budget SIZE "
+                "(and --host-budget SIZE for weights streamed from RAM)"
+            )
+
+
+def _max_rows() -> int | None:
+    """``POOT_SERVE_MAX_ROWS``, for tests and diagnosis (None when unset)."""
+    text = os.environ.get(ROWS_ENV)
+    if text is None or not text.strip():
+        return None
+    try:
+        rows = int(text)
+    except ValueError:
+        rows = 0
+    if rows < 1:
+        raise ConfigError(f"{ROWS_ENV} must be an integer >= 1, got {text!r}")
+    return rows
+
+
 def _config(args: argparse.Namespace) -> ServerConfig:
     template = args.chat_template
     if template is not None and "{" not in template:
@@ -186,8 +215,7 @@ def _config(args: argparse.Namespace) -> ServerConfig:
         api_key=args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV),
         threads=args.threads,
         max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        kv_cache_bytes=args.kv_cache_mib << 20,
+        max_rows=_max_rows(),
         max_queue=args.max_queue,
         queue_timeout_s=args.queue_timeout,
         request_timeout_s=args.request_timeout,
@@ -205,18 +233,22 @@ def _config(args: argparse.Namespace) -> ServerConfig:
     )
 
 
-def _start_loading(config: ServerConfig) -> Future[LLM]:
+def _start_loading(config: ServerConfig, phase: Phase) -> Future[LLM]:
     """Loads the model on a new thread (``poot.server.loading.load_llm``); the future holds the
     ``LLM`` or the error."""
     # Imported here, before the thread starts: the web stack imported meanwhile on the main
     # thread shares no module with it, so the two threads never wait on each other's imports.
     from poot.server.loading import load_llm
 
+    phase.done("model code imported")
     future: Future[LLM] = Future()
 
     def work() -> None:
         try:
-            future.set_result(load_llm(config))
+            phase = Phase()
+            llm = load_llm(config)
+            phase.done("model loaded")
+            future.set_result(llm)
         except BaseException as e:  # the app's loader re-raises it (a fatal load error)
             future.set_exception(e)
 
@@ -236,7 +268,14 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``poot-serve``; return its exit code."""
+    phase = Phase(from_process_start=True)
+    # pydantic looks for plugins in every installed package's entry points when the first
+    # model is built (reading each package's metadata in site-packages): 10-20 ms of the
+    # start here, more in a big environment. The request models use none; a user who wants
+    # plugins sets the variable themselves.
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     parser = build_parser()
+    _refuse_gone_flags(parser, sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if args.backend == "cuda" and not _native.cuda_devices():
         parser.error(
@@ -250,6 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    phase.done("interpreter started, poot-serve imported, arguments read")
 
     try:
         sock = _bind(args.host, args.port)
@@ -259,14 +299,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(f"poot-serve: listening on http://{shown}:{port}", flush=True)
+    phase.done("listening")
     # The model loads from here on, on its own thread, while the web stack is imported: its
     # slow parts (preparing the weights, the KV pool) run without the GIL.
-    loading = _start_loading(config)
+    loading = _start_loading(config, phase)
 
     import uvicorn
 
     from poot.server.app import create_app
     from poot.server.shutdown import DrainingServer
+
+    phase.done("web stack imported")
 
     fatal: list[str] = []
     server: uvicorn.Server | None = None
@@ -288,6 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         app.state.poot,
         config.shutdown_timeout_s,
     )
+    phase.done("app created")
     server.run(sockets=[sock])
     if fatal:
         sys.stderr.write(f"poot-serve: error: {fatal[0]}\n")

@@ -56,9 +56,10 @@ class ServerConfig:
         api_key: when set, ``/v1/*`` needs ``Authorization: Bearer <api_key>``.
         threads: CPU threads (None: one per core).
         max_model_len: tokens per sequence (None: the model's context, at most 4096).
-        max_num_seqs: most sequences decoding together (rows of a step).
-        kv_cache_bytes: most bytes of KV cache (``DriverOptions.fit`` sizes the pool to the
-            smaller of this and the memory free after the weights).
+        max_rows: caps the rows (sequences decoding together) below what the memory holds;
+            None: as many as ``DriverOptions.fit`` finds room for (``poot.server.loading``).
+            The command line has no flag for it: ``POOT_SERVE_MAX_ROWS`` sets it, for tests
+            and diagnosis.
         max_queue: most requests waiting for a row; one more is refused with 429.
         queue_timeout_s: how long a request may wait for a row before 503.
         request_timeout_s: how long a request may take in all (waiting included) before it
@@ -86,9 +87,8 @@ class ServerConfig:
     api_key: str | None = None
     threads: int | None = None
     max_model_len: int | None = None
-    max_num_seqs: int = 32
+    max_rows: int | None = None
     backend: str = "cpu"
-    kv_cache_bytes: int = 1 << 30
     max_queue: int = 256
     queue_timeout_s: float = 60.0
     request_timeout_s: float = 600.0
@@ -104,8 +104,10 @@ class ServerConfig:
     stall_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "kv_cache_bytes", "max_queue", "max_body_bytes", "max_n"):
+        for name in ("max_rows", "max_queue", "max_body_bytes", "max_n"):
             value = getattr(self, name)
+            if value is None and name == "max_rows":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
         if (

@@ -3,8 +3,9 @@
 Every error the server answers goes through ``APIError``: bad input, a refused request, a
 failed step. ``from_exception`` maps poot's typed errors to a status and a code, so a client
 can tell "fix your request" (4xx) from "the server cannot serve now" (429/503) from a bug
-(500, logged with its traceback). Handlers installed by ``install_handlers`` turn FastAPI's own
-errors (malformed JSON, wrong types, unknown fields, unknown routes) into the same shape.
+(500, logged with its traceback). ``validation_error`` does the same for pydantic's errors
+(malformed JSON, wrong types, unknown fields), and ``exception_handlers`` for Starlette's own
+(unknown routes, wrong methods) and anything a route leaves unhandled.
 """
 
 from __future__ import annotations
@@ -13,15 +14,14 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
 
 from poot import errors as perr
 from poot.async_engine import EngineClosedError
 
-__all__ = ["APIError", "error_body", "from_exception", "install_handlers", "validation_error"]
+__all__ = ["APIError", "error_body", "exception_handlers", "from_exception", "validation_error"]
 
 logger = logging.getLogger("poot.server")
 
@@ -130,26 +130,22 @@ def validation_error(errors: Sequence[Any]) -> APIError:
     )
 
 
-def install_handlers(app: FastAPI) -> None:
-    """Answers every error raised in a route in OpenAI's shape."""
+async def _api_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, APIError)
+    return exc.response()
 
-    async def api_error(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, APIError)
-        return exc.response()
 
-    async def validation(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, RequestValidationError)
-        return validation_error(exc.errors()).response()
+async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    return APIError(exc.status_code, str(exc.detail), code=code, headers=exc.headers).response()
 
-    async def http_error(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, StarletteHTTPException)
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return APIError(exc.status_code, str(exc.detail), code=code, headers=exc.headers).response()
 
-    async def internal(_: Request, exc: Exception) -> JSONResponse:
-        return from_exception(exc).response()
+async def _internal(_: Request, exc: Exception) -> JSONResponse:
+    return from_exception(exc).response()
 
-    app.add_exception_handler(APIError, api_error)
-    app.add_exception_handler(RequestValidationError, validation)
-    app.add_exception_handler(StarletteHTTPException, http_error)
-    app.add_exception_handler(Exception, internal)
+
+def exception_handlers() -> dict[Any, Any]:
+    """Starlette's ``exception_handlers``: every error raised in a route answered in OpenAI's
+    shape (an unhandled one as a 500, which Starlette then re-raises to be logged)."""
+    return {APIError: _api_error, StarletteHTTPException: _http_error, Exception: _internal}

@@ -1,7 +1,23 @@
-"""``load_llm``: the server's model, sized to the memory that is free.
+"""``load_llm``: the server's model, its batch fitted to the memory that is free.
 
-Kept apart from the web stack (no FastAPI import), so ``poot-serve`` can start loading the
-model on its own thread while uvicorn and FastAPI are still being imported.
+The server does not ask for rows or a KV size: ``DriverOptions.fit`` turns the bytes the KV
+pool may take into KV blocks and rows (as many full ``max_model_len`` sequences as the pool
+holds, at most ``MAX_ROWS``). Those bytes are, after the weights:
+
+- with ``--device-budget``: what the weights leave of it, or a quarter of it when they do
+  not fit (the planner then streams them through the rest);
+- on the CPU: half of the memory the OS can give (MemAvailable): the host's memory is
+  everyone's, and the pool's pages are only touched as KV is written;
+- on CUDA: 90% of the device's memory (as vLLM's ``gpu_memory_utilization``);
+- on wgpu, whose adapters do not say how much memory they have free: 1 GiB.
+
+``fit`` keeps 10% of it back (activations, scratch), and the pool never holds more than the
+rows can use, nor more than the 8 GiB the runtimes allocate (``RUNTIME_KV_LIMIT``).
+``POOT_SERVE_MAX_ROWS`` (read by the command line into ``ServerConfig.max_rows``) caps the
+rows further: tests that need exactly one row use it.
+
+Kept apart from the web stack (no Starlette import), so ``poot-serve`` can start loading the
+model on its own thread while uvicorn and Starlette are still being imported.
 """
 
 from __future__ import annotations
@@ -10,8 +26,10 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
+from poot import _native
 from poot.checkpoints import resolve_model_files
 from poot.driver_options import DriverOptions, kv_block_bytes
+from poot.errors import ConfigError
 from poot.llm import LLM
 from poot.numerics import numerics_for
 from poot.server.config import ServerConfig
@@ -19,7 +37,15 @@ from poot.server.config import ServerConfig
 if TYPE_CHECKING:
     from poot.planner.compiled import CompileConfig
 
-__all__ = ["load_llm"]
+__all__ = ["MAX_ROWS", "RUNTIME_KV_LIMIT", "kv_bytes_free", "load_llm"]
+
+# Rows of one step, at most: DriverOptions' default step budget, which also caps them.
+MAX_ROWS = 256
+_RESERVE = 0.1
+_WGPU_KV_BYTES = 1 << 30
+# The most KV pool every runtime allocates (``max_kv_bytes`` of poot-cpu, poot-wgpu and
+# poot-cuda); a bigger one is refused at load.
+RUNTIME_KV_LIMIT = 8 << 30
 
 logger = logging.getLogger("poot.server")
 
@@ -39,6 +65,26 @@ def _available_bytes() -> int:
         return 0
 
 
+def kv_bytes_free(config: ServerConfig, weight_bytes: int) -> int:
+    """The bytes the KV pool may come from, before ``fit``'s reserve (module docs)."""
+    budget = config.device_budget_bytes
+    if budget is not None:
+        left = budget - weight_bytes
+        return left if left >= budget // 4 else budget // 4
+    if config.backend == "cuda":
+        devices = _native.cuda_devices()
+        total = int(devices[0].get("total_memory", 0)) if devices else 0
+        if total > 0:
+            return max(int(total * 0.9) - weight_bytes, 0)
+        return _WGPU_KV_BYTES
+    if config.backend == "wgpu":
+        return _WGPU_KV_BYTES
+    available = _available_bytes()
+    if available <= 0:  # not known here: what the server took before it fitted itself
+        return _WGPU_KV_BYTES
+    return max(available - weight_bytes, 0) // 2
+
+
 def _compile_config(config: ServerConfig) -> CompileConfig | None:
     """The planner's settings when a budget asks for planning (else None: all resident)."""
     if config.device_budget_bytes is None and config.host_budget_bytes is None:
@@ -54,12 +100,11 @@ def _compile_config(config: ServerConfig) -> CompileConfig | None:
 
 
 def load_llm(config: ServerConfig) -> LLM:
-    """Resolves (pulling the default model if needed) and loads the model, its KV pool sized by
-    ``DriverOptions.fit`` to the memory free after the weights, capped by
-    ``config.kv_cache_bytes``; with progress bars where ``config.progress``. With a device or
-    host budget the model is planned under it (``poot.CompileConfig``): the KV pool takes what
-    the weights leave of the device budget, or a quarter of it when they do not fit, and the
-    planner streams the weights that do not fit (through ``config.spill_dir``).
+    """Resolves (pulling the default model if needed) and loads the model, its rows and KV
+    pool fitted to the memory free after the weights (module docs); with progress bars where
+    ``config.progress``. With a device or host budget the model is planned under it
+    (``poot.CompileConfig``), and the planner streams the weights that do not fit (through
+    ``config.spill_dir``).
 
     Raises:
         PootError: the model cannot be found or loaded, or the memory does not hold one
@@ -68,37 +113,42 @@ def load_llm(config: ServerConfig) -> LLM:
     files = resolve_model_files(config.model, progress=config.progress)
     h = files.hparams
     max_model_len = config.max_model_len or min(h.context_length, 4096)
-    entry_bytes = 2 if numerics_for("auto", files) == "ggml" else 4
-    reserve = 0.1
-    block_size = DriverOptions().block_size
-    # fit keeps ``reserve`` of what it is given back, so the cap is scaled up to stay exact.
-    free = int(config.kv_cache_bytes / (1 - reserve))
-    available = _available_bytes() - files.total_bytes
-    if available > 0:
-        free = min(free, available)
-    budget = config.device_budget_bytes
-    if budget is not None:
-        # The KV pool comes out of the device budget: what the weights leave, or a quarter of
-        # it when they do not fit (the rest holds the resident part and the double buffer
-        # the planner streams the others through).
-        left = budget - files.total_bytes
-        free = min(free, int((left if left >= budget // 4 else budget // 4) * (1 - reserve)))
-    # No more than ``max_num_seqs`` full-length sequences can use: the pool is reserved up
-    # front (its pages are touched as KV is written), so a tiny model must not take the cap.
-    blocks = config.max_num_seqs * -(-max_model_len // block_size)
-    free = min(free, int(blocks * kv_block_bytes(h, block_size, entry_bytes) / (1 - reserve)) + 1)
-    opts = DriverOptions.fit(
-        h,
-        free,
-        reserve,
-        max_model_len=max_model_len,
-        entry_bytes=entry_bytes,
-        block_size=block_size,
-        max_rows=config.max_num_seqs,
+    runtime_kind = (
+        _native.CudaRuntime
+        if config.backend == "cuda"
+        else _native.WgpuRuntime
+        if config.backend == "wgpu"
+        else _native.CpuRuntime
     )
-    # fit counts rows as full-length sequences; most requests are far shorter, so the rows
-    # asked for are kept and the scheduler preempts if the pool ever runs out.
-    opts = opts.with_overrides(max_num_seqs=min(config.max_num_seqs, opts.max_step_tokens))
+    numerics = "exact" if config.backend == "cuda" else numerics_for("auto", files)
+    entry_bytes = runtime_kind.kv_entry_bytes_for(numerics)
+    block_size = DriverOptions().block_size
+    max_rows = min(config.max_rows or MAX_ROWS, MAX_ROWS)
+    free = kv_bytes_free(config, files.total_bytes)
+    # No more than ``max_rows`` full-length sequences can use the pool. fit keeps ``_RESERVE``
+    # of what it is given back, so the ceiling is scaled up, plus a block against rounding.
+    block_bytes = kv_block_bytes(h, block_size, entry_bytes)
+    blocks = max_rows * -(-max_model_len // block_size)
+    ceiling = int(blocks * block_bytes / (1 - _RESERVE)) + block_bytes
+    # Nor more than the runtimes allocate (the pool holds one more block, the null block).
+    limit = int((RUNTIME_KV_LIMIT - block_bytes) / (1 - _RESERVE))
+    try:
+        opts = DriverOptions.fit(
+            h,
+            min(free, ceiling, limit),
+            _RESERVE,
+            max_model_len=max_model_len,
+            entry_bytes=entry_bytes,
+            block_size=block_size,
+            max_rows=max_rows,
+        )
+    except ConfigError as e:
+        where = "--device-budget" if config.device_budget_bytes is not None else "free memory"
+        raise ConfigError(
+            f"no room for one sequence's KV cache in the {where} left after the weights: {e}; "
+            "lower --max-model-len"
+            + (" or raise --device-budget" if config.device_budget_bytes is not None else "")
+        ) from None
     llm = LLM(
         str(files.path),
         threads=config.threads,

@@ -17,9 +17,10 @@ import uuid
 from collections.abc import AsyncGenerator, Callable
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route as HTTPRoute
 
 from poot.llm import LLM
 from poot.server.errors import APIError, from_exception, validation_error
@@ -38,7 +39,7 @@ from poot.server.state import Live, ServerState, check_chat_template
 from poot.server.streaming import EventStream, until_disconnect
 from poot.server.tools import render_messages
 
-__all__ = ["install_routes"]
+__all__ = ["routes"]
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _DONE = b"data: [DONE]\n\n"
@@ -257,11 +258,11 @@ async def _serve(
     return JSONResponse(result, headers=headers)
 
 
-def install_routes(app: FastAPI) -> None:
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(_auth)])
+def routes() -> list[HTTPRoute]:
+    """The app's routes; ``/v1/*``, ``/tokenize`` and ``/detokenize`` check the API key."""
 
-    @v1.post("/completions", response_model=None)
     async def completions(request: Request) -> Response:
+        _auth(request)
         body = await _parse(request, CompletionRequest, "completions")
         return await _serve(
             request,
@@ -270,15 +271,15 @@ def install_routes(app: FastAPI) -> None:
             body.stream,
         )
 
-    @v1.post("/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> Response:
+        _auth(request)
         body = await _parse(request, ChatCompletionRequest, "chat")
         return await _serve(
             request, "chat", lambda llm, name, n: chat_job(body, llm, name, n), body.stream
         )
 
-    @v1.get("/models")
-    async def models(request: Request) -> dict[str, Any]:
+    async def models(request: Request) -> Response:
+        _auth(request)
         state = _state(request)
         entry: dict[str, Any] = {
             "id": state.model_name,
@@ -288,10 +289,11 @@ def install_routes(app: FastAPI) -> None:
         }
         if state.llm is not None:
             entry["max_model_len"] = state.llm.max_model_len
-        return {"object": "list", "data": [entry]}
+        return JSONResponse({"object": "list", "data": [entry]})
 
-    @v1.post("/requests/{request_id}/cancel")
-    async def cancel(request_id: str, request: Request) -> dict[str, Any]:
+    async def cancel(request: Request) -> Response:
+        _auth(request)
+        request_id = str(request.path_params["request_id"])
         state = _state(request)
         live = state.live.get(request_id)
         if live is None:
@@ -305,12 +307,10 @@ def install_routes(app: FastAPI) -> None:
         if state.engine is not None:
             for eid in list(live.engine_ids):
                 await state.engine.abort(eid)
-        return {"id": request_id, "object": "request.cancel", "cancelled": True}
+        return JSONResponse({"id": request_id, "object": "request.cancel", "cancelled": True})
 
-    app.include_router(v1)
-
-    @app.post("/tokenize", dependencies=[Depends(_auth)])
-    async def tokenize(request: Request) -> dict[str, Any]:
+    async def tokenize(request: Request) -> Response:
+        _auth(request)
         body = await _parse_plain(request, TokenizeRequest)
         state = _state(request)
         llm = state.ready()[0]
@@ -336,10 +336,10 @@ def install_routes(app: FastAPI) -> None:
         }
         if body.return_token_strs:
             out["token_strs"] = [llm.tokenizer.id_to_token(t) for t in ids]
-        return out
+        return JSONResponse(out)
 
-    @app.post("/detokenize", dependencies=[Depends(_auth)])
-    async def detokenize(request: Request) -> dict[str, Any]:
+    async def detokenize(request: Request) -> Response:
+        _auth(request)
         body = await _parse_plain(request, DetokenizeRequest)
         state = _state(request)
         llm = state.ready()[0]
@@ -353,16 +353,26 @@ def install_routes(app: FastAPI) -> None:
                 param="tokens",
                 code="invalid_value",
             )
-        return {"prompt": llm.tokenizer.decode(body.tokens)}
+        return JSONResponse({"prompt": llm.tokenizer.decode(body.tokens)})
 
-    @app.get("/health")
-    async def health(request: Request) -> JSONResponse:
+    async def health(request: Request) -> Response:
         if _state(request).draining:
             return JSONResponse({"status": "draining"}, 503, headers={"Retry-After": "5"})
         status = _state(request).health()
         code = 200 if status == "ok" else 503
         return JSONResponse({"status": "dead" if status == "failed" else status}, code)
 
-    @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         return Response(_metrics(request).render(), media_type=CONTENT_TYPE)
+
+    post, get = ["POST"], ["GET"]
+    return [
+        HTTPRoute("/v1/completions", completions, methods=post),
+        HTTPRoute("/v1/chat/completions", chat_completions, methods=post),
+        HTTPRoute("/v1/models", models, methods=get),
+        HTTPRoute("/v1/requests/{request_id}/cancel", cancel, methods=post),
+        HTTPRoute("/tokenize", tokenize, methods=post),
+        HTTPRoute("/detokenize", detokenize, methods=post),
+        HTTPRoute("/health", health, methods=get),
+        HTTPRoute("/metrics", metrics, methods=get),
+    ]

@@ -25,6 +25,7 @@ from poot.server.config import ServerConfig
 from poot.server.errors import APIError
 from poot.server.limits import Admission
 from poot.server.loading import load_llm
+from poot.server.startup import mark
 
 __all__ = ["Live", "ServerState", "check_chat_template", "load_llm", "served_name"]
 
@@ -82,6 +83,7 @@ class ServerState:
         self.engine = AsyncEngine(llm)
         self.admission = Admission(llm.max_num_seqs, self.config.max_queue)
         self.status = "ok"
+        mark("ready: /health answers 200")
         logger.info("ready: %r serving as %r", llm, self.model_name)
 
     def _fatal(self, message: str) -> None:
