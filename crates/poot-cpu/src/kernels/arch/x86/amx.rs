@@ -308,7 +308,7 @@ unsafe fn lay_panel(w: &Repacked, p: usize, tiles: &mut [u8], scales: &mut [f32]
                     }
                     QKind::Q5_0 => {
                         let bits = |g: Option<&[u8]>| match g {
-                            Some(g) => crate::kernels::arch::x86::qdot_r8::fifth_bits(
+                            Some(g) => crate::kernels::arch::x86::lanes::fifth_bits(
                                 g.as_ptr().add(s + 16),
                                 c,
                             ),
