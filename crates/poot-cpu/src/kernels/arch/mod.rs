@@ -5,5 +5,6 @@
 //! CPU that has its features ([`crate::CpuFeatures`]). Nothing here imports a family's
 //! dispatch: only the bottom modules and a family's shared types.
 
+pub(crate) mod generic;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;

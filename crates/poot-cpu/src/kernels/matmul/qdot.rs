@@ -87,8 +87,10 @@ pub(crate) fn dot_scalar(kind: QKind, w: &[u8], a: &[BlockQ8]) -> f32 {
 
 /// The block order of multi-token matmuls (`matmul/r8.rs`): each block's 32 products summed
 /// exactly in `i32`, then `acc = fma(dw * dx, sum, acc)` block after block. Q4_0, Q5_0 and
-/// Q8_0 (not Q4_1, which keeps ggml's order: see `matmul/r8.rs`). The portable reference of
-/// that order.
+/// Q8_0 (not Q4_1, which keeps ggml's order: see `matmul/r8.rs`). The reference of that order
+/// on stored rows, for the tests: the block order only runs on the repacked layout, whose
+/// portable loop is `arch::generic::qdot_r8::group_blocks`.
+#[cfg(test)]
 pub(crate) fn dot_scalar_blocks(kind: QKind, w: &[u8], a: &[BlockQ8]) -> f32 {
     debug_assert!(kind != QKind::Q4_1);
     let mut acc = 0.0f32;

@@ -27,6 +27,8 @@ use crate::kernels::simd::{prefetch_next, prefetch_next_distance, prefetch_strea
 pub(crate) trait Lanes: Copy {
     /// `LANES` f32 values.
     type F: Copy;
+    /// `f32` lanes of `F`.
+    const LANES: usize;
     /// `LANES` i32 values (or `4 * LANES` bytes).
     type I: Copy;
     /// Whether the integer dot is VNNI's `vpdpbusd` (else `maddubs` + `madd`).
@@ -39,6 +41,17 @@ pub(crate) trait Lanes: Copy {
     unsafe fn fma(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
     /// The lanes stored at `p` (unaligned).
     unsafe fn store(p: *mut f32, v: Self::F);
+    /// `LANES` floats at `p` (unaligned).
+    unsafe fn load(p: *const f32) -> Self::F;
+    /// `LANES` f16 values at `p` (unaligned), widened (exact).
+    unsafe fn load_f16(p: *const u8) -> Self::F;
+    /// How far ahead a one-token float row stream prefetches (`simd::prefetch_float_ahead`),
+    /// or 0 where [`Lanes::prefetch_float`] does nothing.
+    fn float_ahead() -> usize;
+    /// Prefetches the line at `p` into L2 where this width's float rows stream from DRAM
+    /// (512 bits: measured with `CpuOptions::prefetch_float`); nothing at 256 bits, whose
+    /// loops were never tuned with it. A hint: never faults.
+    fn prefetch_float(p: *const u8);
     /// Each `i32` lane as `f32` (round to nearest).
     unsafe fn to_f(v: Self::I) -> Self::F;
     unsafe fn izero() -> Self::I;
@@ -108,7 +121,23 @@ pub(crate) type Avx2Vnni = Ymm<true>;
 impl<const VNNI: bool> Lanes for Ymm<VNNI> {
     type F = __m256;
     type I = __m256i;
+    const LANES: usize = 8;
     const VNNI: bool = VNNI;
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m256 {
+        // SAFETY: the trait's contract (the width's features enabled).
+        unsafe { _mm256_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const u8) -> __m256 {
+        // SAFETY: the trait's contract (the width's features enabled).
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+    fn float_ahead() -> usize {
+        0
+    }
+    #[inline(always)]
+    fn prefetch_float(_: *const u8) {}
     #[inline(always)]
     unsafe fn zero() -> __m256 {
         // SAFETY: the trait's contract (the width's features enabled).
@@ -267,7 +296,26 @@ unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
 impl Lanes for Zmm {
     type F = __m512;
     type I = __m512i;
+    const LANES: usize = 16;
     const VNNI: bool = true;
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m512 {
+        // SAFETY: the trait's contract (the width's features enabled).
+        unsafe { _mm512_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const u8) -> __m512 {
+        // SAFETY: the trait's contract (the width's features enabled).
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+    }
+    fn float_ahead() -> usize {
+        crate::kernels::simd::prefetch_float_ahead()
+    }
+    #[inline(always)]
+    fn prefetch_float(p: *const u8) {
+        // SAFETY: a prefetch never faults; SSE is baseline on x86-64.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast()) }
+    }
     #[inline(always)]
     unsafe fn zero() -> __m512 {
         // SAFETY: the trait's contract (the width's features enabled).
