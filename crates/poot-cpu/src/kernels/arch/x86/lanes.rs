@@ -1,7 +1,8 @@
 //! Register widths as types, so that a loop written once runs at 256 and at 512 bits.
 //!
 //! [`Lanes`] is one width's float and integer register and the element-wise ops the shared
-//! bodies use (ggml's `GGML_F32_VEC` macros, as traits); [`RowLanes`] adds how one step of the
+//! bodies use (ggml's `GGML_F32_VEC` macros, as traits: `qdot_r.rs`'s integer dot and
+//! `fdot.rs`'s `lanes32` float chains are written over it); [`RowLanes`] adds how one step of the
 //! 8-row interleaved layout (`matmul/repack.rs`) is read at that width: [`Ymm`] reads one group
 //! (8 rows, one per 32-bit lane), [`Zmm`] two groups side by side (lanes 0-7 the first group's
 //! rows, 8-15 the second's). A body generic over `L: RowLanes` therefore runs, in every lane,
