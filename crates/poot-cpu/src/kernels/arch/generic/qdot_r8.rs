@@ -12,8 +12,10 @@
 //!
 //! Why here: `matmul_r8` runs it where no SIMD path applies (the scalar ISA, any CPU), and it
 //! is the template a new ISA's loop (e.g. `arch/aarch64/qdot_r8.rs`) starts from and is tested
-//! against. Cost: each row's blocks are unpacked once per 4 tokens, rows one after another as
-//! the stored-row reference runs them; no allocation.
+//! against. Cost: each row's block is unpacked once per 4 tokens; no allocation. Against the
+//! stored-row path it replaced (rebuild each row, then `dot_scalar`), on-CPU time per call
+//! for `[t x 576] x [1536 x 576]` on one thread of the dev machine's EPYC: t = 64 0.3-1.0x
+//! (Q5_0 gains most), t = 1 0.6-1.2x (Q8_0 the one slower, about 1.2x).
 
 use crate::kernels::blocks::{chunks, header_bytes, superblock_bytes, QKind, RG};
 use crate::kernels::decode::f16_to_f32;
@@ -187,21 +189,22 @@ pub(crate) fn group_blocks(
 /// [`group_blocks`] for one kind.
 fn group_blocks_k<const KIND: u8>(grp: &[u8], nb: usize, a: &[BlockQ8], t: usize, out: &mut [f32]) {
     let sb = superblock_bytes(kind_of(KIND));
-    for r in 0..RG {
-        for j0 in (0..t).step_by(TILE) {
-            let tt = TILE.min(t - j0);
-            let mut acc = [0.0f32; TILE];
-            for (b, s) in grp.chunks_exact(sb).take(nb).enumerate() {
+    for j0 in (0..t).step_by(TILE) {
+        let tt = TILE.min(t - j0);
+        // One chain per row and token, the 8 rows' side by side (independent FMAs).
+        let mut acc = [[0.0f32; RG]; TILE];
+        for (b, s) in grp.chunks_exact(sb).take(nb).enumerate() {
+            for r in 0..RG {
                 let (q, d, _) = row_block::<KIND>(s, r);
                 for (j, acc) in acc.iter_mut().enumerate().take(tt) {
                     let y = &a[(j0 + j) * nb + b];
                     let sum = block_sum(&q, &y.qs);
-                    *acc = (d * y.d).mul_add(sum as f32, *acc);
+                    acc[r] = (d * y.d).mul_add(sum as f32, acc[r]);
                 }
             }
-            for (j, v) in acc.iter().enumerate().take(tt) {
-                out[(j0 + j) * RG + r] = *v;
-            }
+        }
+        for (j, v) in acc.iter().enumerate().take(tt) {
+            out[(j0 + j) * RG..(j0 + j + 1) * RG].copy_from_slice(v);
         }
     }
 }
