@@ -7,7 +7,7 @@
 //! either way every lane sum is exact in `i32`, so the float steps alone decide the result, and
 //! they are the same: ggml's order ([`group`]: 8 lane sums a block, `fma(dw * dy, lane, acc)`,
 //! `hsum8`, Q4_1's `summs`) or the block order ([`group_blocks`]: one exact sum a block, one
-//! FMA). So results are bit-identical to `matmul::qdot::dot_scalar{,_blocks}` on the stored
+//! FMA). So results are bit-identical to `arch::generic::qdot::dot_scalar{,_blocks}` on the stored
 //! rows and to `arch::x86::qdot_r8` / `qdot_r16` at either width (tested below).
 //!
 //! Why here: `matmul_r8` runs it where no SIMD path applies (the scalar ISA, any CPU), and it
