@@ -497,3 +497,71 @@ pub(crate) unsafe fn fifth_bits(hb: *const u8, c: usize) -> (__m256i, __m256i) {
         (_mm256_and_si256(lo, m), _mm256_and_si256(hi, m))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::Rng;
+
+    /// The integer ops at 512 bits, halves joined, against the 256-bit ones on each half
+    /// (the non-VNNI ones included, which no `Zmm` body takes today).
+    ///
+    /// # Safety
+    /// AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI detected.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn both_widths(a: &[i8; 64], b: &[i8; 64], c: &[i32; 16]) -> ([i32; 16], [i32; 16]) {
+        type Y = Avx2;
+        // SAFETY: the features this function enables; every pointer covers what it reads.
+        unsafe {
+            let y = |p: &[i8; 64], h: usize| _mm256_loadu_si256(p.as_ptr().add(32 * h).cast());
+            let z = |p: &[i8; 64]| _mm512_loadu_si512(p.as_ptr().cast());
+            let yc = |h: usize| _mm256_loadu_si256(c.as_ptr().add(8 * h).cast());
+            let zc = _mm512_loadu_si512(c.as_ptr().cast());
+            let mut want = [0i32; 16];
+            for h in 0..2 {
+                let (ya, yb) = (y(a, h), y(b, h));
+                // |a| fits maddubs' unsigned side; the sign moves to b.
+                let u = Y::sign8(ya, ya);
+                let s = Y::sign8(yb, ya);
+                let p = Y::add16(Y::maddubs(u, s), Y::maddubs(Y::and(u, Y::isplat8(15)), s));
+                let r = Y::add32(Y::widen16(p), Y::dot(yc(h), Y::and(u, Y::isplat8(15)), yb));
+                _mm256_storeu_si256(want.as_mut_ptr().add(8 * h).cast(), r);
+            }
+            let (za, zb) = (z(a), z(b));
+            let u = Zmm::sign8(za, za);
+            let s = Zmm::sign8(zb, za);
+            let low = Zmm::and(u, Zmm::isplat8(15));
+            let p = Zmm::add16(Zmm::maddubs(u, s), Zmm::maddubs(low, s));
+            let r = Zmm::add32(Zmm::widen16(p), Zmm::dot(zc, low, zb));
+            let mut got = [0i32; 16];
+            _mm512_storeu_si512(got.as_mut_ptr().cast(), r);
+            (got, want)
+        }
+    }
+
+    #[test]
+    fn the_512_bit_integer_ops_are_the_256_bit_ones_on_each_half() {
+        if !crate::testutil::isa_runs("vnni", crate::CpuFeatures::get().vnni512()) {
+            return;
+        }
+        let mut rng = Rng::new(3);
+        for round in 0..200 {
+            let mut bytes = || -> [i8; 64] {
+                // -128 included, and zeros (sign8's third case), more of them in early rounds.
+                std::array::from_fn(|_| {
+                    let v = rng.next_u32();
+                    if v.is_multiple_of(7) || round < 20 && v.is_multiple_of(3) {
+                        0
+                    } else {
+                        (v >> 8) as i8
+                    }
+                })
+            };
+            let (a, b) = (bytes(), bytes());
+            let c: [i32; 16] = std::array::from_fn(|i| i as i32 * 1000 - 7000);
+            // SAFETY: AVX-512 VNNI (with F/BW/VL, AVX2, FMA, F16C) detected above.
+            let (got, want) = unsafe { both_widths(&a, &b, &c) };
+            assert_eq!(got, want, "round {round}");
+        }
+    }
+}
