@@ -8,11 +8,13 @@
 //! rows, 8-15 the second's). A body generic over `L: RowLanes` therefore runs, in every lane,
 //! the same instructions on the same values at either width: the results are the same bits.
 //!
-//! Where a width goes: a new register width (or a new ISA's, e.g. NEON's 128 bits under
-//! `arch/aarch64/`) is one more implementation of these traits; a shared body stays as it is.
+//! Where a width goes: a new register width is one more implementation of these traits; a
+//! shared body stays as it is. A new ISA's registers (NEON's 128 bits under `arch/aarch64/`)
+//! would implement them too, the traits then moving up to `arch/` with their x86 types left
+//! here.
 //!
-//! Invariant (codegen and soundness): every method is `#[inline(always)]` and `unsafe`, with
-//! the contract that the caller runs inside a `#[target_feature]` function enabling the
+//! Invariant (codegen and soundness): every register op is `#[inline(always)]` and `unsafe`,
+//! with the contract that the caller runs inside a `#[target_feature]` function enabling the
 //! width's features (AVX2, FMA, F16C for [`Ymm`]; AVX-512 F/BW/VL and VNNI as well for
 //! `Ymm<true>` and [`Zmm`]); the generic bodies are monomorphized inside such entry functions,
 //! so they compile to the intrinsics they name, as the hand-written pairs did.
