@@ -1,9 +1,17 @@
-//! Per-ISA inner loops. Each module under `arch/<arch>/` is the SIMD form of a loop whose
-//! portable (scalar) form lives in the family that calls it (`matmul/qdot.rs`'s `dot_scalar`
-//! beside `arch/x86/qdot.rs`, `decode.rs`'s `decode_run` beside `arch/x86/decode.rs`, and so
-//! on); the family picks one with a `simd::Checked` token, so a loop here is only reached on a
-//! CPU that has its features ([`crate::CpuFeatures`]). Nothing here imports a family's
-//! dispatch: only the bottom modules and a family's shared types.
+//! Per-ISA inner loops. `arch/<arch>/` holds an ISA's SIMD loops; `arch/generic/` the portable
+//! (scalar) form of each, under the same file name, built everywhere (the no-SIMD path, the
+//! template for a new ISA and the oracle its tests compare with bit for bit). Loops whose
+//! portable form has not moved here yet keep it in the family that calls them (listed in
+//! `generic/mod.rs`). The family picks a loop with a `simd::Checked` token, so an
+//! `arch/<arch>/` loop is only reached on a CPU that has its features ([`crate::CpuFeatures`]).
+//!
+//! Where a new ISA goes: `arch/<arch>/` (e.g. `aarch64/` for NEON), one file per loop it speeds
+//! up, named as the generic file it is tested against. Where a new register width goes: an
+//! implementation of `x86/lanes.rs`'s traits, the shared bodies unchanged.
+//!
+//! Invariant: nothing here imports a family's dispatch: only the bottom modules and a family's
+//! shared types.
 
+pub(crate) mod generic;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;

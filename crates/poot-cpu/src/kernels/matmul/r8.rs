@@ -21,7 +21,8 @@
 //!   vec_dot (one token) differs from it only in `f32` rounding, within `(k / 32 + 8) * 2^-24 *
 //!   sum_b |dw dx sum_b|` (tested), far below the activation rounding `matmul/q8.rs` bounds.
 //!
-//! The scalar path rebuilds each stored row and runs the `qdot` references.
+//! Without SIMD, the portable loop (`arch/generic/qdot_r8.rs`) reads the same layout, with the
+//! same results.
 //!
 //! Cost: as `matmul/q8.rs`, with about half the vector work per weight block; memory: the
 //! corrections, `t * k / 32` entries of 32 bytes, in reused scratch.
@@ -30,7 +31,6 @@ use crate::kernels::act_cache::ActCache;
 use crate::kernels::blocks::QKind;
 use crate::kernels::blocks::RG;
 use crate::kernels::matmul::groups::{over_segments, over_tokens, Segment, Segments};
-use crate::kernels::matmul::qdot::{dot_scalar, dot_scalar_blocks};
 use crate::kernels::matmul::repack::Repacked;
 use crate::kernels::qact::{BlockQ8, QK8};
 use crate::kernels::scratch::Scratch;
@@ -152,21 +152,14 @@ pub(crate) fn matmul_r8_fused(
         stream.then_some(&|s: usize, g: usize| ws[s].group(g)),
         |s, g, write| {
             let w = ws[s];
-            let n = w.n;
             if !simd {
-                // Each stored row rebuilt once, then dotted with every token.
-                let mut row = Scratch::<u8>::zeroed(nb * kind.block_bytes());
+                // The portable loop on the layout as it is (`arch/generic/qdot_r8.rs`).
+                use crate::kernels::arch::generic::qdot_r8;
                 let mut res = Scratch::<f32>::zeroed(t * RG);
-                for r in 0..RG.min(n - g * RG) {
-                    w.stored_row(g * RG + r, &mut row);
-                    for tok in 0..t {
-                        let a = &xq[tok * nb..(tok + 1) * nb];
-                        res[tok * RG + r] = if blocks {
-                            dot_scalar_blocks(kind, &row, a)
-                        } else {
-                            dot_scalar(kind, &row, a)
-                        };
-                    }
+                if blocks {
+                    qdot_r8::group_blocks(kind, w.group(g), nb, xq, t, &mut res);
+                } else {
+                    qdot_r8::group(kind, w.group(g), nb, xq, t, &mut res);
                 }
                 for tok in 0..t {
                     write(tok, &res[tok * RG..(tok + 1) * RG]);

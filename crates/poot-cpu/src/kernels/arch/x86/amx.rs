@@ -16,7 +16,7 @@
 //! Q4_1 does not come here: it keeps ggml's order (`matmul/r8.rs`), which whole-block sums cannot
 //! give.
 //!
-//! Numerics: exactly `matmul::qdot::dot_scalar_blocks` (integer sums exact, then the same float
+//! Numerics: exactly `arch::generic::qdot::dot_scalar_blocks` (integer sums exact, then the same float
 //! steps in the same order), so bit-identical to the block order of the other paths on every thread
 //! count (tested).
 //!
@@ -308,7 +308,7 @@ unsafe fn lay_panel(w: &Repacked, p: usize, tiles: &mut [u8], scales: &mut [f32]
                     }
                     QKind::Q5_0 => {
                         let bits = |g: Option<&[u8]>| match g {
-                            Some(g) => crate::kernels::arch::x86::qdot_r8::fifth_bits(
+                            Some(g) => crate::kernels::arch::x86::lanes::fifth_bits(
                                 g.as_ptr().add(s + 16),
                                 c,
                             ),
@@ -409,7 +409,7 @@ unsafe fn tile_tokens(
 }
 
 /// Block `b`'s float steps for 16 tokens: `acc[j] = fma(dw * dx_j, sums_j, acc[j])`
-/// (`matmul::qdot::dot_scalar_blocks`' order), 16 rows a vector.
+/// (`arch::generic::qdot::dot_scalar_blocks`' order), 16 rows a vector.
 #[inline(always)]
 unsafe fn scale_add(
     acc: &mut [__m512; P],

@@ -2,11 +2,13 @@
 //!
 //! - [`lanes8_rows_avx2`]: `R` rows against one token in tinyBLAS's 8 lanes (lane `i % 8`),
 //!   the chains `matmul/lanes8.rs` runs for several tokens; the caller sums each by `hsum8`.
-//! - [`lanes32_avx2`], [`lanes32_avx512`]: `R` rows against one token in ggml's `ggml_vec_dot_f16` lane order
-//!   (lane `i % 32` over whole 32-groups); the caller folds the lanes and adds the tail.
+//! - [`lanes32_avx2`], [`lanes32_avx512`]: `R` rows against one token in ggml's
+//!   `ggml_vec_dot_f16` lane order (lane `i % 32` over whole 32-groups), one body over the
+//!   register width (`arch/x86/lanes.rs`); the caller folds the lanes and adds the tail.
 //! - [`chunk8_avx2`]: 4 decoded f32 rows against `TT` tokens in 8 lanes (llamafile tinyBLAS's
 //!   order) over one chunk of `k`, the lane chains carried between chunks, each result summed by
-//!   `ggml::hsum8`.
+//!   `ggml::hsum8`. Its 512-bit counterpart, `arch::x86::fdot16::chunk16`, is a different
+//!   tiling rather than a wider register (see that module), so the two keep their own bodies.
 //!
 //! Invariant (soundness): every function here is `unsafe` with the contract that the caller
 //! holds a `Checked` token for the ISA the function's `target_feature` names, and that the
@@ -14,26 +16,13 @@
 
 use std::arch::x86_64::*;
 
+use crate::kernels::arch::x86::lanes::{Avx2, Lanes, Zmm};
 use crate::kernels::ggml::hsum8;
 use crate::kernels::simd::NR;
 
 /// Weight kinds (const-generic parameter values).
 pub(crate) const F16: u8 = 0;
 pub(crate) const BF16: u8 = 1;
-
-/// 16 stored halves at `p` widened to `f32` (exact).
-#[inline(always)]
-unsafe fn load16<const KIND: u8>(p: *const u8) -> __m512 {
-    // SAFETY: the caller's contract: AVX-512F and F16C, 32 readable bytes at `p`.
-    unsafe {
-        let h = _mm256_loadu_si256(p.cast());
-        if KIND == F16 {
-            _mm512_cvtph_ps(h)
-        } else {
-            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
-        }
-    }
-}
 
 /// 8 stored halves at `p` widened to `f32` (exact).
 #[inline(always)]
@@ -100,69 +89,41 @@ pub(crate) unsafe fn lanes8_rows_avx2<const KIND: u8, const R: usize>(
     out
 }
 
-/// ggml's 32 lanes of one F16 row against one token: `out[l] = sum over whole 32-groups g of
-/// fma(w[32g + l], x[32g + l])`, in `g` order, for `k32` (a multiple of 32) elements.
+/// ggml's 32 lanes of `R` F16 rows (`rb` bytes apart) against one token: `out[r][l] = sum
+/// over whole 32-groups g of fma(w[32g + l], x[32g + l])`, in `g` order, for `k32` (a multiple
+/// of 32) elements; written once over [`Lanes`] (`32 / L::LANES` registers a row), so the
+/// 256- and 512-bit forms run the same FMA chain in every lane: the same bits.
 ///
 /// # Safety
-/// AVX-512F, AVX2, FMA and F16C detected; `2 * k32` bytes at `w`; `k32` floats at `x`.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-pub(crate) unsafe fn lanes32_avx512<const R: usize>(
+/// `L`'s features enabled by the caller; `R` rows of `2 * k32` bytes at `w`, `rb` apart;
+/// `k32` floats at `x`.
+#[inline(always)]
+unsafe fn lanes32_body<L: Lanes, const R: usize>(
     w: *const u8,
     rb: usize,
     k32: usize,
     x: *const f32,
 ) -> [[f32; 32]; R] {
-    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    // Registers a row: 2 (512 bits) or 4 (256); arrays of 4, the unused ones never touched.
+    let regs = 32 / L::LANES;
+    // SAFETY: the contract above.
+    let mut acc = [[unsafe { L::zero() }; 4]; R];
+    let ahead = L::float_ahead();
     let mut i = 0;
-    let ahead = crate::kernels::simd::prefetch_float_ahead();
     // SAFETY: i + 32 <= k32 for every load; a prefetch never faults.
     unsafe {
         while i < k32 {
             for r in 0..R {
-                _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add(r * rb + 2 * i + ahead).cast());
+                L::prefetch_float(w.wrapping_add(r * rb + 2 * i + ahead));
             }
-            let x0 = _mm512_loadu_ps(x.add(i));
-            let x1 = _mm512_loadu_ps(x.add(i + 16));
+            let mut xv = [L::zero(); 4];
+            for (q, v) in xv.iter_mut().enumerate().take(regs) {
+                *v = L::load(x.add(i + L::LANES * q));
+            }
             for (r, a) in acc.iter_mut().enumerate() {
                 let p = w.add(r * rb + 2 * i);
-                a[0] = _mm512_fmadd_ps(load16::<F16>(p), x0, a[0]);
-                a[1] = _mm512_fmadd_ps(load16::<F16>(p.add(32)), x1, a[1]);
-            }
-            i += 32;
-        }
-    }
-    let mut out = [[0.0f32; 32]; R];
-    for (o, a) in out.iter_mut().zip(&acc) {
-        // SAFETY: each half of `o` holds 16 floats.
-        unsafe {
-            _mm512_storeu_ps(o.as_mut_ptr(), a[0]);
-            _mm512_storeu_ps(o.as_mut_ptr().add(16), a[1]);
-        }
-    }
-    out
-}
-
-/// [`lanes32_avx512`] on AVX2 (four 8-lane accumulators per row).
-///
-/// # Safety
-/// AVX2, FMA and F16C detected; as [`lanes32_avx512`] otherwise.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn lanes32_avx2<const R: usize>(
-    w: *const u8,
-    rb: usize,
-    k32: usize,
-    x: *const f32,
-) -> [[f32; 32]; R] {
-    let mut acc = [[_mm256_setzero_ps(); 4]; R];
-    let mut i = 0;
-    // SAFETY: i + 32 <= k32 for every load.
-    unsafe {
-        while i < k32 {
-            for q in 0..4 {
-                let xv = _mm256_loadu_ps(x.add(i + 8 * q));
-                for a in acc.iter_mut().enumerate() {
-                    let p = w.add(a.0 * rb + 2 * (i + 8 * q));
-                    a.1[q] = _mm256_fmadd_ps(load8::<F16>(p), xv, a.1[q]);
+                for q in 0..regs {
+                    a[q] = L::fma(L::load_f16(p.add(2 * L::LANES * q)), xv[q], a[q]);
                 }
             }
             i += 32;
@@ -170,12 +131,42 @@ pub(crate) unsafe fn lanes32_avx2<const R: usize>(
     }
     let mut out = [[0.0f32; 32]; R];
     for (o, a) in out.iter_mut().zip(&acc) {
-        for (q, v) in a.iter().enumerate() {
-            // SAFETY: o[8q..8q+8] is inside `o`.
-            unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(8 * q), *v) };
+        for (q, v) in a.iter().enumerate().take(regs) {
+            // SAFETY: o[LANES q..LANES (q + 1)] is inside `o`; the caller's features.
+            unsafe { L::store(o.as_mut_ptr().add(L::LANES * q), *v) };
         }
     }
     out
+}
+
+/// [`lanes32_body`] in 512-bit registers.
+///
+/// # Safety
+/// AVX-512F, AVX2, FMA and F16C detected; [`lanes32_body`]'s pointer contract.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(crate) unsafe fn lanes32_avx512<const R: usize>(
+    w: *const u8,
+    rb: usize,
+    k32: usize,
+    x: *const f32,
+) -> [[f32; 32]; R] {
+    // SAFETY: the contract above; this function's features cover `Zmm`'s float ops.
+    unsafe { lanes32_body::<Zmm, R>(w, rb, k32, x) }
+}
+
+/// [`lanes32_body`] in 256-bit registers.
+///
+/// # Safety
+/// AVX2, FMA and F16C detected; [`lanes32_body`]'s pointer contract.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn lanes32_avx2<const R: usize>(
+    w: *const u8,
+    rb: usize,
+    k32: usize,
+    x: *const f32,
+) -> [[f32; 32]; R] {
+    // SAFETY: the contract above; this function's features cover `Avx2`'s float ops.
+    unsafe { lanes32_body::<Avx2, R>(w, rb, k32, x) }
 }
 
 /// An element of [`chunk8_avx2`]'s packed operands: f16 bits (widened by F16C, exact) or `f32`.

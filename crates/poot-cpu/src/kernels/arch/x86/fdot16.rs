@@ -12,6 +12,16 @@
 //! of 16 halves is two of this loop's vector ports' uops, and with one per activation pair
 //! and row slice the loop would spend nearly as long converting as multiplying.
 //!
+//! Why this is not `chunk8_body` over a wider [`Lanes`](crate::kernels::arch::x86::lanes::Lanes):
+//! the two differ in tiling, not only in width. Here a register holds two tokens' chains
+//! against one broadcast row slice (`TT / 2` token registers, the rows loaded once a step);
+//! there a register holds one token's chains against one row slice, rows outer and tokens
+//! inner, with f16 operands widened in the loop and a hand-allocated 3-token form; the parked
+//! partials are laid out per pair here and per token there. A shared body would change the
+//! loop order and register allocation both were tuned for, so each keeps its own (the lane
+//! chains, and so the bits, are the same: `matmul/tests.rs` checks every output against
+//! `ggml::dot_lanes8` on every ISA).
+//!
 //! Invariant (soundness): every function here is `unsafe` with the contract that the caller
 //! has detected AVX-512F, AVX2, FMA and F16C, and that the pointers cover the lengths stated.
 

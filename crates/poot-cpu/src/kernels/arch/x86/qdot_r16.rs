@@ -7,17 +7,17 @@
 //! picks this for those and for prefill (measurements: `docs/performance-history.md`, "Measurements
 //! behind the kernels").
 //!
-//! Numerics: every lane runs exactly the 256-bit body's steps for its row (the same integer lane
-//! sums, the same `fma(dw * dy, lane, acc)` block after block, the same fold and Q4_1 term), so
-//! results are bit-identical to `arch::x86::qdot_r8::group` and `matmul::qdot::dot_scalar`
+//! Numerics: the body is the 256-bit one (`arch/x86/qdot_r.rs`, generic over the register
+//! width), so every lane runs exactly the 256-bit steps for its row (the same integer lane sums,
+//! the same `fma(dw * dy, lane, acc)` block after block, the same fold and Q4_1 term), and
+//! results are bit-identical to `arch::x86::qdot_r8::group` and `arch::generic::qdot::dot_scalar`
 //! (tested).
 //!
 //! Invariant (soundness): reached only through `matmul_r8` after `has_vnni512` was true.
 
-use std::arch::x86_64::*;
-
-use crate::kernels::blocks::QKind;
-use crate::kernels::blocks::{header_bytes, superblock_bytes, RG};
+use crate::kernels::arch::x86::lanes::Zmm;
+use crate::kernels::arch::x86::qdot_r;
+use crate::kernels::blocks::{superblock_bytes, QKind, RG};
 use crate::kernels::qact::BlockQ8;
 
 /// Whether this CPU has the 512-bit VNNI dot and the byte ops the Q4 unpacking uses.
@@ -82,55 +82,11 @@ fn check(
     assert!(out.len() >= t * 2 * RG);
 }
 
-/// Two 256-bit halves as one register: `lo` in lanes 0-7, `hi` in 8-15.
-#[inline(always)]
-unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
-    // SAFETY: AVX-512F enabled by the caller.
-    unsafe { _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi) }
-}
-
-/// 32 bytes at `p` of each group.
-#[inline(always)]
-unsafe fn load2(p0: *const u8, p1: *const u8) -> __m512i {
-    // SAFETY: 32 readable bytes at each pointer (caller); AVX-512F enabled by the caller.
-    unsafe { join(_mm256_loadu_si256(p0.cast()), _mm256_loadu_si256(p1.cast())) }
-}
-
-/// Chunk `c` (32 bytes of each group's quants after the headers at `q0`, `q1`) as low and
-/// high nibbles, with Q5_0's fifth bits (from the superblocks at `s0`, `s1`) or'd in.
-#[inline(always)]
-unsafe fn nibbles2<const KIND: u8>(
-    (s0, s1): (*const u8, *const u8),
-    (q0, q1): (*const u8, *const u8),
-    c: usize,
-    m4: __m512i,
-) -> (__m512i, __m512i) {
-    // SAFETY: chunk c and the superblocks' fifth bits are inside both groups (caller);
-    // AVX-512F/BW enabled by the caller.
-    unsafe {
-        let v = load2(q0.add(32 * c), q1.add(32 * c));
-        let mut lo = _mm512_and_si512(v, m4);
-        let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
-        if KIND == 2 {
-            let (l0, h0) = crate::kernels::arch::x86::qdot_r8::fifth_bits(s0.add(16), c);
-            let (l1, h1) = crate::kernels::arch::x86::qdot_r8::fifth_bits(s1.add(16), c);
-            lo = _mm512_or_si512(lo, join(l0, l1));
-            hi = _mm512_or_si512(hi, join(h0, h1));
-        }
-        (lo, hi)
-    }
-}
-
-/// 8 f16 values at `p` of each group, widened.
-#[inline(always)]
-unsafe fn halves2(p0: *const u8, p1: *const u8) -> __m512 {
-    // SAFETY: 16 readable bytes at each pointer (caller); AVX-512F enabled by the caller.
-    unsafe {
-        let h = _mm256_set_m128i(_mm_loadu_si128(p1.cast()), _mm_loadu_si128(p0.cast()));
-        _mm512_cvtph_ps(h)
-    }
-}
-
+/// The shared ggml-order body (`arch::x86::qdot_r::body`) at [`Zmm`] width: two groups a
+/// step.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI and F16C detected; [`groups2`]'s bounds (asserted by [`check`]).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn body<const KIND: u8, const T: usize>(
     g0: &[u8],
@@ -140,80 +96,8 @@ unsafe fn body<const KIND: u8, const T: usize>(
     corr: &[[i32; 8]],
     out: &mut [f32],
 ) {
-    let kind = [QKind::Q4_0, QKind::Q4_1, QKind::Q5_0, QKind::Q8_0][KIND as usize];
-    let (sb, hdr) = (superblock_bytes(kind), header_bytes(kind));
-    // SAFETY: superblock `b < nb` is inside both groups, activation/correction `j * nb + b`
-    // inside `a`/`corr` for `j < T`, and `out` holds `T * 16` values (asserted by `groups2`);
-    // the features are this function's.
-    unsafe {
-        let (p0, p1) = (g0.as_ptr(), g1.as_ptr());
-        let mut acc = [[_mm512_setzero_ps(); 8]; T];
-        let mut summs = [_mm512_setzero_ps(); T];
-        let m4 = _mm512_set1_epi8(0x0f);
-        let ahead = crate::kernels::simd::prefetch_ahead();
-        // Groups lie back to back, so the next pair starts two groups on.
-        let next = crate::kernels::simd::prefetch_next_distance(2 * nb * sb);
-        for b in 0..nb {
-            let (s0, s1) = (p0.add(b * sb), p1.add(b * sb));
-            crate::kernels::simd::prefetch_stream(s0, sb, ahead);
-            crate::kernels::simd::prefetch_stream(s1, sb, ahead);
-            crate::kernels::simd::prefetch_next(s0, sb, next);
-            crate::kernels::simd::prefetch_next(s1, sb, next);
-            let d16 = halves2(s0, s1);
-            let ab: [&BlockQ8; T] = std::array::from_fn(|j| a.get_unchecked(j * nb + b));
-            let cj: [&[i32; 8]; T] = std::array::from_fn(|j| corr.get_unchecked(j * nb + b));
-            let sc: [__m512; T] =
-                std::array::from_fn(|j| _mm512_mul_ps(d16, _mm512_set1_ps(ab[j].d)));
-            if KIND == 1 {
-                let m16 = halves2(s0.add(16), s1.add(16));
-                for j in 0..T {
-                    summs[j] = _mm512_fmadd_ps(m16, _mm512_set1_ps(ab[j].s), summs[j]);
-                }
-            }
-            let word = |j: usize, at: usize| {
-                _mm512_set1_epi32(ab[j].qs.as_ptr().add(at).cast::<i32>().read_unaligned())
-            };
-            let (q0, q1) = (s0.add(hdr), s1.add(hdr));
-            if KIND == 3 {
-                for c in 0..8 {
-                    let u = _mm512_xor_si512(
-                        load2(q0.add(32 * c), q1.add(32 * c)),
-                        _mm512_set1_epi8(-128),
-                    );
-                    for j in 0..T {
-                        let l = _mm512_dpbusd_epi32(_mm512_set1_epi32(cj[j][c]), u, word(j, 4 * c));
-                        acc[j][c] = _mm512_fmadd_ps(sc[j], _mm512_cvtepi32_ps(l), acc[j][c]);
-                    }
-                }
-            } else {
-                for c in 0..4 {
-                    let (lo, hi) = nibbles2::<KIND>((s0, s1), (q0, q1), c, m4);
-                    for j in 0..T {
-                        let (il, ih) = if KIND == 0 || KIND == 2 {
-                            (_mm512_set1_epi32(cj[j][c]), _mm512_set1_epi32(cj[j][4 + c]))
-                        } else {
-                            (_mm512_setzero_si512(), _mm512_setzero_si512())
-                        };
-                        let ll = _mm512_dpbusd_epi32(il, lo, word(j, 4 * c));
-                        let lh = _mm512_dpbusd_epi32(ih, hi, word(j, 16 + 4 * c));
-                        acc[j][c] = _mm512_fmadd_ps(sc[j], _mm512_cvtepi32_ps(ll), acc[j][c]);
-                        acc[j][4 + c] =
-                            _mm512_fmadd_ps(sc[j], _mm512_cvtepi32_ps(lh), acc[j][4 + c]);
-                    }
-                }
-            }
-        }
-        for j in 0..T {
-            let x = &acc[j];
-            let lo = _mm512_add_ps(_mm512_add_ps(x[0], x[4]), _mm512_add_ps(x[2], x[6]));
-            let hi = _mm512_add_ps(_mm512_add_ps(x[1], x[5]), _mm512_add_ps(x[3], x[7]));
-            let mut r = _mm512_add_ps(lo, hi);
-            if KIND == 1 {
-                r = _mm512_add_ps(r, summs[j]);
-            }
-            _mm512_storeu_ps(out.as_mut_ptr().add(16 * j), r);
-        }
-    }
+    // SAFETY: the contract above; this function's features cover `Zmm`'s ops.
+    unsafe { qdot_r::body::<Zmm, KIND, T>((g0.as_ptr(), g1.as_ptr()), nb, a, corr, out) }
 }
 
 /// Tokens one [`groups2_blocks`] call handles (one `f32` and one `i32` accumulator of 16
@@ -221,7 +105,7 @@ unsafe fn body<const KIND: u8, const T: usize>(
 pub(crate) const BLOCK_TOKENS: usize = 8;
 
 /// `out[j * 16 + r]` = row `r` of groups `g0` (`r < 8`) and `g1` (`r >= 8`) dotted with token
-/// `j < t` (`t <= BLOCK_TOKENS`) in the block order of `matmul::qdot::dot_scalar_blocks` (Q4_0,
+/// `j < t` (`t <= BLOCK_TOKENS`) in the block order of `arch::generic::qdot::dot_scalar_blocks` (Q4_0,
 /// Q5_0 and Q8_0): each lane runs `arch::x86::qdot_r8::group_blocks`'s steps for its row, so the
 /// bits are that function's. `corr[j * nb + b][0]` holds block `b`'s whole correction
 /// (`matmul_r8`).
@@ -275,6 +159,10 @@ pub(crate) fn groups2_blocks(
     }
 }
 
+/// The shared block-order body (`arch::x86::qdot_r::body_blocks`) at [`Zmm`] width.
+///
+/// # Safety
+/// As [`body`], with [`groups2_blocks`]'s bounds.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn body_blocks<const KIND: u8, const T: usize>(
     g0: &[u8],
@@ -284,60 +172,8 @@ unsafe fn body_blocks<const KIND: u8, const T: usize>(
     corr: &[[i32; 8]],
     out: &mut [f32],
 ) {
-    let kind = [QKind::Q4_0, QKind::Q4_1, QKind::Q5_0, QKind::Q8_0][KIND as usize];
-    let (sb, hdr) = (superblock_bytes(kind), header_bytes(kind));
-    // SAFETY: as `body` (bounds asserted by `groups2_blocks`, features this function's).
-    unsafe {
-        let (p0, p1) = (g0.as_ptr(), g1.as_ptr());
-        let mut acc = [_mm512_setzero_ps(); T];
-        let m4 = _mm512_set1_epi8(0x0f);
-        // The same prefetches as `body`: one token (a decode step's LM head) streams the
-        // weights from DRAM, and without them the block order read the default model's Q8_0
-        // head about a third slower than ggml's order did.
-        let ahead = crate::kernels::simd::prefetch_ahead();
-        let next = crate::kernels::simd::prefetch_next_distance(2 * nb * sb);
-        for b in 0..nb {
-            let (s0, s1) = (p0.add(b * sb), p1.add(b * sb));
-            crate::kernels::simd::prefetch_stream(s0, sb, ahead);
-            crate::kernels::simd::prefetch_stream(s1, sb, ahead);
-            crate::kernels::simd::prefetch_next(s0, sb, next);
-            crate::kernels::simd::prefetch_next(s1, sb, next);
-            let d16 = halves2(s0, s1);
-            let ab: [&BlockQ8; T] = std::array::from_fn(|j| a.get_unchecked(j * nb + b));
-            let mut isum: [__m512i; T] =
-                std::array::from_fn(|j| _mm512_set1_epi32(corr.get_unchecked(j * nb + b)[0]));
-            let word = |j: usize, at: usize| {
-                _mm512_set1_epi32(ab[j].qs.as_ptr().add(at).cast::<i32>().read_unaligned())
-            };
-            let (q0, q1) = (s0.add(hdr), s1.add(hdr));
-            if KIND == 3 {
-                for c in 0..8 {
-                    let u = _mm512_xor_si512(
-                        load2(q0.add(32 * c), q1.add(32 * c)),
-                        _mm512_set1_epi8(-128),
-                    );
-                    for (j, v) in isum.iter_mut().enumerate() {
-                        *v = _mm512_dpbusd_epi32(*v, u, word(j, 4 * c));
-                    }
-                }
-            } else {
-                for c in 0..4 {
-                    let (lo, hi) = nibbles2::<KIND>((s0, s1), (q0, q1), c, m4);
-                    for (j, v) in isum.iter_mut().enumerate() {
-                        *v = _mm512_dpbusd_epi32(*v, lo, word(j, 4 * c));
-                        *v = _mm512_dpbusd_epi32(*v, hi, word(j, 16 + 4 * c));
-                    }
-                }
-            }
-            for j in 0..T {
-                let sc = _mm512_mul_ps(d16, _mm512_set1_ps(ab[j].d));
-                acc[j] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(isum[j]), acc[j]);
-            }
-        }
-        for (j, v) in acc.iter().enumerate() {
-            _mm512_storeu_ps(out.as_mut_ptr().add(16 * j), *v);
-        }
-    }
+    // SAFETY: the contract above; this function's features cover `Zmm`'s ops.
+    unsafe { qdot_r::body_blocks::<Zmm, KIND, T>((g0.as_ptr(), g1.as_ptr()), nb, a, corr, out) }
 }
 
 #[cfg(test)]

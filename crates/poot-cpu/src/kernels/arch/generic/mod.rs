@@ -1,0 +1,22 @@
+//! Portable (scalar) forms of the per-ISA loops, built on every target: the path a CPU without
+//! a SIMD loop takes, the template a new ISA's loop starts from, and the oracle its tests
+//! compare with bit for bit. A file here is named as the `arch/x86/` file whose loop it is:
+//! - `qdot` - the stored-row integer block dot (`arch/x86/qdot.rs`); `matmul::qdot::dot_rows`
+//!   runs it without SIMD;
+//! - `qdot_r8` - the 8-row interleaved integer dot (`arch/x86/qdot_r8.rs`, `qdot_r16.rs`, both
+//!   over `arch/x86/qdot_r.rs`); `matmul_r8` runs it without SIMD;
+//! - `fdot` - the one-token float-row lanes (`arch/x86/fdot.rs`'s `lanes8_rows_avx2`,
+//!   `lanes32_avx2` / `lanes32_avx512`).
+//!
+//! The other loops' portable forms still live elsewhere (a move here is the open part of the
+//! kernel-tree redesign): `qdot_k`, `qdot_rk`, `qdot_rk16` - `matmul::qdot_k::dot_scalar`;
+//! `decode` - `kernels::decode::decode_run`; `fdot`'s tiles (`chunk8_avx2`,
+//! `fdot16::chunk16`) - `ggml::dot_lanes8`; `attention` - `attention::ggml_heads::head`; `amx`,
+//! `amx_bf16` - the VNNI/AVX-512 tiles they stand in for.
+//!
+//! Invariant: nothing here uses `unsafe` or a target feature, and nothing imports a family's
+//! dispatch (only the bottom modules: `blocks`, `decode`, `ggml`, `qact`).
+
+pub(crate) mod fdot;
+pub(crate) mod qdot;
+pub(crate) mod qdot_r8;

@@ -1,0 +1,234 @@
+//! The 8-row interleaved integer dot (`matmul/repack.rs`, `matmul/r8.rs`), written once over
+//! [`RowLanes`]: `arch/x86/qdot_r8.rs` runs it on 256-bit registers (one group a step, AVX2 or
+//! VNNI), `arch/x86/qdot_r16.rs` on 512-bit ones (two groups a step, VNNI).
+//!
+//! One register holds 4 quant bytes of each row (one row per 32-bit lane), so each integer step
+//! yields ggml's lane sum `l` for every row of the step at once; the float steps are ggml's,
+//! per row: `acc[l] = fma(dw * dy, lane_l, acc[l])` block after block, then
+//! `((a0+a4) + (a2+a6)) + ((a1+a5) + (a3+a7))` (`hsum_float_8`), plus Q4_1's
+//! `summs = fma(m, s, summs)` ([`body`]); or in the block order, each block's 32 products
+//! summed in one `i32` per row, then one FMA ([`body_blocks`]). Results are bit-identical to
+//! `arch::generic::qdot::dot_scalar{,_blocks}` and to `arch::generic::qdot_r8` at either width
+//! (tested).
+//!
+//! Integer steps: Q4 nibbles are unsigned (`0..16`) against the signed activations, so
+//! `maddubs` + `madd` (AVX2) or `vpdpbusd` (VNNI) apply directly; Q4_0's `-8` offset (Q5_0's
+//! `-16`) is folded in as `-8 * sum(y)` over the lane's 4 activations, precomputed per block
+//! (`corr`). Q8_0 on VNNI flips the sign bit (`w + 128`, unsigned) and folds `-128 * sum(y)` the
+//! same way; without VNNI it takes the sign trick (`|w|` times `y * sign(w)`), as
+//! `arch/x86/qdot.rs` does. Every lane sum is exact in `i32`, so only the float steps decide
+//! the result.
+//!
+//! Invariant (soundness): both bodies are `#[inline(always)]`, reached only from the entry
+//! functions of `qdot_r8` / `qdot_r16`, whose `#[target_feature]` covers `L`'s ops and whose
+//! asserts cover the bounds stated on each body.
+
+use crate::kernels::arch::x86::lanes::RowLanes;
+use crate::kernels::blocks::{header_bytes, superblock_bytes, QKind};
+use crate::kernels::qact::BlockQ8;
+
+/// The kind a `KIND` number names (0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q8_0: `arch/x86/qdot.rs`'
+/// numbering).
+const fn kind_of(k: u8) -> QKind {
+    [QKind::Q4_0, QKind::Q4_1, QKind::Q5_0, QKind::Q8_0][k as usize]
+}
+
+/// `out[j * L::ROWS + r]` = row `r` of the groups at `g` (`nb` superblocks each) dotted with
+/// token `j < T` (`a[j * nb..]`, corrections `corr[j * nb..]`) in ggml's order.
+///
+/// # Safety
+/// `L`'s features enabled by the caller; `nb` superblocks of `KIND` in every group of `g`,
+/// `T * nb` blocks in `a` and `corr`, `T * L::ROWS` values in `out`.
+#[inline(always)]
+pub(crate) unsafe fn body<L: RowLanes, const KIND: u8, const T: usize>(
+    g: L::Src,
+    nb: usize,
+    a: &[BlockQ8],
+    corr: &[[i32; 8]],
+    out: &mut [f32],
+) {
+    let (sb, hdr) = (superblock_bytes(kind_of(KIND)), header_bytes(kind_of(KIND)));
+    // SAFETY: superblock `b < nb` is inside every group, activation/correction `j * nb + b`
+    // inside `a`/`corr` for `j < T`, and `out` holds `T * L::ROWS` values (the contract); the
+    // features are the caller's.
+    unsafe {
+        let mut acc = [[L::zero(); 8]; T];
+        let mut summs = [L::zero(); T];
+        let m4 = L::isplat8(0x0f);
+        let ahead = crate::kernels::simd::prefetch_ahead();
+        let next = L::next_distance(nb * sb);
+        for b in 0..nb {
+            let s = L::at(g, b * sb);
+            L::prefetch(s, sb, ahead, next);
+            let d = L::halves(s);
+            let ab: [&BlockQ8; T] = std::array::from_fn(|j| a.get_unchecked(j * nb + b));
+            let cj: [&[i32; 8]; T] = std::array::from_fn(|j| corr.get_unchecked(j * nb + b));
+            // ggml's `dw * dy`, every row at once.
+            let sc: [L::F; T] = std::array::from_fn(|j| L::mul(d, L::splat(ab[j].d)));
+            if KIND == 1 {
+                let m = L::halves(L::at(s, 16));
+                for j in 0..T {
+                    summs[j] = L::fma(m, L::splat(ab[j].s), summs[j]);
+                }
+            }
+            let q = L::at(s, hdr);
+            if KIND == 3 {
+                for c in 0..8 {
+                    let w = L::quants(L::at(q, 32 * c));
+                    let u = if L::VNNI {
+                        L::xor(w, L::isplat8(-128))
+                    } else {
+                        L::sign8(w, w)
+                    };
+                    for j in 0..T {
+                        let y = L::word(ab[j].qs.as_ptr().add(4 * c));
+                        let l = if L::VNNI {
+                            L::dot(L::isplat(cj[j][c]), u, y)
+                        } else {
+                            L::dot(L::izero(), u, L::sign8(y, w))
+                        };
+                        acc[j][c] = L::fma(sc[j], L::to_f(l), acc[j][c]);
+                    }
+                }
+            } else {
+                for c in 0..4 {
+                    let (lo, hi) = nibbles::<L, KIND>(s, q, c, m4);
+                    for j in 0..T {
+                        let y = ab[j].qs.as_ptr();
+                        let (il, ih) = if KIND == 0 || KIND == 2 {
+                            (L::isplat(cj[j][c]), L::isplat(cj[j][4 + c]))
+                        } else {
+                            (L::izero(), L::izero())
+                        };
+                        let ll = L::dot(il, lo, L::word(y.add(4 * c)));
+                        let lh = L::dot(ih, hi, L::word(y.add(16 + 4 * c)));
+                        acc[j][c] = L::fma(sc[j], L::to_f(ll), acc[j][c]);
+                        acc[j][4 + c] = L::fma(sc[j], L::to_f(lh), acc[j][4 + c]);
+                    }
+                }
+            }
+        }
+        for j in 0..T {
+            let x = &acc[j];
+            let lo = L::add(L::add(x[0], x[4]), L::add(x[2], x[6]));
+            let hi = L::add(L::add(x[1], x[5]), L::add(x[3], x[7]));
+            let mut r = L::add(lo, hi);
+            if KIND == 1 {
+                r = L::add(r, summs[j]);
+            }
+            L::store(out.as_mut_ptr().add(L::ROWS * j), r);
+        }
+    }
+}
+
+/// Chunk `c` of the quants at `q` (after the headers of the superblocks at `s`) as low and
+/// high nibbles, with Q5_0's fifth bits or'd in.
+///
+/// # Safety
+/// As [`body`]: chunk `c` and the fifth bits are inside every group.
+#[inline(always)]
+unsafe fn nibbles<L: RowLanes, const KIND: u8>(
+    s: L::Src,
+    q: L::Src,
+    c: usize,
+    m4: L::I,
+) -> (L::I, L::I) {
+    // SAFETY: the contract above.
+    unsafe {
+        let v = L::quants(L::at(q, 32 * c));
+        let mut lo = L::and(v, m4);
+        let mut hi = L::and(L::srli16_4(v), m4);
+        if KIND == 2 {
+            let (bl, bh) = L::fifth(L::at(s, 16), c);
+            lo = L::or(lo, bl);
+            hi = L::or(hi, bh);
+        }
+        (lo, hi)
+    }
+}
+
+/// As [`body`] in the block order of `arch::generic::qdot::dot_scalar_blocks` (Q4_0, Q5_0 and Q8_0):
+/// the same integer steps summed into one `i32` per row and token for the whole block (exact:
+/// at most `32 * 128 * 128`), then one FMA; `corr[j * nb + b][0]` holds block `b`'s whole
+/// correction.
+///
+/// # Safety
+/// As [`body`].
+#[inline(always)]
+pub(crate) unsafe fn body_blocks<L: RowLanes, const KIND: u8, const T: usize>(
+    g: L::Src,
+    nb: usize,
+    a: &[BlockQ8],
+    corr: &[[i32; 8]],
+    out: &mut [f32],
+) {
+    let (sb, hdr) = (superblock_bytes(kind_of(KIND)), header_bytes(kind_of(KIND)));
+    // SAFETY: as `body`.
+    unsafe {
+        let mut acc = [L::zero(); T];
+        let m4 = L::isplat8(0x0f);
+        // `body`'s prefetches: one token (a decode step's LM head) streams the weights from
+        // DRAM, and without them the block order read the default model's Q8_0 head about a
+        // third slower than ggml's order did.
+        let ahead = crate::kernels::simd::prefetch_ahead();
+        let next = L::next_distance(nb * sb);
+        for b in 0..nb {
+            let s = L::at(g, b * sb);
+            L::prefetch(s, sb, ahead, next);
+            let d = L::halves(s);
+            let ab: [&BlockQ8; T] = std::array::from_fn(|j| a.get_unchecked(j * nb + b));
+            let mut isum: [L::I; T] =
+                std::array::from_fn(|j| L::isplat(corr.get_unchecked(j * nb + b)[0]));
+            let q = L::at(s, hdr);
+            if KIND == 3 {
+                for c in 0..8 {
+                    let w = L::quants(L::at(q, 32 * c));
+                    let u = if L::VNNI {
+                        L::xor(w, L::isplat8(-128))
+                    } else {
+                        L::sign8(w, w)
+                    };
+                    for j in 0..T {
+                        let y = L::word(ab[j].qs.as_ptr().add(4 * c));
+                        let y = if L::VNNI { y } else { L::sign8(y, w) };
+                        isum[j] = L::dot(isum[j], u, y);
+                    }
+                }
+            } else {
+                // Without VNNI, `maddubs` pairs are added in `i16` across the 4 chunks (one sum
+                // for the low nibbles, one for the high: at most 4 * 2 * 31 * 128 = 31744 for
+                // Q5_0, so exact), then widened once: 2 `madd`s per block and token, not 8
+                // (about 10% less CPU per Q4_0 prefill matmul on Zen 3).
+                let mut p16 = [[L::izero(); 2]; T];
+                for c in 0..4 {
+                    let (lo, hi) = nibbles::<L, KIND>(s, q, c, m4);
+                    for j in 0..T {
+                        let y = ab[j].qs.as_ptr();
+                        let (yl, yh) = (L::word(y.add(4 * c)), L::word(y.add(16 + 4 * c)));
+                        if L::VNNI {
+                            isum[j] = L::dot(isum[j], lo, yl);
+                            isum[j] = L::dot(isum[j], hi, yh);
+                        } else {
+                            let [pl, ph] = &mut p16[j];
+                            *pl = L::add16(*pl, L::maddubs(lo, yl));
+                            *ph = L::add16(*ph, L::maddubs(hi, yh));
+                        }
+                    }
+                }
+                if !L::VNNI {
+                    for (isum, [pl, ph]) in isum.iter_mut().zip(&p16) {
+                        let w = L::add32(L::widen16(*pl), L::widen16(*ph));
+                        *isum = L::add32(*isum, w);
+                    }
+                }
+            }
+            for j in 0..T {
+                let sc = L::mul(d, L::splat(ab[j].d));
+                acc[j] = L::fma(sc, L::to_f(isum[j]), acc[j]);
+            }
+        }
+        for (j, v) in acc.iter().enumerate() {
+            L::store(out.as_mut_ptr().add(L::ROWS * j), *v);
+        }
+    }
+}
