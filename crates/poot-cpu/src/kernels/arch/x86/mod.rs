@@ -20,3 +20,4 @@ pub(crate) mod qdot_r16;
 pub(crate) mod qdot_r8;
 pub(crate) mod qdot_rk;
 pub(crate) mod qdot_rk16;
+pub(crate) mod qdot_rk_vnni;
