@@ -15,6 +15,10 @@
 //! and the super-block sums stay far inside `i32`. Q6_K pairs are at most `2 * 63 * 127`, widened
 //! at once; `|scale * (sum - 32 bsum)|` is below `2^24` per sub-block.
 //!
+//! On an AVX-512 path with VNNI (`CpuFeatures::vnni256`), [`group`] runs the same tiles with
+//! `vpdpbusd` for the integer dots instead (`arch/x86/qdot_rk_vnni.rs`): the same integers, so
+//! the same bits.
+//!
 //! Invariant (soundness): reached only through [`group`] with a `Checked` AVX2 or AVX-512 token
 //! (AVX2, FMA, F16C detected).
 

@@ -184,3 +184,110 @@ unsafe fn q6k_vnni<const T: usize>(grp: &[u8], nb: usize, a: &[BlockQ8K], out: &
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::matmul::qdot_k::dot_scalar;
+    use crate::kernels::matmul::repack_k::RepackedK;
+    use crate::kernels::qact::quantize_row_q8k;
+    use crate::testutil::{synthetic_weights, Rng};
+    use poot_core::DType;
+
+    /// The VNNI kernel's bits for every tile against the portable dot on the stored rows
+    /// (and so against the AVX2 kernel, which `matmul/rk_tests.rs` holds to the same).
+    fn check(dt: DType, w: &[u8], n: usize, nb: usize, x: &[f32], t: usize) {
+        let kind = KKind::new(dt).unwrap();
+        let rp = RepackedK::new(kind, w, n, nb);
+        let mut a = vec![BlockQ8K::default(); t * nb];
+        for (xr, ar) in x.chunks_exact(nb * 256).zip(a.chunks_exact_mut(nb)) {
+            quantize_row_q8k(xr, ar);
+        }
+        let rb = w.len() / n;
+        let mut out = [f32::NAN; 4 * RG];
+        for g in 0..rp.groups() {
+            // SAFETY: `available` was checked by the caller; AVX2/FMA/F16C come with AVX-512
+            // VNNI on every CPU that has it (and `isa_runs` below asks for them too); the
+            // slices are the sizes `group` asks for.
+            unsafe {
+                match t {
+                    4 => group::<4>(kind, rp.group(g), nb, &a, &mut out),
+                    2 => group::<2>(kind, rp.group(g), nb, &a, &mut out),
+                    _ => group::<1>(kind, rp.group(g), nb, &a, &mut out),
+                }
+            }
+            for j in 0..t {
+                for r in 0..RG.min(n - g * RG) {
+                    let row = &w[(g * RG + r) * rb..][..rb];
+                    let want = dot_scalar(kind, row, &a[j * nb..(j + 1) * nb]);
+                    let got = out[j * RG + r];
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{dt} row {} token {j}",
+                        g * RG + r
+                    );
+                }
+            }
+        }
+    }
+
+    fn runs() -> bool {
+        let f = crate::CpuFeatures::get();
+        crate::testutil::isa_runs("vnni", available() && f.avx2_fma_f16c())
+    }
+
+    #[test]
+    fn every_tile_matches_the_portable_dot_on_ragged_rows() {
+        if !runs() {
+            return;
+        }
+        let mut rng = Rng::new(31);
+        for dt in [DType::Q4_K, DType::Q6_K] {
+            let tiles: &[usize] = if dt == DType::Q4_K {
+                &[1, 2, 4]
+            } else {
+                &[1, 2]
+            };
+            for &(n, nb) in &[(8, 1), (13, 3), (21, 2), (5, 35)] {
+                let w = synthetic_weights(dt, n, nb * 256, 7 + n as u32);
+                for &t in tiles {
+                    let x = rng.vec(t * nb * 256, -3.0, 3.0);
+                    check(dt, &w, n, nb, &x, t);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn extreme_quants_scales_and_activations_stay_exact() {
+        if !runs() {
+            return;
+        }
+        // Every quant at its maximum, Q4_K scales and mins at 63 (the `16 p` sums' worst
+        // case), Q6_K scales at +-127, activations at the Q8_K extremes of either sign.
+        let (n, nb) = (11, 4);
+        for dt in [DType::Q4_K, DType::Q6_K] {
+            let mut w = synthetic_weights(dt, n, nb * 256, 3);
+            let bb = KKind::new(dt).unwrap().block_bytes();
+            for b in w.chunks_exact_mut(bb) {
+                match dt {
+                    DType::Q4_K => b[4..144].fill(0xff),
+                    _ => {
+                        b[..192].fill(0xff);
+                        for (s, v) in b[192..208].iter_mut().enumerate() {
+                            *v = if s % 2 == 0 { 0x7f } else { 0x81 };
+                        }
+                    }
+                }
+            }
+            for sign in [1.0f32, -1.0] {
+                let x: Vec<f32> = (0..2 * nb * 256)
+                    .map(|i| if i % 5 == 0 { -sign * 1e3 } else { sign * 1e3 })
+                    .collect();
+                check(dt, &w, n, nb, &x, 2);
+                check(dt, &w, n, nb, &x[..nb * 256], 1);
+            }
+        }
+    }
+}
