@@ -39,7 +39,7 @@ pub(crate) fn available() -> bool {
 /// `qdot_rk::group` on VNNI for `T` tokens (`T` one of its tiles).
 ///
 /// # Safety
-/// [`available`] and AVX2/FMA/F16C hold; `grp` holds `nb` super-blocks of `kind`, `a` holds
+/// [`available`], AVX-512F and AVX2/FMA/F16C hold (an AVX-512 `Checked` token); `grp` holds `nb` super-blocks of `kind`, `a` holds
 /// `T * nb` blocks and `out` `8 T` floats.
 pub(super) unsafe fn group<const T: usize>(
     kind: KKind,
@@ -206,9 +206,8 @@ mod tests {
         let rb = w.len() / n;
         let mut out = [f32::NAN; 4 * RG];
         for g in 0..rp.groups() {
-            // SAFETY: `available` was checked by the caller; AVX2/FMA/F16C come with AVX-512
-            // VNNI on every CPU that has it (and `isa_runs` below asks for them too); the
-            // slices are the sizes `group` asks for.
+            // SAFETY: the tests call this only after `runs()` (VNNI, VL, AVX-512F, AVX2, FMA,
+            // F16C detected); the slices are the sizes `group` asks for.
             unsafe {
                 match t {
                     4 => group::<4>(kind, rp.group(g), nb, &a, &mut out),
@@ -234,7 +233,7 @@ mod tests {
 
     fn runs() -> bool {
         let f = crate::CpuFeatures::get();
-        crate::testutil::isa_runs("vnni", available() && f.avx2_fma_f16c())
+        crate::testutil::isa_runs("vnni", available() && f.avx512f && f.avx2_fma_f16c())
     }
 
     #[test]
