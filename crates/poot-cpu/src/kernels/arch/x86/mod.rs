@@ -4,7 +4,7 @@
 //!
 //! The portable path of each: `decode` - `kernels::decode::decode_run`; `qdot`, `qdot_r8`,
 //! `qdot_r16` - `matmul::qdot::dot_scalar{,_blocks}`; `qdot_k`, `qdot_rk`, `qdot_rk16`,
-//! `qdot_rk_vnni` (`qdot_rk`'s tiles on `vpdpbusd`) -
+//! `qdot_rk_vnni` (`qdot_rk`'s tiles on `vpdpbusd`; both build on `qdot_rk_parts`) -
 //! `matmul::qdot_k::dot_scalar`; `fdot`, `fdot16` - the scalar rows of `matmul::float` and
 //! `matmul::lanes8`; `amx`, `amx_bf16` - the VNNI/AVX-512 tiles they stand in for;
 //! `attention` (the grouped score and V loops) - `attention::ggml_heads::head`.
@@ -21,4 +21,5 @@ pub(crate) mod qdot_r16;
 pub(crate) mod qdot_r8;
 pub(crate) mod qdot_rk;
 pub(crate) mod qdot_rk16;
+pub(crate) mod qdot_rk_parts;
 pub(crate) mod qdot_rk_vnni;

@@ -25,7 +25,7 @@
 
 use std::arch::x86_64::*;
 
-use super::qdot_rk::{bcast, pick_masks, q4k_mins, q4k_scales, q6k_unpack};
+use super::qdot_rk_parts::{bcast, pick_masks, q4k_mins, q4k_scales, q6k_unpack};
 use crate::kernels::blocks::KKind;
 use crate::kernels::blocks::RG;
 use crate::kernels::matmul::repack_k::{q4k, q6k};
