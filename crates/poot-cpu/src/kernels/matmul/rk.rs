@@ -3,7 +3,8 @@
 //! How: as `matmul::qdot_k::matmul_q8k` (each activation row quantized to Q8_K once, through the
 //! activation cache when the caller has one), then tasks of whole 8-row groups claimed by the
 //! pool's threads; each group's super-blocks are read as one sequential stream and dotted
-//! against up to 4 (Q4_K) or 2 (Q6_K) tokens per pass (`arch/x86/qdot_rk.rs`).
+//! against up to 4 (Q4_K) or 2 (Q6_K) tokens per pass (`arch/x86/qdot_rk.rs`; with AVX-512 VNNI
+//! its integer dots are `vpdpbusd`, `arch/x86/qdot_rk_vnni.rs`).
 //!
 //! Numerics: bit-identical to `matmul::qdot_k::matmul_q8k` on the stored rows, on every ISA, thread
 //! count and token tiling (the integer steps are exact and the float steps run per row in

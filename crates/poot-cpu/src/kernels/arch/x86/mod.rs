@@ -12,7 +12,8 @@
 //! The portable path of each: `qdot_r8`, `qdot_r16` - `arch::generic::qdot_r8`; `fdot`'s
 //! `lanes8_rows_avx2` and `lanes32_*` - `arch::generic::fdot`; `decode` -
 //! `kernels::decode::decode_run`; `qdot` - `arch::generic::qdot`; `qdot_k`, `qdot_rk`,
-//! `qdot_rk16` - `matmul::qdot_k::dot_scalar`; `fdot`'s and `fdot16`'s tiles - `ggml::dot_lanes8`
+//! `qdot_rk16`, `qdot_rk_vnni` (`qdot_rk`'s tiles on `vpdpbusd`; both build on
+//! `qdot_rk_parts`) - `matmul::qdot_k::dot_scalar`; `fdot`'s and `fdot16`'s tiles - `ggml::dot_lanes8`
 //! (`matmul::lanes8`); `amx`, `amx_bf16` - the VNNI/AVX-512 tiles they stand in for;
 //! `attention` (the grouped score and V loops) - `attention::ggml_heads::head`.
 
@@ -30,3 +31,5 @@ pub(crate) mod qdot_r16;
 pub(crate) mod qdot_r8;
 pub(crate) mod qdot_rk;
 pub(crate) mod qdot_rk16;
+pub(crate) mod qdot_rk_parts;
+pub(crate) mod qdot_rk_vnni;

@@ -15,11 +15,16 @@
 //! and the super-block sums stay far inside `i32`. Q6_K pairs are at most `2 * 63 * 127`, widened
 //! at once; `|scale * (sum - 32 bsum)|` is below `2^24` per sub-block.
 //!
+//! On an AVX-512 path with VNNI (`CpuFeatures::vnni256`), [`group`] runs the same tiles with
+//! `vpdpbusd` for the integer dots instead (`arch/x86/qdot_rk_vnni.rs`): the same integers, so
+//! the same bits.
+//!
 //! Invariant (soundness): reached only through [`group`] with a `Checked` AVX2 or AVX-512 token
 //! (AVX2, FMA, F16C detected).
 
 use std::arch::x86_64::*;
 
+use super::qdot_rk_parts::{bcast, pick_masks, q4k_mins, q4k_scales, q6k_unpack};
 use crate::kernels::blocks::KKind;
 use crate::kernels::blocks::RG;
 use crate::kernels::matmul::repack_k::{q4k, q6k};
@@ -42,7 +47,7 @@ pub(crate) fn tile_tokens(kind: KKind, left: usize) -> usize {
 /// # Panics
 /// If the slices are shorter than that (internal invariant; `matmul_rk` sizes them).
 pub(crate) fn group(
-    _ck: Checked,
+    ck: Checked,
     kind: KKind,
     grp: &[u8],
     nb: usize,
@@ -56,6 +61,16 @@ pub(crate) fn group(
     // `nb` super-blocks of `grp`, blocks `j * nb + b` of `a` for `j < T` and write `8 T`
     // floats of `out`, all inside the slices by the asserts.
     unsafe {
+        if ck.isa().avx512() && super::qdot_rk_vnni::available() {
+            // SAFETY (as above, plus): VNNI and VL detected (`available`).
+            use super::qdot_rk_vnni::group as vnni;
+            match t {
+                4 => vnni::<4>(kind, grp, nb, a, out),
+                2 => vnni::<2>(kind, grp, nb, a, out),
+                _ => vnni::<1>(kind, grp, nb, a, out),
+            }
+            return;
+        }
         match (kind, t) {
             (KKind::Q4_K, 4) => q4k_avx2::<4>(grp, nb, a, out),
             (KKind::Q4_K, 2) => q4k_avx2::<2>(grp, nb, a, out),
@@ -66,36 +81,6 @@ pub(crate) fn group(
     }
 }
 
-/// 4 activation bytes at `p`, broadcast to every 32-bit lane.
-#[inline(always)]
-unsafe fn bcast(p: *const i8) -> __m256i {
-    // SAFETY: 4 readable bytes at `p` (caller); AVX enabled by the caller.
-    unsafe { _mm256_set1_epi32(p.cast::<i32>().read_unaligned()) }
-}
-
-/// Shuffle masks that copy byte `j` of every 32-bit lane into both of its 16-bit halves
-/// (zero-extended): per lane the bytes `[4l + j, 0x80, 4l + j, 0x80]`.
-#[inline(always)]
-unsafe fn pick_masks() -> [__m256i; 4] {
-    // SAFETY: register-only AVX2 ops; AVX2 enabled by the caller.
-    unsafe {
-        let lane = _mm256_setr_epi32(
-            0, 0x4_0004, 0x8_0008, 0xc_000c, 0, 0x4_0004, 0x8_0008, 0xc_000c,
-        );
-        std::array::from_fn(|j| {
-            let base = (0x8000_8000u32 + 0x1_0001 * j as u32) as i32;
-            _mm256_add_epi32(lane, _mm256_set1_epi32(base))
-        })
-    }
-}
-
-/// Bits 6-7 of every byte of `w`, moved to bits 4-5 (the high bits of scales and mins 4-7).
-#[inline(always)]
-unsafe fn top2(w: __m256i, k3: __m256i) -> __m256i {
-    // SAFETY: register-only AVX2 ops; AVX2 enabled by the caller.
-    unsafe { _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(w), k3)) }
-}
-
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4k_avx2<const T: usize>(grp: &[u8], nb: usize, a: &[BlockQ8K], out: &mut [f32]) {
     let sb = RG * KKind::Q4_K.block_bytes();
@@ -103,9 +88,6 @@ unsafe fn q4k_avx2<const T: usize>(grp: &[u8], nb: usize, a: &[BlockQ8K], out: &
     unsafe {
         let gp = grp.as_ptr();
         let m4 = _mm256_set1_epi8(0x0f);
-        let k1 = _mm256_set1_epi32(0x3f3f_3f3f);
-        let k2 = _mm256_set1_epi32(0x0f0f_0f0f);
-        let k3 = _mm256_set1_epi32(0x0303_0303);
         let pick = pick_masks();
         let ahead = crate::kernels::simd::prefetch_ahead();
         let mut acc = [_mm256_setzero_ps(); T];
@@ -116,22 +98,7 @@ unsafe fn q4k_avx2<const T: usize>(grp: &[u8], nb: usize, a: &[BlockQ8K], out: &
             // starts the next lines early.
             crate::kernels::simd::prefetch_stream(s, sb, ahead);
             let ab: [&BlockQ8K; T] = std::array::from_fn(|j| a.get_unchecked(j * nb + b));
-            // ggml's 12-byte scale unpacking (its kmask1..3), one row per lane: bytes of
-            // `sc[0]`, `sc[1]` are sub-blocks 0-3, 4-7's scales; `mn[0]`, `mn[1]` their mins.
-            let w0 = _mm256_loadu_si256(s.add(q4k::SCALES).cast());
-            let w1 = _mm256_loadu_si256(s.add(q4k::SCALES + 32).cast());
-            let w2 = _mm256_loadu_si256(s.add(q4k::SCALES + 64).cast());
-            let sc = [
-                _mm256_and_si256(w0, k1),
-                _mm256_or_si256(_mm256_and_si256(w2, k2), top2(w0, k3)),
-            ];
-            let mn = [
-                _mm256_and_si256(w1, k1),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi32::<4>(w2), k2),
-                    top2(w1, k3),
-                ),
-            ];
+            let (sc, mn) = q4k_scales(s);
             let mut isum = [_mm256_setzero_si256(); T];
             let q = s.add(q4k::QS);
             for c in 0..4 {
@@ -159,22 +126,7 @@ unsafe fn q4k_avx2<const T: usize>(grp: &[u8], nb: usize, a: &[BlockQ8K], out: &
                     isum[j] = _mm256_add_epi32(isum[j], p);
                 }
             }
-            // summ = sum over sub-blocks m of min_m * (bsums[2m] + bsums[2m + 1]).
-            let mut msum = [_mm256_setzero_si256(); T];
-            for m in 0..8 {
-                let mp = _mm256_shuffle_epi8(mn[m / 4], pick[m % 4]);
-                for j in 0..T {
-                    let bs = _mm256_set1_epi32(
-                        ab[j]
-                            .bsums
-                            .as_ptr()
-                            .add(2 * m)
-                            .cast::<i32>()
-                            .read_unaligned(),
-                    );
-                    msum[j] = _mm256_add_epi32(msum[j], _mm256_madd_epi16(mp, bs));
-                }
-            }
+            let msum = q4k_mins(mn, &pick, &ab);
             let d8 = _mm256_cvtph_ps(_mm_loadu_si128(s.add(q4k::D).cast()));
             let dm8 = _mm256_cvtph_ps(_mm_loadu_si128(s.add(q4k::DMIN).cast()));
             for j in 0..T {
@@ -197,7 +149,6 @@ unsafe fn q6k_avx2<const T: usize>(grp: &[u8], nb: usize, a: &[BlockQ8K], out: &
     // SAFETY: bounds asserted by `group`; AVX2/FMA/F16C enabled on this function.
     unsafe {
         let gp = grp.as_ptr();
-        let m4 = _mm256_set1_epi8(0x0f);
         let ones = _mm256_set1_epi16(1);
         let ahead = crate::kernels::simd::prefetch_ahead();
         let mut acc = [_mm256_setzero_ps(); T];
@@ -212,39 +163,7 @@ unsafe fn q6k_avx2<const T: usize>(grp: &[u8], nb: usize, a: &[BlockQ8K], out: &
                     // elements 128n + 32g + 4w..+4, all in sub-block 8n + 2g + half.
                     let mut p = [[_mm256_setzero_si256(); T]; 4];
                     for w in 4 * half..4 * half + 4 {
-                        let qs = s.add(q6k::QS + 96 * (8 * n + w));
-                        let ql0 = _mm256_loadu_si256(qs.cast());
-                        let ql1 = _mm256_loadu_si256(qs.add(32).cast());
-                        let qh = _mm256_loadu_si256(qs.add(64).cast());
-                        // As `arch::x86::qdot_k::unpack_q6k`: masks before shifts keep bits in
-                        // bytes.
-                        let qv = [
-                            _mm256_or_si256(
-                                _mm256_and_si256(ql0, m4),
-                                _mm256_slli_epi16::<4>(_mm256_and_si256(
-                                    qh,
-                                    _mm256_set1_epi8(0x03),
-                                )),
-                            ),
-                            _mm256_or_si256(
-                                _mm256_and_si256(ql1, m4),
-                                _mm256_slli_epi16::<2>(_mm256_and_si256(
-                                    qh,
-                                    _mm256_set1_epi8(0x0c),
-                                )),
-                            ),
-                            _mm256_or_si256(
-                                _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
-                                _mm256_and_si256(qh, _mm256_set1_epi8(0x30)),
-                            ),
-                            _mm256_or_si256(
-                                _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
-                                _mm256_and_si256(
-                                    _mm256_srli_epi16::<2>(qh),
-                                    _mm256_set1_epi8(0x30),
-                                ),
-                            ),
-                        ];
+                        let qv = q6k_unpack(s.add(q6k::QS + 96 * (8 * n + w)));
                         for j in 0..T {
                             let y = ab[j].qs.as_ptr().add(128 * n + 4 * w);
                             for (g, &qg) in qv.iter().enumerate() {
