@@ -273,3 +273,72 @@ def test_default_model_chatml_renders_as_transformers(
         copy.deepcopy(messages), tokenize=False, add_generation_prompt=add_generation_prompt
     )
     assert tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt) == want
+
+
+# The server's path: an OpenAI-shaped request (arguments as a JSON string, no content on a
+# calling turn) becomes the template's messages in ``poot.server.tools.render_messages``; the
+# prompt must equal what transformers renders for the same conversation written the Hugging Face
+# way (TOOL_DONE).
+OPENAI_TOOL_DONE: list[dict[str, Any]] = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": CALL_ID,
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": CALL_ID, "name": "get_weather", "content": "18 C, sunny"},
+    {"role": "assistant", "content": "18 C and sunny."},
+    {"role": "user", "content": "Thanks!"},
+]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "meta-llama-Llama-3.1-8B-Instruct",
+        "mistralai-Mistral-7B-Instruct-v0.3",
+        "Qwen-Qwen2.5-7B-Instruct",
+    ],
+)
+def test_server_request_renders_as_transformers(name: str) -> None:
+    from poot.server.protocol import ChatCompletionRequest
+    from poot.server.tools import plan_tools, render_messages
+
+    template = _template(name)
+    req = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": OPENAI_TOOL_DONE, "tools": [WEATHER]}
+    )
+    plan = plan_tools(req, template)
+    assert plan is not None and plan.template_knows_tools
+    messages, variables = render_messages(req.messages, plan, template)
+    want = _reference(template, SPECIAL[name]).apply_chat_template(
+        copy.deepcopy(TOOL_DONE), tools=[WEATHER], tokenize=False, add_generation_prompt=True
+    )
+    got = render_chat_template(
+        template, messages, special_tokens=SPECIAL[name], add_generation_prompt=True, **variables
+    )
+    assert got == want
+
+
+@pytest.mark.parametrize("name", list(SOURCES))
+@pytest.mark.parametrize("prefix", ["The prime is", "The prime is ", "  Seven\n"])
+def test_continue_final_message_as_transformers(name: str, prefix: str) -> None:
+    # A prefilled reply: the text ends right after the assistant's words (trailing whitespace
+    # kept only where the template kept it), as transformers cuts it.
+    kw = PINNED_DATE if "3.2" in name else {}
+    messages = [*TURNS, {"role": "assistant", "content": prefix}]
+    want, got = _both(
+        _template(name),
+        SPECIAL[name],
+        messages,
+        add_generation_prompt=False,
+        continue_final_message=True,
+        **kw,
+    )
+    assert got == want

@@ -6,12 +6,19 @@ transformers compiles a template in an ``ImmutableSandboxedEnvironment`` with
 escaping, ``ensure_ascii=False``), and adds the globals ``raise_exception`` and
 ``strftime_now``. The template sees ``messages``, ``tools``, ``documents``,
 ``add_generation_prompt``, the special-token strings (``bos_token``, ``eos_token``, ...) and any
-extra keyword arguments. This module does the same, so a template renders here exactly as
-``tokenizer.apply_chat_template(..., tokenize=False)`` renders it.
+extra keyword arguments. Before rendering, transformers drops the keys of a message whose
+value is None and copies a message's reasoning (``reasoning_content``, ``thinking`` or
+``reasoning``) to ``reasoning_content`` and ``thinking``; with ``continue_final_message`` it
+appends a tag to the final message's text, renders, and cuts the text where the tag lands. This
+module does the same, so a template renders here exactly as
+``tokenizer.apply_chat_template(..., tokenize=False)`` renders it (as of transformers 5.25; older
+releases cut at the final message's stripped text, which differs where a template trims the
+message's whitespace).
 
 Invariants:
     - Templates never touch Python objects' internals or mutate their inputs (the sandbox is
-      immutable); compiled templates are cached by source text.
+      immutable, and the template gets copies of the messages); compiled templates are cached
+      by source text.
     - Every failure (no template, a syntax error, ``raise_exception``, a runtime error inside
       the template) surfaces as ``ChatTemplateError`` with the cause chained.
 """
@@ -163,9 +170,12 @@ def render_chat_template(
             f"chat template does not compile: {type(e).__name__}: {e}"
         ) from e  # (a `break` outside a loop reaches Python's compiler; found by fuzzing)
     variables = {**(special_tokens or {}), **kwargs}
+    chat = _plain_messages(messages)
+    if continue_final_message:
+        final = _tag_final_message(chat, template)
     try:
         rendered = compiled.render(
-            messages=list(messages),
+            messages=chat,
             tools=None if tools is None else list(tools),
             documents=None if documents is None else list(documents),
             add_generation_prompt=add_generation_prompt,
@@ -176,27 +186,75 @@ def render_chat_template(
     except Exception as e:  # a template can fail in Python code (a bad + or index, ...)
         raise ChatTemplateError(f"chat template failed to render: {type(e).__name__}: {e}") from e
     if continue_final_message:
-        rendered = _cut_after_final_message(rendered, messages)
+        rendered = _cut_at_tag(rendered, final)
     return rendered
 
 
-def _cut_after_final_message(rendered: str, messages: Sequence[Mapping[str, Any]]) -> str:
-    if not messages:
+# transformers appends this to the final message, renders, and cuts the text where it lands.
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _plain_messages(messages: Sequence[Mapping[str, Any]]) -> list[Any]:
+    """The messages as transformers hands them to the template: keys whose value is None
+    dropped (OpenAI clients send ``content: null``; templates handle a missing key better),
+    and a message's reasoning under all of ``reasoning_content`` and ``thinking`` too."""
+    out: list[Any] = []
+    for m in messages:
+        if not isinstance(m, Mapping):
+            raise ChatTemplateError(f"chat messages must be mappings, got {type(m).__name__}")
+        msg = {k: v for k, v in m.items() if v is not None}
+        reasoning = next((msg[k] for k in _REASONING_FIELDS if k in msg), None)
+        if reasoning is not None:
+            msg = {"thinking": reasoning, **msg, "reasoning_content": reasoning}
+        out.append(msg)
+    return out
+
+
+def _tag_final_message(chat: list[Any], template: str) -> str:
+    """Appends the continue tag to the final message's text (in the copy ``chat``); returns
+    that text as it was."""
+    if not chat:
         raise ChatTemplateError("continue_final_message is set but there are no messages")
-    final = messages[-1].get("content")
+    last = chat[-1] if isinstance(chat[-1], dict) else {}
+    final = last.get("content")
+    if final is None:
+        raise ChatTemplateError(
+            "continue_final_message is set but the final message has no content to continue"
+        )
+    if "content" not in template:
+        raise ChatTemplateError(
+            "continue_final_message is set but the chat template never reads a message's content"
+        )
     if isinstance(final, (list, tuple)):
-        texts = [b["text"] for b in final if isinstance(b, Mapping) and "text" in b]
-        if not texts:
+        blocks = [dict(b) if isinstance(b, Mapping) else b for b in final]
+        for b in reversed(blocks):
+            if isinstance(b, dict) and "text" in b:
+                final, b["text"] = b["text"], f"{b['text']}{_CONTINUE_TAG}"
+                break
+        else:
             raise ChatTemplateError(
                 "continue_final_message is set but the final message has no text to continue"
             )
-        final = texts[-1]
-    if not isinstance(final, str) or final.strip() not in rendered:
+        chat[-1] = {**last, "content": blocks}
+    elif isinstance(final, str):
+        chat[-1] = {**last, "content": final + _CONTINUE_TAG}
+    else:
+        raise ChatTemplateError(
+            "continue_final_message is set but the final message's content is not text"
+        )
+    return str(final)
+
+
+def _cut_at_tag(rendered: str, final: str) -> str:
+    """The text up to where the final message ends: up to the tag where the template kept the
+    message's spacing, else with the trailing whitespace the template trimmed removed."""
+    if final.strip() not in rendered or _CONTINUE_TAG.strip() not in rendered:
         raise ChatTemplateError(
             "continue_final_message is set but the final message does not appear in the "
             "rendered chat; this template may not support continuing a message"
         )
-    at = rendered.rindex(final.strip())
-    if rendered[at : at + len(final.lstrip())] == final:
-        return rendered[: at + len(final.lstrip())]
-    return rendered[: at + len(final.strip())]
+    at = rendered.rindex(_CONTINUE_TAG.strip())
+    if rendered[at : at + len(_CONTINUE_TAG)] == _CONTINUE_TAG:
+        return rendered[:at]
+    return rendered[:at].rstrip()
