@@ -1,5 +1,5 @@
-"""The published chat templates of ChatML, Llama 2/3, Mistral and Qwen2 models render exactly as
-transformers' ``apply_chat_template`` renders them.
+"""The published chat templates of ChatML, Llama 2/3/3.1/3.2, Mistral (v1, v3) and Qwen2/2.5
+render as transformers' ``apply_chat_template`` renders them.
 
 poot ships no templates of its own: it reads the model's (GGUF ``tokenizer.chat_template``,
 ``tokenizer_config.json``, ``chat_template.jinja``) and renders it with
@@ -39,6 +39,10 @@ TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
 # from the hub (these were taken from the llama.cpp tree vendored in llama-cpp-python 0.3.16).
 SOURCES = {
     "meta-llama-Llama-2-7b-chat-hf": "meta-llama/Llama-2-7b-chat-hf tokenizer_config.json",
+    "meta-llama-Meta-Llama-3-8B-Instruct": (
+        "meta-llama/Meta-Llama-3-8B-Instruct tokenizer_config.json, via llama-cpp-python's "
+        "llama_chat_format.LLAMA3_INSTRUCT_CHAT_TEMPLATE"
+    ),
     "meta-llama-Llama-3.1-8B-Instruct": (
         "meta-llama/Llama-3.1-8B-Instruct tokenizer_config.json, "
         "via llama.cpp models/templates/meta-llama-Llama-3.1-8B-Instruct.jinja"
@@ -51,6 +55,10 @@ SOURCES = {
         "mistralai/Mistral-7B-Instruct-v0.3 tokenizer_config.json (the 'v3' template it shares "
         "with Mistral-Large-Instruct-2407), via llama.cpp tests/test-chat-template.cpp"
     ),
+    "mistralai-Mixtral-8x7B-Instruct-v0.1": (
+        "mistralai/Mixtral-8x7B-Instruct-v0.1 tokenizer_config.json (Mistral's 'v1' template), "
+        "via llama-cpp-python's llama_chat_format.MIXTRAL_INSTRUCT_CHAT_TEMPLATE"
+    ),
     "Qwen-Qwen2-7B-Instruct": "Qwen/Qwen2-7B-Instruct tokenizer_config.json",
     "Qwen-Qwen2.5-7B-Instruct": (
         "Qwen/Qwen2.5-7B-Instruct tokenizer_config.json, "
@@ -60,6 +68,10 @@ SOURCES = {
 # The special tokens each repository's tokenizer_config.json declares (the ones templates read).
 SPECIAL: dict[str, dict[str, str]] = {
     "meta-llama-Llama-2-7b-chat-hf": {"bos_token": "<s>", "eos_token": "</s>"},
+    "meta-llama-Meta-Llama-3-8B-Instruct": {
+        "bos_token": "<|begin_of_text|>",
+        "eos_token": "<|eot_id|>",
+    },
     "meta-llama-Llama-3.1-8B-Instruct": {
         "bos_token": "<|begin_of_text|>",
         "eos_token": "<|eot_id|>",
@@ -69,6 +81,7 @@ SPECIAL: dict[str, dict[str, str]] = {
         "eos_token": "<|eot_id|>",
     },
     "mistralai-Mistral-7B-Instruct-v0.3": {"bos_token": "<s>", "eos_token": "</s>"},
+    "mistralai-Mixtral-8x7B-Instruct-v0.1": {"bos_token": "<s>", "eos_token": "</s>"},
     "Qwen-Qwen2-7B-Instruct": {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
     "Qwen-Qwen2.5-7B-Instruct": {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
 }
@@ -145,15 +158,13 @@ def _both(
 # generation prompt. Llama 3.2's template reads today's date through strftime_now; the date is
 # pinned so both sides cannot straddle midnight.
 PINNED_DATE = {"date_string": "04 Dec 2026"}
+NO_SYSTEM = {"mistralai-Mixtral-8x7B-Instruct-v0.1"}  # refuses a system turn (tested below)
 CASES: list[tuple[str, list[dict[str, Any]], dict[str, Any]]] = []
 for _name in SOURCES:
     _kw = PINNED_DATE if "3.2" in _name else {}
-    CASES += [
-        (_name, TURNS[:1], _kw),
-        (_name, TURNS, _kw),
-        (_name, [SYSTEM, *TURNS], _kw),
-        (_name, [SYSTEM, *TURNS[:1]], _kw),
-    ]
+    CASES += [(_name, TURNS[:1], _kw), (_name, TURNS, _kw)]
+    if _name not in NO_SYSTEM:
+        CASES += [(_name, [SYSTEM, *TURNS], _kw), (_name, [SYSTEM, *TURNS[:1]], _kw)]
 for _name in (
     "meta-llama-Llama-3.1-8B-Instruct",
     "meta-llama-Llama-3.2-3B-Instruct",
@@ -203,6 +214,7 @@ def test_renders_as_transformers(
         # Llama 2 and Mistral insist on user/assistant alternation.
         ("meta-llama-Llama-2-7b-chat-hf", [TURNS[1]], "roles must alternate"),
         ("mistralai-Mistral-7B-Instruct-v0.3", TURNS[:1] * 2, "roles must alternate"),
+        ("mistralai-Mixtral-8x7B-Instruct-v0.1", [SYSTEM, *TURNS], "roles must alternate"),
         # Mistral's call ids are 9 letters or digits (the server rewrites others; see
         # poot.server.tools), and Llama 3.1 takes one call per message.
         (
