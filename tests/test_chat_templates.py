@@ -314,8 +314,10 @@ OPENAI_TOOL_DONE: list[dict[str, Any]] = [
     "name",
     [
         "meta-llama-Llama-3.1-8B-Instruct",
+        "meta-llama-Llama-3.2-3B-Instruct",
         "mistralai-Mistral-7B-Instruct-v0.3",
         "Qwen-Qwen2.5-7B-Instruct",
+        "Qwen-Qwen3-0.6B",
     ],
 )
 def test_server_request_renders_as_transformers(name: str) -> None:
@@ -323,17 +325,26 @@ def test_server_request_renders_as_transformers(name: str) -> None:
     from poot.server.tools import plan_tools, render_messages
 
     template = _template(name)
+    special = SPECIAL.get(name, {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})
+    kw = PINNED_DATE if "3.2" in name else {}
     req = ChatCompletionRequest.model_validate(
         {"model": "m", "messages": OPENAI_TOOL_DONE, "tools": [WEATHER]}
     )
     plan = plan_tools(req, template)
     assert plan is not None and plan.template_knows_tools
     messages, variables = render_messages(req.messages, plan, template)
-    want = _reference(template, SPECIAL[name]).apply_chat_template(
-        copy.deepcopy(TOOL_DONE), tools=[WEATHER], tokenize=False, add_generation_prompt=True
+    # The Hugging Face way: arguments as an object, and the calling turn's content null
+    # (transformers drops the key). Qwen3's template fails on a turn without content
+    # (UndefinedError in transformers too); the server writes null content as "", which
+    # renders, so its reference is the conversation with "".
+    hf = copy.deepcopy(TOOL_DONE)
+    if name != "Qwen-Qwen3-0.6B":
+        hf[1]["content"] = None
+    want = _reference(template, special).apply_chat_template(
+        hf, tools=[WEATHER], tokenize=False, add_generation_prompt=True, **kw
     )
     got = render_chat_template(
-        template, messages, special_tokens=SPECIAL[name], add_generation_prompt=True, **variables
+        template, messages, special_tokens=special, add_generation_prompt=True, **variables, **kw
     )
     assert got == want
 
