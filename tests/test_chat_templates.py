@@ -430,3 +430,72 @@ def test_none_valued_keys_and_reasoning_as_transformers() -> None:
 def test_non_mapping_message_is_a_chat_template_error() -> None:
     with pytest.raises(ChatTemplateError, match="must be mappings"):
         render_chat_template(_template("Qwen-Qwen2-7B-Instruct"), ["hi"])  # type: ignore[list-item]
+
+
+# Reading: the templates a Hugging Face directory stores (tokenizer_config.json as a string or a
+# list of named templates, chat_template.json, chat_template.jinja, additional_chat_templates/)
+# reach the prompt as transformers' AutoTokenizer picks and renders them, special tokens
+# included (stories260K's real tokenizer.json and tokenizer_config.json: <s>, </s>, <unk>).
+def _hf_dir(root: Path, stories: Path, layout: str) -> Path:
+    import json
+    import shutil
+
+    d = root / layout
+    d.mkdir()
+    shutil.copy(stories / "hf" / "tokenizer.json", d)
+    config = json.loads((stories / "hf" / "tokenizer_config.json").read_text(encoding="utf-8"))
+    llama2, llama31 = (
+        _template("meta-llama-Llama-2-7b-chat-hf"),
+        _template("meta-llama-Llama-3.1-8B-Instruct"),
+    )
+    qwen = _template("Qwen-Qwen2.5-7B-Instruct")
+    if layout == "config-string":
+        config["chat_template"] = llama2
+    elif layout == "config-list":
+        config["chat_template"] = [
+            {"name": "default", "template": llama2},
+            {"name": "tool_use", "template": qwen},
+        ]
+    elif layout == "jinja-over-config":
+        config["chat_template"] = llama2
+        (d / "chat_template.jinja").write_text(llama31, encoding="utf-8")
+    elif layout == "json-file":
+        (d / "chat_template.json").write_text(json.dumps({"chat_template": llama31}))
+    elif layout == "additional":
+        (d / "chat_template.jinja").write_text(llama2, encoding="utf-8")
+        (d / "additional_chat_templates").mkdir()
+        (d / "additional_chat_templates" / "tool_use.jinja").write_text(qwen, encoding="utf-8")
+    (d / "tokenizer_config.json").write_text(json.dumps(config))
+    return d
+
+
+@pytest.mark.parametrize(
+    "layout", ["config-string", "config-list", "jinja-over-config", "json-file", "additional"]
+)
+def test_templates_read_from_a_directory_render_as_transformers(
+    tmp_path: Path, stories: Path, layout: str
+) -> None:
+    d = _hf_dir(tmp_path, stories, layout)
+    ref = transformers.AutoTokenizer.from_pretrained(str(d))
+    tok = load_tokenizer(d)
+    # poot's add_generation_prompt defaults to true (documented; transformers' to false), so
+    # every call passes it.
+    calls: list[tuple[list[dict[str, Any]], dict[str, Any]]] = [
+        ([SYSTEM, *TURNS], {"add_generation_prompt": True}),
+        (TURNS, {"add_generation_prompt": False}),
+    ]
+    if layout in ("config-list", "additional"):
+        calls += [
+            ([SYSTEM, *TOOL_DONE], {"tools": [WEATHER], "add_generation_prompt": True}),
+            (TURNS, {"chat_template": "tool_use", "add_generation_prompt": True}),
+        ]
+    extra: dict[str, Any] = {}
+    if layout == "json-file":
+        # chat_template.json is a processor's file: transformers' AutoProcessor reads it and
+        # AutoTokenizer does not, while poot, loading a model directory, reads it as the
+        # model's template. The reference renders that template by passing it in.
+        assert ref.chat_template is None
+        extra = {"chat_template": _template("meta-llama-Llama-3.1-8B-Instruct")}
+    for messages, kw in calls:
+        want = ref.apply_chat_template(copy.deepcopy(messages), tokenize=False, **kw, **extra)
+        assert tok.apply_chat_template(messages, **kw) == want, (messages, kw)
