@@ -58,10 +58,19 @@ def test_numerics_selection(stories: Path) -> None:
 def test_a_stalled_step_times_out_and_poisons_the_llm(stories: Path) -> None:
     llm = poot.LLM(str(stories / "stories260K-f32.gguf"), backend="wgpu", timeout_s=0.2)
     greedy = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
-    llm.runtime._inject_stall(2)
-    with pytest.raises(DeviceTimeoutError) as e:
-        llm.generate("Once upon a time", greedy)
-    assert isinstance(e.value, TimeoutError)
+    # The stall's length depends on the adapter: 2 rows take seconds on lavapipe and about
+    # 40 ms on an H200. Grow it until a step outlives the deadline (at most 1024 rows, a few
+    # seconds of a big GPU's atomics), so a fast GPU is not mistaken for a missing timeout.
+    raised = None
+    for iters in (2, 16, 128, 1024):
+        llm.runtime._inject_stall(iters)
+        try:
+            llm.generate("Once upon a time", greedy)
+        except DeviceTimeoutError as e:
+            raised = e
+            break
+    assert raised is not None, "no stall up to 1024 rows outlived a 0.2 s deadline"
+    assert isinstance(raised, TimeoutError)
     health = llm.runtime.health()
     assert health["status"] == "poisoned" and "deadline" in (health["reason"] or "")
     # Poisoned for good: later steps fail fast, even with the fault gone.

@@ -515,9 +515,15 @@ class LLM:
         Closing the iterator early ends the request and frees its blocks.
         """
         req = self.make_request(prompt, sampling_params)
-        for _, delta in self._run([req]):
-            if delta:
-                yield delta
+        run = self._run([req])
+        try:
+            for _, delta in run:
+                if delta:
+                    yield delta
+        finally:
+            # Closed here, not left to the collector: on Python 3.12 the inner generator
+            # outlived this one's close(), holding the request's KV blocks.
+            run.close()
 
     def logits(self, token_ids: Sequence[int]) -> npt.NDArray[np.float32]:
         """The full logits (float32 [vocab]) after the last of ``token_ids``.
