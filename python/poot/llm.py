@@ -32,7 +32,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -411,7 +411,7 @@ class LLM:
 
     # ---- the step loop ----------------------------------------------------------------------
 
-    def _run(self, requests: Sequence[Request]) -> Iterator[tuple[Request, str]]:
+    def _run(self, requests: Sequence[Request]) -> Generator[tuple[Request, str], None, None]:
         """Runs requests to completion, yielding each accepted token's text delta."""
         core = self.core
         try:

@@ -119,7 +119,11 @@ fn a_tokens_result_does_not_depend_on_the_token_count() {
         for i in 0..t {
             let one = run(&x[i * k..(i + 1) * k], 1);
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&all[i * n..(i + 1) * n]), bits(&one), "{dtype} token {i}");
+            assert_eq!(
+                bits(&all[i * n..(i + 1) * n]),
+                bits(&one),
+                "{dtype} token {i}"
+            );
         }
     }
 }
