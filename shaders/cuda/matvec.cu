@@ -1,7 +1,7 @@
 // x [t, k] times W stored [n, k] -> y [t, n], the weight read packed in place.
 //
-// Launch: block (256), grid (ceil(n / 8), ceil(t / MV_TOK)). Each warp owns one output row
-// for up to MV_TOK tokens: its lanes split the row (below, per format), decode each weight
+// Launch: block (256), grid (ceil(n / 8), ceil(t / TOK)). Each warp owns one output row
+// for up to TOK tokens (1 in `matvec_*`, MV_TOK in `matmul_*`): its lanes split the row (below, per format), decode each weight
 // exactly once (the reference dequantizer's `q * d` / `q * d + m`, unfused) and
 // accumulates w * x in f32 for each of its tokens, so a prompt reads each weight t / MV_TOK
 // times rather than t times. The warp sums its lanes in a fixed xor tree. Each token's
@@ -14,21 +14,24 @@
 #define MV_ROWS 8
 #define MV_TOK 4
 
-// The prologue every matvec shares: this warp's row, lane and token group, zeroed sums.
+// Each format's body is a template over TOK, the tokens a warp takes: `matvec_*` (TOK = 1, one
+// token, no per-token predicate) and `matmul_*` (TOK = MV_TOK) instantiate it. A token's sums run
+// in the same order in both, so the two give the same bits.
+// The prologue every body shares: this warp's row, lane and token group, zeroed sums.
 #define MV_BEGIN                                                                  \
     int row = blockIdx.x * MV_ROWS + (threadIdx.x >> 5);                          \
     int lane = threadIdx.x & 31;                                                  \
-    int t0 = blockIdx.y * MV_TOK;                                                 \
-    int nt = t - t0 < MV_TOK ? t - t0 : MV_TOK;                                   \
-    float acc[MV_TOK];                                                            \
-    for (int u = 0; u < MV_TOK; ++u) {                                            \
+    int t0 = blockIdx.y * TOK;                                                    \
+    int nt = TOK == 1 ? 1 : (t - t0 < TOK ? t - t0 : TOK);                        \
+    float acc[TOK];                                                               \
+    for (int u = 0; u < TOK; ++u) {                                               \
         acc[u] = 0.0f;                                                            \
     }                                                                             \
     const float* xt = x + (long long)t0 * (long long)k;
 
 // acc[u] += wv * x[t0 + u][j] for each token of the group.
 #define MV_ADD(wv, j)                                                             \
-    for (int u = 0; u < MV_TOK; ++u) {                                            \
+    for (int u = 0; u < TOK; ++u) {                                            \
         if (u < nt) {                                                             \
             acc[u] += (wv) * xt[(long long)u * (long long)k + (j)];               \
         }                                                                         \
@@ -36,7 +39,7 @@
 
 // Every lane takes part in the shuffles (a finished warp adds zeros).
 #define MV_END                                                                    \
-    for (int u = 0; u < MV_TOK; ++u) {                                            \
+    for (int u = 0; u < TOK; ++u) {                                            \
         float s = poot_warp_sum(acc[u]);                                          \
         if (row < n && lane == 0 && u < nt) {                                     \
             y[(long long)(t0 + u) * (long long)n + row] = s;                      \
@@ -49,8 +52,9 @@
 #define MV_SLOT (lane & 7)
 #define MV_GROUP (lane >> 3)
 
-extern "C" __global__ void matvec_q8_0(const u8* __restrict__ w, const float* __restrict__ x,
-                                       float* __restrict__ y, int n, int k, int t) {
+template <int TOK>
+__device__ __forceinline__ void mv_q8_0(const u8* __restrict__ w, const float* __restrict__ x,
+                                    float* __restrict__ y, int n, int k, int t) {
     MV_BEGIN
     if (row < n) {
         int nb = k >> 5;
@@ -75,8 +79,9 @@ extern "C" __global__ void matvec_q8_0(const u8* __restrict__ w, const float* __
     MV_END
 }
 
-extern "C" __global__ void matvec_q4_0(const u8* __restrict__ w, const float* __restrict__ x,
-                                       float* __restrict__ y, int n, int k, int t) {
+template <int TOK>
+__device__ __forceinline__ void mv_q4_0(const u8* __restrict__ w, const float* __restrict__ x,
+                                    float* __restrict__ y, int n, int k, int t) {
     MV_BEGIN
     if (row < n) {
         int nb = k >> 5;
@@ -101,8 +106,9 @@ extern "C" __global__ void matvec_q4_0(const u8* __restrict__ w, const float* __
     MV_END
 }
 
-extern "C" __global__ void matvec_q4_1(const u8* __restrict__ w, const float* __restrict__ x,
-                                       float* __restrict__ y, int n, int k, int t) {
+template <int TOK>
+__device__ __forceinline__ void mv_q4_1(const u8* __restrict__ w, const float* __restrict__ x,
+                                    float* __restrict__ y, int n, int k, int t) {
     MV_BEGIN
     if (row < n) {
         int nb = k >> 5;
@@ -130,8 +136,9 @@ extern "C" __global__ void matvec_q4_1(const u8* __restrict__ w, const float* __
 }
 
 // Float weights: any k (no blocks), lane l takes elements l, l + 32, ... (coalesced).
-extern "C" __global__ void matvec_f16(const u8* __restrict__ w, const float* __restrict__ x,
-                                      float* __restrict__ y, int n, int k, int t) {
+template <int TOK>
+__device__ __forceinline__ void mv_f16(const u8* __restrict__ w, const float* __restrict__ x,
+                                    float* __restrict__ y, int n, int k, int t) {
     MV_BEGIN
     if (row < n) {
         const u16* wr = (const u16*)w + (long long)row * (long long)k;
@@ -143,8 +150,9 @@ extern "C" __global__ void matvec_f16(const u8* __restrict__ w, const float* __r
     MV_END
 }
 
-extern "C" __global__ void matvec_f32(const u8* __restrict__ w, const float* __restrict__ x,
-                                      float* __restrict__ y, int n, int k, int t) {
+template <int TOK>
+__device__ __forceinline__ void mv_f32(const u8* __restrict__ w, const float* __restrict__ x,
+                                    float* __restrict__ y, int n, int k, int t) {
     MV_BEGIN
     if (row < n) {
         const float* wr = (const float*)w + (long long)row * (long long)k;
@@ -154,4 +162,46 @@ extern "C" __global__ void matvec_f32(const u8* __restrict__ w, const float* __r
         }
     }
     MV_END
+}
+
+// The launchable kernels: one token, and MV_TOK tokens a warp.
+extern "C" __global__ void matvec_q8_0(const u8* __restrict__ w, const float* __restrict__ x,
+                                      float* __restrict__ y, int n, int k, int t) {
+    mv_q8_0<1>(w, x, y, n, k, t);
+}
+extern "C" __global__ void matmul_q8_0(const u8* __restrict__ w, const float* __restrict__ x,
+                                      float* __restrict__ y, int n, int k, int t) {
+    mv_q8_0<MV_TOK>(w, x, y, n, k, t);
+}
+extern "C" __global__ void matvec_q4_0(const u8* __restrict__ w, const float* __restrict__ x,
+                                      float* __restrict__ y, int n, int k, int t) {
+    mv_q4_0<1>(w, x, y, n, k, t);
+}
+extern "C" __global__ void matmul_q4_0(const u8* __restrict__ w, const float* __restrict__ x,
+                                      float* __restrict__ y, int n, int k, int t) {
+    mv_q4_0<MV_TOK>(w, x, y, n, k, t);
+}
+extern "C" __global__ void matvec_q4_1(const u8* __restrict__ w, const float* __restrict__ x,
+                                      float* __restrict__ y, int n, int k, int t) {
+    mv_q4_1<1>(w, x, y, n, k, t);
+}
+extern "C" __global__ void matmul_q4_1(const u8* __restrict__ w, const float* __restrict__ x,
+                                      float* __restrict__ y, int n, int k, int t) {
+    mv_q4_1<MV_TOK>(w, x, y, n, k, t);
+}
+extern "C" __global__ void matvec_f16(const u8* __restrict__ w, const float* __restrict__ x,
+                                      float* __restrict__ y, int n, int k, int t) {
+    mv_f16<1>(w, x, y, n, k, t);
+}
+extern "C" __global__ void matmul_f16(const u8* __restrict__ w, const float* __restrict__ x,
+                                      float* __restrict__ y, int n, int k, int t) {
+    mv_f16<MV_TOK>(w, x, y, n, k, t);
+}
+extern "C" __global__ void matvec_f32(const u8* __restrict__ w, const float* __restrict__ x,
+                                      float* __restrict__ y, int n, int k, int t) {
+    mv_f32<1>(w, x, y, n, k, t);
+}
+extern "C" __global__ void matmul_f32(const u8* __restrict__ w, const float* __restrict__ x,
+                                      float* __restrict__ y, int n, int k, int t) {
+    mv_f32<MV_TOK>(w, x, y, n, k, t);
 }

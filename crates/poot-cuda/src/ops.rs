@@ -118,7 +118,7 @@ fn blocks(count: u64, per: u32) -> u32 {
     count.div_ceil(u64::from(per)) as u32
 }
 
-/// The matvec kernel for a weight dtype, or `None` when there is none.
+/// The matvec kernel for a weight dtype (one token a warp), or `None` when there is none.
 pub fn matvec_kernel(dtype: DType) -> Option<&'static str> {
     Some(match dtype {
         DType::F32 => "matvec_f32",
@@ -126,6 +126,18 @@ pub fn matvec_kernel(dtype: DType) -> Option<&'static str> {
         DType::Q8_0 => "matvec_q8_0",
         DType::Q4_0 => "matvec_q4_0",
         DType::Q4_1 => "matvec_q4_1",
+        _ => return None,
+    })
+}
+
+/// The several-token kernel for a weight dtype (`MV_TOK` tokens a warp from one decode).
+pub fn matmul_kernel(dtype: DType) -> Option<&'static str> {
+    Some(match dtype {
+        DType::F32 => "matmul_f32",
+        DType::F16 => "matmul_f16",
+        DType::Q8_0 => "matmul_q8_0",
+        DType::Q4_0 => "matmul_q4_0",
+        DType::Q4_1 => "matmul_q4_1",
         _ => return None,
     })
 }
@@ -145,8 +157,17 @@ pub fn dtype_code(dtype: DType) -> Option<i32> {
 /// `y [t, n] = x [t, k] @ w [n, k]^T`; `w` is stored in `dtype` (see `matvec_kernel`).
 pub fn matvec(dtype: DType, w: u64, x: u64, y: u64, t: u32, n: u32, k: u32) -> Launch {
     Launch {
-        kernel: matvec_kernel(dtype).expect("the plan checked the dtype"),
-        grid: [blocks(n.into(), MV_ROWS), t.div_ceil(MV_TOK), 1],
+        kernel: if t == 1 {
+            matvec_kernel(dtype)
+        } else {
+            matmul_kernel(dtype)
+        }
+        .expect("the plan checked the dtype"),
+        grid: [
+            blocks(n.into(), MV_ROWS),
+            if t == 1 { 1 } else { t.div_ceil(MV_TOK) },
+            1,
+        ],
         block: [BLOCK, 1, 1],
         args: vec![
             Arg::Ptr(w),
@@ -433,6 +454,8 @@ mod tests {
             "matvec_q4_1",
             "matvec_f16",
             "matvec_f32",
+            "matmul_q8_0",
+            "matmul_f32",
             "rms_norm_f32",
             "add_f32",
             "mul_f32",
@@ -450,7 +473,7 @@ mod tests {
         ] {
             assert!(names.contains(&k), "{k} missing from {names:?}");
         }
-        assert_eq!(names.len(), 19, "{names:?}");
+        assert_eq!(names.len(), 24, "{names:?}");
     }
 
     #[test]
