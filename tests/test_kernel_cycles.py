@@ -42,11 +42,11 @@ def test_a_planted_cycle_and_layering_break_fail(
     src = tmp_path / "src"
     shutil.copytree(_SRC, src)
     with (src / "kernels" / "blocks.rs").open("a") as f:
-        # dot_scalar lives in arch::generic::qdot, which imports blocks: a two-module cycle.
-        f.write("\nuse crate::kernels::arch::generic::qdot::dot_scalar;\n")
+        # dot_scalar lives in arch::generic::qdot_generic, which imports blocks: a two-module cycle.
+        f.write("\nuse crate::kernels::arch::generic::qdot_generic::dot_scalar;\n")
     with (src / "kernels" / "matmul" / "r8.rs").open("a") as f:
         f.write("\nfn back() { crate::kernels::matmul::matmul(); }\n")
     assert check.main(["--root", str(src)]) == 1
     out = capsys.readouterr().out
-    assert "kernels::blocks -> kernels::arch::generic::qdot" in out
+    assert "kernels::blocks -> kernels::arch::generic::qdot_generic" in out
     assert "layering: kernels::matmul::r8 -> kernels::matmul" in out

@@ -101,8 +101,9 @@ pub(crate) fn f16_to_f32(h: u16) -> f32 {
     }
 }
 
+/// The little-endian f16 at byte `off` of `b`, as f32.
 #[inline(always)]
-fn f16_at(b: &[u8], off: usize) -> f32 {
+pub(crate) fn f16_at(b: &[u8], off: usize) -> f32 {
     f16_to_f32(u16::from_le_bytes([b[off], b[off + 1]]))
 }
 

@@ -46,12 +46,12 @@ pub(crate) mod float_ggml;
 pub(crate) mod groups;
 pub(crate) mod lanes8;
 pub(crate) mod q8;
-pub(crate) mod qdot;
 pub(crate) mod qdot_k;
 pub(crate) mod r8;
 pub mod repack;
 pub mod repack_k;
 pub(crate) mod rk;
+pub(crate) mod stored;
 
 use crate::error::{check_len, mul};
 use crate::kernels::act_cache::ActCache;

@@ -3,11 +3,11 @@
 //! How: each activation row is quantized once (`qact.rs`: Q8_1 for Q4_1 weights, Q8_0
 //! otherwise, as ggml pairs them), then rows of `W` are split into tasks of whole 4-row groups
 //! claimed by the pool's threads, and each group is dotted against every token in place
-//! (`matmul/qdot.rs`): no weight is decoded to floats, and a group's bytes stay in L1 across
+//! (`matmul/stored.rs`): no weight is decoded to floats, and a group's bytes stay in L1 across
 //! tokens.
 //!
 //! Numerics: bit-identical to llama.cpp's CPU matmul for these dtypes (vec_dot for one token,
-//! tinyBLAS for prefill; both reduce to the same float steps, see `matmul/qdot.rs`), on every ISA
+//! tinyBLAS for prefill; both reduce to the same float steps, see `matmul/stored.rs`), on every ISA
 //! and thread count. Bound vs the exact product with the unquantized activations, per output, with
 //! `d_b`, `amax_b` the scale and largest `|x|` of activation block `b` and `q` its quants: `|got -
 //! exact| <= sum_i |w_i| * (0.51 * d_b(i) + amax_b(i) * 2^-11)` (activation rounding) `+ 2^-10 *
@@ -22,7 +22,7 @@
 
 use crate::kernels::act_cache::ActCache;
 use crate::kernels::blocks::QKind;
-use crate::kernels::matmul::qdot::dot_rows;
+use crate::kernels::matmul::stored::dot_rows;
 use crate::kernels::qact::{quantize_rows_q8, BlockQ8, QK8};
 use crate::kernels::scratch::Scratch;
 use crate::kernels::simd::{Checked, NR};

@@ -14,14 +14,14 @@
 //!   (`tests/test_models_smollm2.py`); a Q4_1 block order on AMX measured 15-25% faster matmuls
 //!   but moved those logits by 0.57, activation quantization amplifying the rounding differences.
 //! - Q4_0, Q5_0 and Q8_0 in the block order: each block's 32 products summed exactly in `i32`,
-//!   then one FMA per block (`matmul::qdot::dot_scalar_blocks`; the order of llama.cpp's
+//!   then one FMA per block (`matmul::stored::dot_scalar_blocks`; the order of llama.cpp's
 //!   repacked Q4_0 GEMM and GEMV and of its AMX kernels), which needs an eighth of the float work
 //!   and is the one order an AMX tile (whole-block `i32` sums) gives: `arch/x86/amx.rs` runs it
 //!   for several tokens there, bit-identical to the other paths. llama.cpp's stored-layout Q8_0
 //!   vec_dot (one token) differs from it only in `f32` rounding, within `(k / 32 + 8) * 2^-24 *
 //!   sum_b |dw dx sum_b|` (tested), far below the activation rounding `matmul/q8.rs` bounds.
 //!
-//! Without SIMD, the portable loop (`arch/generic/qdot_r8.rs`) reads the same layout, with the
+//! Without SIMD, the portable loop (`arch/generic/qdot_r8_generic.rs`) reads the same layout, with the
 //! same results.
 //!
 //! Cost: as `matmul/q8.rs`, with about half the vector work per weight block; memory: the
@@ -153,13 +153,13 @@ pub(crate) fn matmul_r8_fused(
         |s, g, write| {
             let w = ws[s];
             if !simd {
-                // The portable loop on the layout as it is (`arch/generic/qdot_r8.rs`).
-                use crate::kernels::arch::generic::qdot_r8;
+                // The portable loop on the layout as it is (`arch/generic/qdot_r8_generic.rs`).
+                use crate::kernels::arch::generic::qdot_r8_generic;
                 let mut res = Scratch::<f32>::zeroed(t * RG);
                 if blocks {
-                    qdot_r8::group_blocks(kind, w.group(g), nb, xq, t, &mut res);
+                    qdot_r8_generic::group_blocks(kind, w.group(g), nb, xq, t, &mut res);
                 } else {
-                    qdot_r8::group(kind, w.group(g), nb, xq, t, &mut res);
+                    qdot_r8_generic::group(kind, w.group(g), nb, xq, t, &mut res);
                 }
                 for tok in 0..t {
                     write(tok, &res[tok * RG..(tok + 1) * RG]);

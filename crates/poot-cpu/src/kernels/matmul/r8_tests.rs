@@ -4,7 +4,7 @@
 use super::*;
 use crate::kernels::act_cache::ActCache;
 use crate::kernels::matmul::q8::matmul_q8;
-use crate::kernels::matmul::qdot::dot_scalar_blocks;
+use crate::kernels::matmul::stored::dot_scalar_blocks;
 use crate::kernels::qact::quantize_row_q8;
 use crate::testutil::{real_slices, synthetic_weights, Rng};
 use poot_core::DType;

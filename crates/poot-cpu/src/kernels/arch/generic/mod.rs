@@ -1,7 +1,7 @@
 //! Portable (scalar) forms of the per-ISA loops, built on every target: the path a CPU without
 //! a SIMD loop takes, the template a new ISA's loop starts from, and the oracle its tests
 //! compare with bit for bit. A file here is named as the `arch/x86/` file whose loop it is:
-//! - `qdot` - the stored-row integer block dot (`arch/x86/qdot.rs`); `matmul::qdot::dot_rows`
+//! - `qdot` - the stored-row integer block dot (`arch/x86/qdot.rs`); `matmul::stored::dot_rows`
 //!   runs it without SIMD;
 //! - `qdot_r8` - the 8-row interleaved integer dot (`arch/x86/qdot_r8.rs`, `qdot_r16.rs`, both
 //!   over `arch/x86/qdot_r.rs`); `matmul_r8` runs it without SIMD;
@@ -17,6 +17,6 @@
 //! Invariant: nothing here uses `unsafe` or a target feature, and nothing imports a family's
 //! dispatch (only the bottom modules: `blocks`, `decode`, `ggml`, `qact`).
 
-pub(crate) mod fdot;
-pub(crate) mod qdot;
-pub(crate) mod qdot_r8;
+pub(crate) mod fdot_generic;
+pub(crate) mod qdot_generic;
+pub(crate) mod qdot_r8_generic;

@@ -16,7 +16,7 @@
 //! Q4_1 does not come here: it keeps ggml's order (`matmul/r8.rs`), which whole-block sums cannot
 //! give.
 //!
-//! Numerics: exactly `arch::generic::qdot::dot_scalar_blocks` (integer sums exact, then the same float
+//! Numerics: exactly `arch::generic::qdot_generic::dot_scalar_blocks` (integer sums exact, then the same float
 //! steps in the same order), so bit-identical to the block order of the other paths on every thread
 //! count (tested).
 //!
@@ -409,7 +409,7 @@ unsafe fn tile_tokens(
 }
 
 /// Block `b`'s float steps for 16 tokens: `acc[j] = fma(dw * dx_j, sums_j, acc[j])`
-/// (`arch::generic::qdot::dot_scalar_blocks`' order), 16 rows a vector.
+/// (`arch::generic::qdot_generic::dot_scalar_blocks`' order), 16 rows a vector.
 #[inline(always)]
 unsafe fn scale_add(
     acc: &mut [__m512; P],

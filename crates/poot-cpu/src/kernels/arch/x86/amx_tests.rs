@@ -2,7 +2,7 @@
 //! reference on every kind, ragged shape, partial token tile and pool thread.
 
 use super::*;
-use crate::kernels::arch::generic::qdot::dot_scalar_blocks;
+use crate::kernels::arch::generic::qdot_generic::dot_scalar_blocks;
 use crate::kernels::qact::quantize_row_q8;
 use crate::testutil::{synthetic_weights, Rng};
 use poot_core::DType;

@@ -9,9 +9,9 @@
 //! tiling from `fdot::chunk8_avx2` (its module says why); `qdot_rk` / `qdot_rk16` are not
 //! folded yet.
 //!
-//! The portable path of each: `qdot_r8`, `qdot_r16` - `arch::generic::qdot_r8`; `fdot`'s
-//! `lanes8_rows_avx2` and `lanes32_*` - `arch::generic::fdot`; `decode` -
-//! `kernels::decode::decode_run`; `qdot` - `arch::generic::qdot`; `qdot_k`, `qdot_rk`,
+//! The portable path of each: `qdot_r8`, `qdot_r16` - `arch::generic::qdot_r8_generic`; `fdot`'s
+//! `lanes8_rows_avx2` and `lanes32_*` - `arch::generic::fdot_generic`; `decode` -
+//! `kernels::decode::decode_run`; `qdot` - `arch::generic::qdot_generic`; `qdot_k`, `qdot_rk`,
 //! `qdot_rk16`, `qdot_rk_vnni` (`qdot_rk`'s tiles on `vpdpbusd`; both build on
 //! `qdot_rk_parts`) - `matmul::qdot_k::dot_scalar`; `fdot`'s and `fdot16`'s tiles - `ggml::dot_lanes8`
 //! (`matmul::lanes8`); `amx`, `amx_bf16` - the VNNI/AVX-512 tiles they stand in for;

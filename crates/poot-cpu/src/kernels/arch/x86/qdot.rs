@@ -1,13 +1,13 @@
-//! x86 paths of `matmul/qdot.rs`: [`Isa::Avx2`] uses `maddubs` + `madd`; [`Isa::Avx512`] uses VNNI
+//! x86 paths of `matmul/stored.rs`: [`Isa::Avx2`] uses `maddubs` + `madd`; [`Isa::Avx512`] uses VNNI
 //! (`vpdpbusd` on 256-bit registers) where the CPU has it, else the AVX2 code. Both compute the
 //! same exact `i32` lane sums as the scalar reference and then the same `f32` FMAs, so results are
-//! bit-identical (see `matmul/qdot.rs`).
+//! bit-identical (see `matmul/stored.rs`).
 //!
 //! Layout: 4 weight rows are processed together against 4 (VNNI machines, 32 registers) or 2
 //! activation rows, then 1, so each weight block is unpacked once per 2-4 tokens, each
 //! activation block loaded once per 4 rows, and 8-16 independent FMA chains overlap.
 //!
-//! Invariant (soundness): these functions are reached only through `matmul::qdot::dot_rows` with a
+//! Invariant (soundness): these functions are reached only through `matmul::stored::dot_rows` with a
 //! `Checked` AVX2 or AVX-512 token (AVX2, FMA and F16C detected), and the VNNI variant only
 //! after `avx512vnni` and `avx512vl` were detected too.
 
@@ -24,7 +24,7 @@ fn has_vnni() -> bool {
     crate::CpuFeatures::get().vnni256()
 }
 
-/// See `matmul::qdot::dot_rows` (same contract).
+/// See `matmul::stored::dot_rows` (same contract).
 #[allow(
     clippy::too_many_arguments,
     reason = "qdot::dot_rows' arguments and its token"

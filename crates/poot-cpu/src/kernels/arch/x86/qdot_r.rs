@@ -8,7 +8,7 @@
 //! `((a0+a4) + (a2+a6)) + ((a1+a5) + (a3+a7))` (`hsum_float_8`), plus Q4_1's
 //! `summs = fma(m, s, summs)` ([`body`]); or in the block order, each block's 32 products
 //! summed in one `i32` per row, then one FMA ([`body_blocks`]). Results are bit-identical to
-//! `arch::generic::qdot::dot_scalar{,_blocks}` and to `arch::generic::qdot_r8` at either width
+//! `arch::generic::qdot_generic::dot_scalar{,_blocks}` and to `arch::generic::qdot_r8_generic` at either width
 //! (tested).
 //!
 //! Integer steps: Q4 nibbles are unsigned (`0..16`) against the signed activations, so
@@ -147,7 +147,7 @@ unsafe fn nibbles<L: RowLanes, const KIND: u8>(
     }
 }
 
-/// As [`body`] in the block order of `arch::generic::qdot::dot_scalar_blocks` (Q4_0, Q5_0 and Q8_0):
+/// As [`body`] in the block order of `arch::generic::qdot_generic::dot_scalar_blocks` (Q4_0, Q5_0 and Q8_0):
 /// the same integer steps summed into one `i32` per row and token for the whole block (exact:
 /// at most `32 * 128 * 128`), then one FMA; `corr[j * nb + b][0]` holds block `b`'s whole
 /// correction.

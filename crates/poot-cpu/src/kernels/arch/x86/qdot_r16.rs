@@ -10,7 +10,7 @@
 //! Numerics: the body is the 256-bit one (`arch/x86/qdot_r.rs`, generic over the register
 //! width), so every lane runs exactly the 256-bit steps for its row (the same integer lane sums,
 //! the same `fma(dw * dy, lane, acc)` block after block, the same fold and Q4_1 term), and
-//! results are bit-identical to `arch::x86::qdot_r8::group` and `arch::generic::qdot::dot_scalar`
+//! results are bit-identical to `arch::x86::qdot_r8::group` and `arch::generic::qdot_generic::dot_scalar`
 //! (tested).
 //!
 //! Invariant (soundness): reached only through `matmul_r8` after `has_vnni512` was true.
@@ -105,7 +105,7 @@ unsafe fn body<const KIND: u8, const T: usize>(
 pub(crate) const BLOCK_TOKENS: usize = 8;
 
 /// `out[j * 16 + r]` = row `r` of groups `g0` (`r < 8`) and `g1` (`r >= 8`) dotted with token
-/// `j < t` (`t <= BLOCK_TOKENS`) in the block order of `arch::generic::qdot::dot_scalar_blocks` (Q4_0,
+/// `j < t` (`t <= BLOCK_TOKENS`) in the block order of `arch::generic::qdot_generic::dot_scalar_blocks` (Q4_0,
 /// Q5_0 and Q8_0): each lane runs `arch::x86::qdot_r8::group_blocks`'s steps for its row, so the
 /// bits are that function's. `corr[j * nb + b][0]` holds block `b`'s whole correction
 /// (`matmul_r8`).

@@ -2,7 +2,7 @@
 //! one 8-row group a step: the entry points that pick the token tile and run the shared bodies
 //! of `arch/x86/qdot_r.rs` at [`Avx2`] (`maddubs` + `madd`) or [`Avx2Vnni`] (`vpdpbusd ymm`)
 //! width. Numerics and integer steps: `arch/x86/qdot_r.rs`; results are bit-identical to
-//! `arch::generic::qdot::dot_scalar{,_blocks}` and `arch::generic::qdot_r8`.
+//! `arch::generic::qdot_generic::dot_scalar{,_blocks}` and `arch::generic::qdot_r8_generic`.
 //!
 //! Invariant (soundness): reached only through `matmul_r8` with a `Checked` AVX2 or AVX-512
 //! token (AVX2, FMA, F16C detected), and the VNNI variant only after `avx512vnni` and
@@ -33,7 +33,7 @@ pub(crate) fn tile_tokens(vnni: bool, kind: QKind, blocks: bool) -> usize {
 }
 
 /// `out[j * 8 + r]` = row `r` of group `grp` dotted with token `j` in the block order of
-/// `arch::generic::qdot::dot_scalar_blocks` (Q4_0, Q5_0 and Q8_0), for `j < t` (up to [`tile_tokens`]);
+/// `arch::generic::qdot_generic::dot_scalar_blocks` (Q4_0, Q5_0 and Q8_0), for `j < t` (up to [`tile_tokens`]);
 /// `corr[j * nb + b][0]` holds block `b`'s whole correction (`matmul_r8`).
 ///
 /// # Panics

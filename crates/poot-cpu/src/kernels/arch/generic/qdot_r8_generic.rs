@@ -7,7 +7,7 @@
 //! either way every lane sum is exact in `i32`, so the float steps alone decide the result, and
 //! they are the same: ggml's order ([`group`]: 8 lane sums a block, `fma(dw * dy, lane, acc)`,
 //! `hsum8`, Q4_1's `summs`) or the block order ([`group_blocks`]: one exact sum a block, one
-//! FMA). So results are bit-identical to `arch::generic::qdot::dot_scalar{,_blocks}` on the stored
+//! FMA). So results are bit-identical to `arch::generic::qdot_generic::dot_scalar{,_blocks}` on the stored
 //! rows and to `arch::x86::qdot_r8` / `qdot_r16` at either width (tested below).
 //!
 //! Why here: `matmul_r8` runs it where no SIMD path applies (the scalar ISA, any CPU), and it
@@ -18,7 +18,7 @@
 //! (Q5_0 gains most), t = 1 0.6-1.2x (Q8_0 the one slower, about 1.2x).
 
 use crate::kernels::blocks::{chunks, header_bytes, superblock_bytes, QKind, RG};
-use crate::kernels::decode::f16_to_f32;
+use crate::kernels::decode::f16_at;
 use crate::kernels::ggml::hsum8;
 use crate::kernels::qact::{BlockQ8, QK8};
 
@@ -28,7 +28,7 @@ use crate::kernels::qact::{BlockQ8, QK8};
 #[inline(always)]
 fn row_block<const KIND: u8>(s: &[u8], r: usize) -> ([i8; QK8], f32, f32) {
     let kind = kind_of(KIND);
-    let f16 = |at: usize| f16_to_f32(u16::from_le_bytes([s[at], s[at + 1]]));
+    let f16 = |at: usize| f16_at(s, at);
     let d = f16(2 * r);
     let m = if kind == QKind::Q4_1 {
         f16(16 + 2 * r)
@@ -210,5 +210,5 @@ fn group_blocks_k<const KIND: u8>(grp: &[u8], nb: usize, a: &[BlockQ8], t: usize
 }
 
 #[cfg(test)]
-#[path = "qdot_r8_tests.rs"]
+#[path = "qdot_r8_generic_tests.rs"]
 mod tests;

@@ -2,7 +2,7 @@
 //! loops (256 bits with and without VNNI, 512 bits) bit for bit where this CPU runs them.
 
 use super::*;
-use crate::kernels::arch::generic::qdot::{dot_scalar, dot_scalar_blocks};
+use crate::kernels::arch::generic::qdot_generic::{dot_scalar, dot_scalar_blocks};
 use crate::kernels::matmul::repack::Repacked;
 use crate::kernels::qact::quantize_row_q8;
 use crate::testutil::{synthetic_weights, Rng};

@@ -18,11 +18,11 @@
 //! place, activations are the caller's quantized row.
 //!
 //! Where: [`dot_rows`] picks the path; the portable loops ([`dot_scalar`], and the block
-//! order's reference) are `arch/generic/qdot.rs`, the x86 ones `arch/x86/qdot.rs`.
+//! order's reference) are `arch/generic/qdot_generic.rs`, the x86 ones `arch/x86/qdot.rs`.
 
-pub(crate) use crate::kernels::arch::generic::qdot::dot_scalar;
+pub(crate) use crate::kernels::arch::generic::qdot_generic::dot_scalar;
 #[cfg(test)]
-pub(crate) use crate::kernels::arch::generic::qdot::dot_scalar_blocks;
+pub(crate) use crate::kernels::arch::generic::qdot_generic::dot_scalar_blocks;
 use crate::kernels::blocks::QKind;
 use crate::kernels::qact::BlockQ8;
 use crate::kernels::simd::{Checked, Isa};
@@ -71,5 +71,5 @@ pub(crate) fn dot_rows(
 }
 
 #[cfg(test)]
-#[path = "qdot_tests.rs"]
+#[path = "stored_tests.rs"]
 mod tests;
