@@ -3,7 +3,8 @@
 ``ServerProcess(args)`` starts ``python -m poot.server.cli --port 0 ARGS`` (the module behind
 the ``poot-serve`` script), reads the one line saying where it listens, and waits for
 ``/health`` to answer 200. Its stderr (the server's log) goes to a file, read by ``log()``;
-``stop()`` sends SIGTERM and waits for a clean exit.
+``stop()`` sends SIGTERM and waits for a clean exit. ``prefix`` runs the server through a
+wrapper that ``exec``s it (the same process: a cgroup it enters is the server's).
 """
 
 from __future__ import annotations
@@ -34,13 +35,14 @@ class ServerProcess:
         env: Mapping[str, str] | None = None,
         wait_ready: bool = True,
         start_timeout_s: float = 120.0,
+        prefix: Sequence[str] = (),
     ) -> None:
         self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed in stop()
             prefix="poot-serve-", suffix=".log", delete=False
         )
         cmd = [sys.executable, "-m", "poot.server.cli", "--port", "0", "--host", "127.0.0.1"]
         self.proc = subprocess.Popen(
-            [*cmd, *args],
+            [*prefix, *cmd, *args],
             stdout=subprocess.PIPE,
             stderr=self._log,
             text=True,

@@ -23,6 +23,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from poot.host_memory import host_memory
+
 __all__ = ["DeviceInfo", "Discovery", "discover"]
 
 # SIMD and matrix features worth naming (x86 and Arm flag spellings in /proc/cpuinfo).
@@ -90,18 +92,21 @@ class Discovery:
 
 
 def _meminfo(path: Path = Path("/proc/meminfo")) -> tuple[int, int]:
-    total = avail = 0
+    """(total, available) host bytes, both bounded by the process's memory cgroup: inside a
+    container /proc/meminfo describes the whole host (``poot.host_memory``)."""
+    total = 0
     try:
         for line in path.read_text().splitlines():
             name, _, rest = line.partition(":")
-            kb = int(rest.split()[0]) * 1024 if rest.split() else 0
-            if name == "MemTotal":
-                total = kb
-            elif name == "MemAvailable":
-                avail = kb
+            if name == "MemTotal" and rest.split():
+                total = int(rest.split()[0]) * 1024
+                break
     except (OSError, ValueError):
         pass
-    return total, avail or total
+    mem = host_memory(meminfo=path)
+    if mem.cgroup_limit is not None:
+        total = min(total, mem.cgroup_limit) if total else mem.cgroup_limit
+    return total, mem.available or total
 
 
 def cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> DeviceInfo:

@@ -6,8 +6,10 @@ holds, at most ``MAX_ROWS``). Those bytes are, after the weights:
 
 - with ``--device-budget``: what the weights leave of it, or a quarter of it when they do
   not fit (the planner then streams them through the rest);
-- on the CPU: half of the memory the OS can give (MemAvailable): the host's memory is
-  everyone's, and the pool's pages are only touched as KV is written;
+- on the CPU: half of the memory the process may still take (``host_memory``: MemAvailable,
+  bounded by the memory limit of the cgroup it runs in, so a container's limit counts, not
+  the host's memory): the host's memory is everyone's, and the pool's pages are only touched
+  as KV is written;
 - on CUDA: 90% of the device's memory (as vLLM's ``gpu_memory_utilization``);
 - on wgpu, whose adapters do not say how much memory they have free: 1 GiB.
 
@@ -23,13 +25,13 @@ model on its own thread while uvicorn and Starlette are still being imported.
 from __future__ import annotations
 
 import logging
-import os
 from typing import TYPE_CHECKING
 
 from poot import _native
 from poot.checkpoints import resolve_model_files
 from poot.driver_options import DriverOptions, kv_block_bytes
 from poot.errors import ConfigError
+from poot.host_memory import host_memory
 from poot.llm import LLM
 from poot.numerics import numerics_for
 from poot.server.config import ServerConfig
@@ -50,21 +52,6 @@ RUNTIME_KV_LIMIT = 8 << 30
 logger = logging.getLogger("poot.server")
 
 
-def _available_bytes() -> int:
-    """Memory the OS can give without swapping (MemAvailable), or 0 where unknown."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return 0
-
-
 def kv_bytes_free(config: ServerConfig, weight_bytes: int) -> int:
     """The bytes the KV pool may come from, before ``fit``'s reserve (module docs)."""
     budget = config.device_budget_bytes
@@ -79,7 +66,9 @@ def kv_bytes_free(config: ServerConfig, weight_bytes: int) -> int:
         return _WGPU_KV_BYTES
     if config.backend == "wgpu":
         return _WGPU_KV_BYTES
-    available = _available_bytes()
+    memory = host_memory()
+    logger.info("host memory: %s", memory.describe())
+    available = memory.available
     if available <= 0:  # not known here: what the server took before it fitted itself
         return _WGPU_KV_BYTES
     return max(available - weight_bytes, 0) // 2
