@@ -63,8 +63,13 @@ fmt: $(BIN)/python
 	$(BIN)/ruff format python tests benches examples
 	$(BIN)/ruff check --fix python tests benches examples
 
+# The pytest benches (their JSON beside the CPU table's), then the CPU table against llama.cpp
+# (run `eval "$$(../shared/peers/llama-cpp.sh)"` first for the peer columns), saved as JSON and
+# written into docs/performance.md's generated section with the targets judged from it.
 bench: setup
-	$(BIN)/python -m pytest benches --benchmark-only
+	mkdir -p benches/results
+	$(BIN)/python -m pytest benches --benchmark-only --benchmark-json=benches/results/benchmarks.json
+	$(BIN)/python benches/bench_cpu_table.py --json benches/results/cpu_table.json --write-docs
 
 # Fuzzing (tests/fuzz/run.py): each target FUZZ_RUNS executions, niced; crash reproducers go to
 # tests/fuzz/crashes/<target>/ and tests/test_fuzz_regressions.py replays them on every test run.

@@ -1,9 +1,10 @@
 """Benchmarks, side by side with peers, reported as ratios.
 
 Each benchmark group holds one ``poot`` entry and, where the peer is importable, one ``peer``
-entry (``benchmark.extra_info["impl"]``). At the end of the run a table prints the median of
-each and the ratio peer/poot (above 1 means poot is faster). No thresholds: speed is measured,
-not asserted.
+entry (``benchmark.extra_info["impl"]``); a group that measures poot against itself names its
+reference ``baseline`` instead, and its row says so. At the end of the run a table prints the
+median of each and the ratio reference/poot (above 1 means poot is faster). No thresholds:
+speed is measured, not asserted.
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: Any) -> None:
     tr.section("poot vs peer (median seconds; ratio = peer / poot, above 1 means poot is faster)")
     tr.write_line(f"{'group':<40} {'poot':>12} {'peer':>12} {'ratio':>8}  tok/s poot / peer")
     for group, impls in sorted(groups.items()):
-        ours, peer = impls.get("poot"), impls.get("peer")
+        ours = impls.get("poot")
+        ref = "baseline" if "baseline" in impls else "peer"
+        peer = impls.get(ref)
         ratio = f"{peer / ours:8.2f}" if ours and peer else f"{'-':>8}"
         ours_s = f"{ours:12.6f}" if ours else f"{'-':>12}"
         peer_s = f"{peer:12.6f}" if peer else f"{'(absent)':>12}"
@@ -59,4 +62,5 @@ def pytest_terminal_summary(terminalreporter: Any, config: Any) -> None:
         if group in tokens:
             n = tokens[group]
             rate = "  " + " / ".join(f"{n / t:.1f}" if t else "-" for t in (ours, peer))
-        tr.write_line(f"{group:<40} {ours_s} {peer_s} {ratio}{rate}")
+        note = "  (reference: poot without the feature)" if ref == "baseline" else ""
+        tr.write_line(f"{group:<40} {ours_s} {peer_s} {ratio}{rate}{note}")
