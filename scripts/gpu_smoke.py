@@ -133,6 +133,10 @@ def main() -> int:
     args = p.parse_args()
     if args.emulate:
         _emulate()
+    elif "cuda" in args.backends:
+        # What the server's CUDA fit reads (free, total); never run on hardware before.
+        free, total = _native.cuda_memory(0)
+        print(json.dumps({"cuda_memory": {"free": free, "total": total}}), flush=True)
     ok = True
     for m in args.models:
         for pair in args.backends.split(","):

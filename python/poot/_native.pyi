@@ -27,6 +27,7 @@ __all__ = [
     "wgpu_adapters",
     "CudaRuntime",
     "cuda_devices",
+    "cuda_memory",
     "_cuda_emulator",
     "Scheduler",
     "_mapping_probe",
@@ -468,6 +469,7 @@ class CudaRuntime:
     def _inject_stall(self, seconds: float) -> None: ...
 
 def cuda_devices() -> list[dict[str, Any]]: ...
+def cuda_memory(device: int = 0, driver_library: str | None = None) -> tuple[int, int]: ...
 def _cuda_emulator() -> str: ...
 
 @final

@@ -85,6 +85,39 @@ pub fn devices() -> Vec<DeviceInfo> {
         .collect()
 }
 
+/// `(free, total)` bytes of device `ordinal`'s memory now (`cuMemGetInfo`): what other
+/// processes hold is not free. Needs a context, so it retains the device's primary context
+/// for the call and releases it (a runtime opened later retains it again). `driver` opens
+/// that library instead of `libcuda.so.1` (tests: the CPU emulator).
+pub fn memory_info(
+    ordinal: i32,
+    driver: Option<&std::path::Path>,
+) -> Result<(u64, u64), CudaError> {
+    let drv = driver::Driver::open(driver)?;
+    let (dev, _) = Device::probe(&drv, ordinal)?;
+    let mut ctx: driver::CuContext = std::ptr::null_mut();
+    // SAFETY: retains the primary context of a device the probe found; released below.
+    drv.check("cuDevicePrimaryCtxRetain", unsafe {
+        (drv.primary_ctx_retain)(&mut ctx, dev)
+    })?;
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: `ctx` was just retained.
+    let got = drv
+        .check("cuCtxSetCurrent", unsafe { (drv.ctx_set_current)(ctx) })
+        .and_then(|()| {
+            // SAFETY: writes two values in the context made current above.
+            drv.check("cuMemGetInfo", unsafe {
+                (drv.mem_get_info)(&mut free, &mut total)
+            })
+        });
+    // SAFETY: releases the retain above, whatever the calls between returned.
+    let released = drv.check("cuDevicePrimaryCtxRelease", unsafe {
+        (drv.primary_ctx_release)(dev)
+    });
+    got.and(released)?;
+    Ok((free as u64, total as u64))
+}
+
 /// The paged KV pool on the device: per layer, K and V of f32.
 #[derive(Debug)]
 pub(crate) struct KvPool {

@@ -25,7 +25,35 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyCudaRuntime>()?;
     m.add_function(wrap_pyfunction!(cuda_devices, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_emulator, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_memory, m)?)?;
     Ok(())
+}
+
+/// `(free, total)` bytes of CUDA device `device`'s memory now; what other processes hold is
+/// not free. `driver_library` opens that file instead of `libcuda.so.1` (tests:
+/// `_cuda_emulator()`). Raises `DeviceUnavailableError` without a driver or device, and
+/// `BackendNotCompiledError` without the cuda feature.
+#[pyfunction]
+#[pyo3(signature = (device=0, driver_library=None))]
+fn cuda_memory(
+    py: Python<'_>,
+    device: i32,
+    driver_library: Option<String>,
+) -> PyResult<(u64, u64)> {
+    #[cfg(feature = "cuda")]
+    {
+        let path = driver_library.map(std::path::PathBuf::from);
+        without_gil(py, || poot_cuda::memory_info(device, path.as_deref()))?
+            .map_err(|e| runtime_error(py, e.into()))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (device, driver_library);
+        Err(runtime_error(
+            py,
+            RuntimeError::NotCompiledIn { backend: "cuda" },
+        ))
+    }
 }
 
 #[cfg(feature = "cuda")]

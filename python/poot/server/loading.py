@@ -10,7 +10,8 @@ holds, at most ``MAX_ROWS``). Those bytes are, after the weights:
   bounded by the memory limit of the cgroup it runs in, so a container's limit counts, not
   the host's memory): the host's memory is everyone's, and the pool's pages are only touched
   as KV is written;
-- on CUDA: 90% of the device's memory (as vLLM's ``gpu_memory_utilization``);
+- on CUDA: 90% of the device's memory (as vLLM's ``gpu_memory_utilization``), and never
+  more than the driver says is free now (another process's allocations are not ours);
 - on wgpu, whose adapters do not say how much memory they have free: 1 GiB.
 
 ``fit`` keeps 10% of it back (activations, scratch), and the pool never holds more than the
@@ -39,17 +40,25 @@ from poot.server.config import ServerConfig
 if TYPE_CHECKING:
     from poot.planner.compiled import CompileConfig
 
-__all__ = ["MAX_ROWS", "RUNTIME_KV_LIMIT", "kv_bytes_free", "load_llm"]
+__all__ = ["MAX_ROWS", "RUNTIME_KV_LIMIT", "cuda_kv_bytes", "kv_bytes_free", "load_llm"]
 
 # Rows of one step, at most: DriverOptions' default step budget, which also caps them.
 MAX_ROWS = 256
 _RESERVE = 0.1
 _WGPU_KV_BYTES = 1 << 30
+_CUDA_SHARE = 0.9
 # The most KV pool every runtime allocates (``max_kv_bytes`` of poot-cpu, poot-wgpu and
 # poot-cuda); a bigger one is refused at load.
 RUNTIME_KV_LIMIT = 8 << 30
 
 logger = logging.getLogger("poot.server")
+
+
+def cuda_kv_bytes(weight_bytes: int, free: int, total: int) -> int:
+    """The KV pool's share of a CUDA device: 90% of its memory (vLLM's
+    ``gpu_memory_utilization``), but never more than is free now, since another process's
+    allocations are not ours to take; less the weights, which are not uploaded yet."""
+    return max(min(int(total * _CUDA_SHARE), free) - weight_bytes, 0)
 
 
 def kv_bytes_free(config: ServerConfig, weight_bytes: int) -> int:
@@ -59,11 +68,7 @@ def kv_bytes_free(config: ServerConfig, weight_bytes: int) -> int:
         left = budget - weight_bytes
         return left if left >= budget // 4 else budget // 4
     if config.backend == "cuda":
-        devices = _native.cuda_devices()
-        total = int(devices[0].get("total_memory", 0)) if devices else 0
-        if total > 0:
-            return max(int(total * 0.9) - weight_bytes, 0)
-        return _WGPU_KV_BYTES
+        return cuda_kv_bytes(weight_bytes, *_native.cuda_memory(0))
     if config.backend == "wgpu":
         return _WGPU_KV_BYTES
     memory = host_memory()
