@@ -82,3 +82,33 @@ def test_batched_chunked_and_paged_runs_give_the_single_run_ids(model: dict[str,
     together = [r.outputs[0].token_ids for r in llm.generate(prompts, params)]
     assert [list(x) for x in together] == [list(x) for x in alone]
     assert list(alone[0]) == reference_greedy(FAMILY, model["weights"], PROMPT, 20)
+
+
+def test_blocks_behind_the_window_go_back_to_the_pool(model: dict[str, Any], tmp_path: Any) -> None:
+    """Every layer windowed: a pool of 6 blocks of 4 slots runs 11 + 40 tokens (13 blocks'
+    worth), because blocks wholly behind the window are released after each step; the ids
+    are the float64 reference's. Without the window the same request is refused."""
+    import json
+    import shutil
+
+    from poot.driver_options import DriverOptions
+    from poot.errors import ContextLengthError
+    from poot.llm import kv_window
+
+    opts = DriverOptions(num_blocks=6, block_size=4, max_step_tokens=4, max_num_seqs=1)
+    params = poot.SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    llm = poot.LLM(str(model["gguf"]), threads=1, numerics="exact", driver=opts)
+    assert kv_window(llm.definition) == 5
+    got = llm.generate([PROMPT], params)[0].outputs[0].token_ids
+    assert list(got) == reference_greedy(FAMILY, model["weights"], PROMPT, 40)
+    assert llm.scheduler.used_blocks == 0
+
+    d = tmp_path / "nowindow"
+    shutil.copytree(model["hf"], d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["sliding_window"] = None
+    (d / "config.json").write_text(json.dumps(cfg))
+    full = poot.LLM(str(d), threads=1, numerics="exact", driver=opts)
+    assert kv_window(full.definition) is None
+    with pytest.raises(ContextLengthError):
+        full.generate([PROMPT], params)

@@ -477,6 +477,10 @@ class Scheduler:
     """poot-engine's scheduler: FCFS continuous batching with chunked prefill, paged KV
     blocks (``num_blocks`` usable, plus the reserved null block 0) and preemption by recompute.
 
+    ``kv_window=W`` (every layer attends to a sliding window of at most ``W`` positions): after
+    each step a request's blocks wholly before its next token's window go back to the pool and
+    its block table shows the null block there.
+
     Raises ``ContextLengthError`` for a prompt past ``max_model_len`` or a request too big for
     the pool, ``ConfigError`` for a bad setting and ``ValueError`` for a bad call.
     """
@@ -492,6 +496,7 @@ class Scheduler:
         num_blocks: int,
         enable_prefix_caching: bool = False,
         model_key: int = 0,
+        kv_window: int | None = None,
     ) -> Scheduler: ...
     def add_request(
         self,

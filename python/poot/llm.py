@@ -120,6 +120,18 @@ class _WeightPreparation:
             raise self._error
 
 
+def kv_window(definition: Any) -> int | None:
+    """The scheduler's ``kv_window``: the largest window when every layer attends to a sliding
+    window (Mistral v0.1's layout), so blocks behind it can go back to the pool; None when any
+    layer is global (Gemma's interleaving: one block table serves every layer) or the family
+    has no windows."""
+    h = getattr(definition, "hparams", None)
+    windows = tuple(getattr(h, "layer_windows", ()) or ())
+    if not windows or any(w <= 0 for w in windows):
+        return None
+    return max(windows)
+
+
 class LLM:
     """A model ready to generate.
 
@@ -269,6 +281,7 @@ class LLM:
             num_blocks=num_blocks,
             enable_prefix_caching=enable_prefix_caching,
             model_key=self.model_key,
+            kv_window=kv_window(self.definition),
         )
         runner = StepRunner(
             self.definition,

@@ -22,6 +22,10 @@ pub struct SchedulerConfig {
     pub enable_prefix_caching: bool,
     /// Identifies the model (and anything else that changes KV) in block hashes.
     pub model_key: u64,
+    /// `Some(W)` when every layer attends to a sliding window of at most `W` positions: a
+    /// running request's blocks wholly before its last `W - 1` positions go back to the pool
+    /// after each step (no later token reads them). None: every position is kept.
+    pub kv_window: Option<usize>,
 }
 
 impl SchedulerConfig {
@@ -52,6 +56,13 @@ impl SchedulerConfig {
                 "max_num_seqs",
                 self.max_num_seqs,
                 "exceeds min(max_batched_tokens, max_step_tokens): decode rows would not fit",
+            );
+        }
+        if self.kv_window == Some(0) {
+            return bad(
+                "kv_window",
+                0,
+                "must be at least 1 (None keeps every position)",
             );
         }
         if self.max_model_len < 2 || self.max_model_len > i32::MAX as usize {

@@ -22,6 +22,11 @@
 //! request therefore always progresses, and a request is refused at `add_request` if it could
 //! not fit the pool alone. No waiting request is admitted in a step that preempted.
 //!
+//! With `kv_window = Some(W)` (every layer windowed), `update` gives back each running
+//! request's blocks wholly before position `num_tokens + 1 - W` (the first its next token
+//! reads); the block table shows the null block there. A request's blocks in use then stay
+//! at about `W / block_size + 1` however long it runs.
+//!
 //! Invariants (checked by [`Scheduler::check_invariants`]): waiting requests hold no blocks;
 //! every block in use belongs to a running request; at most `max_num_seqs` run; when no request
 //! is live, no block is in use.
@@ -140,7 +145,14 @@ impl Scheduler {
             });
         }
         let longest = prompt.saturating_add(spec.max_tokens).min(max_model_len);
-        let needed = longest.div_ceil(self.config.block_size);
+        let bs = self.config.block_size;
+        let mut needed = longest.div_ceil(bs);
+        if let Some(w) = self.config.kv_window {
+            // Held at once: the window behind the step's first token, the step's tokens, and
+            // a block of rounding at each end.
+            let span = (w - 1).saturating_add(self.config.token_budget());
+            needed = needed.min(span.div_ceil(bs) + 1);
+        }
         let usable = self.pool.num_usable_blocks();
         if needed > usable {
             return Err(EngineError::TooLargeForPool { id, needed, usable });
@@ -271,6 +283,10 @@ impl Scheduler {
             // Never the last known token: the step must compute it to sample after it.
             let lookup = &req.tokens[..req.tokens.len() - 1];
             req.table = BlockTable::from_cached_prefix(&mut self.pool, lookup);
+            if let Some(w) = self.config.kv_window {
+                let first_read = (req.table.num_tokens() + 1).saturating_sub(w);
+                req.table.release_below(&mut self.pool, first_read)?;
+            }
             let cached = req.num_computed();
             let len = req.num_remaining().min(*budget);
             if req.table.reserve(&mut self.pool, cached + len).is_none() {
@@ -384,6 +400,11 @@ impl Scheduler {
             };
             let Request { table, tokens, .. } = req;
             table.append_tokens(&mut self.pool, &tokens[row.start..row.start + row.len])?;
+            if let Some(w) = self.config.kv_window {
+                // The next token (at position num_tokens) reads num_tokens + 1 - w onwards.
+                let first_read = (table.num_tokens() + 1).saturating_sub(w);
+                table.release_below(&mut self.pool, first_read)?;
+            }
             let Some(&token) = sampled.get(&row.id) else {
                 continue;
             };
@@ -488,7 +509,7 @@ impl Scheduler {
             if r.table.capacity() < r.num_computed() || r.num_remaining() == 0 {
                 return Err(format!("request {id}: table or token count out of step"));
             }
-            for &b in r.table.blocks() {
+            for &b in &r.table.blocks()[r.table.num_released()..] {
                 *holders.entry(b).or_default() += 1;
             }
         }

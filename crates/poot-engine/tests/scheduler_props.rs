@@ -68,6 +68,7 @@ fn cfg() -> impl Strategy<Value = SchedulerConfig> {
                 num_blocks: blocks,
                 enable_prefix_caching: caching,
                 model_key: 3,
+                kv_window: None,
             },
         )
 }

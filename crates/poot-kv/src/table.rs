@@ -10,7 +10,11 @@
 //! - `block_hashes` holds the chained hash of every full committed block
 //!   (`num_tokens / block_size` of them) and `partial` the committed tokens of the last,
 //!   partial block, so the next full block can be hashed without the caller's token list;
-//! - the table holds one reference on each of its blocks; [`BlockTable::free`] drops them all.
+//! - the table holds one reference on each of its blocks but released ones;
+//!   [`BlockTable::free`] drops them all;
+//! - the first `released` blocks are [`NULL_BLOCK`]: [`BlockTable::release_below`] gave them
+//!   back because no later token reads them (a sliding window), and the table holds no
+//!   reference on them; their hashes stay, so later full blocks still chain.
 //!
 //! A full block is immutable, so forks share full blocks freely. A shared *partial* block is
 //! copied on the first write ([`BlockCopy`]): the caller must copy the KV of `src` to `dst`
@@ -20,7 +24,7 @@
 //! O(blocks); `slot` is O(1).
 
 use crate::hash::BlockHash;
-use crate::{BlockId, BlockPool, KvError, TokenId};
+use crate::{BlockId, BlockPool, KvError, TokenId, NULL_BLOCK};
 
 /// A copy-on-write the runtime must perform: KV of block `src` into block `dst`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +52,7 @@ pub struct BlockTable {
     num_tokens: usize,
     block_hashes: Vec<BlockHash>,
     partial: Vec<TokenId>,
+    released: usize,
 }
 
 impl BlockTable {
@@ -59,6 +64,7 @@ impl BlockTable {
             num_tokens: 0,
             block_hashes: Vec::new(),
             partial: Vec::new(),
+            released: 0,
         }
     }
 
@@ -78,9 +84,34 @@ impl BlockTable {
         t
     }
 
-    /// The blocks, in sequence order.
+    /// The blocks, in sequence order ([`NULL_BLOCK`] for released ones).
     pub fn blocks(&self) -> &[BlockId] {
         &self.blocks
+    }
+
+    /// Leading blocks given back by [`BlockTable::release_below`].
+    pub fn num_released(&self) -> usize {
+        self.released
+    }
+
+    /// Gives back every block wholly below token position `pos` (block `i` when
+    /// `(i + 1) * block_size <= pos`), putting [`NULL_BLOCK`] in its place: for a model whose
+    /// every layer attends to a sliding window, no later token reads those positions. Only
+    /// committed blocks are released. Cached full blocks stay findable until evicted. Returns
+    /// how many blocks it released.
+    ///
+    /// # Errors
+    /// The first [`BlockPool::free`] error (a block freed behind the table's back); the
+    /// blocks before it are released.
+    pub fn release_below(&mut self, pool: &mut BlockPool, pos: usize) -> Result<usize, KvError> {
+        let upto = (pos.min(self.num_tokens) / self.block_size).min(self.blocks.len());
+        let from = self.released;
+        while self.released < upto {
+            let b = std::mem::replace(&mut self.blocks[self.released], NULL_BLOCK);
+            self.released += 1;
+            pool.free(b)?;
+        }
+        Ok(upto.saturating_sub(from))
     }
 
     /// Committed tokens (KV computed).
@@ -187,6 +218,10 @@ impl BlockTable {
             ..self.clone()
         };
         for &b in &self.blocks[..used] {
+            if b == NULL_BLOCK {
+                child.blocks.push(b);
+                continue;
+            }
             if let Err(e) = pool.touch(b) {
                 child.free(pool).ok();
                 return Err(e);
@@ -204,7 +239,7 @@ impl BlockTable {
     /// The first [`BlockPool::free`] error; every other block is still freed.
     pub fn free(&mut self, pool: &mut BlockPool) -> Result<(), KvError> {
         let mut first = Ok(());
-        for &b in self.blocks.iter().rev() {
+        for &b in self.blocks[self.released..].iter().rev() {
             if let Err(e) = pool.free(b) {
                 first = first.and(Err(e));
             }
@@ -213,6 +248,7 @@ impl BlockTable {
         self.block_hashes.clear();
         self.partial.clear();
         self.num_tokens = 0;
+        self.released = 0;
         first
     }
 }

@@ -42,7 +42,7 @@ impl PyScheduler {
     #[new]
     #[pyo3(signature = (
         *, max_num_seqs, max_batched_tokens, max_step_tokens, max_model_len, block_size,
-        num_blocks, enable_prefix_caching = false, model_key = 0
+        num_blocks, enable_prefix_caching = false, model_key = 0, kv_window = None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn py_new(
@@ -55,6 +55,7 @@ impl PyScheduler {
         num_blocks: usize,
         enable_prefix_caching: bool,
         model_key: u64,
+        kv_window: Option<usize>,
     ) -> PyResult<Self> {
         let config = SchedulerConfig {
             max_num_seqs,
@@ -65,6 +66,7 @@ impl PyScheduler {
             num_blocks: num_blocks.saturating_add(1),
             enable_prefix_caching,
             model_key,
+            kv_window,
         };
         let inner = Scheduler::new(config).map_err(|e| engine_error(py, e))?;
         Ok(Self { inner })

@@ -187,6 +187,7 @@ pub fn config() -> SchedulerConfig {
         num_blocks: 256,
         enable_prefix_caching: true,
         model_key: 7,
+        kv_window: None,
     }
 }
 
