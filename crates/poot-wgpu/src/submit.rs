@@ -97,6 +97,7 @@ pub(crate) fn run_step(
         extra_at.push(total);
         total += bytes;
     }
+    rt.count_run(total);
     let staging = device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("readback"),
         size: total.max(4),

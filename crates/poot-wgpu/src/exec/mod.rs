@@ -24,6 +24,7 @@ use crate::{KvPool, WgpuRuntime};
 
 mod attention_sample;
 mod matmul_q8;
+mod sampling;
 
 const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_SRC)
@@ -567,7 +568,20 @@ impl<'a> Exec<'a> {
                 self.dispatch(Kernel::Gather, DType::F32, bufs, &words, grid)?;
                 out
             }
+            Op::Sample { logits, params } if self.rt.samples_on_device() => {
+                self.sample_device(*logits, params)?
+            }
             Op::Sample { logits, params } => return self.sample(i, *logits, params).map(Some),
+            Op::AdjustLogits { logits, adjust } if self.rt.samples_on_device() => {
+                self.adjust(*logits, adjust)?
+            }
+            Op::MaskLogits { logits, mask } if self.rt.samples_on_device() => {
+                self.mask(*logits, *mask)?
+            }
+            Op::TopK { x, k } if self.rt.samples_on_device() => self.top_k(*x, *k)?,
+            Op::Logprobs { logits, ids } if self.rt.samples_on_device() => {
+                self.logprobs(*logits, *ids)?
+            }
             Op::AdjustLogits { .. }
             | Op::MaskLogits { .. }
             | Op::TopK { .. }
