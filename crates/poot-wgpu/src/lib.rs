@@ -43,8 +43,8 @@ use std::time::Duration;
 use poot_core::{DType, Deadline, DEFAULT_DEVICE_TIMEOUT};
 use poot_graph::{CompileLimits, Graph};
 use poot_runtime::{
-    CompiledPlan, Health, HostTensor, KvCacheConfig, MemoryReport, Poison, Runtime, RuntimeError,
-    WeightStore,
+    CompiledPlan, Health, HostTensor, KvCacheConfig, LateInput, MemoryReport, Poison, Runtime,
+    RuntimeError, WeightStore,
 };
 
 pub use device::{adapters, AdapterSummary};
@@ -288,6 +288,41 @@ impl WgpuRuntime {
         }
     }
 
+    /// One step (the late inputs read when the step reaches them; see `submit`); a missed
+    /// deadline or a lost device poisons the runtime.
+    fn run_with(
+        &self,
+        plan: &dyn CompiledPlan,
+        inputs: (&[(&str, HostTensor)], &[(&str, LateInput)]),
+        deadline: Deadline,
+    ) -> Result<Vec<(String, HostTensor)>, RuntimeError> {
+        self.check()?;
+        let plan =
+            plan.as_any()
+                .downcast_ref::<WgpuPlan>()
+                .ok_or_else(|| RuntimeError::Kernel {
+                    op: "run",
+                    detail: "plan was compiled by another backend".into(),
+                })?;
+        let kv = self.kv_lock();
+        match submit::run_step(self, plan, inputs, kv.as_ref(), self.bound(deadline)) {
+            Ok(out) => Ok(out),
+            Err(StepError::Runtime(e)) => Err(e),
+            Err(StepError::Wait(WaitError::Timeout, during)) => {
+                self.poison
+                    .poison(format!("deadline missed during {during}"));
+                Err(RuntimeError::Timeout {
+                    during: during.to_owned(),
+                })
+            }
+            Err(StepError::Wait(WaitError::Lost(reason) | WaitError::Other(reason), during)) => {
+                self.poison
+                    .poison(format!("device lost during {during} ({reason})"));
+                Err(self.poison.check().unwrap_err())
+            }
+        }
+    }
+
     /// Fails fast when poisoned, and poisons when the device was lost in the meantime.
     fn check(&self) -> Result<(), RuntimeError> {
         self.poison.check()?;
@@ -358,31 +393,17 @@ impl Runtime for WgpuRuntime {
         inputs: &[(&str, HostTensor)],
         deadline: Deadline,
     ) -> Result<Vec<(String, HostTensor)>, RuntimeError> {
-        self.check()?;
-        let plan =
-            plan.as_any()
-                .downcast_ref::<WgpuPlan>()
-                .ok_or_else(|| RuntimeError::Kernel {
-                    op: "run",
-                    detail: "plan was compiled by another backend".into(),
-                })?;
-        let kv = self.kv_lock();
-        match submit::run_step(self, plan, inputs, kv.as_ref(), self.bound(deadline)) {
-            Ok(out) => Ok(out),
-            Err(StepError::Runtime(e)) => Err(e),
-            Err(StepError::Wait(WaitError::Timeout, during)) => {
-                self.poison
-                    .poison(format!("deadline missed during {during}"));
-                Err(RuntimeError::Timeout {
-                    during: during.to_owned(),
-                })
-            }
-            Err(StepError::Wait(WaitError::Lost(reason) | WaitError::Other(reason), during)) => {
-                self.poison
-                    .poison(format!("device lost during {during} ({reason})"));
-                Err(self.poison.check().unwrap_err())
-            }
-        }
+        self.run_with(plan, (inputs, &[]), deadline)
+    }
+
+    fn run_late(
+        &self,
+        plan: &dyn CompiledPlan,
+        inputs: &[(&str, HostTensor)],
+        late: &[(&str, LateInput)],
+        deadline: Deadline,
+    ) -> Result<Vec<(String, HostTensor)>, RuntimeError> {
+        self.run_with(plan, (inputs, late), deadline)
     }
 
     fn memory(&self) -> MemoryReport {

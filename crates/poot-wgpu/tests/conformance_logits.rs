@@ -16,7 +16,7 @@ use common::compare::{assert_close, compare, cpu, f32s, i32s, open};
 use common::{Rng, Store};
 use poot_core::{DType, Deadline};
 use poot_graph::{AdjustInputs, CompileLimits, SampleInputs, TraceLimits, Tracer, WeightCatalog};
-use poot_runtime::{HostTensor, Runtime, RuntimeError};
+use poot_runtime::{HostTensor, LateInput, Runtime, RuntimeError};
 use poot_wgpu::{WgpuOptions, WgpuRuntime};
 
 const S: usize = 6;
@@ -298,4 +298,62 @@ fn bad_settings_are_typed_errors_before_the_device_runs() {
     }
     // Nothing was poisoned: the good inputs still run.
     run(&rt, &base);
+}
+
+#[test]
+fn the_mask_as_a_late_input_is_read_after_the_forward_submission() {
+    let Some(rt) = device() else { return };
+    let mut rng = Rng(11);
+    let inputs = head_inputs(&mut rng);
+    let want = run(&cpu(), &inputs);
+    let early: Vec<(&str, HostTensor)> = inputs
+        .iter()
+        .filter(|(n, _)| *n != "mask")
+        .cloned()
+        .collect();
+    let plan = rt
+        .prepare(
+            &head(S, V),
+            Arc::new(Store::default()),
+            &CompileLimits::default(),
+        )
+        .unwrap();
+    let deadline = Deadline::default_device();
+    // Filled from another thread while the step runs.
+    let slot = LateInput::new();
+    let filler = slot.clone();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        filler.fill(mask());
+    });
+    let got = rt
+        .run_late(plan.as_ref(), &early, &[("mask", slot)], deadline)
+        .unwrap();
+    t.join().unwrap();
+    for ((name, w), (_, g)) in want.iter().zip(&got) {
+        assert_close(name, w, g, 1e-12, 3e-7);
+    }
+    // A failed slot and a mask of the wrong shape are typed errors that poison nothing.
+    let failed = LateInput::new();
+    failed.fail("the grammar rejected the prefix");
+    let e = rt.run_late(plan.as_ref(), &early, &[("mask", failed)], deadline);
+    assert!(
+        matches!(
+            e,
+            Err(RuntimeError::Kernel {
+                op: "late_input",
+                ..
+            })
+        ),
+        "{e:?}"
+    );
+    let wrong = LateInput::new();
+    wrong.fill(i32s(vec![S, 1], vec![0; S]));
+    let e = rt.run_late(plan.as_ref(), &early, &[("mask", wrong)], deadline);
+    assert!(
+        matches!(e, Err(RuntimeError::InputMismatch { .. })),
+        "{e:?}"
+    );
+    assert!(matches!(rt.health(), poot_runtime::Health::Ok));
+    run(&rt, &inputs);
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use poot_core::DType;
 use poot_graph::{Op, ValueId};
-use poot_runtime::{HostTensor, RuntimeError};
+use poot_runtime::{HostTensor, LateInput, RuntimeError};
 
 use crate::kernels::Kernel;
 use crate::plan::WgpuPlan;
@@ -50,14 +50,43 @@ pub(crate) struct HostRow {
 /// A named output: its buffer, bytes, dtype and shape.
 pub(crate) type Output = (String, Arc<wgpu::Buffer>, u64, (DType, Vec<usize>));
 
+/// An input the host supplies while the step runs (see `poot_runtime::LateInput`): its
+/// buffer is written after the dispatches before `at` were submitted.
+pub(crate) struct LateSlot {
+    pub name: String,
+    pub slot: LateInput,
+    pub buf: Arc<wgpu::Buffer>,
+    pub at: usize,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+}
+
+impl LateSlot {
+    /// Elements the input holds.
+    pub fn buf_len(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
 /// What a recorded step hands to submission.
-pub(crate) type Recorded = (
-    Vec<Dispatch>,
-    Vec<u8>,
-    Vec<Output>,
-    Vec<(Arc<wgpu::Buffer>, u64)>,
-    Vec<HostRow>,
-);
+pub(crate) struct Recorded {
+    pub dispatches: Vec<Dispatch>,
+    pub params: Vec<u8>,
+    pub outputs: Vec<Output>,
+    /// Extra readbacks (logits of host-sampled rows): (buffer, bytes).
+    pub extra: Vec<(Arc<wgpu::Buffer>, u64)>,
+    pub host_rows: Vec<HostRow>,
+    /// In recording order (so by `at`).
+    pub late: Vec<LateSlot>,
+}
+
+/// A host tensor's little-endian bytes.
+pub(crate) fn tensor_bytes(t: &HostTensor) -> Vec<u8> {
+    match t {
+        HostTensor::F32 { data, .. } => data.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        HostTensor::I32 { data, .. } => data.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
 
 fn kernel_err(op: &'static str, detail: String) -> RuntimeError {
     RuntimeError::Kernel { op, detail }
@@ -75,6 +104,8 @@ pub(crate) struct Exec<'a> {
     rt: &'a WgpuRuntime,
     plan: &'a WgpuPlan,
     inputs: &'a [(&'a str, HostTensor)],
+    late_inputs: &'a [(&'a str, LateInput)],
+    late: Vec<LateSlot>,
     kv: Option<&'a KvPool>,
     bufs: Vec<Option<Arc<wgpu::Buffer>>>,
     /// Reusable activation buffers by size.
@@ -91,12 +122,15 @@ impl<'a> Exec<'a> {
         rt: &'a WgpuRuntime,
         plan: &'a WgpuPlan,
         inputs: &'a [(&'a str, HostTensor)],
+        late_inputs: &'a [(&'a str, LateInput)],
         kv: Option<&'a KvPool>,
     ) -> Self {
         Self {
             rt,
             plan,
             inputs,
+            late_inputs,
+            late: Vec::new(),
             kv,
             bufs: vec![None; plan.graph.equations.len()],
             free: HashMap::new(),
@@ -155,13 +189,14 @@ impl<'a> Exec<'a> {
             let bytes = info.numel() as u64 * 4;
             outputs.push((name.clone(), buf, bytes, (info.dtype, info.shape.clone())));
         }
-        Ok((
-            self.dispatches,
-            self.params,
+        Ok(Recorded {
+            dispatches: self.dispatches,
+            params: self.params,
             outputs,
-            self.extra_reads,
-            self.host_rows,
-        ))
+            extra: self.extra_reads,
+            host_rows: self.host_rows,
+            late: self.late,
+        })
     }
 
     fn device(&self) -> &wgpu::Device {
@@ -183,17 +218,21 @@ impl<'a> Exec<'a> {
 
     /// A fresh buffer holding `data` (never pooled: the upload lands before every command).
     fn upload(&self, data: &[u8]) -> Arc<wgpu::Buffer> {
-        let size = (data.len() as u64).max(4).div_ceil(4) * 4;
-        let b = self.device().create_buffer(&wgpu::BufferDescriptor {
-            label: None,
-            size,
-            usage: USAGE,
-            mapped_at_creation: false,
-        });
+        let b = self.fresh(data.len() as u64);
         if !data.is_empty() {
             self.rt.gpu.queue.write_buffer(&b, 0, data);
         }
-        Arc::new(b)
+        b
+    }
+
+    /// A new buffer of at least `bytes` (never from the pool).
+    fn fresh(&self, bytes: u64) -> Arc<wgpu::Buffer> {
+        Arc::new(self.device().create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size: bytes.max(4).div_ceil(4) * 4,
+            usage: USAGE,
+            mapped_at_creation: false,
+        }))
     }
 
     fn param(&mut self, words: &[u32]) -> (u64, u64) {
@@ -291,10 +330,23 @@ impl<'a> Exec<'a> {
         let out_bytes = numel as u64 * 4;
         Ok(Some(match op {
             Op::Input { name } => {
-                let host = self
-                    .inputs
-                    .iter()
-                    .find(|(n, _)| n == name)
+                let found = self.inputs.iter().find(|(n, _)| n == name);
+                if let (None, Some((_, slot))) =
+                    (found, self.late_inputs.iter().find(|(n, _)| n == name))
+                {
+                    // Written between submissions, so never a pooled buffer.
+                    let buf = self.fresh(out_bytes);
+                    self.late.push(LateSlot {
+                        name: name.clone(),
+                        slot: slot.clone(),
+                        buf: buf.clone(),
+                        at: self.dispatches.len(),
+                        dtype: info.dtype,
+                        shape: info.shape.clone(),
+                    });
+                    return Ok(Some(buf));
+                }
+                let host = found
                     .map(|(_, t)| t)
                     .ok_or_else(|| RuntimeError::MissingInput { name: name.clone() })?;
                 if host.dtype() != info.dtype
@@ -307,15 +359,7 @@ impl<'a> Exec<'a> {
                         got: host.describe(),
                     });
                 }
-                let bytes: Vec<u8> = match host {
-                    HostTensor::F32 { data, .. } => {
-                        data.iter().flat_map(|x| x.to_le_bytes()).collect()
-                    }
-                    HostTensor::I32 { data, .. } => {
-                        data.iter().flat_map(|x| x.to_le_bytes()).collect()
-                    }
-                };
-                self.upload(&bytes)
+                self.upload(&tensor_bytes(host))
             }
             Op::Weight { .. } => return Ok(None),
             Op::Reshape { x, .. } => {
