@@ -293,7 +293,7 @@ impl WgpuRuntime {
     fn run_with(
         &self,
         plan: &dyn CompiledPlan,
-        inputs: (&[(&str, HostTensor)], &[(&str, LateInput)]),
+        inputs: exec::StepInputs<'_>,
         deadline: Deadline,
     ) -> Result<Vec<(String, HostTensor)>, RuntimeError> {
         self.check()?;

@@ -14,10 +14,10 @@
 use std::sync::mpsc;
 
 use poot_core::{DType, Deadline};
-use poot_runtime::{HostTensor, LateInput, RuntimeError};
+use poot_runtime::{HostTensor, RuntimeError};
 
 use crate::device::WaitError;
-use crate::exec::{tensor_bytes, Dispatch, Exec, LateSlot};
+use crate::exec::{tensor_bytes, Dispatch, Exec, LateSlot, StepInputs};
 use crate::plan::WgpuPlan;
 use crate::sample::sample_row;
 use crate::{KvPool, WgpuRuntime};
@@ -38,7 +38,7 @@ impl From<RuntimeError> for StepError {
 pub(crate) fn run_step(
     rt: &WgpuRuntime,
     plan: &WgpuPlan,
-    (inputs, late): (&[(&str, HostTensor)], &[(&str, LateInput)]),
+    (inputs, late): StepInputs<'_>,
     kv: Option<&KvPool>,
     deadline: Deadline,
 ) -> Result<Vec<(String, HostTensor)>, StepError> {

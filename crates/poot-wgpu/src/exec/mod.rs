@@ -68,6 +68,9 @@ impl LateSlot {
     }
 }
 
+/// A step's host inputs and its late ones.
+pub(crate) type StepInputs<'a> = (&'a [(&'a str, HostTensor)], &'a [(&'a str, LateInput)]);
+
 /// What a recorded step hands to submission.
 pub(crate) struct Recorded {
     pub dispatches: Vec<Dispatch>,
