@@ -13,9 +13,9 @@
 //! the CPU's bit for bit. The penalties follow the CPU's f32 steps (the division in f64,
 //! rounded once). Weights are f64 as on the CPU, but summed in a fixed tree rather than in
 //! rank order and exponentiated by `exp64` (a few ulp from glibc's), so a draw or a top-p cut
-//! can differ only when u * mass falls within about (V + 16) * 2^-52 of the mass of a cut:
-//! under 1e-10 per draw for V = 49152 (see `sample.wgsl`). Logprobs are the CPU's f32 or one
-//! ulp from it.
+//! can differ only when u * mass falls between the CPU's and the device's value of a running
+//! mass: at most V^2 * 2^-52 per draw (5e-7 at V = 49152) in the worst case, near 1e-9 in the
+//! typical one (see `sample.wgsl`). Logprobs are the CPU's f32 or one ulp from it.
 //!
 //! Without `shader-f64` the logit ops are unsupported (`supports` says so and the engine
 //! samples such steps on a host CPU runtime), greedy rows are a device argmax

@@ -3,7 +3,8 @@
 //! host's uniform draws: identical ids, on the device (`sample.wgsl`, where the adapter has
 //! f64) and on the host path (`WgpuOptions::host_sampling`). The bound is equality: the
 //! device's sums may differ from the CPU's by rounding (see `sample.wgsl`), which moves a draw
-//! with probability below 1e-10 per row, so the fixed inputs here never see it.
+//! with probability at most V^2 * 2^-52 per row (typically near V^1.5 * 2^-53), so the fixed
+//! inputs here, flat 49152-token rows included, are asserted equal.
 mod common;
 
 use std::sync::Arc;
@@ -185,4 +186,36 @@ fn sampling_greedy_and_stochastic_rows_match() {
             (0.0, 0.0),
         );
     }
+}
+
+#[test]
+fn device_draws_equal_the_cpus_over_a_real_vocabulary() {
+    // SmolLM2's 49152 tokens (4 id digits): all-equal rows, where every cut and the draw fall
+    // deep in id order; quantized rows (ties in every bin); and a flat random row at
+    // temperature 2, each with top-k and top-p cuts past the first thousands of tokens.
+    let Some(rt) = open(WgpuOptions::default()) else {
+        return;
+    };
+    let (s, v) = (8, 49152);
+    let mut rng = Rng(21);
+    let mut logits = vec![0.0f32; s * v];
+    for (r, row) in logits.chunks_mut(v).enumerate() {
+        for x in row.iter_mut() {
+            *x = match r % 4 {
+                0 => 0.0,
+                1 => (rng.f32() * 3.0).round(),
+                _ => rng.f32(),
+            };
+        }
+    }
+    let inputs = vec![
+        ("logits", f32s(vec![s, v], logits)),
+        ("temp", f32s(vec![s], vec![1.0, 1.0, 2.0, 0.9, 1.0, 0.7, 2.0, 1.3])),
+        ("top_k", i32s(vec![s], vec![0, 30000, 0, 1000, 20000, 0, 0, 5])),
+        ("top_p", f32s(vec![s], vec![0.5, 1.0, 0.9, 1.0, 0.95, 1.0, 0.3, 1.0])),
+        ("min_p", f32s(vec![s], vec![0.0, 0.0, 0.0, 0.0, 0.0, 0.2, 0.0, 0.0])),
+        ("u", f32s(vec![s], vec![0.9001, 0.37, 0.61, 0.999, 0.05, 0.5, 0.77, 0.2])),
+    ];
+    let g = sample_graph(s, v);
+    assert_eq!(run(&rt, &g, &inputs), run(&cpu(), &g, &inputs));
 }
