@@ -12,7 +12,8 @@ that difference of a cumulative-probability boundary; the fixed seeds here are f
 the ids are asserted equal. Logprobs agree within 1e-3 (the logits' difference, through
 log-softmax).
 
-Readback is counted in bytes the wgpu runtime copies back (``WgpuRuntime.stats``): a step of
+Readback is counted in bytes the wgpu runtime copies back (``WgpuRuntime.stats``, in
+``LLM.stats()`` as ``runtime_readback_bytes``): a step of
 S sequences reads S token ids (4 bytes each) and, when a row asks for logprobs, S x 21 ids and
 logprobs; so a whole batched generation reads back less than one logits row (vocabulary x 4
 bytes), which the host-sampling path reads at every step.
@@ -94,10 +95,9 @@ def test_every_kind_of_request_draws_the_cpus_tokens_reading_back_no_logits(
     params = list(KINDS.values())
     prompts = [PROMPT] * len(params)
     want = cpu.generate(prompts, params)
-    rt = _wgpu(gpu)
-    before = rt.stats()
+    before = gpu.stats()
     got = gpu.generate(prompts, params)
-    after = rt.stats()
+    after = gpu.stats()
     for name, w, g in zip(KINDS, want, got, strict=True):
         a, b = w.outputs[0], g.outputs[0]
         assert b.token_ids == a.token_ids, name
@@ -109,10 +109,10 @@ def test_every_kind_of_request_draws_the_cpus_tokens_reading_back_no_logits(
             for x, y in zip(a.logprobs, b.logprobs, strict=True):
                 assert x.keys() == y.keys()
                 assert all(abs(x[t].logprob - y[t].logprob) < 1e-3 for t in x)
-    runs = after["runs"] - before["runs"]
+    runs = after["runtime_runs"] - before["runtime_runs"]
     assert runs >= max(len(g.outputs[0].token_ids) for g in got)
     # Per run at most 8 padded rows: ids, and 21 logprob ids and logprobs per row.
-    read = after["readback_bytes"] - before["readback_bytes"]
+    read = after["runtime_readback_bytes"] - before["runtime_readback_bytes"]
     assert read <= runs * 8 * (4 + 8 * (1 + LOGPROB_WIDTH))
     assert read < 4 * _vocab(gpu)
 
