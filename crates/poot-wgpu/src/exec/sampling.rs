@@ -4,6 +4,9 @@
 //! before anything is submitted (so a bad request never reaches the device); the host only
 //! prepares per-row words the CPU computes the same way (1/temperature in f64, each
 //! penalty entry's `presence + frequency * count` in f32), and the device does the rest.
+//! One difference in what is refused: the CPU checks a row's adjust entries only when the
+//! row's logits are finite (a broken row is poisoned first), while here every row's entries
+//! are checked before the logits exist, so a bad entry on a broken row is an error here.
 
 use std::sync::Arc;
 
