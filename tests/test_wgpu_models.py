@@ -126,8 +126,8 @@ def test_backend_must_be_known(stories: Path) -> None:
 
 
 def test_stories_full_sampling_step_equals_the_cpu(wgpu_ok: None, stories: Path) -> None:
-    """Penalties, bias, logprobs and a guidance mask: the wgpu forward with the sampling step on
-    the host (the split path) draws what the CPU draws."""
+    """Penalties, bias, logprobs and a guidance mask: wgpu (the sampling step on the device
+    where the adapter has f64, else split onto the host) draws what the CPU draws."""
     path = str(stories / "stories260K-f32.gguf")
     params = SamplingParams(
         max_tokens=40,

@@ -1,6 +1,7 @@
 """``poot-serve --backend wgpu`` (lavapipe in CI): it serves, its guided and logprob requests
-take the split path (forward on the device, sampling step on the host), and a step that
-misses its deadline on the device leaves the server reporting itself dead."""
+run their sampling step on the device (on the host, the split path, where the adapter lacks
+``shader-f64``), and a step that misses its deadline on the device leaves the server reporting
+itself dead."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def test_serves_on_wgpu_with_sampling_features(stories: Path) -> None:
             assert http.get("/health").json() == {"status": "ok"}
             plain = http.post("/v1/completions", json=_complete(temperature=0)).json()
             assert plain["choices"][0]["text"]
-            # Penalties and logprobs: the split path (sampling step on the host).
+            # Penalties and logprobs: the device's sampling step (see the module doc).
             r = http.post(
                 "/v1/completions",
                 json=_complete(temperature=0.7, seed=1, logprobs=2, presence_penalty=0.5),

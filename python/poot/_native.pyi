@@ -381,7 +381,9 @@ class WgpuRuntime:
     the CPU runtime's ``"exact"`` mode (f32, f32 KV cache) or, with ``numerics="ggml"``,
     llama.cpp's (Q8-quantized activations and integer dots for Q4_0/Q4_1/Q8_0 weights, f16-rounded
     KV, q and attention weights); every wait is bounded by ``timeout_s`` and each run's own, and
-    a timeout or a lost device poisons the runtime.
+    a timeout or a lost device poisons the runtime. Where the adapter has ``shader-f64`` the
+    sampling step runs on the device (the host reads back only ids and requested logprobs);
+    ``host_sampling=True`` keeps it on the host over read-back logits.
     """
 
     def __new__(
@@ -390,6 +392,7 @@ class WgpuRuntime:
         max_binding_bytes: int | None = None,
         f16_arithmetic: bool = False,
         numerics: Literal["exact", "ggml"] = "exact",
+        host_sampling: bool = False,
     ) -> WgpuRuntime: ...
     @property
     def name(self) -> str: ...
@@ -418,6 +421,8 @@ class WgpuRuntime:
     ) -> dict[str, npt.NDArray[Any]]: ...
     def memory(self) -> dict[str, int]: ...
     def health(self) -> dict[str, str | None]: ...
+    # {"runs", "readback_bytes"}: steps run and bytes copied back from the device.
+    def stats(self) -> dict[str, int]: ...
     def _inject_stall(self, rows: int) -> None: ...
     def _inject_device_loss(self) -> None: ...
 

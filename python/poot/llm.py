@@ -455,11 +455,16 @@ class LLM:
         after a preemption, that were run through the model), ``prefill_cached_tokens`` (those
         taken from the prefix cache instead), ``decode_tokens``; the scheduler's ``steps``,
         ``computed_tokens`` (prefill + decode), ``cached_tokens``, ``preemptions``, ``finished``
-        and ``aborted``; the KV blocks ``used_blocks`` / ``num_blocks``; and the prepared-plan
-        cache's ``prepared_*`` counters (``PreparedCache.stats``).
+        and ``aborted``; the KV blocks ``used_blocks`` / ``num_blocks``; the prepared-plan
+        cache's ``prepared_*`` counters (``PreparedCache.stats``); and, where the runtime
+        counts them (``WgpuRuntime.stats``), ``runtime_runs`` and ``runtime_readback_bytes``
+        (bytes copied back from the device).
         """
         s = self.core.stats()
         s.update(self.runner.plans.stats())
+        runtime_stats = getattr(getattr(self.runtime, "inner", self.runtime), "stats", None)
+        if callable(runtime_stats):
+            s.update({f"runtime_{k}": int(v) for k, v in runtime_stats().items()})
         return s
 
     def generate(

@@ -25,7 +25,7 @@ Invariants:
       computes the mask (``mask_rows``) meanwhile; if computing it fails, the slot is failed,
       the run ends with an error and the mask's own exception is raised.
     - A runtime without the logit ops (``runtime.supports("adjust_logits")`` is False, as on
-      wgpu) runs such a step split: the
+      CUDA and on wgpu without ``shader-f64``) runs such a step split: the
       forward pass as a ``logits`` plan on the device (the mask computed meanwhile), then the
       sampling step as a small plan on a host CPU runtime with the same semantics. Plain steps
       (no adjust, mask or logprobs) still sample on the device.

@@ -52,13 +52,14 @@ fn open(
     timeout_s: f64,
     max_binding_bytes: Option<u64>,
     f16_arithmetic: bool,
-    ggml: bool,
+    (ggml, host_sampling): (bool, bool),
 ) -> Result<Inner, RuntimeError> {
     let options = poot_wgpu::WgpuOptions {
         timeout: std::time::Duration::from_secs_f64(timeout_s),
         max_binding_bytes,
         f16_arithmetic,
         ggml,
+        host_sampling,
         ..poot_wgpu::WgpuOptions::default()
     };
     Ok(Arc::new(poot_wgpu::WgpuRuntime::new(options)?))
@@ -69,7 +70,7 @@ fn open(
     _timeout_s: f64,
     _max_binding_bytes: Option<u64>,
     _f16_arithmetic: bool,
-    _ggml: bool,
+    _flags: (bool, bool),
 ) -> Result<Inner, RuntimeError> {
     Err(RuntimeError::NotCompiledIn { backend: "wgpu" })
 }
@@ -99,15 +100,17 @@ impl PyWgpuRuntime {
     /// `f16_arithmetic` takes F16-weight products in f16 where the adapter offers it;
     /// `numerics` is `"exact"` (f32) or `"ggml"` (llama.cpp's CPU arithmetic: Q8-quantized
     /// activations with integer dots for Q4_0/Q4_1/Q8_0 weights, f16-rounded KV, q and
-    /// attention weights).
+    /// attention weights); `host_sampling` samples on the host over read-back logits even
+    /// where the adapter (one with `shader-f64`) samples on the device (tests, comparison).
     #[new]
-    #[pyo3(signature = (timeout_s=600.0, max_binding_bytes=None, f16_arithmetic=false, numerics="exact"))]
+    #[pyo3(signature = (timeout_s=600.0, max_binding_bytes=None, f16_arithmetic=false, numerics="exact", host_sampling=false))]
     fn py_new(
         py: Python<'_>,
         timeout_s: f64,
         max_binding_bytes: Option<u64>,
         f16_arithmetic: bool,
         numerics: &str,
+        host_sampling: bool,
     ) -> PyResult<Self> {
         let ggml = crate::runtime::ggml_numerics(numerics)?;
         if !(timeout_s.is_finite() && timeout_s > 0.0) {
@@ -116,7 +119,12 @@ impl PyWgpuRuntime {
             )));
         }
         let inner = without_gil(py, move || {
-            open(timeout_s, max_binding_bytes, f16_arithmetic, ggml)
+            open(
+                timeout_s,
+                max_binding_bytes,
+                f16_arithmetic,
+                (ggml, host_sampling),
+            )
         })?
         .map_err(|e| runtime_error(py, e))?;
         Ok(Self { inner })
@@ -148,7 +156,7 @@ impl PyWgpuRuntime {
     }
 
     /// The adapter: `{"name", "backend", "device_type", "driver", "shader_f16",
-    /// "f16_arithmetic", "max_binding_bytes", "numerics"}`.
+    /// "shader_f64", "f16_arithmetic", "samples_on_device", "max_binding_bytes", "numerics"}`.
     #[getter]
     fn adapter<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
@@ -160,7 +168,9 @@ impl PyWgpuRuntime {
             d.set_item("device_type", &a.device_type)?;
             d.set_item("driver", &a.driver)?;
             d.set_item("shader_f16", self.inner.has_f16())?;
+            d.set_item("shader_f64", self.inner.has_f64())?;
             d.set_item("f16_arithmetic", self.inner.uses_f16_arithmetic())?;
+            d.set_item("samples_on_device", self.inner.samples_on_device())?;
             d.set_item("max_binding_bytes", self.inner.max_binding_bytes())?;
             d.set_item("numerics", if self.inner.ggml() { "ggml" } else { "exact" })?;
         }
@@ -216,6 +226,19 @@ impl PyWgpuRuntime {
 
     fn health<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         health_of(&self.dyn_rt(), py)
+    }
+
+    /// Counters over this runtime's life: `{"runs", "readback_bytes"}` (bytes copied back
+    /// from the device: the outputs, and the logits rows of host-sampled rows).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        #[cfg(feature = "wgpu")]
+        {
+            let s = self.inner.stats();
+            d.set_item("runs", s.runs)?;
+            d.set_item("readback_bytes", s.readback_bytes)?;
+        }
+        Ok(d)
     }
 
     /// Fault injection (tests): every later run first spins a device kernel for about

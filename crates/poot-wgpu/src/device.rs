@@ -62,6 +62,9 @@ pub(crate) struct Gpu {
     pub limits: wgpu::Limits,
     /// The adapter offers `shader-f16` and the device was created with it.
     pub f16: bool,
+    /// The adapter offers `shader-f64` and the device was created with it: the sampling
+    /// step's kernels need it (see `crate::sample`).
+    pub f64: bool,
     /// Set by the device-lost callback.
     pub lost: Arc<Mutex<Option<String>>>,
     /// The first uncaptured wgpu error (a validation error is a bug in this crate).
@@ -73,6 +76,7 @@ impl std::fmt::Debug for Gpu {
         f.debug_struct("Gpu")
             .field("info", &self.info)
             .field("f16", &self.f16)
+            .field("f64", &self.f64)
             .finish()
     }
 }
@@ -96,11 +100,14 @@ impl Gpu {
         .map_err(|e| no_adapter(format!("no Vulkan adapter: {e}")))?;
         let limits = adapter.limits();
         let f16 = adapter.features().contains(wgpu::Features::SHADER_F16);
-        let required_features = if f16 {
-            wgpu::Features::SHADER_F16
-        } else {
-            wgpu::Features::empty()
-        };
+        let f64 = adapter.features().contains(wgpu::Features::SHADER_F64);
+        let mut required_features = wgpu::Features::empty();
+        if f16 {
+            required_features |= wgpu::Features::SHADER_F16;
+        }
+        if f64 {
+            required_features |= wgpu::Features::SHADER_F64;
+        }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("poot"),
             required_features,
@@ -126,6 +133,7 @@ impl Gpu {
             info: summary(&adapter.get_info()),
             limits,
             f16,
+            f64,
             lost,
             error,
         })

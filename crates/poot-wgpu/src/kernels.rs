@@ -41,6 +41,12 @@ pub(crate) enum Kernel {
     Copy,
     Gather,
     Argmax,
+    /// The sampling step on the device (need `shader-f64`; see `crate::sample`).
+    Sample,
+    AdjustLogits,
+    MaskLogits,
+    TopK,
+    Logprobs,
     Stall,
 }
 
@@ -65,6 +71,11 @@ impl Kernel {
             Kernel::Copy => "copy",
             Kernel::Gather => "gather",
             Kernel::Argmax => "argmax",
+            Kernel::Sample => "sample",
+            Kernel::AdjustLogits => "adjust_logits",
+            Kernel::MaskLogits => "mask_logits",
+            Kernel::TopK => "top_k",
+            Kernel::Logprobs => "logprobs",
             Kernel::Stall => "stall",
         }
     }
@@ -89,7 +100,22 @@ impl Kernel {
             Kernel::Copy => include_str!("../../../shaders/wgsl/copy.wgsl"),
             Kernel::Gather => include_str!("../../../shaders/wgsl/gather.wgsl"),
             Kernel::Argmax => include_str!("../../../shaders/wgsl/argmax.wgsl"),
+            Kernel::Sample => include_str!("../../../shaders/wgsl/sample.wgsl"),
+            Kernel::AdjustLogits => include_str!("../../../shaders/wgsl/adjust_logits.wgsl"),
+            Kernel::MaskLogits => include_str!("../../../shaders/wgsl/mask_logits.wgsl"),
+            Kernel::TopK => include_str!("../../../shaders/wgsl/top_k.wgsl"),
+            Kernel::Logprobs => include_str!("../../../shaders/wgsl/logprobs.wgsl"),
             Kernel::Stall => include_str!("../../../shaders/wgsl/stall.wgsl"),
+        }
+    }
+
+    /// Shared sources a kernel's body uses, in order, ahead of it.
+    fn includes(self) -> &'static [&'static str] {
+        match self {
+            Kernel::Sample => &[RANK, F64MATH],
+            Kernel::TopK => &[RANK],
+            Kernel::Logprobs => &[F64MATH],
+            _ => &[],
         }
     }
 
@@ -107,6 +133,8 @@ impl Kernel {
 }
 
 const WBYTES: &str = include_str!("../../../shaders/wgsl/wbytes.wgsl");
+const RANK: &str = include_str!("../../../shaders/wgsl/rank.wgsl");
+const F64MATH: &str = include_str!("../../../shaders/wgsl/f64math.wgsl");
 
 /// The decoder of a stored dtype, or `None` when no WGSL decoder exists for it.
 pub(crate) fn decoder(dtype: DType) -> Option<&'static str> {
@@ -159,7 +187,7 @@ pub(crate) fn kdecoder(dtype: DType) -> Option<&'static str> {
 /// The full WGSL of `kernel` for weights of `dtype` (ignored by kernels that read none).
 pub(crate) fn source(kernel: Kernel, dtype: DType) -> Result<String, CompileError> {
     if !kernel.reads_weights() {
-        return Ok(kernel.source().to_owned());
+        return Ok([kernel.includes(), &[kernel.source()]].concat().join("\n"));
     }
     let dec = match kernel {
         Kernel::MatMulQ8 => qdecoder(dtype),
@@ -310,6 +338,11 @@ mod tests {
             Kernel::QuantQ8K,
             Kernel::Argmax,
             Kernel::Rope,
+            Kernel::Sample,
+            Kernel::AdjustLogits,
+            Kernel::MaskLogits,
+            Kernel::TopK,
+            Kernel::Logprobs,
         ] {
             for dt in dtypes {
                 let src = source(k, dt).unwrap();

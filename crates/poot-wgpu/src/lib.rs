@@ -36,15 +36,15 @@ mod sample;
 mod submit;
 mod weights;
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use poot_core::{DType, Deadline, DEFAULT_DEVICE_TIMEOUT};
 use poot_graph::{CompileLimits, Graph};
 use poot_runtime::{
-    CompiledPlan, Health, HostTensor, KvCacheConfig, MemoryReport, Poison, Runtime, RuntimeError,
-    WeightStore,
+    CompiledPlan, Health, HostTensor, KvCacheConfig, LateInput, MemoryReport, Poison, Runtime,
+    RuntimeError, WeightStore,
 };
 
 pub use device::{adapters, AdapterSummary};
@@ -70,6 +70,10 @@ pub struct WgpuOptions {
     pub f16_arithmetic: bool,
     /// llama.cpp's CPU numerics (see the crate docs) instead of exact f32 arithmetic.
     pub ggml: bool,
+    /// Samples on the host over read-back logits even where the adapter could sample on the
+    /// device (as on an adapter without `shader-f64`; see `sample.rs`): for tests and
+    /// comparison.
+    pub host_sampling: bool,
 }
 
 impl Default for WgpuOptions {
@@ -80,6 +84,7 @@ impl Default for WgpuOptions {
             max_binding_bytes: None,
             f16_arithmetic: false,
             ggml: false,
+            host_sampling: false,
         }
     }
 }
@@ -103,6 +108,22 @@ pub struct WgpuRuntime {
     kv: Mutex<Option<KvPool>>,
     poison: Poison,
     stall: AtomicU32,
+    stats: Stats,
+}
+
+/// Counters over a runtime's life (`WgpuRuntime::stats`).
+#[derive(Debug, Default)]
+struct Stats {
+    runs: AtomicU64,
+    readback_bytes: AtomicU64,
+}
+
+/// What a runtime has done: steps run and bytes read back from the device (the outputs, and
+/// the logits rows of host-sampled rows on an adapter without f64).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WgpuStats {
+    pub runs: u64,
+    pub readback_bytes: u64,
 }
 
 impl WgpuRuntime {
@@ -123,6 +144,7 @@ impl WgpuRuntime {
             kv: Mutex::new(None),
             poison: Poison::default(),
             stall: AtomicU32::new(0),
+            stats: Stats::default(),
         })
     }
 
@@ -134,6 +156,18 @@ impl WgpuRuntime {
     /// Whether the adapter offers f16 shader arithmetic (`shader-f16`).
     pub fn has_f16(&self) -> bool {
         self.gpu.f16
+    }
+
+    /// Whether the adapter offers f64 shader arithmetic (`shader-f64`): the sampling step runs
+    /// on the device only where it does (see `sample.rs`).
+    pub fn has_f64(&self) -> bool {
+        self.gpu.f64
+    }
+
+    /// Whether the sampling step runs on the device here (the adapter has f64 and
+    /// [`WgpuOptions::host_sampling`] is off).
+    pub fn samples_on_device(&self) -> bool {
+        self.gpu.f64 && !self.options.host_sampling
     }
 
     /// Whether F16-weight matmuls run in f16 here (opted in and offered by the adapter).
@@ -175,6 +209,21 @@ impl WgpuRuntime {
     /// Device bytes of the weights uploaded for live plans (as stored: packed stays packed).
     pub fn weight_bytes(&self) -> u64 {
         self.weights.bytes()
+    }
+
+    /// Steps run and bytes read back so far.
+    pub fn stats(&self) -> WgpuStats {
+        WgpuStats {
+            runs: self.stats.runs.load(Ordering::Relaxed),
+            readback_bytes: self.stats.readback_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    pub(crate) fn count_run(&self, readback_bytes: u64) {
+        self.stats.runs.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .readback_bytes
+            .fetch_add(readback_bytes, Ordering::Relaxed);
     }
 
     /// Marks this runtime dead (used when a caller's own wait on it timed out).
@@ -239,6 +288,41 @@ impl WgpuRuntime {
         }
     }
 
+    /// One step (the late inputs read when the step reaches them; see `submit`); a missed
+    /// deadline or a lost device poisons the runtime.
+    fn run_with(
+        &self,
+        plan: &dyn CompiledPlan,
+        inputs: exec::StepInputs<'_>,
+        deadline: Deadline,
+    ) -> Result<Vec<(String, HostTensor)>, RuntimeError> {
+        self.check()?;
+        let plan =
+            plan.as_any()
+                .downcast_ref::<WgpuPlan>()
+                .ok_or_else(|| RuntimeError::Kernel {
+                    op: "run",
+                    detail: "plan was compiled by another backend".into(),
+                })?;
+        let kv = self.kv_lock();
+        match submit::run_step(self, plan, inputs, kv.as_ref(), self.bound(deadline)) {
+            Ok(out) => Ok(out),
+            Err(StepError::Runtime(e)) => Err(e),
+            Err(StepError::Wait(WaitError::Timeout, during)) => {
+                self.poison
+                    .poison(format!("deadline missed during {during}"));
+                Err(RuntimeError::Timeout {
+                    during: during.to_owned(),
+                })
+            }
+            Err(StepError::Wait(WaitError::Lost(reason) | WaitError::Other(reason), during)) => {
+                self.poison
+                    .poison(format!("device lost during {during} ({reason})"));
+                Err(self.poison.check().unwrap_err())
+            }
+        }
+    }
+
     /// Fails fast when poisoned, and poisons when the device was lost in the meantime.
     fn check(&self) -> Result<(), RuntimeError> {
         self.poison.check()?;
@@ -256,7 +340,7 @@ impl Runtime for WgpuRuntime {
     }
 
     fn supports(&self, op: &str) -> bool {
-        plan::supports(op)
+        plan::supports(self.samples_on_device(), op)
     }
 
     fn prepare(
@@ -309,31 +393,17 @@ impl Runtime for WgpuRuntime {
         inputs: &[(&str, HostTensor)],
         deadline: Deadline,
     ) -> Result<Vec<(String, HostTensor)>, RuntimeError> {
-        self.check()?;
-        let plan =
-            plan.as_any()
-                .downcast_ref::<WgpuPlan>()
-                .ok_or_else(|| RuntimeError::Kernel {
-                    op: "run",
-                    detail: "plan was compiled by another backend".into(),
-                })?;
-        let kv = self.kv_lock();
-        match submit::run_step(self, plan, inputs, kv.as_ref(), self.bound(deadline)) {
-            Ok(out) => Ok(out),
-            Err(StepError::Runtime(e)) => Err(e),
-            Err(StepError::Wait(WaitError::Timeout, during)) => {
-                self.poison
-                    .poison(format!("deadline missed during {during}"));
-                Err(RuntimeError::Timeout {
-                    during: during.to_owned(),
-                })
-            }
-            Err(StepError::Wait(WaitError::Lost(reason) | WaitError::Other(reason), during)) => {
-                self.poison
-                    .poison(format!("device lost during {during} ({reason})"));
-                Err(self.poison.check().unwrap_err())
-            }
-        }
+        self.run_with(plan, (inputs, &[]), deadline)
+    }
+
+    fn run_late(
+        &self,
+        plan: &dyn CompiledPlan,
+        inputs: &[(&str, HostTensor)],
+        late: &[(&str, LateInput)],
+        deadline: Deadline,
+    ) -> Result<Vec<(String, HostTensor)>, RuntimeError> {
+        self.run_with(plan, (inputs, late), deadline)
     }
 
     fn memory(&self) -> MemoryReport {

@@ -4,9 +4,11 @@
 //! Invariants: a `WgpuPlan` holds only supported ops; every weight it reads is on the device
 //! (as stored) with the traced dtype and shape; every pipeline it needs is built and within
 //! `CompileLimits`; its artifact (peak live activation bytes plus the plan's records) fits
-//! `max_artifact_bytes`. Rope positions and the `Sample` node's parameters must be graph
-//! inputs: the host computes rope's cos/sin table from the positions and runs the non-greedy
-//! sampling rows (see `exec`), and a `Sample` result may only be a graph output.
+//! `max_artifact_bytes`. Rope positions, the `Sample` node's parameters and the
+//! `AdjustLogits` node's lists must be graph inputs: the host computes rope's cos/sin table
+//! from the positions and checks and prepares the sampling settings (see `exec::sampling`);
+//! without f64 a `Sample` result may only be a graph output (its temperature rows are filled
+//! in on the host after readback).
 
 use std::any::Any;
 use std::collections::{HashMap, HashSet};
@@ -60,20 +62,15 @@ impl CompiledPlan for WgpuPlan {
     }
 }
 
-/// Ops with a WGSL kernel: every op of the IR except the sampling step's logit ops, whose
-/// steps the engine samples on the host (see `sample.rs`).
-pub(crate) fn supports(op: &str) -> bool {
-    // The mixture-of-experts ops have no WGSL kernels yet.
-    !matches!(
-        op,
-        "adjust_logits"
-            | "mask_logits"
-            | "top_k"
-            | "logprobs"
-            | "gather_cols"
-            | "moe_matmul"
-            | "moe_combine"
-    )
+/// Ops with a WGSL kernel: every op of the IR but the mixture-of-experts ones; the sampling
+/// step's logit ops only where the adapter has f64 (`f64`; otherwise the engine samples those
+/// steps on the host: see `sample.rs`).
+pub(crate) fn supports(f64: bool, op: &str) -> bool {
+    match op {
+        "adjust_logits" | "mask_logits" | "top_k" | "logprobs" => f64,
+        "gather_cols" | "moe_matmul" | "moe_combine" => false,
+        _ => true,
+    }
 }
 
 fn invalid(detail: String) -> RuntimeError {
@@ -122,19 +119,24 @@ fn kernels_of(rt: &WgpuRuntime, graph: &Graph, op: &Op) -> Vec<(Kernel, DType)> 
         ],
         Op::Slice { .. } | Op::Concat { .. } => vec![(Kernel::Copy, DType::F32)],
         Op::GatherRows { .. } => vec![(Kernel::Gather, DType::F32)],
+        Op::Sample { .. } if rt.samples_on_device() => vec![(Kernel::Sample, DType::F32)],
         Op::Sample { .. } => vec![(Kernel::Argmax, DType::F32)],
+        Op::AdjustLogits { .. } => vec![(Kernel::AdjustLogits, DType::F32)],
+        Op::MaskLogits { .. } => vec![(Kernel::MaskLogits, DType::F32)],
+        Op::TopK { .. } => vec![(Kernel::TopK, DType::F32)],
+        Op::Logprobs { .. } => vec![(Kernel::Logprobs, DType::F32)],
         Op::Input { .. } | Op::Weight { .. } | Op::Literal { .. } | Op::Reshape { .. } => vec![],
-        Op::AdjustLogits { .. }
-        | Op::MaskLogits { .. }
-        | Op::TopK { .. }
-        | Op::Logprobs { .. }
-        | Op::GatherCols { .. }
-        | Op::MoeMatMul { .. }
-        | Op::MoeCombine { .. } => vec![],
+        Op::GatherCols { .. } | Op::MoeMatMul { .. } | Op::MoeCombine { .. } => vec![],
     }
 }
 
-fn check_op(graph: &Graph, i: usize, op: &Op, used_by: &[Vec<usize>]) -> Result<(), RuntimeError> {
+fn check_op(
+    f64: bool,
+    graph: &Graph,
+    i: usize,
+    op: &Op,
+    used_by: &[Vec<usize>],
+) -> Result<(), RuntimeError> {
     match op {
         Op::Rope { positions, cfg, .. } => {
             if !is_input(graph, *positions) {
@@ -171,9 +173,27 @@ fn check_op(graph: &Graph, i: usize, op: &Op, used_by: &[Vec<usize>]) -> Result<
                     "wgpu: the sample node's parameters must be graph inputs".into(),
                 ));
             }
-            if !used_by[i].is_empty() {
+            // The host path fills host-sampled rows in after readback.
+            if !f64 && !used_by[i].is_empty() {
                 return Err(invalid(
                     "wgpu: a sample result may only be a graph output".into(),
+                ));
+            }
+        }
+        Op::AdjustLogits { adjust: a, .. } => {
+            let p = [
+                a.ids,
+                a.counts,
+                a.bias,
+                a.repetition,
+                a.presence,
+                a.frequency,
+            ];
+            // The host validates the list and folds each entry (see adjust_logits.wgsl).
+            if !p.iter().all(|&v| is_input(graph, v)) {
+                return Err(invalid(
+                    "wgpu: the adjust_logits node's lists and penalties must be graph inputs"
+                        .into(),
                 ));
             }
         }
@@ -215,14 +235,14 @@ pub(crate) fn compile(
     let mut rope = HashMap::new();
     let mut pipelines = HashSet::new();
     for (i, op) in graph.equations.iter().enumerate() {
-        if !supports(op.name()) {
+        if !supports(rt.samples_on_device(), op.name()) {
             return Err(CompileError::Unsupported {
                 backend: "wgpu",
                 op: op.name(),
             }
             .into());
         }
-        check_op(&graph, i, op, &used_by)?;
+        check_op(rt.samples_on_device(), &graph, i, op, &used_by)?;
         if let Op::Reshape { x, .. } = op {
             root[i] = root[x.index()];
         }

@@ -1,10 +1,15 @@
-//! One step on the device: record every equation, encode the passes, submit once, wait with the
+//! One step on the device: record every equation, encode the passes, submit, wait with the
 //! deadline, read back the outputs (and the logits of host-sampled rows) through one mapped
 //! staging buffer.
 //!
-//! Invariants: nothing waits without the deadline; a wait that times out or finds the device
-//! lost is reported as such to the runtime, which poisons itself; an uncaptured wgpu error
-//! (validation: a bug here) fails the step with a typed `Kernel` error.
+//! A late input (the guided-decoding mask) splits the step: the dispatches recorded before
+//! its input equation (the forward pass) are submitted first, then the host waits for the
+//! input, writes it, and submits the rest, so the mask is computed while the device runs.
+//!
+//! Invariants: nothing waits without the deadline (a late input's wait included); a wait that
+//! times out or finds the device lost is reported as such to the runtime, which poisons
+//! itself; an uncaptured wgpu error (validation: a bug here) fails the step with a typed
+//! `Kernel` error; a late input of the wrong dtype or shape is `InputMismatch`.
 
 use std::sync::mpsc;
 
@@ -12,7 +17,7 @@ use poot_core::{DType, Deadline};
 use poot_runtime::{HostTensor, RuntimeError};
 
 use crate::device::WaitError;
-use crate::exec::Exec;
+use crate::exec::{tensor_bytes, Dispatch, Exec, LateSlot, StepInputs};
 use crate::plan::WgpuPlan;
 use crate::sample::sample_row;
 use crate::{KvPool, WgpuRuntime};
@@ -33,11 +38,11 @@ impl From<RuntimeError> for StepError {
 pub(crate) fn run_step(
     rt: &WgpuRuntime,
     plan: &WgpuPlan,
-    inputs: &[(&str, HostTensor)],
+    (inputs, late): StepInputs<'_>,
     kv: Option<&KvPool>,
     deadline: Deadline,
 ) -> Result<Vec<(String, HostTensor)>, StepError> {
-    let mut exec = Exec::new(rt, plan, inputs, kv);
+    let mut exec = Exec::new(rt, plan, inputs, late, kv);
     let stall = rt.stall_iters();
     if stall > 0 {
         exec.stall(stall)?;
@@ -45,7 +50,9 @@ pub(crate) fn run_step(
     exec.record_all()?;
     let gpu = &rt.gpu;
     let device = &gpu.device;
-    let (dispatches, params, outputs, extra, host_rows) = exec.finish()?;
+    let rec = exec.finish()?;
+    let (dispatches, params, outputs) = (rec.dispatches, rec.params, rec.outputs);
+    let (extra, host_rows) = (rec.extra, rec.host_rows);
     let uniform = device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("params"),
         size: (params.len() as u64).max(256).div_ceil(16) * 16,
@@ -55,36 +62,16 @@ pub(crate) fn run_step(
     if !params.is_empty() {
         gpu.queue.write_buffer(&uniform, 0, &params);
     }
-    let mut encoder = device.create_command_encoder(&Default::default());
-    for d in &dispatches {
-        let layout = d.pipeline.get_bind_group_layout(0);
-        let mut entries: Vec<wgpu::BindGroupEntry<'_>> = d
-            .bufs
-            .iter()
-            .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: b.as_entire_binding(),
-            })
-            .collect();
-        entries.push(wgpu::BindGroupEntry {
-            binding: d.bufs.len() as u32,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &uniform,
-                offset: d.params.0,
-                size: wgpu::BufferSize::new(d.params.1),
-            }),
-        });
-        let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
-            layout: &layout,
-            entries: &entries,
-        });
-        let mut pass = encoder.begin_compute_pass(&Default::default());
-        pass.set_pipeline(&d.pipeline);
-        pass.set_bind_group(0, &group, &[]);
-        pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+    let mut start = 0;
+    for l in &rec.late {
+        let mut encoder = device.create_command_encoder(&Default::default());
+        encode(device, &mut encoder, &dispatches[start..l.at], &uniform);
+        gpu.queue.submit([encoder.finish()]);
+        fill_late(rt, l, deadline)?;
+        start = l.at;
     }
+    let mut encoder = device.create_command_encoder(&Default::default());
+    encode(device, &mut encoder, &dispatches[start..], &uniform);
     // Outputs, then host-sampled logits, packed into one staging buffer.
     let mut offsets = Vec::new();
     let mut total = 0u64;
@@ -97,6 +84,7 @@ pub(crate) fn run_step(
         extra_at.push(total);
         total += bytes;
     }
+    rt.count_run(total);
     let staging = device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("readback"),
         size: total.max(4),
@@ -196,4 +184,61 @@ pub(crate) fn run_step(
     drop(view);
     staging.unmap();
     Ok(result)
+}
+
+/// Records `dispatches` into `encoder`, one compute pass each.
+fn encode(
+    device: &wgpu::Device,
+    encoder: &mut wgpu::CommandEncoder,
+    dispatches: &[Dispatch],
+    uniform: &wgpu::Buffer,
+) {
+    for d in dispatches {
+        let layout = d.pipeline.get_bind_group_layout(0);
+        let mut entries: Vec<wgpu::BindGroupEntry<'_>> = d
+            .bufs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        entries.push(wgpu::BindGroupEntry {
+            binding: d.bufs.len() as u32,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: uniform,
+                offset: d.params.0,
+                size: wgpu::BufferSize::new(d.params.1),
+            }),
+        });
+        let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &layout,
+            entries: &entries,
+        });
+        let mut pass = encoder.begin_compute_pass(&Default::default());
+        pass.set_pipeline(&d.pipeline);
+        pass.set_bind_group(0, &group, &[]);
+        pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+    }
+}
+
+/// Waits (within the deadline) for a late input, checks it and writes it to its buffer; the
+/// write lands before the next submission's commands.
+fn fill_late(rt: &WgpuRuntime, l: &LateSlot, deadline: Deadline) -> Result<(), StepError> {
+    let t = l.slot.wait(&l.name, deadline).map_err(|e| match e {
+        RuntimeError::Timeout { .. } => StepError::Wait(WaitError::Timeout, "a late input's wait"),
+        e => StepError::Runtime(e),
+    })?;
+    if t.dtype() != l.dtype || t.shape() != l.shape.as_slice() || t.len() != l.buf_len() {
+        return Err(RuntimeError::InputMismatch {
+            name: l.name.clone(),
+            expected: format!("{}{:?}", l.dtype, l.shape),
+            got: t.describe(),
+        }
+        .into());
+    }
+    rt.gpu.queue.write_buffer(&l.buf, 0, &tensor_bytes(&t));
+    Ok(())
 }

@@ -14,49 +14,23 @@ use std::sync::Arc;
 
 use poot_core::DType;
 use poot_graph::{Op, ValueId};
-use poot_runtime::{HostTensor, RuntimeError};
+use poot_runtime::{HostTensor, LateInput, RuntimeError};
 
 use crate::kernels::Kernel;
 use crate::plan::WgpuPlan;
 use crate::rope::cos_sin;
-use crate::sample::SampleParams;
 use crate::{KvPool, WgpuRuntime};
 
 mod attention_sample;
 mod matmul_q8;
+mod recorded;
+mod sampling;
+
+pub(crate) use recorded::{tensor_bytes, Dispatch, HostRow, LateSlot, Recorded, StepInputs};
 
 const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_SRC)
     .union(wgpu::BufferUsages::COPY_DST);
-
-pub(crate) struct Dispatch {
-    pub pipeline: Arc<wgpu::ComputePipeline>,
-    pub bufs: Vec<Arc<wgpu::Buffer>>,
-    pub params: (u64, u64),
-    pub groups: [u32; 3],
-}
-
-/// A row of a `Sample` node that the host samples after readback.
-pub(crate) struct HostRow {
-    pub output: String,
-    pub row: usize,
-    /// Index into the step's extra readbacks.
-    pub logits_at: u64,
-    pub vocab: usize,
-    pub params: SampleParams,
-}
-
-/// A named output: its buffer, bytes, dtype and shape.
-pub(crate) type Output = (String, Arc<wgpu::Buffer>, u64, (DType, Vec<usize>));
-
-/// What a recorded step hands to submission.
-pub(crate) type Recorded = (
-    Vec<Dispatch>,
-    Vec<u8>,
-    Vec<Output>,
-    Vec<(Arc<wgpu::Buffer>, u64)>,
-    Vec<HostRow>,
-);
 
 fn kernel_err(op: &'static str, detail: String) -> RuntimeError {
     RuntimeError::Kernel { op, detail }
@@ -74,6 +48,8 @@ pub(crate) struct Exec<'a> {
     rt: &'a WgpuRuntime,
     plan: &'a WgpuPlan,
     inputs: &'a [(&'a str, HostTensor)],
+    late_inputs: &'a [(&'a str, LateInput)],
+    late: Vec<LateSlot>,
     kv: Option<&'a KvPool>,
     bufs: Vec<Option<Arc<wgpu::Buffer>>>,
     /// Reusable activation buffers by size.
@@ -90,12 +66,15 @@ impl<'a> Exec<'a> {
         rt: &'a WgpuRuntime,
         plan: &'a WgpuPlan,
         inputs: &'a [(&'a str, HostTensor)],
+        late_inputs: &'a [(&'a str, LateInput)],
         kv: Option<&'a KvPool>,
     ) -> Self {
         Self {
             rt,
             plan,
             inputs,
+            late_inputs,
+            late: Vec::new(),
             kv,
             bufs: vec![None; plan.graph.equations.len()],
             free: HashMap::new(),
@@ -154,13 +133,14 @@ impl<'a> Exec<'a> {
             let bytes = info.numel() as u64 * 4;
             outputs.push((name.clone(), buf, bytes, (info.dtype, info.shape.clone())));
         }
-        Ok((
-            self.dispatches,
-            self.params,
+        Ok(Recorded {
+            dispatches: self.dispatches,
+            params: self.params,
             outputs,
-            self.extra_reads,
-            self.host_rows,
-        ))
+            extra: self.extra_reads,
+            host_rows: self.host_rows,
+            late: self.late,
+        })
     }
 
     fn device(&self) -> &wgpu::Device {
@@ -182,17 +162,21 @@ impl<'a> Exec<'a> {
 
     /// A fresh buffer holding `data` (never pooled: the upload lands before every command).
     fn upload(&self, data: &[u8]) -> Arc<wgpu::Buffer> {
-        let size = (data.len() as u64).max(4).div_ceil(4) * 4;
-        let b = self.device().create_buffer(&wgpu::BufferDescriptor {
-            label: None,
-            size,
-            usage: USAGE,
-            mapped_at_creation: false,
-        });
+        let b = self.fresh(data.len() as u64);
         if !data.is_empty() {
             self.rt.gpu.queue.write_buffer(&b, 0, data);
         }
-        Arc::new(b)
+        b
+    }
+
+    /// A new buffer of at least `bytes` (never from the pool).
+    fn fresh(&self, bytes: u64) -> Arc<wgpu::Buffer> {
+        Arc::new(self.device().create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size: bytes.max(4).div_ceil(4) * 4,
+            usage: USAGE,
+            mapped_at_creation: false,
+        }))
     }
 
     fn param(&mut self, words: &[u32]) -> (u64, u64) {
@@ -290,10 +274,23 @@ impl<'a> Exec<'a> {
         let out_bytes = numel as u64 * 4;
         Ok(Some(match op {
             Op::Input { name } => {
-                let host = self
-                    .inputs
-                    .iter()
-                    .find(|(n, _)| n == name)
+                let found = self.inputs.iter().find(|(n, _)| n == name);
+                if let (None, Some((_, slot))) =
+                    (found, self.late_inputs.iter().find(|(n, _)| n == name))
+                {
+                    // Written between submissions, so never a pooled buffer.
+                    let buf = self.fresh(out_bytes);
+                    self.late.push(LateSlot {
+                        name: name.clone(),
+                        slot: slot.clone(),
+                        buf: buf.clone(),
+                        at: self.dispatches.len(),
+                        dtype: info.dtype,
+                        shape: info.shape.clone(),
+                    });
+                    return Ok(Some(buf));
+                }
+                let host = found
                     .map(|(_, t)| t)
                     .ok_or_else(|| RuntimeError::MissingInput { name: name.clone() })?;
                 if host.dtype() != info.dtype
@@ -306,15 +303,7 @@ impl<'a> Exec<'a> {
                         got: host.describe(),
                     });
                 }
-                let bytes: Vec<u8> = match host {
-                    HostTensor::F32 { data, .. } => {
-                        data.iter().flat_map(|x| x.to_le_bytes()).collect()
-                    }
-                    HostTensor::I32 { data, .. } => {
-                        data.iter().flat_map(|x| x.to_le_bytes()).collect()
-                    }
-                };
-                self.upload(&bytes)
+                self.upload(&tensor_bytes(host))
             }
             Op::Weight { .. } => return Ok(None),
             Op::Reshape { x, .. } => {
@@ -567,7 +556,20 @@ impl<'a> Exec<'a> {
                 self.dispatch(Kernel::Gather, DType::F32, bufs, &words, grid)?;
                 out
             }
+            Op::Sample { logits, params } if self.rt.samples_on_device() => {
+                self.sample_device(*logits, params)?
+            }
             Op::Sample { logits, params } => return self.sample(i, *logits, params).map(Some),
+            Op::AdjustLogits { logits, adjust } if self.rt.samples_on_device() => {
+                self.adjust(*logits, adjust)?
+            }
+            Op::MaskLogits { logits, mask } if self.rt.samples_on_device() => {
+                self.mask(*logits, *mask)?
+            }
+            Op::TopK { x, k } if self.rt.samples_on_device() => self.top_k(*x, *k)?,
+            Op::Logprobs { logits, ids } if self.rt.samples_on_device() => {
+                self.logprobs(*logits, *ids)?
+            }
             Op::AdjustLogits { .. }
             | Op::MaskLogits { .. }
             | Op::TopK { .. }

@@ -70,7 +70,7 @@ pub fn assert_close(what: &str, want: &HostTensor, got: &HostTensor, atol: f32, 
             for (i, (x, y)) in a.iter().zip(b).enumerate() {
                 let bound = atol + rtol * x.abs();
                 assert!(
-                    (x - y).abs() <= bound || (x.is_nan() && y.is_nan()),
+                    x == y || (x - y).abs() <= bound || (x.is_nan() && y.is_nan()),
                     "{what}[{i}]: cpu {x}, wgpu {y}, bound {bound}"
                 );
             }
