@@ -209,7 +209,9 @@ def test_server_fits_its_kv_pool_to_the_cgroup_and_survives_a_full_pool(
 ) -> None:
     limit = 400 * MIB
     cgroup.limit(limit)
+    # A queue that outlasts the run: every request waits for a row rather than timing out.
     args = ["--model", str(default_model_path), "--max-model-len", "256", "--threads", "2"]
+    args += ["--queue-timeout", "600"]
     srv = ServerProcess([*args, "--log-level", "info"], prefix=cgroup.wrapper())
     try:
         log = srv.log()
@@ -229,8 +231,7 @@ def test_server_fits_its_kv_pool_to_the_cgroup_and_survives_a_full_pool(
         assert "256" in r.json()["error"]["message"] and "10001" in r.json()["error"]["message"]
         assert rows * (-(-256 // block_size)) <= srv.metric("poot_kv_blocks_total")
         codes = asyncio.run(_fill(srv.url, model, rows + 4))
-        assert set(codes) <= {200, 429, 503}, codes  # each a defined outcome
-        assert codes.count(200) >= rows, codes
+        assert codes == [200] * (rows + 4), codes
         assert srv.proc.poll() is None, "the server died under memory pressure"
         assert srv.wait_metric("poot_kv_blocks_used", 0.0) == 0.0
         assert cgroup.oom_kills() == 0
