@@ -8,6 +8,14 @@ few events, and guided (JSON schema) chats. It samples the server's resident mem
 (``/metrics``) at the start, after warm-up (10% of the requests), at the middle and at the end,
 and prints them with each kind's outcomes.
 
+The server's rows are capped at ``--rows`` (default: one per client, through
+``POOT_SERVE_MAX_ROWS``) at ``--max-model-len`` (default 512), which caps its KV pool at that
+many full sequences. The pool's pages are touched as blocks are first used, and freed full
+blocks stay in the prefix cache until evicted, so resident memory grows until every block has
+been used once; with the pool fitted to all free memory (the server's default) that takes far
+longer than a soak and the growth is the cache filling, not a leak. A pool of ``rows *
+max_model_len`` tokens is cycled during warm-up, so growth after it means a leak.
+
 It fails (exit 1) when a request has no defined outcome (not 200/429/503/504 or a cancel the
 client made), when KV blocks are not back to zero at the end, when open descriptors grew past
 warm-up by more than ``FD_SLACK``, or resident memory by more than ``RSS_SLACK`` of the warm-up
@@ -127,18 +135,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--model", default=None, help="a GGUF path (default: the default model)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--rows", type=int, default=None, help="rows (default: --clients)")
+    ap.add_argument("--max-model-len", type=int, default=512)
     ap.add_argument(
         "--chat-template", default=None, help="for a --model without one (e.g. stories260K)"
     )
     args = ap.parse_args(argv)
     cmd = ["--served-model-name", "soak", "--max-queue", str(4 * args.clients)]
+    cmd += ["--max-model-len", str(args.max_model_len)]
+    rows = args.rows or args.clients
     if args.model:
         cmd += ["--model", args.model]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     if args.chat_template:
         cmd += ["--chat-template", args.chat_template]
-    srv = ServerProcess(cmd)
+    srv = ServerProcess(cmd, env={"POOT_SERVE_MAX_ROWS": str(rows)})
+    print(f"rows {rows}, KV pool {srv.metric('poot_kv_blocks_total'):.0f} blocks", flush=True)
     try:
         report = asyncio.run(_run(srv, args.requests, args.clients, "soak"))
     finally:
