@@ -1,7 +1,7 @@
 """The families on the wgpu backend (lavapipe in CI) against the CPU runtime.
 
 Gemma 2 (sliding windows, soft-capped scores and logits, GeGLU), Gemma 3 (per-head q/k norms,
-local RoPE base), Qwen3, Phi-3 with LongRoPE's attention factor refused on wgpu, and Mistral's
+local RoPE base), Qwen3, Phi-3 with LongRoPE's attention factor, and Mistral's
 sliding window, on the random-weight checkpoints of ``tests/family_models.py``. Bound: with
 ``numerics="exact"`` wgpu runs the CPU's arithmetic in another summation order (and the
 shader's ``tanh``): logits within 1e-4 of the CPU's and 32 greedy ids equal.
@@ -41,11 +41,14 @@ def test_family_on_wgpu_equals_the_cpu(wgpu_ok: None, family_checkpoints: Any, f
     assert gpu.generate([PROMPT], GREEDY32)[0].outputs[0].token_ids == want
 
 
-def test_longrope_attention_factor_is_refused_on_wgpu(
+def test_longrope_attention_factor_on_wgpu_equals_the_cpu(
     wgpu_ok: None, family_checkpoints: Any
 ) -> None:
-    from poot.errors import PootError
-
+    """Phi-3 with LongRoPE's attention factor (every cos and sin scaled on the host, as the
+    CPU runtime scales them)."""
     path = str(family_checkpoints("phi3_long")["gguf"])
-    with pytest.raises(PootError, match="attention factor"):
-        poot.LLM(path, backend="wgpu", numerics="exact").logits(PROMPT)
+    cpu = poot.LLM(path, numerics="exact", threads=1)
+    gpu = poot.LLM(path, backend="wgpu", numerics="exact")
+    np.testing.assert_allclose(gpu.logits(PROMPT), cpu.logits(PROMPT), rtol=0, atol=1e-4)
+    want = cpu.generate([PROMPT], GREEDY32)[0].outputs[0].token_ids
+    assert gpu.generate([PROMPT], GREEDY32)[0].outputs[0].token_ids == want

@@ -19,7 +19,7 @@ use poot_graph::{run_passes, CompileError, CompileLimits, DeadCodeElimination, G
 use poot_runtime::{CompiledPlan, RuntimeError, WeightStore};
 
 use crate::kernels::Kernel;
-use crate::rope::inv_freq;
+use crate::rope::{inv_freq, RopeTable};
 use crate::weights::GpuWeight;
 use crate::WgpuRuntime;
 
@@ -29,7 +29,7 @@ pub struct WgpuPlan {
     /// Device copies of the weights, by value index.
     pub(crate) weights: HashMap<usize, Arc<GpuWeight>>,
     /// Rope inverse frequencies by equation index.
-    pub(crate) rope: HashMap<usize, Vec<f32>>,
+    pub(crate) rope: HashMap<usize, RopeTable>,
     /// The value whose buffer each value uses (itself, or what a reshape aliases).
     pub(crate) root: Vec<usize>,
     /// For each root, the last equation that reads it (usize::MAX for outputs).

@@ -1,7 +1,8 @@
 //! Rotary tables on the host: inverse frequencies at compile time and, per step, the cos/sin
 //! of each token's angles, in the CPU runtime's exact f32 recipe (`inv_freq[i] = 1 /
 //! theta^(2i / rot_dim)`, the scaling rule, `angle = pos as f32 * inv_freq[i]`, libm cos/sin),
-//! so the device only rotates. Cost: O(rot_dim) per op at compile; O(t * rot_dim / 2) cos/sin
+//! so the device only rotates. LongRoPE's attention factor multiplies every cos and sin on the
+//! host after they are computed, as the CPU runtime does (the same f32 product). Cost: O(rot_dim) per op at compile; O(t * rot_dim / 2) cos/sin
 //! per rope op per step.
 
 use poot_graph::{CompileError, RopeConfig, RopeScaling};
@@ -19,8 +20,17 @@ fn check_factor(what: &str, f: f32) -> Result<(), RuntimeError> {
     }
 }
 
-/// `rot_dim / 2` inverse frequencies of `cfg`, as `poot_cpu::RopeTable::new` computes them.
-pub(crate) fn inv_freq(cfg: &RopeConfig) -> Result<Vec<f32>, RuntimeError> {
+/// A rope op's host table: its inverse frequencies and the factor on every cos and sin.
+#[derive(Debug, Clone)]
+pub(crate) struct RopeTable {
+    inv_freq: Vec<f32>,
+    /// LongRoPE's attention factor (`RopeScaling::Factors::attn_factor`); 1 for none.
+    mscale: f32,
+}
+
+/// `rot_dim / 2` inverse frequencies of `cfg` and its cos/sin factor, as
+/// `poot_cpu::RopeTable::new` computes them.
+pub(crate) fn inv_freq(cfg: &RopeConfig) -> Result<RopeTable, RuntimeError> {
     if !(cfg.theta.is_finite() && cfg.theta > 0.0) {
         return Err(bad(format!("rope theta {} is not positive", cfg.theta)));
     }
@@ -29,19 +39,15 @@ pub(crate) fn inv_freq(cfg: &RopeConfig) -> Result<Vec<f32>, RuntimeError> {
     let mut f: Vec<f32> = (0..half)
         .map(|i| 1.0 / cfg.theta.powf((2 * i) as f32 / dim))
         .collect();
+    let mut mscale = 1.0f32;
     match cfg.scaling {
         RopeScaling::None => {}
         RopeScaling::Factors {
             factors,
             attn_factor,
         } => {
-            // The device rotates by host cos/sin without a scale: LongRoPE's attention factor
-            // has no path here yet (the CPU and CUDA runtimes apply it).
-            if attn_factor != 1.0 {
-                return Err(bad(format!(
-                    "wgpu rope: an attention factor {attn_factor} (LongRoPE) is not supported"
-                )));
-            }
+            check_factor("rope attn_factor", attn_factor)?;
+            mscale = attn_factor;
             if half > factors.len() {
                 return Err(bad(format!(
                     "rope: {half} pairs, at most {} factors",
@@ -90,11 +96,15 @@ pub(crate) fn inv_freq(cfg: &RopeConfig) -> Result<Vec<f32>, RuntimeError> {
             }
         }
     }
-    Ok(f)
+    Ok(RopeTable {
+        inv_freq: f,
+        mscale,
+    })
 }
 
 /// Per token: `rot_dim / 2` cosines then `rot_dim / 2` sines. Negative positions are refused.
-pub(crate) fn cos_sin(inv_freq: &[f32], positions: &[i32]) -> Result<Vec<f32>, RuntimeError> {
+pub(crate) fn cos_sin(table: &RopeTable, positions: &[i32]) -> Result<Vec<f32>, RuntimeError> {
+    let inv_freq = &table.inv_freq;
     let half = inv_freq.len();
     let mut out = Vec::with_capacity(positions.len() * half * 2);
     for &p in positions {
@@ -110,6 +120,9 @@ pub(crate) fn cos_sin(inv_freq: &[f32], positions: &[i32]) -> Result<Vec<f32>, R
             let angle = p as f32 * f;
             out[start + i] = angle.cos();
             out[start + half + i] = angle.sin();
+        }
+        if table.mscale != 1.0 {
+            out[start..].iter_mut().for_each(|c| *c *= table.mscale);
         }
     }
     Ok(out)
