@@ -1,9 +1,9 @@
 """The families on the CUDA runtime, on the CPU emulation of the driver where no GPU exists.
 
-Gemma 2 (windows, capped scores and logits, GeGLU), Gemma 3, Qwen3 and Mistral's sliding
-window on the random-weight GGUFs of ``tests/family_models.py``: 32 greedy ids equal to the CPU
-runtime's exact ones (the CUDA runtime has exact numerics only). Phi-3's fused projections need
-``slice``, which CUDA has no kernel for yet: the engine is told so by ``supports``.
+Gemma 2 (windows, capped scores and logits, GeGLU), Gemma 3, Qwen3, Mistral's sliding window
+and Phi-3 (fused projections cut by ``slice``; LongRoPE's factors and attention factor) on the
+random-weight GGUFs of ``tests/family_models.py``: 32 greedy ids equal to the CPU runtime's
+exact ones (the CUDA runtime has exact numerics only).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def emulator() -> str:
         pytest.skip(f"no CPU emulation of the CUDA driver here ({e})")
 
 
-@pytest.mark.parametrize("family", ["gemma2", "gemma3", "qwen3", "mistral"])
+@pytest.mark.parametrize("family", ["gemma2", "gemma3", "qwen3", "mistral", "phi3", "phi3_long"])
 def test_family_greedy_ids_on_the_emulated_runtime_equal_the_cpu(
     emulator: str, monkeypatch: pytest.MonkeyPatch, family_checkpoints: Any, family: str
 ) -> None:
@@ -44,7 +44,7 @@ def test_family_greedy_ids_on_the_emulated_runtime_equal_the_cpu(
     assert got[0].outputs[0].token_ids == want[0].outputs[0].token_ids
 
 
-def test_cuda_says_it_has_no_slice_kernel(emulator: str) -> None:
+def test_cuda_says_what_it_supports(emulator: str) -> None:
     rt = _native.CudaRuntime(0, 60.0, driver_library=emulator, nvrtc_library=emulator)
-    assert rt.supports("gelu") and rt.supports("softcap")
-    assert not rt.supports("slice")
+    assert rt.supports("gelu") and rt.supports("softcap") and rt.supports("slice")
+    assert not rt.supports("concat")

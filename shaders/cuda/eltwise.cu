@@ -143,6 +143,17 @@ extern "C" __global__ void embedding(const u8* __restrict__ table, const int* __
     }
 }
 
+// out [o, w] = columns start..start + w of x [o, in_w]: a slice along one axis, seen as
+// [outer, axis * inner] (the host folds the axes). Grid (ceil(w / 256), o).
+extern "C" __global__ void slice_cols(const float* __restrict__ x, float* __restrict__ out,
+                                      int in_w, int w, int start) {
+    int j = blockIdx.x * 256 + threadIdx.x;
+    long long i = blockIdx.y;
+    if (j < w) {
+        out[i * (long long)w + j] = x[i * (long long)in_w + start + j];
+    }
+}
+
 // out [r, d] = rows rows[i] of x [., d] (rows checked on the host). Grid (ceil(d / 256), r).
 extern "C" __global__ void gather_rows(const float* __restrict__ x, const int* __restrict__ rows,
                                        float* __restrict__ out, int d) {

@@ -290,6 +290,23 @@ pub fn embedding(table: u64, dtype: DType, ids: u64, out: u64, n_ids: u32, dim: 
     }
 }
 
+/// `out [o, w]` = columns `start..start + w` of `x [o, in_w]` (a slice along one axis, the
+/// axes before it folded into `o`, the axis and those after into `in_w`).
+pub fn slice_cols(x: u64, out: u64, o: u32, in_w: u32, w: u32, start: u32) -> Launch {
+    Launch {
+        kernel: "slice_cols",
+        grid: [blocks(w.into(), BLOCK), o, 1],
+        block: [BLOCK, 1, 1],
+        args: vec![
+            Arg::Ptr(x),
+            Arg::Ptr(out),
+            Arg::I32(in_w as i32),
+            Arg::I32(w as i32),
+            Arg::I32(start as i32),
+        ],
+    }
+}
+
 pub fn gather_rows(x: u64, rows: u64, out: u64, r: u32, d: u32) -> Launch {
     Launch {
         kernel: "gather_rows",
@@ -465,6 +482,7 @@ mod tests {
             "rope_f32",
             "embedding",
             "gather_rows",
+            "slice_cols",
             "stall",
             "kv_write",
             "attn_scores",
@@ -473,7 +491,7 @@ mod tests {
         ] {
             assert!(names.contains(&k), "{k} missing from {names:?}");
         }
-        assert_eq!(names.len(), 24, "{names:?}");
+        assert_eq!(names.len(), 25, "{names:?}");
     }
 
     #[test]

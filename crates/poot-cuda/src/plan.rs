@@ -58,6 +58,7 @@ pub fn supports(op: &str) -> bool {
             | "rope"
             | "reshape"
             | "gather_rows"
+            | "slice"
             | "paged_attention"
             | "sample"
     )
@@ -316,6 +317,23 @@ impl Builder<'_> {
                 let xa = self.f32_operand("softcap", *x)?;
                 let out = self.out(i);
                 let l = ops::softcap(xa, out, self.numel(*x) as u64, *cap);
+                self.launches.push(Step::Fixed(l));
+            }
+            Op::Slice {
+                x,
+                axis,
+                start,
+                end,
+            } => {
+                let shape = &g.info(*x).shape;
+                let inner: usize = shape[axis + 1..].iter().product();
+                let outer: usize = shape[..*axis].iter().product();
+                let o = extent("slice rows", outer, GRID_Y)?;
+                let in_w = extent("slice row", shape[*axis] * inner, I32_MAX)?;
+                let w = extent("slice width", (end - start) * inner, I32_MAX)?;
+                let xa = self.f32_operand("slice", *x)?;
+                let out = self.out(i);
+                let l = ops::slice_cols(xa, out, o, in_w, w, (start * inner) as u32);
                 self.launches.push(Step::Fixed(l));
             }
             Op::GatherRows { x, rows } => {

@@ -401,3 +401,23 @@ fn without_a_driver_the_runtime_is_a_typed_error() {
         Err(e) => panic!("expected DeviceUnavailable, got {e:?}"),
     }
 }
+
+/// A slice along any axis is an exact copy of the CPU's columns.
+#[test]
+fn slice_cols_copies_the_columns() {
+    let Some(s) = shim() else { return };
+    let mut rng = Rng(29);
+    // x [3, 5, 40] sliced on axis 1 to 1..4: [3, 120] columns 40..160 of [3, 200].
+    let x = rng.vec(3 * 5 * 40);
+    let mut got = vec![f32::NAN; 3 * 3 * 40];
+    launch(
+        s,
+        &ops::slice_cols(addr(&x), out(&mut got), 3, 200, 120, 40),
+    );
+    for o in 0..3 {
+        assert_eq!(
+            &got[o * 120..(o + 1) * 120],
+            &x[o * 200 + 40..o * 200 + 160]
+        );
+    }
+}
