@@ -26,6 +26,9 @@
 #[cfg(test)]
 mod golden_tests;
 pub mod hf;
+pub mod hf_ct;
+#[cfg(test)]
+mod hf_ct_tests;
 #[cfg(test)]
 mod hf_tests;
 pub mod kquants;
