@@ -147,8 +147,14 @@ def _cfg(**weights: Any) -> dict[str, Any]:
         (_cfg(group_size=48), "config_groups.group_0.weights.group_size"),
         (_cfg(actorder="sideways"), "config_groups.group_0.weights.actorder"),
         (_cfg(dynamic=True), "config_groups.group_0.weights.dynamic"),
-        (dict(ct_config(4, 128, True, False, []), sparsity_config={"format": "sparse-24"}), "sparsity_config"),
-        (dict(ct_config(4, 128, True, False, []), kv_cache_scheme={"num_bits": 8}), "kv_cache_scheme"),
+        (
+            dict(ct_config(4, 128, True, False, []), sparsity_config={"format": "sparse-24"}),
+            "sparsity_config",
+        ),
+        (
+            dict(ct_config(4, 128, True, False, []), kv_cache_scheme={"num_bits": 8}),
+            "kv_cache_scheme",
+        ),
         (dict(ct_config(4, 128, True, False, []), config_groups={}), "config_groups"),
     ],
 )
@@ -174,7 +180,9 @@ def test_activation_quantization_and_mixed_schemes_are_refused(tmp_path: Path) -
 
 
 def test_layouts_read_from_the_config(tmp_path: Path) -> None:
-    lay = quant_layout({"quantization_config": ct_config(4, 64, False, True, ["lm_head"])}, tmp_path)
+    lay = quant_layout(
+        {"quantization_config": ct_config(4, 64, False, True, ["lm_head"])}, tmp_path
+    )
     assert lay is not None and lay.native == ("pack-quantized", 64, 4)
     assert (lay.sym, lay.desc_act, lay.ignore) == (False, True, ("lm_head",))
     weight_order = _cfg(actorder="weight")

@@ -122,7 +122,10 @@ fn part_of(e: &HfQuantError, g_idx: &'static str) -> (&'static str, &'static str
 
 /// `order` as the little-endian I32 bytes of `<prefix>.input_perm`.
 fn perm_bytes(order: &[u32]) -> Vec<u8> {
-    order.iter().flat_map(|&i| (i as i32).to_le_bytes()).collect()
+    order
+        .iter()
+        .flat_map(|&i| (i as i32).to_le_bytes())
+        .collect()
 }
 
 fn err(tensor: &str, kind: &'static str, message: impl Into<String>) -> GptqAwqError {
@@ -133,6 +136,9 @@ fn err(tensor: &str, kind: &'static str, message: impl Into<String>) -> GptqAwqE
     }
 }
 
+/// One re-laid layer: its rows, their dtype, `(in, out)` and its input order (act-order).
+type Layer = (Vec<u8>, DType, (usize, usize), Option<Vec<u32>>);
+
 /// A tensor of `model`, or why not: missing (when required), or not `dtype` with `rank` dims.
 fn get<'m>(
     model: &'m SafetensorsModel,
@@ -141,8 +147,13 @@ fn get<'m>(
     rank: usize,
     required: bool,
     needs: &str,
-) -> Result<Option<(&'m poot_formats::SafetensorsFile, &'m poot_formats::TensorInfo)>, GptqAwqError>
-{
+) -> Result<
+    Option<(
+        &'m poot_formats::SafetensorsFile,
+        &'m poot_formats::TensorInfo,
+    )>,
+    GptqAwqError,
+> {
     let Some((file, t)) = model.tensor(name) else {
         return if required {
             Err(err(name, "missing_tensor", format!("is missing ({needs})")))
@@ -154,7 +165,10 @@ fn get<'m>(
         return Err(err(
             name,
             "dtype",
-            format!("is {} {:?}, expected a {rank}-d {dtype} tensor", t.dtype, t.shape),
+            format!(
+                "is {} {:?}, expected a {rank}-d {dtype} tensor",
+                t.dtype, t.shape
+            ),
         ));
     }
     Ok(Some((file, t)))
@@ -166,7 +180,7 @@ fn gptq_awq_layer(
     prefix: &str,
     packing: IntPacking,
     spec: GptqAwqSpec,
-) -> Result<(Vec<u8>, DType, (usize, usize), Option<Vec<u32>>), GptqAwqError> {
+) -> Result<Layer, GptqAwqError> {
     const NEEDS: &str = "GPTQ/AWQ layers need qweight, qzeros and scales";
     let name = |part: &str| format!("{prefix}.{part}");
     let req = |part: &str, dtype| {
@@ -210,9 +224,15 @@ fn gptq_awq_layer(
         // `GptqAwqSpec::new` allows 8 bits only for GPTQ.
         let (out, dtype) = if spec.bits == 8 {
             let v1 = packing == IntPacking::GptqV1;
-            (gptq8_to_q8z(v1, tensors, (k, n), spec.group_size)?, DType::Q8_Z)
+            (
+                gptq8_to_q8z(v1, tensors, (k, n), spec.group_size)?,
+                DType::Q8_Z,
+            )
         } else {
-            (int4_to_q4z(packing, tensors, (k, n), spec.group_size)?, DType::Q4_Z)
+            (
+                int4_to_q4z(packing, tensors, (k, n), spec.group_size)?,
+                DType::Q4_Z,
+            )
         };
         Ok((out, dtype, (k, n), order))
     };
@@ -228,22 +248,36 @@ fn pack_quantized_layer(
     model: &SafetensorsModel,
     prefix: &str,
     spec: GptqAwqSpec,
-) -> Result<(Vec<u8>, DType, (usize, usize), Option<Vec<u32>>), GptqAwqError> {
+) -> Result<Layer, GptqAwqError> {
     const NEEDS: &str = "pack-quantized layers need weight_packed, weight_scale and weight_shape";
     let name = |part: &str| format!("{prefix}.{part}");
     let (pf, pk) = get(model, &name("weight_packed"), DType::I32, 2, true, NEEDS)?.expect("req");
     let (hf, sh) = get(model, &name("weight_shape"), DType::I32, 1, true, NEEDS)?.expect("req");
     let Some((sf, sc)) = model.tensor(&name("weight_scale")) else {
-        return Err(err(&name("weight_scale"), "missing_tensor", format!("is missing ({NEEDS})")));
+        return Err(err(
+            &name("weight_scale"),
+            "missing_tensor",
+            format!("is missing ({NEEDS})"),
+        ));
     };
     if !matches!(sc.dtype, DType::F16 | DType::BF16 | DType::F32) || sc.shape.len() != 2 {
         return Err(err(
             &name("weight_scale"),
             "dtype",
-            format!("is {} {:?}, expected a 2-d F16, BF16 or F32 tensor", sc.dtype, sc.shape),
+            format!(
+                "is {} {:?}, expected a 2-d F16, BF16 or F32 tensor",
+                sc.dtype, sc.shape
+            ),
         ));
     }
-    let zp = get(model, &name("weight_zero_point"), DType::I32, 2, false, NEEDS)?;
+    let zp = get(
+        model,
+        &name("weight_zero_point"),
+        DType::I32,
+        2,
+        false,
+        NEEDS,
+    )?;
     let g_idx = get(model, &name("weight_g_idx"), DType::I32, 1, false, NEEDS)?;
     let shape: Vec<i64> = hf
         .tensor_bytes(sh)
@@ -296,7 +330,11 @@ fn pack_quantized_layer(
         };
         let order = input_order(t.g_idx, k, n, groups)?;
         let out = pack_quantized_to_qz(spec.bits, t, (k, n), spec.group_size)?;
-        let dtype = if spec.bits == 8 { DType::Q8_Z } else { DType::Q4_Z };
+        let dtype = if spec.bits == 8 {
+            DType::Q8_Z
+        } else {
+            DType::Q4_Z
+        };
         Ok((out, dtype, (k, n), order))
     };
     relay().map_err(|e: HfQuantError| {

@@ -85,9 +85,7 @@ def float_weights(names_dtypes: list[tuple[str, str, int]]) -> tuple[int, list[s
     (embeddings, a float ``lm_head``, compressed-tensors' ``ignore`` list): ``(name, dtype,
     ndim)`` triples in, for ``poot inspect``.
     """
-    layers = {
-        n.rsplit(".", 1)[0] for n, _, _ in names_dtypes if n.endswith(_PACKED_SUFFIXES)
-    }
+    layers = {n.rsplit(".", 1)[0] for n, _, _ in names_dtypes if n.endswith(_PACKED_SUFFIXES)}
     floats = [
         n
         for n, dt, ndim in names_dtypes

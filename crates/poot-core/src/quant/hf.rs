@@ -146,7 +146,12 @@ pub fn groups_for(group_size: i64, k: usize, n: usize) -> Result<usize, HfQuantE
 }
 
 /// The checked group of each input column, from `g_idx` (little-endian I32, `[k]`).
-fn column_groups(g_idx: &[u8], k: usize, n: usize, groups: usize) -> Result<Vec<usize>, HfQuantError> {
+fn column_groups(
+    g_idx: &[u8],
+    k: usize,
+    n: usize,
+    groups: usize,
+) -> Result<Vec<usize>, HfQuantError> {
     check_len("g_idx", (k, n), 4 * k, g_idx.len())?;
     words(g_idx)
         .enumerate()

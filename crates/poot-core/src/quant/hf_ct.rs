@@ -120,7 +120,10 @@ pub fn pack_quantized_to_qz(
     let zero = |g: usize, j: usize| -> u16 {
         match t.zero_point {
             // `pack_to_int32(..., packed_dim=0)`: rows packed `f` a word, per group column.
-            Some(zp) => ((word_at(zp, (j / f) * groups + g) >> (u32::from(bits) * (j % f) as u32)) & mask) as u16,
+            Some(zp) => {
+                ((word_at(zp, (j / f) * groups + g) >> (u32::from(bits) * (j % f) as u32)) & mask)
+                    as u16
+            }
             None => shift,
         }
     };

@@ -49,7 +49,13 @@ fn check_ct(bits: u8, k: usize, n: usize, group: i64, asym: bool, actorder: bool
     let f = 32 / bits as usize;
     let q: Vec<u32> = (0..n * k).map(|_| rng.next() % levels).collect();
     let z: Vec<u32> = (0..n * groups)
-        .map(|_| if asym { rng.next() % levels } else { levels / 2 })
+        .map(|_| {
+            if asym {
+                rng.next() % levels
+            } else {
+                levels / 2
+            }
+        })
         .collect();
     let s: Vec<u16> = (0..n * groups)
         .map(|_| (rng.next() as u16 & 0x83ff) | (((rng.next() % 10) as u16 + 0x0c) << 10))
@@ -90,8 +96,7 @@ fn check_ct(bits: u8, k: usize, n: usize, group: i64, asym: bool, actorder: bool
     for j in 0..n {
         for (new, &i) in order.iter().enumerate() {
             let g = gof(i);
-            let want =
-                (q[j * k + i] as f64 - z[j * groups + g] as f64) * f16_of(s[j * groups + g]);
+            let want = (q[j * k + i] as f64 - z[j * groups + g] as f64) * f16_of(s[j * groups + g]);
             let what = format!("bits {bits} {k}x{n} g{group} asym {asym} act {actorder}");
             assert_eq!(f64::from(got[j * k + new]), want, "{what} ({j},{i})");
         }
@@ -212,9 +217,15 @@ fn scales_convert_to_f16_only_when_exact() {
         .collect();
     let h = scales_to_f16(DType::BF16, &bf).unwrap();
     assert_eq!(h.len(), 6);
-    let exact: Vec<u8> = [0.25f32, 0.001_953_125].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let exact: Vec<u8> = [0.25f32, 0.001_953_125]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
     assert!(scales_to_f16(DType::F32, &exact).is_ok());
-    let inexact: Vec<u8> = [0.25f32, 0.1].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let inexact: Vec<u8> = [0.25f32, 0.1]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
     assert!(matches!(
         scales_to_f16(DType::F32, &inexact),
         Err(HfQuantError::Scale { index: 1, .. })
