@@ -88,6 +88,24 @@ def test_groups_that_do_not_fill_32_columns_are_refused(tmp_path: Path) -> None:
     assert (e.value.tensor, e.value.kind) == ("l.g_idx", "g_idx")
 
 
+@pytest.mark.device_wgpu
+def test_wgpu_refuses_act_order_layers_when_compiling(tmp_path: Path) -> None:
+    """wgpu has no gather kernel yet: a typed CompileError, never a wrong answer."""
+    from wgpu_util import require_wgpu
+
+    from poot.errors import CompileError
+
+    require_wgpu()
+    rng = np.random.default_rng(8)
+    t, _ = gptq_act_order_layer(rng.standard_normal((8, 64)), 32, 4, False, False, rng)
+    wts = _weights(_save(tmp_path, {f"l.{p}": v for p, v in t.items()}), "gptq_v2", 32, 4)
+    tr = _native.Tracer(wts, 2)
+    xv = tr.input("x", "f32", [2, 64])
+    tr.output("y", tr.matmul(xv, tr.weight("l.weight")))
+    with pytest.raises(CompileError, match="input_perm"):
+        _native.WgpuRuntime(60.0).prepare(tr.finish(), wts)
+
+
 LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj")
 PROMPT = [1, 403, 407, 261, 378, 259, 251, 76]
 
