@@ -1,6 +1,7 @@
-//! A GPTQ, AWQ or compressed-tensors `pack-quantized` safetensors checkpoint as a weight store:
-//! each quantized linear layer appears as one `<prefix>.weight` of dtype `Q4_Z` (int4) or `Q8_Z`
-//! (8-bit), shape `[out, in]`. An act-order layer whose groups do not keep to 32-column blocks
+//! A GPTQ, AWQ, compressed-tensors `pack-quantized` or FP8 safetensors checkpoint as a weight
+//! store: each quantized linear layer appears as one `<prefix>.weight` of dtype `Q4_Z` (int4),
+//! `Q8_Z` (8-bit) or `F8_S` (FP8 E4M3, its bytes kept, `poot_core::quant::hf_fp8`), shape
+//! `[out, in]`. An act-order layer whose groups do not keep to 32-column blocks
 //! is re-laid with its input columns sorted by group and also shows `<prefix>.input_perm` (I32
 //! `[1, in]`, `perm[new] = original column`), which the tracer's `matmul` gathers the
 //! activations with (see `poot_core::quant::hf`).
@@ -20,6 +21,7 @@ use poot_core::quant::hf::{
     gptq8_to_q8z, groups_for, input_order, int4_to_q4z, HfQuantError, IntPacking, PackedTensors,
 };
 use poot_core::quant::hf_ct::{pack_quantized_to_qz, scales_to_f16, CtTensors};
+use poot_core::quant::hf_fp8::{fp8_to_f8s, scales_to_f32, Fp8Scales};
 use poot_core::DType;
 use poot_formats::SafetensorsModel;
 use poot_graph::WeightCatalog;
@@ -43,6 +45,9 @@ pub struct GptqAwqError {
 pub enum HfFormat {
     Int(IntPacking),
     PackQuantized,
+    /// FP8 E4M3 weights (`float-quantized` or `quant_method: fp8`), held as F8_S; the spec's
+    /// `group_size` is the square scale block's edge, or -1 for per-tensor/per-channel scales.
+    Fp8,
 }
 
 /// How the checkpoint's quantized layers are packed, from its `quantization_config`.
@@ -81,6 +86,20 @@ impl GptqAwqSpec {
         }
     }
 
+    /// FP8 E4M3 weights with `block`-square scale blocks (-1: per tensor or per channel, told
+    /// apart by the scale's shape).
+    pub fn fp8(block: i64) -> Result<Self, String> {
+        if block == -1 || block > 0 && block % 32 == 0 {
+            Ok(Self {
+                format: HfFormat::Fp8,
+                group_size: block,
+                bits: 8,
+            })
+        } else {
+            Err(format!("FP8 scale block {block} is not -1 or a multiple of 32"))
+        }
+    }
+
     /// 4 or 8.
     pub fn bits(&self) -> u8 {
         self.bits
@@ -102,6 +121,7 @@ pub struct GptqAwqWeights {
 }
 
 const PARTS: [&str; 4] = ["qweight", "qzeros", "scales", "g_idx"];
+const FP8_PARTS: [&str; 4] = ["weight", "weight_scale", "weight_scale_inv", "input_scale"];
 const CT_PARTS: [&str; 5] = [
     "weight_packed",
     "weight_scale",
@@ -348,6 +368,77 @@ fn pack_quantized_layer(
     })
 }
 
+/// Re-lays one FP8 layer (`<prefix>.weight` F8_E4M3 `[n, k]` with `weight_scale_inv` or
+/// `weight_scale`).
+fn fp8_layer(
+    model: &SafetensorsModel,
+    prefix: &str,
+    spec: GptqAwqSpec,
+) -> Result<Layer, GptqAwqError> {
+    let name = |part: &str| format!("{prefix}.{part}");
+    let (wf, wt) = model.tensor(&name("weight")).expect("listed by dtype");
+    let scale_name = ["weight_scale_inv", "weight_scale"]
+        .into_iter()
+        .map(name)
+        .find(|n| model.tensor(n).is_some());
+    let Some(scale_name) = scale_name else {
+        return Err(err(
+            &name("weight_scale_inv"),
+            "missing_tensor",
+            "is missing (FP8 layers need weight_scale_inv or weight_scale)",
+        ));
+    };
+    let (sf, st) = model.tensor(&scale_name).expect("found");
+    if wt.shape.len() != 2 {
+        return Err(err(
+            &name("weight"),
+            "shape",
+            format!("has shape {:?}, expected [out_features, in_features]", wt.shape),
+        ));
+    }
+    let (n, k) = (wt.shape[0] as usize, wt.shape[1] as usize);
+    let numel: u64 = st.shape.iter().product();
+    let layout = if spec.group_size > 0 {
+        let b = spec.group_size as usize;
+        Fp8Scales::Block { rows: b, cols: b }
+    } else if numel == 1 {
+        Fp8Scales::Tensor
+    } else {
+        Fp8Scales::Channel
+    };
+    let want: Vec<u64> = match layout {
+        Fp8Scales::Block { rows, cols } => vec![n.div_ceil(rows) as u64, k.div_ceil(cols) as u64],
+        Fp8Scales::Channel => vec![n as u64, 1],
+        Fp8Scales::Tensor => st.shape.clone(),
+    };
+    // Per-channel scales come as [n, 1] (compressed-tensors) or [n].
+    let channel_1d = layout == Fp8Scales::Channel && st.shape == [n as u64];
+    if st.shape != want && !channel_1d {
+        return Err(err(
+            &scale_name,
+            "shape",
+            format!(
+                "has shape {:?}, expected {want:?} ({layout:?} scales of a {n} x {k} weight)",
+                st.shape
+            ),
+        ));
+    }
+    let relay = || {
+        let scales = scales_to_f32(st.dtype, sf.tensor_bytes(st))?;
+        fp8_to_f8s(wf.tensor_bytes(wt), &scales, layout, (k, n))
+    };
+    let out = relay().map_err(|e: HfQuantError| {
+        let (part, kind) = match &e {
+            HfQuantError::Shape { tensor, .. } if *tensor == "weight" => (name("weight"), "shape"),
+            HfQuantError::Scale { .. } => (scale_name.clone(), "dtype"),
+            HfQuantError::Shape { .. } => (scale_name.clone(), "shape"),
+            _ => (name("weight"), "shape"),
+        };
+        err(&part, kind, e.to_string())
+    })?;
+    Ok((out, DType::F8_S, (k, n), None))
+}
+
 impl GptqAwqWeights {
     /// Re-lays every quantized layer of `model` (`<prefix>.qweight`, or `.weight_packed` for
     /// compressed-tensors) under `spec` (int4: Q4_Z, 8-bit: Q8_Z).
@@ -355,11 +446,14 @@ impl GptqAwqWeights {
         let (suffix, parts): (&str, &[&str]) = match spec.format {
             HfFormat::Int(_) => (".qweight", &PARTS),
             HfFormat::PackQuantized => (".weight_packed", &CT_PARTS),
+            HfFormat::Fp8 => (".weight", &FP8_PARTS),
         };
         let mut relaid = HashMap::new();
         let mut hidden = std::collections::HashSet::new();
+        // FP8 layers are the `.weight`s stored as E4M3; the others are named by their packing.
         let prefixes: Vec<String> = model
             .tensors()
+            .filter(|(_, t)| spec.format != HfFormat::Fp8 || t.dtype == DType::F8E4M3)
             .filter_map(|(_, t)| t.name.strip_suffix(suffix).map(str::to_owned))
             .collect();
         let mut layers = 0;
@@ -367,6 +461,7 @@ impl GptqAwqWeights {
             let (out, dtype, (k, n), order) = match spec.format {
                 HfFormat::Int(packing) => gptq_awq_layer(&model, &prefix, packing, spec)?,
                 HfFormat::PackQuantized => pack_quantized_layer(&model, &prefix, spec)?,
+                HfFormat::Fp8 => fp8_layer(&model, &prefix, spec)?,
             };
             for part in parts {
                 let name = format!("{prefix}.{part}");
