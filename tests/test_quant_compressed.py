@@ -138,7 +138,7 @@ def _cfg(**weights: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("q", "field"),
     [
-        (dict(ct_config(4, 128, True, False, []), format="float-quantized"), "format"),
+        (dict(ct_config(4, 128, True, False, []), format="naive-quantized"), "format"),
         (dict(ct_config(4, 128, True, False, []), format="marlin-24"), "format"),
         (_cfg(type="float", num_bits=8), "config_groups.group_0.weights.type"),
         (_cfg(num_bits=2), "config_groups.group_0.weights.num_bits"),
