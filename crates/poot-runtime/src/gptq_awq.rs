@@ -96,7 +96,9 @@ impl GptqAwqSpec {
                 bits: 8,
             })
         } else {
-            Err(format!("FP8 scale block {block} is not -1 or a multiple of 32"))
+            Err(format!(
+                "FP8 scale block {block} is not -1 or a multiple of 32"
+            ))
         }
     }
 
@@ -393,7 +395,10 @@ fn fp8_layer(
         return Err(err(
             &name("weight"),
             "shape",
-            format!("has shape {:?}, expected [out_features, in_features]", wt.shape),
+            format!(
+                "has shape {:?}, expected [out_features, in_features]",
+                wt.shape
+            ),
         ));
     }
     let (n, k) = (wt.shape[0] as usize, wt.shape[1] as usize);

@@ -27,11 +27,11 @@
 mod golden_tests;
 pub mod hf;
 pub mod hf_ct;
+#[cfg(test)]
+mod hf_ct_tests;
 pub mod hf_fp8;
 #[cfg(test)]
 mod hf_fp8_tests;
-#[cfg(test)]
-mod hf_ct_tests;
 #[cfg(test)]
 mod hf_tests;
 pub mod kquants;
