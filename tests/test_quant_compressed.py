@@ -91,6 +91,21 @@ def test_bf16_and_f32_scales_that_f16_holds_exactly_load(tmp_path: Path, dtype: 
     _check(_matmul(_weights(tmp_path, 32, 4), x), x, ref_w)
 
 
+def test_unpacked_int8_zero_points_of_older_releases_load(tmp_path: Path) -> None:
+    """Before compressed-tensors packed them, asymmetric zero points were stored as I8
+    ``[n, groups]`` (signed); both forms give the same weights."""
+    from quant_ct import unpack_from_int32
+
+    rng = np.random.default_rng(12)
+    t, ref_w = ct_layer(rng.standard_normal((24, 128)), 4, 32, False, False, rng)
+    zp = unpack_from_int32(t["weight_zero_point"], 4, 24, packed_dim=0)
+    # C order: safetensors.numpy writes a transposed view's buffer as it lies in memory.
+    t["weight_zero_point"] = np.ascontiguousarray(zp, np.int8)
+    wts = _weights(_save(tmp_path, {f"l.{p}": v for p, v in t.items()}), 32, 4)
+    x = rng.standard_normal((2, 128)).astype(np.float32)
+    _check(_matmul(wts, x), x, ref_w)
+
+
 def _bad_layer(tmp_path: Path, change: Any) -> Path:
     rng = np.random.default_rng(2)
     t, _ = ct_layer(rng.standard_normal((16, 64)), 4, 32, False, False, rng)

@@ -20,7 +20,9 @@ use std::sync::Arc;
 use poot_core::quant::hf::{
     gptq8_to_q8z, groups_for, input_order, int4_to_q4z, HfQuantError, IntPacking, PackedTensors,
 };
-use poot_core::quant::hf_ct::{pack_quantized_to_qz, scales_to_f16, CtTensors};
+use poot_core::quant::hf_ct::{
+    pack_i8_zero_points, pack_quantized_to_qz, scales_to_f16, CtTensors,
+};
 use poot_core::quant::hf_fp8::{fp8_to_f8s, scales_to_f32, Fp8Scales};
 use poot_core::DType;
 use poot_formats::SafetensorsModel;
@@ -292,14 +294,21 @@ fn pack_quantized_layer(
             ),
         ));
     }
-    let zp = get(
-        model,
-        &name("weight_zero_point"),
-        DType::I32,
-        2,
-        false,
-        NEEDS,
-    )?;
+    // Older releases stored zero points unpacked (I8 `[n, groups]`); newer ones pack them.
+    let zp_i8 = model
+        .tensor(&name("weight_zero_point"))
+        .filter(|(_, t)| t.dtype == DType::I8);
+    let zp = match zp_i8 {
+        Some(_) => None,
+        None => get(
+            model,
+            &name("weight_zero_point"),
+            DType::I32,
+            2,
+            false,
+            NEEDS,
+        )?,
+    };
     let g_idx = get(model, &name("weight_g_idx"), DType::I32, 1, false, NEEDS)?;
     let shape: Vec<i64> = hf
         .tensor_bytes(sh)
@@ -344,10 +353,13 @@ fn pack_quantized_layer(
     }
     let relay = || {
         let scale = scales_to_f16(sc.dtype, sf.tensor_bytes(sc))?;
+        let unpacked = zp_i8
+            .map(|(f, t)| pack_i8_zero_points(f.tensor_bytes(t), (k, n), groups, spec.bits))
+            .transpose()?;
         let t = CtTensors {
             packed: pf.tensor_bytes(pk),
             scale: &scale,
-            zero_point: zp.map(|(f, t)| f.tensor_bytes(t)),
+            zero_point: unpacked.as_deref().or(zp.map(|(f, t)| f.tensor_bytes(t))),
             g_idx: g_idx.map(|(f, t)| f.tensor_bytes(t)),
         };
         let order = input_order(t.g_idx, k, n, groups)?;

@@ -73,6 +73,36 @@ pub fn scales_to_f16(dtype: DType, bytes: &[u8]) -> Result<Vec<u8>, HfQuantError
     Ok(out)
 }
 
+/// Older compressed-tensors releases stored an asymmetric layer's zero points unpacked, as I8
+/// `[n, groups]` (signed); this packs them as `pack_to_int32(zp, bits, packed_dim=0)` does, so
+/// [`pack_quantized_to_qz`] reads one form.
+pub fn pack_i8_zero_points(
+    zp: &[u8],
+    (k, n): (usize, usize),
+    groups: usize,
+    bits: u8,
+) -> Result<Vec<u8>, HfQuantError> {
+    if zp.len() != n * groups {
+        return Err(HfQuantError::Shape {
+            tensor: "weight_zero_point",
+            k,
+            n,
+            expected: n * groups,
+            got: zp.len(),
+        });
+    }
+    let f = 32 / usize::from(bits);
+    let mask = (1u32 << bits) - 1;
+    let mut words = vec![0u32; n.div_ceil(f) * groups];
+    for j in 0..n {
+        for g in 0..groups {
+            let u = (i32::from(zp[j * groups + g] as i8) + (1 << (bits - 1))) as u32 & mask;
+            words[(j / f) * groups + g] |= u << (u32::from(bits) * (j % f) as u32);
+        }
+    }
+    Ok(words.iter().flat_map(|w| w.to_le_bytes()).collect())
+}
+
 fn word_at(b: &[u8], i: usize) -> u32 {
     u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
 }
