@@ -29,8 +29,9 @@ from poot.errors import CheckpointFormatError, UnsupportedQuantizationError
         ({"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"}, "checkpoint_format"),
         ({"quant_method": "awq", "bits": 4, "version": "gemv"}, "version"),
         ({"quant_method": "awq", "bits": 4, "zero_point": False}, "zero_point"),
-        ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "quant_method"),
-        ({"quant_method": "compressed-tensors", "format": "pack-quantized"}, "quant_method"),
+        ({"quant_method": "fp8", "fmt": "e5m2"}, "fmt"),
+        ({"quant_method": "hqq", "nbits": 4}, "quant_method"),
+        ({"quant_method": "compressed-tensors", "format": "pack-quantized"}, "config_groups"),
         ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "quant_method"),
         ({"quant_method": "gptq", "bits": "4"}, "bits"),
     ],
@@ -103,7 +104,8 @@ def _set(key: str, value: Any) -> Any:
         (_set("scales", np.ones((3, 16), np.float16)), "l.scales", "shape"),
         (_set("qzeros", np.zeros((2, 1), np.int32)), "l.qzeros", "shape"),
         (_set("g_idx", np.full(64, 2, np.int32)), "l.g_idx", "g_idx"),
-        (_set("g_idx", np.arange(64, dtype=np.int32) % 2), "l.g_idx", "g_idx"),
+        # Act-order: 33 and 31 columns, so sorted by group a 32-block still spans two.
+        (_set("g_idx", (np.arange(64) * 7 % 64 < 33).astype(np.int32)), "l.g_idx", "g_idx"),
     ],
 )
 def test_malformed_gptq_layers_are_typed_errors(
@@ -116,9 +118,10 @@ def test_malformed_gptq_layers_are_typed_errors(
     assert e.value.field == "quantization_config"
 
 
-def test_act_order_with_a_permutation_says_so(tmp_path: Path) -> None:
-    d = _layer(tmp_path, _set("g_idx", np.arange(64, dtype=np.int32) % 2))
-    with pytest.raises(CheckpointFormatError, match="act-order"):
+def test_act_order_groups_must_fill_whole_blocks(tmp_path: Path) -> None:
+    """Act-order itself loads (``test_quant_actorder.py``); groups of 33 and 31 columns do not."""
+    d = _layer(tmp_path, _set("g_idx", (np.arange(64) * 7 % 64 < 33).astype(np.int32)))
+    with pytest.raises(CheckpointFormatError, match="multiple of 32"):
         _load(d)
 
 

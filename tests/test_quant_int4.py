@@ -220,4 +220,4 @@ def test_inspect_shows_the_layout(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert fmt["quantized_layers"] == 2 * len(LINEAR)
     assert sorted(fmt["float_weights"]) == ["lm_head.weight", "model.embed_tokens.weight"]
     assert main(["inspect", str(d)]) == 0
-    assert "quantized   14 int4 layers; kept in float: " in capsys.readouterr().out
+    assert "quantized   14 packed layers; kept in float: " in capsys.readouterr().out

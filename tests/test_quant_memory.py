@@ -51,9 +51,13 @@ print(json.dumps({
 D, F, LAYERS, VOCAB = 1024, 2816, 4, 256
 
 
-def _write(directory: Path) -> Path:
-    """A Llama-shaped GPTQ int4 g128 directory (about 29 MB: int4 layers, float embeddings)."""
+def _write(directory: Path, fp8: bool = False) -> Path:
+    """A Llama-shaped GPTQ int4 g128 directory (about 29 MB: int4 layers, float embeddings),
+    or (``fp8``) the same shapes as block-FP8 (``quant_method: fp8``, 128x128 f32
+    ``weight_scale_inv``; about 52 MB)."""
     from family_models import FAMILIES, _tokenizer_json
+    from quant_ct import save_raw
+    from quant_fp8 import fp8_layer
     from safetensors.numpy import save_file
 
     rng = np.random.default_rng(0)
@@ -70,21 +74,40 @@ def _write(directory: Path) -> Path:
         st[p + "input_layernorm.weight"] = np.ones(D, np.float32)
         st[p + "post_attention_layernorm.weight"] = np.ones(D, np.float32)
         for name, shape in shapes.items():
-            tensors, _ = quantize_layer(rng.standard_normal(shape) * 0.02, "gptq", 128)
+            w = rng.standard_normal(shape) * 0.02
+            if fp8:
+                codes, scale, _ = fp8_layer(w, "block", 128)
+                st[f"{p}{name}.weight"] = codes
+                st[f"{p}{name}.weight_scale_inv"] = scale
+                continue
+            tensors, _ = quantize_layer(w, "gptq", 128)
             st.update({f"{p}{name}.{k}": v for k, v in tensors.items()})
     directory.mkdir()
-    save_file(st, str(directory / "model.safetensors"))
+    if fp8:
+        # numpy has no E4M3 type: the codes go in as raw F8_E4M3 bytes.
+        raw = {
+            n: ("F8_E4M3" if v.dtype == np.uint8 else "F32", list(v.shape), v.tobytes())
+            for n, v in st.items()
+        }
+        save_raw(directory / "model.safetensors", raw)
+    else:
+        save_file(st, str(directory / "model.safetensors"))
     config = dict(FAMILIES["mistral"], hidden_size=D, intermediate_size=F, sliding_window=None)
     config |= {"num_hidden_layers": LAYERS, "num_attention_heads": 8, "num_key_value_heads": 8}
-    config |= {"quantization_config": quant_config("gptq", 128)}
+    q: dict[str, object] = quant_config("gptq", 128)
+    if fp8:
+        q = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    config |= {"quantization_config": q}
     (directory / "config.json").write_text(json.dumps(config))
     _tokenizer_json(directory / "tokenizer.json", VOCAB)
     return directory
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
-def test_gptq_resident_memory_is_close_to_the_file_size(tmp_path: Path) -> None:
-    d = _write(tmp_path / "gptq")
+@pytest.mark.parametrize("fp8", [False, True], ids=["gptq", "fp8"])
+def test_resident_memory_is_close_to_the_file_size(tmp_path: Path, fp8: bool) -> None:
+    """The F8_S re-lay is 1.125x the FP8 weights (an f32 scale a 32-block); the same bounds."""
+    d = _write(tmp_path / "m", fp8)
     proc = subprocess.run(
         [sys.executable, "-c", _SCRIPT, str(d)],
         capture_output=True,

@@ -170,7 +170,7 @@ def print_inspect(report: dict[str, Any], out: TextIO) -> None:
         )
         if "quantized_layers" in fmt:
             w(
-                f"quantized   {fmt['quantized_layers']} int4 layers; kept in float: "
+                f"quantized   {fmt['quantized_layers']} packed layers; kept in float: "
                 f"{', '.join(fmt['float_weights']) or '-'}\n"
             )
     w(

@@ -41,11 +41,14 @@ pub enum DType {
     /// Its 8-bit sibling (`y = (q - z) * d`, q a u8, z a u16: GPTQ v1's `+1` reaches 256), the
     /// in-memory form of 8-bit GPTQ weights.
     Q8_Z,
+    /// poot's FP8 block: an f32 scale and 32 OCP E4M3 bytes (`y = e4m3(q) * d`), the
+    /// in-memory form of FP8 checkpoints' weights (`quant::hf_fp8`).
+    F8_S,
 }
 
 impl DType {
     /// Every dtype, in a stable order (for tables and exhaustive tests).
-    pub const ALL: [DType; 26] = [
+    pub const ALL: [DType; 27] = [
         DType::F64,
         DType::F32,
         DType::F16,
@@ -72,13 +75,14 @@ impl DType {
         DType::Q8_K,
         DType::Q4_Z,
         DType::Q8_Z,
+        DType::F8_S,
     ];
 
     /// Elements per block (1 for plain scalars).
     pub const fn block_elems(self) -> u64 {
         use DType::*;
         match self {
-            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | Q4_Z | Q8_Z => 32,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | Q4_Z | Q8_Z | F8_S => 32,
             Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K => 256,
             _ => 1,
         }
@@ -106,10 +110,11 @@ impl DType {
             Q8_K => 292,
             Q4_Z => 19,
             Q8_Z => 36,
+            F8_S => 36,
         }
     }
 
-    /// True for block-quantized types (ggml's, `Q4_Z` and `Q8_Z`).
+    /// True for block-quantized types (ggml's, `Q4_Z`, `Q8_Z` and `F8_S`).
     pub const fn is_quantized(self) -> bool {
         self.block_elems() > 1
     }
@@ -175,7 +180,7 @@ impl DType {
             I64 => 27,
             F64 => 28,
             BF16 => 30,
-            U8 | Bool | F8E4M3 | F8E5M2 | Q4_Z | Q8_Z => return None,
+            U8 | Bool | F8E4M3 | F8E5M2 | Q4_Z | Q8_Z | F8_S => return None,
         })
     }
 
@@ -229,6 +234,7 @@ impl DType {
             Q8_K => "Q8_K",
             Q4_Z => "Q4_Z",
             Q8_Z => "Q8_Z",
+            F8_S => "F8_S",
         }
     }
 }

@@ -214,7 +214,8 @@ pub enum Op {
         x: ValueId,
     },
     /// Each row's values at its ids: `x` [T, E] f32, `ids` [T, k] i32 -> [T, k] (a router's
-    /// probabilities of its selected experts).
+    /// probabilities of its selected experts), or `ids` [1, k] (an activation or a stored I32
+    /// weight: an act-order layer's `input_perm`) for every row.
     GatherCols {
         x: ValueId,
         ids: ValueId,

@@ -335,6 +335,10 @@ fn moe_ops_check_their_shapes() {
     assert!(t.moe_matmul(y32, exps, ids).is_err());
     let ids4 = t.input("ids4", DType::I32, vec![4, 2]).unwrap();
     assert!(t.gather_cols(logits, ids4).is_err());
+    // One row of ids picks the same columns of every row (an act-order input permutation).
+    let ids1 = t.input("ids1", DType::I32, vec![1, 5]).unwrap();
+    let g1 = t.gather_cols(logits, ids1).unwrap();
+    assert_eq!(t.info(g1).unwrap().shape, vec![3, 5]);
     let g3 = t.input("g3", DType::F32, vec![3, 3]).unwrap();
     assert!(t.moe_combine(y, g3).is_err());
 }

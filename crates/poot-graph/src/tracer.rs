@@ -314,7 +314,26 @@ impl Tracer {
     }
 
     /// `x` [T, K] times a stored weight [N, K] -> [T, N].
+    ///
+    /// A weight `<prefix>.weight` whose store also holds `<prefix>.input_perm` (I32 `[1, K]`:
+    /// an act-order layer whose columns were re-laid sorted by group, see
+    /// `poot_core::quant::hf`) multiplies `x` with its columns gathered in that order, so every
+    /// model gets the permutation without knowing about it.
     pub fn matmul(&mut self, x: ValueId, w: ValueId) -> Result<ValueId, TraceError> {
+        let perm = match self.graph.op(w) {
+            Op::Weight { name } => name
+                .strip_suffix(".weight")
+                .map(|p| format!("{p}.input_perm"))
+                .filter(|p| self.catalog.describe(p).is_some()),
+            _ => None,
+        };
+        let x = match perm {
+            Some(p) => {
+                let ids = self.weight(&p)?;
+                self.gather_cols(x, ids)?
+            }
+            None => x,
+        };
         let xi = self.act("matmul", x, "x", Some(2))?;
         let wi = self.stored("matmul", w, "w")?;
         if wi.shape.len() != 2 || wi.shape[1] != xi.shape[1] {

@@ -344,20 +344,30 @@ impl PySafetensorsModel {
     }
 }
 
-/// `("gptq" | "gptq_v2" | "awq", group_size, bits)` as an [`poot_runtime::GptqAwqSpec`].
+/// `("gptq" | "gptq_v2" | "awq" | "pack-quantized" | "fp8", group_size, bits)` as an [`poot_runtime::GptqAwqSpec`].
 fn packed_spec(packed: Option<(String, i64, u8)>) -> PyResult<Option<poot_runtime::GptqAwqSpec>> {
     use poot_core::quant::hf::IntPacking;
     use pyo3::exceptions::PyValueError;
     let Some((packing, group_size, bits)) = packed else {
         return Ok(None);
     };
+    if packing == "fp8" {
+        return poot_runtime::GptqAwqSpec::fp8(group_size)
+            .map(Some)
+            .map_err(PyValueError::new_err);
+    }
+    if packing == "pack-quantized" {
+        return poot_runtime::GptqAwqSpec::pack_quantized(group_size, bits)
+            .map(Some)
+            .map_err(PyValueError::new_err);
+    }
     let packing = match packing.as_str() {
         "gptq" => IntPacking::GptqV1,
         "gptq_v2" => IntPacking::GptqV2,
         "awq" => IntPacking::Awq,
         other => {
             return Err(PyValueError::new_err(format!(
-                "packing {other:?} is not one of 'gptq', 'gptq_v2', 'awq'"
+                "packing {other:?} is not one of 'gptq', 'gptq_v2', 'awq', 'pack-quantized', 'fp8'"
             )))
         }
     };

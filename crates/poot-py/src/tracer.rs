@@ -338,7 +338,8 @@ impl PyTracer {
         self.unary(py, x, Tracer::gelu)
     }
 
-    /// `x` [T, E] at `ids` [T, k] (i32) -> [T, k] (a router's weights of its chosen experts).
+    /// `x` [T, E] at `ids` [T, k] (i32) -> [T, k] (a router's weights of its chosen experts);
+    /// `ids` [1, k] picks the same columns of every row.
     fn gather_cols(&mut self, py: Python<'_>, x: &PyValue, ids: &PyValue) -> PyResult<PyValue> {
         let (x, ids) = (self.vid(py, x)?, self.vid(py, ids)?);
         self.rec(py, |t| t.gather_cols(x, ids))

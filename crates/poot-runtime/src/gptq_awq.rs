@@ -1,17 +1,29 @@
-//! A GPTQ or AWQ safetensors checkpoint as a weight store: each quantized linear layer appears
-//! as one `<prefix>.weight` of dtype `Q4_Z` (int4) or `Q8_Z` (8-bit GPTQ), shape `[out, in]`.
+//! A GPTQ, AWQ, compressed-tensors `pack-quantized` or FP8 safetensors checkpoint as a weight
+//! store: each quantized linear layer appears as one `<prefix>.weight` of dtype `Q4_Z` (int4),
+//! `Q8_Z` (8-bit) or `F8_S` (FP8 E4M3, its bytes kept, `poot_core::quant::hf_fp8`), shape
+//! `[out, in]`. An act-order layer whose groups do not keep to 32-column blocks
+//! is re-laid with its input columns sorted by group and also shows `<prefix>.input_perm` (I32
+//! `[1, in]`, `perm[new] = original column`), which the tracer's `matmul` gathers the
+//! activations with (see `poot_core::quant::hf`).
 //!
 //! Invariants: the re-lay (`poot_core::quant::hf`) happens once, here, for every layer before
 //! the store exists, so a malformed layer is refused before any plan compiles; the Q4_Z copy is
 //! 4.75 bits a weight (Q8_Z: 9; no float copy is ever made), and the source tensors' mapped pages
 //! are dropped from the resident set once copied, so the quantized layers count once. The
-//! source tensors (`qweight`, `qzeros`, `scales`, `g_idx`) are hidden; every other tensor
+//! source tensors (`qweight`, `qzeros`, `scales`, `g_idx`; `weight_packed`, `weight_scale`,
+//! `weight_zero_point`, `weight_g_idx`, `weight_shape`) are hidden; every other tensor
 //! (embeddings, norms, a float `lm_head`) is served as stored, from the map.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use poot_core::quant::hf::{gptq8_to_q8z, int4_to_q4z, IntPacking, PackedTensors};
+use poot_core::quant::hf::{
+    gptq8_to_q8z, groups_for, input_order, int4_to_q4z, HfQuantError, IntPacking, PackedTensors,
+};
+use poot_core::quant::hf_ct::{
+    pack_i8_zero_points, pack_quantized_to_qz, scales_to_f16, CtTensors,
+};
+use poot_core::quant::hf_fp8::{fp8_to_f8s, scales_to_f32, Fp8Scales};
 use poot_core::DType;
 use poot_formats::SafetensorsModel;
 use poot_graph::WeightCatalog;
@@ -29,13 +41,24 @@ pub struct GptqAwqError {
     pub message: String,
 }
 
-/// How the checkpoint's GPTQ/AWQ layers are packed, from its `quantization_config`.
+/// The checkpoint's layout: GPTQ/AWQ (`qweight`...) or compressed-tensors `pack-quantized`
+/// (`weight_packed`...).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HfFormat {
+    Int(IntPacking),
+    PackQuantized,
+    /// FP8 E4M3 weights (`float-quantized` or `quant_method: fp8`), held as F8_S; the spec's
+    /// `group_size` is the square scale block's edge, or -1 for per-tensor/per-channel scales.
+    Fp8,
+}
+
+/// How the checkpoint's quantized layers are packed, from its `quantization_config`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GptqAwqSpec {
-    pub packing: IntPacking,
+    pub format: HfFormat,
     /// `-1`: one group per row.
     pub group_size: i64,
-    /// 4 (GPTQ, AWQ: Q4_Z) or 8 (GPTQ only: Q8_Z).
+    /// 4 (Q4_Z) or 8 (GPTQ and pack-quantized only: Q8_Z).
     bits: u8,
 }
 
@@ -44,12 +67,40 @@ impl GptqAwqSpec {
     pub fn new(packing: IntPacking, group_size: i64, bits: u8) -> Result<Self, String> {
         match (bits, packing) {
             (4, _) | (8, IntPacking::GptqV1 | IntPacking::GptqV2) => Ok(Self {
-                packing,
+                format: HfFormat::Int(packing),
                 group_size,
                 bits,
             }),
             (8, IntPacking::Awq) => Err("AWQ has no 8-bit layout".to_owned()),
             (b, _) => Err(format!("{b}-bit weights are not supported (4 and 8 only)")),
+        }
+    }
+
+    /// compressed-tensors `pack-quantized`, 4 or 8 bits.
+    pub fn pack_quantized(group_size: i64, bits: u8) -> Result<Self, String> {
+        match bits {
+            4 | 8 => Ok(Self {
+                format: HfFormat::PackQuantized,
+                group_size,
+                bits,
+            }),
+            b => Err(format!("{b}-bit weights are not supported (4 and 8 only)")),
+        }
+    }
+
+    /// FP8 E4M3 weights with `block`-square scale blocks (-1: per tensor or per channel, told
+    /// apart by the scale's shape).
+    pub fn fp8(block: i64) -> Result<Self, String> {
+        if block == -1 || block > 0 && block % 32 == 0 {
+            Ok(Self {
+                format: HfFormat::Fp8,
+                group_size: block,
+                bits: 8,
+            })
+        } else {
+            Err(format!(
+                "FP8 scale block {block} is not -1 or a multiple of 32"
+            ))
         }
     }
 
@@ -59,7 +110,8 @@ impl GptqAwqSpec {
     }
 }
 
-/// One re-laid layer: its Q4_Z or Q8_Z rows, that dtype and `[out, in]`.
+/// One served tensor: its bytes, dtype and shape (Q4_Z/Q8_Z rows `[out, in]`, or an I32
+/// `[1, in]` input permutation).
 type Relaid = (Vec<u8>, DType, [usize; 2]);
 
 /// Tensors of a safetensors checkpoint with its GPTQ/AWQ layers re-laid as Q4_Z or Q8_Z.
@@ -69,9 +121,36 @@ pub struct GptqAwqWeights {
     /// `<prefix>.weight` -> (Q4_Z rows, `[out, in]`).
     relaid: Arc<HashMap<String, Relaid>>,
     hidden: Arc<std::collections::HashSet<String>>,
+    layers: usize,
 }
 
 const PARTS: [&str; 4] = ["qweight", "qzeros", "scales", "g_idx"];
+const FP8_PARTS: [&str; 4] = ["weight", "weight_scale", "weight_scale_inv", "input_scale"];
+const CT_PARTS: [&str; 5] = [
+    "weight_packed",
+    "weight_scale",
+    "weight_zero_point",
+    "weight_g_idx",
+    "weight_shape",
+];
+
+/// The tensor part and error kind a re-lay error names.
+fn part_of(e: &HfQuantError, g_idx: &'static str) -> (&'static str, &'static str) {
+    match e {
+        HfQuantError::Shape { tensor, .. } => (tensor, "shape"),
+        HfQuantError::Geometry { .. } => ("", "shape"),
+        HfQuantError::GroupIndex { .. } | HfQuantError::ActOrder { .. } => (g_idx, "g_idx"),
+        HfQuantError::Scale { .. } => ("", "scale"),
+    }
+}
+
+/// `order` as the little-endian I32 bytes of `<prefix>.input_perm`.
+fn perm_bytes(order: &[u32]) -> Vec<u8> {
+    order
+        .iter()
+        .flat_map(|&i| (i as i32).to_le_bytes())
+        .collect()
+}
 
 fn err(tensor: &str, kind: &'static str, message: impl Into<String>) -> GptqAwqError {
     GptqAwqError {
@@ -81,93 +160,327 @@ fn err(tensor: &str, kind: &'static str, message: impl Into<String>) -> GptqAwqE
     }
 }
 
+/// One re-laid layer: its rows, their dtype, `(in, out)` and its input order (act-order).
+type Layer = (Vec<u8>, DType, (usize, usize), Option<Vec<u32>>);
+
+/// A tensor of `model`, or why not: missing (when required), or not `dtype` with `rank` dims.
+fn get<'m>(
+    model: &'m SafetensorsModel,
+    name: &str,
+    dtype: DType,
+    rank: usize,
+    required: bool,
+    needs: &str,
+) -> Result<
+    Option<(
+        &'m poot_formats::SafetensorsFile,
+        &'m poot_formats::TensorInfo,
+    )>,
+    GptqAwqError,
+> {
+    let Some((file, t)) = model.tensor(name) else {
+        return if required {
+            Err(err(name, "missing_tensor", format!("is missing ({needs})")))
+        } else {
+            Ok(None)
+        };
+    };
+    if t.dtype != dtype || t.shape.len() != rank {
+        return Err(err(
+            name,
+            "dtype",
+            format!(
+                "is {} {:?}, expected a {rank}-d {dtype} tensor",
+                t.dtype, t.shape
+            ),
+        ));
+    }
+    Ok(Some((file, t)))
+}
+
+/// Re-lays one GPTQ/AWQ layer: its rows, dtype, `[k, n]` and input order.
+fn gptq_awq_layer(
+    model: &SafetensorsModel,
+    prefix: &str,
+    packing: IntPacking,
+    spec: GptqAwqSpec,
+) -> Result<Layer, GptqAwqError> {
+    const NEEDS: &str = "GPTQ/AWQ layers need qweight, qzeros and scales";
+    let name = |part: &str| format!("{prefix}.{part}");
+    let req = |part: &str, dtype| {
+        get(model, &name(part), dtype, 2, true, NEEDS).map(|t| t.expect("required"))
+    };
+    let (qf, qw) = req("qweight", DType::I32)?;
+    let (zf, qz) = req("qzeros", DType::I32)?;
+    let (sf, sc) = req("scales", DType::F16)?;
+    let g_idx = match packing {
+        IntPacking::Awq => None,
+        _ => get(model, &name("g_idx"), DType::I32, 1, false, NEEDS)?,
+    };
+    let (r, c) = (qw.shape[0] as usize, qw.shape[1] as usize);
+    let (k, n) = match (packing, spec.bits) {
+        (IntPacking::Awq, _) => (r, c * 8),
+        (_, 8) => (r * 4, c),
+        _ => (r * 8, c),
+    };
+    // The scales' shape is the one the layer's groups must agree with; check it here so the
+    // error names the tensor rather than a byte count.
+    let groups = groups_for(spec.group_size, k, n)
+        .map_err(|e| err(&name("qweight"), "shape", e.to_string()))?;
+    if sc.shape != [groups as u64, n as u64] {
+        return Err(err(
+            &name("scales"),
+            "shape",
+            format!(
+                "has shape {:?}, expected [{groups}, {n}] (group_size {})",
+                sc.shape, spec.group_size
+            ),
+        ));
+    }
+    let tensors = PackedTensors {
+        qweight: qf.tensor_bytes(qw),
+        qzeros: zf.tensor_bytes(qz),
+        scales: sf.tensor_bytes(sc),
+        g_idx: g_idx.map(|(f, t)| f.tensor_bytes(t)),
+    };
+    let relay = || {
+        let order = input_order(tensors.g_idx, k, n, groups)?;
+        // `GptqAwqSpec::new` allows 8 bits only for GPTQ.
+        let (out, dtype) = if spec.bits == 8 {
+            let v1 = packing == IntPacking::GptqV1;
+            (
+                gptq8_to_q8z(v1, tensors, (k, n), spec.group_size)?,
+                DType::Q8_Z,
+            )
+        } else {
+            (
+                int4_to_q4z(packing, tensors, (k, n), spec.group_size)?,
+                DType::Q4_Z,
+            )
+        };
+        Ok((out, dtype, (k, n), order))
+    };
+    relay().map_err(|e: HfQuantError| {
+        let (part, kind) = part_of(&e, "g_idx");
+        let part = if part.is_empty() { "qweight" } else { part };
+        err(&name(part), kind, e.to_string())
+    })
+}
+
+/// Re-lays one compressed-tensors `pack-quantized` layer.
+fn pack_quantized_layer(
+    model: &SafetensorsModel,
+    prefix: &str,
+    spec: GptqAwqSpec,
+) -> Result<Layer, GptqAwqError> {
+    const NEEDS: &str = "pack-quantized layers need weight_packed, weight_scale and weight_shape";
+    let name = |part: &str| format!("{prefix}.{part}");
+    let (pf, pk) = get(model, &name("weight_packed"), DType::I32, 2, true, NEEDS)?.expect("req");
+    let (hf, sh) = get(model, &name("weight_shape"), DType::I32, 1, true, NEEDS)?.expect("req");
+    let Some((sf, sc)) = model.tensor(&name("weight_scale")) else {
+        return Err(err(
+            &name("weight_scale"),
+            "missing_tensor",
+            format!("is missing ({NEEDS})"),
+        ));
+    };
+    if !matches!(sc.dtype, DType::F16 | DType::BF16 | DType::F32) || sc.shape.len() != 2 {
+        return Err(err(
+            &name("weight_scale"),
+            "dtype",
+            format!(
+                "is {} {:?}, expected a 2-d F16, BF16 or F32 tensor",
+                sc.dtype, sc.shape
+            ),
+        ));
+    }
+    // Older releases stored zero points unpacked (I8 `[n, groups]`); newer ones pack them.
+    let zp_i8 = model
+        .tensor(&name("weight_zero_point"))
+        .filter(|(_, t)| t.dtype == DType::I8);
+    let zp = match zp_i8 {
+        Some(_) => None,
+        None => get(
+            model,
+            &name("weight_zero_point"),
+            DType::I32,
+            2,
+            false,
+            NEEDS,
+        )?,
+    };
+    let g_idx = get(model, &name("weight_g_idx"), DType::I32, 1, false, NEEDS)?;
+    let shape: Vec<i64> = hf
+        .tensor_bytes(sh)
+        .chunks_exact(4)
+        .map(|b| i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+        .collect();
+    let f = 32 / usize::from(spec.bits);
+    let (n, k) = match shape[..] {
+        [n, k] if n > 0 && k > 0 => (n as usize, k as usize),
+        _ => {
+            return Err(err(
+                &name("weight_shape"),
+                "shape",
+                format!("is {shape:?}, expected [out_features, in_features]"),
+            ))
+        }
+    };
+    if pk.shape != [n as u64, k.div_ceil(f) as u64] {
+        return Err(err(
+            &name("weight_packed"),
+            "shape",
+            format!(
+                "has shape {:?}, expected [{n}, {}] ({}-bit quants, {f} a word, of a {n} x {k} \
+                 weight)",
+                pk.shape,
+                k.div_ceil(f),
+                spec.bits
+            ),
+        ));
+    }
+    let groups = groups_for(spec.group_size, k, n)
+        .map_err(|e| err(&name("weight_packed"), "shape", e.to_string()))?;
+    if sc.shape != [n as u64, groups as u64] {
+        return Err(err(
+            &name("weight_scale"),
+            "shape",
+            format!(
+                "has shape {:?}, expected [{n}, {groups}] (group_size {})",
+                sc.shape, spec.group_size
+            ),
+        ));
+    }
+    let relay = || {
+        let scale = scales_to_f16(sc.dtype, sf.tensor_bytes(sc))?;
+        let unpacked = zp_i8
+            .map(|(f, t)| pack_i8_zero_points(f.tensor_bytes(t), (k, n), groups, spec.bits))
+            .transpose()?;
+        let t = CtTensors {
+            packed: pf.tensor_bytes(pk),
+            scale: &scale,
+            zero_point: unpacked.as_deref().or(zp.map(|(f, t)| f.tensor_bytes(t))),
+            g_idx: g_idx.map(|(f, t)| f.tensor_bytes(t)),
+        };
+        let order = input_order(t.g_idx, k, n, groups)?;
+        let out = pack_quantized_to_qz(spec.bits, t, (k, n), spec.group_size)?;
+        let dtype = if spec.bits == 8 {
+            DType::Q8_Z
+        } else {
+            DType::Q4_Z
+        };
+        Ok((out, dtype, (k, n), order))
+    };
+    relay().map_err(|e: HfQuantError| {
+        let (part, kind) = part_of(&e, "weight_g_idx");
+        let part = match (part, kind) {
+            ("", "scale") => "weight_scale",
+            ("", _) => "weight_packed",
+            (p, _) => p,
+        };
+        err(&name(part), kind, e.to_string())
+    })
+}
+
+/// Re-lays one FP8 layer (`<prefix>.weight` F8_E4M3 `[n, k]` with `weight_scale_inv` or
+/// `weight_scale`).
+fn fp8_layer(
+    model: &SafetensorsModel,
+    prefix: &str,
+    spec: GptqAwqSpec,
+) -> Result<Layer, GptqAwqError> {
+    let name = |part: &str| format!("{prefix}.{part}");
+    let (wf, wt) = model.tensor(&name("weight")).expect("listed by dtype");
+    let scale_name = ["weight_scale_inv", "weight_scale"]
+        .into_iter()
+        .map(name)
+        .find(|n| model.tensor(n).is_some());
+    let Some(scale_name) = scale_name else {
+        return Err(err(
+            &name("weight_scale_inv"),
+            "missing_tensor",
+            "is missing (FP8 layers need weight_scale_inv or weight_scale)",
+        ));
+    };
+    let (sf, st) = model.tensor(&scale_name).expect("found");
+    if wt.shape.len() != 2 {
+        return Err(err(
+            &name("weight"),
+            "shape",
+            format!(
+                "has shape {:?}, expected [out_features, in_features]",
+                wt.shape
+            ),
+        ));
+    }
+    let (n, k) = (wt.shape[0] as usize, wt.shape[1] as usize);
+    let numel: u64 = st.shape.iter().product();
+    let layout = if spec.group_size > 0 {
+        let b = spec.group_size as usize;
+        Fp8Scales::Block { rows: b, cols: b }
+    } else if numel == 1 {
+        Fp8Scales::Tensor
+    } else {
+        Fp8Scales::Channel
+    };
+    let want: Vec<u64> = match layout {
+        Fp8Scales::Block { rows, cols } => vec![n.div_ceil(rows) as u64, k.div_ceil(cols) as u64],
+        Fp8Scales::Channel => vec![n as u64, 1],
+        Fp8Scales::Tensor => st.shape.clone(),
+    };
+    // Per-channel scales come as [n, 1] (compressed-tensors) or [n].
+    let channel_1d = layout == Fp8Scales::Channel && st.shape == [n as u64];
+    if st.shape != want && !channel_1d {
+        return Err(err(
+            &scale_name,
+            "shape",
+            format!(
+                "has shape {:?}, expected {want:?} ({layout:?} scales of a {n} x {k} weight)",
+                st.shape
+            ),
+        ));
+    }
+    let relay = || {
+        let scales = scales_to_f32(st.dtype, sf.tensor_bytes(st))?;
+        fp8_to_f8s(wf.tensor_bytes(wt), &scales, layout, (k, n))
+    };
+    let out = relay().map_err(|e: HfQuantError| {
+        let (part, kind) = match &e {
+            HfQuantError::Shape { tensor, .. } if *tensor == "weight" => (name("weight"), "shape"),
+            HfQuantError::Scale { .. } => (scale_name.clone(), "dtype"),
+            HfQuantError::Shape { .. } => (scale_name.clone(), "shape"),
+            _ => (name("weight"), "shape"),
+        };
+        err(&part, kind, e.to_string())
+    })?;
+    Ok((out, DType::F8_S, (k, n), None))
+}
+
 impl GptqAwqWeights {
-    /// Re-lays every `<prefix>.qweight` of `model` under `spec` (int4: Q4_Z, 8-bit: Q8_Z).
+    /// Re-lays every quantized layer of `model` (`<prefix>.qweight`, or `.weight_packed` for
+    /// compressed-tensors) under `spec` (int4: Q4_Z, 8-bit: Q8_Z).
     pub fn new(model: Arc<SafetensorsModel>, spec: GptqAwqSpec) -> Result<Self, GptqAwqError> {
+        let (suffix, parts): (&str, &[&str]) = match spec.format {
+            HfFormat::Int(_) => (".qweight", &PARTS),
+            HfFormat::PackQuantized => (".weight_packed", &CT_PARTS),
+            HfFormat::Fp8 => (".weight", &FP8_PARTS),
+        };
         let mut relaid = HashMap::new();
         let mut hidden = std::collections::HashSet::new();
+        // FP8 layers are the `.weight`s stored as E4M3; the others are named by their packing.
         let prefixes: Vec<String> = model
             .tensors()
-            .filter_map(|(_, t)| t.name.strip_suffix(".qweight").map(str::to_owned))
+            .filter(|(_, t)| spec.format != HfFormat::Fp8 || t.dtype == DType::F8E4M3)
+            .filter_map(|(_, t)| t.name.strip_suffix(suffix).map(str::to_owned))
             .collect();
+        let mut layers = 0;
         for prefix in prefixes {
-            let get = |part: &str, dtype: DType, required: bool| {
-                let name = format!("{prefix}.{part}");
-                let Some((file, t)) = model.tensor(&name) else {
-                    return if required {
-                        Err(err(
-                            &name,
-                            "missing_tensor",
-                            "is missing (GPTQ/AWQ layers need qweight, qzeros and scales)",
-                        ))
-                    } else {
-                        Ok(None)
-                    };
-                };
-                if t.dtype != dtype || t.shape.len() != 2 && part != "g_idx" {
-                    return Err(err(
-                        &name,
-                        "dtype",
-                        format!(
-                            "is {} {:?}, expected a 2-d {dtype} tensor",
-                            t.dtype, t.shape
-                        ),
-                    ));
-                }
-                Ok(Some((file, t)))
+            let (out, dtype, (k, n), order) = match spec.format {
+                HfFormat::Int(packing) => gptq_awq_layer(&model, &prefix, packing, spec)?,
+                HfFormat::PackQuantized => pack_quantized_layer(&model, &prefix, spec)?,
+                HfFormat::Fp8 => fp8_layer(&model, &prefix, spec)?,
             };
-            let (qf, qw) = get("qweight", DType::I32, true)?.expect("required");
-            let (zf, qz) = get("qzeros", DType::I32, true)?.expect("required");
-            let (sf, sc) = get("scales", DType::F16, true)?.expect("required");
-            let g_idx = match spec.packing {
-                IntPacking::Awq => None,
-                _ => get("g_idx", DType::I32, false)?,
-            };
-            let (r, c) = (qw.shape[0] as usize, qw.shape[1] as usize);
-            let (k, n) = match (spec.packing, spec.bits) {
-                (IntPacking::Awq, _) => (r, c * 8),
-                (_, 8) => (r * 4, c),
-                _ => (r * 8, c),
-            };
-            // The scales' shape is the one the layer's groups must agree with; check it
-            // here so the error names the tensor rather than a byte count.
-            let groups = poot_core::quant::hf::groups_for(spec.group_size, k, n)
-                .map_err(|e| err(&format!("{prefix}.qweight"), "shape", e.to_string()))?;
-            if sc.shape != [groups as u64, n as u64] {
-                return Err(err(
-                    &format!("{prefix}.scales"),
-                    "shape",
-                    format!(
-                        "has shape {:?}, expected [{groups}, {n}] (group_size {})",
-                        sc.shape, spec.group_size
-                    ),
-                ));
-            }
-            let tensors = PackedTensors {
-                qweight: qf.tensor_bytes(qw),
-                qzeros: zf.tensor_bytes(qz),
-                scales: sf.tensor_bytes(sc),
-                g_idx: g_idx.map(|(f, t)| f.tensor_bytes(t)),
-            };
-            // `GptqAwqSpec::new` allows 8 bits only for GPTQ.
-            let (out, dtype) = if spec.bits == 8 {
-                let v1 = spec.packing == IntPacking::GptqV1;
-                let q = gptq8_to_q8z(v1, tensors, (k, n), spec.group_size);
-                (q, DType::Q8_Z)
-            } else {
-                let q = int4_to_q4z(spec.packing, tensors, (k, n), spec.group_size);
-                (q, DType::Q4_Z)
-            };
-            let out = out.map_err(|e| {
-                use poot_core::quant::hf::HfQuantError as E;
-                let (part, kind) = match &e {
-                    E::Shape { tensor, .. } => (*tensor, "shape"),
-                    E::Geometry { .. } => ("qweight", "shape"),
-                    E::GroupIndex { .. } | E::ActOrder { .. } => ("g_idx", "g_idx"),
-                };
-                err(&format!("{prefix}.{part}"), kind, e.to_string())
-            })?;
-            for part in PARTS {
+            for part in parts {
                 let name = format!("{prefix}.{part}");
                 if let Some((f, t)) = model.tensor(&name) {
                     // The copy above is the one read from now on: drop the source's pages.
@@ -175,18 +488,24 @@ impl GptqAwqWeights {
                 }
                 hidden.insert(name);
             }
+            if let Some(order) = order {
+                let perm = (perm_bytes(&order), DType::I32, [1, k]);
+                relaid.insert(format!("{prefix}.input_perm"), perm);
+            }
             relaid.insert(format!("{prefix}.weight"), (out, dtype, [n, k]));
+            layers += 1;
         }
         Ok(Self {
             inner: SafetensorsWeights::new(model),
             relaid: Arc::new(relaid),
             hidden: Arc::new(hidden),
+            layers,
         })
     }
 
     /// How many layers were re-laid.
     pub fn layers(&self) -> usize {
-        self.relaid.len()
+        self.layers
     }
 }
 

@@ -25,7 +25,7 @@ use poot_core::Deadline;
 use poot_graph::{CompileLimits, Graph};
 
 pub use error::RuntimeError;
-pub use gptq_awq::{GptqAwqError, GptqAwqSpec, GptqAwqWeights};
+pub use gptq_awq::{GptqAwqError, GptqAwqSpec, GptqAwqWeights, HfFormat};
 pub use host::HostTensor;
 pub use late::LateInput;
 pub use poison::Poison;

@@ -155,6 +155,7 @@ pub(crate) fn decoder(dtype: DType) -> Option<&'static str> {
         DType::Q8_K => include_str!("../../../shaders/wgsl/dec_q8_k.wgsl"),
         DType::Q4_Z => include_str!("../../../shaders/wgsl/dec_q4_z.wgsl"),
         DType::Q8_Z => include_str!("../../../shaders/wgsl/dec_q8_z.wgsl"),
+        DType::F8_S => include_str!("../../../shaders/wgsl/dec_f8_s.wgsl"),
         _ => return None,
     })
 }
@@ -329,6 +330,7 @@ mod tests {
             DType::Q8_K,
             DType::Q4_Z,
             DType::Q8_Z,
+            DType::F8_S,
         ];
         for k in [
             Kernel::MatMul,

@@ -18,11 +18,21 @@
 //!
 //! Invariants: the output is `n * k / 32 * 19` bytes (4.75 bits a weight: 1.14x the file's
 //! int4 tensors at group 128, 1.06x at group 32); every check runs before the output is
-//! allocated; a
-//! 32-column block must lie in one group, so `group_size` must be a multiple of 32 (or whole
-//! rows) and act-order `g_idx` is accepted only when it is constant on each 32-column block
-//! (what `desc_act = false` checkpoints store). A permuted `g_idx` would need the activations
-//! permuted in the graph; it is refused with [`HfQuantError::ActOrder`].
+//! allocated; a 32-column block must lie in one group, so `group_size` must be a multiple of 32
+//! (or whole rows).
+//!
+//! Act-order (`desc_act = true`): `g_idx` may send the input columns to groups in any order.
+//! When some 32-column block mixes groups, the columns are re-laid sorted by group (a stable
+//! sort, [`input_order`]), so every block again lies in one group, and the caller must feed the
+//! matmul the activations permuted the same way (`x'[i'] = x[order[i']]`; the weight store
+//! serves `order` as `<prefix>.input_perm` and the tracer's `matmul` gathers the columns with
+//! it). The permutation cannot be folded into the weights alone: a Q4_Z block holds one scale
+//! and zero, and GPTQ's act-order scatters each group over the whole row, so the only exact
+//! re-lay with one group a block is a reordered one, and a reordered weight needs reordered
+//! inputs; folding it into the previous layer's outputs would permute the residual stream,
+//! which every layer shares. A `g_idx` already constant on each block (`desc_act = false`
+//! exports) keeps the stored order and needs no gather. Each group must then hold a multiple of
+//! 32 columns ([`HfQuantError::ActOrder`] otherwise).
 
 use thiserror::Error;
 
@@ -66,13 +76,18 @@ pub enum HfQuantError {
         group: i64,
         groups: usize,
     },
-    /// `g_idx` changes group inside a 32-column block (act-order with a permutation).
+    /// Even sorted by group, columns `start..start + 32` span two groups: some group's size
+    /// is not a multiple of 32.
     #[error(
-        "g_idx changes group inside columns {start}..{} (act-order with a column permutation, \
-         desc_act = true, is not supported yet)",
+        "g_idx: sorted by group, columns {start}..{} still span two groups (every group must \
+         hold a multiple of 32 input columns)",
         start + 32
     )]
     ActOrder { start: usize },
+    /// A scale is not exactly an f16 (the blocks hold f16 scales; rounding would change the
+    /// weights).
+    #[error("scale #{index} ({value}) is not exactly representable as f16")]
+    Scale { index: usize, value: String },
 }
 
 fn words(b: &[u8]) -> impl Iterator<Item = u32> + '_ {
@@ -130,38 +145,93 @@ pub fn groups_for(group_size: i64, k: usize, n: usize) -> Result<usize, HfQuantE
     Ok(k / g)
 }
 
-/// The group of each 32-column block: from `g_idx` when given (checked), else `block * 32 / g`.
-fn block_groups(
-    g_idx: Option<&[u8]>,
+/// The checked group of each input column, from `g_idx` (little-endian I32, `[k]`).
+fn column_groups(
+    g_idx: &[u8],
     k: usize,
     n: usize,
     groups: usize,
 ) -> Result<Vec<usize>, HfQuantError> {
-    let per = k / groups;
-    let Some(g_idx) = g_idx else {
-        return Ok((0..k / 32).map(|b| b * 32 / per).collect());
-    };
     check_len("g_idx", (k, n), 4 * k, g_idx.len())?;
-    let gs: Vec<i64> = words(g_idx).map(|w| i64::from(w as i32)).collect();
-    for (column, &group) in gs.iter().enumerate() {
-        if group < 0 || group as usize >= groups {
-            return Err(HfQuantError::GroupIndex {
-                column,
-                group,
-                groups,
-            });
-        }
-    }
-    gs.chunks_exact(32)
+    words(g_idx)
+        .enumerate()
+        .map(|(column, w)| {
+            let group = i64::from(w as i32);
+            if group < 0 || group as usize >= groups {
+                Err(HfQuantError::GroupIndex {
+                    column,
+                    group,
+                    groups,
+                })
+            } else {
+                Ok(group as usize)
+            }
+        })
+        .collect()
+}
+
+/// Sorted by group, each 32-column block must lie in one group: the group of each block.
+fn sorted_block_groups(gs: &[usize], order: &[u32]) -> Result<Vec<usize>, HfQuantError> {
+    order
+        .chunks_exact(32)
         .enumerate()
         .map(|(b, c)| {
-            if c.iter().all(|&g| g == c[0]) {
-                Ok(c[0] as usize)
+            let g = gs[c[0] as usize];
+            if c.iter().all(|&i| gs[i as usize] == g) {
+                Ok(g)
             } else {
                 Err(HfQuantError::ActOrder { start: b * 32 })
             }
         })
         .collect()
+}
+
+/// The order the re-lay gives the input columns: `None` when the stored order already keeps
+/// each 32-column block in one group (no `g_idx`, or `desc_act = false`), else
+/// `order[new] = original column`, the columns sorted by group (stable). Checks `g_idx`.
+pub fn input_order(
+    g_idx: Option<&[u8]>,
+    k: usize,
+    n: usize,
+    groups: usize,
+) -> Result<Option<Vec<u32>>, HfQuantError> {
+    let Some(g_idx) = g_idx else {
+        return Ok(None);
+    };
+    let gs = column_groups(g_idx, k, n, groups)?;
+    if gs.chunks_exact(32).all(|c| c.iter().all(|&g| g == c[0])) {
+        return Ok(None);
+    }
+    let mut order: Vec<u32> = (0..k as u32).collect();
+    order.sort_by_key(|&i| gs[i as usize]);
+    sorted_block_groups(&gs, &order)?;
+    Ok(Some(order))
+}
+
+/// The group of each 32-column block in the re-laid order, and where each original column
+/// goes (`None`: nowhere else).
+pub(crate) fn block_groups(
+    g_idx: Option<&[u8]>,
+    k: usize,
+    n: usize,
+    groups: usize,
+) -> Result<(Vec<usize>, Option<Vec<usize>>), HfQuantError> {
+    let per = k / groups;
+    let Some(raw) = g_idx else {
+        return Ok(((0..k / 32).map(|b| b * 32 / per).collect(), None));
+    };
+    let gs = column_groups(raw, k, n, groups)?;
+    match input_order(g_idx, k, n, groups)? {
+        None => Ok((gs.iter().step_by(32).copied().collect(), None)),
+        Some(order) => {
+            let bg = sorted_block_groups(&gs, &order)?;
+            let mut pos = vec![0usize; k];
+            for (new, &old) in order.iter().enumerate() {
+                pos[old as usize] = new;
+            }
+            Ok((bg, Some(pos)))
+        }
+    }
 }
 
 /// One layer's stored tensors, as little-endian bytes (I32 quants and zeros, F16 scales, I32
@@ -198,7 +268,7 @@ pub fn int4_to_q4z(
     check_len("qweight", (k, n), k * n / 2, qweight.len())?;
     check_len("qzeros", (k, n), groups * n / 2, qzeros.len())?;
     check_len("scales", (k, n), groups * n * 2, scales.len())?;
-    let bgroup = block_groups(g_idx, k, n, groups)?;
+    let (bgroup, pos) = block_groups(g_idx, k, n, groups)?;
     let nb = k / 32;
     let row = nb * q4_z::BYTES;
     let mut out = vec![0u8; n * row];
@@ -226,6 +296,7 @@ pub fn int4_to_q4z(
         }
     }
     let mut put = |i: usize, j: usize, q: u8| {
+        let i = pos.as_ref().map_or(i, |p| p[i]);
         let (b, e) = (i / 32, i % 32);
         let at = j * row + b * q4_z::BYTES + q4_z::QS.offset + e % 16;
         out[at] |= if e < 16 { q } else { q << 4 };
@@ -265,7 +336,7 @@ pub fn gptq8_to_q8z(
     check_len("qweight", (k, n), k * n, t.qweight.len())?;
     check_len("qzeros", (k, n), groups * n, t.qzeros.len())?;
     check_len("scales", (k, n), groups * n * 2, t.scales.len())?;
-    let bgroup = block_groups(t.g_idx, k, n, groups)?;
+    let (bgroup, pos) = block_groups(t.g_idx, k, n, groups)?;
     let row = (k / 32) * q8_z::BYTES;
     let mut out = vec![0u8; n * row];
     for j in 0..n {
@@ -282,7 +353,7 @@ pub fn gptq8_to_q8z(
     for (wi, w) in words(t.qweight).enumerate() {
         let (i0, j) = (wi / n * 4, wi % n);
         for e in 0..4 {
-            let i = i0 + e;
+            let i = pos.as_ref().map_or(i0 + e, |p| p[i0 + e]);
             let at = j * row + (i / 32) * q8_z::BYTES + q8_z::QS.offset + i % 32;
             out[at] = (w >> (8 * e)) as u8;
         }

@@ -86,6 +86,7 @@ pub const fn layout(dtype: DType) -> Option<&'static BlockLayout> {
         DType::Q8_K => &q8_k::LAYOUT,
         DType::Q4_Z => &q4_z::LAYOUT,
         DType::Q8_Z => &q8_z::LAYOUT,
+        DType::F8_S => &f8_s::LAYOUT,
         _ => return None,
     })
 }
@@ -145,6 +146,14 @@ block!(
         D = ("d", 0, 2, "f16 scale"),
         Z = ("z", 2, 2, "u16 zero point"),
         QS = ("qs", 4, 32, "u8 quants, element j in byte j"),
+    ]
+);
+block!(
+    /// poot's FP8 block: `x = e4m3(q) * d` (OCP E4M3: no infinities, 0x7f/0xff NaN), d the
+    /// f32 scale of the block's 32 weights.
+    f8_s, F8_S, 32, [
+        D = ("d", 0, 4, "f32 scale"),
+        QS = ("qs", 4, 32, "E4M3 bytes, element j in byte j"),
     ]
 );
 block!(
@@ -270,7 +279,7 @@ mod tests {
             );
             assert_eq!(l.elems as u64, dt.block_elems(), "{dt}: element count");
         }
-        assert_eq!(seen, 17);
+        assert_eq!(seen, 18);
     }
 
     #[test]

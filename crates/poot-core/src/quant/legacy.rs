@@ -6,7 +6,7 @@
 
 use super::f16_at;
 use super::layout::{bfloat16, float16, float32, q4_0 as l40, q4_1 as l41, q5_0 as l50};
-use super::layout::{q4_z as l4z, q5_1 as l51, q8_0 as l80, q8_z as l8z};
+use super::layout::{f8_s as l8s, q4_z as l4z, q5_1 as l51, q8_0 as l80, q8_z as l8z};
 
 /// One little-endian `f32`, bits unchanged (NaN payloads included).
 pub fn f32(b: &[u8; float32::BYTES], y: &mut [f32; 1]) {
@@ -52,6 +52,16 @@ pub fn q8_z(b: &[u8; l8z::BYTES], y: &mut [f32; l8z::ELEMS]) {
     let z = i32::from(u16::from_le_bytes([b[l8z::Z.offset], b[l8z::Z.offset + 1]]));
     for (&q, y) in b[l8z::QS.range()].iter().zip(y.iter_mut()) {
         *y = (i32::from(q) - z) as f32 * d;
+    }
+}
+
+/// F8_S: `y = e4m3(q) * d`, one f32 multiply (exact when `d` has at most 20 significant bits,
+/// as f16 and bf16 scales do; rounded once, to nearest, otherwise).
+pub fn f8_s(b: &[u8; l8s::BYTES], y: &mut [f32; l8s::ELEMS]) {
+    let o = l8s::D.offset;
+    let d = f32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+    for (&q, y) in b[l8s::QS.range()].iter().zip(y.iter_mut()) {
+        *y = super::hf_fp8::e4m3_to_f32(q) * d;
     }
 }
 

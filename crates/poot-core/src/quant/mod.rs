@@ -19,13 +19,19 @@
 //! unaligned `&[u8]`; nothing is transmuted.
 //!
 //! Cost: O(elements); only [`dequantize_to_vec`] allocates. Supported: F32, F16, BF16, Q4_0,
-//! Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, and poot's own Q4_Z and Q8_Z
-//! (the in-memory forms of GPTQ/AWQ int4 and GPTQ int8, see [`hf`]). Q8_1 has a layout but no dequantizer (ggml
+//! Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, and poot's own Q4_Z, Q8_Z and
+//! F8_S (the in-memory forms of GPTQ/AWQ int4, 8-bit GPTQ and FP8, see [`hf`], [`hf_fp8`]). Q8_1 has a layout but no dequantizer (ggml
 //! has none).
 
 #[cfg(test)]
 mod golden_tests;
 pub mod hf;
+pub mod hf_ct;
+#[cfg(test)]
+mod hf_ct_tests;
+pub mod hf_fp8;
+#[cfg(test)]
+mod hf_fp8_tests;
 #[cfg(test)]
 mod hf_tests;
 pub mod kquants;
@@ -56,7 +62,7 @@ pub enum QuantError {
 }
 
 /// Every dtype [`dequantize`] accepts.
-pub const SUPPORTED: [DType; 16] = [
+pub const SUPPORTED: [DType; 17] = [
     DType::F32,
     DType::F16,
     DType::BF16,
@@ -73,6 +79,7 @@ pub const SUPPORTED: [DType; 16] = [
     DType::Q8_K,
     DType::Q4_Z,
     DType::Q8_Z,
+    DType::F8_S,
 ];
 
 /// True when [`dequantize`] has a reference for `dtype`.
@@ -104,6 +111,7 @@ pub fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), Quant
         DType::Q8_K => each_block(src, dst, kquants::q8_k),
         DType::Q4_Z => each_block(src, dst, legacy::q4_z),
         DType::Q8_Z => each_block(src, dst, legacy::q8_z),
+        DType::F8_S => each_block(src, dst, legacy::f8_s),
         _ => return Err(QuantError::Unsupported { dtype }),
     }
     Ok(())

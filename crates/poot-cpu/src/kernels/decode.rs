@@ -32,6 +32,7 @@ pub(crate) enum Packed {
     Q8_K,
     Q4_Z,
     Q8_Z,
+    F8_S,
 }
 
 impl Packed {
@@ -54,13 +55,14 @@ impl Packed {
             DType::Q8_K => Packed::Q8_K,
             DType::Q4_Z => Packed::Q4_Z,
             DType::Q8_Z => Packed::Q8_Z,
+            DType::F8_S => Packed::F8_S,
             _ => return None,
         })
     }
 }
 
 /// Every dtype the kernels decode (matmul weights, embedding tables, norm weights).
-pub const DECODABLE: [DType; 16] = [
+pub const DECODABLE: [DType; 17] = [
     DType::F32,
     DType::F16,
     DType::BF16,
@@ -77,6 +79,7 @@ pub const DECODABLE: [DType; 16] = [
     DType::Q8_K,
     DType::Q4_Z,
     DType::Q8_Z,
+    DType::F8_S,
 ];
 
 /// Exact `f16` bits to `f32` (NaNs keep their payload with the quiet bit set, as F16C does).
@@ -157,6 +160,7 @@ pub(crate) fn decode_run(p: Packed, src: &[u8], dst: &mut [f32]) {
         Packed::Q8_K => each_block!(src, dst, q8_k, 292, 256),
         Packed::Q4_Z => each_block!(src, dst, q4_z, 19, 32),
         Packed::Q8_Z => each_block!(src, dst, q8_z, 36, 32),
+        Packed::F8_S => each_block!(src, dst, f8_s, 36, 32),
     }
 }
 
@@ -167,6 +171,16 @@ fn q4_0(b: &[u8; 18], y: &mut [f32; 32]) {
         let q = b[2 + j];
         y[j] = (i32::from(q & 0x0F) - 8) as f32 * d;
         y[j + 16] = (i32::from(q >> 4) - 8) as f32 * d;
+    }
+}
+
+/// poot's FP8 block (`poot_core::quant::layout::f8_s`): `y = e4m3(q) * d`, the E4M3 byte
+/// decoded exactly (`poot_core::quant::hf_fp8::e4m3_to_f32`), then one f32 multiply.
+#[inline(always)]
+fn f8_s(b: &[u8; 36], y: &mut [f32; 32]) {
+    let d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    for j in 0..32 {
+        y[j] = poot_core::quant::hf_fp8::e4m3_to_f32(b[4 + j]) * d;
     }
 }
 

@@ -9,17 +9,19 @@ use crate::error::TraceError;
 use crate::ir::{Op, ValueId, ValueInfo};
 
 impl Tracer {
-    /// `x` [T, E] at `ids` [T, k] (i32) -> [T, k].
+    /// `x` [T, E] at `ids` [T, k] (i32) -> [T, k]; `ids` [1, k] (an activation or a stored
+    /// weight, such as an act-order layer's input permutation) picks the same columns of every
+    /// row.
     pub fn gather_cols(&mut self, x: ValueId, ids: ValueId) -> Result<ValueId, TraceError> {
         let xi = self.act("gather_cols", x, "x", Some(2))?;
         let ii = self.ids("gather_cols", ids, "ids", 2)?;
-        if ii.shape[0] != xi.shape[0] {
+        if ii.shape[0] != xi.shape[0] && ii.shape[0] != 1 {
             return Err(shape_err(
                 "gather_cols",
                 format!("ids {:?} for x {:?}", ii.shape, xi.shape),
             ));
         }
-        let out = ValueInfo::new(DType::F32, ii.shape.clone());
+        let out = ValueInfo::new(DType::F32, vec![xi.shape[0], ii.shape[1]]);
         self.push(Op::GatherCols { x, ids }, out, 0, 0)
     }
 

@@ -65,7 +65,7 @@ use crate::pool::ThreadPool;
 use crate::KernelError;
 
 /// Every weight dtype [`matmul`] accepts.
-pub const MATMUL_DTYPES: [DType; 16] = crate::kernels::decode::DECODABLE;
+pub const MATMUL_DTYPES: [DType; 17] = crate::kernels::decode::DECODABLE;
 
 /// `out[t][n] = sum_k x[t][k] * W[n][k]` on the best ISA of this CPU (see the module docs).
 ///

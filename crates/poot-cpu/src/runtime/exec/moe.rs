@@ -9,7 +9,7 @@
 //! step's tokens are grouped: the matmul kernels give each row the same bits whatever the row
 //! count (batch-invariant numerics).
 
-use poot_graph::ValueId;
+use poot_graph::{Op, ValueId};
 use poot_runtime::RuntimeError;
 
 use super::{kerr, Buf, Exec};
@@ -23,11 +23,25 @@ fn bad(op: &'static str, detail: String) -> RuntimeError {
 impl Exec<'_> {
     pub(super) fn gather_cols(&mut self, x: ValueId, ids: ValueId) -> Result<Buf, RuntimeError> {
         let e = self.shape(x)[1];
-        let k = self.shape(ids)[1];
+        let (t, k) = (self.shape(x)[0], self.shape(ids)[1]);
         let xv = self.f32(x, "gather_cols")?;
-        let iv = self.i32(ids, "gather_cols")?;
-        let mut out = Vec::with_capacity(iv.len());
-        for (r, row) in iv.chunks(k.max(1)).enumerate() {
+        // A stored permutation (an act-order layer's `input_perm`) is read from its bytes.
+        let stored: Vec<i32>;
+        let iv: &[i32] = if matches!(self.graph().op(ids), Op::Weight { .. }) {
+            let (bytes, _) = self.weight(ids, "gather_cols")?;
+            stored = bytes
+                .chunks_exact(4)
+                .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            &stored
+        } else {
+            self.i32(ids, "gather_cols")?
+        };
+        // One row of ids applies to every row of x.
+        let per_row = iv.len() != k;
+        let mut out = Vec::with_capacity(t * k);
+        for r in 0..t {
+            let row = if per_row { &iv[r * k..(r + 1) * k] } else { iv };
             for &id in row {
                 if id < 0 || id as usize >= e {
                     return Err(bad("gather_cols", format!("id {id} outside 0..{e}")));

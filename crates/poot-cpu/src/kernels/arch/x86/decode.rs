@@ -46,7 +46,7 @@ pub(crate) fn decode_avx2(p: Packed, src: &[u8], dst: &mut [f32]) {
         Packed::Q5_K => each!(src, dst, 176, 256, q5_k),
         Packed::Q6_K => each!(src, dst, 210, 256, q6_k),
         Packed::F32 => f32_row(src, dst),
-        Packed::Q2_K | Packed::Q3_K | Packed::Q8_K | Packed::Q4_Z | Packed::Q8_Z => {
+        Packed::Q2_K | Packed::Q3_K | Packed::Q8_K | Packed::Q4_Z | Packed::Q8_Z | Packed::F8_S => {
             decode_run(p, src, dst)
         }
     }
