@@ -32,7 +32,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from server_process import ServerProcess
 
 if os.environ.get("POOT_REQUIRE_RAY") == "1":
@@ -41,7 +40,12 @@ if os.environ.get("POOT_REQUIRE_RAY") == "1":
 else:
     pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'poot[ray]')")
 
+pytestmark = pytest.mark.timeout(600)  # the first test also starts the cluster and the app
+
 NODE_IP = "127.0.0.2"
+# SmolLM2 (the default model), not stories260K: a stream must last long enough to be
+# cancelled or have its replica killed while it runs.
+MODEL = "SmolLM2-135M-Instruct.Q4_1"
 KEY = "s3cret"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 # Shared by every prompt of the prefix test: well over the 16-token blocks the KV cache
@@ -75,7 +79,20 @@ def _wait_port(host: str, port: int, proc: subprocess.Popen[bytes], timeout_s: f
     raise RuntimeError(f"the Ray head did not listen on {host}:{port} within {timeout_s} s")
 
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+def _started_here(root: Path) -> list[int]:
+    """Processes of this cluster that left its process groups (Ray starts some actors, such
+    as Serve's controller, in sessions of their own): those whose RAY_TMPDIR is ``root``."""
+    mark = f"RAY_TMPDIR={root}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if mark in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+    return found
+
+
+def _stop(procs: list[subprocess.Popen[bytes]], root: Path) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for p in procs:
             with contextlib.suppress(ProcessLookupError):
@@ -83,6 +100,10 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
         end = time.monotonic() + 10
         while any(p.poll() is None for p in procs) and time.monotonic() < end:
             time.sleep(0.1)
+    for pid in _started_here(root):
+        if pid != os.getpid():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")
@@ -108,18 +129,21 @@ def cluster() -> Iterator[Cluster]:
     saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_USAGE_STATS_ENABLED")}
     try:
         for i, args in enumerate(
-            (["--head", f"--port={port}", "--include-dashboard=false"], [f"--address={NODE_IP}:{port}"])
-        ):
-            log = open(root / f"node{i}.log", "wb")  # noqa: SIM115 - owned by the process
-            procs.append(
-                subprocess.Popen(
-                    [ray_cli, "start", *args, *common],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # its own process group: teardown ends all of it
-                )
+            (
+                ["--head", f"--port={port}", "--include-dashboard=false"],
+                [f"--address={NODE_IP}:{port}"],
             )
+        ):
+            with open(root / f"node{i}.log", "wb") as log:
+                procs.append(
+                    subprocess.Popen(
+                        [ray_cli, "start", *args, *common],
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,  # its own process group, ended at teardown
+                    )
+                )
             if i == 0:
                 _wait_port(NODE_IP, port, procs[0], 120)
         os.environ.update(RAY_TMPDIR=str(root), RAY_USAGE_STATS_ENABLED="0")
@@ -133,7 +157,7 @@ def cluster() -> Iterator[Cluster]:
     finally:
         with contextlib.suppress(Exception):
             ray.shutdown()
-        _stop(procs)
+        _stop(procs, root)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -143,14 +167,14 @@ def cluster() -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="module")
-def server(cluster: Cluster, stories: Path) -> Iterator[ServerProcess]:
+def server(cluster: Cluster, default_model_path: Path) -> Iterator[ServerProcess]:
     srv = ServerProcess(
         [
             "--ray",
             "--replicas",
             "2",
             "--model",
-            str(stories / "stories260K-f32.gguf"),
+            str(default_model_path),
             "--threads",
             "1",
             "--max-model-len",
@@ -172,7 +196,7 @@ def http(server: ServerProcess) -> Iterator[httpx.Client]:
 
 
 def _complete(prompt: str = "Once upon a time", **kw: Any) -> dict[str, Any]:
-    return {"model": "stories260K-f32", "prompt": prompt, "max_tokens": 8, **kw}
+    return {"model": MODEL, "prompt": prompt, "max_tokens": 8, **kw}
 
 
 def _events(r: httpx.Response) -> Iterator[dict[str, Any] | str]:
@@ -209,15 +233,15 @@ def test_routes_errors_and_auth_match_poot_serve(server: ServerProcess, http: ht
     # The API key, checked by the replica's own app, in OpenAI's shape.
     bare = httpx.post(f"{server.url}/v1/completions", json=_complete(), timeout=60)
     assert bare.status_code == 401 and bare.json()["error"]["type"]
-    assert http.get("/v1/models").json()["data"][0]["id"] == "stories260K-f32"
-    bad = http.post("/v1/completions", json={"model": "stories260K-f32", "max_tokens": "x"})
+    assert http.get("/v1/models").json()["data"][0]["id"] == MODEL
+    bad = http.post("/v1/completions", json={"model": MODEL, "max_tokens": "x"})
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
-    out = client.completions.create(model="stories260K-f32", prompt="Once upon", max_tokens=6)
+    out = client.completions.create(model=MODEL, prompt="Once upon", max_tokens=6)
     assert out.choices[0].text and out.usage is not None and out.usage.completion_tokens == 6
     chunks = list(
         client.completions.create(
-            model="stories260K-f32", prompt="Once upon", max_tokens=6, stream=True
+            model=MODEL, prompt="Once upon", max_tokens=6, stream=True
         )
     )
     assert "".join(c.choices[0].text for c in chunks if c.choices)
@@ -244,7 +268,8 @@ def test_cancel_by_id_reaches_the_replica_running_it(http: httpx.Client) -> None
                 assert dup.status_code == 409
                 assert dup.json()["error"]["code"] == "duplicate_request_id"
                 c = http.post("/v1/requests/ray-cancel-1/cancel")
-                assert c.status_code == 200 and c.json()["cancelled"] is True
+                where = (r.headers["x-poot-replica"], c.headers.get("x-poot-replica"), c.text)
+                assert c.status_code == 200 and c.json()["cancelled"] is True, where
     assert events[-1] == "[DONE]"
     finishes = [e["choices"][0]["finish_reason"] for e in events[:-1] if isinstance(e, dict)]
     assert finishes[-1] == "cancelled" and len(finishes) < 200

@@ -10,8 +10,9 @@ messages back unchanged. The ingress itself answers only what spans replicas:
   first non-ok status (``loading``, ``draining``, ``dead``) with 503.
 - ``GET /metrics``: every replica's ``/metrics`` with a ``replica`` label on each sample.
 - ``POST /v1/requests/{id}/cancel``: sent to the replica that runs request ``id`` (the
-  ingress gives every completion an ``X-Request-Id`` before forwarding, and remembers where
-  it went while it runs).
+  ingress gives every completion an ``X-Request-Id`` before forwarding: the client's, else
+  Serve's id of the request, which Serve's proxy answers as ``X-Request-ID``; and remembers
+  where it went while it runs).
 
 Every forwarded response carries ``X-Poot-Replica``, the replica (Serve's full replica id, the
 name of its Ray actor) that answered it.
@@ -77,6 +78,17 @@ def _timed_out() -> APIError:
         type="server_error",
         code="request_timeout",
     )
+
+
+def _serve_request_id() -> str:
+    """Serve's id of the request being handled: its proxy answers it as ``X-Request-ID``
+    whatever the app says, so a request the client gave no id runs under this one."""
+    try:
+        from ray.serve.context import _get_serve_request_context  # no public accessor
+
+        return str(_get_serve_request_context().request_id or "")
+    except (ImportError, AttributeError):
+        return ""
 
 
 def _scope(request: Request, headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
@@ -288,7 +300,7 @@ class PootIngress:
                         code="duplicate_request_id",
                     )
             else:
-                rid = f"{_ID_PREFIX[path]}-{uuid.uuid4().hex}"
+                rid = _serve_request_id() or f"{_ID_PREFIX[path]}-{uuid.uuid4().hex}"
                 headers.append((b"x-request-id", rid.encode()))
             text = prompt_text(body)
             route = Route(prefix=tuple(prefix_hashes(text)) if text else ())
@@ -328,10 +340,9 @@ class PootIngress:
                 self._live[rid] = replica
             start = await next_message()
             # Which replica answered: for logs, and for a client that wants to know.
-            start = {
-                **start,
-                "headers": [*start.get("headers", []), (b"x-poot-replica", replica.encode())],
-            }
+            # Serve's proxy adds X-Request-ID itself (the same id): not twice.
+            kept = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"x-request-id"]
+            start = {**start, "headers": [*kept, (b"x-poot-replica", replica.encode())]}
         except BaseException as e:
             await close()
             if isinstance(e, TimeoutError):
