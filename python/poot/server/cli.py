@@ -14,6 +14,12 @@ The rows and the KV pool are fitted to the memory (``poot.server.loading``); the
 ``--max-num-seqs`` and ``--kv-cache-mib`` are refused with an error naming
 ``--device-budget``. ``POOT_SERVE_MAX_ROWS`` caps the rows, for tests and diagnosis.
 ``--log-level debug`` traces the start-up's phases (``poot.server.startup``).
+
+``--ray --replicas N`` (``--autoscaling-config JSON`` for Serve's autoscaling) serves the
+same API from N replicas of this server on the running Ray cluster (``RAY_ADDRESS``, else the
+one this machine started), routed by prompt prefix (``poot.serve.ray``, docs/ray.md); it
+prints the same "listening" line once the replicas are up, and removes its Serve
+application on SIGTERM or Ctrl-C. Without Ray or a cluster it exits with 1 and says why.
 """
 
 from __future__ import annotations

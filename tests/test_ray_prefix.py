@@ -1,0 +1,142 @@
+"""The Ray front end's parts that need no cluster: prefix keys, the prefix table, the typed
+errors of ``poot.serve.ray`` and ``poot-serve --ray``'s argument checks.
+
+The cluster tests are in ``tests/test_ray_serve.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from poot.errors import ConfigError
+from poot.serve import ray as poot_ray
+from poot.serve.prefix import (
+    BLOCK_CHARS,
+    MAX_BLOCKS,
+    PrefixTable,
+    hash_block,
+    prefix_hashes,
+    prompt_text,
+)
+
+
+def test_block_hash_is_the_kv_caches() -> None:
+    # crates/poot-kv/src/hash.rs, hash_is_stable_across_runs: the same function, bit for bit.
+    assert hash_block(None, [1, 2, 3, 4], 7) == 0x30A1_E4CE_3138_6485
+    base = hash_block(None, [1, 2, 3, 4], 7)
+    assert base != hash_block(0, [1, 2, 3, 4], 7)
+    assert base != hash_block(None, [1, 2, 3], 7)
+    assert base != hash_block(None, [1, 2, 3, 4], 8)
+
+
+def test_prefix_hashes_chain_full_blocks_only() -> None:
+    shared = "s" * (3 * BLOCK_CHARS)
+    a = prefix_hashes(shared + "a" * BLOCK_CHARS)
+    b = prefix_hashes(shared + "b" * BLOCK_CHARS + "tail")
+    assert len(a) == len(b) == 4
+    assert a[:3] == b[:3] and a[3] != b[3]
+    assert prefix_hashes("x" * (BLOCK_CHARS - 1)) == []
+    assert len(prefix_hashes("y" * BLOCK_CHARS * (MAX_BLOCKS + 5))) == MAX_BLOCKS
+    # Chained: the same block after a different one hashes differently.
+    assert (
+        prefix_hashes("p" * BLOCK_CHARS + "q" * BLOCK_CHARS)[1]
+        != (prefix_hashes("r" * BLOCK_CHARS + "q" * BLOCK_CHARS)[1])
+    )
+
+
+def test_prompt_text_of_request_bodies() -> None:
+    assert prompt_text(json.dumps({"prompt": "hello"}).encode()) == "hello"
+    assert prompt_text(json.dumps({"prompt": ["one"]}).encode()) == "one"
+    chat = {
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        ]
+    }
+    text = prompt_text(json.dumps(chat).encode())
+    assert text is not None and text.startswith("system\x00be brief\x00user\x00hi")
+    # Same system prompt, another question: same leading text.
+    other = {"messages": [chat["messages"][0], {"role": "user", "content": "bye"}]}
+    assert str(prompt_text(json.dumps(other).encode())).startswith("system\x00be brief\x00")
+    for body in (b"not json", b"[1]", b"{}", json.dumps({"prompt": [1, 2]}).encode()):
+        assert prompt_text(body) is None
+    assert prompt_text(json.dumps({"prompt": ["a", "b"]}).encode()) is None
+
+
+def test_prefix_table_longest_match_recency_and_forget() -> None:
+    table = PrefixTable(max_entries=100)
+    shared = prefix_hashes("s" * (4 * BLOCK_CHARS))
+    assert table.match(shared) == (0, [])
+    table.record(shared[:2], "A")
+    table.record(shared, "B")
+    assert table.match(shared) == (4, ["B"])
+    assert table.match(shared[:2] + [123]) == (2, ["A", "B"])
+    table.record(shared[:2], "A")  # A most recent now
+    assert table.match(shared[:2]) == (2, ["B", "A"])
+    table.forget("B")
+    assert table.match(shared) == (2, ["A"])
+    table.forget("A")
+    assert len(table) == 0
+
+
+def test_prefix_table_is_bounded() -> None:
+    table = PrefixTable(max_entries=3)
+    table.record([1, 2, 3, 4, 5], "A")
+    assert len(table) == 3 and table.match([1]) == (0, []) and table.match([5]) == (1, ["A"])
+    with pytest.raises(ValueError, match="max_entries"):
+        PrefixTable(0)
+
+
+@pytest.mark.parametrize("field", ["replicas", "busy_requests", "ingress_replicas"])
+def test_build_app_refuses_bad_counts(field: str) -> None:
+    with pytest.raises(ConfigError, match=field):
+        poot_ray.build_app("model.gguf", **{field: 0})
+
+
+def test_without_ray_the_error_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed: import raises
+    with pytest.raises(poot_ray.RayNotInstalledError, match=r"pip install 'poot\[ray\]'") as e:
+        poot_ray.build_app("model.gguf")
+    assert isinstance(e.value, ImportError)
+    with pytest.raises(poot_ray.RayNotInstalledError):
+        poot_ray.connect()
+
+
+def _serve(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": ":".join(p for p in sys.path if p),
+        # No cluster to find: an empty Ray temp dir, and no address given.
+        "RAY_TMPDIR": str(tmp_path),
+        "HOME": str(tmp_path),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "poot.server.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def test_cli_ray_flags_need_ray(tmp_path: Path) -> None:
+    r = _serve(["--replicas", "2"], tmp_path)
+    assert r.returncode == 2 and "need --ray" in r.stderr
+    r = _serve(["--ray", "--autoscaling-config", "[1]"], tmp_path)
+    assert r.returncode == 2 and "JSON object" in r.stderr
+    r = _serve(["--ray", "--replicas", "0"], tmp_path)
+    assert r.returncode == 2 and "replicas must be an integer >= 1" in r.stderr
+
+
+def test_cli_without_a_cluster_is_a_typed_error(tmp_path: Path) -> None:
+    if os.environ.get("POOT_REQUIRE_RAY") != "1":  # under it, a missing Ray fails below
+        pytest.importorskip("ray", reason="Ray is not installed (pip install 'poot[ray]')")
+    r = _serve(["--ray", "--replicas", "2", "--model", "model.gguf"], tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert "no running Ray cluster" in r.stderr and "ray start --head" in r.stderr
