@@ -91,8 +91,8 @@ def _serve_request_id() -> str:
         return ""
 
 
-def _scope(request: Request, headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
-    """The parts of an HTTP scope the app reads, picklable."""
+def _scope(request: Request, path: str, headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
+    """The parts of an HTTP scope the app reads, picklable; ``path`` below any route prefix."""
     s = request.scope
     return {
         "type": "http",
@@ -100,8 +100,8 @@ def _scope(request: Request, headers: list[tuple[bytes, bytes]]) -> dict[str, An
         "http_version": s.get("http_version", "1.1"),
         "method": s["method"],
         "scheme": s.get("scheme", "http"),
-        "path": s["path"],
-        "raw_path": s.get("raw_path") or s["path"].encode(),
+        "path": path,
+        "raw_path": path.encode(),
         "root_path": "",
         "query_string": s.get("query_string", b""),
         "headers": headers,
@@ -272,7 +272,12 @@ class PootIngress:
 
     async def _handle(self, request: Request) -> Response:
         t0 = time.monotonic()
-        path, method = request.url.path, request.method
+        method = request.method
+        # Under a route prefix (serve.run(..., route_prefix="/x")) Serve keeps it in the path
+        # and names it in root_path: the app's routes are below it.
+        path, root = request.scope["path"], request.scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root) :] or "/"
         if method == "GET" and path == "/health":
             return await self._health()
         if method == "GET" and path == "/metrics":
@@ -308,7 +313,7 @@ class PootIngress:
         if rid is not None:
             self._live[rid] = ""
         try:
-            return await self._forward(_scope(request, headers), body, route, rid, deadline)
+            return await self._forward(_scope(request, path, headers), body, route, rid, deadline)
         except BaseException:
             if rid is not None:
                 self._live.pop(rid, None)

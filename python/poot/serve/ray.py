@@ -104,6 +104,7 @@ def build_app(
     max_ongoing_requests: int = 64,
     busy_requests: int = 4,
     ingress_replicas: int = 1,
+    routing: str = "prefix",
 ) -> Application:
     """The Serve application (module docs).
 
@@ -120,9 +121,11 @@ def build_app(
             prefix it holds goes to the least-loaded replica instead.
         ingress_replicas: replicas of the HTTP ingress (each routes with its own prefix
             table; one keeps every prefix's history in one place).
+        routing: ``"prefix"`` (``PrefixRouter``) or ``"round_robin"`` (``RoundRobinRouter``,
+            the baseline of ``benches/bench_ray_routing.py``).
 
     Raises:
-        ConfigError: a count below 1.
+        ConfigError: a count below 1, or an unknown ``routing``.
         RayNotInstalledError: Ray Serve is not installed.
     """
     config = model if isinstance(model, ServerConfig) else ServerConfig(model=model)
@@ -134,13 +137,15 @@ def build_app(
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+    if routing not in ("prefix", "round_robin"):
+        raise ConfigError(f'routing must be "prefix" or "round_robin", got {routing!r}')
     _require_ray()
     from ray import serve
     from ray.serve.config import RequestRouterConfig
 
     from poot.serve.ingress import PootIngress
     from poot.serve.replica import PootReplica
-    from poot.serve.router import PrefixRouter
+    from poot.serve.router import PrefixRouter, RoundRobinRouter
 
     # Replicas log to Ray's files: no progress bars there.
     config = dataclasses.replace(config, progress=False)
@@ -149,13 +154,14 @@ def build_app(
         if autoscaling_config is not None
         else {"num_replicas": replicas}
     )
+    router: type = PrefixRouter if routing == "prefix" else RoundRobinRouter
     engine = serve.deployment(
         name=ENGINE,
         max_ongoing_requests=max_ongoing_requests,
         ray_actor_options=dict(replica_actor_options or {"num_cpus": 1}),
         request_router_config=RequestRouterConfig(
-            request_router_class=PrefixRouter,  # type: ignore[arg-type]  # pydantic stub
-            request_router_kwargs={"busy_requests": busy_requests},
+            request_router_class=router,  # type: ignore[arg-type]  # Ray's stub says dict
+            request_router_kwargs={"busy_requests": busy_requests} if routing == "prefix" else {},
         ),
         graceful_shutdown_timeout_s=config.shutdown_timeout_s,
         **scaling,

@@ -38,7 +38,7 @@ from ray.serve.request_router import (
 from poot.serve import routing
 from poot.serve.prefix import PrefixTable
 
-__all__ = ["PrefixRouter"]
+__all__ = ["PrefixRouter", "RoundRobinRouter"]
 
 
 @dataclass
@@ -131,3 +131,30 @@ class PrefixRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         super().update_replicas(replicas)
         for gone in before - set(self._replica_id_set):
             self._table.forget(gone.to_full_id_str())
+
+
+class RoundRobinRouter(LocalityMixin, MultiplexMixin, RequestRouter):
+    """The baseline ``benches/bench_ray_routing.py`` compares with: each call to the next
+    replica in turn, whatever its prompt (the next but one when that one is full); pins are
+    honoured as by ``PrefixRouter``."""
+
+    def initialize_state(self, **_: Any) -> None:
+        self._turn = 0
+        routing.register(self._deployment_id.app_name, self._deployment_id.name, self)
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        ordered = sorted(candidate_replicas, key=lambda r: r.replica_id.to_full_id_str())
+        if not ordered:
+            return []
+        route = _route(pending_request)
+        if route is not None and route.pin is not None:
+            pinned = [r for r in ordered if r.replica_id.to_full_id_str() == route.pin]
+            if pinned:
+                return [pinned]
+        turn = ordered[self._turn % len(ordered)]
+        self._turn += 1
+        return [[turn], ordered]
