@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import socket
 import statistics
 import tempfile
@@ -73,6 +74,8 @@ def cluster() -> Iterator[int]:
     from ray import serve
 
     temp = None
+    # Explicit, so a local ray.init() neither writes a token into ~/.ray nor needs one.
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
     else:
@@ -92,6 +95,8 @@ def cluster() -> Iterator[int]:
         with contextlib.suppress(Exception):
             serve.shutdown()
         ray.shutdown()
+        if temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)
 
 
 async def _one(http: httpx.AsyncClient, url: str, model: str, prompt: str) -> float:

@@ -5,7 +5,8 @@ one CPU, so the two engine replicas land one per node. Every Ray process and eve
 they advertise is loopback: ``--node-ip-address=127.0.0.2`` (Ray 2.60's ``ray start`` replaces
 127.0.0.1 with the machine's routable address on Linux; 127.0.0.2 is loopback too and kept),
 ``RAY_TMPDIR`` and ``--temp-dir`` under a fresh temporary folder (nothing in the user's
-``/tmp/ray``), no ``RAY_*`` variable of the caller's inherited. Teardown ends each
+``/tmp/ray``), no ``RAY_*`` variable of the caller's inherited, and token auth off
+(``RAY_AUTH_MODE=disabled``: nothing read from or written to ``~/.ray``). Teardown ends each
 ``ray start --block`` process group it started. The server is a real ``poot-serve --ray``
 process; the tests talk to it over HTTP with the ``openai`` client and ``httpx``.
 
@@ -113,7 +114,10 @@ def cluster() -> Iterator[Cluster]:
     # A short path: Ray's unix sockets live under it (108 bytes at most).
     root = Path(tempfile.mkdtemp(prefix="poot-ray-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(RAY_TMPDIR=str(root), RAY_USAGE_STATS_ENABLED="0")
+    # RAY_AUTH_MODE explicit: a token a local ray.init() left in ~/.ray would otherwise turn
+    # token auth on for the nodes and not for the drivers.
+    ray_env = {"RAY_TMPDIR": str(root), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    env.update(ray_env)
     port = _free_port()
     ray_cli = str(Path(sys.executable).parent / "ray")
     common = [
@@ -126,7 +130,7 @@ def cluster() -> Iterator[Cluster]:
         "--disable-usage-stats",
     ]
     procs: list[subprocess.Popen[bytes]] = []
-    saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_USAGE_STATS_ENABLED")}
+    saved = {k: os.environ.get(k) for k in ray_env}
     try:
         for i, args in enumerate(
             (
@@ -146,7 +150,7 @@ def cluster() -> Iterator[Cluster]:
                 )
             if i == 0:
                 _wait_port(NODE_IP, port, procs[0], 120)
-        os.environ.update(RAY_TMPDIR=str(root), RAY_USAGE_STATS_ENABLED="0")
+        os.environ.update(ray_env)
         address = f"{NODE_IP}:{port}"
         ray.init(address=address, _node_ip_address=NODE_IP, log_to_driver=False)
         end = time.monotonic() + 120
@@ -240,9 +244,7 @@ def test_routes_errors_and_auth_match_poot_serve(server: ServerProcess, http: ht
     out = client.completions.create(model=MODEL, prompt="Once upon", max_tokens=6)
     assert out.choices[0].text and out.usage is not None and out.usage.completion_tokens == 6
     chunks = list(
-        client.completions.create(
-            model=MODEL, prompt="Once upon", max_tokens=6, stream=True
-        )
+        client.completions.create(model=MODEL, prompt="Once upon", max_tokens=6, stream=True)
     )
     assert "".join(c.choices[0].text for c in chunks if c.choices)
     r = http.post("/v1/completions", json=_complete(), headers={"X-Request-Id": "ray-id-1"})
