@@ -140,3 +140,37 @@ def test_cli_without_a_cluster_is_a_typed_error(tmp_path: Path) -> None:
     r = _serve(["--ray", "--replicas", "2", "--model", "model.gguf"], tmp_path)
     assert r.returncode == 1, r.stderr
     assert "no running Ray cluster" in r.stderr and "ray start --head" in r.stderr
+
+
+def test_app_builder_takes_a_serve_configs_args(monkeypatch: pytest.MonkeyPatch) -> None:
+    if os.environ.get("POOT_REQUIRE_RAY") != "1":
+        pytest.importorskip("ray.serve", reason="Ray Serve is not installed")
+    from ray.serve import Application
+
+    monkeypatch.setenv("POOT_API_KEY", "from-the-environment")
+    app = poot_ray.app_builder(
+        {"model": "model.gguf", "max_model_len": 256, "replicas": 2, "routing": "round_robin"}
+    )
+    assert isinstance(app, Application)
+    with pytest.raises(ConfigError, match=r"unknown poot.serve.ray argument\(s\) \['nope'\]"):
+        poot_ray.app_builder({"model": "m.gguf", "nope": 1})
+    with pytest.raises(ConfigError, match="max_queue"):
+        poot_ray.app_builder({"max_queue": 0})
+    with pytest.raises(ConfigError, match="routing"):
+        poot_ray.app_builder({"routing": "random"})
+
+
+def test_kuberay_manifest_is_a_valid_serve_config_of_this_app() -> None:
+    if os.environ.get("POOT_REQUIRE_RAY") != "1":
+        pytest.importorskip("ray.serve", reason="Ray Serve is not installed")
+    import yaml
+    from ray.serve import Application
+    from ray.serve.schema import ServeDeploySchema
+
+    root = Path(__file__).resolve().parents[1]
+    manifest = yaml.safe_load((root / "deploy" / "kuberay" / "rayservice.yaml").read_text())
+    assert manifest["kind"] == "RayService"
+    config = ServeDeploySchema.model_validate(yaml.safe_load(manifest["spec"]["serveConfigV2"]))
+    (app,) = config.applications
+    assert app.import_path == "poot.serve.ray:app_builder"
+    assert isinstance(poot_ray.app_builder(app.args), Application)

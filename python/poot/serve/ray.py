@@ -17,7 +17,9 @@ Compose it like any Serve application::
     serve.run(build_app("model.gguf", replicas=4), name="poot", route_prefix="/")
     serve.run(build_app(cfg, autoscaling_config={"min_replicas": 1, "max_replicas": 8}))
 
-``autoscaling_config`` goes to Serve unchanged (then ``replicas`` is unused). ``poot-serve
+``autoscaling_config`` goes to Serve unchanged (then ``replicas`` is unused). A Serve config
+file (``serve run``, KubeRay's ``RayService``) names ``poot.serve.ray:app_builder`` with the
+same settings as ``args``. ``poot-serve
 --ray --replicas N`` does the same on the cluster ``ray.init(address="auto")`` finds (or
 ``RAY_ADDRESS``), and removes the application when it stops. This module imports Ray only
 when called: without it, the calls raise ``RayNotInstalledError``; without a cluster,
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ENGINE",
     "INGRESS",
+    "app_builder",
     "RayClusterError",
     "RayNotInstalledError",
     "build_app",
@@ -174,6 +177,41 @@ def build_app(
         max_ongoing_requests=max(config.max_queue, 1) * 16,
     )(PootIngress)
     return ingress.bind(engine, config, ENGINE)
+
+
+_BUILD_OPTIONS = (
+    "replicas",
+    "autoscaling_config",
+    "replica_actor_options",
+    "max_ongoing_requests",
+    "busy_requests",
+    "ingress_replicas",
+    "routing",
+)
+
+
+def app_builder(args: Mapping[str, Any]) -> Application:
+    """``build_app`` from a Serve config's ``args`` (``import_path: poot.serve.ray:app_builder``
+    in a ``serve run`` config or a KubeRay ``RayService``): ``ServerConfig`` fields (``model``,
+    ``max_model_len``, ``threads``, ...) and ``build_app``'s options (``replicas``,
+    ``autoscaling_config``, ...). The API key, when not given, comes from ``POOT_API_KEY``
+    (a Kubernetes secret in the pod's environment, say), never from the config file.
+
+    Raises:
+        ConfigError: an argument that is neither, or a bad value.
+    """
+    fields = {f.name for f in dataclasses.fields(ServerConfig)}
+    unknown = sorted(set(args) - fields - set(_BUILD_OPTIONS))
+    if unknown:
+        raise ConfigError(
+            f"unknown poot.serve.ray argument(s) {unknown}: give ServerConfig fields or "
+            f"build_app options ({', '.join(_BUILD_OPTIONS)})"
+        )
+    settings = {k: v for k, v in args.items() if k in fields}
+    if settings.get("api_key") is None and os.environ.get("POOT_API_KEY"):
+        settings["api_key"] = os.environ["POOT_API_KEY"]
+    options = {k: v for k, v in args.items() if k in _BUILD_OPTIONS}
+    return build_app(ServerConfig(**settings), **options)
 
 
 def _free_port(host: str) -> int:
