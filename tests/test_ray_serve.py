@@ -326,7 +326,8 @@ def test_replica_killed_mid_stream(server: ServerProcess, http: httpx.Client) ->
     # The stream ended (no hang) with an error event in OpenAI's shape, then [DONE].
     assert events[-1] == "[DONE]"
     errors = [e for e in events if isinstance(e, dict) and "error" in e]
-    assert errors and errors[-1]["error"]["type"] == "server_error", events[-3:]
+    assert errors and errors[-1]["error"]["code"] == "replica_failed", events[-3:]
+    assert errors[-1]["error"]["type"] == "server_error"
     assert time.monotonic() - t0 < 120
     # New requests go to the live replica.
     for _ in range(3):
