@@ -33,6 +33,23 @@ def test_block_hash_is_the_kv_caches() -> None:
     assert base != hash_block(0, [1, 2, 3, 4], 7)
     assert base != hash_block(None, [1, 2, 3], 7)
     assert base != hash_block(None, [1, 2, 3, 4], 8)
+    # The one-multiply path for small ids equals the word-by-word FNV-1a of the Rust code.
+    items = [0, 7, 255, 256, 49151, 70000]
+    assert hash_block(5, items, 9) == _reference_hash(5, items, 9)
+
+
+def _reference_hash(parent: int | None, items: list[int], key: int) -> int:
+    mask, prime = (1 << 64) - 1, 0x100000001B3
+    h = 0xCBF29CE484222325
+    data = key.to_bytes(8, "little")
+    data += (0x9E3779B97F4A7C15 if parent is None else parent).to_bytes(8, "little")
+    data += len(items).to_bytes(8, "little")
+    data += b"".join(t.to_bytes(4, "little") for t in items)
+    for b in data:
+        h = ((h ^ b) * prime) & mask
+    for shift, mul in ((33, 0xFF51AFD7ED558CCD), (33, 0xC4CEB9FE1A85EC53)):
+        h = ((h ^ (h >> shift)) * mul) & mask
+    return h ^ (h >> 33)
 
 
 def test_prefix_hashes_chain_full_blocks_only() -> None:

@@ -46,6 +46,7 @@ MAX_BLOCKS = 64
 _MASK = (1 << 64) - 1
 _FNV_OFFSET = 0xCBF29CE484222325
 _FNV_PRIME = 0x00000100000001B3
+_FNV_PRIME_4 = pow(_FNV_PRIME, 4, 1 << 64)
 _NO_PARENT = 0x9E3779B97F4A7C15
 
 
@@ -70,7 +71,11 @@ def hash_block(parent: int | None, items: Sequence[int], model_key: int = 0) -> 
     h = _fnv1a64(h, (_NO_PARENT if parent is None else parent).to_bytes(8, "little"))
     h = _fnv1a64(h, len(items).to_bytes(8, "little"))
     for t in items:
-        h = _fnv1a64(h, t.to_bytes(4, "little"))
+        if t < 256:
+            # The word's three zero bytes only multiply: (h ^ 0) * P three times is h * P^3.
+            h = ((h ^ t) * _FNV_PRIME_4) & _MASK
+        else:
+            h = _fnv1a64(h, t.to_bytes(4, "little"))
     return _fmix64(h)
 
 
