@@ -117,7 +117,8 @@ def build_app(
         replicas: engine replicas (without ``autoscaling_config``).
         autoscaling_config: Serve's ``autoscaling_config`` for the engine deployment, as is.
         replica_actor_options: Ray actor options of each engine replica (default: one CPU;
-            e.g. ``{"num_gpus": 1}``).
+            e.g. ``{"num_cpus": 8}``, ``{"num_gpus": 1}``). Without ``threads`` in the config,
+            an engine runs as many CPU threads as its ``num_cpus``.
         max_ongoing_requests: requests Serve sends one engine replica at once; the replica's
             own queue (``ServerConfig.max_queue``) answers 429 beyond its rows.
         busy_requests: ongoing requests at which a replica counts as busy, so a prompt whose
@@ -150,8 +151,14 @@ def build_app(
     from poot.serve.replica import PootReplica
     from poot.serve.router import PrefixRouter, RoundRobinRouter
 
-    # Replicas log to Ray's files: no progress bars there.
-    config = dataclasses.replace(config, progress=False)
+    actor_options = dict(replica_actor_options or {"num_cpus": 1})
+    cpus = actor_options.get("num_cpus")
+    # Replicas log to Ray's files: no progress bars there. An engine uses the CPUs Ray gives
+    # its replica, not every core of the node (other replicas share them).
+    threads = config.threads
+    if threads is None and isinstance(cpus, int | float) and cpus >= 1:
+        threads = int(cpus)
+    config = dataclasses.replace(config, progress=False, threads=threads)
     scaling: dict[str, Any] = (
         {"autoscaling_config": dict(autoscaling_config)}
         if autoscaling_config is not None
@@ -161,7 +168,7 @@ def build_app(
     engine = serve.deployment(
         name=ENGINE,
         max_ongoing_requests=max_ongoing_requests,
-        ray_actor_options=dict(replica_actor_options or {"num_cpus": 1}),
+        ray_actor_options=actor_options,
         request_router_config=RequestRouterConfig(
             request_router_class=router,  # type: ignore[arg-type]  # Ray's stub says dict
             request_router_kwargs={"busy_requests": busy_requests} if routing == "prefix" else {},
