@@ -240,14 +240,24 @@ def run_cli(
     """``poot-serve --ray``: deploys ``build_app`` on the running cluster, prints where it
     listens, and serves until SIGTERM or Ctrl-C, then deletes the application.
 
-    Serve's HTTP proxy listens on the head node only (``proxy_location="HeadOnly"``), at
-    ``host:port`` (0: a free port), unless Serve already runs on the cluster with other HTTP
-    options (Serve keeps those).
+    Each engine replica reserves ``config.threads`` CPUs (one without ``--threads``) and, on
+    CUDA, one GPU. Serve's HTTP proxy listens on the head node only
+    (``proxy_location="HeadOnly"``), at ``host:port`` (0: a free port), unless Serve already
+    runs on the cluster with other HTTP options (Serve keeps those).
 
     Raises:
         RayNotInstalledError, RayClusterError, ConfigError: as ``connect`` and ``build_app``.
     """
-    app = build_app(config, replicas=replicas, autoscaling_config=autoscaling_config)
+    # Each replica reserves what it will use: its threads, and a GPU on CUDA.
+    options: dict[str, Any] = {"num_cpus": config.threads or 1}
+    if config.backend == "cuda":
+        options["num_gpus"] = 1
+    app = build_app(
+        config,
+        replicas=replicas,
+        autoscaling_config=autoscaling_config,
+        replica_actor_options=options,
+    )
     connect()
     from ray import serve
 
