@@ -62,10 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
         "  poot-serve\n"
         "  poot-serve --model path/to/model.gguf --port 9000 --api-key KEY\n"
         "  poot-serve --backend wgpu --max-model-len 2048\n"
-        "  poot-serve --model big.gguf --device-budget 4GiB --spill-dir /data/spill\n\n"
+        "  poot-serve --model big.gguf --device-budget 4GiB --spill-dir /data/spill\n"
+        "  poot-serve --ray --replicas 4 --model model.gguf --threads 8\n\n"
         "exit codes:\n"
         "  0    stopped cleanly (SIGTERM or Ctrl-C: drained, see --shutdown-timeout)\n"
-        "  1    the model could not be loaded, the server failed, or a second signal\n"
+        "  1    the model could not be loaded, the server failed, a second signal, or\n"
+        "       --ray without Ray installed or a cluster to join\n"
         "  2    bad usage",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
