@@ -14,11 +14,18 @@ The rows and the KV pool are fitted to the memory (``poot.server.loading``); the
 ``--max-num-seqs`` and ``--kv-cache-mib`` are refused with an error naming
 ``--device-budget``. ``POOT_SERVE_MAX_ROWS`` caps the rows, for tests and diagnosis.
 ``--log-level debug`` traces the start-up's phases (``poot.server.startup``).
+
+``--ray --replicas N`` (``--autoscaling-config JSON`` for Serve's autoscaling) serves the
+same API from N replicas of this server on the running Ray cluster (``RAY_ADDRESS``, else the
+one this machine started), routed by prompt prefix (``poot.serve.ray``, docs/ray.md); it
+prints the same "listening" line once the replicas are up, and removes its Serve
+application on SIGTERM or Ctrl-C. Without Ray or a cluster it exits with 1 and says why.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import socket
@@ -55,10 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
         "  poot-serve\n"
         "  poot-serve --model path/to/model.gguf --port 9000 --api-key KEY\n"
         "  poot-serve --backend wgpu --max-model-len 2048\n"
-        "  poot-serve --model big.gguf --device-budget 4GiB --spill-dir /data/spill\n\n"
+        "  poot-serve --model big.gguf --device-budget 4GiB --spill-dir /data/spill\n"
+        "  poot-serve --ray --replicas 4 --model model.gguf --threads 8\n\n"
         "exit codes:\n"
         "  0    stopped cleanly (SIGTERM or Ctrl-C: drained, see --shutdown-timeout)\n"
-        "  1    the model could not be loaded, the server failed, or a second signal\n"
+        "  1    the model could not be loaded, the server failed, a second signal, or\n"
+        "       --ray without Ray installed or a cluster to join\n"
         "  2    bad usage",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -161,6 +170,23 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE_OR_TEXT",
         default=None,
         help="a Jinja chat template (a file, or the template itself) instead of the model's",
+    )
+    ray = p.add_argument_group("Ray Serve (docs/ray.md; needs pip install 'poot[ray]')")
+    ray.add_argument(
+        "--ray",
+        action="store_true",
+        help="serve on the running Ray cluster (RAY_ADDRESS, else the one this machine "
+        "started): --replicas engines behind this endpoint, prompts routed by prefix",
+    )
+    ray.add_argument(
+        "--replicas", type=int, default=None, help="engine replicas with --ray (default 1)"
+    )
+    ray.add_argument(
+        "--autoscaling-config",
+        metavar="JSON",
+        default=None,
+        help="Serve's autoscaling_config for the engines with --ray, as JSON "
+        '(e.g. \'{"min_replicas": 1, "max_replicas": 4}\'); replaces --replicas',
     )
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
@@ -266,6 +292,37 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _serve_on_ray(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, config: ServerConfig
+) -> int:
+    """``--ray``: the same server as N replicas on Ray Serve (``poot.serve.ray``)."""
+    if not args.ray:
+        parser.error("--replicas and --autoscaling-config need --ray")
+    autoscaling = None
+    if args.autoscaling_config is not None:
+        try:
+            autoscaling = json.loads(args.autoscaling_config)
+        except ValueError as e:
+            parser.error(f"--autoscaling-config is not JSON: {e}")
+        if not isinstance(autoscaling, dict):
+            parser.error("--autoscaling-config must be a JSON object")
+    from poot.serve.ray import run_cli
+
+    try:
+        return run_cli(
+            config,
+            host=args.host,
+            port=args.port,
+            replicas=1 if args.replicas is None else args.replicas,
+            autoscaling_config=autoscaling,
+        )
+    except ConfigError as e:
+        parser.error(str(e))
+    except (ImportError, ConnectionError) as e:  # RayNotInstalledError, RayClusterError
+        sys.stderr.write(f"poot-serve: error: {e}\n")
+        return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``poot-serve``; return its exit code."""
     phase = Phase(from_process_start=True)
@@ -289,6 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if args.ray or args.replicas is not None or args.autoscaling_config is not None:
+        return _serve_on_ray(parser, args, config)
     phase.done("interpreter started, poot-serve imported, arguments read")
 
     try:
