@@ -94,7 +94,7 @@ fn kernels_of(rt: &WgpuRuntime, graph: &Graph, op: &Op) -> Vec<(Kernel, DType)> 
     match op {
         Op::Embedding { table, .. } => vec![(Kernel::Embedding, wdt(*table))],
         Op::MatMul { w, .. } => {
-            let k = graph.info(*w).shape.get(1).copied().unwrap_or(0);
+            let k = graph.info(*w).matrix().1;
             if rt.q8_matmul(wdt(*w), k) {
                 vec![(Kernel::QuantQ8, DType::F32), (Kernel::MatMulQ8, wdt(*w))]
             } else if rt.q8k_matmul(wdt(*w), k) {

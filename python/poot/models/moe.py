@@ -1,4 +1,4 @@
-"""Packed mixture-of-experts feed-forwards: Mixtral, Qwen3-MoE and OLMoE (GGUF).
+"""Packed mixture-of-experts feed-forwards: Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE (GGUF).
 
 A MoE layer replaces the SwiGLU feed-forward by a router and ``E`` experts. GGUF stores the
 experts packed as 3-D tensors (``ffn_gate_exps``/``ffn_up_exps`` [E, F, D], ``ffn_down_exps``
@@ -16,10 +16,16 @@ experts packed as 3-D tensors (``ffn_gate_exps``/``ffn_up_exps`` [E, F, D], ``ff
 Mixtral is the Llama block (GGUF ``llama`` with ``llama.expert_count``); Qwen3-MoE the Qwen3
 block (per-head q/k norms) with ``qwen3moe.expert_feed_forward_length``-wide experts; OLMoE the
 Llama block with q and k RMS-normed over their full width before RoPE (NeoX pairing) and
-weights not renormalised. Hugging Face directories of MoE models (experts stored one tensor
-each) are refused: packing them in place needs a weight view poot does not have yet.
-Qwen2-MoE's shared expert (a sigmoid gate from a 1-D weight) is not implemented: its GGUF
-architecture ``qwen2moe`` is refused by the registry.
+weights not renormalised. Qwen2-MoE (Qwen1.5-MoE) is the Qwen2 block (q/k/v biases, NeoX
+RoPE) with routed experts whose weights are not renormalised (transformers'
+``norm_topk_prob`` false, llama.cpp's ``qwen2moe``) plus a shared SwiGLU expert
+(``ffn_*_shexp``) that every token takes, scaled by ``sigmoid(f . ffn_gate_inp_shexp)``: the
+gate is a 1-D weight [D], which ``matmul`` reads as one row -> [T, 1]. The graph has no sigmoid
+op, so the gate is ``softmax([z/2, -z/2])[0]`` (= ``1 / (1 + e^-z)``), and ``moe_combine`` with
+one expert per token scales each row of the shared expert's output by it.
+
+Hugging Face directories of MoE models (experts stored one tensor each) are refused: packing
+them in place needs a weight view poot does not have yet.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ if TYPE_CHECKING:
     from poot._native import Tracer, Value
     from poot.checkpoints import ModelFiles
 
-__all__ = ["MixtralModel", "OlmoeModel", "Qwen3MoeModel", "moe_ffn"]
+__all__ = ["MixtralModel", "OlmoeModel", "Qwen2MoeModel", "Qwen3MoeModel", "moe_ffn"]
 
 
 def moe_ffn(t: Tracer, i: int, f: Value, k: int, renorm: bool = True) -> Value:
@@ -54,13 +60,30 @@ def moe_ffn(t: Tracer, i: int, f: Value, k: int, renorm: bool = True) -> Value:
     return t.moe_combine(y, weights)
 
 
+def sigmoid_col(t: Tracer, z: Value) -> Value:
+    """``1 / (1 + e^-z)`` of a [T, 1] column, as ``softmax([z/2, -z/2])``'s first column."""
+    half = t.mul(z, t.literal([0.5], [1]))
+    neg = t.mul(z, t.literal([-0.5], [1]))
+    return t.slice(t.softmax(t.concat([half, neg], 1)), 1, 0, 1)
+
+
+def shared_expert(t: Tracer, i: int, f: Value) -> Value:
+    """Layer ``i``'s shared SwiGLU expert, scaled per token by its sigmoid gate (Qwen2-MoE)."""
+    p = f"blk.{i}."
+    gate = t.silu(t.matmul(f, t.weight(p + "ffn_gate_shexp.weight")))
+    up = t.matmul(f, t.weight(p + "ffn_up_shexp.weight"))
+    y = t.matmul(t.mul(gate, up), t.weight(p + "ffn_down_shexp.weight"))
+    g = sigmoid_col(t, t.matmul(f, t.weight(p + "ffn_gate_inp_shexp.weight")))
+    return t.moe_combine(y, g)
+
+
 def _check(files: ModelFiles) -> None:
     if files.kind != "gguf":
         raise UnsupportedArchitectureError(
             f"{files.path}: mixture-of-experts models run from GGUF files only (their HF "
             "directories store each expert apart)",
             architecture=files.hparams.architecture,
-            supported=("GGUF llama (Mixtral)", "GGUF qwen3moe", "GGUF olmoe"),
+            supported=("GGUF llama (Mixtral)", "GGUF qwen2moe", "GGUF qwen3moe", "GGUF olmoe"),
         )
     if files.hparams.n_experts_used <= 0:
         raise UnsupportedArchitectureError(
@@ -130,3 +153,32 @@ class OlmoeModel(LlamaModel):
 
     def ffn(self, t: Tracer, i: int, f: Value) -> Value:
         return moe_ffn(t, i, f, self.hparams.n_experts_used, renorm=False)
+
+
+@dataclass(frozen=True)
+class Qwen2MoeModel(LlamaModel):
+    """Qwen2-MoE / Qwen1.5-MoE: the Qwen2 block with routed and shared experts (module docs)."""
+
+    @classmethod
+    def from_files(cls, files: ModelFiles) -> Qwen2MoeModel:
+        """The definition for a Qwen2-MoE GGUF.
+
+        Raises:
+            UnsupportedArchitectureError: not a GGUF, no experts used per token, or no shared
+                expert (every released Qwen2-MoE has one; ``qwen2moe`` without it is unknown).
+        """
+        _check(files)
+        h = files.hparams
+        if h.expert_shared_ff <= 0 or not any(
+            t.name == "blk.0.ffn_gate_inp_shexp.weight" for t in files.tensors()
+        ):
+            raise UnsupportedArchitectureError(
+                f"{files.path}: a qwen2moe file without a shared expert "
+                "(expert_shared_feed_forward_length, ffn_gate_inp_shexp)",
+                architecture=h.architecture,
+            )
+        return cls(h, GGUF_NAMES, "neox", rope_scaling_spec(h, str(files.path)))
+
+    def ffn(self, t: Tracer, i: int, f: Value) -> Value:
+        routed = moe_ffn(t, i, f, self.hparams.n_experts_used, renorm=False)
+        return t.add(routed, shared_expert(t, i, f))

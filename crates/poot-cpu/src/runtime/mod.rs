@@ -299,7 +299,7 @@ impl CpuRuntime {
                 self.options.numerics,
                 Isa::detect(),
                 (bytes, info.dtype),
-                (info.shape[0], info.shape[1]),
+                info.matrix(), // a 1-D weight is one row
                 Some(&self.pool),
             )
             .map_err(|e| RuntimeError::Kernel {

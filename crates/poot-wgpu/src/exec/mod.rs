@@ -359,7 +359,7 @@ impl<'a> Exec<'a> {
                 let wt = self.plan.weights[&w.index()].clone();
                 let xs = self.shape(*x);
                 let (t, k) = (xs[0], xs[1]);
-                let n = self.shape(*w)[0];
+                let n = self.plan.graph.info(*w).matrix().0; // a 1-D weight is one row
                 let out = self.alloc(out_bytes);
                 let xb = self.buf(*x, "matmul")?;
                 if self.rt.q8_matmul(wt.dtype, k) {
