@@ -42,6 +42,12 @@ pub(crate) enum Kernel {
     Gather,
     Argmax,
     Stall,
+    /// Mixture-of-experts matmul over experts packed in place (`moe_matmul.wgsl`).
+    MoeMatMul,
+    /// A router's top-k expert ids (`top_k_ids.wgsl`).
+    TopKIds,
+    GatherCols,
+    MoeCombine,
 }
 
 impl Kernel {
@@ -66,6 +72,10 @@ impl Kernel {
             Kernel::Gather => "gather",
             Kernel::Argmax => "argmax",
             Kernel::Stall => "stall",
+            Kernel::MoeMatMul => "moe_matmul",
+            Kernel::TopKIds => "top_k_ids",
+            Kernel::GatherCols => "gather_cols",
+            Kernel::MoeCombine => "moe_combine",
         }
     }
 
@@ -90,6 +100,10 @@ impl Kernel {
             Kernel::Gather => include_str!("../../../shaders/wgsl/gather.wgsl"),
             Kernel::Argmax => include_str!("../../../shaders/wgsl/argmax.wgsl"),
             Kernel::Stall => include_str!("../../../shaders/wgsl/stall.wgsl"),
+            Kernel::MoeMatMul => include_str!("../../../shaders/wgsl/moe_matmul.wgsl"),
+            Kernel::TopKIds => include_str!("../../../shaders/wgsl/top_k_ids.wgsl"),
+            Kernel::GatherCols => include_str!("../../../shaders/wgsl/gather_cols.wgsl"),
+            Kernel::MoeCombine => include_str!("../../../shaders/wgsl/moe_combine.wgsl"),
         }
     }
 
@@ -98,6 +112,7 @@ impl Kernel {
         matches!(
             self,
             Kernel::MatMul
+                | Kernel::MoeMatMul
                 | Kernel::MatMulQ8
                 | Kernel::MatMulQ8K
                 | Kernel::Embedding
@@ -304,6 +319,10 @@ mod tests {
         ];
         for k in [
             Kernel::MatMul,
+            Kernel::MoeMatMul,
+            Kernel::TopKIds,
+            Kernel::GatherCols,
+            Kernel::MoeCombine,
             Kernel::Attention,
             Kernel::AttentionGgml,
             Kernel::QuantQ8,

@@ -61,19 +61,11 @@ impl CompiledPlan for WgpuPlan {
 }
 
 /// Ops with a WGSL kernel: every op of the IR except the sampling step's logit ops, whose
-/// steps the engine samples on the host (see `sample.rs`).
+/// steps the engine samples on the host (see `sample.rs`). `top_k` has a kernel (a MoE
+/// router's expert ids, `top_k_ids.wgsl`), but sampling stays on the host while the other
+/// logit ops have none.
 pub(crate) fn supports(op: &str) -> bool {
-    // The mixture-of-experts ops have no WGSL kernels yet.
-    !matches!(
-        op,
-        "adjust_logits"
-            | "mask_logits"
-            | "top_k"
-            | "logprobs"
-            | "gather_cols"
-            | "moe_matmul"
-            | "moe_combine"
-    )
+    !matches!(op, "adjust_logits" | "mask_logits" | "logprobs")
 }
 
 fn invalid(detail: String) -> RuntimeError {
@@ -123,14 +115,12 @@ fn kernels_of(rt: &WgpuRuntime, graph: &Graph, op: &Op) -> Vec<(Kernel, DType)> 
         Op::Slice { .. } | Op::Concat { .. } => vec![(Kernel::Copy, DType::F32)],
         Op::GatherRows { .. } => vec![(Kernel::Gather, DType::F32)],
         Op::Sample { .. } => vec![(Kernel::Argmax, DType::F32)],
+        Op::MoeMatMul { w, .. } => vec![(Kernel::MoeMatMul, wdt(*w))],
+        Op::TopK { .. } => vec![(Kernel::TopKIds, DType::F32)],
+        Op::GatherCols { .. } => vec![(Kernel::GatherCols, DType::F32)],
+        Op::MoeCombine { .. } => vec![(Kernel::MoeCombine, DType::F32)],
         Op::Input { .. } | Op::Weight { .. } | Op::Literal { .. } | Op::Reshape { .. } => vec![],
-        Op::AdjustLogits { .. }
-        | Op::MaskLogits { .. }
-        | Op::TopK { .. }
-        | Op::Logprobs { .. }
-        | Op::GatherCols { .. }
-        | Op::MoeMatMul { .. }
-        | Op::MoeCombine { .. } => vec![],
+        Op::AdjustLogits { .. } | Op::MaskLogits { .. } | Op::Logprobs { .. } => vec![],
     }
 }
 

@@ -24,6 +24,7 @@ use crate::{KvPool, WgpuRuntime};
 
 mod attention_sample;
 mod matmul_q8;
+mod moe;
 
 const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_SRC)
@@ -568,13 +569,11 @@ impl<'a> Exec<'a> {
                 out
             }
             Op::Sample { logits, params } => return self.sample(i, *logits, params).map(Some),
-            Op::AdjustLogits { .. }
-            | Op::MaskLogits { .. }
-            | Op::TopK { .. }
-            | Op::Logprobs { .. }
-            | Op::GatherCols { .. }
-            | Op::MoeMatMul { .. }
-            | Op::MoeCombine { .. } => {
+            Op::MoeMatMul { x, w, ids } => return self.moe_matmul(out_bytes, *x, *w, *ids),
+            Op::TopK { x, k } => return self.top_k_ids(out_bytes, *x, *k),
+            Op::GatherCols { x, ids } => return self.gather_cols(out_bytes, *x, *ids),
+            Op::MoeCombine { y, weights } => return self.moe_combine(out_bytes, *y, *weights),
+            Op::AdjustLogits { .. } | Op::MaskLogits { .. } | Op::Logprobs { .. } => {
                 // `compile` refuses these (see `plan::supports`).
                 return Err(kernel_err(op.name(), "no wgpu kernel".into()));
             }
