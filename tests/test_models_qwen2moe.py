@@ -124,8 +124,42 @@ def test_a_qwen2moe_gguf_without_a_shared_expert_is_a_typed_error(
         poot.LLM(str(path), threads=1)
 
 
-def test_the_hf_directory_is_a_typed_error(qwen2moe: dict[str, Any]) -> None:
-    """Experts stored one tensor each are not packed in place yet (module docs of
-    poot.models.moe)."""
-    with pytest.raises(UnsupportedArchitectureError, match="GGUF"):
-        poot.LLM(str(qwen2moe["hf"]), threads=1)
+def test_the_hf_directory_reads_experts_in_place(qwen2moe: dict[str, Any]) -> None:
+    """Experts stored one tensor each: the store's virtual [E, N, K] stack of the mapped
+    tensors goes to moe_matmul; logits and greedy ids as the float64 forward's."""
+    from poot import _native
+
+    st = _native.SafetensorsModel(str(qwen2moe["hf"] / "model.safetensors"))
+    dtype, shape = _native.Weights(st).describe("model.layers.1.mlp.experts.down_proj.weight")
+    assert (dtype, tuple(shape)) == ("F32", (8, 256, 128))
+    llm = poot.LLM(str(qwen2moe["hf"]), threads=1, numerics="exact")
+    ref = reference_logits(qwen2moe["weights"], PROMPT)
+    np.testing.assert_allclose(llm.logits(PROMPT), ref[-1], rtol=0, atol=1e-4)
+    got = llm.generate([PROMPT], GREEDY32)[0].outputs[0].token_ids
+    assert list(got) == reference_greedy(qwen2moe["weights"], PROMPT, 32)
+
+
+def test_hf_norm_topk_prob_is_read_from_config_json(qwen2moe: dict[str, Any]) -> None:
+    import qwen2moe_model as qm
+
+    path = write_hf(
+        Path(qwen2moe["root"]) / "renorm", qwen2moe["weights"], {**CONFIG, "norm_topk_prob": True}
+    )
+    qm.CONFIG["norm_topk_prob"] = True
+    try:
+        ref = reference_logits(qwen2moe["weights"], PROMPT)[-1]
+    finally:
+        qm.CONFIG["norm_topk_prob"] = False
+    llm = poot.LLM(str(path), threads=1, numerics="exact")
+    np.testing.assert_allclose(llm.logits(PROMPT), ref, rtol=0, atol=1e-4)
+
+
+def test_hf_dense_layers_and_missing_experts_are_typed_errors(qwen2moe: dict[str, Any]) -> None:
+    root = Path(qwen2moe["root"])
+    dense = write_hf(root / "dense", qwen2moe["weights"], {**CONFIG, "mlp_only_layers": [1]})
+    with pytest.raises(UnsupportedArchitectureError, match="dense layers"):
+        poot.LLM(str(dense), threads=1)
+    # Expert 3 of layer 0 missing: the stack is incomplete, so the traced weight is unknown.
+    w = {k: v for k, v in qwen2moe["weights"].items() if ".experts.3.gate_proj" not in k}
+    with pytest.raises(poot.errors.PootError, match="experts.gate_proj"):
+        poot.LLM(str(write_hf(root / "holey", w)), threads=1).logits(PROMPT)

@@ -1,7 +1,8 @@
 """Packed mixture-of-experts on the wgpu backend (lavapipe in CI) against the CPU runtime.
 
 Mixtral, Qwen3-MoE and OLMoE (``tests/family_models.py``) and Qwen2-MoE with its shared expert
-(``tests/qwen2moe_model.py``), GGUF experts packed in place. Bound: with ``numerics="exact"``
+(``tests/qwen2moe_model.py``), GGUF experts packed in place, and Qwen2-MoE's HF directory (its
+experts one tensor each, gathered into the device upload). Bound: with ``numerics="exact"``
 wgpu runs the CPU's arithmetic in another summation order (the op-level bounds are in
 ``crates/poot-wgpu/tests/conformance_moe.rs``): logits within 1e-4 of the CPU's and 32 greedy
 ids equal, alone and with three prompts in one step.
@@ -34,18 +35,25 @@ def wgpu_ok() -> None:
 
 @pytest.fixture(scope="module")
 def qwen2moe_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from qwen2moe_model import make_weights, write_gguf
+    """The Qwen2-MoE checkpoint's directory: ``q.gguf`` and the HF directory ``hf``."""
+    from qwen2moe_model import make_weights, write_gguf, write_hf
 
-    return write_gguf(tmp_path_factory.mktemp("qwen2moe") / "q.gguf", make_weights(seed=0))
+    root = tmp_path_factory.mktemp("qwen2moe")
+    w = make_weights(seed=0)
+    write_gguf(root / "q.gguf", w)
+    write_hf(root / "hf", w)
+    return root
 
 
-def _path(family: str, family_checkpoints: Any, qwen2moe_gguf: Path) -> str:
+def _path(family: str, family_checkpoints: Any, qwen2moe: Path) -> str:
     if family == "qwen2moe":
-        return str(qwen2moe_gguf)
+        return str(qwen2moe / "q.gguf")
+    if family == "qwen2moe-hf":  # experts one tensor each, gathered into the upload
+        return str(qwen2moe / "hf")
     return str(family_checkpoints(family)["gguf"])
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen3moe", "olmoe", "qwen2moe"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen3moe", "olmoe", "qwen2moe", "qwen2moe-hf"])
 def test_moe_on_wgpu_equals_the_cpu(
     wgpu_ok: None, family_checkpoints: Any, qwen2moe_gguf: Path, family: str
 ) -> None:

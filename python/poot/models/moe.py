@@ -24,17 +24,21 @@ gate is a 1-D weight [D], which ``matmul`` reads as one row -> [T, 1]. The graph
 op, so the gate is ``softmax([z/2, -z/2])[0]`` (= ``1 / (1 + e^-z)``), and ``moe_combine`` with
 one expert per token scales each row of the shared expert's output by it.
 
-Hugging Face directories of MoE models (experts stored one tensor each) are refused: packing
-them in place needs a weight view poot does not have yet.
+Hugging Face directories store the experts one tensor each (``mlp.experts.{j}.gate_proj``);
+the weight store describes each layer's complete set as one virtual [E, N, K] tensor
+``mlp.experts.gate_proj.weight`` whose pieces are the experts' mapped bytes, read in place (no
+copy; ``poot_runtime::weights``). Qwen2-MoE directories run that way (``norm_topk_prob`` from
+config.json; every layer sparse: ``decoder_sparse_step`` 1 and no ``mlp_only_layers``, else a
+typed error). Directories of the other MoE families are refused (typed).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from poot.errors import UnsupportedArchitectureError
-from poot.models.llama import GGUF_NAMES, LlamaModel, rope_scaling_spec
+from poot.models.llama import GGUF_NAMES, HF_NAMES, LlamaModel, rope_scaling_spec
 from poot.models.qwen3 import Qwen3Model
 
 if TYPE_CHECKING:
@@ -44,19 +48,57 @@ if TYPE_CHECKING:
 __all__ = ["MixtralModel", "OlmoeModel", "Qwen2MoeModel", "Qwen3MoeModel", "moe_ffn"]
 
 
-def moe_ffn(t: Tracer, i: int, f: Value, k: int, renorm: bool = True) -> Value:
-    """Layer ``i``'s routed SwiGLU experts of the normed hidden state ``f`` (GGUF names);
-    ``renorm``: the chosen experts' weights sum to 1 (else they are the full softmax's)."""
-    p = f"blk.{i}."
-    logits = t.matmul(f, t.weight(p + "ffn_gate_inp.weight"))
+@dataclass(frozen=True)
+class MoeNames:
+    """Tensor names of a MoE layer (``{i}``: the layer): router, packed experts, shared expert."""
+
+    router: str
+    gate_exps: str
+    up_exps: str
+    down_exps: str
+    shared_gate: str = ""
+    shared_up: str = ""
+    shared_down: str = ""
+    shared_router: str = ""
+
+
+GGUF_MOE_NAMES = MoeNames(
+    router="blk.{i}.ffn_gate_inp.weight",
+    gate_exps="blk.{i}.ffn_gate_exps.weight",
+    up_exps="blk.{i}.ffn_up_exps.weight",
+    down_exps="blk.{i}.ffn_down_exps.weight",
+    shared_gate="blk.{i}.ffn_gate_shexp.weight",
+    shared_up="blk.{i}.ffn_up_shexp.weight",
+    shared_down="blk.{i}.ffn_down_shexp.weight",
+    shared_router="blk.{i}.ffn_gate_inp_shexp.weight",
+)
+# Qwen2-MoE's HF names; the experts are the store's virtual stacks (module docs).
+HF_QWEN2MOE_NAMES = MoeNames(
+    router="model.layers.{i}.mlp.gate.weight",
+    gate_exps="model.layers.{i}.mlp.experts.gate_proj.weight",
+    up_exps="model.layers.{i}.mlp.experts.up_proj.weight",
+    down_exps="model.layers.{i}.mlp.experts.down_proj.weight",
+    shared_gate="model.layers.{i}.mlp.shared_expert.gate_proj.weight",
+    shared_up="model.layers.{i}.mlp.shared_expert.up_proj.weight",
+    shared_down="model.layers.{i}.mlp.shared_expert.down_proj.weight",
+    shared_router="model.layers.{i}.mlp.shared_expert_gate.weight",
+)
+
+
+def moe_ffn(
+    t: Tracer, i: int, f: Value, k: int, renorm: bool = True, names: MoeNames = GGUF_MOE_NAMES
+) -> Value:
+    """Layer ``i``'s routed SwiGLU experts of the normed hidden state ``f``; ``renorm``: the
+    chosen experts' weights sum to 1 (else they are the full softmax's)."""
+    logits = t.matmul(f, t.weight(names.router.format(i=i)))
     ids = t.top_k_ids(logits, k)
     if renorm:
         weights = t.softmax(t.gather_cols(logits, ids))
     else:
         weights = t.gather_cols(t.softmax(logits), ids)
-    gate = t.silu(t.moe_matmul(f, t.weight(p + "ffn_gate_exps.weight"), ids))
-    up = t.moe_matmul(f, t.weight(p + "ffn_up_exps.weight"), ids)
-    y = t.moe_matmul(t.mul(gate, up), t.weight(p + "ffn_down_exps.weight"), ids)
+    gate = t.silu(t.moe_matmul(f, t.weight(names.gate_exps.format(i=i)), ids))
+    up = t.moe_matmul(f, t.weight(names.up_exps.format(i=i)), ids)
+    y = t.moe_matmul(t.mul(gate, up), t.weight(names.down_exps.format(i=i)), ids)
     return t.moe_combine(y, weights)
 
 
@@ -67,18 +109,17 @@ def sigmoid_col(t: Tracer, z: Value) -> Value:
     return t.slice(t.softmax(t.concat([half, neg], 1)), 1, 0, 1)
 
 
-def shared_expert(t: Tracer, i: int, f: Value) -> Value:
+def shared_expert(t: Tracer, i: int, f: Value, names: MoeNames = GGUF_MOE_NAMES) -> Value:
     """Layer ``i``'s shared SwiGLU expert, scaled per token by its sigmoid gate (Qwen2-MoE)."""
-    p = f"blk.{i}."
-    gate = t.silu(t.matmul(f, t.weight(p + "ffn_gate_shexp.weight")))
-    up = t.matmul(f, t.weight(p + "ffn_up_shexp.weight"))
-    y = t.matmul(t.mul(gate, up), t.weight(p + "ffn_down_shexp.weight"))
-    g = sigmoid_col(t, t.matmul(f, t.weight(p + "ffn_gate_inp_shexp.weight")))
+    gate = t.silu(t.matmul(f, t.weight(names.shared_gate.format(i=i))))
+    up = t.matmul(f, t.weight(names.shared_up.format(i=i)))
+    y = t.matmul(t.mul(gate, up), t.weight(names.shared_down.format(i=i)))
+    g = sigmoid_col(t, t.matmul(f, t.weight(names.shared_router.format(i=i))))
     return t.moe_combine(y, g)
 
 
-def _check(files: ModelFiles) -> None:
-    if files.kind != "gguf":
+def _check(files: ModelFiles, hf_ok: bool = False) -> None:
+    if files.kind != "gguf" and not hf_ok:
         raise UnsupportedArchitectureError(
             f"{files.path}: mixture-of-experts models run from GGUF files only (their HF "
             "directories store each expert apart)",
@@ -159,26 +200,51 @@ class OlmoeModel(LlamaModel):
 class Qwen2MoeModel(LlamaModel):
     """Qwen2-MoE / Qwen1.5-MoE: the Qwen2 block with routed and shared experts (module docs)."""
 
+    moe: MoeNames = GGUF_MOE_NAMES
+    renorm: bool = False
+
     @classmethod
     def from_files(cls, files: ModelFiles) -> Qwen2MoeModel:
-        """The definition for a Qwen2-MoE GGUF.
+        """The definition for a Qwen2-MoE GGUF or HF directory.
 
         Raises:
-            UnsupportedArchitectureError: not a GGUF, no experts used per token, or no shared
-                expert (every released Qwen2-MoE has one; ``qwen2moe`` without it is unknown).
+            UnsupportedArchitectureError: no experts used per token; no shared expert (every
+                released Qwen2-MoE has one); an HF config with dense layers
+                (``mlp_only_layers``, ``decoder_sparse_step`` other than 1).
         """
-        _check(files)
+        _check(files, hf_ok=True)
         h = files.hparams
-        if h.expert_shared_ff <= 0 or not any(
-            t.name == "blk.0.ffn_gate_inp_shexp.weight" for t in files.tensors()
-        ):
-            raise UnsupportedArchitectureError(
-                f"{files.path}: a qwen2moe file without a shared expert "
-                "(expert_shared_feed_forward_length, ffn_gate_inp_shexp)",
-                architecture=h.architecture,
+        arch = h.architecture
+        scaling = rope_scaling_spec(h, str(files.path))
+        if files.kind != "gguf":
+            cfg: dict[str, Any] = dict(files.config)
+            dense = cfg.get("mlp_only_layers") or []
+            if dense or cfg.get("decoder_sparse_step", 1) != 1:
+                raise UnsupportedArchitectureError(
+                    f"{files.path}: Qwen2-MoE with dense layers (mlp_only_layers {dense}, "
+                    f"decoder_sparse_step {cfg.get('decoder_sparse_step', 1)})",
+                    architecture=arch,
+                )
+            shared = "model.layers.0.mlp.shared_expert_gate.weight"
+            renorm = bool(cfg.get("norm_topk_prob", False))
+            names, moe = HF_NAMES, HF_QWEN2MOE_NAMES
+        else:
+            # llama.cpp's qwen2moe never renormalises (Qwen1.5-MoE: norm_topk_prob false).
+            shared, renorm, names, moe = (
+                "blk.0.ffn_gate_inp_shexp.weight",
+                False,
+                GGUF_NAMES,
+                GGUF_MOE_NAMES,
             )
-        return cls(h, GGUF_NAMES, "neox", rope_scaling_spec(h, str(files.path)))
+        if h.expert_shared_ff <= 0 or not any(t.name == shared for t in files.tensors()):
+            raise UnsupportedArchitectureError(
+                f"{files.path}: a Qwen2-MoE checkpoint without a shared expert "
+                f"(expert_shared_feed_forward_length, {shared})",
+                architecture=arch,
+            )
+        return cls(h, names, "neox", scaling, moe=moe, renorm=renorm)
 
     def ffn(self, t: Tracer, i: int, f: Value) -> Value:
-        routed = moe_ffn(t, i, f, self.hparams.n_experts_used, renorm=False)
-        return t.add(routed, shared_expert(t, i, f))
+        k = self.hparams.n_experts_used
+        routed = moe_ffn(t, i, f, k, renorm=self.renorm, names=self.moe)
+        return t.add(routed, shared_expert(t, i, f, self.moe))
