@@ -97,6 +97,8 @@ pub struct SafetensorsWeights {
 }
 
 type Stack = (DType, Vec<usize>, Vec<String>);
+/// One expert tensor of a stack: (expert id, stored name, dtype, shape).
+type Member = (usize, String, DType, Vec<u64>);
 
 /// `{p}.experts.{j}.{rest}` -> (`{p}.experts.{rest}`, j).
 fn expert_of(name: &str) -> Option<(String, usize)> {
@@ -109,7 +111,7 @@ fn expert_of(name: &str) -> Option<(String, usize)> {
 /// The complete expert stacks of `model` (see the module docs); an incomplete or mixed set is
 /// left out, so asking for it is a missing weight.
 fn expert_stacks(model: &SafetensorsModel) -> HashMap<String, Stack> {
-    let mut found: HashMap<String, Vec<(usize, String, DType, Vec<u64>)>> = HashMap::new();
+    let mut found: HashMap<String, Vec<Member>> = HashMap::new();
     for (_, t) in model.tensors() {
         if let Some((stack, j)) = expert_of(&t.name) {
             let entry = (j, t.name.clone(), t.dtype, t.shape.clone());

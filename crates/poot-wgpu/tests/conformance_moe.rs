@@ -114,11 +114,11 @@ fn top_k_ids_rank_ties_signed_zeros_and_nan_as_the_cpu() {
     let nan = f32::NAN;
     // Ties go to the lower id, -0 ranks below +0, NaN is never chosen, -1 fills a row with
     // fewer than k values left.
-    let rows = vec![
-        vec![1.0, 3.0, 3.0, -2.0, 0.5, 3.0],
-        vec![0.0, -0.0, nan, -0.0, 0.0, -1.0],
-        vec![nan, nan, nan, nan, 2.0, nan],
-        vec![f32::NEG_INFINITY, -1e30, f32::INFINITY, 7.0, 7.0, -7.0],
+    let rows = [
+        [1.0, 3.0, 3.0, -2.0, 0.5, 3.0],
+        [0.0, -0.0, nan, -0.0, 0.0, -1.0],
+        [nan, nan, nan, nan, 2.0, nan],
+        [f32::NEG_INFINITY, -1e30, f32::INFINITY, 7.0, 7.0, -7.0],
     ];
     let data: Vec<f32> = rows.concat();
     for k in [1usize, 3, 6] {
