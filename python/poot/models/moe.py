@@ -29,7 +29,9 @@ the weight store describes each layer's complete set as one virtual [E, N, K] te
 ``mlp.experts.gate_proj.weight`` whose pieces are the experts' mapped bytes, read in place (no
 copy; ``poot_runtime::weights``). Qwen2-MoE directories run that way (``norm_topk_prob`` from
 config.json; every layer sparse: ``decoder_sparse_step`` 1 and no ``mlp_only_layers``, else a
-typed error). Directories of the other MoE families are refused (typed).
+typed error), and so do Mixtral (``block_sparse_moe.experts.{j}.w1``/``w3``/``w2``), Qwen3-MoE
+and OLMoE directories; their ``norm_topk_prob`` comes from config.json (Mixtral always
+renormalises).
 """
 
 from __future__ import annotations
@@ -72,7 +74,21 @@ GGUF_MOE_NAMES = MoeNames(
     shared_down="blk.{i}.ffn_down_shexp.weight",
     shared_router="blk.{i}.ffn_gate_inp_shexp.weight",
 )
-# Qwen2-MoE's HF names; the experts are the store's virtual stacks (module docs).
+# HF names; the experts are the store's virtual stacks (module docs). Qwen3-MoE and OLMoE:
+HF_QWEN_MOE_NAMES = MoeNames(
+    router="model.layers.{i}.mlp.gate.weight",
+    gate_exps="model.layers.{i}.mlp.experts.gate_proj.weight",
+    up_exps="model.layers.{i}.mlp.experts.up_proj.weight",
+    down_exps="model.layers.{i}.mlp.experts.down_proj.weight",
+)
+# Mixtral (w1: gate, w3: up, w2: down):
+HF_MIXTRAL_NAMES = MoeNames(
+    router="model.layers.{i}.block_sparse_moe.gate.weight",
+    gate_exps="model.layers.{i}.block_sparse_moe.experts.w1.weight",
+    up_exps="model.layers.{i}.block_sparse_moe.experts.w3.weight",
+    down_exps="model.layers.{i}.block_sparse_moe.experts.w2.weight",
+)
+# Qwen2-MoE, with its shared expert:
 HF_QWEN2MOE_NAMES = MoeNames(
     router="model.layers.{i}.mlp.gate.weight",
     gate_exps="model.layers.{i}.mlp.experts.gate_proj.weight",
@@ -118,14 +134,7 @@ def shared_expert(t: Tracer, i: int, f: Value, names: MoeNames = GGUF_MOE_NAMES)
     return t.moe_combine(y, g)
 
 
-def _check(files: ModelFiles, hf_ok: bool = False) -> None:
-    if files.kind != "gguf" and not hf_ok:
-        raise UnsupportedArchitectureError(
-            f"{files.path}: mixture-of-experts models run from GGUF files only (their HF "
-            "directories store each expert apart)",
-            architecture=files.hparams.architecture,
-            supported=("GGUF llama (Mixtral)", "GGUF qwen2moe", "GGUF qwen3moe", "GGUF olmoe"),
-        )
+def _check(files: ModelFiles) -> None:
     if files.hparams.n_experts_used <= 0:
         raise UnsupportedArchitectureError(
             f"{files.path}: no expert_used_count",
@@ -133,58 +142,80 @@ def _check(files: ModelFiles, hf_ok: bool = False) -> None:
         )
 
 
+def _routing(files: ModelFiles, hf: MoeNames, gguf_renorm: bool) -> tuple[MoeNames, bool]:
+    """The expert names and renormalisation of a checkpoint: a GGUF's as llama.cpp runs the
+    family (``gguf_renorm``), an HF directory's from config.json's ``norm_topk_prob`` (which
+    defaults to the GGUF rule: Mixtral always renormalises and states no key)."""
+    if files.kind == "gguf":
+        return GGUF_MOE_NAMES, gguf_renorm
+    return hf, bool(files.config.get("norm_topk_prob", gguf_renorm))
+
+
 @dataclass(frozen=True)
 class MixtralModel(LlamaModel):
     """Mixtral: the Llama block with routed experts (see the module docs)."""
 
+    moe: MoeNames = GGUF_MOE_NAMES
+    renorm: bool = True
+
     @classmethod
     def from_files(cls, files: ModelFiles) -> MixtralModel:
-        """The definition for a Mixtral GGUF.
+        """The definition for a Mixtral GGUF or HF directory.
 
         Raises:
-            UnsupportedArchitectureError: not a GGUF, or no experts used per token.
+            UnsupportedArchitectureError: no experts used per token.
         """
         _check(files)
         base = LlamaModel.from_files(files)
-        return cls(base.hparams, base.names, base.rope_style, base.rope_scaling)
+        moe, renorm = _routing(files, HF_MIXTRAL_NAMES, True)
+        return cls(base.hparams, base.names, base.rope_style, base.rope_scaling, moe, renorm)
 
     def ffn(self, t: Tracer, i: int, f: Value) -> Value:
-        return moe_ffn(t, i, f, self.hparams.n_experts_used)
+        return moe_ffn(t, i, f, self.hparams.n_experts_used, self.renorm, self.moe)
 
 
 @dataclass(frozen=True)
 class Qwen3MoeModel(Qwen3Model):
     """Qwen3-MoE: the Qwen3 block with routed experts (see the module docs)."""
 
+    moe: MoeNames = GGUF_MOE_NAMES
+    renorm: bool = True
+
     @classmethod
     def from_files(cls, files: ModelFiles) -> Qwen3MoeModel:
-        """The definition for a Qwen3-MoE GGUF.
+        """The definition for a Qwen3-MoE GGUF or HF directory.
 
         Raises:
-            UnsupportedArchitectureError: not a GGUF, or no experts used per token.
+            UnsupportedArchitectureError: no experts used per token.
         """
         _check(files)
         base = Qwen3Model.from_files(files)
-        return cls(base.hparams, base.names, base.rope_style, base.rope_scaling)
+        moe, renorm = _routing(files, HF_QWEN_MOE_NAMES, True)
+        return cls(base.hparams, base.names, base.rope_style, base.rope_scaling, moe, renorm)
 
     def ffn(self, t: Tracer, i: int, f: Value) -> Value:
-        return moe_ffn(t, i, f, self.hparams.n_experts_used)
+        return moe_ffn(t, i, f, self.hparams.n_experts_used, self.renorm, self.moe)
 
 
 @dataclass(frozen=True)
 class OlmoeModel(LlamaModel):
     """OLMoE: full-width q/k RMSNorm, routed experts without renormalisation."""
 
+    moe: MoeNames = GGUF_MOE_NAMES
+    renorm: bool = False
+
     @classmethod
     def from_files(cls, files: ModelFiles) -> OlmoeModel:
-        """The definition for an OLMoE GGUF.
+        """The definition for an OLMoE GGUF or HF directory.
 
         Raises:
-            UnsupportedArchitectureError: not a GGUF, or no experts used per token.
+            UnsupportedArchitectureError: no experts used per token.
         """
         _check(files)
         h = files.hparams
-        return cls(h, GGUF_NAMES, "neox", rope_scaling_spec(h, str(files.path)))
+        names = GGUF_NAMES if files.kind == "gguf" else HF_NAMES
+        moe, renorm = _routing(files, HF_QWEN_MOE_NAMES, False)
+        return cls(h, names, "neox", rope_scaling_spec(h, str(files.path)), moe, renorm)
 
     def qk_norm(self, t: Tracer, i: int, q: Value, k: Value) -> tuple[Value, Value]:
         n, eps = self.names, self.hparams.rms_norm_eps
@@ -193,7 +224,7 @@ class OlmoeModel(LlamaModel):
         return q, k
 
     def ffn(self, t: Tracer, i: int, f: Value) -> Value:
-        return moe_ffn(t, i, f, self.hparams.n_experts_used, renorm=False)
+        return moe_ffn(t, i, f, self.hparams.n_experts_used, self.renorm, self.moe)
 
 
 @dataclass(frozen=True)
@@ -212,7 +243,7 @@ class Qwen2MoeModel(LlamaModel):
                 released Qwen2-MoE has one); an HF config with dense layers
                 (``mlp_only_layers``, ``decoder_sparse_step`` other than 1).
         """
-        _check(files, hf_ok=True)
+        _check(files)
         h = files.hparams
         arch = h.architecture
         scaling = rope_scaling_spec(h, str(files.path))

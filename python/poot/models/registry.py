@@ -56,6 +56,9 @@ HF_ARCHITECTURES: dict[str, type[LlamaModel]] = {
     "Gemma3ForCausalLM": GemmaModel,
     "Phi3ForCausalLM": Phi3Model,
     "Qwen2MoeForCausalLM": Qwen2MoeModel,
+    "Qwen3MoeForCausalLM": Qwen3MoeModel,
+    "MixtralForCausalLM": MixtralModel,
+    "OlmoeForCausalLM": OlmoeModel,
     "llama": LlamaModel,
     "mistral": LlamaModel,
     "qwen2": LlamaModel,
@@ -64,6 +67,9 @@ HF_ARCHITECTURES: dict[str, type[LlamaModel]] = {
     "gemma3_text": GemmaModel,
     "phi3": Phi3Model,
     "qwen2_moe": Qwen2MoeModel,
+    "qwen3_moe": Qwen3MoeModel,
+    "mixtral": MixtralModel,
+    "olmoe": OlmoeModel,
 }
 
 
