@@ -273,6 +273,24 @@ def n_experts(family: str) -> int:
     return int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
 
 
+def moe_hf_names(family: str) -> tuple[str, dict[str, str]]:
+    """A MoE layer's router and per-expert names (``{j}``: the expert) under
+    ``model.layers.{i}.``, as transformers names them."""
+    if family == "mixtral":
+        e = "block_sparse_moe.experts.{j}."
+        return "block_sparse_moe.gate.weight", {
+            "gate": e + "w1.weight",
+            "up": e + "w3.weight",
+            "down": e + "w2.weight",
+        }
+    e = "mlp.experts.{j}."
+    return "mlp.gate.weight", {
+        "gate": e + "gate_proj.weight",
+        "up": e + "up_proj.weight",
+        "down": e + "down_proj.weight",
+    }
+
+
 def expert_ff(family: str) -> int:
     cfg = FAMILIES[family]
     return int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"])
@@ -307,11 +325,12 @@ def make_weights(family: str, seed: int = 0) -> dict[str, np.ndarray]:
             w[p + "self_attn.k_proj.weight"] = mat(kvw, d)
             w[p + "self_attn.v_proj.weight"] = mat(kvw, d)
             fe = expert_ff(family)
-            w[p + "moe.gate.weight"] = mat(n_experts(family), d, scale=1.0)
+            router, ex = moe_hf_names(family)
+            w[p + router] = mat(n_experts(family), d, scale=1.0)
             for j in range(n_experts(family)):
-                w[p + f"moe.experts.{j}.gate.weight"] = mat(fe, d)
-                w[p + f"moe.experts.{j}.up.weight"] = mat(fe, d)
-                w[p + f"moe.experts.{j}.down.weight"] = mat(d, fe)
+                w[p + ex["gate"].format(j=j)] = mat(fe, d)
+                w[p + ex["up"].format(j=j)] = mat(fe, d)
+                w[p + ex["down"].format(j=j)] = mat(d, fe)
         else:
             w[p + "self_attn.q_proj.weight"] = mat(qw, d)
             w[p + "self_attn.k_proj.weight"] = mat(kvw, d)
@@ -404,10 +423,11 @@ def gguf_tensors(family: str, w: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     """The GGUF tensors llama.cpp's converter makes from the HF weights ``w``."""
     cfg = FAMILIES[family]
     out: dict[str, np.ndarray] = {}
+    router, ex = moe_hf_names(family)
     for name, arr in w.items():
-        if ".moe.experts." in name:
+        if ".experts." in name:
             continue  # packed below
-        if name.endswith(".moe.gate.weight"):
+        if n_experts(family) and name.endswith("." + router):
             layer = name.split(".")[2]
             out[f"blk.{layer}.ffn_gate_inp.weight"] = arr
             for hf, gg in (
@@ -417,7 +437,7 @@ def gguf_tensors(family: str, w: dict[str, np.ndarray]) -> dict[str, np.ndarray]
             ):
                 out[f"blk.{layer}.{gg}.weight"] = np.stack(
                     [
-                        w[f"model.layers.{layer}.moe.experts.{j}.{hf}.weight"]
+                        w[f"model.layers.{layer}." + ex[hf].format(j=j)]
                         for j in range(n_experts(family))
                     ]
                 )

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from family_models import FAMILIES, head_dim, is_gemma, longrope, n_experts
+from family_models import FAMILIES, head_dim, is_gemma, longrope, moe_hf_names, n_experts
 
 
 def _rms(x: np.ndarray, w: np.ndarray, eps: float, gemma: bool) -> np.ndarray:
@@ -136,7 +136,8 @@ def _moe(family: str, w64: dict[str, np.ndarray], p: str, m: np.ndarray) -> np.n
     """transformers' Mixtral / Qwen3-MoE / OLMoE block: softmax router, top-k, weights
     renormalised unless ``norm_topk_prob`` is false (OLMoE)."""
     k = FAMILIES[family]["num_experts_per_tok"]
-    logits = m @ w64[p + "moe.gate.weight"].T
+    router, ex = moe_hf_names(family)
+    logits = m @ w64[p + router].T
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     out = np.zeros_like(m)
@@ -146,10 +147,9 @@ def _moe(family: str, w64: dict[str, np.ndarray], p: str, m: np.ndarray) -> np.n
         if FAMILIES[family].get("norm_topk_prob", True):
             wts = wts / wts.sum()
         for e, wt in zip(top, wts, strict=True):
-            q = f"{p}moe.experts.{e}."
-            g = m[t] @ w64[q + "gate.weight"].T
-            u = m[t] @ w64[q + "up.weight"].T
-            out[t] += wt * ((g / (1.0 + np.exp(-g)) * u) @ w64[q + "down.weight"].T)
+            g = m[t] @ w64[p + ex["gate"].format(j=e)].T
+            u = m[t] @ w64[p + ex["up"].format(j=e)].T
+            out[t] += wt * ((g / (1.0 + np.exp(-g)) * u) @ w64[p + ex["down"].format(j=e)].T)
     return out
 
 

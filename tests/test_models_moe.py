@@ -1,4 +1,5 @@
-"""Packed mixture-of-experts: Mixtral and Qwen3-MoE GGUFs (experts as 3-D tensors, in place).
+"""Packed mixture-of-experts: Mixtral, Qwen3-MoE and OLMoE GGUFs (experts as 3-D tensors, in
+place) and HF directories (experts one tensor each, read in place through the store's stacks).
 
 Random-weight checkpoints from ``tests/family_models.py`` (``mixtral``: 4 experts, 2 per token;
 ``qwen3moe``: Qwen3-30B-A3B's layout scaled down, 8 experts of width 128, 2 per token;
@@ -82,14 +83,21 @@ def test_inspect_names_the_moe_family(family_checkpoints: Any) -> None:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_hf_moe_directories_are_a_typed_error(family_checkpoints: Any, family: str) -> None:
-    from poot.errors import UnsupportedArchitectureError
+def test_hf_moe_directories_read_experts_in_place(family_checkpoints: Any, family: str) -> None:
+    """Experts stored one tensor each (transformers' names) go to moe_matmul as the store's
+    virtual stacks of the mapped tensors; logits and greedy ids as the float64 forward's."""
+    m = family_checkpoints(family)
+    llm = poot.LLM(str(m["hf"]), threads=1, numerics="exact")
+    assert llm.files.hparams.n_experts > 0
+    ref = reference_logits(family, m["weights"], PROMPT)[-1]
+    np.testing.assert_allclose(llm.logits(PROMPT), ref, rtol=0, atol=2e-4)
+    got = llm.generate([PROMPT], GREEDY32)[0].outputs[0].token_ids
+    assert list(got) == reference_greedy(family, m["weights"], PROMPT, 32)
 
-    with pytest.raises(UnsupportedArchitectureError):
-        poot.LLM(str(family_checkpoints(family)["hf"]), threads=1)
 
-
-def test_moe_ops_are_refused_by_wgpu_supports() -> None:
+def test_moe_ops_are_supported_by_wgpu() -> None:
+    """The MoE ops have WGSL kernels (tests/test_wgpu_moe.py runs them); sampling's logit ops
+    stay on the host."""
     from poot import _native
     from poot.errors import BackendNotCompiledError, KernelError
 
@@ -97,7 +105,9 @@ def test_moe_ops_are_refused_by_wgpu_supports() -> None:
         rt = _native.WgpuRuntime(timeout_s=60.0)
     except (BackendNotCompiledError, KernelError) as e:
         pytest.skip(f"no wgpu runtime here: {e}")
-    assert not rt.supports("moe_matmul") and not rt.supports("gather_cols")
+    for op in ("moe_matmul", "moe_combine", "gather_cols", "top_k"):
+        assert rt.supports(op), op
+    assert not rt.supports("adjust_logits")
 
 
 def test_numpy_interpreter_runs_the_moe_graph(family_checkpoints: Any, make_llm: Any) -> None:

@@ -269,16 +269,18 @@ impl Builder<'_> {
                 let wi = self.weight_index("matmul", *w)?;
                 let dtype = self.weight_dtype[wi];
                 let shape = &g.info(*w).shape;
-                if ops::matvec_kernel(dtype).is_none() || shape.len() != 2 {
+                if ops::matvec_kernel(dtype).is_none() || !matches!(shape.len(), 1 | 2) {
                     return Err(invalid(format!(
                         "matmul: weight {dtype}{shape:?} has no CUDA kernel"
                     )));
                 }
+                // A 1-D weight is one row (ValueInfo::matrix).
+                let (n, k) = g.info(*w).matrix();
                 let (n, k) = (
-                    extent("matmul n", shape[0], I32_MAX)?,
-                    extent("matmul k", shape[1], I32_MAX)?,
+                    extent("matmul n", n, I32_MAX)?,
+                    extent("matmul k", k, I32_MAX)?,
                 );
-                let t = extent("matmul rows", self.numel(*x) / shape[1].max(1), GRID_Y)?;
+                let t = extent("matmul rows", self.numel(*x) / k.max(1) as usize, GRID_Y)?;
                 let (wa, xa) = (self.weights[wi].ptr, self.f32_operand("matmul", *x)?);
                 let out = self.out(i);
                 self.launches

@@ -35,6 +35,17 @@ impl ValueInfo {
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
     }
+
+    /// A stored matmul weight's `(N, K)`: `[N, K]`, or `(1, K)` for a 1-D `[K]` (one row, as
+    /// GGUF stores a projection to one output: Qwen2-MoE's shared-expert gate). `(0, 0)` for
+    /// any other rank (the tracer never lets one reach a matmul).
+    pub fn matrix(&self) -> (usize, usize) {
+        match self.shape[..] {
+            [k] => (1, k),
+            [n, k] => (n, k),
+            _ => (0, 0),
+        }
+    }
 }
 
 /// Rotary embedding pairing.
@@ -187,7 +198,8 @@ pub enum Op {
         weight: ValueId,
         eps: f32,
     },
-    /// `x` [T, K] times a weight stored [N, K] -> [T, N].
+    /// `x` [T, K] times a weight stored [N, K] -> [T, N]; a weight stored 1-D [K] is one row
+    /// (N = 1, see `ValueInfo::matrix`).
     MatMul {
         x: ValueId,
         w: ValueId,

@@ -21,6 +21,8 @@ fn catalog() -> Arc<dyn WeightCatalog> {
     m.insert("norm".to_owned(), (DType::F32, vec![64]));
     m.insert("wq".to_owned(), (DType::Q4_0, vec![64, 64]));
     m.insert("exps".to_owned(), (DType::Q8_0, vec![8, 32, 64]));
+    m.insert("gate1d".to_owned(), (DType::F32, vec![64]));
+    m.insert("gate3d".to_owned(), (DType::F32, vec![1, 1, 64]));
     Arc::new(Catalog(m))
 }
 
@@ -341,4 +343,27 @@ fn moe_ops_check_their_shapes() {
     assert_eq!(t.info(g1).unwrap().shape, vec![3, 5]);
     let g3 = t.input("g3", DType::F32, vec![3, 3]).unwrap();
     assert!(t.moe_combine(y, g3).is_err());
+}
+
+#[test]
+fn matmul_takes_a_1d_weight_as_one_row() {
+    let mut t = Tracer::new(TraceLimits::default(), 3, catalog()).unwrap();
+    let x = t.input("x", DType::F32, vec![3, 64]).unwrap();
+    let g = t.weight("gate1d").unwrap();
+    let y = t.matmul(x, g).unwrap();
+    assert_eq!(t.info(y).unwrap().shape, vec![3, 1]);
+    assert_eq!(t.info(g).unwrap().matrix(), (1, 64));
+    // The weight keeps its stored shape (runtimes check it against the store).
+    assert_eq!(t.info(g).unwrap().shape, vec![64]);
+    // K must still match, and a 3-D weight is not a matrix.
+    let x32 = t.input("x32", DType::F32, vec![3, 32]).unwrap();
+    assert!(matches!(
+        t.matmul(x32, g),
+        Err(TraceError::Shape { op: "matmul", .. })
+    ));
+    let g3 = t.weight("gate3d").unwrap();
+    assert!(matches!(
+        t.matmul(x, g3),
+        Err(TraceError::Shape { op: "matmul", .. })
+    ));
 }

@@ -313,7 +313,8 @@ impl Tracer {
         self.push(Op::RmsNorm { x, weight, eps }, xi, 0, 0)
     }
 
-    /// `x` [T, K] times a stored weight [N, K] -> [T, N].
+    /// `x` [T, K] times a stored weight [N, K] -> [T, N]; a stored 1-D [K] is the one-row
+    /// matrix [1, K] -> [T, 1] (its bytes are already that matrix's).
     ///
     /// A weight `<prefix>.weight` whose store also holds `<prefix>.input_perm` (I32 `[1, K]`:
     /// an act-order layer whose columns were re-laid sorted by group, see
@@ -336,13 +337,14 @@ impl Tracer {
         };
         let xi = self.act("matmul", x, "x", Some(2))?;
         let wi = self.stored("matmul", w, "w")?;
-        if wi.shape.len() != 2 || wi.shape[1] != xi.shape[1] {
+        let (n, k) = wi.matrix();
+        if !matches!(wi.shape.len(), 1 | 2) || k != xi.shape[1] {
             return Err(shape_err(
                 "matmul",
-                format!("x {:?} vs w {:?} (w is [N, K])", xi.shape, wi.shape),
+                format!("x {:?} vs w {:?} (w is [N, K] or [K])", xi.shape, wi.shape),
             ));
         }
-        let out = ValueInfo::new(DType::F32, vec![xi.shape[0], wi.shape[0]]);
+        let out = ValueInfo::new(DType::F32, vec![xi.shape[0], n]);
         self.push(Op::MatMul { x, w }, out, 0, 0)
     }
 

@@ -532,6 +532,13 @@ impl WeightStore for GptqAwqWeights {
         self.inner.bytes(name)
     }
 
+    fn pieces(&self, name: &str) -> Option<Vec<&[u8]>> {
+        if self.relaid.contains_key(name) || self.hidden.contains(name) {
+            return self.bytes(name).map(|b| vec![b]);
+        }
+        self.inner.pieces(name)
+    }
+
     fn total_bytes(&self) -> u64 {
         let hidden: u64 = self
             .hidden

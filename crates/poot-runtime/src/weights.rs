@@ -2,6 +2,12 @@
 //!
 //! Invariant: `bytes` returns the tensor exactly as stored (packed blocks, F16/BF16 words);
 //! the store keeps the mapping alive for as long as any plan holds it.
+//!
+//! Expert stacks: a safetensors checkpoint stores a MoE layer's experts one tensor each
+//! (`{p}.experts.{j}.{rest}`). `SafetensorsWeights` also describes each complete set of them
+//! (ids `0..E`, one dtype and shape `S`) as a virtual tensor `{p}.experts.{rest}` of shape
+//! `[E, ..S]`, whose `pieces` are the E mapped slices in expert order, borrowed, never copied;
+//! it has no contiguous `bytes`. Only readers that take `pieces` (the MoE matmuls) read it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,6 +27,11 @@ pub trait WeightStore: WeightCatalog {
     /// resident set, so the copy does not count twice. `bytes` still works afterwards (the
     /// pages come back from the file). The default does nothing, which is always correct.
     fn release(&self, _name: &str) {}
+    /// The tensor's bytes as consecutive pieces in order: one piece for a stored tensor, one
+    /// per expert for a virtual expert stack (see the module docs).
+    fn pieces(&self, name: &str) -> Option<Vec<&[u8]>> {
+        self.bytes(name).map(|b| vec![b])
+    }
 }
 
 fn shape_usize(shape: &[u64]) -> Option<Vec<usize>> {
@@ -77,20 +88,66 @@ impl WeightStore for GgufWeights {
     }
 }
 
-/// The tensors of a (possibly sharded) safetensors checkpoint.
+/// The tensors of a (possibly sharded) safetensors checkpoint, and its expert stacks.
 #[derive(Debug, Clone)]
 pub struct SafetensorsWeights {
     model: Arc<SafetensorsModel>,
+    /// Virtual name -> (dtype, [E, ..S], the experts' tensor names in expert order).
+    stacks: Arc<HashMap<String, Stack>>,
+}
+
+type Stack = (DType, Vec<usize>, Vec<String>);
+/// One expert tensor of a stack: (expert id, stored name, dtype, shape).
+type Member = (usize, String, DType, Vec<u64>);
+
+/// `{p}.experts.{j}.{rest}` -> (`{p}.experts.{rest}`, j).
+fn expert_of(name: &str) -> Option<(String, usize)> {
+    let at = name.find(".experts.")? + ".experts.".len();
+    let (id, rest) = name[at..].split_once('.')?;
+    let j: usize = id.parse().ok()?;
+    Some((format!("{}{rest}", &name[..at]), j))
+}
+
+/// The complete expert stacks of `model` (see the module docs); an incomplete or mixed set is
+/// left out, so asking for it is a missing weight.
+fn expert_stacks(model: &SafetensorsModel) -> HashMap<String, Stack> {
+    let mut found: HashMap<String, Vec<Member>> = HashMap::new();
+    for (_, t) in model.tensors() {
+        if let Some((stack, j)) = expert_of(&t.name) {
+            let entry = (j, t.name.clone(), t.dtype, t.shape.clone());
+            found.entry(stack).or_default().push(entry);
+        }
+    }
+    let mut out = HashMap::new();
+    for (stack, mut experts) in found {
+        experts.sort_by_key(|e| e.0);
+        let (_, _, dtype, shape) = experts[0].clone();
+        let complete = experts
+            .iter()
+            .enumerate()
+            .all(|(i, (j, _, d, s))| *j == i && *d == dtype && *s == shape);
+        let Some(shape) = shape_usize(&shape).filter(|_| complete) else {
+            continue;
+        };
+        let dims = [vec![experts.len()], shape].concat();
+        let names = experts.into_iter().map(|e| e.1).collect();
+        out.insert(stack, (dtype, dims, names));
+    }
+    out
 }
 
 impl SafetensorsWeights {
     pub fn new(model: Arc<SafetensorsModel>) -> Self {
-        Self { model }
+        let stacks = Arc::new(expert_stacks(&model));
+        Self { model, stacks }
     }
 }
 
 impl WeightCatalog for SafetensorsWeights {
     fn describe(&self, name: &str) -> Option<(DType, Vec<usize>)> {
+        if let Some((dtype, shape, _)) = self.stacks.get(name) {
+            return Some((*dtype, shape.clone()));
+        }
         let (_, t) = self.model.tensor(name)?;
         Some((t.dtype, shape_usize(&t.shape)?))
     }
@@ -102,7 +159,78 @@ impl WeightStore for SafetensorsWeights {
         Some(file.tensor_bytes(t))
     }
 
+    fn pieces(&self, name: &str) -> Option<Vec<&[u8]>> {
+        match self.stacks.get(name) {
+            Some((_, _, names)) => names.iter().map(|n| self.bytes(n)).collect(),
+            None => self.bytes(name).map(|b| vec![b]),
+        }
+    }
+
     fn total_bytes(&self) -> u64 {
         self.model.tensors().map(|(_, t)| t.nbytes).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A safetensors file of F32 tensors, each `[2, 2]`, holding its index in every element.
+    fn write(path: &std::path::Path, names: &[&str]) {
+        let mut header = String::from("{");
+        for (i, n) in names.iter().enumerate() {
+            let (a, b) = (i * 16, i * 16 + 16);
+            let sep = if i == 0 { "" } else { "," };
+            header +=
+                &format!(r#"{sep}"{n}":{{"dtype":"F32","shape":[2,2],"data_offsets":[{a},{b}]}}"#);
+        }
+        header += "}";
+        let mut out = (header.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(header.as_bytes());
+        for i in 0..names.len() {
+            for _ in 0..4 {
+                out.extend_from_slice(&(i as f32).to_le_bytes());
+            }
+        }
+        std::fs::write(path, out).unwrap();
+    }
+
+    #[test]
+    fn complete_expert_sets_are_virtual_stacks_of_their_mapped_pieces() {
+        let dir = std::env::temp_dir().join(format!("poot-stacks-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("model.safetensors");
+        // Layer 0: experts 0..3 stored out of order;
+        // layer 1: expert 1 missing, so no stack.
+        let names = [
+            "l.0.mlp.experts.2.up.weight",
+            "l.0.mlp.experts.0.up.weight",
+            "l.0.mlp.experts.1.up.weight",
+            "l.1.mlp.experts.0.up.weight",
+            "l.1.mlp.experts.2.up.weight",
+            "l.0.mlp.shared_expert.up.weight",
+        ];
+        write(&path, &names);
+        let w = SafetensorsWeights::new(Arc::new(SafetensorsModel::open(&path).unwrap()));
+        let stack = "l.0.mlp.experts.up.weight";
+        assert_eq!(w.describe(stack), Some((DType::F32, vec![3, 2, 2])));
+        assert!(w.bytes(stack).is_none(), "a stack has no contiguous bytes");
+        let pieces = w.pieces(stack).unwrap();
+        // Expert e's piece is the stored tensor of expert e (file index 1, 2, 0), in place.
+        let first = |p: &[u8]| f32::from_le_bytes([p[0], p[1], p[2], p[3]]);
+        let got: Vec<f32> = pieces.iter().map(|p| first(p)).collect();
+        assert_eq!(got, vec![1.0, 2.0, 0.0]);
+        let stored = w.bytes("l.0.mlp.experts.0.up.weight").unwrap();
+        assert_eq!(
+            pieces[0].as_ptr(),
+            stored.as_ptr(),
+            "borrowed from the map, not copied"
+        );
+        assert_eq!(w.describe("l.1.mlp.experts.up.weight"), None);
+        assert_eq!(
+            w.pieces("l.0.mlp.shared_expert.up.weight").unwrap().len(),
+            1
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

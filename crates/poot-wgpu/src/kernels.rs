@@ -48,6 +48,12 @@ pub(crate) enum Kernel {
     TopK,
     Logprobs,
     Stall,
+    /// Mixture-of-experts matmul over experts packed in place (`moe_matmul.wgsl`).
+    MoeMatMul,
+    /// A router's top-k expert ids (`top_k_ids.wgsl`).
+    TopKIds,
+    GatherCols,
+    MoeCombine,
 }
 
 impl Kernel {
@@ -77,6 +83,10 @@ impl Kernel {
             Kernel::TopK => "top_k",
             Kernel::Logprobs => "logprobs",
             Kernel::Stall => "stall",
+            Kernel::MoeMatMul => "moe_matmul",
+            Kernel::TopKIds => "top_k_ids",
+            Kernel::GatherCols => "gather_cols",
+            Kernel::MoeCombine => "moe_combine",
         }
     }
 
@@ -106,6 +116,10 @@ impl Kernel {
             Kernel::TopK => include_str!("../../../shaders/wgsl/top_k.wgsl"),
             Kernel::Logprobs => include_str!("../../../shaders/wgsl/logprobs.wgsl"),
             Kernel::Stall => include_str!("../../../shaders/wgsl/stall.wgsl"),
+            Kernel::MoeMatMul => include_str!("../../../shaders/wgsl/moe_matmul.wgsl"),
+            Kernel::TopKIds => include_str!("../../../shaders/wgsl/top_k_ids.wgsl"),
+            Kernel::GatherCols => include_str!("../../../shaders/wgsl/gather_cols.wgsl"),
+            Kernel::MoeCombine => include_str!("../../../shaders/wgsl/moe_combine.wgsl"),
         }
     }
 
@@ -124,6 +138,7 @@ impl Kernel {
         matches!(
             self,
             Kernel::MatMul
+                | Kernel::MoeMatMul
                 | Kernel::MatMulQ8
                 | Kernel::MatMulQ8K
                 | Kernel::Embedding
@@ -334,6 +349,10 @@ mod tests {
         ];
         for k in [
             Kernel::MatMul,
+            Kernel::MoeMatMul,
+            Kernel::TopKIds,
+            Kernel::GatherCols,
+            Kernel::MoeCombine,
             Kernel::Attention,
             Kernel::AttentionGgml,
             Kernel::QuantQ8,

@@ -62,13 +62,13 @@ impl CompiledPlan for WgpuPlan {
     }
 }
 
-/// Ops with a WGSL kernel: every op of the IR but the mixture-of-experts ones; the sampling
-/// step's logit ops only where the adapter has f64 (`f64`; otherwise the engine samples those
-/// steps on the host: see `sample.rs`).
+/// Ops with a WGSL kernel: every op of the IR; the sampling step's logit ops only where the
+/// adapter has f64 (`f64`; otherwise the engine samples those steps on the host: see
+/// `sample.rs`). `top_k` always has a kernel: a MoE router's expert ids (`top_k_ids.wgsl`)
+/// need no f64; a vocabulary row's top-20 takes the sampling kernel where there is f64.
 pub(crate) fn supports(f64: bool, op: &str) -> bool {
     match op {
-        "adjust_logits" | "mask_logits" | "top_k" | "logprobs" => f64,
-        "gather_cols" | "moe_matmul" | "moe_combine" => false,
+        "adjust_logits" | "mask_logits" | "logprobs" => f64,
         _ => true,
     }
 }
@@ -91,7 +91,7 @@ fn kernels_of(rt: &WgpuRuntime, graph: &Graph, op: &Op) -> Vec<(Kernel, DType)> 
     match op {
         Op::Embedding { table, .. } => vec![(Kernel::Embedding, wdt(*table))],
         Op::MatMul { w, .. } => {
-            let k = graph.info(*w).shape.get(1).copied().unwrap_or(0);
+            let k = graph.info(*w).matrix().1;
             if rt.q8_matmul(wdt(*w), k) {
                 vec![(Kernel::QuantQ8, DType::F32), (Kernel::MatMulQ8, wdt(*w))]
             } else if rt.q8k_matmul(wdt(*w), k) {
@@ -123,10 +123,15 @@ fn kernels_of(rt: &WgpuRuntime, graph: &Graph, op: &Op) -> Vec<(Kernel, DType)> 
         Op::Sample { .. } => vec![(Kernel::Argmax, DType::F32)],
         Op::AdjustLogits { .. } => vec![(Kernel::AdjustLogits, DType::F32)],
         Op::MaskLogits { .. } => vec![(Kernel::MaskLogits, DType::F32)],
-        Op::TopK { .. } => vec![(Kernel::TopK, DType::F32)],
+        Op::TopK { .. } if rt.samples_on_device() => {
+            vec![(Kernel::TopKIds, DType::F32), (Kernel::TopK, DType::F32)]
+        }
+        Op::TopK { .. } => vec![(Kernel::TopKIds, DType::F32)],
         Op::Logprobs { .. } => vec![(Kernel::Logprobs, DType::F32)],
+        Op::MoeMatMul { w, .. } => vec![(Kernel::MoeMatMul, wdt(*w))],
+        Op::GatherCols { .. } => vec![(Kernel::GatherCols, DType::F32)],
+        Op::MoeCombine { .. } => vec![(Kernel::MoeCombine, DType::F32)],
         Op::Input { .. } | Op::Weight { .. } | Op::Literal { .. } | Op::Reshape { .. } => vec![],
-        Op::GatherCols { .. } | Op::MoeMatMul { .. } | Op::MoeCombine { .. } => vec![],
     }
 }
 

@@ -104,7 +104,16 @@ fn upload(
         name: name.to_owned(),
     };
     let (dtype, shape) = store.describe(name).ok_or_else(missing)?;
-    let bytes = store.bytes(name).ok_or_else(missing)?;
+    // A safetensors expert stack has no contiguous bytes: its pieces are gathered into the
+    // upload (the device holds its own copy of every weight anyway).
+    let gathered;
+    let bytes = match store.bytes(name) {
+        Some(b) => b,
+        None => {
+            gathered = store.pieces(name).ok_or_else(missing)?.concat();
+            &gathered[..]
+        }
+    };
     let k = shape.last().copied().unwrap_or(1).max(1);
     let rows: usize = shape.iter().rev().skip(1).product();
     let rb = row_bytes(dtype, k)?;

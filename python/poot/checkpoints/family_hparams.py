@@ -101,6 +101,8 @@ def family_fields_gguf(
         ff = meta.get(p + "expert_feed_forward_length", meta.get(p + "feed_forward_length"))
         out["n_experts"], out["n_experts_used"] = experts, used
         out["expert_ff"] = int(ff) if isinstance(ff, int) else 0
+        shared = meta.get(p + "expert_shared_feed_forward_length")
+        out["expert_shared_ff"] = int(shared) if isinstance(shared, int) else 0
     # phi3: llama.cpp disables Phi-3's window (ggml-org/llama.cpp#13676); a GGUF is run as
     # llama.cpp runs it, so the window is not read here.
     return out
@@ -148,6 +150,7 @@ def family_fields_hf(
     windows = _hf_layer_windows(cfg, model_type, n_layers, source)
     if windows:
         out["layer_windows"] = windows
+    out.update(_hf_experts(cfg, source))
     if model_type.startswith("gemma"):
         out["embedding_scale"] = True
         qpas = _num(cfg.get("query_pre_attn_scalar"))
@@ -164,3 +167,23 @@ def family_fields_hf(
         if local:
             out["rope_local_theta"] = local
     return out
+
+
+def _hf_experts(cfg: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """The MoE fields of a config.json (Mixtral's ``num_local_experts``, the Qwen MoEs' and
+    OLMoE's ``num_experts``), the same values the GGUF converter writes as ``{arch}.expert_*``."""
+    key = "num_local_experts" if "num_local_experts" in cfg else "num_experts"
+    experts = cfg.get(key)
+    if isinstance(experts, bool) or not isinstance(experts, int) or experts <= 0:
+        return {}
+    used = cfg.get("num_experts_per_tok")
+    if isinstance(used, bool) or not isinstance(used, int) or not 0 < used <= experts:
+        raise bad_hparams(source, "num_experts_per_tok", f"must be in 1..={experts}")
+    ff = cfg.get("moe_intermediate_size", cfg.get("intermediate_size"))
+    shared = cfg.get("shared_expert_intermediate_size")
+    return {
+        "n_experts": experts,
+        "n_experts_used": used,
+        "expert_ff": int(ff) if isinstance(ff, int) else 0,
+        "expert_shared_ff": int(shared) if isinstance(shared, int) else 0,
+    }

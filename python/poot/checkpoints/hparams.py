@@ -22,6 +22,7 @@ _HF_ARCH_ALIASES = {
     "mistral": "llama",
     "smollm": "llama",
     "gemma3_text": "gemma3",
+    "qwen2_moe": "qwen2moe",
 }
 
 
@@ -74,6 +75,7 @@ class ModelHParams:
         n_experts: experts per mixture-of-experts layer (0: a dense model).
         n_experts_used: experts each token is routed to.
         expert_ff: one expert's FFN width (``intermediate_size`` when not stated apart).
+        expert_shared_ff: the shared expert's FFN width (Qwen2-MoE; 0: no shared expert).
     """
 
     architecture: str
@@ -101,6 +103,7 @@ class ModelHParams:
     n_experts: int = 0
     n_experts_used: int = 0
     expert_ff: int = 0
+    expert_shared_ff: int = 0
 
     def window(self, layer: int) -> int:
         """Layer ``layer``'s sliding window, ``0`` for global attention."""

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from poot.errors import UnsupportedArchitectureError
 from poot.models.gemma import GemmaModel
 from poot.models.llama import LlamaModel
-from poot.models.moe import MixtralModel, OlmoeModel, Qwen3MoeModel
+from poot.models.moe import MixtralModel, OlmoeModel, Qwen2MoeModel, Qwen3MoeModel
 from poot.models.phi3 import Phi3Model
 from poot.models.qwen3 import Qwen3Model
 
@@ -38,6 +38,7 @@ GGUF_ARCHITECTURES: dict[str, type[LlamaModel]] = {
     "gemma2": GemmaModel,
     "gemma3": GemmaModel,
     "phi3": Phi3Model,
+    "qwen2moe": Qwen2MoeModel,
     "qwen3moe": Qwen3MoeModel,
     "olmoe": OlmoeModel,
 }
@@ -54,6 +55,10 @@ HF_ARCHITECTURES: dict[str, type[LlamaModel]] = {
     "Gemma2ForCausalLM": GemmaModel,
     "Gemma3ForCausalLM": GemmaModel,
     "Phi3ForCausalLM": Phi3Model,
+    "Qwen2MoeForCausalLM": Qwen2MoeModel,
+    "Qwen3MoeForCausalLM": Qwen3MoeModel,
+    "MixtralForCausalLM": MixtralModel,
+    "OlmoeForCausalLM": OlmoeModel,
     "llama": LlamaModel,
     "mistral": LlamaModel,
     "qwen2": LlamaModel,
@@ -61,6 +66,10 @@ HF_ARCHITECTURES: dict[str, type[LlamaModel]] = {
     "gemma2": GemmaModel,
     "gemma3_text": GemmaModel,
     "phi3": Phi3Model,
+    "qwen2_moe": Qwen2MoeModel,
+    "qwen3_moe": Qwen3MoeModel,
+    "mixtral": MixtralModel,
+    "olmoe": OlmoeModel,
 }
 
 
@@ -83,6 +92,7 @@ FAMILIES: dict[type[LlamaModel], str] = {
     GemmaModel: "gemma",
     Phi3Model: "phi3",
     MixtralModel: "mixtral",
+    Qwen2MoeModel: "qwen2moe",
     Qwen3MoeModel: "qwen3moe",
     OlmoeModel: "olmoe",
 }

@@ -90,6 +90,33 @@ impl<'a> Exec<'a> {
         }
     }
 
+    /// The stored pieces and dtype of a weight value (`WeightStore::pieces`: one for a stored
+    /// tensor, one per expert for a safetensors expert stack).
+    fn weight_pieces(
+        &self,
+        v: ValueId,
+        op: &'static str,
+    ) -> Result<(Vec<&'a [u8]>, DType), RuntimeError> {
+        let graph = self.graph();
+        match graph.op(v) {
+            Op::Weight { name } => {
+                let pieces = match self.plan.copy(v.index()) {
+                    Some(copy) => vec![copy],
+                    None => self
+                        .plan
+                        .weights
+                        .pieces(name)
+                        .ok_or_else(|| RuntimeError::MissingWeight { name: name.clone() })?,
+                };
+                Ok((pieces, graph.info(v).dtype))
+            }
+            _ => Err(RuntimeError::Kernel {
+                op,
+                detail: format!("value {} is not a weight", v.0),
+            }),
+        }
+    }
+
     /// A float operand as f32: an activation borrowed, or a small stored vector decoded.
     fn floats(&self, v: ValueId, op: &'static str) -> Result<Cow<'_, [f32]>, RuntimeError> {
         if let Buf::Weight = self.bufs[v.index()] {

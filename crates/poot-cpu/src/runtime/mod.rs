@@ -299,7 +299,7 @@ impl CpuRuntime {
                 self.options.numerics,
                 Isa::detect(),
                 (bytes, info.dtype),
-                (info.shape[0], info.shape[1]),
+                info.matrix(), // a 1-D weight is one row
                 Some(&self.pool),
             )
             .map_err(|e| RuntimeError::Kernel {
@@ -337,7 +337,11 @@ impl CpuRuntime {
                 let Op::Weight { name } = &g.equations[v.index()] else {
                     continue;
                 };
-                let bytes = stored(name)?;
+                // An expert stack has no contiguous bytes (WeightStore::pieces): it stays
+                // where it is mapped. Compiling checked that every weight exists.
+                let Some(bytes) = weights.bytes(name) else {
+                    continue;
+                };
                 if bytes.len() <= SMALL && !plan.repacked.contains_key(&v.index()) {
                     plan.copied
                         .entry(v.index())

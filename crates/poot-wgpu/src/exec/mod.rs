@@ -23,10 +23,14 @@ use crate::{KvPool, WgpuRuntime};
 
 mod attention_sample;
 mod matmul_q8;
+mod moe;
 mod recorded;
 mod sampling;
 
 pub(crate) use recorded::{tensor_bytes, Dispatch, HostRow, LateSlot, Recorded, StepInputs};
+
+/// Rows wider than this take the sampling step's top-k kernel (a workgroup per row).
+const TOPK_WIDE: usize = 256;
 
 const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_SRC)
@@ -348,7 +352,7 @@ impl<'a> Exec<'a> {
                 let wt = self.plan.weights[&w.index()].clone();
                 let xs = self.shape(*x);
                 let (t, k) = (xs[0], xs[1]);
-                let n = self.shape(*w)[0];
+                let n = self.plan.graph.info(*w).matrix().0; // a 1-D weight is one row
                 let out = self.alloc(out_bytes);
                 let xb = self.buf(*x, "matmul")?;
                 if self.rt.q8_matmul(wt.dtype, k) {
@@ -566,17 +570,19 @@ impl<'a> Exec<'a> {
             Op::MaskLogits { logits, mask } if self.rt.samples_on_device() => {
                 self.mask(*logits, *mask)?
             }
-            Op::TopK { x, k } if self.rt.samples_on_device() => self.top_k(*x, *k)?,
+            // A vocabulary row (the sampling step's top-20) takes the sampling kernel, whose
+            // workgroup shares the row; a router row (a few experts) one lane per row.
+            Op::TopK { x, k } if self.rt.samples_on_device() && self.shape(*x)[1] > TOPK_WIDE => {
+                self.top_k(*x, *k)?
+            }
+            Op::TopK { x, k } => return self.top_k_ids(out_bytes, *x, *k),
             Op::Logprobs { logits, ids } if self.rt.samples_on_device() => {
                 self.logprobs(*logits, *ids)?
             }
-            Op::AdjustLogits { .. }
-            | Op::MaskLogits { .. }
-            | Op::TopK { .. }
-            | Op::Logprobs { .. }
-            | Op::GatherCols { .. }
-            | Op::MoeMatMul { .. }
-            | Op::MoeCombine { .. } => {
+            Op::MoeMatMul { x, w, ids } => return self.moe_matmul(out_bytes, *x, *w, *ids),
+            Op::GatherCols { x, ids } => return self.gather_cols(out_bytes, *x, *ids),
+            Op::MoeCombine { y, weights } => return self.moe_combine(out_bytes, *y, *weights),
+            Op::AdjustLogits { .. } | Op::MaskLogits { .. } | Op::Logprobs { .. } => {
                 // `compile` refuses these (see `plan::supports`).
                 return Err(kernel_err(op.name(), "no wgpu kernel".into()));
             }

@@ -19,7 +19,7 @@ impl Exec<'_> {
     ) -> Result<Buf, RuntimeError> {
         let (bytes, dtype) = self.weight(w, "matmul")?;
         let xs = self.shape(x);
-        let n = self.shape(w)[0];
+        let n = self.graph().info(w).matrix().0; // a 1-D weight is one row
         let mut out = self.arena.zeros(numel);
         self.f32(x, "matmul")?; // a typed error unless x is an f32 activation
         let Buf::F32(xv) = &self.bufs[x.index()] else {

@@ -2,7 +2,8 @@
 //!
 //! `moe_matmul` reads a stored [E, N, K] tensor in place (packed, any dtype the matmul kernels
 //! read): expert `e` is the contiguous byte range `e * N * row_bytes .. (e + 1) * N *
-//! row_bytes`. A step's (token, slot) pairs are grouped by expert, so each selected expert's
+//! row_bytes` of a GGUF's packed tensor, or the e-th of the store's `pieces` (a safetensors
+//! checkpoint's experts stored one tensor each, read where they are mapped). A step's (token, slot) pairs are grouped by expert, so each selected expert's
 //! rows are streamed once per step through the ordinary matmul path for its dtype and the
 //! plan's numerics; experts no token chose are never read. Every id is checked against `E`
 //! before anything is computed (a typed error otherwise). Results do not depend on how the
@@ -59,7 +60,7 @@ impl Exec<'_> {
         ids: ValueId,
     ) -> Result<Buf, RuntimeError> {
         const OP: &str = "moe_matmul";
-        let (bytes, dtype) = self.weight(w, OP)?;
+        let (pieces, dtype) = self.weight_pieces(w, OP)?;
         let ws = self.shape(w);
         let (n_exp, n, k) = (ws[0], ws[1], ws[2]);
         let (t, slots) = (self.shape(ids)[0], self.shape(ids)[1]);
@@ -68,10 +69,16 @@ impl Exec<'_> {
             .bytes_for((n * k) as u64)
             .ok_or_else(|| bad(OP, format!("{n}x{k} is not whole blocks of {dtype}")))?
             as usize;
-        if bytes.len() != per_expert * n_exp {
+        let total: usize = pieces.iter().map(|p| p.len()).sum();
+        let whole = pieces.len() == 1 && total == per_expert * n_exp;
+        let each = pieces.len() == n_exp && pieces.iter().all(|p| p.len() == per_expert);
+        if !(whole || each) {
             return Err(bad(
                 OP,
-                format!("{} bytes for {n_exp} experts of {per_expert}", bytes.len()),
+                format!(
+                    "{total} bytes in {} pieces for {n_exp} experts of {per_expert}",
+                    pieces.len()
+                ),
             ));
         }
         let iv = self.i32(ids, OP)?.to_vec();
@@ -97,7 +104,11 @@ impl Exec<'_> {
             }
             ys.clear();
             ys.resize(members.len() * n, 0.0);
-            let we = &bytes[e * per_expert..(e + 1) * per_expert];
+            let we = if whole {
+                &pieces[0][e * per_expert..(e + 1) * per_expert]
+            } else {
+                pieces[e]
+            };
             let pool = self.pool;
             matmul_on_path(
                 path,
