@@ -157,6 +157,117 @@ pub struct AdjustInputs {
     pub frequency: ValueId,
 }
 
+/// Elementwise functions of one f32 operand (`Op::Unary`), named as `Op::name` spells them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryKind {
+    /// `max(x, 0)` (NaN stays NaN).
+    Relu,
+    /// Exact GELU, `0.5 * x * (1 + erf(x / sqrt 2))` (torch's default `nn.GELU()`).
+    GeluErf,
+    Tanh,
+    /// `1 / (1 + exp(-x))`.
+    Sigmoid,
+    Neg,
+    Exp,
+}
+
+impl UnaryKind {
+    pub const ALL: [UnaryKind; 6] = [
+        UnaryKind::Relu,
+        UnaryKind::GeluErf,
+        UnaryKind::Tanh,
+        UnaryKind::Sigmoid,
+        UnaryKind::Neg,
+        UnaryKind::Exp,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryKind::Relu => "relu",
+            UnaryKind::GeluErf => "gelu_erf",
+            UnaryKind::Tanh => "tanh",
+            UnaryKind::Sigmoid => "sigmoid",
+            UnaryKind::Neg => "neg",
+            UnaryKind::Exp => "exp",
+        }
+    }
+}
+
+/// The arithmetic of `Op::Binary` (both operands broadcast) and `Op::Scalar` (`x op value`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryKind {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
+
+impl BinaryKind {
+    pub const ALL: [BinaryKind; 4] = [
+        BinaryKind::Add,
+        BinaryKind::Sub,
+        BinaryKind::Mul,
+        BinaryKind::Div,
+    ];
+
+    /// `a op b`, one f32 rounding (IEEE).
+    #[inline]
+    pub fn apply(self, a: f32, b: f32) -> f32 {
+        match self {
+            BinaryKind::Add => a + b,
+            BinaryKind::Sub => a - b,
+            BinaryKind::Mul => a * b,
+            BinaryKind::Div => a / b,
+        }
+    }
+
+    /// The name of `Op::Binary` of this kind.
+    pub fn binary_name(self) -> &'static str {
+        match self {
+            BinaryKind::Add => "binary_add",
+            BinaryKind::Sub => "binary_sub",
+            BinaryKind::Mul => "binary_mul",
+            BinaryKind::Div => "binary_div",
+        }
+    }
+
+    /// The name of `Op::Scalar` of this kind.
+    pub fn scalar_name(self) -> &'static str {
+        match self {
+            BinaryKind::Add => "scalar_add",
+            BinaryKind::Sub => "scalar_sub",
+            BinaryKind::Mul => "scalar_mul",
+            BinaryKind::Div => "scalar_div",
+        }
+    }
+}
+
+/// The shape `a` and `b` broadcast to under numpy's rule (shapes aligned at the right; a dim
+/// of 1 stretches), or `None` when they do not broadcast.
+pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let n = a.len().max(b.len());
+    let mut out = vec![0; n];
+    for (i, o) in out.iter_mut().enumerate() {
+        let da = if i + a.len() >= n {
+            a[i + a.len() - n]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= n {
+            b[i + b.len() - n]
+        } else {
+            1
+        };
+        *o = match (da, db) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => return None,
+        };
+    }
+    Some(out)
+}
+
 /// The coarse ops. Operand shapes are checked by the tracer; see `Tracer` for each rule.
 #[derive(Clone, Debug, PartialEq)]
 #[allow(
@@ -253,6 +364,49 @@ pub enum Op {
         meta: AttentionMeta,
         cfg: AttentionConfig,
     },
+    /// Elementwise `kind(x)` over an f32 activation (see `UnaryKind`).
+    Unary {
+        x: ValueId,
+        kind: UnaryKind,
+    },
+    /// `a kind b` with numpy broadcasting (`broadcast_shape`); either operand may be a stored
+    /// float weight or an f32 activation.
+    Binary {
+        a: ValueId,
+        b: ValueId,
+        kind: BinaryKind,
+    },
+    /// `x kind value` elementwise (`reverse`: `value kind x`).
+    Scalar {
+        x: ValueId,
+        kind: BinaryKind,
+        value: f32,
+        reverse: bool,
+    },
+    /// Layer norm over the last dim: `(x - mean) / sqrt(var + eps)` (biased variance), times
+    /// `weight` [D] and plus `bias` [D] where given.
+    LayerNorm {
+        x: ValueId,
+        weight: Option<ValueId>,
+        bias: Option<ValueId>,
+        eps: f32,
+    },
+    /// Axes of `x` reordered: output axis `i` is input axis `perm[i]` (a copy).
+    Permute {
+        x: ValueId,
+        perm: Vec<usize>,
+    },
+    /// `a` [.., M, K] times `b` [.., K, N] -> [.., M, N]; both f32 (activations or stored
+    /// f32 weights), batch dims broadcast like `Binary`.
+    BatchMatMul {
+        a: ValueId,
+        b: ValueId,
+    },
+    /// Over the last two dims [M, N]: element (i, j) becomes -inf where `j > i + N - M` (a
+    /// causal attention mask, the last query row seeing every key).
+    CausalMask {
+        x: ValueId,
+    },
     Reshape {
         x: ValueId,
         shape: Vec<usize>,
@@ -335,6 +489,13 @@ impl Op {
             Op::MaskLogits { .. } => "mask_logits",
             Op::TopK { .. } => "top_k",
             Op::Logprobs { .. } => "logprobs",
+            Op::Unary { kind, .. } => kind.name(),
+            Op::Binary { kind, .. } => kind.binary_name(),
+            Op::Scalar { kind, .. } => kind.scalar_name(),
+            Op::LayerNorm { .. } => "layer_norm",
+            Op::Permute { .. } => "permute",
+            Op::BatchMatMul { .. } => "batch_matmul",
+            Op::CausalMask { .. } => "causal_mask",
         }
     }
 
@@ -385,6 +546,14 @@ impl Op {
             Op::MaskLogits { logits, mask } => vec![*logits, *mask],
             Op::TopK { x, .. } => vec![*x],
             Op::Logprobs { logits, ids } => vec![*logits, *ids],
+            Op::Unary { x, .. }
+            | Op::Scalar { x, .. }
+            | Op::Permute { x, .. }
+            | Op::CausalMask { x } => vec![*x],
+            Op::Binary { a, b, .. } | Op::BatchMatMul { a, b } => vec![*a, *b],
+            Op::LayerNorm {
+                x, weight, bias, ..
+            } => std::iter::once(*x).chain(*weight).chain(*bias).collect(),
         }
     }
 
@@ -469,6 +638,25 @@ impl Op {
             Op::Logprobs { logits, ids } => {
                 *logits = f(*logits);
                 *ids = f(*ids);
+            }
+            Op::Unary { x, .. }
+            | Op::Scalar { x, .. }
+            | Op::Permute { x, .. }
+            | Op::CausalMask { x } => *x = f(*x),
+            Op::Binary { a, b, .. } | Op::BatchMatMul { a, b } => {
+                *a = f(*a);
+                *b = f(*b);
+            }
+            Op::LayerNorm {
+                x, weight, bias, ..
+            } => {
+                *x = f(*x);
+                if let Some(w) = weight {
+                    *w = f(*w);
+                }
+                if let Some(b) = bias {
+                    *b = f(*b);
+                }
             }
         }
         op

@@ -12,12 +12,13 @@ pub mod tracer;
 
 pub use error::{CompileError, TraceError};
 pub use ir::{
-    AdjustInputs, AttentionConfig, AttentionMeta, Graph, Op, RopeConfig, RopeScaling, RopeStyle,
-    SampleInputs, ValueId, ValueInfo, MAX_ROPE_FACTORS,
+    broadcast_shape, AdjustInputs, AttentionConfig, AttentionMeta, BinaryKind, Graph, Op,
+    RopeConfig, RopeScaling, RopeStyle, SampleInputs, UnaryKind, ValueId, ValueInfo,
+    MAX_ROPE_FACTORS,
 };
 pub use limits::{CompileLimits, Resource, TraceLimits};
 pub use passes::{run_passes, validate, DeadCodeElimination, Emitter, Pass};
-pub use tracer::{Tracer, Usage, WeightCatalog};
+pub use tracer::{Tracer, Usage, WeightCatalog, MAX_RANK};
 
 #[cfg(test)]
 mod tests;

@@ -69,8 +69,22 @@ pub(crate) fn supports(f64: bool, op: &str) -> bool {
     match op {
         "adjust_logits" | "mask_logits" | "top_k" | "logprobs" => f64,
         "gather_cols" | "moe_matmul" | "moe_combine" => false,
+        // The general tensor ops of lowered torch graphs have no WGSL kernel yet.
+        op if is_tensor_op(op) => false,
         _ => true,
     }
+}
+
+/// `Op::Unary`, `Binary`, `Scalar`, `LayerNorm`, `Permute`, `BatchMatMul` and `CausalMask`
+/// by name (CPU only so far).
+fn is_tensor_op(op: &str) -> bool {
+    op.starts_with("binary_")
+        || op.starts_with("scalar_")
+        || poot_graph::UnaryKind::ALL.iter().any(|k| k.name() == op)
+        || matches!(
+            op,
+            "layer_norm" | "permute" | "batch_matmul" | "causal_mask"
+        )
 }
 
 fn invalid(detail: String) -> RuntimeError {
@@ -127,6 +141,13 @@ fn kernels_of(rt: &WgpuRuntime, graph: &Graph, op: &Op) -> Vec<(Kernel, DType)> 
         Op::Logprobs { .. } => vec![(Kernel::Logprobs, DType::F32)],
         Op::Input { .. } | Op::Weight { .. } | Op::Literal { .. } | Op::Reshape { .. } => vec![],
         Op::GatherCols { .. } | Op::MoeMatMul { .. } | Op::MoeCombine { .. } => vec![],
+        Op::Unary { .. }
+        | Op::Binary { .. }
+        | Op::Scalar { .. }
+        | Op::LayerNorm { .. }
+        | Op::Permute { .. }
+        | Op::BatchMatMul { .. }
+        | Op::CausalMask { .. } => vec![],
     }
 }
 

@@ -576,7 +576,14 @@ impl<'a> Exec<'a> {
             | Op::Logprobs { .. }
             | Op::GatherCols { .. }
             | Op::MoeMatMul { .. }
-            | Op::MoeCombine { .. } => {
+            | Op::MoeCombine { .. }
+            | Op::Unary { .. }
+            | Op::Binary { .. }
+            | Op::Scalar { .. }
+            | Op::LayerNorm { .. }
+            | Op::Permute { .. }
+            | Op::BatchMatMul { .. }
+            | Op::CausalMask { .. } => {
                 // `compile` refuses these (see `plan::supports`).
                 return Err(kernel_err(op.name(), "no wgpu kernel".into()));
             }
