@@ -15,6 +15,7 @@ streaming plan's spill directory is checked (``spill.check_spill_dir``) before i
 from __future__ import annotations
 
 import os
+import sys
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -201,6 +202,11 @@ def _profiles_from(
     return profiles, dropped
 
 
+def _is_torch_module(obj: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.nn.Module)
+
+
 def compile(  # noqa: A001 - the public name the issue asks for (poot.compile)
     model_spec: str | os.PathLike[str] | ModelFiles | None = None,
     config: CompileConfig | None = None,
@@ -211,7 +217,10 @@ def compile(  # noqa: A001 - the public name the issue asks for (poot.compile)
     weights: _native.Weights | None = None,
     settings: Settings | None = None,
     kv_pool: tuple[int, dict[str, int]] | None = None,
-) -> CompiledModel:
+    example_inputs: Any = None,
+    trace_limits: _native.TraceLimits | None = None,
+    compile_limits: _native.CompileLimits | None = None,
+) -> Any:
     """Places ``model_spec`` under ``config``; see the module docs.
 
     Args:
@@ -230,6 +239,18 @@ def compile(  # noqa: A001 - the public name the issue asks for (poot.compile)
         PlannerError: no device can hold the model under the budgets.
         SpillDirError: a streaming plan's spill dir is unusable (or tmpfs).
     """
+    if _is_torch_module(model_spec):
+        # poot.compile(module, example_inputs, config=...): the torch front end.
+        from poot.torch_frontend import compile_module
+
+        if example_inputs is None and not isinstance(config, CompileConfig):
+            example_inputs, config = config, None
+        return compile_module(
+            model_spec,
+            example_inputs,
+            trace_limits=trace_limits,
+            compile_limits=compile_limits,
+        )
     config = config or CompileConfig()
     settings = settings or Settings.from_env()
     files = model_spec if isinstance(model_spec, ModelFiles) else resolve_model_files(model_spec)
