@@ -137,7 +137,8 @@ def compile_module(
 def load(path: str | os.PathLike[str]) -> CompiledModule:
     """Reads an artifact written by ``CompiledModule.save`` and prepares it on this host."""
     try:
-        with np.load(path, allow_pickle=False) as z:
+        # Our own handle: np.load leaks the one it opens when the zip is corrupt.
+        with open(path, "rb") as f, np.load(f, allow_pickle=False) as z:
             meta = json.loads(bytes(z["__meta__"]).decode())
             if not isinstance(meta, dict) or meta.get("format") != FORMAT:
                 raise ArtifactFormatError(f"{os.fspath(path)!r} is not a poot module artifact")
