@@ -48,7 +48,9 @@ class Block(nn.Module):
         super().__init__()
         self.ln_1, self.ln_2 = nn.LayerNorm(c), nn.LayerNorm(c)
         self.attn = Attention(c, h, t, sdpa)
-        self.mlp = nn.Sequential(nn.Linear(c, 4 * c), nn.GELU(), nn.Linear(4 * c, c), nn.Dropout(0.1))
+        self.mlp = nn.Sequential(
+            nn.Linear(c, 4 * c), nn.GELU(), nn.Linear(4 * c, c), nn.Dropout(0.1)
+        )
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -56,7 +58,9 @@ class Block(nn.Module):
 
 
 class Gpt(nn.Module):
-    def __init__(self, sdpa: bool, v: int = 65, c: int = 32, h: int = 4, layers: int = 2, t: int = 16):
+    def __init__(
+        self, sdpa: bool, v: int = 65, c: int = 32, h: int = 4, layers: int = 2, t: int = 16
+    ):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(v, c), nn.Embedding(t, c)
         self.h = nn.ModuleList([Block(c, h, t, sdpa) for _ in range(layers)])

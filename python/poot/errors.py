@@ -323,6 +323,8 @@ class UnsupportedFeatureError(PootError, ValueError):
 class ArtifactFormatError(PootError, ValueError):
     """A file given to ``poot.load`` is not a readable poot artifact (corrupt or foreign)."""
 
+    hint = "Load a file written by CompiledModule.save with this poot version, or compile again."
+
 
 class PreparedEntryLimitError(PootError, RuntimeError):
     """A prepared (compiled step-shape) entry would pass a limit of the prepared cache.

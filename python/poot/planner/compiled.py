@@ -15,8 +15,8 @@ streaming plan's spill directory is checked (``spill.check_spill_dir``) before i
 from __future__ import annotations
 
 import os
-import sys
 import shutil
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -96,12 +96,11 @@ class CompiledModule:
             "weights": list(self._arrays),
             "limits": {
                 "trace": {f: getattr(self.trace_limits, f) for f in _LIMIT_FIELDS["trace"]},
-                "compile": {
-                    f: getattr(self.compile_limits, f) for f in _LIMIT_FIELDS["compile"]
-                },
+                "compile": {f: getattr(self.compile_limits, f) for f in _LIMIT_FIELDS["compile"]},
             },
         }
-        blobs = {f"w{i}": a for i, a in enumerate(self._arrays.values())}
+        # Any: numpy's stub types **kwds against its `allow_pickle` keyword.
+        blobs: dict[str, Any] = {f"w{i}": a for i, a in enumerate(self._arrays.values())}
         with open(path, "wb") as f:
             np.savez(f, __meta__=np.frombuffer(json.dumps(meta).encode(), np.uint8), **blobs)
 
@@ -116,8 +115,8 @@ def compile_module(
     """Exports ``module`` for ``example_inputs`` and compiles it (see the module docs)."""
     import torch
 
-    inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (
-        example_inputs,
+    inputs = (
+        tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
     )
     with torch.no_grad():
         exported = torch.export.export(module, inputs)
@@ -166,5 +165,7 @@ def load(path: str | os.PathLike[str]) -> CompiledModule:
         from poot.errors import TraceError
 
         if isinstance(e, TraceError):
-            raise ArtifactFormatError(f"{os.fspath(path)!r}: its program does not trace: {e}") from e
+            raise ArtifactFormatError(
+                f"{os.fspath(path)!r}: its program does not trace: {e}"
+            ) from e
         raise ArtifactFormatError(f"{os.fspath(path)!r}: {e}") from e
