@@ -201,3 +201,81 @@ impl Tracer {
         self.push(Op::CausalMask { x }, out, 0, 0)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use poot_core::DType;
+
+    use crate::ir::{BinaryKind, Op, UnaryKind};
+    use crate::{TraceError, TraceLimits, Tracer, WeightCatalog};
+
+    struct One;
+
+    impl WeightCatalog for One {
+        fn describe(&self, name: &str) -> Option<(DType, Vec<usize>)> {
+            match name {
+                "w" => Some((DType::BF16, vec![6])),
+                "q" => Some((DType::Q8_0, vec![32])),
+                _ => None,
+            }
+        }
+    }
+
+    fn tracer() -> Tracer {
+        Tracer::new(TraceLimits::default(), 1, Arc::new(One)).unwrap()
+    }
+
+    fn is_shape_err(r: Result<crate::ValueId, TraceError>) -> bool {
+        matches!(r, Err(TraceError::Shape { .. }))
+    }
+
+    #[test]
+    fn shapes_of_the_tensor_ops() {
+        let mut t = tracer();
+        let x = t.input("x", DType::F32, vec![2, 3, 6]).unwrap();
+        let w = t.weight("w").unwrap();
+        let b = t.binary(w, x, BinaryKind::Sub).unwrap();
+        assert_eq!(t.info(b).unwrap().shape, [2, 3, 6]);
+        assert_eq!(t.info(b).unwrap().dtype, DType::F32);
+        let p = t.permute(x, vec![0, 2, 1]).unwrap();
+        assert_eq!(t.info(p).unwrap().shape, [2, 6, 3]);
+        let m = t.batch_matmul(x, p).unwrap();
+        assert_eq!(t.info(m).unwrap().shape, [2, 3, 3]);
+        let c = t.causal_mask(m).unwrap();
+        let u = t.unary(c, UnaryKind::Relu).unwrap();
+        let s = t.scalar(u, BinaryKind::Div, 2.0, true).unwrap();
+        let n = t.layer_norm(x, Some(w), None, 1e-5).unwrap();
+        assert_eq!(t.info(n).unwrap().shape, [2, 3, 6]);
+        let g = t.finish();
+        assert_eq!(g.op(s).name(), "scalar_div");
+        assert_eq!(g.op(u).name(), "relu");
+        assert!(matches!(g.op(n), Op::LayerNorm { bias: None, .. }));
+        assert_eq!(g.op(n).operands().len(), 2);
+    }
+
+    #[test]
+    fn refuses_bad_operands() {
+        let mut t = tracer();
+        let x = t.input("x", DType::F32, vec![2, 3]).unwrap();
+        let ids = t.input("ids", DType::I32, vec![3]).unwrap();
+        let y = t.input("y", DType::F32, vec![4, 3]).unwrap();
+        let q = t.weight("q").unwrap();
+        assert!(is_shape_err(t.binary(x, y, BinaryKind::Add)));
+        assert!(is_shape_err(t.binary(x, ids, BinaryKind::Add)));
+        assert!(
+            is_shape_err(t.binary(x, q, BinaryKind::Add)),
+            "packed weights are refused"
+        );
+        assert!(is_shape_err(t.unary(ids, UnaryKind::Exp)));
+        assert!(is_shape_err(t.permute(x, vec![0, 0])));
+        assert!(is_shape_err(t.permute(x, vec![0])));
+        assert!(is_shape_err(t.batch_matmul(x, x)));
+        assert!(is_shape_err(t.causal_mask(ids)));
+        assert!(is_shape_err(t.layer_norm(x, Some(y), None, 1e-5)));
+        assert!(is_shape_err(t.layer_norm(x, None, None, f32::NAN)));
+        // Nothing of a refused call was recorded.
+        assert_eq!(t.usage().equations, 4);
+    }
+}
