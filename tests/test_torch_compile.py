@@ -171,3 +171,10 @@ def test_trace_limits_apply():
         poot.compile(
             m, (torch.randn(2, 12),), trace_limits=poot._native.TraceLimits(max_equations=4)
         )
+
+
+def test_config_keyword_and_example_inputs_keyword():
+    m = Mlp().eval()
+    x = torch.randn(2, 12)
+    compiled = poot.compile(m, example_inputs=(x,), config=poot.CompileConfig())
+    _close(compiled, m, x, atol=1e-5)

@@ -20,7 +20,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 from poot import _native
 from poot.checkpoints import ModelFiles, resolve_model_files
@@ -37,6 +37,11 @@ from poot.planner.record import Recorder
 from poot.planner.search import Budgets, Candidate, forced, search
 from poot.planner.simulate import SimResult, simulate_step
 from poot.planner.spill import check_spill_dir
+
+if TYPE_CHECKING:
+    from torch.nn import Module as TorchModule
+
+    from poot.torch_frontend import CompiledModule
 
 __all__ = ["CompileConfig", "CompiledModel", "Placed", "compile", "place", "standing_bytes"]
 
@@ -207,9 +212,34 @@ def _is_torch_module(obj: Any) -> bool:
     return torch is not None and isinstance(obj, torch.nn.Module)
 
 
-def compile(  # noqa: A001 - the public name the issue asks for (poot.compile)
+@overload
+def compile(  # noqa: A001
     model_spec: str | os.PathLike[str] | ModelFiles | None = None,
     config: CompileConfig | None = None,
+    *,
+    profiles: list[DeviceProfile] | None = None,
+    host: HostProfile | None = None,
+    definition: Any = None,
+    weights: _native.Weights | None = None,
+    settings: Settings | None = None,
+    kv_pool: tuple[int, dict[str, int]] | None = None,
+) -> CompiledModel: ...
+
+
+@overload
+def compile(  # noqa: A001
+    model_spec: TorchModule,
+    config: Any = None,
+    *,
+    example_inputs: Any = None,
+    trace_limits: _native.TraceLimits | None = None,
+    compile_limits: _native.CompileLimits | None = None,
+) -> CompiledModule: ...
+
+
+def compile(  # noqa: A001 - the public name the issue asks for (poot.compile)
+    model_spec: Any = None,
+    config: Any = None,
     *,
     profiles: list[DeviceProfile] | None = None,
     host: HostProfile | None = None,
@@ -220,11 +250,15 @@ def compile(  # noqa: A001 - the public name the issue asks for (poot.compile)
     example_inputs: Any = None,
     trace_limits: _native.TraceLimits | None = None,
     compile_limits: _native.CompileLimits | None = None,
-) -> Any:
+) -> CompiledModel | CompiledModule:
     """Places ``model_spec`` under ``config``; see the module docs.
 
     Args:
-        model_spec: a model spec (as ``poot.LLM`` takes) or resolved ``ModelFiles``.
+        model_spec: a model spec (as ``poot.LLM`` takes) or resolved ``ModelFiles``; or a
+            ``torch.nn.Module``, compiled through ``torch.export`` for ``example_inputs``
+            (given second or by keyword) into a ``poot.CompiledModule`` on the CPU runtime
+            (``poot.torch_frontend``; ``trace_limits`` and ``compile_limits`` bound it, and a
+            ``config`` is accepted but places nothing yet).
         config: what the planner may use (default ``CompileConfig()``).
         profiles: device profiles to plan over instead of discovering (synthetic, in tests).
         host: the host side of streaming (default: from discovery / measured copy rates).
