@@ -76,6 +76,9 @@ OPS = {
     "softmax_first": lambda x, w: torch.softmax(x, dim=0),
     "transpose_matmul": lambda x, w: x @ w.t(),
     "layer_norm_plain": lambda x, w: F.layer_norm(x, (6,)),
+    "rms_by_hand": lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6),
+    "rms_norm": lambda x, w: F.rms_norm(x, (6,), w[0], 1e-5),
+    "reductions": lambda x, w: x.sum(0) + x.amax(-1).mean() + x.abs().sqrt().mean(dim=(0, 1)),
 }
 
 

@@ -8,6 +8,8 @@
 
 use poot_core::DType;
 
+pub use crate::kinds::{broadcast_shape, BinaryKind, ReduceKind, UnaryKind};
+
 /// An SSA value: the index of the equation that defines it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ValueId(pub u32);
@@ -157,117 +159,6 @@ pub struct AdjustInputs {
     pub frequency: ValueId,
 }
 
-/// Elementwise functions of one f32 operand (`Op::Unary`), named as `Op::name` spells them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum UnaryKind {
-    /// `max(x, 0)` (NaN stays NaN).
-    Relu,
-    /// Exact GELU, `0.5 * x * (1 + erf(x / sqrt 2))` (torch's default `nn.GELU()`).
-    GeluErf,
-    Tanh,
-    /// `1 / (1 + exp(-x))`.
-    Sigmoid,
-    Neg,
-    Exp,
-}
-
-impl UnaryKind {
-    pub const ALL: [UnaryKind; 6] = [
-        UnaryKind::Relu,
-        UnaryKind::GeluErf,
-        UnaryKind::Tanh,
-        UnaryKind::Sigmoid,
-        UnaryKind::Neg,
-        UnaryKind::Exp,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            UnaryKind::Relu => "relu",
-            UnaryKind::GeluErf => "gelu_erf",
-            UnaryKind::Tanh => "tanh",
-            UnaryKind::Sigmoid => "sigmoid",
-            UnaryKind::Neg => "neg",
-            UnaryKind::Exp => "exp",
-        }
-    }
-}
-
-/// The arithmetic of `Op::Binary` (both operands broadcast) and `Op::Scalar` (`x op value`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum BinaryKind {
-    Add,
-    Sub,
-    Mul,
-    Div,
-}
-
-impl BinaryKind {
-    pub const ALL: [BinaryKind; 4] = [
-        BinaryKind::Add,
-        BinaryKind::Sub,
-        BinaryKind::Mul,
-        BinaryKind::Div,
-    ];
-
-    /// `a op b`, one f32 rounding (IEEE).
-    #[inline]
-    pub fn apply(self, a: f32, b: f32) -> f32 {
-        match self {
-            BinaryKind::Add => a + b,
-            BinaryKind::Sub => a - b,
-            BinaryKind::Mul => a * b,
-            BinaryKind::Div => a / b,
-        }
-    }
-
-    /// The name of `Op::Binary` of this kind.
-    pub fn binary_name(self) -> &'static str {
-        match self {
-            BinaryKind::Add => "binary_add",
-            BinaryKind::Sub => "binary_sub",
-            BinaryKind::Mul => "binary_mul",
-            BinaryKind::Div => "binary_div",
-        }
-    }
-
-    /// The name of `Op::Scalar` of this kind.
-    pub fn scalar_name(self) -> &'static str {
-        match self {
-            BinaryKind::Add => "scalar_add",
-            BinaryKind::Sub => "scalar_sub",
-            BinaryKind::Mul => "scalar_mul",
-            BinaryKind::Div => "scalar_div",
-        }
-    }
-}
-
-/// The shape `a` and `b` broadcast to under numpy's rule (shapes aligned at the right; a dim
-/// of 1 stretches), or `None` when they do not broadcast.
-pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
-    let n = a.len().max(b.len());
-    let mut out = vec![0; n];
-    for (i, o) in out.iter_mut().enumerate() {
-        let da = if i + a.len() >= n {
-            a[i + a.len() - n]
-        } else {
-            1
-        };
-        let db = if i + b.len() >= n {
-            b[i + b.len() - n]
-        } else {
-            1
-        };
-        *o = match (da, db) {
-            (x, y) if x == y => x,
-            (1, y) => y,
-            (x, 1) => x,
-            _ => return None,
-        };
-    }
-    Some(out)
-}
-
 /// The coarse ops. Operand shapes are checked by the tracer; see `Tracer` for each rule.
 #[derive(Clone, Debug, PartialEq)]
 #[allow(
@@ -391,6 +282,11 @@ pub enum Op {
         bias: Option<ValueId>,
         eps: f32,
     },
+    /// `kind` over the last dim of `x` [.., D] -> [.., 1] (the dim kept, as `keepdim=True`).
+    Reduce {
+        x: ValueId,
+        kind: ReduceKind,
+    },
     /// Axes of `x` reordered: output axis `i` is input axis `perm[i]` (a copy).
     Permute {
         x: ValueId,
@@ -494,6 +390,7 @@ impl Op {
             Op::Scalar { kind, .. } => kind.scalar_name(),
             Op::LayerNorm { .. } => "layer_norm",
             Op::Permute { .. } => "permute",
+            Op::Reduce { kind, .. } => kind.name(),
             Op::BatchMatMul { .. } => "batch_matmul",
             Op::CausalMask { .. } => "causal_mask",
         }
@@ -549,6 +446,7 @@ impl Op {
             Op::Unary { x, .. }
             | Op::Scalar { x, .. }
             | Op::Permute { x, .. }
+            | Op::Reduce { x, .. }
             | Op::CausalMask { x } => vec![*x],
             Op::Binary { a, b, .. } | Op::BatchMatMul { a, b } => vec![*a, *b],
             Op::LayerNorm {
@@ -642,6 +540,7 @@ impl Op {
             Op::Unary { x, .. }
             | Op::Scalar { x, .. }
             | Op::Permute { x, .. }
+            | Op::Reduce { x, .. }
             | Op::CausalMask { x } => *x = f(*x),
             Op::Binary { a, b, .. } | Op::BatchMatMul { a, b } => {
                 *a = f(*a);

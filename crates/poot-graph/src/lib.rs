@@ -6,6 +6,7 @@
 
 pub mod error;
 pub mod ir;
+mod kinds;
 pub mod limits;
 pub mod passes;
 pub mod tracer;
@@ -13,7 +14,7 @@ pub mod tracer;
 pub use error::{CompileError, TraceError};
 pub use ir::{
     broadcast_shape, AdjustInputs, AttentionConfig, AttentionMeta, BinaryKind, Graph, Op,
-    RopeConfig, RopeScaling, RopeStyle, SampleInputs, UnaryKind, ValueId, ValueInfo,
+    ReduceKind, RopeConfig, RopeScaling, RopeStyle, SampleInputs, UnaryKind, ValueId, ValueInfo,
     MAX_ROPE_FACTORS,
 };
 pub use limits::{CompileLimits, Resource, TraceLimits};

@@ -1,6 +1,7 @@
-//! Parsing of `Tracer.rope`'s `scaling` dict into a `RopeScaling`.
+//! Parsing of tracer arguments given as Python strings and dicts: `Tracer.rope`'s `scaling`
+//! dict into a `RopeScaling`, and the op kinds of the general tensor ops.
 
-use poot_graph::{RopeScaling, MAX_ROPE_FACTORS};
+use poot_graph::{BinaryKind, RopeScaling, MAX_ROPE_FACTORS};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -75,4 +76,21 @@ pub(crate) fn parse_scaling(
             "rope scaling type {other:?} is not supported (none, linear, llama3, factors)"
         ))),
     }
+}
+
+pub(crate) fn bad_kind(py: Python<'_>, op: &str, kind: &str) -> PyErr {
+    trace_error_kind(
+        py,
+        "shape",
+        None,
+        None,
+        format!("{op}: unknown kind {kind:?}"),
+    )
+}
+
+pub(crate) fn binary_kind(py: Python<'_>, op: &str, kind: &str) -> PyResult<BinaryKind> {
+    BinaryKind::ALL
+        .into_iter()
+        .find(|k| k.binary_name().strip_prefix("binary_") == Some(kind))
+        .ok_or_else(|| bad_kind(py, op, kind))
 }

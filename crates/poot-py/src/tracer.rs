@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use poot_core::DType;
 use poot_graph::{
-    AdjustInputs, AttentionConfig, AttentionMeta, BinaryKind, RopeConfig, RopeStyle, SampleInputs,
+    AdjustInputs, AttentionConfig, AttentionMeta, ReduceKind, RopeConfig, RopeStyle, SampleInputs,
     Tracer, UnaryKind, ValueId, ValueInfo,
 };
 use pyo3::prelude::*;
@@ -19,7 +19,7 @@ use pyo3::types::{PyDict, PyTuple};
 use crate::errors::{trace_error, trace_error_kind};
 use crate::graph::PyGraph;
 use crate::limits::PyTraceLimits;
-use crate::rope_args::parse_scaling;
+use crate::rope_args::{bad_kind, binary_kind, parse_scaling};
 use crate::weights::PyWeights;
 
 /// A value in a trace: its id, dtype and shape. Only the tracer that made it accepts it.
@@ -77,23 +77,6 @@ fn parse_dtype(py: Python<'_>, dtype: &str) -> PyResult<DType> {
             format!("input: dtype must be \"f32\" or \"i32\", got {dtype:?}"),
         )),
     }
-}
-
-fn bad_kind(py: Python<'_>, op: &str, kind: &str) -> PyErr {
-    trace_error_kind(
-        py,
-        "shape",
-        None,
-        None,
-        format!("{op}: unknown kind {kind:?}"),
-    )
-}
-
-fn binary_kind(py: Python<'_>, op: &str, kind: &str) -> PyResult<BinaryKind> {
-    BinaryKind::ALL
-        .into_iter()
-        .find(|k| k.binary_name().strip_prefix("binary_") == Some(kind))
-        .ok_or_else(|| bad_kind(py, op, kind))
 }
 
 impl PyTracer {
@@ -410,7 +393,8 @@ impl PyTracer {
         self.rec(py, |t| t.paged_attention(q, k, v, meta, cfg))
     }
 
-    /// `kind(x)` elementwise: "relu", "gelu_erf", "tanh", "sigmoid", "neg" or "exp".
+    /// `kind(x)` elementwise: "relu", "gelu_erf", "tanh", "sigmoid", "neg", "exp", "sqrt",
+    /// "rsqrt" or "abs".
     fn unary(&mut self, py: Python<'_>, x: &PyValue, kind: &str) -> PyResult<PyValue> {
         let k = UnaryKind::ALL.into_iter().find(|k| k.name() == kind);
         let k = k.ok_or_else(|| bad_kind(py, "unary", kind))?;
@@ -472,6 +456,16 @@ impl PyTracer {
     /// `a` [.., M, K] times `b` [.., K, N] -> [.., M, N], batch dims broadcast.
     fn batch_matmul(&mut self, py: Python<'_>, a: &PyValue, b: &PyValue) -> PyResult<PyValue> {
         self.binary_op(py, a, b, Tracer::batch_matmul)
+    }
+
+    /// "sum", "mean" or "max" over the last dim -> [.., 1].
+    fn reduce(&mut self, py: Python<'_>, x: &PyValue, kind: &str) -> PyResult<PyValue> {
+        let k = ReduceKind::ALL
+            .into_iter()
+            .find(|k| k.name().strip_prefix("reduce_") == Some(kind));
+        let k = k.ok_or_else(|| bad_kind(py, "reduce", kind))?;
+        let x = self.vid(py, x)?;
+        self.rec(py, |t| t.reduce(x, k))
     }
 
     /// -inf above the causal diagonal of the last two dims.

@@ -146,6 +146,7 @@ fn kernels_of(rt: &WgpuRuntime, graph: &Graph, op: &Op) -> Vec<(Kernel, DType)> 
         | Op::Scalar { .. }
         | Op::LayerNorm { .. }
         | Op::Permute { .. }
+        | Op::Reduce { .. }
         | Op::BatchMatMul { .. }
         | Op::CausalMask { .. } => vec![],
     }

@@ -68,6 +68,9 @@ _UNARY = {
     "aten.sigmoid.default": "sigmoid",
     "aten.neg.default": "neg",
     "aten.exp.default": "exp",
+    "aten.sqrt.default": "sqrt",
+    "aten.rsqrt.default": "rsqrt",
+    "aten.abs.default": "abs",
 }
 
 
@@ -344,3 +347,71 @@ def _masked_fill(ctx: Ctx, node: Any, x: Any, mask: Any, value: float) -> Ref:
     add = torch.zeros(mask.tensor.shape).masked_fill(mask.tensor.bool(), float("-inf"))
     w = ctx.register(add, f"{mask.name}.additive")
     return ctx.program.call("binary", ctx.operand(x), ctx.weight(w), "add")
+
+
+@_reg("aten.pow.Tensor_Scalar")
+def _pow(ctx: Ctx, node: Any, x: Any, exponent: float) -> Ref:
+    v = ctx.operand(x)
+    if exponent == 2:
+        return ctx.program.call("binary", v, v, "mul")
+    if exponent == 1:
+        return v
+    if exponent == 0.5:
+        return ctx.program.call("unary", v, "sqrt")
+    if exponent == -0.5:
+        return ctx.program.call("unary", v, "rsqrt")
+    if exponent == -1:
+        return ctx.program.call("scalar", v, "div", 1.0, reverse=True)
+    raise ctx.unsupported(f"pow with exponent {exponent} (2, 1, 0.5, -0.5, -1 lower)")
+
+
+def _reduce(kind: str) -> Lowering:
+    def fn(ctx: Ctx, node: Any, x: Any, dim: Any = None, keepdim: bool = False, **kw: Any) -> Ref:
+        shape = _in_shape(node)
+        rank = len(shape)
+        if kw.get("dtype") is not None:
+            raise ctx.unsupported(f"a reduction to dtype {kw['dtype']}")
+        dims = list(range(rank)) if dim is None else ([dim] if isinstance(dim, int) else list(dim))
+        dims = sorted(_dim(d, rank) for d in dims)
+        if not dims or rank == 0:
+            raise ctx.unsupported("a reduction over no dims")
+        p = ctx.program
+        v = ctx.operand(x)
+        # The reduced dims moved last and flattened into one, then one reduction over it.
+        keep = [d for d in range(rank) if d not in dims]
+        if keep + dims != list(range(rank)):
+            v = p.call("permute", v, keep + dims)
+        kept = [shape[d] for d in keep]
+        v = p.call("reshape", v, [*kept, math.prod(shape[d] for d in dims)])
+        v = p.call("reduce", v, kind)
+        return p.call("reshape", v, list(shape_of(node)))
+
+    return fn
+
+
+LOWERINGS["aten.mean.dim"] = _reduce("mean")
+LOWERINGS["aten.mean.default"] = _reduce("mean")
+LOWERINGS["aten.sum.dim_IntList"] = _reduce("sum")
+LOWERINGS["aten.sum.default"] = _reduce("sum")
+LOWERINGS["aten.amax.default"] = _reduce("max")
+
+
+@_reg("aten.rms_norm.default")
+def _rms_norm(
+    ctx: Ctx,
+    node: Any,
+    x: Any,
+    normalized_shape: list[int],
+    weight: Any = None,
+    eps: float | None = None,
+) -> Ref:
+    import torch
+
+    if len(normalized_shape) != 1:
+        raise ctx.unsupported(f"normalized_shape {list(normalized_shape)} (only the last dim)")
+    if weight is None:
+        weight = ctx.register(torch.ones(normalized_shape[0]), f"_ones.{node.name}")
+    if not isinstance(weight, Weight):
+        raise ctx.unsupported("the weight must be a parameter or constant")
+    e = torch.finfo(torch.float32).eps if eps is None else float(eps)
+    return ctx.program.call("rms_norm", ctx.operand(x), ctx.weight(weight), e)

@@ -85,6 +85,8 @@ ALLOWED = frozenset(
         "permute",
         "batch_matmul",
         "causal_mask",
+        "reduce",
+        "rms_norm",
         "output",
     }
 )

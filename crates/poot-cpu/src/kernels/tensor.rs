@@ -12,7 +12,7 @@
 use crate::error::check_len;
 use crate::kernels::act::gelu_erf_f32;
 use crate::KernelError;
-use poot_graph::{broadcast_shape, BinaryKind, UnaryKind};
+use poot_graph::{broadcast_shape, BinaryKind, ReduceKind, UnaryKind};
 
 fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
@@ -29,6 +29,9 @@ pub fn unary(kind: UnaryKind, x: &[f32], out: &mut [f32]) -> Result<(), KernelEr
         UnaryKind::Sigmoid => |v| 1.0 / (1.0 + (-v).exp()),
         UnaryKind::Neg => |v| -v,
         UnaryKind::Exp => f32::exp,
+        UnaryKind::Sqrt => f32::sqrt,
+        UnaryKind::Rsqrt => |v| 1.0 / v.sqrt(),
+        UnaryKind::Abs => f32::abs,
     };
     for (o, &v) in out.iter_mut().zip(x) {
         *o = f(v);
@@ -163,6 +166,33 @@ pub fn permute(
     let src: Vec<usize> = perm.iter().map(|&p| in_strides[p]).collect();
     let zero = vec![0; out_shape.len()];
     walk2(&out_shape, &src, &zero, |o, i, _| out[o] = x[i]);
+    Ok(())
+}
+
+/// `kind` over each row of `d` values of `x` into `out` (one value per row). Sum and mean
+/// accumulate in `f64` and round once (mean: the `f64` sum divided by `d`), so they are within
+/// 1 ulp of exact; max is exact (a NaN anywhere gives NaN, as torch's `amax`).
+pub fn reduce(kind: ReduceKind, x: &[f32], d: usize, out: &mut [f32]) -> Result<(), KernelError> {
+    if d == 0 || !x.len().is_multiple_of(d) {
+        return Err(KernelError::InvalidArgument {
+            what: "reduce d",
+            detail: format!("{} values are not rows of {d}", x.len()),
+        });
+    }
+    check_len("reduce out", x.len() / d, out.len())?;
+    for (row, o) in x.chunks_exact(d).zip(out.iter_mut()) {
+        *o = match kind {
+            ReduceKind::Sum => row.iter().map(|&v| f64::from(v)).sum::<f64>() as f32,
+            ReduceKind::Mean => (row.iter().map(|&v| f64::from(v)).sum::<f64>() / d as f64) as f32,
+            ReduceKind::Max => row.iter().copied().fold(f32::NEG_INFINITY, |m, v| {
+                if v.is_nan() || m.is_nan() {
+                    f32::NAN
+                } else {
+                    m.max(v)
+                }
+            }),
+        };
+    }
     Ok(())
 }
 

@@ -70,3 +70,22 @@ fn causal_mask_rectangular() {
     assert_eq!(x, [1.0, 1.0, inf, 1.0, 1.0, 1.0]);
     assert!(causal_mask(&mut x, 3, 2).is_err());
 }
+
+#[test]
+fn reductions_over_rows() {
+    let x = [1.0f32, 2.0, 4.0, -1.0, f32::NAN, 0.0];
+    let mut out = [0f32; 2];
+    reduce(ReduceKind::Sum, &x[..3], 3, &mut out[..1]).unwrap();
+    assert_eq!(out[0], 7.0);
+    reduce(ReduceKind::Mean, &x[..6], 3, &mut out).unwrap();
+    assert_eq!(out[0], 7.0 / 3.0);
+    assert!(out[1].is_nan());
+    reduce(ReduceKind::Max, &x, 3, &mut out).unwrap();
+    assert_eq!(out[0], 4.0);
+    assert!(out[1].is_nan());
+    assert!(reduce(ReduceKind::Max, &x, 4, &mut out).is_err());
+    assert!(reduce(ReduceKind::Max, &x, 3, &mut out[..1]).is_err());
+    let mut o = [0f32; 3];
+    unary(UnaryKind::Rsqrt, &[4.0, 1.0, 0.25], &mut o).unwrap();
+    assert_eq!(o, [0.5, 1.0, 2.0]);
+}

@@ -122,6 +122,7 @@ pub(super) fn for_each_operand(op: &Op, mut f: impl FnMut(ValueId)) {
         Op::Unary { x, .. }
         | Op::Scalar { x, .. }
         | Op::Permute { x, .. }
+        | Op::Reduce { x, .. }
         | Op::CausalMask { x } => f(*x),
         Op::Binary { a, b, .. } | Op::BatchMatMul { a, b } => [*a, *b].into_iter().for_each(f),
         Op::LayerNorm {

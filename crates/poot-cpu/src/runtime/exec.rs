@@ -397,6 +397,7 @@ impl<'a> Exec<'a> {
             | Op::Scalar { .. }
             | Op::LayerNorm { .. }
             | Op::Permute { .. }
+            | Op::Reduce { .. }
             | Op::BatchMatMul { .. }
             | Op::CausalMask { .. } => self.tensor_op(op, &info.shape)?,
         })

@@ -11,7 +11,7 @@ use poot_core::DType;
 
 use super::{is_float, shape_err, Tracer};
 use crate::error::TraceError;
-use crate::ir::{broadcast_shape, BinaryKind, Op, UnaryKind, ValueId, ValueInfo};
+use crate::ir::{broadcast_shape, BinaryKind, Op, ReduceKind, UnaryKind, ValueId, ValueInfo};
 
 /// Most axes a permute or batched matmul handles (the runtime keeps index arithmetic on the
 /// stack).
@@ -189,6 +189,21 @@ impl Tracer {
         )
     }
 
+    /// `kind` over the last dim of `x` -> [.., 1].
+    pub fn reduce(&mut self, x: ValueId, kind: ReduceKind) -> Result<ValueId, TraceError> {
+        let mut out = self.act(kind.name(), x, "x", None)?;
+        match out.shape.last_mut() {
+            Some(d) if *d > 0 => *d = 1,
+            _ => {
+                return Err(shape_err(
+                    kind.name(),
+                    format!("x must have a non-empty last dim, got {:?}", out.shape),
+                ))
+            }
+        }
+        self.push(Op::Reduce { x, kind }, out, 0, 0)
+    }
+
     /// -inf above the causal diagonal of the last two dims (see `Op::CausalMask`).
     pub fn causal_mask(&mut self, x: ValueId) -> Result<ValueId, TraceError> {
         let out = self.act("causal_mask", x, "x", None)?;
@@ -247,6 +262,8 @@ mod tests {
         let u = t.unary(c, UnaryKind::Relu).unwrap();
         let s = t.scalar(u, BinaryKind::Div, 2.0, true).unwrap();
         let n = t.layer_norm(x, Some(w), None, 1e-5).unwrap();
+        let r = t.reduce(n, crate::ir::ReduceKind::Mean).unwrap();
+        assert_eq!(t.info(r).unwrap().shape, [2, 3, 1]);
         assert_eq!(t.info(n).unwrap().shape, [2, 3, 6]);
         let g = t.finish();
         assert_eq!(g.op(s).name(), "scalar_div");
@@ -273,6 +290,7 @@ mod tests {
         assert!(is_shape_err(t.permute(x, vec![0])));
         assert!(is_shape_err(t.batch_matmul(x, x)));
         assert!(is_shape_err(t.causal_mask(ids)));
+        assert!(is_shape_err(t.reduce(ids, crate::ir::ReduceKind::Sum)));
         assert!(is_shape_err(t.layer_norm(x, Some(y), None, 1e-5)));
         assert!(is_shape_err(t.layer_norm(x, None, None, f32::NAN)));
         // Nothing of a refused call was recorded.

@@ -582,6 +582,7 @@ impl<'a> Exec<'a> {
             | Op::Scalar { .. }
             | Op::LayerNorm { .. }
             | Op::Permute { .. }
+            | Op::Reduce { .. }
             | Op::BatchMatMul { .. }
             | Op::CausalMask { .. } => {
                 // `compile` refuses these (see `plan::supports`).

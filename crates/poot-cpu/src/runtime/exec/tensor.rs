@@ -1,4 +1,4 @@
-//! The general tensor ops (`Op::Unary`, `Binary`, `Scalar`, `LayerNorm`, `Permute`,
+//! The general tensor ops (`Op::Unary`, `Binary`, `Scalar`, `LayerNorm`, `Reduce`, `Permute`,
 //! `BatchMatMul`, `CausalMask`): operands read through `Exec::floats` (an activation borrowed,
 //! a stored float weight decoded or borrowed as f32), one kernel call each, single-threaded
 //! (these graphs are small; a pool split is future work).
@@ -59,6 +59,10 @@ impl Exec<'_> {
                 let (sa, sb) = (shape(self, *a), shape(self, *b));
                 let (av, bv) = (self.floats(*a, name)?, self.floats(*b, name)?);
                 kernels::bmm::batch_matmul(&av, &sa, &bv, &sb, &mut out)
+            }
+            Op::Reduce { x, kind } => {
+                let d = *self.shape(*x).last().unwrap_or(&1);
+                kernels::tensor::reduce(*kind, &self.floats(*x, name)?, d, &mut out)
             }
             Op::CausalMask { x } => {
                 out.copy_from_slice(&self.floats(*x, name)?);
