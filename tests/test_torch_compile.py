@@ -181,3 +181,38 @@ def test_config_keyword_and_example_inputs_keyword():
     x = torch.randn(2, 12)
     compiled = poot.compile(m, example_inputs=(x,), config=poot.CompileConfig())
     _close(compiled, m, x, atol=1e-5)
+
+
+class _Noise(nn.Module):
+    def forward(self, x):
+        return x + torch.randn(3)
+
+
+def test_random_ops_are_refused_not_frozen():
+    with pytest.raises(UnsupportedOpError, match="random op"):
+        poot.compile(_Noise(), (torch.randn(2, 3),))
+
+
+class _Tied(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(11, 6)
+        self.head = nn.Linear(6, 11, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.emb(ids)))
+
+
+def test_tied_weights_are_stored_once():
+    torch.manual_seed(6)
+    m = _Tied().eval()
+    ids = torch.randint(0, 11, (2, 5))
+    compiled = _compile_and_check(m, ids)
+    assert [w[0] for w in compiled.graph.weights()] == ["emb.weight"]
+
+
+def _compile_and_check(m, *inputs):
+    compiled = poot.compile(m, inputs)
+    _close(compiled, m, *inputs, atol=1e-5)
+    return compiled

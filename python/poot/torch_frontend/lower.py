@@ -192,6 +192,9 @@ def lower(exported: Any) -> Lowered:
         args = _map(node.args, env)
         kwargs = {k: _map(v, env) for k, v in node.kwargs.items()}
         if not _any_ref((args, kwargs)):
+            if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+                # Folding would freeze one draw into the artifact.
+                raise ctx.unsupported("a random op (it would be frozen by constant folding)")
             # Constant folding: torch evaluates the node once (arange, buffer slices, masks).
             result = node.target(*_unwrap(args), **_unwrap(kwargs))
             env[node] = _wrap_const(ctx, result, node.name)
@@ -200,7 +203,6 @@ def lower(exported: Any) -> Lowered:
         if fn is None:
             raise ctx.unsupported("no lowering for this op")
         env[node] = fn(ctx, node, *args, **kwargs)
-    del torch
     return lowered
 
 
