@@ -78,6 +78,7 @@ OPS = {
     "layer_norm_plain": lambda x, w: F.layer_norm(x, (6,)),
     "rms_by_hand": lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6),
     "rms_norm": lambda x, w: F.rms_norm(x, (6,), w[0], 1e-5),
+    "select_and_to": lambda x, w: x[:, 1].float() * x.select(0, -1).to(torch.float32)[1],
     "reductions": lambda x, w: x.sum(0) + x.amax(-1).mean() + x.abs().sqrt().mean(dim=(0, 1)),
 }
 
@@ -216,3 +217,12 @@ def _compile_and_check(m, *inputs):
     compiled = poot.compile(m, inputs)
     _close(compiled, m, *inputs, atol=1e-5)
     return compiled
+
+
+def test_casts_are_refused_with_the_dtypes():
+    class Cast(nn.Module):
+        def forward(self, x):
+            return x.to(torch.float16)
+
+    with pytest.raises(UnsupportedOpError, match="float32 to torch.float16"):
+        poot.compile(Cast(), (torch.randn(2, 3),))

@@ -415,3 +415,26 @@ def _rms_norm(
         raise ctx.unsupported("the weight must be a parameter or constant")
     e = torch.finfo(torch.float32).eps if eps is None else float(eps)
     return ctx.program.call("rms_norm", ctx.operand(x), ctx.weight(weight), e)
+
+
+@_reg("aten.select.int")
+def _select(ctx: Ctx, node: Any, x: Any, dim: int, index: int) -> Ref:
+    shape = _in_shape(node)
+    d = _dim(dim, len(shape))
+    i = index + shape[d] if index < 0 else index
+    v = ctx.program.call("slice", ctx.operand(x), d, i, i + 1)
+    return ctx.program.call("reshape", v, list(shape_of(node)))
+
+
+@_reg("aten._to_copy.default", "aten.to.dtype", "aten.to.dtype_layout")
+def _to(ctx: Ctx, node: Any, x: Any, *rest: Any, **kw: Any) -> Any:
+    src, dst = node.args[0].meta["val"].dtype, node.meta["val"].dtype
+    if src != dst:
+        raise ctx.unsupported(f"a cast from {src} to {dst} (activations are float32)")
+    return ctx.operand(x)
+
+
+@_reg("aten._assert_tensor_metadata.default")
+def _assert_metadata(ctx: Ctx, node: Any, *args: Any, **kw: Any) -> None:
+    # export's own check of a cast's input; shapes and dtypes are fixed here already.
+    return None
