@@ -93,6 +93,15 @@ class Ctx:
             return self.weight(a)
         raise self.unsupported(f"operand {type(a).__name__} is not a tensor")
 
+    def activation(self, a: Any) -> Ref:
+        """A tensor operand as an f32 activation: a constant is read through `x * 1` (exact),
+        for the ops that take only computed values (concat, slices, reshapes)."""
+        v = self.operand(a)
+        if isinstance(a, Weight):
+            one = self.program.call("literal", [1.0], [])
+            v = self.program.call("binary", v, one, "mul")
+        return v
+
     def register(self, tensor: Any, hint: str) -> Weight:
         """A constant tensor as a weight (deduplicated by identity)."""
         key = id(tensor)

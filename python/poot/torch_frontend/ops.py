@@ -288,7 +288,7 @@ def _slice(
 @_reg("aten.cat.default")
 def _cat(ctx: Ctx, node: Any, xs: list[Any], dim: int = 0) -> Ref:
     d = _dim(dim, _rank(ctx, node))
-    return ctx.program.call("concat", [ctx.operand(x) for x in xs], d)
+    return ctx.program.call("concat", [ctx.activation(x) for x in xs], d)
 
 
 @_reg("aten.scaled_dot_product_attention.default")
@@ -438,3 +438,16 @@ def _to(ctx: Ctx, node: Any, x: Any, *rest: Any, **kw: Any) -> Any:
 def _assert_metadata(ctx: Ctx, node: Any, *args: Any, **kw: Any) -> None:
     # export's own check of a cast's input; shapes and dtypes are fixed here already.
     return None
+
+
+@_reg("aten.unbind.int")
+def _unbind(ctx: Ctx, node: Any, x: Any, dim: int = 0) -> Multi:
+    shape = _in_shape(node)
+    d = _dim(dim, len(shape))
+    rest = [n for i, n in enumerate(shape) if i != d]
+    v = ctx.activation(x)
+    items = []
+    for i in range(shape[d]):
+        s = ctx.program.call("slice", v, d, i, i + 1)
+        items.append(ctx.program.call("reshape", s, rest))
+    return Multi(items)
