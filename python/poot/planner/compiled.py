@@ -234,6 +234,7 @@ def compile(  # noqa: A001
     example_inputs: Any = None,
     trace_limits: _native.TraceLimits | None = None,
     compile_limits: _native.CompileLimits | None = None,
+    runtime: Any = None,
 ) -> CompiledModule: ...
 
 
@@ -250,6 +251,7 @@ def compile(  # noqa: A001 - the public name the issue asks for (poot.compile)
     example_inputs: Any = None,
     trace_limits: _native.TraceLimits | None = None,
     compile_limits: _native.CompileLimits | None = None,
+    runtime: Any = None,
 ) -> CompiledModel | CompiledModule:
     """Places ``model_spec`` under ``config``; see the module docs.
 
@@ -257,7 +259,8 @@ def compile(  # noqa: A001 - the public name the issue asks for (poot.compile)
         model_spec: a model spec (as ``poot.LLM`` takes) or resolved ``ModelFiles``; or a
             ``torch.nn.Module``, compiled through ``torch.export`` for ``example_inputs``
             (given second or by keyword) into a ``poot.CompiledModule`` on the CPU runtime
-            (``poot.torch_frontend``; ``trace_limits`` and ``compile_limits`` bound it, and a
+            (``poot.torch_frontend``; ``trace_limits`` and ``compile_limits`` bound it,
+            ``runtime`` is the runtime it is prepared for (default a ``CpuRuntime``), and a
             ``config`` is accepted but places nothing yet).
         config: what the planner may use (default ``CompileConfig()``).
         profiles: device profiles to plan over instead of discovering (synthetic, in tests).
@@ -284,6 +287,7 @@ def compile(  # noqa: A001 - the public name the issue asks for (poot.compile)
             example_inputs,
             trace_limits=trace_limits,
             compile_limits=compile_limits,
+            runtime=runtime,
         )
     config = config or CompileConfig()
     settings = settings or Settings.from_env()

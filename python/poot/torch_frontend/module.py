@@ -26,6 +26,10 @@ from poot.torch_frontend.lower import Lowered, lower, numpy_input, weights_array
 from poot.torch_frontend.program import Program, replay
 from poot.torch_frontend.tensor import PootTensor
 
+# Any runtime with `prepare(graph, weights, limits)` and `run(plan, inputs)`: the CPU runtime
+# (the default) takes every op; another (wgpu) refuses an op it lacks when it prepares.
+Runtime = Any
+
 FORMAT = "poot.torch_module"
 VERSION = 1
 _LIMIT_FIELDS = {
@@ -51,7 +55,7 @@ class CompiledModule:
         output_structure: Any,
         trace_limits: _native.TraceLimits,
         compile_limits: _native.CompileLimits,
-        runtime: _native.CpuRuntime | None = None,
+        runtime: Runtime | None = None,
     ) -> None:
         self.program = program
         self._arrays = arrays
@@ -111,8 +115,10 @@ def compile_module(
     *,
     trace_limits: _native.TraceLimits | None = None,
     compile_limits: _native.CompileLimits | None = None,
+    runtime: Runtime | None = None,
 ) -> CompiledModule:
-    """Exports ``module`` for ``example_inputs`` and compiles it (see the module docs)."""
+    """Exports ``module`` for ``example_inputs`` and compiles it (see the module docs) for
+    ``runtime`` (default: a new ``CpuRuntime``)."""
     import torch
 
     inputs = (
@@ -130,11 +136,13 @@ def compile_module(
         lowered.output_structure,
         trace_limits or _native.TraceLimits(),
         compile_limits or _native.CompileLimits(),
+        runtime,
     )
 
 
-def load(path: str | os.PathLike[str]) -> CompiledModule:
-    """Reads an artifact written by ``CompiledModule.save`` and prepares it on this host."""
+def load(path: str | os.PathLike[str], *, runtime: Runtime | None = None) -> CompiledModule:
+    """Reads an artifact written by ``CompiledModule.save`` and prepares it on this host, for
+    ``runtime`` (default: a new ``CpuRuntime``; an op it lacks is ``UnsupportedOpError``)."""
     try:
         # Our own handle: np.load leaks the one it opens when the zip is corrupt.
         with open(path, "rb") as f, np.load(f, allow_pickle=False) as z:
@@ -160,10 +168,12 @@ def load(path: str | os.PathLike[str]) -> CompiledModule:
             f"{os.fspath(path)!r} is not a readable poot module artifact: {e}"
         ) from e
     try:
-        return CompiledModule(program, arrays, dtypes, inputs, structure, trace, comp)
+        return CompiledModule(program, arrays, dtypes, inputs, structure, trace, comp, runtime)
     except (ValueError, TypeError) as e:
-        from poot.errors import TraceError
+        from poot.errors import PootError, TraceError
 
+        if isinstance(e, PootError) and not isinstance(e, TraceError):
+            raise
         if isinstance(e, TraceError):
             raise ArtifactFormatError(
                 f"{os.fspath(path)!r}: its program does not trace: {e}"

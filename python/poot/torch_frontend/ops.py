@@ -55,7 +55,8 @@ def _linear(ctx: Ctx, node: Any, x: Any, w: Any, b: Any = None) -> Ref:
         xr = p.call("reshape", xr, [rows, k])
     y = p.call("matmul", xr, ctx.weight(w))
     if b is not None:
-        y = p.call("binary", y, ctx.operand(b), "add")
+        # The IR's `add` (a row broadcast over rows): every runtime has it; same bits.
+        y = p.call("add", y, ctx.operand(b))
     out = list(shape_of(node))
     if len(out) != 2:
         y = p.call("reshape", y, out)
@@ -138,9 +139,22 @@ def _arith(kind: str) -> Lowering:
             return p.call("scalar", ctx.operand(a), kind, float(b))
         if isinstance(a, (int, float)) and not isinstance(a, bool):
             return p.call("scalar", ctx.operand(b), kind, float(a), reverse=True)
+        if kind in ("add", "mul") and _row_broadcast(node, a):
+            # The IR's own `add`/`mul` where their rule fits (every runtime has them).
+            return p.call(kind, ctx.operand(a), ctx.operand(b))
         return p.call("binary", ctx.operand(a), ctx.operand(b), kind)
 
     return fn
+
+
+def _row_broadcast(node: Any, a: Any) -> bool:
+    """Whether `a op b` fits `add`/`mul`'s rule: `a` a computed value (a `Ref`: lowered values
+    are activations; constants are `Weight`s), `b` of `a`'s shape or one row of it."""
+    if not isinstance(a, Ref):
+        return False
+    sa, out = _in_shape(node, 0), shape_of(node)
+    sb = _in_shape(node, 1)
+    return sa == out and bool(sa) and (sb == sa or sb == sa[-1:])
 
 
 for _name, _kind in _ARITH.items():
