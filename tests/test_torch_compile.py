@@ -117,6 +117,11 @@ def test_shape_and_dtype_are_specialized():
         compiled(torch.randn(3, 12, dtype=torch.float64))
     with pytest.raises(UnsupportedFeatureError, match="2 inputs"):
         compiled(torch.randn(3, 12), torch.randn(3, 12))
+    with pytest.raises(UnsupportedFeatureError, match="expected a torch tensor or numpy array"):
+        compiled([1.0] * 12)
+    # A numpy array of the example's shape and dtype is taken as the tensor would be.
+    x = torch.randn(3, 12)
+    np.testing.assert_array_equal(compiled(x.numpy()).cpu(), compiled(x).cpu())
 
 
 class Cumsum(nn.Module):
@@ -226,3 +231,15 @@ def test_casts_are_refused_with_the_dtypes():
 
     with pytest.raises(UnsupportedOpError, match="float32 to torch.float16"):
         poot.compile(Cast(), (torch.randn(2, 3),))
+
+
+def test_from_arrays_refuses_what_it_cannot_hold_in_place():
+    native = poot._native
+    with pytest.raises(TypeError, match="int64"):
+        native.Weights.from_arrays({"a": np.zeros(3, np.int64)})
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        native.Weights.from_arrays({"a": np.zeros((3, 4), np.float32).T})
+    with pytest.raises(TypeError, match="bf16"):
+        native.Weights.from_arrays({"a": np.zeros(3, np.float32)}, dtypes={"a": "bf16"})
+    ok = native.Weights.from_arrays({"a": np.zeros(3, np.float16)})
+    assert ok.describe("a") == ("F16", (3,)) and ok.total_bytes == 6

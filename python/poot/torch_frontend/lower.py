@@ -288,8 +288,12 @@ def numpy_input(name: str, value: Any, dtype: str, shape: tuple[int, ...]) -> np
     ``UnsupportedFeatureError`` saying what differs from the example input."""
     import torch
 
+    if isinstance(value, np.ndarray):
+        value = torch.from_numpy(value)
     if not isinstance(value, torch.Tensor):
-        raise UnsupportedFeatureError(f"input {name!r}: expected a tensor, got {type(value)}")
+        raise UnsupportedFeatureError(
+            f"input {name!r}: expected a torch tensor or numpy array, got {type(value).__name__}"
+        )
     got_shape = tuple(int(d) for d in value.shape)
     if got_shape != shape:
         raise UnsupportedFeatureError(
