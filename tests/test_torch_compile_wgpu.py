@@ -2,8 +2,10 @@
 CPU runtime loaded there: device choice happens at load, not in the file.
 
 Bound: within 1e-5 absolute of torch eager (float32): linear layers (the IR's `matmul` and
-`add`), SiLU, tanh-GELU, softmax, reshapes. The general tensor ops (relu, layer norm, ...) have
-no WGSL kernels yet, and preparing a graph that holds one is a typed `UnsupportedOpError`.
+`add`), SiLU, tanh-GELU, softmax, reshapes; the `unary` and `scalar` ops within 1e-6 relative
+plus 2e-6 absolute. The other general tensor ops (layer norm, broadcasting binaries, permutes,
+batched matmuls, reductions, the causal mask) have no WGSL kernels yet, and preparing a graph
+that holds one is a typed `UnsupportedOpError`.
 """
 
 from __future__ import annotations
@@ -55,7 +57,39 @@ def test_mlp_on_wgpu_and_a_cpu_artifact_loaded_there(wgpu, tmp_path):
     np.testing.assert_allclose(loaded(x).cpu(), want, rtol=0, atol=1e-5)
 
 
+class Fn(nn.Module):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+# The IR's `unary` and `scalar` ops run in eltwise.wgsl: shader exp/tanh/sqrt (lavapipe's are
+# within a few ulp), erf from a polynomial (1.5e-7 absolute).
+ELTWISE = {
+    "relu": torch.relu,
+    "gelu_erf": F.gelu,
+    "tanh_sigmoid": lambda x: torch.tanh(x) + torch.sigmoid(x),
+    "neg_exp": lambda x: -torch.exp(x),
+    "sqrt_rsqrt_abs": lambda x: torch.sqrt(x.abs()) + torch.rsqrt(x.abs() + 1.0),
+    "scalars": lambda x: ((2.0 - x) * 0.5 + 3.0) / 4.0 - 1.0 + 1.0 / (x.abs() + 1.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ELTWISE))
+def test_eltwise_ops_on_wgpu(wgpu, name):
+    torch.manual_seed(9)
+    m = Fn(ELTWISE[name]).eval()
+    x = torch.randn(3, 70) * 3
+    with torch.no_grad():
+        want = m(x).numpy()
+    got = poot.compile(m, (x,), runtime=wgpu)(x).cpu()
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=2e-6)
+
+
 def test_an_op_without_a_wgsl_kernel_is_a_typed_error(wgpu):
-    m = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval()
-    with pytest.raises(UnsupportedOpError, match="relu"):
+    m = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4)).eval()
+    with pytest.raises(UnsupportedOpError, match="layer_norm"):
         poot.compile(m, (torch.randn(2, 4),), runtime=wgpu)

@@ -75,12 +75,11 @@ pub(crate) fn supports(f64: bool, op: &str) -> bool {
     }
 }
 
-/// `Op::Unary`, `Binary`, `Scalar`, `LayerNorm`, `Permute`, `BatchMatMul` and `CausalMask`
-/// by name (CPU only so far).
+/// `Op::Binary`, `Reduce`, `LayerNorm`, `Permute`, `BatchMatMul` and `CausalMask` by name (CPU
+/// only so far; `Unary` and `Scalar` run in eltwise.wgsl).
 fn is_tensor_op(op: &str) -> bool {
     op.starts_with("binary_")
-        || op.starts_with("scalar_")
-        || poot_graph::UnaryKind::ALL.iter().any(|k| k.name() == op)
+        || op.starts_with("reduce_")
         || matches!(
             op,
             "layer_norm" | "permute" | "batch_matmul" | "causal_mask"
@@ -118,7 +117,11 @@ fn kernels_of(rt: &WgpuRuntime, graph: &Graph, op: &Op) -> Vec<(Kernel, DType)> 
         Op::Add { b, .. } | Op::Mul { b, .. } => {
             [deq(*b), vec![(Kernel::Eltwise, DType::F32)]].concat()
         }
-        Op::Silu { .. } | Op::Gelu { .. } | Op::Softcap { .. } => {
+        Op::Silu { .. }
+        | Op::Gelu { .. }
+        | Op::Softcap { .. }
+        | Op::Unary { .. }
+        | Op::Scalar { .. } => {
             vec![(Kernel::Eltwise, DType::F32)]
         }
         Op::Softmax { .. } => vec![(Kernel::Softmax, DType::F32)],
@@ -141,9 +144,7 @@ fn kernels_of(rt: &WgpuRuntime, graph: &Graph, op: &Op) -> Vec<(Kernel, DType)> 
         Op::Logprobs { .. } => vec![(Kernel::Logprobs, DType::F32)],
         Op::Input { .. } | Op::Weight { .. } | Op::Literal { .. } | Op::Reshape { .. } => vec![],
         Op::GatherCols { .. } | Op::MoeMatMul { .. } | Op::MoeCombine { .. } => vec![],
-        Op::Unary { .. }
-        | Op::Binary { .. }
-        | Op::Scalar { .. }
+        Op::Binary { .. }
         | Op::LayerNorm { .. }
         | Op::Permute { .. }
         | Op::Reduce { .. }

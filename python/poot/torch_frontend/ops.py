@@ -363,6 +363,11 @@ def _masked_fill(ctx: Ctx, node: Any, x: Any, mask: Any, value: float) -> Ref:
     return ctx.program.call("binary", ctx.operand(x), ctx.weight(w), "add")
 
 
+@_reg("aten.reciprocal.default")
+def _reciprocal(ctx: Ctx, node: Any, x: Any) -> Ref:
+    return ctx.program.call("scalar", ctx.operand(x), "div", 1.0, reverse=True)
+
+
 @_reg("aten.pow.Tensor_Scalar")
 def _pow(ctx: Ctx, node: Any, x: Any, exponent: float) -> Ref:
     v = ctx.operand(x)

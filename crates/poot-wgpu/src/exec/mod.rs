@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use poot_core::DType;
-use poot_graph::{Op, ValueId};
+use poot_graph::{BinaryKind, Op, UnaryKind, ValueId};
 use poot_runtime::{HostTensor, LateInput, RuntimeError};
 
 use crate::kernels::Kernel;
@@ -448,6 +448,23 @@ impl<'a> Exec<'a> {
                 )?;
                 out
             }
+            Op::Unary { x, kind } => {
+                // eltwise.wgsl codes 6.. in `UnaryKind::ALL` order.
+                let k = UnaryKind::ALL.iter().position(|u| u == kind).unwrap_or(0) as u32;
+                self.eltwise1(*x, op.name(), numel, out_bytes, 1, 6 + k)?
+            }
+            Op::Scalar {
+                x,
+                kind,
+                value,
+                reverse,
+            } => {
+                // eltwise.wgsl codes 32..: 32 + 2 * (BinaryKind::ALL index) + reverse; the
+                // scalar's bits ride in `bn`.
+                let k = BinaryKind::ALL.iter().position(|b| b == kind).unwrap_or(0) as u32;
+                let code = 32 + 2 * k + u32::from(*reverse);
+                self.eltwise1(*x, op.name(), numel, out_bytes, value.to_bits(), code)?
+            }
             Op::Softmax { x } => {
                 let d = *info.shape.last().unwrap_or(&1);
                 let rows = numel / d.max(1);
@@ -577,9 +594,7 @@ impl<'a> Exec<'a> {
             | Op::GatherCols { .. }
             | Op::MoeMatMul { .. }
             | Op::MoeCombine { .. }
-            | Op::Unary { .. }
             | Op::Binary { .. }
-            | Op::Scalar { .. }
             | Op::LayerNorm { .. }
             | Op::Permute { .. }
             | Op::Reduce { .. }
@@ -589,5 +604,31 @@ impl<'a> Exec<'a> {
                 return Err(kernel_err(op.name(), "no wgpu kernel".into()));
             }
         }))
+    }
+}
+
+impl Exec<'_> {
+    /// One eltwise.wgsl dispatch over `x` alone (`b` bound to `x` too) with `bn` and `code`.
+    fn eltwise1(
+        &mut self,
+        x: ValueId,
+        op: &'static str,
+        numel: usize,
+        out_bytes: u64,
+        bn: u32,
+        code: u32,
+    ) -> Result<Arc<wgpu::Buffer>, RuntimeError> {
+        let out = self.alloc(out_bytes);
+        let xb = self.buf(x, op)?;
+        let (grid, lanes_x) = lane_grid(numel);
+        let words = [numel as u32, bn, code, lanes_x];
+        self.dispatch(
+            Kernel::Eltwise,
+            DType::F32,
+            vec![xb.clone(), xb, out.clone()],
+            &words,
+            grid,
+        )?;
+        Ok(out)
     }
 }
