@@ -48,6 +48,11 @@ pub(crate) enum Kernel {
     TopK,
     Logprobs,
     Stall,
+    /// Broadcasting binaries, permutes and the causal mask of lowered torch graphs.
+    Strided,
+    Bmm,
+    LayerNorm,
+    Reduce,
 }
 
 impl Kernel {
@@ -77,6 +82,10 @@ impl Kernel {
             Kernel::TopK => "top_k",
             Kernel::Logprobs => "logprobs",
             Kernel::Stall => "stall",
+            Kernel::Strided => "strided",
+            Kernel::Bmm => "bmm",
+            Kernel::LayerNorm => "layer_norm",
+            Kernel::Reduce => "reduce",
         }
     }
 
@@ -106,6 +115,10 @@ impl Kernel {
             Kernel::TopK => include_str!("../../../shaders/wgsl/top_k.wgsl"),
             Kernel::Logprobs => include_str!("../../../shaders/wgsl/logprobs.wgsl"),
             Kernel::Stall => include_str!("../../../shaders/wgsl/stall.wgsl"),
+            Kernel::Strided => include_str!("../../../shaders/wgsl/strided.wgsl"),
+            Kernel::Bmm => include_str!("../../../shaders/wgsl/bmm.wgsl"),
+            Kernel::LayerNorm => include_str!("../../../shaders/wgsl/layer_norm.wgsl"),
+            Kernel::Reduce => include_str!("../../../shaders/wgsl/reduce.wgsl"),
         }
     }
 

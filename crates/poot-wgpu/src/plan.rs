@@ -69,21 +69,8 @@ pub(crate) fn supports(f64: bool, op: &str) -> bool {
     match op {
         "adjust_logits" | "mask_logits" | "top_k" | "logprobs" => f64,
         "gather_cols" | "moe_matmul" | "moe_combine" => false,
-        // The general tensor ops of lowered torch graphs have no WGSL kernel yet.
-        op if is_tensor_op(op) => false,
         _ => true,
     }
-}
-
-/// `Op::Binary`, `Reduce`, `LayerNorm`, `Permute`, `BatchMatMul` and `CausalMask` by name (CPU
-/// only so far; `Unary` and `Scalar` run in eltwise.wgsl).
-fn is_tensor_op(op: &str) -> bool {
-    op.starts_with("binary_")
-        || op.starts_with("reduce_")
-        || matches!(
-            op,
-            "layer_norm" | "permute" | "batch_matmul" | "causal_mask"
-        )
 }
 
 fn invalid(detail: String) -> RuntimeError {
@@ -144,12 +131,23 @@ fn kernels_of(rt: &WgpuRuntime, graph: &Graph, op: &Op) -> Vec<(Kernel, DType)> 
         Op::Logprobs { .. } => vec![(Kernel::Logprobs, DType::F32)],
         Op::Input { .. } | Op::Weight { .. } | Op::Literal { .. } | Op::Reshape { .. } => vec![],
         Op::GatherCols { .. } | Op::MoeMatMul { .. } | Op::MoeCombine { .. } => vec![],
-        Op::Binary { .. }
-        | Op::LayerNorm { .. }
-        | Op::Permute { .. }
-        | Op::Reduce { .. }
-        | Op::BatchMatMul { .. }
-        | Op::CausalMask { .. } => vec![],
+        Op::Binary { a, b, .. } | Op::BatchMatMul { a, b } => {
+            let k = if matches!(op, Op::Binary { .. }) {
+                Kernel::Strided
+            } else {
+                Kernel::Bmm
+            };
+            [deq(*a), deq(*b), vec![(k, DType::F32)]].concat()
+        }
+        Op::Permute { x, .. } => [deq(*x), vec![(Kernel::Strided, DType::F32)]].concat(),
+        Op::CausalMask { .. } => vec![(Kernel::Strided, DType::F32)],
+        Op::Reduce { .. } => vec![(Kernel::Reduce, DType::F32)],
+        Op::LayerNorm { weight, bias, .. } => [
+            weight.map(deq).unwrap_or_default(),
+            bias.map(deq).unwrap_or_default(),
+            vec![(Kernel::LayerNorm, DType::F32)],
+        ]
+        .concat(),
     }
 }
 

@@ -17,8 +17,8 @@ use common::compare::{assert_close, compare, cpu, f32s, i32s, open};
 use common::{packed, Rng, Store};
 use poot_core::{DType, Deadline};
 use poot_graph::{
-    AttentionConfig, AttentionMeta, BinaryKind, CompileLimits, RopeConfig, RopeScaling, RopeStyle,
-    TraceLimits, Tracer, UnaryKind, WeightCatalog,
+    AttentionConfig, AttentionMeta, CompileLimits, RopeConfig, RopeScaling, RopeStyle, TraceLimits,
+    Tracer, WeightCatalog,
 };
 use poot_runtime::{KvCacheConfig, Runtime};
 use poot_wgpu::WgpuOptions;
@@ -203,49 +203,6 @@ fn norm_and_elementwise_ops() {
             (1e-6, 1e-5),
         );
     }
-}
-
-/// The IR's `unary` kinds and `scalar` ops (eltwise.wgsl codes 6.. and 32..): shader exp,
-/// tanh and sqrt differ from the CPU's libm by ulps, GELU's erf is a polynomial (1.5e-7
-/// absolute), so 2e-6 absolute plus 1e-6 relative.
-#[test]
-fn unary_and_scalar_ops() {
-    let Some(rt) = open(WgpuOptions::default()) else {
-        return;
-    };
-    let mut rng = Rng(12);
-    let (t, d) = (3, 70);
-    let x = f32s(vec![t, d], rng.vec(t * d).iter().map(|v| 4.0 * v).collect());
-    compare(
-        &rt,
-        "unary/scalar",
-        Store::default(),
-        t,
-        |tr| {
-            let x = tr.input("x", DType::F32, vec![t, d]).unwrap();
-            let a = tr.unary(x, UnaryKind::Abs).unwrap();
-            let mut outs: Vec<(&'static str, _)> = UnaryKind::ALL
-                .iter()
-                .map(|&k| {
-                    // sqrt and rsqrt of |x| (NaN for negatives compares unequal).
-                    let on = if matches!(k, UnaryKind::Sqrt | UnaryKind::Rsqrt) {
-                        a
-                    } else {
-                        x
-                    };
-                    (k.name(), tr.unary(on, k).unwrap())
-                })
-                .collect();
-            for k in BinaryKind::ALL {
-                outs.push((k.scalar_name(), tr.scalar(x, k, 1.75, false).unwrap()));
-                let r = tr.scalar(x, k, -0.5, true).unwrap();
-                outs.push((k.binary_name(), r));
-            }
-            outs
-        },
-        &[("x", x)],
-        (2e-6, 1e-6),
-    );
 }
 
 #[test]

@@ -25,6 +25,7 @@ mod attention_sample;
 mod matmul_q8;
 mod recorded;
 mod sampling;
+mod tensor;
 
 pub(crate) use recorded::{tensor_bytes, Dispatch, HostRow, LateSlot, Recorded, StepInputs};
 
@@ -465,6 +466,12 @@ impl<'a> Exec<'a> {
                 let code = 32 + 2 * k + u32::from(*reverse);
                 self.eltwise1(*x, op.name(), numel, out_bytes, value.to_bits(), code)?
             }
+            Op::Binary { .. }
+            | Op::LayerNorm { .. }
+            | Op::Permute { .. }
+            | Op::Reduce { .. }
+            | Op::BatchMatMul { .. }
+            | Op::CausalMask { .. } => self.tensor_op(op, i)?,
             Op::Softmax { x } => {
                 let d = *info.shape.last().unwrap_or(&1);
                 let rows = numel / d.max(1);
@@ -593,42 +600,10 @@ impl<'a> Exec<'a> {
             | Op::Logprobs { .. }
             | Op::GatherCols { .. }
             | Op::MoeMatMul { .. }
-            | Op::MoeCombine { .. }
-            | Op::Binary { .. }
-            | Op::LayerNorm { .. }
-            | Op::Permute { .. }
-            | Op::Reduce { .. }
-            | Op::BatchMatMul { .. }
-            | Op::CausalMask { .. } => {
+            | Op::MoeCombine { .. } => {
                 // `compile` refuses these (see `plan::supports`).
                 return Err(kernel_err(op.name(), "no wgpu kernel".into()));
             }
         }))
-    }
-}
-
-impl Exec<'_> {
-    /// One eltwise.wgsl dispatch over `x` alone (`b` bound to `x` too) with `bn` and `code`.
-    fn eltwise1(
-        &mut self,
-        x: ValueId,
-        op: &'static str,
-        numel: usize,
-        out_bytes: u64,
-        bn: u32,
-        code: u32,
-    ) -> Result<Arc<wgpu::Buffer>, RuntimeError> {
-        let out = self.alloc(out_bytes);
-        let xb = self.buf(x, op)?;
-        let (grid, lanes_x) = lane_grid(numel);
-        let words = [numel as u32, bn, code, lanes_x];
-        self.dispatch(
-            Kernel::Eltwise,
-            DType::F32,
-            vec![xb.clone(), xb, out.clone()],
-            &words,
-            grid,
-        )?;
-        Ok(out)
     }
 }
