@@ -2,7 +2,8 @@
 
 ``poot.compile(module, example_inputs)`` lands here (``compile_module``): export, lowering of
 the aten graph to tracer calls (``lower.py``, ``ops.py``), tracing under ``TraceLimits`` and
-preparing under ``CompileLimits`` on the CPU runtime (``module.py``). torch is imported only
+preparing under ``CompileLimits`` on the CPU runtime or the one given as ``runtime=``
+(``module.py``). torch is imported only
 when a module is compiled; the rest of poot never needs it. docs/compiling-modules.md has the
 op table.
 """

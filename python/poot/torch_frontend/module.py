@@ -1,5 +1,6 @@
-"""``CompiledModule``: a ``torch.nn.Module`` specialized to its example inputs on poot's CPU
-runtime, and its portable artifact (``save`` / ``load``).
+"""``CompiledModule``: a ``torch.nn.Module`` specialized to its example inputs on a poot
+runtime (the CPU's by default; ``runtime=`` takes another, e.g. a ``WgpuRuntime``), and its
+portable artifact (``save`` / ``load``).
 
 Invariants: a compiled module accepts exactly the example inputs' shapes and dtypes (anything
 else is ``UnsupportedFeatureError`` saying what differed); its graph is traced under the
