@@ -23,21 +23,25 @@ if TYPE_CHECKING:
     from poot.planner import CompileConfig, CompiledModel, compile
     from poot.sampling import SamplingParams
     from poot.tokenizer import Tokenizer, load_tokenizer
+    from poot.torch_frontend import CompiledModule, PootTensor, load
 
 __all__ = [
     "LLM",
     "AsyncEngine",
     "CompileConfig",
     "CompiledModel",
+    "CompiledModule",
     "CompletionOutput",
     "DriverOptions",
     "ModelFiles",
+    "PootTensor",
     "RequestOutput",
     "SamplingParams",
     "StreamOutput",
     "Tokenizer",
     "__version__",
     "compile",
+    "load",
     "load_model_files",
     "load_tokenizer",
 ]
@@ -55,6 +59,9 @@ _LAZY = {
     "load_model_files": ("poot.checkpoints", "resolve_model_files"),
     "Tokenizer": ("poot.tokenizer", "Tokenizer"),
     "load_tokenizer": ("poot.tokenizer", "load_tokenizer"),
+    "load": ("poot.torch_frontend", "load"),
+    "PootTensor": ("poot.torch_frontend", "PootTensor"),
+    "CompiledModule": ("poot.torch_frontend", "CompiledModule"),
     "compile": ("poot.planner", "compile"),
     "CompileConfig": ("poot.planner", "CompileConfig"),
     "CompiledModel": ("poot.planner", "CompiledModel"),

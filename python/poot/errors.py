@@ -298,6 +298,34 @@ class UnsupportedOpError(CompileError):
         self.op = op
 
 
+class UnsupportedTorchOpError(UnsupportedOpError):
+    """A ``torch.export`` graph holds an op poot cannot lower.
+
+    Attributes:
+        op: the aten op (``aten.cumsum.default``).
+        module_path: where it sits in the module tree ("" for the root module).
+    """
+
+    hint = "See docs/compiling-modules.md for the ops that lower; rewrite or split the module."
+
+    def __init__(self, message: str, *, op: str = "", module_path: str = "") -> None:
+        super().__init__(message, backend="torch", op=op)
+        self.module_path = module_path
+
+
+class UnsupportedFeatureError(PootError, ValueError):
+    """A call asks for something the compiled object does not do (another input shape or
+    dtype than it was specialized for, an unsupported input type)."""
+
+    hint = "Compile another artifact for these inputs."
+
+
+class ArtifactFormatError(PootError, ValueError):
+    """A file given to ``poot.load`` is not a readable poot artifact (corrupt or foreign)."""
+
+    hint = "Load a file written by CompiledModule.save with this poot version, or compile again."
+
+
 class PreparedEntryLimitError(PootError, RuntimeError):
     """A prepared (compiled step-shape) entry would pass a limit of the prepared cache.
 

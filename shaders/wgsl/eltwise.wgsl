@@ -1,4 +1,7 @@
 // Elementwise ops over f32: 0 add, 1 mul (b broadcast by `i % bn`), 2 silu, 3 gelu (tanh), 5 softcap,
+// 6.. the IR's `Unary` kinds in `UnaryKind::ALL` order (relu, gelu_erf, tanh, sigmoid, neg, exp,
+// sqrt, rsqrt, abs), 32.. its `Scalar` ops: 32 + 2 * kind (add, sub, mul, div) + reverse, the
+// scalar's bits in `bn`;
 // 4 silu with ggml's vector expf (ggml numerics: the CPU runtime's ggml::expf, lane for lane,
 // so SiLU outputs match ggml's where `fma` is fused instead of differing by the shader exp's
 // ulps, which the Q8 quantization of the next matmul would amplify).
@@ -23,12 +26,45 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
             r = tanh(clamp(v * (1.0 / c), -10.0, 10.0)) * c;
         }
         case 2u: { r = v / (1.0 + exp(-v)); }
+        case 6u: { r = select(v, 0.0, v < 0.0); }
+        case 7u: { r = gelu_erf(v); }
+        case 8u: { r = tanh(v); }
+        case 9u: { r = 1.0 / (1.0 + exp(-v)); }
+        case 10u: { r = -v; }
+        case 11u: { r = exp(v); }
+        case 12u: { r = sqrt(v); }
+        case 13u: { r = 1.0 / sqrt(v); }
+        case 14u: { r = abs(v); }
+        case 32u, 33u, 34u, 35u, 36u, 37u, 38u, 39u: {
+            let c = bitcast<f32>(p.bn);
+            var l = v;
+            var rr = c;
+            if ((p.op & 1u) == 1u) { l = c; rr = v; }
+            switch (p.op - 32u) / 2u {
+                case 0u: { r = l + rr; }
+                case 1u: { r = l - rr; }
+                case 2u: { r = l * rr; }
+                default: { r = l / rr; }
+            }
+        }
         case 4u: { r = v / (1.0 + ggml_expf(0.0 - v)); }
         default: {
             r = 0.5 * v * (1.0 + tanh(0.7978845608 * (v + 0.044715 * v * v * v)));
         }
     }
     y[i] = r;
+}
+
+// Exact GELU 0.5 x (1 + erf(x / sqrt 2)) with erf from Abramowitz & Stegun 7.1.26 (absolute
+// error below 1.5e-7, so within about 2e-7 |x| of the CPU's f64-rounded value); WGSL has no erf.
+fn gelu_erf(x: f32) -> f32 {
+    let z = abs(x) * 0.70710678118654752;
+    let t = 1.0 / (1.0 + 0.3275911 * z);
+    let poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027
+        + t * 1.061405429))));
+    // erfc(|z|) ~ poly * exp(-z^2): for x < 0, 1 + erf(z) is that tail itself (no cancelling).
+    let tail = poly * exp(-z * z);
+    return 0.5 * x * select(2.0 - tail, tail, x < 0.0);
 }
 
 // One lane of ggml's AVX2 ggml_v_expf (ARM optimized-routines expf); see poot-cpu's ggml.rs.

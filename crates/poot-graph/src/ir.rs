@@ -8,6 +8,8 @@
 
 use poot_core::DType;
 
+pub use crate::kinds::{broadcast_shape, BinaryKind, ReduceKind, UnaryKind};
+
 /// An SSA value: the index of the equation that defines it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ValueId(pub u32);
@@ -266,6 +268,54 @@ pub enum Op {
         meta: AttentionMeta,
         cfg: AttentionConfig,
     },
+    /// Elementwise `kind(x)` over an f32 activation (see `UnaryKind`).
+    Unary {
+        x: ValueId,
+        kind: UnaryKind,
+    },
+    /// `a kind b` with numpy broadcasting (`broadcast_shape`); either operand may be a stored
+    /// float weight or an f32 activation.
+    Binary {
+        a: ValueId,
+        b: ValueId,
+        kind: BinaryKind,
+    },
+    /// `x kind value` elementwise (`reverse`: `value kind x`).
+    Scalar {
+        x: ValueId,
+        kind: BinaryKind,
+        value: f32,
+        reverse: bool,
+    },
+    /// Layer norm over the last dim: `(x - mean) / sqrt(var + eps)` (biased variance), times
+    /// `weight` [D] and plus `bias` [D] where given.
+    LayerNorm {
+        x: ValueId,
+        weight: Option<ValueId>,
+        bias: Option<ValueId>,
+        eps: f32,
+    },
+    /// `kind` over the last dim of `x` [.., D] -> [.., 1] (the dim kept, as `keepdim=True`).
+    Reduce {
+        x: ValueId,
+        kind: ReduceKind,
+    },
+    /// Axes of `x` reordered: output axis `i` is input axis `perm[i]` (a copy).
+    Permute {
+        x: ValueId,
+        perm: Vec<usize>,
+    },
+    /// `a` [.., M, K] times `b` [.., K, N] -> [.., M, N]; both f32 (activations or stored
+    /// f32 weights), batch dims broadcast like `Binary`.
+    BatchMatMul {
+        a: ValueId,
+        b: ValueId,
+    },
+    /// Over the last two dims [M, N]: element (i, j) becomes -inf where `j > i + N - M` (a
+    /// causal attention mask, the last query row seeing every key).
+    CausalMask {
+        x: ValueId,
+    },
     Reshape {
         x: ValueId,
         shape: Vec<usize>,
@@ -348,6 +398,14 @@ impl Op {
             Op::MaskLogits { .. } => "mask_logits",
             Op::TopK { .. } => "top_k",
             Op::Logprobs { .. } => "logprobs",
+            Op::Unary { kind, .. } => kind.name(),
+            Op::Binary { kind, .. } => kind.binary_name(),
+            Op::Scalar { kind, .. } => kind.scalar_name(),
+            Op::LayerNorm { .. } => "layer_norm",
+            Op::Permute { .. } => "permute",
+            Op::Reduce { kind, .. } => kind.name(),
+            Op::BatchMatMul { .. } => "batch_matmul",
+            Op::CausalMask { .. } => "causal_mask",
         }
     }
 
@@ -398,6 +456,15 @@ impl Op {
             Op::MaskLogits { logits, mask } => vec![*logits, *mask],
             Op::TopK { x, .. } => vec![*x],
             Op::Logprobs { logits, ids } => vec![*logits, *ids],
+            Op::Unary { x, .. }
+            | Op::Scalar { x, .. }
+            | Op::Permute { x, .. }
+            | Op::Reduce { x, .. }
+            | Op::CausalMask { x } => vec![*x],
+            Op::Binary { a, b, .. } | Op::BatchMatMul { a, b } => vec![*a, *b],
+            Op::LayerNorm {
+                x, weight, bias, ..
+            } => std::iter::once(*x).chain(*weight).chain(*bias).collect(),
         }
     }
 
@@ -482,6 +549,26 @@ impl Op {
             Op::Logprobs { logits, ids } => {
                 *logits = f(*logits);
                 *ids = f(*ids);
+            }
+            Op::Unary { x, .. }
+            | Op::Scalar { x, .. }
+            | Op::Permute { x, .. }
+            | Op::Reduce { x, .. }
+            | Op::CausalMask { x } => *x = f(*x),
+            Op::Binary { a, b, .. } | Op::BatchMatMul { a, b } => {
+                *a = f(*a);
+                *b = f(*b);
+            }
+            Op::LayerNorm {
+                x, weight, bias, ..
+            } => {
+                *x = f(*x);
+                if let Some(w) = weight {
+                    *w = f(*w);
+                }
+                if let Some(b) = bias {
+                    *b = f(*b);
+                }
             }
         }
         op

@@ -6,18 +6,20 @@
 
 pub mod error;
 pub mod ir;
+mod kinds;
 pub mod limits;
 pub mod passes;
 pub mod tracer;
 
 pub use error::{CompileError, TraceError};
 pub use ir::{
-    AdjustInputs, AttentionConfig, AttentionMeta, Graph, Op, RopeConfig, RopeScaling, RopeStyle,
-    SampleInputs, ValueId, ValueInfo, MAX_ROPE_FACTORS,
+    broadcast_shape, AdjustInputs, AttentionConfig, AttentionMeta, BinaryKind, Graph, Op,
+    ReduceKind, RopeConfig, RopeScaling, RopeStyle, SampleInputs, UnaryKind, ValueId, ValueInfo,
+    MAX_ROPE_FACTORS,
 };
 pub use limits::{CompileLimits, Resource, TraceLimits};
 pub use passes::{run_passes, validate, DeadCodeElimination, Emitter, Pass};
-pub use tracer::{Tracer, Usage, WeightCatalog};
+pub use tracer::{Tracer, Usage, WeightCatalog, MAX_RANK};
 
 #[cfg(test)]
 mod tests;

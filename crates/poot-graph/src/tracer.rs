@@ -16,6 +16,9 @@ use crate::limits::{Resource, TraceLimits};
 
 mod moe;
 mod sample;
+mod tensor;
+
+pub use tensor::MAX_RANK;
 
 /// Where the tracer looks up stored tensors: dtype and row-major shape by name.
 pub trait WeightCatalog: Send + Sync {

@@ -119,6 +119,18 @@ fn attrs<'py>(py: Python<'py>, op: &Op) -> PyResult<Bound<'py, PyDict>> {
         }
         Op::Concat { axis, .. } => d.set_item("axis", axis)?,
         Op::TopK { k, .. } => d.set_item("k", k)?,
+        Op::Scalar { value, reverse, .. } => {
+            d.set_item("value", value)?;
+            d.set_item("reverse", reverse)?;
+        }
+        Op::LayerNorm {
+            eps, weight, bias, ..
+        } => {
+            d.set_item("eps", eps)?;
+            d.set_item("weight", weight.is_some())?;
+            d.set_item("bias", bias.is_some())?;
+        }
+        Op::Permute { perm, .. } => d.set_item("perm", PyTuple::new(py, perm)?)?,
         _ => {}
     }
     Ok(d)
@@ -156,6 +168,9 @@ fn attr_text(op: &Op) -> String {
         } => format!(" axis={axis} {start}..{end}"),
         Op::Concat { axis, .. } => format!(" axis={axis}"),
         Op::TopK { k, .. } => format!(" k={k}"),
+        Op::Scalar { value, reverse, .. } => format!(" value={value} reverse={reverse}"),
+        Op::LayerNorm { eps, .. } => format!(" eps={eps}"),
+        Op::Permute { perm, .. } => format!(" perm={perm:?}"),
         _ => String::new(),
     }
 }

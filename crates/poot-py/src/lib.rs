@@ -8,6 +8,7 @@
 
 use pyo3::prelude::*;
 
+mod arrays;
 mod cuda;
 mod engine;
 mod errors;
@@ -16,6 +17,7 @@ mod gil;
 mod graph;
 mod late;
 mod limits;
+mod rope_args;
 mod runtime;
 mod tokenize;
 mod tracer;

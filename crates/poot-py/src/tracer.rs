@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use poot_core::DType;
 use poot_graph::{
-    AdjustInputs, AttentionConfig, AttentionMeta, RopeConfig, RopeScaling, RopeStyle, SampleInputs,
-    Tracer, ValueId, ValueInfo, MAX_ROPE_FACTORS,
+    AdjustInputs, AttentionConfig, AttentionMeta, ReduceKind, RopeConfig, RopeStyle, SampleInputs,
+    Tracer, UnaryKind, ValueId, ValueInfo,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -19,6 +19,7 @@ use pyo3::types::{PyDict, PyTuple};
 use crate::errors::{trace_error, trace_error_kind};
 use crate::graph::PyGraph;
 use crate::limits::PyTraceLimits;
+use crate::rope_args::{bad_kind, binary_kind, parse_scaling};
 use crate::weights::PyWeights;
 
 /// A value in a trace: its id, dtype and shape. Only the tracer that made it accepts it.
@@ -78,74 +79,6 @@ fn parse_dtype(py: Python<'_>, dtype: &str) -> PyResult<DType> {
     }
 }
 
-fn dict_f32(d: &Bound<'_, PyDict>, key: &str, default: Option<f32>) -> PyResult<f32> {
-    match d.get_item(key)? {
-        Some(v) => v.extract(),
-        None => default.ok_or_else(|| {
-            pyo3::exceptions::PyKeyError::new_err(format!("rope scaling needs {key:?}"))
-        }),
-    }
-}
-
-fn parse_scaling(py: Python<'_>, scaling: Option<&Bound<'_, PyDict>>) -> PyResult<RopeScaling> {
-    let Some(d) = scaling else {
-        return Ok(RopeScaling::None);
-    };
-    let kind: String = match d.get_item("type")? {
-        Some(v) => v.extract()?,
-        None => "none".to_owned(),
-    };
-    let bad = |message: String| trace_error_kind(py, "shape", Some("rope"), None, message);
-    let wrap = |e: PyErr| bad(format!("rope scaling {kind:?}: {e}"));
-    match kind.as_str() {
-        "none" | "default" => Ok(RopeScaling::None),
-        "linear" => Ok(RopeScaling::Linear {
-            factor: dict_f32(d, "factor", None).map_err(wrap)?,
-        }),
-        "llama3" => {
-            let orig = match d.get_item("original_max_position")? {
-                Some(v) => Some(v),
-                None => d.get_item("original_max_position_embeddings")?,
-            };
-            let original_max_position: u32 = match orig {
-                Some(v) => v.extract().map_err(wrap)?,
-                None => {
-                    return Err(bad(
-                        "rope scaling \"llama3\" needs original_max_position".into()
-                    ))
-                }
-            };
-            Ok(RopeScaling::Llama3 {
-                factor: dict_f32(d, "factor", None).map_err(wrap)?,
-                low_freq_factor: dict_f32(d, "low_freq_factor", Some(1.0)).map_err(wrap)?,
-                high_freq_factor: dict_f32(d, "high_freq_factor", Some(4.0)).map_err(wrap)?,
-                original_max_position,
-            })
-        }
-        "factors" => {
-            let given: Vec<f32> = match d.get_item("factors")? {
-                Some(v) => v.extract().map_err(wrap)?,
-                None => return Err(bad("rope scaling \"factors\" needs factors".into())),
-            };
-            if given.len() > MAX_ROPE_FACTORS {
-                return Err(bad(format!(
-                    "rope scaling \"factors\": {} factors, at most {MAX_ROPE_FACTORS}",
-                    given.len()
-                )));
-            }
-            let mut factors = [1.0f32; MAX_ROPE_FACTORS];
-            factors[..given.len()].copy_from_slice(&given);
-            Ok(RopeScaling::Factors {
-                factors,
-                attn_factor: dict_f32(d, "attn_factor", Some(1.0)).map_err(wrap)?,
-            })
-        }
-        other => Err(bad(format!(
-            "rope scaling type {other:?} is not supported (none, linear, llama3, factors)"
-        ))),
-    }
-}
-
 impl PyTracer {
     fn tracer(&mut self, py: Python<'_>) -> PyResult<&mut Tracer> {
         self.inner.as_mut().ok_or_else(|| {
@@ -193,7 +126,7 @@ impl PyTracer {
         Ok(self.value(id, &info))
     }
 
-    fn unary(
+    fn unary_op(
         &mut self,
         py: Python<'_>,
         x: &PyValue,
@@ -203,7 +136,7 @@ impl PyTracer {
         self.rec(py, |t| f(t, x))
     }
 
-    fn binary(
+    fn binary_op(
         &mut self,
         py: Python<'_>,
         a: &PyValue,
@@ -298,7 +231,7 @@ impl PyTracer {
 
     /// Rows of a stored table [V, D] picked by ids [T] -> [T, D].
     fn embedding(&mut self, py: Python<'_>, table: &PyValue, ids: &PyValue) -> PyResult<PyValue> {
-        self.binary(py, table, ids, Tracer::embedding)
+        self.binary_op(py, table, ids, Tracer::embedding)
     }
 
     /// RMS norm over the last dim of `x`, times `weight` [D].
@@ -316,26 +249,26 @@ impl PyTracer {
 
     /// `x` [T, K] times a stored weight [N, K] -> [T, N].
     fn matmul(&mut self, py: Python<'_>, x: &PyValue, w: &PyValue) -> PyResult<PyValue> {
-        self.binary(py, x, w, Tracer::matmul)
+        self.binary_op(py, x, w, Tracer::matmul)
     }
 
     /// Elementwise; `b` is `a`'s shape or one row broadcast over `a`'s rows.
     fn add(&mut self, py: Python<'_>, a: &PyValue, b: &PyValue) -> PyResult<PyValue> {
-        self.binary(py, a, b, Tracer::add)
+        self.binary_op(py, a, b, Tracer::add)
     }
 
     /// Elementwise, broadcasting like `add`.
     fn mul(&mut self, py: Python<'_>, a: &PyValue, b: &PyValue) -> PyResult<PyValue> {
-        self.binary(py, a, b, Tracer::mul)
+        self.binary_op(py, a, b, Tracer::mul)
     }
 
     fn silu(&mut self, py: Python<'_>, x: &PyValue) -> PyResult<PyValue> {
-        self.unary(py, x, Tracer::silu)
+        self.unary_op(py, x, Tracer::silu)
     }
 
     /// tanh approximation.
     fn gelu(&mut self, py: Python<'_>, x: &PyValue) -> PyResult<PyValue> {
-        self.unary(py, x, Tracer::gelu)
+        self.unary_op(py, x, Tracer::gelu)
     }
 
     /// `x` [T, E] at `ids` [T, k] (i32) -> [T, k] (a router's weights of its chosen experts);
@@ -372,7 +305,7 @@ impl PyTracer {
 
     /// Over the last dim.
     fn softmax(&mut self, py: Python<'_>, x: &PyValue) -> PyResult<PyValue> {
-        self.unary(py, x, Tracer::softmax)
+        self.unary_op(py, x, Tracer::softmax)
     }
 
     /// Rotates `x` [T, n_heads * head_dim] by `positions` [T].
@@ -461,6 +394,86 @@ impl PyTracer {
         self.rec(py, |t| t.paged_attention(q, k, v, meta, cfg))
     }
 
+    /// `kind(x)` elementwise: "relu", "gelu_erf", "tanh", "sigmoid", "neg", "exp", "sqrt",
+    /// "rsqrt" or "abs".
+    fn unary(&mut self, py: Python<'_>, x: &PyValue, kind: &str) -> PyResult<PyValue> {
+        let k = UnaryKind::ALL.into_iter().find(|k| k.name() == kind);
+        let k = k.ok_or_else(|| bad_kind(py, "unary", kind))?;
+        let x = self.vid(py, x)?;
+        self.rec(py, |t| t.unary(x, k))
+    }
+
+    /// `a kind b` ("add", "sub", "mul", "div") with numpy broadcasting; either operand may be
+    /// a stored float weight.
+    fn binary(
+        &mut self,
+        py: Python<'_>,
+        a: &PyValue,
+        b: &PyValue,
+        kind: &str,
+    ) -> PyResult<PyValue> {
+        let k = binary_kind(py, "binary", kind)?;
+        let (a, b) = (self.vid(py, a)?, self.vid(py, b)?);
+        self.rec(py, |t| t.binary(a, b, k))
+    }
+
+    /// `x kind value` elementwise, or `value kind x` when `reverse`.
+    #[pyo3(signature = (x, kind, value, *, reverse=false))]
+    fn scalar(
+        &mut self,
+        py: Python<'_>,
+        x: &PyValue,
+        kind: &str,
+        value: f32,
+        reverse: bool,
+    ) -> PyResult<PyValue> {
+        let k = binary_kind(py, "scalar", kind)?;
+        let x = self.vid(py, x)?;
+        self.rec(py, |t| t.scalar(x, k, value, reverse))
+    }
+
+    /// Layer norm over the last dim, with optional `weight` and `bias` [D].
+    #[pyo3(signature = (x, weight, bias, eps))]
+    fn layer_norm(
+        &mut self,
+        py: Python<'_>,
+        x: &PyValue,
+        weight: Option<&PyValue>,
+        bias: Option<&PyValue>,
+        eps: f32,
+    ) -> PyResult<PyValue> {
+        let x = self.vid(py, x)?;
+        let w = weight.map(|w| self.vid(py, w)).transpose()?;
+        let b = bias.map(|b| self.vid(py, b)).transpose()?;
+        self.rec(py, |t| t.layer_norm(x, w, b, eps))
+    }
+
+    /// Axes reordered: output axis `i` is input axis `perm[i]`.
+    fn permute(&mut self, py: Python<'_>, x: &PyValue, perm: Vec<usize>) -> PyResult<PyValue> {
+        let x = self.vid(py, x)?;
+        self.rec(py, |t| t.permute(x, perm))
+    }
+
+    /// `a` [.., M, K] times `b` [.., K, N] -> [.., M, N], batch dims broadcast.
+    fn batch_matmul(&mut self, py: Python<'_>, a: &PyValue, b: &PyValue) -> PyResult<PyValue> {
+        self.binary_op(py, a, b, Tracer::batch_matmul)
+    }
+
+    /// "sum", "mean" or "max" over the last dim -> [.., 1].
+    fn reduce(&mut self, py: Python<'_>, x: &PyValue, kind: &str) -> PyResult<PyValue> {
+        let k = ReduceKind::ALL
+            .into_iter()
+            .find(|k| k.name().strip_prefix("reduce_") == Some(kind));
+        let k = k.ok_or_else(|| bad_kind(py, "reduce", kind))?;
+        let x = self.vid(py, x)?;
+        self.rec(py, |t| t.reduce(x, k))
+    }
+
+    /// -inf above the causal diagonal of the last two dims.
+    fn causal_mask(&mut self, py: Python<'_>, x: &PyValue) -> PyResult<PyValue> {
+        self.unary_op(py, x, Tracer::causal_mask)
+    }
+
     fn reshape(&mut self, py: Python<'_>, x: &PyValue, shape: Vec<usize>) -> PyResult<PyValue> {
         let x = self.vid(py, x)?;
         self.rec(py, |t| t.reshape(x, shape))
@@ -494,7 +507,7 @@ impl PyTracer {
 
     /// Rows of `x` [T, D] picked by `rows` [R] -> [R, D].
     fn gather_rows(&mut self, py: Python<'_>, x: &PyValue, rows: &PyValue) -> PyResult<PyValue> {
-        self.binary(py, x, rows, Tracer::gather_rows)
+        self.binary_op(py, x, rows, Tracer::gather_rows)
     }
 
     /// One token id per row of `logits` [S, V] -> [S] i32 (-1: no usable token), from
@@ -555,7 +568,7 @@ impl PyTracer {
         logits: &PyValue,
         mask: &PyValue,
     ) -> PyResult<PyValue> {
-        self.binary(py, logits, mask, Tracer::mask_logits)
+        self.binary_op(py, logits, mask, Tracer::mask_logits)
     }
 
     /// The ids of each row's `k` largest values -> [S, k] i32.
@@ -566,7 +579,7 @@ impl PyTracer {
 
     /// `log_softmax(logits)` at `ids` [S, K] -> [S, K] f32.
     fn logprobs(&mut self, py: Python<'_>, logits: &PyValue, ids: &PyValue) -> PyResult<PyValue> {
-        self.binary(py, logits, ids, Tracer::logprobs)
+        self.binary_op(py, logits, ids, Tracer::logprobs)
     }
 
     /// Names `v` as a graph output.

@@ -88,6 +88,19 @@ impl PyWeights {
         )))
     }
 
+    /// Tensors held in memory by Python (name -> C-contiguous numpy array; `dtypes` names a
+    /// tensor's dtype where numpy has none, "bf16" for 16-bit words). Nothing is copied: the
+    /// store holds each array's buffer, and its owner must not write it while a run reads it.
+    #[staticmethod]
+    #[pyo3(signature = (arrays, *, dtypes=None))]
+    fn from_arrays(
+        arrays: &Bound<'_, pyo3::types::PyDict>,
+        dtypes: Option<&Bound<'_, pyo3::types::PyDict>>,
+    ) -> PyResult<Self> {
+        let store = crate::arrays::ArrayWeights::from_arrays(arrays, dtypes)?;
+        Ok(Self::from_store(store, "<arrays>".into()))
+    }
+
     /// `(dtype, shape)` of a stored tensor, or None when there is no such tensor.
     fn describe<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Option<Bound<'py, PyTuple>>> {
         match self.catalog.describe(name) {

@@ -54,6 +54,11 @@ pub(crate) enum Kernel {
     TopKIds,
     GatherCols,
     MoeCombine,
+    /// Broadcasting binaries, permutes and the causal mask of lowered torch graphs.
+    Strided,
+    Bmm,
+    LayerNorm,
+    Reduce,
 }
 
 impl Kernel {
@@ -87,6 +92,10 @@ impl Kernel {
             Kernel::TopKIds => "top_k_ids",
             Kernel::GatherCols => "gather_cols",
             Kernel::MoeCombine => "moe_combine",
+            Kernel::Strided => "strided",
+            Kernel::Bmm => "bmm",
+            Kernel::LayerNorm => "layer_norm",
+            Kernel::Reduce => "reduce",
         }
     }
 
@@ -120,6 +129,10 @@ impl Kernel {
             Kernel::TopKIds => include_str!("../../../shaders/wgsl/top_k_ids.wgsl"),
             Kernel::GatherCols => include_str!("../../../shaders/wgsl/gather_cols.wgsl"),
             Kernel::MoeCombine => include_str!("../../../shaders/wgsl/moe_combine.wgsl"),
+            Kernel::Strided => include_str!("../../../shaders/wgsl/strided.wgsl"),
+            Kernel::Bmm => include_str!("../../../shaders/wgsl/bmm.wgsl"),
+            Kernel::LayerNorm => include_str!("../../../shaders/wgsl/layer_norm.wgsl"),
+            Kernel::Reduce => include_str!("../../../shaders/wgsl/reduce.wgsl"),
         }
     }
 

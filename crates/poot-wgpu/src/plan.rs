@@ -104,7 +104,11 @@ fn kernels_of(rt: &WgpuRuntime, graph: &Graph, op: &Op) -> Vec<(Kernel, DType)> 
         Op::Add { b, .. } | Op::Mul { b, .. } => {
             [deq(*b), vec![(Kernel::Eltwise, DType::F32)]].concat()
         }
-        Op::Silu { .. } | Op::Gelu { .. } | Op::Softcap { .. } => {
+        Op::Silu { .. }
+        | Op::Gelu { .. }
+        | Op::Softcap { .. }
+        | Op::Unary { .. }
+        | Op::Scalar { .. } => {
             vec![(Kernel::Eltwise, DType::F32)]
         }
         Op::Softmax { .. } => vec![(Kernel::Softmax, DType::F32)],
@@ -132,6 +136,23 @@ fn kernels_of(rt: &WgpuRuntime, graph: &Graph, op: &Op) -> Vec<(Kernel, DType)> 
         Op::GatherCols { .. } => vec![(Kernel::GatherCols, DType::F32)],
         Op::MoeCombine { .. } => vec![(Kernel::MoeCombine, DType::F32)],
         Op::Input { .. } | Op::Weight { .. } | Op::Literal { .. } | Op::Reshape { .. } => vec![],
+        Op::Binary { a, b, .. } | Op::BatchMatMul { a, b } => {
+            let k = if matches!(op, Op::Binary { .. }) {
+                Kernel::Strided
+            } else {
+                Kernel::Bmm
+            };
+            [deq(*a), deq(*b), vec![(k, DType::F32)]].concat()
+        }
+        Op::Permute { x, .. } => [deq(*x), vec![(Kernel::Strided, DType::F32)]].concat(),
+        Op::CausalMask { .. } => vec![(Kernel::Strided, DType::F32)],
+        Op::Reduce { .. } => vec![(Kernel::Reduce, DType::F32)],
+        Op::LayerNorm { weight, bias, .. } => [
+            weight.map(deq).unwrap_or_default(),
+            bias.map(deq).unwrap_or_default(),
+            vec![(Kernel::LayerNorm, DType::F32)],
+        ]
+        .concat(),
     }
 }
 

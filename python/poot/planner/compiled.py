@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 from poot import _native
 from poot.checkpoints import ModelFiles, resolve_model_files
@@ -36,6 +37,11 @@ from poot.planner.record import Recorder
 from poot.planner.search import Budgets, Candidate, forced, search
 from poot.planner.simulate import SimResult, simulate_step
 from poot.planner.spill import check_spill_dir
+
+if TYPE_CHECKING:
+    from torch.nn import Module as TorchModule
+
+    from poot.torch_frontend import CompiledModule
 
 __all__ = ["CompileConfig", "CompiledModel", "Placed", "compile", "place", "standing_bytes"]
 
@@ -201,7 +207,13 @@ def _profiles_from(
     return profiles, dropped
 
 
-def compile(  # noqa: A001 - the public name the issue asks for (poot.compile)
+def _is_torch_module(obj: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.nn.Module)
+
+
+@overload
+def compile(  # noqa: A001
     model_spec: str | os.PathLike[str] | ModelFiles | None = None,
     config: CompileConfig | None = None,
     *,
@@ -211,11 +223,45 @@ def compile(  # noqa: A001 - the public name the issue asks for (poot.compile)
     weights: _native.Weights | None = None,
     settings: Settings | None = None,
     kv_pool: tuple[int, dict[str, int]] | None = None,
-) -> CompiledModel:
+) -> CompiledModel: ...
+
+
+@overload
+def compile(  # noqa: A001
+    model_spec: TorchModule,
+    config: Any = None,
+    *,
+    example_inputs: Any = None,
+    trace_limits: _native.TraceLimits | None = None,
+    compile_limits: _native.CompileLimits | None = None,
+    runtime: Any = None,
+) -> CompiledModule: ...
+
+
+def compile(  # noqa: A001 - the public name the issue asks for (poot.compile)
+    model_spec: Any = None,
+    config: Any = None,
+    *,
+    profiles: list[DeviceProfile] | None = None,
+    host: HostProfile | None = None,
+    definition: Any = None,
+    weights: _native.Weights | None = None,
+    settings: Settings | None = None,
+    kv_pool: tuple[int, dict[str, int]] | None = None,
+    example_inputs: Any = None,
+    trace_limits: _native.TraceLimits | None = None,
+    compile_limits: _native.CompileLimits | None = None,
+    runtime: Any = None,
+) -> CompiledModel | CompiledModule:
     """Places ``model_spec`` under ``config``; see the module docs.
 
     Args:
-        model_spec: a model spec (as ``poot.LLM`` takes) or resolved ``ModelFiles``.
+        model_spec: a model spec (as ``poot.LLM`` takes) or resolved ``ModelFiles``; or a
+            ``torch.nn.Module``, compiled through ``torch.export`` for ``example_inputs``
+            (given second or by keyword) into a ``poot.CompiledModule`` on the CPU runtime
+            (``poot.torch_frontend``; ``trace_limits`` and ``compile_limits`` bound it,
+            ``runtime`` is the runtime it is prepared for (default a ``CpuRuntime``), and a
+            ``config`` is accepted but places nothing yet).
         config: what the planner may use (default ``CompileConfig()``).
         profiles: device profiles to plan over instead of discovering (synthetic, in tests).
         host: the host side of streaming (default: from discovery / measured copy rates).
@@ -230,6 +276,19 @@ def compile(  # noqa: A001 - the public name the issue asks for (poot.compile)
         PlannerError: no device can hold the model under the budgets.
         SpillDirError: a streaming plan's spill dir is unusable (or tmpfs).
     """
+    if _is_torch_module(model_spec):
+        # poot.compile(module, example_inputs, config=...): the torch front end.
+        from poot.torch_frontend import compile_module
+
+        if example_inputs is None and not isinstance(config, CompileConfig):
+            example_inputs, config = config, None
+        return compile_module(
+            model_spec,
+            example_inputs,
+            trace_limits=trace_limits,
+            compile_limits=compile_limits,
+            runtime=runtime,
+        )
     config = config or CompileConfig()
     settings = settings or Settings.from_env()
     files = model_spec if isinstance(model_spec, ModelFiles) else resolve_model_files(model_spec)

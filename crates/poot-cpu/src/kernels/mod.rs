@@ -35,10 +35,13 @@ pub(crate) mod arch;
 // The op families.
 pub mod act;
 pub mod attention;
+pub mod bmm;
 pub mod embedding;
+pub mod layer_norm;
 pub mod matmul;
 pub mod norm;
 pub mod rope;
+pub mod tensor;
 
 pub use act::{
     add, add_inplace, gelu_erf, gelu_erf_to, gelu_tanh, gelu_tanh_to, mul, mul_inplace, silu,

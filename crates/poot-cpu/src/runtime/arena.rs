@@ -119,6 +119,15 @@ pub(super) fn for_each_operand(op: &Op, mut f: impl FnMut(ValueId)) {
         Op::GatherCols { x, ids } => [*x, *ids].into_iter().for_each(f),
         Op::MoeMatMul { x, w, ids } => [*x, *w, *ids].into_iter().for_each(f),
         Op::MoeCombine { y, weights } => [*y, *weights].into_iter().for_each(f),
+        Op::Unary { x, .. }
+        | Op::Scalar { x, .. }
+        | Op::Permute { x, .. }
+        | Op::Reduce { x, .. }
+        | Op::CausalMask { x } => f(*x),
+        Op::Binary { a, b, .. } | Op::BatchMatMul { a, b } => [*a, *b].into_iter().for_each(f),
+        Op::LayerNorm {
+            x, weight, bias, ..
+        } => std::iter::once(*x).chain(*weight).chain(*bias).for_each(f),
         // Anything else (new ops): the graph's own list.
         _ => op.operands().into_iter().for_each(f),
     }

@@ -20,6 +20,7 @@ mod matmul;
 mod moe;
 mod rows;
 mod sampling;
+mod tensor;
 use super::kv::{KvLayers, KvPool};
 use super::plan::CpuPlan;
 use super::profile::Profile;
@@ -418,6 +419,14 @@ impl<'a> Exec<'a> {
             | Op::MaskLogits { .. }
             | Op::TopK { .. }
             | Op::Logprobs { .. } => self.sampling_op(op, numel)?,
+            Op::Unary { .. }
+            | Op::Binary { .. }
+            | Op::Scalar { .. }
+            | Op::LayerNorm { .. }
+            | Op::Permute { .. }
+            | Op::Reduce { .. }
+            | Op::BatchMatMul { .. }
+            | Op::CausalMask { .. } => self.tensor_op(op, &info.shape)?,
         })
     }
 }

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use poot_core::DType;
-use poot_graph::{Op, ValueId};
+use poot_graph::{BinaryKind, Op, UnaryKind, ValueId};
 use poot_runtime::{HostTensor, LateInput, RuntimeError};
 
 use crate::kernels::Kernel;
@@ -26,6 +26,7 @@ mod matmul_q8;
 mod moe;
 mod recorded;
 mod sampling;
+mod tensor;
 
 pub(crate) use recorded::{tensor_bytes, Dispatch, HostRow, LateSlot, Recorded, StepInputs};
 
@@ -452,6 +453,29 @@ impl<'a> Exec<'a> {
                 )?;
                 out
             }
+            Op::Unary { x, kind } => {
+                // eltwise.wgsl codes 6.. in `UnaryKind::ALL` order.
+                let k = UnaryKind::ALL.iter().position(|u| u == kind).unwrap_or(0) as u32;
+                self.eltwise1(*x, op.name(), numel, out_bytes, 1, 6 + k)?
+            }
+            Op::Scalar {
+                x,
+                kind,
+                value,
+                reverse,
+            } => {
+                // eltwise.wgsl codes 32..: 32 + 2 * (BinaryKind::ALL index) + reverse; the
+                // scalar's bits ride in `bn`.
+                let k = BinaryKind::ALL.iter().position(|b| b == kind).unwrap_or(0) as u32;
+                let code = 32 + 2 * k + u32::from(*reverse);
+                self.eltwise1(*x, op.name(), numel, out_bytes, value.to_bits(), code)?
+            }
+            Op::Binary { .. }
+            | Op::LayerNorm { .. }
+            | Op::Permute { .. }
+            | Op::Reduce { .. }
+            | Op::BatchMatMul { .. }
+            | Op::CausalMask { .. } => self.tensor_op(op, i)?,
             Op::Softmax { x } => {
                 let d = *info.shape.last().unwrap_or(&1);
                 let rows = numel / d.max(1);

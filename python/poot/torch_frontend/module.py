@@ -1,0 +1,182 @@
+"""``CompiledModule``: a ``torch.nn.Module`` specialized to its example inputs on a poot
+runtime (the CPU's by default; ``runtime=`` takes another, e.g. a ``WgpuRuntime``), and its
+portable artifact (``save`` / ``load``).
+
+Invariants: a compiled module accepts exactly the example inputs' shapes and dtypes (anything
+else is ``UnsupportedFeatureError`` saying what differed); its graph is traced under the
+``TraceLimits`` and prepared under the ``CompileLimits`` it was given; parameters are read in
+place through ``Weights.from_arrays`` (no copy; the module must not change them afterwards).
+An artifact is one ``.npz`` file holding the program, the input specs, the limits and every
+weight (a copy; BF16 as 16-bit words), with no device choice in it: ``load`` prepares it for
+the runtime of the machine that loads it. A file that is not such an artifact is
+``ArtifactFormatError``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from typing import Any
+
+import numpy as np
+
+from poot import _native
+from poot.errors import ArtifactFormatError
+from poot.torch_frontend.lower import Lowered, lower, numpy_input, weights_arrays
+from poot.torch_frontend.program import Program, replay
+from poot.torch_frontend.tensor import PootTensor
+
+# Any runtime with `prepare(graph, weights, limits)` and `run(plan, inputs)`: the CPU runtime
+# (the default) takes every op; another (wgpu) refuses an op it lacks when it prepares.
+Runtime = Any
+
+FORMAT = "poot.torch_module"
+VERSION = 1
+_LIMIT_FIELDS = {
+    "trace": ("max_tokens", "max_values", "max_equations", "max_literal_bytes", "max_records"),
+    "compile": (
+        "max_equations",
+        "max_kernel_instructions",
+        "max_kernel_locals",
+        "max_artifact_bytes",
+    ),
+}
+
+
+class CompiledModule:
+    """A module compiled for one set of input shapes; call it like the module."""
+
+    def __init__(
+        self,
+        program: Program,
+        arrays: dict[str, np.ndarray[Any, Any]],
+        dtypes: dict[str, str],
+        inputs: list[tuple[str, str, tuple[int, ...]]],
+        output_structure: Any,
+        trace_limits: _native.TraceLimits,
+        compile_limits: _native.CompileLimits,
+        runtime: Runtime | None = None,
+    ) -> None:
+        self.program = program
+        self._arrays = arrays
+        self._dtypes = dtypes
+        self.inputs = inputs
+        self._structure = output_structure
+        self.trace_limits = trace_limits
+        self.compile_limits = compile_limits
+        self.weights = _native.Weights.from_arrays(arrays, dtypes=dtypes)
+        self.graph = replay(program, self.weights, trace_limits)
+        self.runtime = runtime or _native.CpuRuntime()
+        self.plan = self.runtime.prepare(self.graph, self.weights, compile_limits)
+
+    def __call__(self, *args: Any) -> Any:
+        if len(args) != len(self.inputs):
+            from poot.errors import UnsupportedFeatureError
+
+            raise UnsupportedFeatureError(
+                f"{len(args)} inputs given, the module was compiled for {len(self.inputs)}"
+            )
+        feed = {
+            name: numpy_input(name, a, dtype, shape)
+            for a, (name, dtype, shape) in zip(args, self.inputs, strict=True)
+        }
+        out = self.runtime.run(self.plan, feed)
+        flat = [PootTensor(out[name]) for name in self.program.outputs]
+
+        def build(s: Any) -> Any:
+            return flat[s] if isinstance(s, int) else tuple(build(x) for x in s)
+
+        return build(self._structure)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes the portable artifact (see the module docs)."""
+        meta = {
+            "format": FORMAT,
+            "version": VERSION,
+            "program": self.program.to_json(),
+            "inputs": [[n, d, list(s)] for n, d, s in self.inputs],
+            "outputs": self._structure,
+            "dtypes": self._dtypes,
+            "weights": list(self._arrays),
+            "limits": {
+                "trace": {f: getattr(self.trace_limits, f) for f in _LIMIT_FIELDS["trace"]},
+                "compile": {f: getattr(self.compile_limits, f) for f in _LIMIT_FIELDS["compile"]},
+            },
+        }
+        # Any: numpy's stub types **kwds against its `allow_pickle` keyword.
+        blobs: dict[str, Any] = {f"w{i}": a for i, a in enumerate(self._arrays.values())}
+        with open(path, "wb") as f:
+            np.savez(f, __meta__=np.frombuffer(json.dumps(meta).encode(), np.uint8), **blobs)
+
+
+def compile_module(
+    module: Any,
+    example_inputs: Any,
+    *,
+    trace_limits: _native.TraceLimits | None = None,
+    compile_limits: _native.CompileLimits | None = None,
+    runtime: Runtime | None = None,
+) -> CompiledModule:
+    """Exports ``module`` for ``example_inputs`` and compiles it (see the module docs) for
+    ``runtime`` (default: a new ``CpuRuntime``)."""
+    import torch
+
+    inputs = (
+        tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
+    )
+    with torch.no_grad():
+        exported = torch.export.export(module, inputs)
+        lowered: Lowered = lower(exported)
+    arrays, dtypes = weights_arrays(lowered.weights)
+    return CompiledModule(
+        lowered.program,
+        arrays,
+        dtypes,
+        lowered.inputs,
+        lowered.output_structure,
+        trace_limits or _native.TraceLimits(),
+        compile_limits or _native.CompileLimits(),
+        runtime,
+    )
+
+
+def load(path: str | os.PathLike[str], *, runtime: Runtime | None = None) -> CompiledModule:
+    """Reads an artifact written by ``CompiledModule.save`` and prepares it on this host, for
+    ``runtime`` (default: a new ``CpuRuntime``; an op it lacks is ``UnsupportedOpError``)."""
+    try:
+        # Our own handle: np.load leaks the one it opens when the zip is corrupt.
+        with open(path, "rb") as f, np.load(f, allow_pickle=False) as z:
+            meta = json.loads(bytes(z["__meta__"]).decode())
+            if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+                raise ArtifactFormatError(f"{os.fspath(path)!r} is not a poot module artifact")
+            if meta.get("version") != VERSION:
+                raise ArtifactFormatError(
+                    f"{os.fspath(path)!r} is artifact version {meta.get('version')}, "
+                    f"this poot reads {VERSION}"
+                )
+            arrays = {name: z[f"w{i}"] for i, name in enumerate(meta["weights"])}
+        program = Program.from_json(meta["program"])
+        inputs = [(str(n), str(d), tuple(int(x) for x in s)) for n, d, s in meta["inputs"]]
+        trace = _native.TraceLimits(**meta["limits"]["trace"])
+        comp = _native.CompileLimits(**meta["limits"]["compile"])
+        structure = meta["outputs"]
+        dtypes = {str(k): str(v) for k, v in meta["dtypes"].items()}
+    except ArtifactFormatError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, UnicodeError) as e:
+        raise ArtifactFormatError(
+            f"{os.fspath(path)!r} is not a readable poot module artifact: {e}"
+        ) from e
+    try:
+        return CompiledModule(program, arrays, dtypes, inputs, structure, trace, comp, runtime)
+    except (ValueError, TypeError) as e:
+        from poot.errors import PootError, TraceError
+
+        if isinstance(e, PootError) and not isinstance(e, TraceError):
+            raise
+        if isinstance(e, TraceError):
+            raise ArtifactFormatError(
+                f"{os.fspath(path)!r}: its program does not trace: {e}"
+            ) from e
+        raise ArtifactFormatError(f"{os.fspath(path)!r}: {e}") from e
