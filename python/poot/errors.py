@@ -80,8 +80,10 @@ class UnsupportedQuantizationError(CheckpointFormatError):
     """A checkpoint's quantization layout, bit width or option is one poot does not load."""
 
     hint = (
-        "Use a GPTQ (gptq or gptq_v2, 4 or 8 bits) or AWQ (GEMM, 4 bits) export with group_size"
-        " -1 or a multiple of 32, or a GGUF file; `field` names the config key poot refused."
+        "Use a GPTQ (gptq or gptq_v2, 4 or 8 bits), AWQ (GEMM, 4 bits), compressed-tensors"
+        " (pack-quantized 4 or 8 bits, or float-quantized FP8) or fp8 (E4M3, square blocks)"
+        " export with group_size -1 or a multiple of 32, or a GGUF file; `field` names the"
+        " config key poot refused."
     )
 
 
