@@ -23,11 +23,12 @@ if TYPE_CHECKING:
     from poot.planner import CompileConfig, CompiledModel, compile
     from poot.sampling import SamplingParams
     from poot.tokenizer import Tokenizer, load_tokenizer
-    from poot.torch_frontend import CompiledModule, PootTensor, load
+    from poot.torch_frontend import CancelToken, CompiledModule, PootTensor, load
 
 __all__ = [
     "LLM",
     "AsyncEngine",
+    "CancelToken",
     "CompileConfig",
     "CompiledModel",
     "CompiledModule",
@@ -62,6 +63,7 @@ _LAZY = {
     "load": ("poot.torch_frontend", "load"),
     "PootTensor": ("poot.torch_frontend", "PootTensor"),
     "CompiledModule": ("poot.torch_frontend", "CompiledModule"),
+    "CancelToken": ("poot.torch_frontend", "CancelToken"),
     "compile": ("poot.planner", "compile"),
     "CompileConfig": ("poot.planner", "CompileConfig"),
     "CompiledModel": ("poot.planner", "CompiledModel"),

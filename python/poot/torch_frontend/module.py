@@ -9,7 +9,8 @@ place through ``Weights.from_arrays`` (no copy; the module must not change them 
 An artifact is one ``.npz`` file holding the program, the input specs, the limits and every
 weight (a copy; BF16 as 16-bit words), with no device choice in it: ``load`` prepares it for
 the runtime of the machine that loads it. A file that is not such an artifact is
-``ArtifactFormatError``.
+``ArtifactFormatError``. ``forward_with_cancel_token`` checks a ``CancelToken`` before and
+after the run (``cancel.py``); ``__call__`` takes no token and is never cancelled.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 
 from poot import _native
 from poot.errors import ArtifactFormatError
+from poot.torch_frontend.cancel import Admission, CancelToken
 from poot.torch_frontend.lower import Lowered, lower, numpy_input, weights_arrays
 from poot.torch_frontend.program import Program, replay
 from poot.torch_frontend.tensor import PootTensor
@@ -71,6 +73,22 @@ class CompiledModule:
         self.plan = self.runtime.prepare(self.graph, self.weights, compile_limits)
 
     def __call__(self, *args: Any) -> Any:
+        return self._forward(args, None)
+
+    def forward_with_cancel_token(self, token: CancelToken, *args: Any) -> Any:
+        """Runs like ``__call__``, but raises ``Cancelled`` if ``token.cancel()`` is called
+        after this forward started and before it returns (see ``cancel.py`` for the
+        generation rules and the granularity)."""
+        if not isinstance(token, CancelToken):
+            from poot.errors import ConfigError
+
+            raise ConfigError(
+                f"forward_with_cancel_token takes a poot.CancelToken first, "
+                f"got {type(token).__name__}"
+            )
+        return self._forward(args, token.admit())
+
+    def _forward(self, args: tuple[Any, ...], admission: Admission | None) -> Any:
         if len(args) != len(self.inputs):
             from poot.errors import UnsupportedFeatureError
 
@@ -81,7 +99,12 @@ class CompiledModule:
             name: numpy_input(name, a, dtype, shape)
             for a, (name, dtype, shape) in zip(args, self.inputs, strict=True)
         }
+        if admission is not None:
+            admission.check("before its run started")
         out = self.runtime.run(self.plan, feed)
+        if admission is not None:
+            # The run cannot be interrupted; a cancel during it drops its outputs here.
+            admission.check("during its run")
         flat = [PootTensor(out[name]) for name in self.program.outputs]
 
         def build(s: Any) -> Any:
