@@ -5,7 +5,9 @@ References: the float64 dequantization in ``tests/quant_ct.py`` (it reads the pa
 the scattered ``g_idx`` itself, in the stored column order, never poot's permutation), random
 permutations, and the float64 forward of stories260K (a real trained model) on the dequantized
 weights. Bounds as in ``test_quant_int4.py``: the gather moves f32 values without rounding, so
-one matmul stays within the dot-product bound ``1.01 * k * 2**-24 * sum_i |x_i W_ji|``.
+one matmul stays within the dot-product bound ``1.01 * k * 2**-24 * sum_i |x_i W_ji|``. wgpu
+(exact numerics) is checked against the CPU: 1e-5 on one matmul, the same greedy ids on
+stories260K.
 """
 
 from __future__ import annotations
@@ -88,21 +90,55 @@ def test_groups_that_do_not_fill_32_columns_are_refused(tmp_path: Path) -> None:
     assert (e.value.tensor, e.value.kind) == ("l.g_idx", "g_idx")
 
 
+def _act_order_graph(wts: _native.Weights, rows: int, k: int) -> _native.Graph:
+    tr = _native.Tracer(wts, rows)
+    xv = tr.input("x", "f32", [rows, k])
+    tr.output("y", tr.matmul(xv, tr.weight("l.weight")))
+    return tr.finish()
+
+
 @pytest.mark.device_wgpu
-def test_wgpu_refuses_act_order_layers_when_compiling(tmp_path: Path) -> None:
-    """wgpu has no gather kernel yet: a typed CompileError, never a wrong answer."""
+@pytest.mark.parametrize(
+    ("packing", "bits", "k", "n", "group", "sym", "rows"),
+    [("gptq", 4, 128, 24, 32, False, 3), ("gptq_v2", 8, 256, 16, 64, True, 1)],
+)
+def test_wgpu_act_order_matmul_matches_the_cpu(
+    tmp_path: Path, packing: str, bits: int, k: int, n: int, group: int, sym: bool, rows: int
+) -> None:
+    """The gather moves f32 values without rounding and both runtimes' exact matmuls decode the
+    same blocks, so wgpu equals the CPU within 1e-5 (summation order only)."""
+    from wgpu_util import require_wgpu
+
+    require_wgpu()
+    rng = np.random.default_rng(k + n + rows)
+    t, _ = gptq_act_order_layer(
+        rng.standard_normal((n, k)), group, bits, packing == "gptq", sym, rng
+    )
+    wts = _weights(_save(tmp_path, {f"l.{p}": v for p, v in t.items()}), packing, group, bits)
+    x = {"x": rng.standard_normal((rows, k)).astype(np.float32)}
+    cpu = _native.CpuRuntime(1, "exact")
+    want = np.asarray(cpu.run(cpu.prepare(_act_order_graph(wts, rows, k), wts), x)["y"])
+    gpu = _native.WgpuRuntime(60.0, numerics="exact")
+    got = np.asarray(gpu.run(gpu.prepare(_act_order_graph(wts, rows, k), wts), x)["y"])
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.device_wgpu
+def test_wgpu_refuses_stored_gather_ids_out_of_range_when_compiling(tmp_path: Path) -> None:
+    """A stored I32 ids row is checked once at compile: an id outside the gathered width is a
+    typed CompileError naming the tensor, never a NaN column at run time."""
     from wgpu_util import require_wgpu
 
     from poot.errors import CompileError
 
     require_wgpu()
-    rng = np.random.default_rng(8)
-    t, _ = gptq_act_order_layer(rng.standard_normal((8, 64)), 32, 4, False, False, rng)
-    wts = _weights(_save(tmp_path, {f"l.{p}": v for p, v in t.items()}), "gptq_v2", 32, 4)
+    ids = np.array([[0, 3, 4, 1]], np.int32)  # 4 is outside 0..4
+    d = _save(tmp_path, {"p": ids, "w": np.zeros((2, 2), np.float32)})
+    wts = _native.Weights(_native.SafetensorsModel(str(d)))
+    assert wts.describe("p") == ("I32", (1, 4))
     tr = _native.Tracer(wts, 2)
-    xv = tr.input("x", "f32", [2, 64])
-    tr.output("y", tr.matmul(xv, tr.weight("l.weight")))
-    with pytest.raises(CompileError, match="input_perm"):
+    tr.output("y", tr.gather_cols(tr.input("x", "f32", [2, 4]), tr.weight("p")))
+    with pytest.raises(CompileError, match=r"'p' holds gather id 4 outside 0\.\.4"):
         _native.WgpuRuntime(60.0).prepare(tr.finish(), wts)
 
 
@@ -110,14 +146,13 @@ LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj")
 PROMPT = [1, 403, 407, 261, 378, 259, 251, 76]
 
 
-@pytest.mark.parametrize(("packing", "bits"), [("gptq", 4), ("gptq_v2", 8)])
-def test_stories_act_order_matches_its_dequantized_reference_for_32_tokens(
-    stories: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, packing: str, bits: int
-) -> None:
-    """stories260K with every attention projection act-order quantized (each its own random
-    permutation; the 172-wide MLP stays float): the float64 forward's 32 greedy ids."""
+def _stories_act_order(
+    stories: Path, d: Path, monkeypatch: pytest.MonkeyPatch, packing: str, bits: int
+) -> dict[str, np.ndarray]:
+    """Writes stories260K to ``d`` with every attention projection act-order quantized (each
+    its own random permutation; the 172-wide MLP stays float); returns the dequantized
+    weights in float64."""
     import family_models
-    import family_reference
     from safetensors.numpy import load_file
 
     src = stories / "hf"
@@ -135,12 +170,24 @@ def test_stories_act_order_matches_its_dequantized_reference_for_32_tokens(
         else:
             stored[name] = v
             deq[name] = v.astype(np.float64)
-    d = _save(tmp_path / "m", stored)
+    _save(d, stored)
     q = dict(quant_config(packing, 32, bits=bits), desc_act=True)
     (d / "config.json").write_text(json.dumps(dict(cfg, quantization_config=q)))
     for f in ("tokenizer.json", "tokenizer_config.json"):
         if (src / f).is_file():
             (d / f).write_bytes((src / f).read_bytes())
+    return deq
+
+
+@pytest.mark.parametrize(("packing", "bits"), [("gptq", 4), ("gptq_v2", 8)])
+def test_stories_act_order_matches_its_dequantized_reference_for_32_tokens(
+    stories: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, packing: str, bits: int
+) -> None:
+    """stories260K act-order quantized: the float64 forward's 32 greedy ids."""
+    import family_reference
+
+    d = tmp_path / "m"
+    deq = _stories_act_order(stories, d, monkeypatch, packing, bits)
     llm = poot.LLM(str(d), threads=1, numerics="exact")
     assert llm.weights.describe("model.layers.0.self_attn.q_proj.input_perm") == ("I32", (1, 64))
     ref = family_reference.reference_logits("stories", deq, PROMPT)[-1]
@@ -148,3 +195,19 @@ def test_stories_act_order_matches_its_dequantized_reference_for_32_tokens(
     params = poot.SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
     got = llm.generate([PROMPT], params)[0].outputs[0].token_ids
     assert list(got) == family_reference.reference_greedy("stories", deq, PROMPT, 32)
+
+
+@pytest.mark.device_wgpu
+def test_wgpu_stories_act_order_gives_the_cpus_greedy_ids(
+    stories: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same act-order stories260K on wgpu (exact numerics): the CPU's 32 greedy ids."""
+    from wgpu_util import require_wgpu
+
+    require_wgpu()
+    d = tmp_path / "m"
+    _stories_act_order(stories, d, monkeypatch, "gptq", 4)
+    params = poot.SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    cpu = poot.LLM(str(d), threads=1, numerics="exact").generate([PROMPT], params)
+    gpu = poot.LLM(str(d), backend="wgpu", numerics="exact").generate([PROMPT], params)
+    assert list(gpu[0].outputs[0].token_ids) == list(cpu[0].outputs[0].token_ids)

@@ -234,6 +234,47 @@ fn check_op(
     Ok(())
 }
 
+/// Checks a `gather_cols` whose ids the host knows at compile time (a stored I32 tensor):
+/// one row for every row of `x`, or one row per row, and every id within `0..e`. The shader
+/// turns an id out of range into NaN (ids made on the device cannot be checked); a stored
+/// permutation is checked once here instead, so a bad checkpoint is a typed error.
+fn check_gather_ids(
+    graph: &Graph,
+    store: &dyn WeightStore,
+    x: poot_graph::ValueId,
+    ids: poot_graph::ValueId,
+) -> Result<(), RuntimeError> {
+    let (xs, is) = (&graph.info(x).shape, &graph.info(ids).shape);
+    if xs.len() != 2 || is.len() != 2 || (is[0] != 1 && is[0] != xs[0]) {
+        return Err(invalid(format!(
+            "wgpu: gather_cols of x {xs:?} by ids {is:?}: ids need one row or one per row of x"
+        )));
+    }
+    let Op::Weight { name } = graph.op(ids) else {
+        return Ok(());
+    };
+    let gathered;
+    let bytes = match store.bytes(name) {
+        Some(b) => b,
+        None => {
+            let missing = || RuntimeError::MissingWeight { name: name.clone() };
+            gathered = store.pieces(name).ok_or_else(missing)?.concat();
+            &gathered[..]
+        }
+    };
+    let e = xs[1];
+    let bad = bytes
+        .chunks_exact(4)
+        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .find(|&id| id < 0 || id as usize >= e);
+    if let Some(id) = bad {
+        return Err(invalid(format!(
+            "wgpu: weight '{name}' holds gather id {id} outside 0..{e}"
+        )));
+    }
+    Ok(())
+}
+
 fn value_bytes(graph: &Graph, i: usize) -> u64 {
     match graph.equations[i] {
         Op::Weight { .. } | Op::Reshape { .. } => 0,
@@ -288,12 +329,21 @@ pub(crate) fn compile(
                         info.dtype, info.shape
                     )));
                 }
-                if crate::kernels::decoder(dtype).is_none() {
+                // A stored I32 tensor is only ever read as ids (an act-order layer's
+                // `input_perm`): bound as stored by `gather_cols`, never decoded.
+                let ids_only = dtype == DType::I32
+                    && used_by[i].iter().all(|&u| {
+                        matches!(graph.equations[u], Op::GatherCols { ids, x } if ids.index() == i && x.index() != i)
+                    });
+                if crate::kernels::decoder(dtype).is_none() && !ids_only {
                     return Err(invalid(format!(
                         "wgpu: weight '{name}' is stored as {dtype}, which has no WGSL decoder"
                     )));
                 }
                 weights.insert(i, rt.weight(&store, name)?);
+            }
+            Op::GatherCols { x, ids } => {
+                check_gather_ids(&graph, store.as_ref(), *x, *ids)?;
             }
             Op::Rope { cfg, .. } => {
                 rope.insert(i, inv_freq(cfg)?);

@@ -1,13 +1,15 @@
 //! The mixture-of-experts ops on the device: the router's expert ids (`top_k`), its
-//! probabilities at them (`gather_cols`), the packed expert matmul (`moe_matmul`) and the
-//! weighted combination (`moe_combine`).
+//! probabilities at them (`gather_cols`, also an act-order layer's column permutation), the
+//! packed expert matmul (`moe_matmul`) and the weighted combination (`moe_combine`).
 //!
 //! Invariants: `moe_matmul` binds the stored [E, N, K] tensor as uploaded (whole rows per part,
 //! see `weights`) and reads only the rows of experts some slot chose, each once per 8 of its
 //! slots (`moe_matmul.wgsl`); no expert table is built. Ids that are host inputs are checked
-//! against E on the host before anything is recorded (a typed error, as on the CPU); ids made
-//! on the device (a router's `top_k`) cannot be, and an id outside 0..E (only -1, from a row
-//! of NaN logits) gives that token a NaN row instead of the CPU's error (see the shaders).
+//! against E on the host before anything is recorded (a typed error, as on the CPU); stored
+//! ids (an act-order layer's `input_perm`, one row for every row of x) are checked once when
+//! the plan is compiled (`plan::check_gather_ids`) and bound as uploaded; ids made on the
+//! device (a router's `top_k`) cannot be, and an id outside 0..E (only -1, from a row of NaN
+//! logits) gives that token a NaN row instead of the CPU's error (see the shaders).
 
 use std::sync::Arc;
 
@@ -25,7 +27,7 @@ impl Exec<'_> {
     fn check_host_ids(&self, op: &'static str, ids: ValueId, n: usize) -> Result<(), RuntimeError> {
         if let Some(iv) = self.host_i32(ids) {
             if let Some(&bad) = iv.iter().find(|&&id| id < 0 || id as usize >= n) {
-                return Err(kernel_err(op, format!("expert id {bad} outside 0..{n}")));
+                return Err(kernel_err(op, format!("id {bad} outside 0..{n}")));
             }
         }
         Ok(())
@@ -100,18 +102,31 @@ impl Exec<'_> {
         Ok(Some(out))
     }
 
+    /// `y[r, j] = x[r, ids[r, j]]`; ids of one row apply to every row of x (an act-order
+    /// layer's `input_perm`, a stored I32 tensor bound as uploaded and checked at compile).
     pub(super) fn gather_cols(&mut self, out_bytes: u64, x: ValueId, ids: ValueId) -> Out {
+        const OP: &str = "gather_cols";
         let (rows, e) = (self.shape(x)[0], self.shape(x)[1]);
-        let k = self.shape(ids)[1];
-        self.check_host_ids("gather_cols", ids, e)?;
+        let (id_rows, k) = (self.shape(ids)[0], self.shape(ids)[1]);
+        self.check_host_ids(OP, ids, e)?;
+        let ib = match self.plan.weights.get(&ids.index()) {
+            Some(w) => match &w.parts[..] {
+                [part] => Arc::new(part.buffer.clone()),
+                _ => {
+                    return Err(kernel_err(
+                        OP,
+                        "stored ids split over several buffers".into(),
+                    ))
+                }
+            },
+            None => self.buf(ids, OP)?,
+        };
         let out = self.alloc(out_bytes);
         let (grid, lanes_x) = lane_grid(rows * k);
-        let words = [rows as u32, e as u32, k as u32, lanes_x];
-        let bufs = vec![
-            self.buf(x, "gather_cols")?,
-            self.buf(ids, "gather_cols")?,
-            out.clone(),
-        ];
+        // Row stride of the ids: 0 broadcasts one row to every row of x.
+        let id_stride = if id_rows == 1 { 0 } else { k };
+        let words = [rows as u32, e as u32, k as u32, lanes_x, id_stride as u32];
+        let bufs = vec![self.buf(x, OP)?, ib, out.clone()];
         self.dispatch(Kernel::GatherCols, DType::F32, bufs, &words, grid)?;
         Ok(Some(out))
     }
