@@ -343,10 +343,12 @@ def save_json(rows: list[Row], path: Path) -> None:
     import dataclasses
 
     try:
-        from importlib.metadata import version
+        # The peer is usually a build on PYTHONPATH (shared/peers/llama-cpp.sh), not an
+        # installed distribution, so ask the module itself.
+        import llama_cpp
 
-        peer = f"llama-cpp-python {version('llama_cpp_python')}"
-    except Exception:  # noqa: BLE001 - any failure means "no peer installed"
+        peer = f"llama-cpp-python {llama_cpp.__version__}"
+    except ImportError:
         peer = "none"
     meta = {
         "machine": machine(),
