@@ -41,6 +41,8 @@ REPLICAS = int(os.environ.get("POOT_BENCH_RAY_REPLICAS", "2"))
 CLIENTS = int(os.environ.get("POOT_BENCH_RAY_CLIENTS", "8"))
 REQUESTS = int(os.environ.get("POOT_BENCH_RAY_REQUESTS", "64"))
 SYSTEMS = int(os.environ.get("POOT_BENCH_RAY_SYSTEMS", "4"))
+# PrefixRouter's busy threshold (build_app's busy_requests; 8 is its default).
+BUSY = int(os.environ.get("POOT_BENCH_RAY_BUSY", "8"))
 MAX_TOKENS = 16
 TOPICS = ["the sea", "a library", "the moon", "a garden", "trains", "winter", "a market", "bees"]
 QUESTIONS = ["Say hello.", "Name a colour.", "Count to three.", "Give a short title."]
@@ -55,9 +57,16 @@ def _system(i: int) -> str:
 
 
 def _prompts() -> list[str]:
+    # A seeded shuffle of which system prompt each request carries: in index order with
+    # SYSTEMS a multiple of the replicas, round-robin sends every request of a system prompt
+    # to the same replica by accident, which made the baseline prefix-affine.
+    import random
+
+    systems = [i % SYSTEMS for i in range(REQUESTS)]
+    random.Random(0).shuffle(systems)
     return [
-        _system(i % SYSTEMS) + f"Question {i}: " + QUESTIONS[i % len(QUESTIONS)] + "\nAnswer:"
-        for i in range(REQUESTS)
+        _system(s) + f"Question {i}: " + QUESTIONS[i % len(QUESTIONS)] + "\nAnswer:"
+        for i, s in enumerate(systems)
     ]
 
 
@@ -176,7 +185,7 @@ def test_shared_system_prompt_ttft(
     config = ServerConfig(model=str(default_model_path), threads=THREADS, max_model_len=1024)
     name = f"bench-{routing}"
     serve.run(
-        build_app(config, replicas=REPLICAS, routing=routing),
+        build_app(config, replicas=REPLICAS, routing=routing, busy_requests=BUSY),
         name=name,
         route_prefix=f"/{name}",
     )

@@ -291,9 +291,9 @@ def test_shared_prefix_hits_the_cache_on_every_replica_it_touches(http: httpx.Cl
         assert r.status_code == 200, r.text
         return str(r.headers["x-poot-replica"])
 
-    # Two waves of 8 at once on 2 replicas that count as busy at 4 ongoing requests: the
-    # first wave fills the replica the prefix goes to and spills onto the other; in the
-    # second, each replica already holds the prefix's blocks.
+    # Two waves of 8 at once on 2 replicas: the first wave computes the prefix where it goes
+    # (on both replicas when it arrives before any replica is known for it, or spills past
+    # busy_requests); in the second, every replica it touches already holds its blocks.
     touched: set[str] = set()
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         for wave in range(2):

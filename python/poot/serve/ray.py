@@ -105,7 +105,7 @@ def build_app(
     autoscaling_config: Mapping[str, Any] | None = None,
     replica_actor_options: Mapping[str, Any] | None = None,
     max_ongoing_requests: int = 64,
-    busy_requests: int = 4,
+    busy_requests: int = 8,
     ingress_replicas: int = 1,
     routing: str = "prefix",
 ) -> Application:
@@ -121,8 +121,9 @@ def build_app(
             an engine runs as many CPU threads as its ``num_cpus``.
         max_ongoing_requests: requests Serve sends one engine replica at once; the replica's
             own queue (``ServerConfig.max_queue``) answers 429 beyond its rows.
-        busy_requests: ongoing requests at which a replica counts as busy, so a prompt whose
-            prefix it holds goes to the least-loaded replica instead.
+        busy_requests: how many more ongoing requests than the least-loaded replica make a
+            replica busy, so a prompt whose prefix it holds goes to the least-loaded replica
+            instead.
         ingress_replicas: replicas of the HTTP ingress (each routes with its own prefix
             table; one keeps every prefix's history in one place).
         routing: ``"prefix"`` (``PrefixRouter``) or ``"round_robin"`` (``RoundRobinRouter``,

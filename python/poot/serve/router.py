@@ -9,9 +9,10 @@ the request to the least-loaded replica of the first rank that has room
 - ``pin``: a replica id (cancel, per-replica health and metrics): that replica alone while it
   lives; gone, any replica (a cancel then answers 404: its request died with its replica).
 - ``prefix``: the prompt's leading block keys (``poot.serve.prefix``): the replicas that were
-  sent the longest of those prefixes come first, unless they are busy (``busy_requests``
-  ongoing requests or more): then, like a request with no prefix seen before, the least-loaded
-  replica of all. After routing, the request's blocks are recorded against its replica.
+  sent the longest of those prefixes come first, unless they are busy (``busy_requests`` or
+  more ongoing requests beyond the least-loaded replica's): then, like a request with no
+  prefix seen before, the least-loaded replica of all. After routing, the request's blocks
+  are recorded against its replica.
 
 Each process that routes keeps its own ``PrefixTable`` (no shared actor on the request path);
 with one ingress replica that is one table. Replicas that die are forgotten. Every router of a
@@ -59,10 +60,11 @@ class PrefixRouter(LocalityMixin, MultiplexMixin, RequestRouter):
     """Prefix-affine routing with a least-loaded fallback (module docs)."""
 
     def initialize_state(
-        self, busy_requests: int = 4, max_entries: int = 1 << 16, **_: Any
+        self, busy_requests: int = 8, max_entries: int = 1 << 16, **_: Any
     ) -> None:
-        """``request_router_kwargs``: ``busy_requests``, the ongoing requests at which a
-        replica counts as busy; ``max_entries``, the prefix table's bound."""
+        """``request_router_kwargs``: ``busy_requests``, how many more ongoing requests than
+        the least-loaded replica make a replica busy; ``max_entries``, the prefix table's
+        bound."""
         if busy_requests < 1:
             raise ValueError(f"busy_requests must be >= 1, got {busy_requests}")
         self._busy = busy_requests
@@ -106,8 +108,12 @@ class PrefixRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             _, owners = self._table.match(route.prefix)
             preferred = [by_id[o] for o in reversed(owners) if o in by_id]
             if preferred:
-                lens = await self._queue_lens(preferred)
-                free = [r for r in preferred if lens.get(r.replica_id, 0) < self._busy]
+                # Busy is relative, as in SGLang's cache-aware router: an absolute bound
+                # spilled a shared prefix whenever the whole deployment was loaded (8 clients
+                # on 2 replicas sit at 4 each), which threw its cache hits away for nothing.
+                lens = await self._queue_lens(everyone)
+                least = min((lens.get(r.replica_id, 0) for r in everyone), default=0)
+                free = [r for r in preferred if lens.get(r.replica_id, 0) < least + self._busy]
                 if free:
                     self.counts.by_prefix += 1
                     rest = [r for r in everyone if r not in free]
