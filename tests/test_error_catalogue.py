@@ -24,7 +24,9 @@ def catalogue() -> list[type[errors.PootError]]:
     found = []
     for module in (errors, async_engine):
         for _, cls in inspect.getmembers(module, inspect.isclass):
-            if issubclass(cls, errors.PootError) and cls.__module__ == module.__name__:
+            # poot.errors re-exports the planner's errors from poot._errors_planner.
+            home = (module.__name__, "poot._errors_planner")
+            if issubclass(cls, errors.PootError) and cls.__module__ in home:
                 found.append(cls)
     return sorted(set(found), key=lambda c: c.__name__)
 

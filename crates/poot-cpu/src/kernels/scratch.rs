@@ -101,15 +101,15 @@ impl<T: Parked> Drop for Scratch<T> {
     }
 }
 
-/// Per-thread scratch of the ggml attention path (`attention/ggml_heads.rs` and the kernels built on
-/// it).
+/// Per-thread scratch of the ggml attention path (its per-head and grouped kernels, which
+/// depend on this module and not the other way round).
 #[derive(Debug, Default)]
 pub(crate) struct AttnScratch {
     pub(crate) q: Vec<f32>,
     pub(crate) k: Vec<f32>,
     pub(crate) scores: Vec<f32>,
     pub(crate) acc: Vec<f32>,
-    /// A token tile's outputs (`attention::grouped::paged_grouped`).
+    /// A token tile's outputs (the grouped kernel's).
     pub(crate) o: Vec<f32>,
 }
 

@@ -1,7 +1,7 @@
-//! The inner loops of the grouped ggml prefill attention (`attention::grouped::heads_f16`):
+//! The inner loops of the grouped ggml prefill attention (its `heads_f16`, the only caller):
 //! scores of one or two query heads over a block of widened K rows, and the V pass into
-//! `head`'s lane-major accumulators, on AVX2 (and the AVX-512 V loop). Each output sees
-//! `attention::ggml_heads::head`'s operations in its order, so results are bit-identical to the
+//! `head`'s lane-major accumulators, on AVX2 (and the AVX-512 V loop). Each output sees the
+//! per-head ggml attention's operations in its order, so results are bit-identical to the
 //! per-head path (`attention/grouped_tests.rs`).
 //!
 //! Invariant (soundness): every `unsafe fn` here is reached only from `heads_f16`, after the

@@ -7,8 +7,9 @@
 //!   register width (`arch/x86/lanes.rs`); the caller folds the lanes and adds the tail.
 //! - [`chunk8_avx2`]: 4 decoded f32 rows against `TT` tokens in 8 lanes (llamafile tinyBLAS's
 //!   order) over one chunk of `k`, the lane chains carried between chunks, each result summed by
-//!   `ggml::hsum8`. Its 512-bit counterpart, `arch::x86::fdot16::chunk16`, is a different
-//!   tiling rather than a wider register (see that module), so the two keep their own bodies.
+//!   `ggml::hsum8`. Its 512-bit counterpart (`chunk16`, in the 16-lane module that builds on
+//!   this one) is a different tiling rather than a wider register, so the two keep their own
+//!   bodies.
 //!
 //! Invariant (soundness): every function here is `unsafe` with the contract that the caller
 //! holds a `Checked` token for the ISA the function's `target_feature` names, and that the
