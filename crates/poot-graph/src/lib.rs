@@ -8,6 +8,7 @@ pub mod error;
 pub mod ir;
 mod kinds;
 pub mod limits;
+mod op_settings;
 pub mod passes;
 pub mod tracer;
 

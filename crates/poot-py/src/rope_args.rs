@@ -1,7 +1,7 @@
 //! Parsing of tracer arguments given as Python strings and dicts: `Tracer.rope`'s `scaling`
 //! dict into a `RopeScaling`, and the op kinds of the general tensor ops.
 
-use poot_graph::{BinaryKind, RopeScaling, MAX_ROPE_FACTORS};
+use poot_graph::{BinaryKind, RopeScaling, RopeStyle, MAX_ROPE_FACTORS};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -93,4 +93,19 @@ pub(crate) fn binary_kind(py: Python<'_>, op: &str, kind: &str) -> PyResult<Bina
         .into_iter()
         .find(|k| k.binary_name().strip_prefix("binary_") == Some(kind))
         .ok_or_else(|| bad_kind(py, op, kind))
+}
+
+/// A rope's pairing from its name: "interleaved" (also "normal", "gptj") or "neox".
+pub(crate) fn parse_style(py: Python<'_>, style: &str) -> PyResult<RopeStyle> {
+    match style {
+        "interleaved" | "normal" | "gptj" => Ok(RopeStyle::Interleaved),
+        "neox" => Ok(RopeStyle::NeoX),
+        other => Err(trace_error_kind(
+            py,
+            "shape",
+            Some("rope"),
+            None,
+            format!("rope: style must be \"interleaved\" or \"neox\", got {other:?}"),
+        )),
+    }
 }

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use poot_core::DType;
 use poot_graph::{
-    AdjustInputs, AttentionConfig, AttentionMeta, ReduceKind, RopeConfig, RopeStyle, SampleInputs,
-    Tracer, UnaryKind, ValueId, ValueInfo,
+    AdjustInputs, AttentionConfig, AttentionMeta, ReduceKind, RopeConfig, SampleInputs, Tracer,
+    UnaryKind, ValueId, ValueInfo,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -19,7 +19,7 @@ use pyo3::types::{PyDict, PyTuple};
 use crate::errors::{trace_error, trace_error_kind};
 use crate::graph::PyGraph;
 use crate::limits::PyTraceLimits;
-use crate::rope_args::{bad_kind, binary_kind, parse_scaling};
+use crate::rope_args::{bad_kind, binary_kind, parse_scaling, parse_style};
 use crate::weights::PyWeights;
 
 /// A value in a trace: its id, dtype and shape. Only the tracer that made it accepts it.
@@ -327,19 +327,7 @@ impl PyTracer {
         style: &str,
         scaling: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PyValue> {
-        let style = match style {
-            "interleaved" | "normal" | "gptj" => RopeStyle::Interleaved,
-            "neox" => RopeStyle::NeoX,
-            other => {
-                return Err(trace_error_kind(
-                    py,
-                    "shape",
-                    Some("rope"),
-                    None,
-                    format!("rope: style must be \"interleaved\" or \"neox\", got {other:?}"),
-                ))
-            }
-        };
+        let style = parse_style(py, style)?;
         let cfg = RopeConfig {
             n_heads,
             head_dim,

@@ -22,6 +22,7 @@ use crate::rope::cos_sin;
 use crate::{KvPool, WgpuRuntime};
 
 mod attention_sample;
+mod copy;
 mod matmul_q8;
 mod moe;
 mod recorded;
@@ -521,50 +522,8 @@ impl<'a> Exec<'a> {
                 axis,
                 start,
                 end,
-            } => {
-                let s = self.shape(*x);
-                let outer: usize = s[..*axis].iter().product();
-                let inner: usize = s[axis + 1..].iter().product();
-                let cols = (end - start) * inner;
-                let out = self.alloc(out_bytes);
-                let (grid, lanes_x) = lane_grid(outer * cols);
-                let words = [
-                    outer as u32,
-                    cols as u32,
-                    (s[*axis] * inner) as u32,
-                    (start * inner) as u32,
-                    cols as u32,
-                    0,
-                    lanes_x,
-                ];
-                let bufs = vec![self.buf(*x, "slice")?, out.clone()];
-                self.dispatch(Kernel::Copy, DType::F32, bufs, &words, grid)?;
-                out
-            }
-            Op::Concat { xs, axis } => {
-                let outer: usize = info.shape[..*axis].iter().product();
-                let inner: usize = info.shape[axis + 1..].iter().product();
-                let total = info.shape[*axis] * inner;
-                let out = self.alloc(out_bytes);
-                let mut off = 0;
-                for x in xs {
-                    let cols = self.shape(*x)[*axis] * inner;
-                    let (grid, lanes_x) = lane_grid(outer * cols);
-                    let words = [
-                        outer as u32,
-                        cols as u32,
-                        cols as u32,
-                        0,
-                        total as u32,
-                        off as u32,
-                        lanes_x,
-                    ];
-                    let bufs = vec![self.buf(*x, "concat")?, out.clone()];
-                    self.dispatch(Kernel::Copy, DType::F32, bufs, &words, grid)?;
-                    off += cols;
-                }
-                out
-            }
+            } => self.slice(out_bytes, *x, *axis, *start, *end)?,
+            Op::Concat { xs, axis } => self.concat(out_bytes, xs, *axis, &info.shape)?,
             Op::GatherRows { x, rows } => {
                 let (t, d) = (self.shape(*x)[0], self.shape(*x)[1]);
                 let r = self.shape(*rows).iter().product::<usize>();
