@@ -151,8 +151,20 @@ def _routing(files: ModelFiles, hf: MoeNames, gguf_renorm: bool) -> tuple[MoeNam
     return hf, bool(files.config.get("norm_topk_prob", gguf_renorm))
 
 
+class _RoutedFfn:
+    """The feed-forward of a block whose MLP is routed experts only (``moe_ffn``); mixed in
+    ahead of the dense family's class, whose dataclass fields ``moe`` and ``renorm`` it reads."""
+
+    hparams: Any
+    moe: MoeNames
+    renorm: bool
+
+    def ffn(self, t: Tracer, i: int, f: Value) -> Value:
+        return moe_ffn(t, i, f, self.hparams.n_experts_used, self.renorm, self.moe)
+
+
 @dataclass(frozen=True)
-class MixtralModel(LlamaModel):
+class MixtralModel(_RoutedFfn, LlamaModel):
     """Mixtral: the Llama block with routed experts (see the module docs)."""
 
     moe: MoeNames = GGUF_MOE_NAMES
@@ -170,12 +182,9 @@ class MixtralModel(LlamaModel):
         moe, renorm = _routing(files, HF_MIXTRAL_NAMES, True)
         return cls(base.hparams, base.names, base.rope_style, base.rope_scaling, moe, renorm)
 
-    def ffn(self, t: Tracer, i: int, f: Value) -> Value:
-        return moe_ffn(t, i, f, self.hparams.n_experts_used, self.renorm, self.moe)
-
 
 @dataclass(frozen=True)
-class Qwen3MoeModel(Qwen3Model):
+class Qwen3MoeModel(_RoutedFfn, Qwen3Model):
     """Qwen3-MoE: the Qwen3 block with routed experts (see the module docs)."""
 
     moe: MoeNames = GGUF_MOE_NAMES
@@ -193,12 +202,9 @@ class Qwen3MoeModel(Qwen3Model):
         moe, renorm = _routing(files, HF_QWEN_MOE_NAMES, True)
         return cls(base.hparams, base.names, base.rope_style, base.rope_scaling, moe, renorm)
 
-    def ffn(self, t: Tracer, i: int, f: Value) -> Value:
-        return moe_ffn(t, i, f, self.hparams.n_experts_used, self.renorm, self.moe)
-
 
 @dataclass(frozen=True)
-class OlmoeModel(LlamaModel):
+class OlmoeModel(_RoutedFfn, LlamaModel):
     """OLMoE: full-width q/k RMSNorm, routed experts without renormalisation."""
 
     moe: MoeNames = GGUF_MOE_NAMES
@@ -222,9 +228,6 @@ class OlmoeModel(LlamaModel):
         q = t.rms_norm(q, t.weight(n.q_norm.format(i=i)), eps)
         k = t.rms_norm(k, t.weight(n.k_norm.format(i=i)), eps)
         return q, k
-
-    def ffn(self, t: Tracer, i: int, f: Value) -> Value:
-        return moe_ffn(t, i, f, self.hparams.n_experts_used, self.renorm, self.moe)
 
 
 @dataclass(frozen=True)
