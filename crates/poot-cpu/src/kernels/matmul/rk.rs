@@ -4,7 +4,7 @@
 //! activation cache when the caller has one), then tasks of whole 8-row groups claimed by the
 //! pool's threads; each group's super-blocks are read as one sequential stream and dotted
 //! against up to 4 (Q4_K) or 2 (Q6_K) tokens per pass (`arch/x86/qdot_rk.rs`; with AVX-512 VNNI
-//! its integer dots are `vpdpbusd`, `arch/x86/qdot_rk_vnni.rs`).
+//! its integer dots are `vpdpbusd`).
 //!
 //! Numerics: bit-identical to `matmul::qdot_k::matmul_q8k` on the stored rows, on every ISA, thread
 //! count and token tiling (the integer steps are exact and the float steps run per row in
@@ -66,7 +66,7 @@ pub(crate) fn matmul_rk_fused(
     #[cfg(not(target_arch = "x86_64"))]
     let simd = false;
     let stream = simd && t == 1;
-    // Q4_K prefill on AVX-512 BW takes two groups per step (`arch/x86/qdot_rk16.rs`): a
+    // Q4_K prefill on AVX-512 BW takes two groups per step (`arch/x86/qdot_rk.rs`'s `groups2`): a
     // 256x2048x2048 matmul 9.0-9.1 -> 7.7-8.0 ms. One-token calls measured the same either
     // way (423-439 us for 8192 rows), so they keep one.
     #[cfg(target_arch = "x86_64")]
@@ -74,7 +74,7 @@ pub(crate) fn matmul_rk_fused(
         && kind == KKind::Q4_K
         && ck.isa().avx512()
         && t >= 2
-        && crate::kernels::arch::x86::qdot_rk16::available();
+        && crate::kernels::arch::x86::qdot_rk::available512();
     #[cfg(not(target_arch = "x86_64"))]
     let pairs = false;
     let mut segs: Segments<'_> = [None, None, None, None];
@@ -107,7 +107,7 @@ pub(crate) fn matmul_rk_fused(
             }
             #[cfg(target_arch = "x86_64")]
             if pairs && g + 1 < w.groups() {
-                use crate::kernels::arch::x86::qdot_rk16::{groups2, TOKENS};
+                use crate::kernels::arch::x86::qdot_rk::{groups2, TOKENS2 as TOKENS};
                 let (g0, g1) = (w.group(g), w.group(g + 1));
                 let mut res = [0.0f32; TOKENS * 2 * RG];
                 over_tokens(

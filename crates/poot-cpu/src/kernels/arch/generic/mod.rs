@@ -9,7 +9,7 @@
 //!   `lanes32_avx2` / `lanes32_avx512`).
 //!
 //! The other loops' portable forms still live elsewhere (a move here is the open part of the
-//! kernel-tree redesign): `qdot_k`, `qdot_rk`, `qdot_rk16` - `matmul::qdot_k::dot_scalar`;
+//! kernel-tree redesign): `qdot_k`, `qdot_rk` - `matmul::qdot_k::dot_scalar`;
 //! `decode` - `kernels::decode::decode_run`; `fdot`'s tiles (`chunk8_avx2`,
 //! `fdot16::chunk16`) - `ggml::dot_lanes8`; `attention` - `attention::ggml_heads::head`; `amx`,
 //! `amx_bf16` - the VNNI/AVX-512 tiles they stand in for.

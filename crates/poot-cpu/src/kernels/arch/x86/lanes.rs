@@ -16,7 +16,7 @@
 //! Invariant (codegen and soundness): every register op is `#[inline(always)]` and `unsafe`,
 //! with the contract that the caller runs inside a `#[target_feature]` function enabling the
 //! width's features (AVX2, FMA, F16C for [`Ymm`]; AVX-512 F/BW/VL and VNNI as well for
-//! `Ymm<true>` and [`Zmm`]); the generic bodies are monomorphized inside such entry functions,
+//! `Ymm<true>` and [`Zmm`]; AVX-512 F/BW only for `Zmm<false>`); the generic bodies are monomorphized inside such entry functions,
 //! so they compile to the intrinsics they name, as the hand-written pairs did.
 
 use std::arch::x86_64::*;
@@ -112,9 +112,10 @@ pub(crate) trait RowLanes: Lanes {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Ymm<const VNNI: bool>;
 
-/// 512 bits: `zmm` registers, two 8-row groups a step, `vpdpbusd zmm` (AVX-512 VNNI).
+/// 512 bits: `zmm` registers, two 8-row groups a step; `VNNI` (the default) takes `vpdpbusd
+/// zmm` (AVX-512 VNNI), else `maddubs` + `madd` (AVX-512 BW).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Zmm;
+pub(crate) struct Zmm<const VNNI: bool = true>;
 
 /// AVX2 (no VNNI).
 pub(crate) type Avx2 = Ymm<false>;
@@ -296,11 +297,11 @@ unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
     unsafe { _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi) }
 }
 
-impl Lanes for Zmm {
+impl<const VNNI: bool> Lanes for Zmm<VNNI> {
     type F = __m512;
     type I = __m512i;
     const LANES: usize = 16;
-    const VNNI: bool = true;
+    const VNNI: bool = VNNI;
     #[inline(always)]
     unsafe fn load(p: *const f32) -> __m512 {
         // SAFETY: the trait's contract (the width's features enabled).
@@ -397,10 +398,17 @@ impl Lanes for Zmm {
     #[inline(always)]
     unsafe fn dot(init: __m512i, u: __m512i, s: __m512i) -> __m512i {
         // SAFETY: the trait's contract (the width's features enabled).
-        unsafe { _mm512_dpbusd_epi32(init, u, s) }
+        unsafe {
+            if VNNI {
+                _mm512_dpbusd_epi32(init, u, s)
+            } else {
+                let p = _mm512_madd_epi16(_mm512_set1_epi16(1), _mm512_maddubs_epi16(u, s));
+                _mm512_add_epi32(p, init)
+            }
+        }
     }
-    // The four below serve only the non-VNNI branches of the shared bodies, which `Zmm`
-    // (always VNNI) never takes; they are still the ops their names say.
+    // The four below serve the non-VNNI branches of the shared bodies (`Zmm<false>`: the
+    // 512-bit Q4_K dot on AVX-512 BW, `arch/x86/qdot_rk.rs`).
     #[inline(always)]
     unsafe fn sign8(a: __m512i, b: __m512i) -> __m512i {
         // SAFETY: the trait's contract (the width's features enabled).
@@ -433,7 +441,7 @@ impl Lanes for Zmm {
     }
 }
 
-impl RowLanes for Zmm {
+impl<const VNNI: bool> RowLanes for Zmm<VNNI> {
     type Src = (*const u8, *const u8);
     const ROWS: usize = 16;
     #[inline(always)]
@@ -506,7 +514,7 @@ mod tests {
     use crate::testutil::Rng;
 
     /// The integer ops at 512 bits, halves joined, against the 256-bit ones on each half
-    /// (the non-VNNI ones included, which no `Zmm` body takes today).
+    /// (the non-VNNI ones included, which `Zmm<false>` bodies take).
     ///
     /// # Safety
     /// AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI detected.
@@ -530,11 +538,11 @@ mod tests {
                 _mm256_storeu_si256(want.as_mut_ptr().add(8 * h).cast(), r);
             }
             let (za, zb) = (z(a), z(b));
-            let u = Zmm::sign8(za, za);
-            let s = Zmm::sign8(zb, za);
-            let low = Zmm::and(u, Zmm::isplat8(15));
-            let p = Zmm::add16(Zmm::maddubs(u, s), Zmm::maddubs(low, s));
-            let r = Zmm::add32(Zmm::widen16(p), Zmm::dot(zc, low, zb));
+            let u = <Zmm>::sign8(za, za);
+            let s = <Zmm>::sign8(zb, za);
+            let low = <Zmm>::and(u, <Zmm>::isplat8(15));
+            let p = <Zmm>::add16(<Zmm>::maddubs(u, s), <Zmm>::maddubs(low, s));
+            let r = <Zmm>::add32(<Zmm>::widen16(p), <Zmm>::dot(zc, low, zb));
             let mut got = [0i32; 16];
             _mm512_storeu_si512(got.as_mut_ptr().cast(), r);
             (got, want)

@@ -1,19 +1,19 @@
 //! x86-64 loops: AVX2 (+FMA, F16C), AVX-512 (F/BW/VL/VNNI/BF16) and AMX tiles. File names
 //! say the loop; a `16` suffix is the 512-bit (16-lane or 16-row) form of the 256-bit file
-//! without it (`qdot_r8` / `qdot_r16`, `qdot_rk` / `qdot_rk16`, `fdot` / `fdot16`).
+//! without it (`qdot_r8` / `qdot_r16`, `fdot` / `fdot16`).
 //!
 //! Register widths: `lanes.rs` makes the width a type ([`lanes::Lanes`], [`lanes::RowLanes`];
 //! `Ymm` 256 bits, `Zmm` 512). Where the two forms of a loop differ only in width, the body is
 //! written once over it (`qdot_r.rs` for `qdot_r8` / `qdot_r16`; `fdot.rs`'s `lanes32`) and each
 //! width's `#[target_feature]` entry function monomorphizes it. `fdot16::chunk16` is a different
-//! tiling from `fdot::chunk8_avx2` (its module says why); `qdot_rk` / `qdot_rk16` are not
-//! folded yet.
+//! tiling from `fdot::chunk8_avx2` (its module says why). `qdot_rk.rs` writes each k-quant
+//! body once over the width and the integer dot (`lanes_k::KLanes`: `maddubs` or `vpdpbusd`,
+//! 256 or 512 bits), its entry functions one per ISA.
 //!
 //! The portable path of each: `qdot_r8`, `qdot_r16` - `arch::generic::qdot_r8_generic`; `fdot`'s
 //! `lanes8_rows_avx2` and `lanes32_*` - `arch::generic::fdot_generic`; `decode` -
-//! `kernels::decode::decode_run`; `qdot` - `arch::generic::qdot_generic`; `qdot_k`, `qdot_rk`,
-//! `qdot_rk16`, `qdot_rk_vnni` (`qdot_rk`'s tiles on `vpdpbusd`; both build on
-//! `qdot_rk_parts`) - `matmul::qdot_k::dot_scalar`; `fdot`'s and `fdot16`'s tiles - `ggml::dot_lanes8`
+//! `kernels::decode::decode_run`; `qdot` - `arch::generic::qdot_generic`; `qdot_k`, `qdot_rk`
+//! (with `qdot_rk_parts`) - `matmul::qdot_k::dot_scalar`; `fdot`'s and `fdot16`'s tiles - `ggml::dot_lanes8`
 //! (`matmul::lanes8`); `amx`, `amx_bf16` - the VNNI/AVX-512 tiles they stand in for;
 //! `attention` (the grouped score and V loops) - `attention::ggml_heads::head`.
 
@@ -24,12 +24,11 @@ pub(crate) mod decode;
 pub(crate) mod fdot;
 pub(crate) mod fdot16;
 pub(crate) mod lanes;
+pub(crate) mod lanes_k;
 pub(crate) mod qdot;
 pub(crate) mod qdot_k;
 pub(crate) mod qdot_r;
 pub(crate) mod qdot_r16;
 pub(crate) mod qdot_r8;
 pub(crate) mod qdot_rk;
-pub(crate) mod qdot_rk16;
 pub(crate) mod qdot_rk_parts;
-pub(crate) mod qdot_rk_vnni;
