@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from runtime_hooks import HookedRuntime
 
 from poot import AsyncEngine, SamplingParams, StreamOutput, errors
 from poot.async_engine import RequestAbortedError
@@ -129,17 +130,12 @@ def test_bad_request_fails_alone(llm: Any) -> None:
 
 def test_failed_step_fails_its_requests(llm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = AsyncEngine(llm)
-    run_sample = llm.runner.run_sample
-    calls = 0
 
-    def failing(*args: Any, **kw: Any) -> Any:
-        nonlocal calls
-        calls += 1
+    def failing(calls: int) -> None:
         if calls == 3:
             raise errors.DeviceTimeoutError("injected", during="run")
-        return run_sample(*args, **kw)
 
-    monkeypatch.setattr(llm.runner, "run_sample", failing)
+    monkeypatch.setattr(llm.runner, "runtime", HookedRuntime(llm.runner.runtime, failing))
 
     async def main() -> list[StreamOutput]:
         with pytest.raises(errors.DeviceTimeoutError):

@@ -8,7 +8,9 @@ import ast
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from runtime_hooks import HookedRuntime
 
 from poot import LLM, SamplingParams, _native
 from poot.engine_core import EngineCore
@@ -62,18 +64,18 @@ def test_a_failed_step_ends_its_requests_and_leaves_the_core_usable(llm: LLM) ->
     core = llm.core
     runner = core.runner
 
-    def broken(*args: Any, **kw: Any) -> Any:
+    def broken(n: int) -> None:
         raise RuntimeError("the device went away")
 
     req = llm.make_request("Once upon", GREEDY)
     core.add_request(req)
-    original = runner.run_sample
-    runner.run_sample = broken  # type: ignore[method-assign]
+    original = runner.runtime
+    runner.runtime = HookedRuntime(original, broken)
     try:
         with pytest.raises(RuntimeError, match="went away"):
             core.step()
     finally:
-        runner.run_sample = original  # type: ignore[method-assign]
+        runner.runtime = original
     assert not core.is_live(req.request_id) and not core.has_unfinished()
     assert llm.scheduler.used_blocks == 0 and not llm.scheduler.step_in_flight
     assert llm.generate("Lily", GREEDY)[0].outputs[0].finish_reason == "length"
@@ -90,15 +92,22 @@ class _Counting:
         return getattr(self._inner, name)
 
 
-def test_a_warm_step_crosses_into_rust_three_times(llm: LLM) -> None:
-    # Plan (scheduling and the step's inputs, laid out and padded), run, apply: nothing is read
-    # back from a native plan object. Tracing and compiling on a plan-cache miss cross more.
-    core, params = llm.core, SamplingParams(max_tokens=6, temperature=0.8, seed=1)
-    llm.generate(["Once upon", "Lily"], params)  # warms the plans of these shapes
+_RUNNER_ENTRIES = ("plan", "run_plan", "run_sample", "run_all_logits")
+
+
+def _warm_steps(llm: LLM, params: SamplingParams) -> tuple[list[str], int, list[list[int]]]:
+    """Runs two requests step by step on ``llm``'s core (after warming their plans) with the
+    scheduler and the step driver behind proxies that log every attribute read (each one a
+    crossing into Rust), and the runner's Python entries logged too; returns the log, the
+    steps and the outputs."""
+    core = llm.core
+    want = [o.outputs[0].token_ids for o in llm.generate(["Once upon", "Lily"], params)]
     log: list[str] = []
-    scheduler, runtime = core.scheduler, core.runner.runtime
+    scheduler, driver, runner = core.scheduler, core.driver, core.runner
     core.scheduler = _Counting(scheduler, log)  # type: ignore[assignment]
-    core.runner.runtime = _Counting(runtime, log)
+    core.driver = _Counting(driver, log)  # type: ignore[assignment]
+    for name in _RUNNER_ENTRIES:
+        setattr(runner, name, _logged(getattr(runner, name), name, log))
     try:
         reqs = [llm.make_request(p, params) for p in ("Once upon", "Lily")]
         for r in reqs:
@@ -109,9 +118,67 @@ def test_a_warm_step_crosses_into_rust_three_times(llm: LLM) -> None:
             core.step()
             steps += 1
     finally:
-        core.scheduler, core.runner.runtime = scheduler, runtime
-    assert steps > 1 and log == ["schedule", "run", "update"] * steps
-    assert [len(r.out) for r in reqs] == [6, 6]
+        core.scheduler, core.driver = scheduler, driver
+        for name in _RUNNER_ENTRIES:
+            delattr(runner, name)
+    assert [r.out for r in reqs] == want  # the same tokens as the plain loop
+    return log, steps, want
+
+
+def _logged(f: Any, name: str, log: list[str]) -> Any:
+    def call(*args: Any, **kw: Any) -> Any:
+        log.append(name)
+        return f(*args, **kw)
+
+    return call
+
+
+WARM_CASES = [
+    SamplingParams(max_tokens=6, temperature=0.0),
+    SamplingParams(max_tokens=6, temperature=0.8, seed=1),
+]
+
+
+@pytest.mark.parametrize("params", WARM_CASES, ids=["greedy", "seeded"])
+def test_a_warm_step_crosses_into_rust_once(llm: LLM, params: SamplingParams) -> None:
+    # Scheduling, laying out, running and applying are one call; nothing else crosses, and
+    # the runner's Python path (tracing on a miss, host-side steps) is not taken.
+    log, steps, want = _warm_steps(llm, params)
+    assert steps > 1 and log == ["step"] * steps
+    assert all(len(w) == 6 for w in want)
+
+
+@pytest.mark.parametrize("params", WARM_CASES, ids=["greedy", "seeded"])
+def test_a_warm_wgpu_step_crosses_into_rust_once(stories: Path, params: SamplingParams) -> None:
+    from wgpu_util import require_wgpu
+
+    require_wgpu()
+    llm = LLM(str(stories / "stories260K-f32.gguf"), backend="wgpu", num_blocks=32)
+    log, steps, _ = _warm_steps(llm, params)
+    assert steps > 1 and log == ["step"] * steps
+
+
+def test_steps_that_need_the_host_take_the_runner_s_path(llm: LLM) -> None:
+    # Prompt logprobs and a row's full logits come back to the host: such steps are planned by
+    # the driver, run by the runner and applied by a second call.
+    core = llm.core
+    params = SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=1)
+    log: list[str] = []
+    driver = core.driver
+    core.driver = _Counting(driver, log)  # type: ignore[assignment]
+    try:
+        req = llm.make_request("Once upon a time", params)
+        core.add_request(req)
+        log.clear()
+        core.step()  # the prefill, with prompt logprobs
+        assert log == ["step", "update"]
+        log.clear()
+        logits = core.step_logits(req)  # a decode step that also brings back the row's logits
+        assert log == ["step", "update"] and logits is not None
+        assert req.out[-1] == int(np.argmax(logits))
+    finally:
+        core.driver = driver
+    assert not core.has_unfinished() and llm.scheduler.used_blocks == 0
 
 
 # ---- the seams, checked over the source --------------------------------------------------

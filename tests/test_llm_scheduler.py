@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from runtime_hooks import HookedRuntime
 
 from poot import SamplingParams, _native, errors
 
@@ -77,18 +78,16 @@ def test_blocks_return_after_abort_mid_prefill(
     # delivers; KeyboardInterrupt a Ctrl-C) on its 5th prefill step, before its first token.
     llm = make_llm(stories / "stories260K-f32.gguf", "cpu", max_step_tokens=4, block_size=4)
     prompt = [1, *range(300, 359)]
-    calls, used = 0, -1
-    run_sample = llm.runner.run_sample
+    used = -1
 
-    def aborting(*args: Any, **kw: Any) -> Any:
-        nonlocal calls, used
-        calls += 1
+    def aborting(calls: int) -> None:
+        nonlocal used
         if calls == 5:
             used = llm.scheduler.used_blocks
             raise abort()
-        return run_sample(*args, **kw)
 
-    monkeypatch.setattr(llm.runner, "run_sample", aborting)
+    runtime = llm.runner.runtime
+    monkeypatch.setattr(llm.runner, "runtime", HookedRuntime(runtime, aborting))
     it = llm.generate_stream(prompt, SamplingParams(max_tokens=8, temperature=0.0))
     with pytest.raises(abort):
         next(it)
@@ -97,26 +96,23 @@ def test_blocks_return_after_abort_mid_prefill(
     assert llm.scheduler.used_blocks == 0
     assert not llm.scheduler.has_unfinished_requests
     assert not llm.scheduler.step_in_flight
-    monkeypatch.setattr(llm.runner, "run_sample", run_sample)
+    monkeypatch.setattr(llm.runner, "runtime", runtime)
     assert len(llm.generate(prompt, GREEDY)[0].outputs[0].token_ids) == 20
     assert llm.scheduler.used_blocks == 0
 
 
 def test_blocks_return_after_an_error(llm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     want = llm.generate(PROMPTS[:2], GREEDY)
-    calls = 0
-    run_sample = llm.runner.run_sample
 
-    def failing(*args: Any, **kw: Any) -> Any:
-        nonlocal calls
-        calls += 1
+    def failing(calls: int) -> None:
         if calls == 4:
             raise errors.DeviceTimeoutError("injected", during="run")
-        return run_sample(*args, **kw)
 
-    monkeypatch.setattr(llm.runner, "run_sample", failing)
+    runtime = llm.runner.runtime
+    monkeypatch.setattr(llm.runner, "runtime", HookedRuntime(runtime, failing))
     with pytest.raises(errors.DeviceTimeoutError):
         llm.generate(PROMPTS[:2], GREEDY)
+    monkeypatch.setattr(llm.runner, "runtime", runtime)
     assert llm.scheduler.used_blocks == 0
     assert not llm.scheduler.has_unfinished_requests
     assert not llm.scheduler.step_in_flight

@@ -1,7 +1,7 @@
 """Type stubs for ``poot._native``, the Rust extension module (checked by ``mypy.stubtest``)."""
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, final
 
 import numpy.typing as npt
@@ -30,6 +30,7 @@ __all__ = [
     "cuda_memory",
     "_cuda_emulator",
     "Scheduler",
+    "StepDriver",
     "_mapping_probe",
 ]
 
@@ -567,5 +568,70 @@ class Scheduler:
     @property
     def step_in_flight(self) -> bool: ...
     def stats(self) -> dict[str, int]: ...
+
+_PlanKey = tuple[int, int, int, int, bool, int]
+
+@final
+class StepDriver:
+    """One call per steady-state step over a ``Scheduler`` (shared) and a runtime: schedules,
+    draws and lays out the step, runs its plan (``plan_for(key, uses) -> (plan, held_keys)``
+    on a miss; ``fill_mask(rows, seqs)`` while a masked step runs) and applies the sampled
+    tokens. Keeps each request's sampling state (numpy's
+    ``PCG64`` stream continued, penalty counts, logit bias). A step that needs the host comes
+    back unrun (``ran`` False) for the caller to run and ``update``.
+
+    Raises ``ValueError`` for a bad call (a non-PCG64 ``rng_state``, a duplicate request, a bad
+    ``timeout_s``), the scheduler's errors, and whatever the run or ``plan_for`` raises (the
+    step is then left in flight: end ``step_rows`` and close it).
+    """
+
+    def __new__(
+        cls,
+        scheduler: Scheduler,
+        runtime: Any,
+        plan_for: Callable[[_PlanKey, list[tuple[_PlanKey, int]]], tuple[Any, list[_PlanKey]]],
+        fill_mask: Callable[[list[tuple[int, int]], int], npt.NDArray[Any]],
+        *,
+        timeout_s: float,
+        samples_on_device: bool,
+        logprob_width: int,
+    ) -> StepDriver: ...
+    def set_runtime(self, runtime: Any, samples_on_device: bool) -> None: ...
+    def add_request(
+        self,
+        request_id: int,
+        prompt_ids: Sequence[int],
+        max_tokens: int,
+        *,
+        eos_ids: Sequence[int],
+        stop_ids: Sequence[int],
+        ignore_eos: bool,
+        temperature: float,
+        top_k: int,
+        top_p: float,
+        min_p: float,
+        repetition: float,
+        presence: float,
+        frequency: float,
+        bias: Sequence[tuple[int, float]],
+        rng_state: dict[str, Any],
+        logprobs: bool,
+        prompt_logprobs: bool,
+        guided: bool,
+    ) -> None: ...
+    def abort(self, request_id: int) -> bool: ...
+    def step(self, fast: bool = True, forget: Sequence[_PlanKey] = ...) -> dict[str, Any]: ...
+    def update(
+        self, sampled: Sequence[tuple[int, int]]
+    ) -> list[tuple[int, int, Literal["stop", "length"] | None]]: ...
+    @property
+    def step_rows(self) -> list[int]: ...
+    @property
+    def prefill_tokens(self) -> int: ...
+    @property
+    def decode_tokens(self) -> int: ...
+    def take_plan_uses(self) -> list[tuple[_PlanKey, int]]: ...
+    @property
+    def plan_keys(self) -> list[_PlanKey]: ...
 
 def _mapping_probe(variant: str) -> None: ...

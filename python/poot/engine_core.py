@@ -1,7 +1,9 @@
 """``EngineCore``: the one owner of requests and of the step.
 
 The core holds the Rust scheduler (``poot._native.Scheduler``: queues, KV blocks, chunked
-prefill, preemption), the step runner (plans by step shape, the runtime) and the live requests.
+prefill, preemption), the step driver over it (``poot._native.StepDriver``: each request's
+sampling state, and a steady-state step scheduled, laid out, run and applied in one call), the
+step runner (plans by step shape, the runtime) and the live requests.
 Its clients (``poot.LLM`` for offline generation, ``poot.AsyncEngine`` for the server) only
 call its public methods, in the shape of vLLM's ``EngineCore``:
 
@@ -12,6 +14,14 @@ call its public methods, in the shape of vLLM's ``EngineCore``:
 - ``has_unfinished()``: whether any request is live.
 
 Invariants:
+    - A steady-state step is one call into Rust (``StepDriver.step``). Python is called back
+      only to trace and compile a plan on a miss (``_plan_for``, through the runner's plan
+      cache), to fill a guidance mask while the step runs (``_fill_mask``), and to run on a
+      runtime that is itself a Python object. Steps that need the host come back unrun and
+      take the runner's path: a prefill chunk asking for prompt logprobs, ``step_logits``,
+      sampling ops the runtime lacks (split sampling), a mask on a Python runtime.
+    - The driver's held plans are the runner's cache's: it drops what the cache evicts, and
+      the cache records the driver's hits (LRU order, counts) at each miss and at ``stats``.
     - A request is live from ``add_request`` until it finishes, fails or is aborted; live
       requests are exactly the scheduler's unfinished ones once ``settle`` has run.
     - A failed step ends every request it ran (their blocks are freed), closes the step, and
@@ -31,14 +41,24 @@ Invariants:
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
 from poot import _native
 from poot.guidance import Guide
+from poot.models.step import StepShape
 from poot.outputs import Logprob
-from poot.request import Request, sampling_rows
-from poot.runner import SchedulerOutput, StepResult, StepRunner, next_pow2
+from poot.request import Request
+from poot.runner import (
+    LOGPROB_WIDTH,
+    SamplingRows,
+    SchedulerOutput,
+    StepResult,
+    StepRunner,
+    next_pow2,
+)
 from poot.tokenizer import Tokenizer
 
 __all__ = ["EngineCore", "log_softmax"]
@@ -78,8 +98,19 @@ class EngineCore:
         self.eos_ids = eos_ids
         self._live: dict[int, Request] = {}
         self._next_id = 0
-        self.prefill_tokens = 0
-        self.decode_tokens = 0
+        self._runtime = runner.runtime
+        self.driver = _native.StepDriver(
+            scheduler,
+            runner.runtime,
+            self._plan_for,
+            self._fill_mask,
+            timeout_s=runner.timeout_s,
+            samples_on_device=runner.samples_on_device,
+            logprob_width=LOGPROB_WIDTH,
+        )
+        # Keys the runner's plan cache evicted since the last step (the driver drops them).
+        self._evicted: list[tuple[int, int, int, int, bool, int]] = []
+        runner.plans.on_evict = self._on_evict
 
     @property
     def eos_ids(self) -> frozenset[int]:
@@ -101,13 +132,26 @@ class EngineCore:
         """
         p = req.params
         rid = self._next_id
-        self.scheduler.add_request(
+        # The request's random stream moves to the driver here (numpy's PCG64, continued).
+        self.driver.add_request(
             rid,
             req.prompt_ids,
             p.max_tokens,
             eos_ids=self._eos_sorted,
             stop_ids=sorted(p.stop_ids),
             ignore_eos=p.ignore_eos,
+            temperature=float(p.temperature),
+            top_k=p.top_k,
+            top_p=float(p.top_p),
+            min_p=float(p.min_p),
+            repetition=float(p.repetition_penalty),
+            presence=float(p.presence_penalty),
+            frequency=float(p.frequency_penalty),
+            bias=list(p.bias_items),
+            rng_state=req.rng.bit_generator.state,
+            logprobs=p.logprobs is not None,
+            prompt_logprobs=p.prompt_logprobs is not None,
+            guided=req.matcher is not None,
         )
         self._next_id += 1
         req.request_id = rid
@@ -117,7 +161,7 @@ class EngineCore:
         """Ends a live request and frees its blocks; False when it was not live."""
         if self._live.pop(request_id, None) is None:
             return False
-        self.scheduler.abort(request_id)
+        self.driver.abort(request_id)
         return True
 
     def is_live(self, request_id: int) -> bool:
@@ -156,27 +200,68 @@ class EngineCore:
     def _step(
         self, logits_for: Request | None
     ) -> tuple[list[Request], npt.NDArray[np.float32] | None]:
-        # One crossing plans the step and lays out its inputs; one runs it; one applies it.
-        plan = SchedulerOutput(**self.scheduler.schedule())
-        for rid in plan.preempted:
-            if rid in self._live:
-                self._live[rid].in_prefill = True
-        ids = plan.request_ids
+        if self.runner.runtime is not self._runtime:  # the runner was given another runtime
+            self._runtime = self.runner.runtime
+            self.driver.set_runtime(self._runtime, self.runner.samples_on_device)
+        forget, self._evicted = self._evicted, []
+        try:
+            # The one crossing: plan, lay out, run and apply (or plan only; see the docs).
+            out = self.driver.step(logits_for is None, forget)
+        except BaseException:
+            self._end_step(self.driver.step_rows)
+            raise
+        ids: list[int] = out["request_ids"]
         if not ids:
             raise RuntimeError("the scheduler planned an empty step with requests live")
         rows = [self._live[i] for i in ids]
-        samples = plan.sample
-        # Rows whose prefill chunk asks for prompt logprobs (before in_prefill moves on).
-        wants = [i for i, r in enumerate(rows) if r.in_prefill and r.prompt_logprobs is not None]
-        for r, n, sample in zip(rows, plan.row_tokens, samples, strict=True):
-            if r.in_prefill:
-                self.prefill_tokens += n
-                r.in_prefill = not sample
-            else:
-                self.decode_tokens += n
+        if out["ran"]:
+            changed: list[Request] = []
+            failed = set(out["failed"])
+            lp_ids, lps = out["logprob_ids"], out["logprobs"]
+            for i, (r, sample) in enumerate(zip(rows, out["sample"], strict=True)):
+                if not sample:
+                    continue
+                if r.request_id in failed:  # non-finite logits: the driver ended it
+                    r.fail()
+                    del self._live[r.request_id]
+                    changed.append(r)
+                elif lps is not None and r.logprobs is not None:
+                    self._record_logprobs(r, lp_ids[i], lps[i])
+            self._accept(out["events"], changed)
+            return changed, None
+        return self._step_on_host(out, rows, logits_for)
+
+    def _step_on_host(
+        self, out: dict[str, Any], rows: list[Request], logits_for: Request | None
+    ) -> tuple[list[Request], npt.NDArray[np.float32] | None]:
+        """A step the driver planned but left to the runner (see the module docs)."""
+        ids: list[int] = out["request_ids"]
+        samples: list[bool] = out["sample"]
+        plan = SchedulerOutput(
+            ids,
+            out["row_tokens"],
+            samples,
+            out["preempted"],
+            out["num_tokens"],
+            out["num_cached_tokens"],
+            tuple(out["dims"]),
+            out["inputs"],
+        )
+        # Rows whose prefill chunk asks for prompt logprobs.
+        wants = [
+            i
+            for i, (r, prefill) in enumerate(zip(rows, out["prefill"], strict=True))
+            if prefill and r.prompt_logprobs is not None
+        ]
         logits: npt.NDArray[np.float32] | None = None
         try:
-            sampling = sampling_rows(rows, samples, self.guide)
+            sampling = SamplingRows(
+                out["sampling"],
+                adjust=out["adjust"],
+                mask_rows=[(i, rows[i].matcher) for i in out["mask_rows"]],
+                fill_mask=self.guide.fill_masks,
+                logprobs=out["logprobs"],
+            )
             if logits_for is not None and logits_for.request_id in ids:
                 i = ids.index(logits_for.request_id)
                 if samples[i]:
@@ -191,10 +276,7 @@ class EngineCore:
             else:
                 result = self.runner.run_sample(plan, sampling)
         except BaseException:
-            # The failed step's requests cannot go on: end them, then close the step.
-            for r in rows:
-                self.abort(r.request_id)
-            self.settle()
+            self._end_step(ids)
             raise
         changed: list[Request] = []
         sampled = []
@@ -208,9 +290,21 @@ class EngineCore:
                 changed.append(r)
                 continue
             if result.logprobs is not None and r.logprobs is not None:
-                self._record_logprobs(r, result, i)
+                assert result.logprob_ids is not None
+                self._record_logprobs(r, result.logprob_ids[i], result.logprobs[i])
             sampled.append((r.request_id, token))
-        for rid, token, finish in self.scheduler.update(sampled):
+        self._accept(self.driver.update(sampled), changed)
+        return changed, logits
+
+    def _end_step(self, request_ids: list[int]) -> None:
+        """A failed step's requests cannot go on: ends them, then closes the step."""
+        for rid in request_ids:
+            self.abort(rid)
+        self.settle()
+
+    def _accept(self, events: list[tuple[int, int, str | None]], changed: list[Request]) -> None:
+        """Each accepted token to its request's text; ends requests that finished."""
+        for rid, token, finish in events:
             req = self._live[rid]
             req.pending.append(req.accept(token, finish))
             changed.append(req)
@@ -218,13 +312,36 @@ class EngineCore:
                 del self._live[rid]
             elif req.ended_by_host:
                 self.abort(rid)
-        return changed, logits
 
-    def _record_logprobs(self, req: Request, result: StepResult, row: int) -> None:
-        assert result.logprob_ids is not None and result.logprobs is not None
+    # ---- plans ----------------------------------------------------------------------------
+
+    def _plan_for(
+        self, key: tuple[int, int, int, int, bool, int], uses: list[tuple[Any, int]]
+    ) -> tuple[Any, list[tuple[int, int, int, int, bool, int]]]:
+        """The driver's plan miss: records its hits, then the plan of ``key`` through the
+        runner's cache, and the sample-plan keys that cache holds afterwards."""
+        self._record_uses(uses)
+        plan = self.runner.plan(_shape(key))
+        return plan, [_key(k) for k in self.runner.cached_plans if k.kind == "sample"]
+
+    def _fill_mask(self, rows: list[tuple[int, int]], seqs: int) -> npt.NDArray[np.int32]:
+        """A masked step's token mask (``rows``: ``(row, request_id)``), while it runs."""
+        return self.guide.fill_masks([(row, self._live[rid].matcher) for row, rid in rows], seqs)
+
+    def _record_uses(self, uses: list[tuple[Any, int]]) -> None:
+        for key, hits in uses:
+            self.runner.plans.touch(_shape(key), hits)
+
+    def _on_evict(self, shape: StepShape) -> None:
+        if shape.kind == "sample":
+            self._evicted.append(_key(shape))
+
+    def _record_logprobs(
+        self, req: Request, row_ids: npt.NDArray[np.int32], row_lps: npt.NDArray[np.float32]
+    ) -> None:
         n = req.params.logprobs or 0
-        ids = [int(t) for t in result.logprob_ids[row]]
-        lps = [float(x) for x in result.logprobs[row]]
+        ids = [int(t) for t in row_ids]
+        lps = [float(x) for x in row_lps]
         chosen, top = ids[0], ids[1:]
         entry: dict[int, Logprob] = {}
         for rank, (t, lp) in enumerate(zip(top[:n], lps[1 : n + 1], strict=True), start=1):
@@ -312,11 +429,22 @@ class EngineCore:
     # ---- counters -------------------------------------------------------------------------
 
     def stats(self) -> dict[str, int]:
-        """The scheduler's counters, the token counters and the KV block counts."""
+        """The scheduler's counters, the token counters and the KV block counts (and the
+        driver's plan hits, given to the runner's plan cache)."""
+        self._record_uses(self.driver.take_plan_uses())
         s = dict(self.scheduler.stats())
-        s["prefill_computed_tokens"] = self.prefill_tokens
+        s["prefill_computed_tokens"] = self.driver.prefill_tokens
         s["prefill_cached_tokens"] = s["cached_tokens"]
-        s["decode_tokens"] = self.decode_tokens
+        s["decode_tokens"] = self.driver.decode_tokens
         s["used_blocks"] = self.scheduler.used_blocks
         s["num_blocks"] = self.scheduler.num_blocks
         return s
+
+
+def _shape(key: tuple[int, int, int, int, bool, int]) -> StepShape:
+    tokens, seqs, max_blocks, adjust, masked, logprobs = key
+    return StepShape(tokens, seqs, max_blocks, "sample", adjust, masked, logprobs)
+
+
+def _key(shape: StepShape) -> tuple[int, int, int, int, bool, int]:
+    return (shape.tokens, shape.seqs, shape.max_blocks, shape.adjust, shape.masked, shape.logprobs)

@@ -62,6 +62,8 @@ class PreparedCache(Generic[K, V]):
         self.misses = 0
         self.evictions = 0
         self.refusals = 0
+        # Told each evicted key (a holder of the same entries elsewhere drops it too).
+        self.on_evict: Callable[[K], None] | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -93,12 +95,21 @@ class PreparedCache(Generic[K, V]):
         while self._entries and (
             len(self._entries) + 1 > self.max_entries or self.bytes + size > self.max_bytes
         ):
-            _, old = self._entries.popitem(last=False)
+            gone, old = self._entries.popitem(last=False)
             self.bytes -= int(old.artifact_bytes)
             self.evictions += 1
+            if self.on_evict is not None:
+                self.on_evict(gone)
         self._entries[key] = entry
         self.bytes += size
         return entry
+
+    def touch(self, key: K, hits: int = 1) -> None:
+        """Records ``hits`` uses of a held entry made elsewhere (it becomes the most recent);
+        nothing when ``key`` is not held."""
+        if key in self._entries:
+            self._entries.move_to_end(key)
+            self.hits += hits
 
     def _refuse(self, resource: str, limit: int, total: int) -> None:
         self.refusals += 1

@@ -1,10 +1,10 @@
 """One request's host-side state: its tokens and text, its sampling state, how it ends.
 
-The device samples; the host keeps what the sampling step needs from one step to the next:
-the request's random stream (one uniform draw per sampled token), the counts behind its
-penalties, its logit bias and its guidance matcher. It also turns tokens into text deltas and
-applies stop strings. ``sampling_rows`` gathers a step's requests into the decode graph's
-sampling inputs.
+The device samples. What the sampling step needs from one step to the next (the request's
+seeded random stream, the counts behind its penalties, its logit bias) lives in the step
+driver (``poot._native.StepDriver``) from admission on: ``rng`` is handed to it when the
+request is added and not drawn from here. The host keeps the guidance matcher, turns tokens
+into text deltas and applies stop strings.
 
 Invariants:
     - Stop strings: no text that could still become part of a stop string is handed out
@@ -12,30 +12,24 @@ Invariants:
       text ends just before it and the request finishes with ``"stop"``.
     - ``ended_by_host`` is set when the host, not the scheduler, ended the request (a stop
       string, a finished grammar, non-finite logits): the driver must then free its blocks.
-    - The adjust list names each token at most once: seen tokens carry their output count
-      (0 = prompt only), bias-only tokens carry -1.
 """
 
 from __future__ import annotations
 
-from collections import Counter, deque
-from collections.abc import Sequence
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from poot.outputs import Logprob
-from poot.runner import SamplingRows
 from poot.sampling import SamplingParams
 from poot.tokenizer import TokenStream
 
 if TYPE_CHECKING:
     import llguidance
 
-    from poot.guidance import Guide
-
-__all__ = ["Request", "sampling_rows"]
+__all__ = ["Request"]
 
 
 def _held_suffix(text: str, stops: tuple[str, ...]) -> int:
@@ -71,18 +65,11 @@ class Request:
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     cumulative_logprob: float | None = None
     request_id: int = -1
-    # Whether the request's next row is (part of) a prefill: until its first sample, and again
-    # after a preemption (recompute).
-    in_prefill: bool = True
     ended_by_host: bool = False
-    counts: Counter[int] = field(default_factory=Counter)
     # Accepted text not yet handed out (it may still turn into a stop string).
     _held: str = ""
-    _prompt_set: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
-        if self.params.repetition_penalty != 1.0:
-            self._prompt_set = frozenset(self.prompt_ids)
         if self.params.logprobs is not None:
             self.logprobs = []
             self.cumulative_logprob = 0.0
@@ -92,28 +79,6 @@ class Request:
     @property
     def length(self) -> int:
         return len(self.prompt_ids) + len(self.out)
-
-    # ---- sampling inputs ------------------------------------------------------------------
-
-    def adjust_entries(self) -> tuple[list[int], list[int], list[float]] | None:
-        """``(ids, counts, bias)`` of the adjust list; None when nothing is adjusted."""
-        p = self.params
-        if not p.penalized and not p.bias_items:
-            return None
-        entries: dict[int, list[float]] = {}
-        if p.penalized:
-            for t in self._prompt_set:
-                entries[t] = [0, 0.0]
-            for t, c in self.counts.items():
-                entries[t] = [c, 0.0]
-        for t, b in p.bias_items:
-            entries.setdefault(t, [-1, 0.0])[1] = b
-        ids = list(entries)
-        return ids, [int(entries[t][0]) for t in ids], [entries[t][1] for t in ids]
-
-    def draw(self) -> float:
-        """The next uniform draw of the request's random stream."""
-        return float(self.rng.random(dtype=np.float32))
 
     # ---- accepting tokens -----------------------------------------------------------------
 
@@ -129,7 +94,6 @@ class Request:
         ``finish`` is the scheduler's verdict (``"stop"`` on an eos or stop id, ``"length"``).
         """
         self.out.append(token)
-        self.counts[token] += 1
         grammar_done = False
         if self.matcher is not None:
             # The mask only allowed tokens the matcher accepts; a refusal is an engine bug.
@@ -182,27 +146,3 @@ class Request:
         if self.logprobs is not None:
             self.logprobs.append(entry)
             self.cumulative_logprob = (self.cumulative_logprob or 0.0) + chosen
-
-
-def sampling_rows(rows: Sequence[Request], samples: Sequence[bool], guide: Guide) -> SamplingRows:
-    """A step's sampling inputs; draws one uniform per sampling row (none for prefill chunks)."""
-    return SamplingRows(
-        temperature=[float(r.params.temperature) for r in rows],
-        top_k=[max(r.params.top_k, 0) for r in rows],
-        top_p=[float(r.params.top_p) for r in rows],
-        min_p=[float(r.params.min_p) for r in rows],
-        uniform=[r.draw() if s else 0.0 for r, s in zip(rows, samples, strict=True)],
-        adjust=[r.adjust_entries() for r in rows],
-        repetition=[float(r.params.repetition_penalty) for r in rows],
-        presence=[float(r.params.presence_penalty) for r in rows],
-        frequency=[float(r.params.frequency_penalty) for r in rows],
-        mask_rows=[
-            (i, r.matcher)
-            for i, (r, s) in enumerate(zip(rows, samples, strict=True))
-            if s and r.matcher is not None
-        ],
-        fill_mask=guide.fill_masks,
-        logprobs=any(
-            r.params.logprobs is not None for r, s in zip(rows, samples, strict=True) if s
-        ),
-    )

@@ -3,7 +3,10 @@
 Scheduling and KV block allocation live in Rust (``poot._native.Scheduler``, poot-engine):
 ``run_plan`` runs one ``SchedulerOutput`` (the scheduler's step, already laid out as the step
 graph's inputs at its padded dims). The contract with a model definition is
-``poot.models.step``.
+``poot.models.step``. A steady-state step does not pass through here: the step driver
+(``poot._native.StepDriver``) runs it in one call, asking this runner only for a plan on a
+miss; this runner runs the steps that need the host (full logits, prompt logprobs, split
+sampling, a mask on a Python runtime), with sampling inputs the driver laid out.
 
 Invariants:
     - Every step is a legal chunk: at most ``max_step_tokens`` tokens, and no more than the
@@ -108,34 +111,38 @@ class SchedulerOutput:
 
 @dataclass
 class SamplingRows:
-    """The sampling inputs of a step, one entry per row (``run_plan``).
+    """The sampling inputs of a step (``run_plan``), laid out by the step driver
+    (``poot._native.StepDriver``, which keeps each request's sampling state).
 
     Attributes:
-        temperature, top_k, top_p, min_p, uniform: per-row settings and draws.
-        adjust: per row, ``(ids, counts, bias)`` of its penalty/bias list, or None.
-        repetition, presence, frequency: per-row penalties (used with ``adjust``).
+        inputs: the sampling step's inputs at the step's padded rows: ``temperature``,
+            ``top_k``, ``top_p``, ``min_p``, ``uniform``; with ``adjust``, also ``adj_ids``,
+            ``adj_counts``, ``adj_bias``, ``repetition``, ``presence``, ``frequency``.
+        adjust: the plan's adjust width (0: no adjust inputs).
         mask_rows: ``(row, matcher)`` for rows whose mask guidance fills; with ``fill_mask``.
         fill_mask: computes the step's token mask [seqs, ceil(vocab/32)] for ``mask_rows``.
         logprobs: whether any row wants logprobs.
     """
 
-    temperature: Sequence[float]
-    top_k: Sequence[int]
-    top_p: Sequence[float]
-    uniform: Sequence[float]
-    min_p: Sequence[float] | None = None
-    adjust: Sequence[tuple[list[int], list[int], list[float]] | None] | None = None
-    repetition: Sequence[float] | None = None
-    presence: Sequence[float] | None = None
-    frequency: Sequence[float] | None = None
+    inputs: dict[str, npt.NDArray[np.generic]]
+    adjust: int = 0
     mask_rows: Sequence[tuple[int, Any]] = ()
     fill_mask: Callable[[Sequence[tuple[int, Any]], int], npt.NDArray[np.int32]] | None = None
     logprobs: bool = False
 
-    def adjust_width(self) -> int:
-        """The plan's adjust width: 0, or the longest list rounded up (at least 16)."""
-        widths = [len(a[0]) for a in self.adjust or () if a is not None]
-        return 0 if not widths else max(16, next_pow2(max(widths)))
+    @classmethod
+    def greedy(cls, seqs: int) -> SamplingRows:
+        """Every one of ``seqs`` rows greedy."""
+        zeros = np.zeros(seqs, np.float32)
+        return cls(
+            {
+                "temperature": zeros,
+                "top_k": np.zeros(seqs, np.int32),
+                "top_p": np.ones(seqs, np.float32),
+                "min_p": zeros,
+                "uniform": zeros,
+            }
+        )
 
 
 @dataclass
@@ -204,7 +211,7 @@ class StepRunner:
         # Split steps (see the module docs): the host runtime and its sampling-step plans.
         self._host: CpuRuntime | None = None
         self._heads: dict[tuple[int, int, int, bool, int], Plan] = {}
-        self._samples_on_device = all(runtime.supports(op) for op in LOGIT_OPS)
+        self.samples_on_device = all(runtime.supports(op) for op in LOGIT_OPS)
         n_layers, n_kv_heads, head_dim = definition.kv_shape
         runtime.configure_kv(
             n_layers=n_layers,
@@ -294,23 +301,23 @@ class StepRunner:
         rows = plan.num_seqs
         if rows == 0:
             raise ValueError("a step needs at least one sequence")
-        if sampling is None:
-            sampling = SamplingRows([0.0] * rows, [0] * rows, [1.0] * rows, [0.0] * rows)
-        sample = kind != "logits"
         tokens, seqs, max_blocks = plan.dims
+        if sampling is None:
+            sampling = SamplingRows.greedy(seqs)
+        sample = kind != "logits"
         shape = StepShape(
             tokens,
             seqs,
             max_blocks,
             kind,
-            adjust=sampling.adjust_width() if sample else 0,
+            adjust=sampling.adjust if sample else 0,
             masked=sample and bool(sampling.mask_rows),
             logprobs=LOGPROB_WIDTH if sample and sampling.logprobs else 0,
         )
         inputs: dict[str, npt.NDArray[np.generic]] = dict(plan.inputs)
         if sample:
-            inputs.update(_sampling_inputs(shape, rows, sampling))
-        if sample and _has_logit_ops(shape) and not self._samples_on_device:
+            inputs.update(sampling.inputs)
+        if sample and _has_logit_ops(shape) and not self.samples_on_device:
             return self._run_split(plan, shape, inputs, sampling)
         prepared = self.plan(shape)
         if not shape.masked:
@@ -437,42 +444,3 @@ class _Outputs:
             None if ids is None else ids[:r],
             None if lps is None else lps[:r],
         )
-
-
-def _sampling_inputs(
-    shape: StepShape, rows: int, sampling: SamplingRows
-) -> dict[str, npt.NDArray[np.generic]]:
-    """The sampling step's inputs, padded to ``shape.seqs`` rows (padding rows are greedy)."""
-    s = shape.seqs
-
-    def col(values: Sequence[float] | Sequence[int] | None, fill: float, dtype: type) -> Any:
-        a: npt.NDArray[Any] = np.full(s, fill, dtype)
-        if values is not None:
-            a[:rows] = values
-        return a
-
-    out: dict[str, npt.NDArray[np.generic]] = {
-        "temperature": col(sampling.temperature, 0.0, np.float32),
-        "top_k": col(sampling.top_k, 0, np.int32),
-        "top_p": col(sampling.top_p, 1.0, np.float32),
-        "min_p": col(sampling.min_p, 0.0, np.float32),
-        "uniform": col(sampling.uniform, 0.0, np.float32),
-    }
-    if shape.adjust:
-        w = shape.adjust
-        ids = np.full((s, w), -1, np.int32)
-        counts = np.full((s, w), -1, np.int32)
-        bias = np.zeros((s, w), np.float32)
-        for r, a in enumerate(sampling.adjust or ()):
-            if a is not None:
-                k = len(a[0])
-                ids[r, :k], counts[r, :k], bias[r, :k] = a
-        out.update(
-            adj_ids=ids,
-            adj_counts=counts,
-            adj_bias=bias,
-            repetition=col(sampling.repetition, 1.0, np.float32),
-            presence=col(sampling.presence, 0.0, np.float32),
-            frequency=col(sampling.frequency, 0.0, np.float32),
-        )
-    return out

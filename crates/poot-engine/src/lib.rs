@@ -14,12 +14,15 @@
 //! a request ends, however it ends (finish, abort before, during or after a step).
 //!
 //! Modules: `config` (settings), `request` (request specs and states), `plan` (step plans,
-//! outputs, events and the runner's flat input layout), `scheduler` (the policy).
+//! outputs, events and the runner's flat input layout), `sampling` (each request's sampling
+//! state between steps, numpy's seeded stream continued, and a step's sampling inputs),
+//! `scheduler` (the policy).
 
 mod config;
 mod error;
 mod plan;
 mod request;
+mod sampling;
 mod scheduler;
 
 pub use config::SchedulerConfig;
@@ -27,4 +30,5 @@ pub use error::EngineError;
 pub use plan::{FlatStep, RequestEvent, ScheduledSeq, SchedulerOutput, StepDims, StepOutput};
 pub use poot_kv::{BlockId, TokenId};
 pub use request::{FinishReason, RequestId, RequestSpec, RequestState, RequestStatus};
+pub use sampling::{step_sampling, Pcg64, RequestSampling, SamplingSpec, StepSampling};
 pub use scheduler::{Scheduler, SchedulerStats};

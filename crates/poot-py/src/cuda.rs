@@ -151,7 +151,7 @@ impl std::fmt::Debug for PyCudaRuntime {
 }
 
 impl PyCudaRuntime {
-    fn dyn_rt(&self) -> Arc<dyn Runtime> {
+    pub(crate) fn dyn_rt(&self) -> Arc<dyn Runtime> {
         self.inner.clone()
     }
 }

@@ -8,7 +8,6 @@
 
 use std::collections::HashMap;
 
-use numpy::{IntoPyArray, PyArray1, PyArrayMethods};
 use poot_engine::{
     FinishReason, RequestId, RequestSpec, Scheduler, SchedulerConfig, StepDims, StepOutput, TokenId,
 };
@@ -27,10 +26,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 #[pyclass(name = "Scheduler", module = "poot._native")]
 #[derive(Debug)]
 pub struct PyScheduler {
-    inner: Scheduler,
+    pub(crate) inner: Scheduler,
 }
 
-fn finish_name(f: Option<FinishReason>) -> Option<&'static str> {
+pub(crate) fn finish_name(f: Option<FinishReason>) -> Option<&'static str> {
     f.map(|f| match f {
         FinishReason::Stop => "stop",
         FinishReason::Length => "length",
@@ -132,20 +131,12 @@ impl PyScheduler {
         d.set_item("num_tokens", out.num_tokens)?;
         d.set_item("num_cached_tokens", out.num_cached_tokens)?;
         d.set_item("dims", (dims.tokens, dims.seqs, dims.max_blocks))?;
-        let inputs = PyDict::new(py);
-        if !out.is_empty() {
+        let inputs = if out.is_empty() {
+            PyDict::new(py)
+        } else {
             let f = out.flatten(dims).map_err(|e| engine_error(py, e))?;
-            inputs.set_item("ids", f.ids.into_pyarray(py))?;
-            inputs.set_item("positions", f.positions.into_pyarray(py))?;
-            inputs.set_item("slot_mapping", f.slot_mapping.into_pyarray(py))?;
-            inputs.set_item("token_seq", f.token_seq.into_pyarray(py))?;
-            let tables: Bound<'py, PyArray1<i32>> = f.block_tables.into_pyarray(py);
-            inputs.set_item(
-                "block_tables",
-                tables.reshape([dims.seqs, dims.max_blocks])?,
-            )?;
-            inputs.set_item("last_rows", f.last_rows.into_pyarray(py))?;
-        }
+            crate::step::layout_dict(py, f)?
+        };
         d.set_item("inputs", inputs)?;
         Ok(d)
     }

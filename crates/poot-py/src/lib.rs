@@ -2,7 +2,7 @@
 //!
 //! `lib.rs` only registers; each submodule owns one area of the API: `formats` (checkpoint
 //! files), `limits`, `weights`, `tracer` and `graph` (tracing), `runtime` (runtimes and plans; `wgpu`, the wgpu runtime behind the `wgpu` feature; `cuda`, the CUDA runtime behind the `cuda` feature),
-//! `tokenize` (the byte-level BPE model), `engine` (the scheduler).
+//! `tokenize` (the byte-level BPE model), `engine` (the scheduler), `step` (the step driver: one call per step).
 //! `errors` owns the mapping of Rust errors to `poot.errors`, and `gil` the one helper that
 //! releases the GIL.
 
@@ -19,6 +19,8 @@ mod late;
 mod limits;
 mod rope_args;
 mod runtime;
+mod step;
+mod step_io;
 mod tokenize;
 mod tracer;
 mod weights;
@@ -44,6 +46,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     runtime::register(m)?;
     late::register(m)?;
     tokenize::register(m)?;
+    step::register(m)?;
     m.add_function(wrap_pyfunction!(errors::mapping_probe, m)?)?;
     Ok(())
 }

@@ -181,6 +181,12 @@ impl std::fmt::Debug for PyCpuRuntime {
     }
 }
 
+impl PyCpuRuntime {
+    pub(crate) fn dyn_rt(&self) -> Arc<dyn Runtime> {
+        self.inner.clone()
+    }
+}
+
 #[pymethods]
 impl PyCpuRuntime {
     /// `threads` None means one per available core; the keyword-only knobs are

@@ -88,7 +88,7 @@ impl std::fmt::Debug for PyWgpuRuntime {
 }
 
 impl PyWgpuRuntime {
-    fn dyn_rt(&self) -> Arc<dyn Runtime> {
+    pub(crate) fn dyn_rt(&self) -> Arc<dyn Runtime> {
         self.inner.clone()
     }
 }
