@@ -6,7 +6,7 @@ after a warm-up that compiles the step shapes. The ``baseline`` row is ``poot.LL
 process; the ``poot`` row is the same model split over two nodes (so the ratio column reads
 one process / two nodes: below 1 means the split is slower). Both run
 ``POOT_BENCH_THREADS`` CPU threads (default 1) per engine or segment. The split is forced by
-capping every node's budget at ``POOT_BENCH_RAY_NODE_BUDGET`` bytes (default 60% of the
+capping every node's budget at ``POOT_BENCH_RAY_NODE_BUDGET`` bytes (default 80% of the
 model's weights), so the model fits no single node. At the end a line prints the measured
 per-step time on each node and on each link (the spans ``visualize(measured=True)`` draws),
 and the planner's link cost.
@@ -61,8 +61,9 @@ def cluster() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def model(default_model_path: Path) -> Path:
-    return Path(os.environ.get("POOT_BENCH_MODEL", str(default_model_path)))
+def model(request: pytest.FixtureRequest) -> Path:
+    given = os.environ.get("POOT_BENCH_MODEL")
+    return Path(given) if given else Path(request.getfixturevalue("default_model_path"))
 
 
 def _generate(llm: Any) -> None:
@@ -102,7 +103,7 @@ def test_two_nodes(benchmark: Any, cluster: None, model: Path) -> None:
     from poot.serve.nodes import NodesConfig
 
     budget = os.environ.get("POOT_BENCH_RAY_NODE_BUDGET")
-    cap = int(budget) if budget else int(model.stat().st_size * 0.6)
+    cap = int(budget) if budget else int(model.stat().st_size * 0.8)
     cfg = NodesConfig(CompileConfig(device_budget_bytes=cap), threads=THREADS)
     llm = poot.LLM(str(model), config=cfg, **LLM_KW)
     try:
