@@ -91,6 +91,9 @@ def start_on_nodes(
                 memory=max(1, held.get(s.device, 0)),
                 scheduling_strategy=pinned(node.node_id),
                 max_restarts=0,
+                # A second thread answers health and memory while a step runs (the engine
+                # itself never overlaps two calls that touch the plans).
+                max_concurrency=2,
             ).remote(spec)
             parts.append(NodePart(s.device, node.node_id, s.start, s.end, label, actor))
         deadline = time.monotonic() + cfg.startup_timeout_s

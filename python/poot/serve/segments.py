@@ -21,7 +21,9 @@ and logprobs equal a one-process run's. Every wait is bounded by the step's dead
 deadline passed poisons the runtime (``DeviceTimeoutError``), a dead actor or node raises
 ``NodeLostError`` naming the segment's node and poisons it too; a poisoned runtime refuses
 every later step (``RuntimePoisonedError``). An error raised inside a segment (a poot error)
-is re-raised as itself. Ray is imported only here, and this module only where Ray is needed.
+is re-raised as itself. ``health()`` waits at most ``HEALTH_TIMEOUT_S`` (a server polls it;
+each actor has a second thread, so health is answered while a step runs).
+Ray is imported only inside the calls that need it.
 """
 
 from __future__ import annotations
@@ -39,7 +41,16 @@ from poot.models.step import StepShape
 from poot.planner.ledger import Generations
 from poot.planner.record import Recorder
 
-__all__ = ["NodePart", "NodesPlan", "NodesRuntime", "SegmentSpec", "SegmentWorker"]
+__all__ = [
+    "HEALTH_TIMEOUT_S",
+    "NodePart",
+    "NodesPlan",
+    "NodesRuntime",
+    "SegmentSpec",
+    "SegmentWorker",
+]
+
+HEALTH_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -255,10 +266,13 @@ class NodesRuntime:
                 raise self._lost(part, e, during) from None
         return out
 
-    def _each(self, method: str, *args: Any, during: str, **kw: Any) -> list[Any]:
+    def _each(
+        self, method: str, *args: Any, during: str, timeout_s: float | None = None, **kw: Any
+    ) -> list[Any]:
         self._check()
         refs = [getattr(p.actor, method).remote(*args, **kw) for p in self.parts]
-        return self._get_all(refs, self.parts, time.monotonic() + self.call_timeout_s, during)
+        deadline = time.monotonic() + (timeout_s or self.call_timeout_s)
+        return self._get_all(refs, self.parts, deadline, during)
 
     # ---- the runtime seam --------------------------------------------------------------------
 
@@ -289,10 +303,11 @@ class NodesRuntime:
         return total
 
     def health(self) -> dict[str, str | None]:
-        """``ok``, or the first segment that is not (a node that does not answer within the
-        call timeout is lost)."""
+        """``ok``, or the first segment that is not (a node that does not answer within
+        ``HEALTH_TIMEOUT_S`` poisons the placement)."""
         try:
-            found = self._each("health", during="reporting its health")
+            timeout = min(self.call_timeout_s, HEALTH_TIMEOUT_S)
+            found = self._each("health", during="reporting its health", timeout_s=timeout)
         except (NodeLostError, DeviceTimeoutError, RuntimePoisonedError) as e:
             return {"status": "poisoned", "reason": self.poisoned or str(e)}
         for p, h in zip(self.parts, found, strict=True):
