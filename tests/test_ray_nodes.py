@@ -103,9 +103,15 @@ def _check_placed(llm: poot.LLM, measured: ClusterProfile, tmp_path: Path) -> No
     # Each segment runs in an actor on its own node.
     import ray
 
+    n_layers = compiled.stats.n_layers
+    per_layer = set()
     for p in llm.runtime.parts:  # type: ignore[attr-defined]
         assert ray.get(p.actor.ready.remote())["node_id"] == p.node_id
         assert p.device == next(n.key for n in measured.nodes if n.node_id == p.node_id)
+        # Its own KV pool holds its own layers only (a pool of one where it holds none).
+        layers = min(n_layers, p.end - 1) - max(0, p.start - 1)
+        per_layer.add(ray.get(p.actor.memory.remote())["kv_bytes"] / max(1, layers))
+    assert len(per_layer) == 1 and per_layer.pop() > 0
     text = compiled.explain()
     assert "links (a task pair moving a buffer" in text and "(a cut of the chosen plan)" in text
     assert all(f"{k} used:" in text for k in keys), text
