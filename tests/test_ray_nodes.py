@@ -144,6 +144,19 @@ def test_stories_split_across_nodes_equals_one_process(
         _close(llm)
 
 
+def test_a_model_one_node_holds_runs_there_alone(stories: Path, measured: ClusterProfile) -> None:
+    f32 = stories / "stories260K-f32.gguf"
+    want = _run(poot.LLM(str(f32), **LLM_KW), n=6)
+    llm = _nodes_llm(f32, measured)
+    try:
+        assert llm.compiled is not None and len(llm.compiled.placement.devices) == 1
+        assert len(llm.runtime.parts) == 1  # type: ignore[attr-defined]
+        assert "used: the whole model fits it" in llm.compiled.explain()
+        assert _run(llm, n=6) == want
+    finally:
+        _close(llm)
+
+
 def test_smollm2_split_by_the_nodes_memory_equals_one_process(
     default_model_path: Path, measured: ClusterProfile, tmp_path: Path
 ) -> None:
