@@ -78,8 +78,10 @@ def _close(llm: poot.LLM) -> None:
 def test_each_node_and_link_is_measured_on_the_cluster(measured: ClusterProfile) -> None:
     import ray
 
+    # Both nodes the cluster started with (the fault test's third node, added later, may still
+    # be listed alive for a moment after it was killed).
     alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-    assert {n.node_id for n in measured.nodes} == alive and len(alive) == 2
+    assert {n.node_id for n in measured.nodes} <= alive and len(measured.nodes) == 2
     assert measured.nodes[0].head and not measured.nodes[1].head
     for n in measured.nodes:
         assert n.profile is not None and n.source in ("measured", "stored"), n
