@@ -1,13 +1,8 @@
 """``poot-serve --ray``: two poot engines on a local two-node Ray cluster, through one endpoint.
 
-The cluster (module-scoped) is a head and a second node started with ``ray start``, each with
-one CPU, so the two engine replicas land one per node. Every Ray process and every address
-they advertise is loopback: ``--node-ip-address=127.0.0.2`` (Ray 2.60's ``ray start`` replaces
-127.0.0.1 with the machine's routable address on Linux; 127.0.0.2 is loopback too and kept),
-``RAY_TMPDIR`` and ``--temp-dir`` under a fresh temporary folder (nothing in the user's
-``/tmp/ray``), no ``RAY_*`` variable of the caller's inherited, and token auth off
-(``RAY_AUTH_MODE=disabled``: nothing read from or written to ``~/.ray``). Teardown ends each
-``ray start --block`` process group it started. The server is a real ``poot-serve --ray``
+The cluster (module-scoped, ``ray_cluster.local_cluster``: every Ray process on loopback) is
+a head and a second node started with ``ray start``, each with one CPU, so the two engine
+replicas land one per node. The server is a real ``poot-serve --ray``
 process; the tests talk to it over HTTP with the ``openai`` client and ``httpx``.
 
 Without Ray the module skips with the reason; under ``POOT_REQUIRE_RAY=1`` (CI) it fails.
@@ -16,23 +11,16 @@ Without Ray the module skips with the reason; under ``POOT_REQUIRE_RAY=1`` (CI) 
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import json
 import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from ray_cluster import Cluster, NodeSpec, local_cluster
 from server_process import ServerProcess
 
 if os.environ.get("POOT_REQUIRE_RAY") == "1":
@@ -43,7 +31,6 @@ else:
 
 pytestmark = pytest.mark.timeout(600)  # the first test also starts the cluster and the app
 
-NODE_IP = "127.0.0.2"
 # SmolLM2 (the default model), not stories260K: a stream must last long enough to be
 # cancelled or have its replica killed while it runs.
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
@@ -57,117 +44,10 @@ SYSTEM = (
 )
 
 
-@dataclass
-class Cluster:
-    address: str
-    env: dict[str, str]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_port(host: str, port: int, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"ray start exited with {proc.returncode}")
-        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
-            return
-        time.sleep(0.2)
-    raise RuntimeError(f"the Ray head did not listen on {host}:{port} within {timeout_s} s")
-
-
-def _started_here(root: Path) -> list[int]:
-    """Processes of this cluster that left its process groups (Ray starts some actors, such
-    as Serve's controller, in sessions of their own): those whose RAY_TMPDIR is ``root``."""
-    mark = f"RAY_TMPDIR={root}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if mark in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-    return found
-
-
-def _stop(procs: list[subprocess.Popen[bytes]], root: Path) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for p in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, sig)
-        end = time.monotonic() + 10
-        while any(p.poll() is None for p in procs) and time.monotonic() < end:
-            time.sleep(0.1)
-    for pid in _started_here(root):
-        if pid != os.getpid():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    import ray
-
-    # A short path: Ray's unix sockets live under it (108 bytes at most).
-    root = Path(tempfile.mkdtemp(prefix="poot-ray-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    # RAY_AUTH_MODE explicit: a token a local ray.init() left in ~/.ray would otherwise turn
-    # token auth on for the nodes and not for the drivers.
-    ray_env = {"RAY_TMPDIR": str(root), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
-    env.update(ray_env)
-    port = _free_port()
-    ray_cli = str(Path(sys.executable).parent / "ray")
-    common = [
-        "--block",
-        f"--node-ip-address={NODE_IP}",
-        "--num-cpus=1",
-        f"--memory={1 << 30}",
-        f"--object-store-memory={200 * 10**6}",
-        f"--temp-dir={root}",
-        "--disable-usage-stats",
-    ]
-    procs: list[subprocess.Popen[bytes]] = []
-    saved = {k: os.environ.get(k) for k in ray_env}
-    try:
-        for i, args in enumerate(
-            (
-                ["--head", f"--port={port}", "--include-dashboard=false"],
-                [f"--address={NODE_IP}:{port}"],
-            )
-        ):
-            with open(root / f"node{i}.log", "wb") as log:
-                procs.append(
-                    subprocess.Popen(
-                        [ray_cli, "start", *args, *common],
-                        env=env,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,  # its own process group, ended at teardown
-                    )
-                )
-            if i == 0:
-                _wait_port(NODE_IP, port, procs[0], 120)
-        os.environ.update(ray_env)
-        address = f"{NODE_IP}:{port}"
-        ray.init(address=address, _node_ip_address=NODE_IP, log_to_driver=False)
-        end = time.monotonic() + 120
-        while sum(n["Alive"] for n in ray.nodes()) < 2:
-            assert time.monotonic() < end, "the second Ray node did not join"
-            time.sleep(0.5)
-        yield Cluster(address, {**env, "RAY_ADDRESS": address})
-    finally:
-        with contextlib.suppress(Exception):
-            ray.shutdown()
-        _stop(procs, root)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        shutil.rmtree(root, ignore_errors=True)
+    with local_cluster([NodeSpec(), NodeSpec()]) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")

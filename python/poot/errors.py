@@ -508,6 +508,27 @@ class ContextLengthError(PootError, ValueError):
         self.limit = limit
 
 
+class NodeLostError(PootError, RuntimeError):
+    """A Ray node holding a segment of a model placed across nodes was lost (its actor died,
+    its node left the cluster, or it stopped answering) while a step ran or was started; the
+    step's requests end with this error and the placement is unusable from then on.
+
+    Attributes:
+        node: the node's device key (``"cpu:<node id prefix>"``).
+        reason: what Ray reported.
+    """
+
+    hint = (
+        "A model placed across nodes stops when one of its nodes is lost: create a new LLM "
+        "once the cluster has the nodes (or budgets) the placement needs."
+    )
+
+    def __init__(self, message: str, *, node: str = "", reason: str = "") -> None:
+        super().__init__(message)
+        self.node = node
+        self.reason = reason
+
+
 # The planner's errors live in their own module to keep this one readable; they are part of
 # this module's namespace (the native module looks errors up here by name).
 from poot._errors_planner import (  # noqa: E402, I001 - after PootError, which it subclasses

@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     # Only annotations here: the planner is imported where a config asks for it, which keeps
     # it off poot-serve's start-up path.
     from poot.planner.compiled import CompileConfig, CompiledModel
+    from poot.serve.nodes import NodesConfig
 
 __all__ = ["LLM", "PromptType"]
 
@@ -158,6 +159,8 @@ class LLM:
         timeout_s: the deadline of each step on the device.
         config: a ``poot.CompileConfig``: plan the model with ``poot.compile`` (devices, budgets,
             streaming) and run that plan; the result is ``llm.compiled``. None: no planner.
+            A ``NodesConfig`` (``poot.serve.nodes``, docs/ray.md) places the model's layers
+            across the nodes of a Ray cluster instead.
         backend: ``"cpu"`` (default), ``"wgpu"`` (Vulkan through wgpu) or ``"cuda"`` (an
             NVIDIA GPU; exact numerics only, and until it has kernels for every op of a step
             (attention, sampling) loading a model on it fails with the op it lacks).
@@ -204,7 +207,7 @@ class LLM:
         max_prepared_entries: int | None = None,
         max_prepared_bytes: int | None = None,
         prepared_policy: PreparedPolicy | None = None,
-        config: CompileConfig | None = None,
+        config: CompileConfig | NodesConfig | None = None,
         backend: Literal["cpu", "wgpu", "cuda"] = "cpu",
         progress: bool = True,
         cpu: CpuSettings | None = None,
@@ -302,10 +305,17 @@ class LLM:
         self.compiled: CompiledModel | None = None
         logger.debug("load: model mapped in %.3f s", time.perf_counter() - t_start)
         if config is not None:
+            from poot.planner.compiled import CompileConfig
             from poot.planner.runners import plan_runner
 
             t0 = time.perf_counter()
-            planned = plan_runner(runner, self.files, config, backend, resolved)
+            # A config that places the model itself (across Ray nodes) has its own plan_runner.
+            own = getattr(config, "plan_runner", None)
+            if own is not None:
+                planned = own(runner, self.files, backend, resolved)
+            else:
+                assert isinstance(config, CompileConfig)
+                planned = plan_runner(runner, self.files, config, backend, resolved)
             runner, self.compiled = planned.runner, planned.compiled
             self.runtime, self.backend = planned.runtime, planned.backend
             logger.debug("load: planned in %.3f s", time.perf_counter() - t0)
