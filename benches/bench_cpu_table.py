@@ -21,6 +21,8 @@ unless ``POOT_BENCH_FULL=1``. ``--json PATH`` saves the run (every round's figur
 machine, the commit); ``--write-docs`` rewrites docs/performance.md's generated section with the
 table and the targets judged from it; ``--from-json PATH --write-docs`` regenerates it from a
 saved run. ``make bench`` does both. No thresholds: the targets are printed, not asserted.
+``--check-layers N --rounds 1`` writes every synthetic shape with N layers instead: a quick
+check that the rows load and run in both engines, never a measurement.
 """
 
 from __future__ import annotations
@@ -72,17 +74,53 @@ ROWS: list[tuple[str, str, syn.Shape | None, str, str]] = [
     ),
     ("llama-f16-auto", "Llama-3.2-1B shape F16", syn.LLAMA_1B, "F16", "auto"),
     ("llama-bf16-auto", "Llama-3.2-1B shape BF16", syn.LLAMA_1B, "BF16", "auto"),
+    # Issue 28's families (cpu_synthetic_families). MoE rows keep the real layer's shape and
+    # expert count with fewer layers, said in the label.
+    ("qwen3-q4_k_m", "Qwen3-0.6B shape Q4_K_M", syn.QWEN3_06B, "q4_k_m", "ggml"),
+    ("gemma2-q4_k_m", "Gemma-2-2B shape Q4_K_M", syn.GEMMA2_2B, "q4_k_m", "ggml"),
+    ("gemma3-q4_0", "Gemma-3-1B shape Q4_0", syn.GEMMA3_1B, "Q4_0", "ggml"),
+    ("phi35-q4_k_m", "Phi-3.5-mini shape Q4_K_M", syn.PHI35_MINI, "q4_k_m", "ggml"),
+    (
+        "qwen3moe-q4_k_m",
+        "Qwen3-30B-A3B shape, 8 of 48 layers, Q4_K_M",
+        syn.QWEN3_30B_A3B,
+        "q4_k_m",
+        "ggml",
+    ),
+    (
+        "qwen2moe-q4_0",
+        "Qwen1.5-MoE-A2.7B shape, 6 of 24 layers, Q4_0",
+        syn.QWEN15_MOE,
+        "Q4_0",
+        "ggml",
+    ),
+    (
+        "olmoe-q4_k_m",
+        "OLMoE-1B-7B shape, 8 of 16 layers, Q4_K_M",
+        syn.OLMOE_1B_7B,
+        "q4_k_m",
+        "ggml",
+    ),
+    (
+        "mixtral-q4_k_m",
+        "Mixtral-8x7B shape, 2 of 32 layers, Q4_K_M",
+        syn.MIXTRAL_8X7B,
+        "q4_k_m",
+        "ggml",
+    ),
 ]
 
 
 _SALT = iter(range(1, 1 << 30))
 
 
-def _prompt(n: int) -> list[int]:
-    """Deterministic ordinary-text ids (not special tokens), BOS first, different on every
-    call: poot's prefix cache (and any peer cache) must not turn a measurement into a hit."""
+def _prompt(n: int, vocab: int = 41000) -> list[int]:
+    """Deterministic ordinary-text ids (not special tokens) below ``vocab``, BOS first,
+    different on every call: poot's prefix cache (and any peer cache) must not turn a
+    measurement into a hit."""
     salt = next(_SALT)
-    return [1] + [(i * 7919 + salt * 104729) % 40000 + 1000 for i in range(n - 1)]
+    span = min(40000, vocab - 1000)
+    return [1] + [(i * 7919 + salt * 104729) % span + 1000 for i in range(n - 1)]
 
 
 def read_bandwidth(threads: int = THREADS, mib: int = 1024, passes: int = 5) -> float:
@@ -114,20 +152,30 @@ def read_bandwidth(threads: int = THREADS, mib: int = 1024, passes: int = 5) -> 
 def bytes_per_token(path: Path, ctx: int, kv_elem: int = 2) -> tuple[int, int]:
     """(weight bytes one decode step reads, KV bytes at context `ctx`) of the GGUF at `path`:
     every tensor but the token embedding (one row of it is read), unless it is also the LM head
-    (no ``output.weight``); KV elements of `kv_elem` bytes (f16 under ggml numerics, f32
-    under exact)."""
+    (no ``output.weight``), and of an expert stack (``*_exps``) the `k` of `E` experts one
+    token chooses; KV elements of `kv_elem` bytes (f16 under ggml numerics, f32 under exact)."""
     import gguf
 
     r = gguf.GGUFReader(str(path))
     names = {t.name for t in r.tensors}
     tied = "output.weight" not in names
-    total = sum(int(t.n_bytes) for t in r.tensors if tied or t.name != "token_embd.weight")
     arch = str(r.fields["general.architecture"].contents())
-    layers = int(r.fields[f"{arch}.block_count"].contents())
-    dim = int(r.fields[f"{arch}.embedding_length"].contents())
-    heads = int(r.fields[f"{arch}.attention.head_count"].contents())
-    kv_heads = int(r.fields[f"{arch}.attention.head_count_kv"].contents())
-    kv = 2 * layers * ctx * kv_heads * (dim // heads) * kv_elem
+
+    def meta(key: str, default: int = 0) -> int:
+        f = r.fields.get(f"{arch}.{key}")
+        return int(f.contents()) if f is not None else default
+
+    experts, used = meta("expert_count"), meta("expert_used_count")
+    total = 0
+    for t in r.tensors:
+        if not tied and t.name == "token_embd.weight":
+            continue
+        share = used / experts if experts and "_exps." in t.name else 1.0
+        total += int(int(t.n_bytes) * share)
+    layers, dim = meta("block_count"), meta("embedding_length")
+    heads, kv_heads = meta("attention.head_count"), meta("attention.head_count_kv")
+    head_dim = meta("attention.key_length", dim // heads)
+    kv = 2 * layers * ctx * kv_heads * head_dim * kv_elem
     return total, kv
 
 
@@ -159,6 +207,13 @@ def _rss_ratio(path: Path, numerics: str) -> float:
     return float(m["grown"]) / (path.stat().st_size + m["kv"])
 
 
+def _vocab(path: Path) -> int:
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+    return len(r.fields["tokenizer.ggml.tokens"].data)
+
+
 @dataclass
 class Row:
     label: str
@@ -185,6 +240,7 @@ def run_row(label: str, path: Path, rounds: int, peer_ok: bool, numerics: str = 
     import poot
 
     row = Row(label, path.stat().st_size)
+    vocab = _vocab(path)
     row.rss_ratio = _rss_ratio(path, numerics)
     llm = poot.LLM(str(path), threads=THREADS, max_model_len=1024, numerics=numerics)
     row.numerics = llm.numerics
@@ -193,7 +249,7 @@ def run_row(label: str, path: Path, rounds: int, peer_ok: bool, numerics: str = 
         params = poot.SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
         return lambda: llm.generate([prompt], params)
 
-    ours(_prompt(8), 4)()  # warm up: plans compiled, pages touched
+    ours(_prompt(8, vocab), 4)()  # warm up: plans compiled, pages touched
     peer = None
     if peer_ok:
         import llama_cpp
@@ -209,7 +265,7 @@ def run_row(label: str, path: Path, rounds: int, peer_ok: bool, numerics: str = 
         return go
 
     if peer is not None:
-        theirs(_prompt(8), 4)()
+        theirs(_prompt(8, vocab), 4)()
     impls: list[tuple[str, Callable[[list[int], int], Callable[[], Any]]]] = [("poot", ours)]
     if peer is not None:
         impls.append(("peer", theirs))
@@ -222,9 +278,9 @@ def run_row(label: str, path: Path, rounds: int, peer_ok: bool, numerics: str = 
     for _ in range(rounds):
         reads.append(read_bandwidth(mib=512, passes=3))
         for name, make in impls:
-            pre[name].append(512 / _timed(make(_prompt(512), 1)))
-            short = _timed(make(_prompt(64), 1))
-            long = _timed(make(_prompt(64), 129))
+            pre[name].append(512 / _timed(make(_prompt(512, vocab), 1)))
+            short = _timed(make(_prompt(64, vocab), 1))
+            long = _timed(make(_prompt(64, vocab), 129))
             dec[name].append(128 / max(long - short, 1e-9))
     row.prefill = {k: statistics.median(v) for k, v in pre.items()}
     row.decode = {k: statistics.median(v) for k, v in dec.items()}
@@ -396,17 +452,24 @@ def _peer_ok() -> bool:
     return True
 
 
-def run(keys: list[str], rounds: int | None = None) -> list[Row]:
+def run(keys: list[str], rounds: int | None = None, check_layers: int = 0) -> list[Row]:
+    """The rows named by ``keys``; ``check_layers`` > 0 writes every synthetic shape with that
+    many layers instead (a quick check that the rows load and run in both, not a
+    measurement)."""
     from poot.checkpoints import cached_model
 
     smollm = cached_model()
-    if smollm is None:
-        raise SystemExit("the default model is not cached: run `poot pull` first")
     rows = []
     peer_ok = _peer_ok()
     for key, label, shape, quant, numerics in ROWS:
         if key not in keys:
             continue
+        if smollm is None and (shape is None or shape.family is None):
+            # The default model is the row, or lends its tokenizer to the synthetic file.
+            raise SystemExit(f"row {key} needs the default model: run `poot pull` first")
+        if shape is not None and check_layers:
+            shape = syn.with_layers(shape, check_layers)
+            label = f"{label} [check: {check_layers} layers]"
         path = smollm if shape is None else syn.synthetic_gguf(shape, quant, smollm)
         n = rounds or (3 if path.stat().st_size < 300e6 else 1)
         rows.append(run_row(label, path, n, peer_ok, numerics))
@@ -430,11 +493,17 @@ def main() -> None:
         "--from-json", type=Path, default=None, help="print (and --write-docs) a saved run"
     )
     ap.add_argument("--write-docs", action="store_true")
+    ap.add_argument(
+        "--check-layers",
+        type=int,
+        default=0,
+        help="synthetic shapes with this many layers: checks the rows run, measures nothing",
+    )
     args = ap.parse_args()
     if args.from_json is not None:
         meta, rows = load_json(args.from_json)
     else:
-        rows = run(args.rows.split(","), args.rounds)
+        rows = run(args.rows.split(","), args.rounds, args.check_layers)
         if args.json is not None:
             save_json(rows, args.json)
         meta = json.loads(args.json.read_text())["meta"] if args.json else None
@@ -442,6 +511,8 @@ def main() -> None:
     print()
     print(targets(rows))
     if args.write_docs:
+        if args.check_layers:
+            raise SystemExit("--check-layers runs measure nothing: they never go in the docs")
         if meta is None:
             raise SystemExit("--write-docs needs --json (the docs name the run they came from)")
         write_docs(rows, meta)

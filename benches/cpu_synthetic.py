@@ -14,8 +14,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from cpu_synthetic_families import Family, Tensor, metadata, tensors
 
 # Bytes per block and the byte offsets of the f16 scale fields, per ggml type name.
 _BLOCKS: dict[str, tuple[int, int, tuple[int, ...]]] = {
@@ -43,6 +45,7 @@ class Shape:
     rope_base: float
     qkv_bias: bool = False
     tag: str = ""
+    family: Family | None = None  # the layouts of cpu_synthetic_families; None: llama/qwen2
 
 
 LLAMA_1B = Shape("llama", 2048, 16, 32, 8, 8192, 128256, 500000.0, tag="llama32-1b")
@@ -51,6 +54,52 @@ QWEN2_05B = Shape("qwen2", 896, 24, 14, 2, 4864, 151936, 1000000.0, qkv_bias=Tru
 QWEN25_15B = Shape(
     "qwen2", 1536, 28, 12, 2, 8960, 151936, 1000000.0, qkv_bias=True, tag="qwen2.5-1.5b"
 )
+# The families of issue 28 at their real shapes (MoE models with fewer layers: the label says).
+QWEN3_06B = Shape(
+    "qwen3", 1024, 28, 16, 8, 3072, 151936, 1000000.0, tag="qwen3-0.6b",
+    family=Family(head_dim=128, qk_norm="head", context=40960),
+)  # fmt: skip
+GEMMA2_2B = Shape(
+    "gemma2", 2304, 26, 8, 4, 9216, 256000, 10000.0, tag="gemma2-2b",
+    family=Family(head_dim=256, gemma=2, window=4096, context=8192),
+)  # fmt: skip
+GEMMA3_1B = Shape(
+    "gemma3", 1152, 26, 4, 1, 6912, 262144, 1000000.0, tag="gemma3-1b",
+    family=Family(head_dim=256, qk_norm="head", gemma=3, window=512, context=32768),
+)  # fmt: skip
+PHI35_MINI = Shape(
+    "phi3", 3072, 32, 32, 32, 8192, 32064, 10000.0, tag="phi3.5-mini",
+    family=Family(fused=True, tied=False, context=4096),
+)  # fmt: skip
+# Qwen3-30B-A3B: 48 layers of 128 experts (width 768, 8 per token), 32/4 heads of 128.
+QWEN3_30B_A3B = Shape(
+    "qwen3moe", 2048, 8, 32, 4, 768, 151936, 1000000.0, tag="qwen3-30b-a3b-8l",
+    family=Family(head_dim=128, qk_norm="head", experts=128, experts_used=8, expert_ff=768,
+                  tied=False, context=40960),
+)  # fmt: skip
+# Qwen1.5-MoE-A2.7B: 24 layers of 60 experts (width 1408, 4 per token) and a shared expert.
+QWEN15_MOE = Shape(
+    "qwen2moe", 2048, 6, 16, 16, 1408, 151936, 1000000.0, qkv_bias=True, tag="qwen1.5-moe-6l",
+    family=Family(experts=60, experts_used=4, expert_ff=1408, shared_ff=5632, tied=False,
+                  context=8192),
+)  # fmt: skip
+# OLMoE-1B-7B: 16 layers of 64 experts (width 1024, 8 per token), full-width q/k norms.
+OLMOE_1B_7B = Shape(
+    "olmoe", 2048, 8, 16, 16, 1024, 50304, 10000.0, tag="olmoe-1b-7b-8l",
+    family=Family(qk_norm="full", experts=64, experts_used=8, expert_ff=1024, tied=False),
+)  # fmt: skip
+# Mixtral-8x7B: 32 layers of 8 experts (width 14336, 2 per token), 32/8 heads of 128.
+MIXTRAL_8X7B = Shape(
+    "llama", 4096, 2, 32, 8, 14336, 32000, 1000000.0, tag="mixtral-8x7b-2l",
+    family=Family(experts=8, experts_used=2, expert_ff=14336, tied=False, context=32768),
+)  # fmt: skip
+
+
+def with_layers(shape: Shape, layers: int) -> Shape:
+    """``shape`` with ``layers`` layers (a quick check of a row's code path, not a measurement)."""
+    import dataclasses
+
+    return dataclasses.replace(shape, layers=layers, tag=f"{shape.tag}-{layers}l-check")
 
 
 def cache_dir() -> Path:
@@ -107,6 +156,8 @@ def _tensors(shape: Shape, quant: str) -> list[tuple[str, str, int, int]]:
 
 def _data(rng: np.random.Generator, ty: str, rows: int, cols: int, name: str) -> np.ndarray:
     if ty == "F32":
+        if rows > 1:  # a router: small normals, so tokens choose different experts
+            return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float32)
         if name.endswith(".bias"):
             return (rng.standard_normal(cols, dtype=np.float32) * 0.02).astype(np.float32)
         return np.ones(cols, dtype=np.float32)
@@ -152,9 +203,10 @@ def _tokenizer_fields(
     w.add_add_bos_token(False)  # type: ignore[attr-defined]
 
 
-def synthetic_gguf(shape: Shape, quant: str, smollm_path: Path) -> Path:
-    """The cached synthetic GGUF of ``shape`` stored as ``quant`` (a ggml type name or "mix"),
-    written through the ``gguf`` package on first use."""
+def synthetic_gguf(shape: Shape, quant: str, smollm_path: Path | None) -> Path:
+    """The cached synthetic GGUF of ``shape`` stored as ``quant`` (a ggml type name, "mix" or
+    "q4_k_m"), written through the ``gguf`` package on first use. ``smollm_path`` lends its
+    tokenizer to the llama/qwen2 shapes; the families' shapes carry their own."""
     import gguf
 
     tag = shape.tag
@@ -164,6 +216,9 @@ def synthetic_gguf(shape: Shape, quant: str, smollm_path: Path) -> Path:
     tmp = path.with_suffix(".tmp")
     w = gguf.GGUFWriter(str(tmp), shape.arch)
     w.add_name(f"synthetic {tag} {quant}")
+    if shape.family is not None:
+        metadata(w, shape, shape.family)
+        return _write(w, tensors(shape, shape.family, quant), tmp, path)
     w.add_block_count(shape.layers)
     w.add_context_length(4096)
     w.add_embedding_length(shape.dim)
@@ -174,26 +229,38 @@ def synthetic_gguf(shape: Shape, quant: str, smollm_path: Path) -> Path:
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(shape.dim // shape.heads)
     w.add_vocab_size(shape.vocab)
+    if smollm_path is None:
+        raise ValueError(f"{tag}: the llama/qwen2 shapes take SmolLM2's tokenizer; none given")
     _tokenizer_fields(w, smollm_path, shape.vocab)
-    tensors = _tensors(shape, quant)
+    return _write(w, [Tensor(*t) for t in _tensors(shape, quant)], tmp, path)
+
+
+def _write(w: Any, items: list[Tensor], tmp: Path, path: Path) -> Path:
+    """Writes ``items`` (random data, see ``_data``) after ``w``'s metadata; renames ``tmp``
+    to ``path`` once complete."""
+    import gguf
+
     gtype = gguf.GGMLQuantizationType
-    for name, ty, rows, cols in tensors:
+    for name, ty, rows, cols, experts in items:
+        lead = (experts,) if experts else ()
+        n = rows * cols * max(experts, 1)
         if ty == "F32":
-            w.add_tensor_info(name, (cols,), np.dtype(np.float32), cols * 4)
+            shape = (rows, cols) if rows > 1 else (cols,)
+            w.add_tensor_info(name, shape, np.dtype(np.float32), n * 4)
         elif ty == "F16":
-            w.add_tensor_info(name, (rows, cols), np.dtype(np.float16), rows * cols * 2)
+            w.add_tensor_info(name, (*lead, rows, cols), np.dtype(np.float16), n * 2)
         else:
             per, nbytes, _ = _BLOCKS.get(ty, (1, 2, ()))
-            byte_shape = (rows, cols // per * nbytes)
+            byte_shape = (*lead, rows, cols // per * nbytes)
             w.add_tensor_info(
-                name, byte_shape, np.dtype(np.uint8), rows * byte_shape[1], raw_dtype=gtype[ty]
+                name, byte_shape, np.dtype(np.uint8), n // per * nbytes, raw_dtype=gtype[ty]
             )
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     rng = np.random.default_rng(0)
-    for name, ty, rows, cols in tensors:
-        data = _data(rng, ty, rows, cols, name)
+    for name, ty, rows, cols, experts in items:
+        data = _data(rng, ty, rows * max(experts, 1), cols, name)
         if ty == "BF16":
             data = data.view(np.uint8).reshape(rows, cols * 2)
         w.write_tensor_data(data)

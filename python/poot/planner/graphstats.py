@@ -11,6 +11,13 @@ placement search cuts the model only at unit boundaries.
 Invariant: ``sum(u.weight_bytes for u in units)`` counts a weight once per unit that reads it, so
 a tied embedding is counted in ``pre`` and ``post``; ``ModelStats.total_weight_bytes`` counts it
 once.
+
+Mixture-of-experts: a ``moe_matmul`` over a packed [E, N, K] expert stack is resident whole
+(``weight_bytes``, ``bytes_of``: every expert, since any may be chosen next step), but a step
+reads only the experts its tokens chose: ``bytes_by_dtype`` counts the stack times the expected
+fraction of experts ``rows`` tokens touch, each choosing ``k`` of ``E`` (``experts_read``: ``k /
+E`` for one decode row, near 1 for a long prefill), and ``matmul_flops`` counts ``k`` experts'
+rows per token.
 """
 
 from __future__ import annotations
@@ -26,11 +33,47 @@ from poot.models.step import StepShape
 if TYPE_CHECKING:
     from poot.models.llama import LlamaModel
 
-__all__ = ["ModelStats", "UnitStats", "Workload", "model_stats"]
+__all__ = [
+    "ModelStats",
+    "UnitStats",
+    "Workload",
+    "experts_read",
+    "model_stats",
+    "with_expert_stacks",
+]
 
 # Kernels an equation launches where it is not one (as the wgpu and CPU plans lower them).
 _DISPATCHES = {"input": 0, "weight": 0, "literal": 0, "reshape": 0, "paged_attention": 2}
 _LAYER = re.compile(r"(?:^|\.)(?:blk|layers|h)\.(\d+)\.")
+_EXPERT = re.compile(r"^(.*\.experts\.)\d+\.(.*)$")
+
+
+def with_expert_stacks(sizes: dict[str, int]) -> dict[str, int]:
+    """``sizes`` plus the stored bytes of each safetensors expert stack (the weight store's
+    virtual ``{p}.experts.{rest}``, which the trace reads, over the files' ``{p}.experts.{j}.
+    {rest}``): the sum of its experts' tensors. A GGUF's stacks are stored tensors already."""
+    out = dict(sizes)
+    stacks: dict[str, int] = {}
+    for name, n in sizes.items():
+        m = _EXPERT.match(name)
+        if m:
+            stack = m.group(1) + m.group(2)
+            stacks[stack] = stacks.get(stack, 0) + n
+    for stack, n in stacks.items():
+        out.setdefault(stack, n)
+    return out
+
+
+def experts_read(n_experts: int, k: int, tokens: int) -> float:
+    """Expected number of distinct experts ``tokens`` tokens touch when each chooses ``k`` of
+    ``n_experts`` (routing taken as uniform and independent per token: an expert is missed by a
+    token with probability ``1 - k / E``). One token touches exactly ``k``; never more than
+    ``E`` or ``tokens * k``."""
+    if n_experts <= 0 or k <= 0 or tokens <= 0:
+        return 0.0
+    k = min(k, n_experts)
+    touched = n_experts * (1.0 - (1.0 - k / n_experts) ** tokens)
+    return min(float(n_experts), float(tokens * k), touched)
 
 
 @dataclass(frozen=True)
@@ -64,8 +107,10 @@ class UnitStats:
         name: ``"pre"``, ``"layer 3"``, ``"post"``.
         weights: weight names the unit reads.
         weight_bytes: their stored bytes.
-        bytes_by_dtype: the same per stored dtype (matmul weights only).
-        matmul_flops: 2 * rows * in * out summed over matmuls, per weight dtype.
+        bytes_by_dtype: stored bytes one step reads, per dtype (matmul weights only; an expert
+            stack counts the experts the step's tokens are expected to choose, not all).
+        matmul_flops: 2 * rows * in * out summed over matmuls, per weight dtype (an expert
+            stack: 2 * rows * k * N * K, the chosen experts' rows).
         kv_bytes: KV cache bytes attention reads (f32 entries, ``context`` positions).
         kv_pool_bytes: KV cache bytes the unit's layer keeps on its device: K and V of the
             workload's ``kv_positions``, in f32 entries (``ModelStats.kv_of`` scales them to a
@@ -126,6 +171,7 @@ def model_stats(
         sizes: stored bytes of each tensor, by name.
         workload: rows and context of the step.
     """
+    sizes = with_expert_stacks(sizes)
     shape = workload.shape()
     tracer = Tracer(weights, shape.tokens, TraceLimits(max_tokens=max(shape.tokens, 1)))
     definition.trace(tracer, shape)
@@ -135,7 +181,9 @@ def model_stats(
     units.append(UnitStats("post"))
     current = 0  # equations before the first layer weight belong to "pre"
     weight_of: dict[int, tuple[str, str, tuple[int, ...]]] = {}
+    shapes: dict[int, tuple[int, ...]] = {}
     for vid, (op, ins, attrs, dtype, out_shape) in enumerate(eqs):
+        shapes[vid] = tuple(out_shape)
         if op == "weight":
             name = str(attrs["name"])
             weight_of[vid] = (name, dtype, tuple(out_shape))
@@ -157,6 +205,14 @@ def model_stats(
             u.matmul_flops[wdt] = u.matmul_flops.get(wdt, 0) + flops
             u.matmuls += 1
             u.bytes_by_dtype[wdt] = u.bytes_by_dtype.get(wdt, 0) + sizes.get(wname, 0)
+        elif op == "moe_matmul" and len(ins) == 3 and ins[1] in weight_of:
+            wname, wdt, (n_exp, n, k_in) = weight_of[ins[1]]
+            tokens, k = shapes[ins[2]]  # ids [T, k]
+            read = experts_read(n_exp, k, tokens) / n_exp
+            u.matmul_flops[wdt] = u.matmul_flops.get(wdt, 0) + 2 * tokens * k * n * k_in
+            u.matmuls += 1
+            step_bytes = round(sizes.get(wname, 0) * read)
+            u.bytes_by_dtype[wdt] = u.bytes_by_dtype.get(wdt, 0) + step_bytes
         elif op == "paged_attention":
             hd, nkv, nh = int(attrs["head_dim"]), int(attrs["n_kv_heads"]), int(attrs["n_heads"])
             rows = int(out_shape[0])
