@@ -24,8 +24,8 @@ def catalogue() -> list[type[errors.PootError]]:
     found = []
     for module in (errors, async_engine):
         for _, cls in inspect.getmembers(module, inspect.isclass):
-            # poot.errors re-exports the planner's errors from poot._errors_planner.
-            home = (module.__name__, "poot._errors_planner")
+            # poot.errors re-exports the planner's and training's errors from their modules.
+            home = (module.__name__, "poot._errors_planner", "poot._errors_training")
             if issubclass(cls, errors.PootError) and cls.__module__ in home:
                 found.append(cls)
     return sorted(set(found), key=lambda c: c.__name__)

@@ -262,7 +262,20 @@ class Tracer:
     def unary(
         self,
         x: Value,
-        kind: Literal["relu", "gelu_erf", "tanh", "sigmoid", "neg", "exp", "sqrt", "rsqrt", "abs"]
+        kind: Literal[
+            "relu",
+            "gelu_erf",
+            "tanh",
+            "sigmoid",
+            "neg",
+            "exp",
+            "sqrt",
+            "rsqrt",
+            "abs",
+            "log",
+            "step",
+            "gelu_erf_grad",
+        ]
         | str,
     ) -> Value: ...
     def binary(

@@ -539,3 +539,9 @@ from poot._errors_planner import (  # noqa: E402, I001 - after PootError, which 
     SpillDirError as SpillDirError,
     Stalled as Stalled,
 )
+
+from poot._errors_training import (  # noqa: E402, I001 - after the classes they subclass
+    NoGradientError as NoGradientError,
+    TrainingNotAllowedError as TrainingNotAllowedError,
+    TrainingUnsupportedError as TrainingUnsupportedError,
+)

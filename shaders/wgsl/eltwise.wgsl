@@ -1,6 +1,6 @@
 // Elementwise ops over f32: 0 add, 1 mul (b broadcast by `i % bn`), 2 silu, 3 gelu (tanh), 5 softcap,
 // 6.. the IR's `Unary` kinds in `UnaryKind::ALL` order (relu, gelu_erf, tanh, sigmoid, neg, exp,
-// sqrt, rsqrt, abs), 32.. its `Scalar` ops: 32 + 2 * kind (add, sub, mul, div) + reverse, the
+// sqrt, rsqrt, abs, log, step, gelu_erf_grad), 32.. its `Scalar` ops: 32 + 2 * kind (add, sub, mul, div) + reverse, the
 // scalar's bits in `bn`;
 // 4 silu with ggml's vector expf (ggml numerics: the CPU runtime's ggml::expf, lane for lane,
 // so SiLU outputs match ggml's where `fma` is fused instead of differing by the shader exp's
@@ -35,6 +35,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         case 12u: { r = sqrt(v); }
         case 13u: { r = 1.0 / sqrt(v); }
         case 14u: { r = abs(v); }
+        case 15u: { r = log(v); }
+        case 16u: { r = select(0.0, 1.0, v > 0.0); }
+        case 17u: { r = gelu_erf_grad(v); }
         case 32u, 33u, 34u, 35u, 36u, 37u, 38u, 39u: {
             let c = bitcast<f32>(p.bn);
             var l = v;
@@ -65,6 +68,17 @@ fn gelu_erf(x: f32) -> f32 {
     // erfc(|z|) ~ poly * exp(-z^2): for x < 0, 1 + erf(z) is that tail itself (no cancelling).
     let tail = poly * exp(-z * z);
     return 0.5 * x * select(2.0 - tail, tail, x < 0.0);
+}
+
+// The derivative of exact GELU, Phi(x) + x phi(x), with the same erf polynomial as `gelu_erf`.
+fn gelu_erf_grad(x: f32) -> f32 {
+    let z = abs(x) * 0.70710678118654752;
+    let t = 1.0 / (1.0 + 0.3275911 * z);
+    let poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027
+        + t * 1.061405429))));
+    let tail = poly * exp(-z * z);
+    let cdf = 0.5 * select(2.0 - tail, tail, x < 0.0);
+    return cdf + x * 0.3989422804014327 * exp(-0.5 * x * x);
 }
 
 // One lane of ggml's AVX2 ggml_v_expf (ARM optimized-routines expf); see poot-cpu's ggml.rs.

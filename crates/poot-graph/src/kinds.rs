@@ -19,10 +19,16 @@ pub enum UnaryKind {
     /// `1 / sqrt(x)`.
     Rsqrt,
     Abs,
+    /// Natural log (NaN below 0, -inf at 0): cross-entropy's log-sum-exp.
+    Log,
+    /// Heaviside step `x > 0 ? 1 : 0` (0 at 0 and for NaN): relu's derivative.
+    Step,
+    /// The derivative of exact GELU, `Phi(x) + x * phi(x)` (the normal CDF and density).
+    GeluErfGrad,
 }
 
 impl UnaryKind {
-    pub const ALL: [UnaryKind; 9] = [
+    pub const ALL: [UnaryKind; 12] = [
         UnaryKind::Relu,
         UnaryKind::GeluErf,
         UnaryKind::Tanh,
@@ -32,6 +38,9 @@ impl UnaryKind {
         UnaryKind::Sqrt,
         UnaryKind::Rsqrt,
         UnaryKind::Abs,
+        UnaryKind::Log,
+        UnaryKind::Step,
+        UnaryKind::GeluErfGrad,
     ];
 
     pub fn name(self) -> &'static str {
@@ -45,6 +54,9 @@ impl UnaryKind {
             UnaryKind::Sqrt => "sqrt",
             UnaryKind::Rsqrt => "rsqrt",
             UnaryKind::Abs => "abs",
+            UnaryKind::Log => "log",
+            UnaryKind::Step => "step",
+            UnaryKind::GeluErfGrad => "gelu_erf_grad",
         }
     }
 }

@@ -383,7 +383,7 @@ impl PyTracer {
     }
 
     /// `kind(x)` elementwise: "relu", "gelu_erf", "tanh", "sigmoid", "neg", "exp", "sqrt",
-    /// "rsqrt" or "abs".
+    /// "rsqrt", "abs", "log", "step" or "gelu_erf_grad".
     fn unary(&mut self, py: Python<'_>, x: &PyValue, kind: &str) -> PyResult<PyValue> {
         let k = UnaryKind::ALL.into_iter().find(|k| k.name() == kind);
         let k = k.ok_or_else(|| bad_kind(py, "unary", kind))?;

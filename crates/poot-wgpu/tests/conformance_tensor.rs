@@ -36,8 +36,8 @@ fn unary_and_scalar_ops() {
             let mut outs: Vec<(&'static str, _)> = UnaryKind::ALL
                 .iter()
                 .map(|&k| {
-                    // sqrt and rsqrt of |x| (NaN for negatives compares unequal).
-                    let on = if matches!(k, UnaryKind::Sqrt | UnaryKind::Rsqrt) {
+                    // sqrt, rsqrt and log of |x| (NaN for negatives compares unequal).
+                    let on = if matches!(k, UnaryKind::Sqrt | UnaryKind::Rsqrt | UnaryKind::Log) {
                         a
                     } else {
                         x

@@ -71,6 +71,8 @@ class CompileConfig:
             e.g. ``(("cpu", 0, 3), ("wgpu:0", 3, 7))``. Each range is resident where it fits the
             device's budget, else streamed; the pinned plan is costed, simulated and explained
             like a searched one. For tests and for pinning a known split; None searches.
+        allow_training: a ``torch.nn.Module`` compiled with this may be trained
+            (``CompiledModule.train_step``); refused otherwise.
     """
 
     allow_gpu: bool = True
@@ -85,6 +87,7 @@ class CompileConfig:
     rows: int = 1
     context: int = 256
     force_placement: tuple[tuple[str, int, int], ...] | None = None
+    allow_training: bool = False
 
     def __post_init__(self) -> None:
         for name in ("device_budget_bytes", "host_budget_bytes", "disk_budget_bytes"):
@@ -288,6 +291,7 @@ def compile(  # noqa: A001 - the public name the issue asks for (poot.compile)
             trace_limits=trace_limits,
             compile_limits=compile_limits,
             runtime=runtime,
+            config=config,
         )
     config = config or CompileConfig()
     settings = settings or Settings.from_env()

@@ -3,13 +3,24 @@
 ``poot.compile(module, example_inputs)`` lands here (``compile_module``): export, lowering of
 the aten graph to tracer calls (``lower.py``, ``ops.py``), tracing under ``TraceLimits`` and
 preparing under ``CompileLimits`` on the CPU runtime or the one given as ``runtime=``
-(``module.py``); ``CancelToken`` cancels a forward (``cancel.py``). torch is imported only
-when a module is compiled; the rest of poot never needs it. docs/compiling-modules.md has the
-op table.
+(``module.py``); ``CancelToken`` cancels a forward (``cancel.py``); ``train_step`` trains a
+module compiled with ``CompileConfig(allow_training=True)`` (``train.py``: gradients by
+reverse mode over the IR in ``grad.py`` and ``vjp.py``, ``SGD`` and ``AdamW`` in
+``optim.py``). torch is imported only when a module is compiled; the rest of poot never needs
+it. docs/compiling-modules.md has the op table.
 """
 
 from poot.torch_frontend.cancel import CancelToken
 from poot.torch_frontend.module import CompiledModule, compile_module, load
+from poot.torch_frontend.optim import SGD, AdamW
 from poot.torch_frontend.tensor import PootTensor
 
-__all__ = ["CancelToken", "CompiledModule", "PootTensor", "compile_module", "load"]
+__all__ = [
+    "SGD",
+    "AdamW",
+    "CancelToken",
+    "CompiledModule",
+    "PootTensor",
+    "compile_module",
+    "load",
+]

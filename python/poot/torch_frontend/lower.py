@@ -37,6 +37,8 @@ class Lowered:
     inputs: list[tuple[str, str, tuple[int, ...]]] = field(default_factory=list)
     output_names: list[str] = field(default_factory=list)
     output_structure: Any = None
+    # Weights a training step updates (the trainable parameters), when lowered for training.
+    trainable: list[str] = field(default_factory=list)
 
 
 def module_path(node: Any) -> str:
@@ -150,8 +152,10 @@ def _input_dtype(dtype: Any) -> str:
     )
 
 
-def lower(exported: Any) -> Lowered:
-    """Lowers an ``ExportedProgram`` (see the module docs)."""
+def lower(exported: Any, *, training: bool = False) -> Lowered:
+    """Lowers an ``ExportedProgram`` (see the module docs). With ``training``, a node reading
+    a trainable parameter is lowered, never folded (its gradient must reach the parameter),
+    and ``Lowered.trainable`` names those parameters."""
     import torch
     from torch.export.graph_signature import InputKind
 
@@ -178,6 +182,10 @@ def lower(exported: Any) -> Lowered:
                 if t is None:
                     t = exported.constants[spec.target]
                 env[node] = ctx.register(t, spec.target)
+                if training and spec.kind == InputKind.PARAMETER and t.requires_grad:
+                    name = env[node].name
+                    if name not in lowered.trainable:
+                        lowered.trainable.append(name)
             elif spec.kind == InputKind.CONSTANT_TENSOR:
                 env[node] = ctx.register(exported.constants[spec.target], spec.target)
             else:
@@ -200,7 +208,7 @@ def lower(exported: Any) -> Lowered:
             raise ctx.unsupported(f"node kind {node.op}")
         args = _map(node.args, env)
         kwargs = {k: _map(v, env) for k, v in node.kwargs.items()}
-        if not _any_ref((args, kwargs)):
+        if not _any_ref((args, kwargs)) and not _reads(args, kwargs, lowered.trainable):
             if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
                 # Folding would freeze one draw into the artifact.
                 raise ctx.unsupported("a random op (it would be frozen by constant folding)")
@@ -213,6 +221,21 @@ def lower(exported: Any) -> Lowered:
             raise ctx.unsupported("no lowering for this op")
         env[node] = fn(ctx, node, *args, **kwargs)
     return lowered
+
+
+def _reads(args: Any, kwargs: dict[str, Any], names: list[str]) -> bool:
+    """Whether a node's arguments include one of the weights ``names``."""
+    if not names:
+        return False
+
+    def walk(a: Any) -> bool:
+        if isinstance(a, Weight):
+            return a.name in names
+        if isinstance(a, (list, tuple)):
+            return any(walk(x) for x in a)
+        return False
+
+    return walk(args) or walk(list(kwargs.values()))
 
 
 def _map(a: Any, env: dict[Any, Any]) -> Any:

@@ -59,6 +59,8 @@ class CompiledModule:
         trace_limits: _native.TraceLimits,
         compile_limits: _native.CompileLimits,
         runtime: Runtime | None = None,
+        config: Any = None,
+        trainable: list[str] | None = None,
     ) -> None:
         self.program = program
         self._arrays = arrays
@@ -70,7 +72,39 @@ class CompiledModule:
         self.weights = _native.Weights.from_arrays(arrays, dtypes=dtypes)
         self.graph = replay(program, self.weights, trace_limits)
         self.runtime = runtime or _native.CpuRuntime()
+        self.runtime_given = runtime is not None
         self.plan = self.runtime.prepare(self.graph, self.weights, compile_limits)
+        # Training (train.py): the CompileConfig, the parameters a step updates, its state.
+        self.config = config
+        self.trainable = list(trainable or [])
+        self._trainer: Any = None
+        self._stale = False
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray[Any, Any]]:
+        """The weights by name as the store reads them (parameters in place)."""
+        return self._arrays
+
+    @property
+    def dtypes(self) -> dict[str, str]:
+        return self._dtypes
+
+    def train_step(
+        self, inputs: Any, targets: Any, loss_fn: Any = "mse", *, optimizer: Any
+    ) -> float:
+        """One training step (forward, loss, gradients, ``optimizer`` update) as one graph on
+        the runtime; returns the loss. Needs ``CompileConfig(allow_training=True)``; see
+        ``poot.torch_frontend.train``."""
+        from poot.torch_frontend.train import Trainer
+
+        if self._trainer is None:
+            self._trainer = Trainer(self)
+        return self._trainer.step(inputs, targets, loss_fn, optimizer)
+
+    def parameters_changed(self) -> None:
+        """The weight arrays were written (a training step): the forward plan's prepared
+        copies are stale, so the next forward prepares it again from a new store."""
+        self._stale = True
 
     def __call__(self, *args: Any) -> Any:
         return self._forward(args, None)
@@ -101,6 +135,12 @@ class CompiledModule:
         }
         if admission is not None:
             admission.check("before its run started")
+        if self._stale:
+            # A new store: the runtime caches prepared weights by store.
+            self.weights = _native.Weights.from_arrays(self._arrays, dtypes=self._dtypes)
+            self.graph = replay(self.program, self.weights, self.trace_limits)
+            self.plan = self.runtime.prepare(self.graph, self.weights, self.compile_limits)
+            self._stale = False
         out = self.runtime.run(self.plan, feed)
         if admission is not None:
             # The run cannot be interrupted; a cancel during it drops its outputs here.
@@ -140,9 +180,11 @@ def compile_module(
     trace_limits: _native.TraceLimits | None = None,
     compile_limits: _native.CompileLimits | None = None,
     runtime: Runtime | None = None,
+    config: Any = None,
 ) -> CompiledModule:
     """Exports ``module`` for ``example_inputs`` and compiles it (see the module docs) for
-    ``runtime`` (default: a new ``CpuRuntime``)."""
+    ``runtime`` (default: a new ``CpuRuntime``). With ``config.allow_training`` the module is
+    lowered for training (``train.py``): nodes reading trainable parameters are not folded."""
     import torch
 
     inputs = (
@@ -150,7 +192,7 @@ def compile_module(
     )
     with torch.no_grad():
         exported = torch.export.export(module, inputs)
-        lowered: Lowered = lower(exported)
+        lowered: Lowered = lower(exported, training=bool(getattr(config, "allow_training", 0)))
     arrays, dtypes = weights_arrays(lowered.weights)
     return CompiledModule(
         lowered.program,
@@ -161,6 +203,8 @@ def compile_module(
         trace_limits or _native.TraceLimits(),
         compile_limits or _native.CompileLimits(),
         runtime,
+        config,
+        lowered.trainable,
     )
 
 

@@ -255,6 +255,16 @@ def _embedding(ctx: Ctx, node: Any, weight: Any, ids: Any, *rest: Any) -> Ref:
         raise ctx.unsupported("the embedding table must be a parameter or constant")
     p = ctx.program
     ishape = _in_shape(node, 1)
+    if isinstance(ids, Weight):
+        # Constant ids into a trained table (only lowered, not folded, for training): rows
+        # picked by a constant one-hot matrix, so the table's gradient flows through a matmul.
+        import torch
+
+        n = weight.tensor.shape[0]
+        onehot = torch.nn.functional.one_hot(ids.tensor.reshape(-1).long(), n).float()
+        sel = ctx.register(onehot, f"_onehot.{node.name}")
+        y = p.call("batch_matmul", ctx.weight(sel), ctx.weight(weight))
+        return p.call("reshape", y, list(shape_of(node)))
     flat = p.call("reshape", ctx.operand(ids), [math.prod(ishape)])
     y = p.call("embedding", ctx.weight(weight), flat)
     return p.call("reshape", y, list(shape_of(node)))

@@ -42,6 +42,18 @@ pub fn gelu_erf_f32(x: f32) -> f32 {
     (0.5 * x * one_plus_erf) as f32
 }
 
+/// The derivative of exact GELU, `Phi(x) + x * phi(x)` with `Phi(x) = (1 + erf(x / sqrt 2)) / 2`
+/// and `phi(x) = exp(-x^2 / 2) / sqrt(2 pi)`, rounded once from `f64`.
+#[inline]
+pub fn gelu_erf_grad_f32(x: f32) -> f32 {
+    let x = f64::from(x);
+    let z = x * std::f64::consts::FRAC_1_SQRT_2;
+    let one_plus_erf = if z < 0.0 { erfc(-z) } else { 2.0 - erfc(z) };
+    let pdf = (-0.5 * x * x).exp()
+        * (0.5 * std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2);
+    (0.5 * one_plus_erf + x * pdf) as f32
+}
+
 /// `erfc(z)` for `z >= 0` in `f64`, relative error below 1e-10 (checked on a 4000-point grid
 /// against Python's `math.erfc`: worst 1.3e-11, next to 2.5; the tests pin known values).
 /// A Maclaurin series for `erf` below 2.5 (terms stay small there, so `1 - erf` loses at most

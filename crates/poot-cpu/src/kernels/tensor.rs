@@ -2,15 +2,16 @@
 //! broadcasting arithmetic, scalar arithmetic, permutes and the causal mask.
 //!
 //! Numerics: every result is one IEEE f32 operation per element (`relu`, `neg`, the binary and
-//! scalar ops: exact as f32 arithmetic, the same bits as torch's CPU kernels), or the f32 libm
-//! function (`tanh`, `exp`, `sigmoid = 1 / (1 + exp(-x))`: within a few ulp), or the exact GELU
-//! of `act::gelu_erf_f32` (within 1 ulp). Permute and the mask move values without arithmetic.
+//! scalar ops, `step`: exact as f32 arithmetic, the same bits as torch's CPU kernels), or the
+//! f32 libm function (`tanh`, `exp`, `log`, `sigmoid = 1 / (1 + exp(-x))`: within a few ulp),
+//! or the exact GELU of `act::gelu_erf_f32` and its derivative `act::gelu_erf_grad_f32`
+//! (within 1 ulp). Permute and the mask move values without arithmetic.
 //!
 //! Shapes are checked before anything is written (`KernelError`), and no kernel allocates
 //! beyond a few index vectors of the tensors' rank. Cost: O(output elements).
 
 use crate::error::check_len;
-use crate::kernels::act::gelu_erf_f32;
+use crate::kernels::act::{gelu_erf_f32, gelu_erf_grad_f32};
 use crate::KernelError;
 use poot_graph::{broadcast_shape, BinaryKind, ReduceKind, UnaryKind};
 
@@ -32,6 +33,9 @@ pub fn unary(kind: UnaryKind, x: &[f32], out: &mut [f32]) -> Result<(), KernelEr
         UnaryKind::Sqrt => f32::sqrt,
         UnaryKind::Rsqrt => |v| 1.0 / v.sqrt(),
         UnaryKind::Abs => f32::abs,
+        UnaryKind::Log => f32::ln,
+        UnaryKind::Step => |v| if v > 0.0 { 1.0 } else { 0.0 },
+        UnaryKind::GeluErfGrad => gelu_erf_grad_f32,
     };
     for (o, &v) in out.iter_mut().zip(x) {
         *o = f(v);

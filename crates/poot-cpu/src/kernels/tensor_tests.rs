@@ -14,6 +14,14 @@ fn unary_kinds() {
     unary(UnaryKind::GeluErf, &[1.0], &mut out[..1]).unwrap();
     assert!((f64::from(out[0]) - 0.841_344_746_068_542_9).abs() < 1e-7);
     assert!(unary(UnaryKind::Exp, &x, &mut out[..2]).is_err());
+    unary(UnaryKind::Step, &x, &mut out).unwrap();
+    assert_eq!(out, [0.0, 0.0, 1.0, 0.0]);
+    unary(UnaryKind::Log, &[1.0, 0.0], &mut out[..2]).unwrap();
+    assert_eq!(&out[..2], &[0.0, f32::NEG_INFINITY]);
+    // d/dx GELU(x) at 0 is 1/2; at 1 it is Phi(1) + phi(1) = 0.8413447 + 0.2419707.
+    unary(UnaryKind::GeluErfGrad, &[0.0, 1.0], &mut out[..2]).unwrap();
+    assert_eq!(out[0], 0.5);
+    assert!((f64::from(out[1]) - 1.083_315_470_587_686).abs() < 1e-7);
 }
 
 #[test]
