@@ -3,13 +3,24 @@
 ``poot.compile(module, example_inputs)`` lands here (``compile_module``): export, lowering of
 the aten graph to tracer calls (``lower.py``, ``ops.py``), tracing under ``TraceLimits`` and
 preparing under ``CompileLimits`` on the CPU runtime or the one given as ``runtime=``
-(``module.py``); ``CancelToken`` cancels a forward (``cancel.py``). torch is imported only
+(``module.py``); ``CancelToken`` cancels a forward (``cancel.py``). Several modules:
+``ModuleGraph`` and ``compile_modules`` (``graph.py``), placed by the planner
+(``placement.py``) and run by ``compiled_graph.py``. torch is imported only
 when a module is compiled; the rest of poot never needs it. docs/compiling-modules.md has the
 op table.
 """
 
 from poot.torch_frontend.cancel import CancelToken
+from poot.torch_frontend.graph import ModuleGraph, compile_modules
 from poot.torch_frontend.module import CompiledModule, compile_module, load
 from poot.torch_frontend.tensor import PootTensor
 
-__all__ = ["CancelToken", "CompiledModule", "PootTensor", "compile_module", "load"]
+__all__ = [
+    "CancelToken",
+    "CompiledModule",
+    "ModuleGraph",
+    "PootTensor",
+    "compile_module",
+    "compile_modules",
+    "load",
+]
