@@ -403,6 +403,11 @@ class CpuRuntime:
     # (done, total) stored bytes of the matmul weights the compile in progress has prepared
     # and has to prepare (after it, the last such compile's); callable while `compile` runs.
     def weight_progress(self) -> tuple[int, int]: ...
+    # Keep each run's per-equation spans (no profile report) for `last_run_spans`.
+    def record_spans(self, on: bool) -> None: ...
+    # The last run's equations: (index, op kind, start_s, end_s) since the run began; empty
+    # unless `record_spans(True)` or `profile=True`.
+    def last_run_spans(self) -> list[tuple[int, str, float, float]]: ...
 
 @final
 class WgpuRuntime:

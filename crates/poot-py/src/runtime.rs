@@ -335,6 +335,21 @@ impl PyCpuRuntime {
         self.cpu.weight_progress()
     }
 
+    /// Keeps each run's per-equation spans for `last_run_spans` (no profile report).
+    fn record_spans(&self, on: bool) {
+        self.cpu.record_spans(on);
+    }
+
+    /// The last run's equations as `(index, op kind, start_s, end_s)`, seconds since the run
+    /// began; empty unless `record_spans(True)` or `profile=True`.
+    fn last_run_spans(&self) -> Vec<(usize, String, f64, f64)> {
+        self.cpu
+            .last_run_spans()
+            .into_iter()
+            .map(|(i, k, s, d)| (i, k, s.as_secs_f64(), (s + d).as_secs_f64()))
+            .collect()
+    }
+
     fn __repr__(&self) -> String {
         format!("CpuRuntime(name={:?})", self.inner.name())
     }

@@ -9,7 +9,9 @@ its device. A call runs the nodes in insertion order, feeding each the outputs i
 Invariants: a node's arguments are flattened the way ``torch.export`` flattened its example
 arguments, and its outputs are rebuilt with the tree structure of its eager output, so tuples,
 dicts and nesting survive the graph; a value crossing devices goes through the host (its
-``cpu()``). The compiled graph holds its weights' bytes per device in its ledger for its life.
+``cpu()``). The compiled graph holds its weights' bytes per device in its ledger for its life,
+and a call leases each node's output bytes on its device until it returns. Each call is
+recorded (``Recorder``: module, op and transfer spans, ledger samples) for ``visualize``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from poot import _native
 from poot.errors import ConfigError
 from poot.planner.compiled import CompileConfig
 from poot.planner.ledger import CapacityLedger
+from poot.planner.op_spans import run_spans
 from poot.planner.profiles import DeviceProfile, HostProfile
 from poot.planner.record import Recorder
 from poot.torch_frontend.lower import lower, weights_arrays
@@ -93,6 +96,7 @@ class CompiledGraph:
         placement: ModulePlacement,
         devices: list[str],
         ledger: CapacityLedger,
+        wait_s: float = 30.0,
     ) -> None:
         self.graph = graph
         self.nodes = nodes
@@ -101,6 +105,12 @@ class CompiledGraph:
         self.devices = devices
         self.ledger = ledger
         self.recorder = Recorder()
+        self._units: dict[int, Any] = {}
+        self._wait_s = wait_s  # how long a call's output lease waits for room
+        for cm in nodes:  # the CPU runtime times each equation for the ops lanes
+            record = getattr(cm.runtime, "record_spans", None)
+            if record is not None:
+                record(True)
 
     @property
     def placed(self) -> dict[str, str]:
@@ -130,26 +140,43 @@ class CompiledGraph:
 
         env: dict[str, Any] = dict(feed)
         rec = self.recorder
-        rec.begin_step()
-        for node, cm, spec, dev in zip(
-            self.graph.nodes, self.nodes, self._specs, self.devices, strict=True
-        ):
-            flat, _ = tree_flatten(_resolve(node.args, env))
-            leaves = []
-            for x in flat:
-                if isinstance(x, PootTensor):
-                    t0 = time.perf_counter()
-                    host = x.cpu()
-                    if x.device != "cpu":
-                        rec.span(f"{dev} link", f"{x.device}->host", t0, time.perf_counter(),
-                                 "transfer")  # fmt: skip
-                    x = host
-                leaves.append(x)
-            t0 = time.perf_counter()
-            out = cm(*leaves)
-            rec.span(dev, node.name, t0, time.perf_counter())
-            env[node.name] = tree_unflatten(_leaves(out), spec)
+        rec.begin_step(held=self._in_use())
+        leases = []
+        try:
+            for node, cm, spec, dev in zip(
+                self.graph.nodes, self.nodes, self._specs, self.devices, strict=True
+            ):
+                flat, _ = tree_flatten(_resolve(node.args, env))
+                leaves = []
+                for x in flat:
+                    if isinstance(x, PootTensor):
+                        t0 = time.perf_counter()
+                        host = x.cpu()
+                        if x.device != "cpu":
+                            label = f"{x.device}->host"
+                            rec.span(f"{dev} link", label, t0, time.perf_counter(), "transfer")
+                        x = host
+                    leaves.append(x)
+                t0 = time.perf_counter()
+                out = cm(*leaves)
+                rec.span(dev, node.name, t0, time.perf_counter())
+                for s in run_spans(cm.runtime, cm.plan, t0, dev, self._units):
+                    if s.kind == "op":  # the module's own span is its layer span
+                        rec.span(s.lane, s.label, s.start, s.end, s.kind)
+                flat_out = _leaves(out)
+                # Each output holds its bytes on its device until the call returns.
+                nbytes = sum(t.nbytes for t in flat_out)
+                leases.append(self.ledger.lease(devices={dev: nbytes}, wait_s=self._wait_s))
+                rec.sample(self._in_use())
+                env[node.name] = tree_unflatten(flat_out, spec)
+        finally:
+            for lease in leases:
+                lease.release()
+            rec.sample(self._in_use())
         return _resolve(self.graph.outputs, env)
+
+    def _in_use(self) -> int:
+        return int(self.ledger.snapshot()["device"]["used"] or 0)
 
     def explain(self) -> str:
         """Each module's device, the chosen plan and its cost, the runner-up, and why each
@@ -157,20 +184,30 @@ class CompiledGraph:
         return explain_modules(self.placement)
 
     def visualize(self, path: str | os.PathLike[str], measured: bool = False) -> Path:
-        """Writes the HTML timeline of one call: simulated, or as last measured."""
-        from poot.planner.visualize import render_timeline
+        """Writes the HTML timeline: the last calls as measured (up to 8, in sequence), or
+        as many simulated calls (one before any ran), with the same lanes: per device its
+        modules, its ops, its link, and the ledger's device bytes over time."""
+        from poot.planner.visualize import render_timeline, simulated_view
 
+        recorded = self.recorder.view()
         if measured:
-            spans = self.recorder.last()
+            spans, ledger, marks = recorded
             if not spans:
                 raise ValueError("no measured call yet: call it before visualize(measured=True)")
             kind = "measured"
         else:
-            spans = self.placement.simulation.spans
+            pl = self.placement
+            held = int(self.ledger.snapshot()["device"]["used"] or 0)
+            spans, ledger, marks = simulated_view(
+                pl.stats, pl.simulation, pl.profiles, held, len(recorded[2])
+            )
             kind = "simulated"
         p = Path(path)
         sub = self.placement.chosen.placement.describe(self.placement.stats)
-        p.write_text(render_timeline(f"poot step timeline ({kind})", spans, sub))
+        page = render_timeline(
+            f"poot step timeline ({kind})", spans, sub, ledger=ledger, steps=marks
+        )
+        p.write_text(page)
         return p
 
 
@@ -268,4 +305,6 @@ def build(
         held[s.device] = held.get(s.device, 0) + stats.bytes_of(s.start, s.end)
     ledger.resident = ledger.lease(devices=held)
     specs = [part[4] for part in parts]
-    return CompiledGraph(graph, nodes, specs, placement, devices, ledger)
+    return CompiledGraph(
+        graph, nodes, specs, placement, devices, ledger, wait_s=config.stall_timeout_s
+    )
