@@ -105,3 +105,30 @@ def test_chromium_renders_the_module_timeline(tmp_path: Path, measured: bool) ->
     assert len(re.findall(r'<line class="step"', dom)) == 2
     assert re.search(r'<polyline class="ledger"[^>]*points="[0-9., ]+"', dom)
     assert re.findall(r'<rect class="span op"', dom)
+
+
+def test_the_cpu_runtime_records_each_equation_of_the_last_run() -> None:
+    import numpy as np
+
+    from poot import _native
+
+    w = _native.Weights.from_arrays({"w": np.ones((8, 4), np.float32)})
+    tr = _native.Tracer(w, 2, _native.TraceLimits())
+    tr.output("y", tr.silu(tr.matmul(tr.input("x", "f32", [2, 4]), tr.weight("w"))))
+    rt = _native.CpuRuntime(1)
+    plan = rt.prepare(tr.finish(), w)
+    x = {"x": np.ones((2, 4), np.float32)}
+    rt.run(plan, x)
+    assert rt.last_run_spans() == []  # off by default: nothing kept
+    rt.record_spans(True)
+    rt.run(plan, x)
+    spans = rt.last_run_spans()
+    names = [eq[0] for eq in plan.graph.equations()]
+    assert [k for _, k, _, _ in spans if not k.startswith("matmul")] == ["input", "weight", "silu"]
+    assert any(k == "matmul F32" for _, k, _, _ in spans)
+    for i, kind, start, end in spans:
+        assert 0 <= start <= end and (kind == names[i] or kind.startswith(names[i]))
+    starts = [s for _, _, s, _ in spans]
+    assert starts == sorted(starts)
+    rt.run(plan, x)
+    assert len(rt.last_run_spans()) == len(spans)  # the last run only, not accumulated
