@@ -80,10 +80,14 @@ def test_chromium_renders_lanes_and_spans(
     ).stdout
     assert 'data-rendered="yes"' in dom  # the inline script ran
     lanes = set(re.findall(r'<text class="lane"[^>]*data-lane="([^"]+)"', dom))
-    assert lanes == {"cpu", "cpu load"}
+    # The simulated view adds the op lane (each unit's matmul and other-op parts) and the
+    # ledger; a streamed run records loads and computes only.
+    assert lanes == ({"cpu", "cpu load"} if measured else {"cpu", "cpu load", "cpu ops", "ledger"})
     rects = re.findall(r'<rect class="span (\w+)"', dom)
     chunks = len(streamed.compiled.placement.segments[0].chunks)
-    assert rects.count("load") == chunks and rects.count("compute") >= chunks
+    steps = len(re.findall(r'<line class="step"', dom))  # every step the LLM ran, in sequence
+    assert steps == len(streamed.compiled.recorder.view()[2]) >= 1
+    assert rects.count("load") == chunks * steps and rects.count("compute") >= chunks * steps
     shot = tmp_path / "shot.png"
     subprocess.run(
         [*base, f"--screenshot={shot}", "--window-size=1200,400", path.as_uri()],

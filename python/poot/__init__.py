@@ -23,11 +23,19 @@ if TYPE_CHECKING:
     from poot.planner import CompileConfig, CompiledModel, compile
     from poot.sampling import SamplingParams
     from poot.tokenizer import Tokenizer, load_tokenizer
-    from poot.torch_frontend import CancelToken, CompiledModule, PootTensor, load
+    from poot.torch_frontend import (
+        CancelToken,
+        CompiledModule,
+        ModuleGraph,
+        PootTensor,
+        compile_modules,
+        load,
+    )
 
 __all__ = [
     "LLM",
     "AsyncEngine",
+    "ModuleGraph",
     "CancelToken",
     "CompileConfig",
     "CompiledModel",
@@ -42,6 +50,7 @@ __all__ = [
     "Tokenizer",
     "__version__",
     "compile",
+    "compile_modules",
     "load",
     "load_model_files",
     "load_tokenizer",
@@ -64,6 +73,8 @@ _LAZY = {
     "PootTensor": ("poot.torch_frontend", "PootTensor"),
     "CompiledModule": ("poot.torch_frontend", "CompiledModule"),
     "CancelToken": ("poot.torch_frontend", "CancelToken"),
+    "ModuleGraph": ("poot.torch_frontend", "ModuleGraph"),
+    "compile_modules": ("poot.torch_frontend", "compile_modules"),
     "compile": ("poot.planner", "compile"),
     "CompileConfig": ("poot.planner", "CompileConfig"),
     "CompiledModel": ("poot.planner", "CompiledModel"),

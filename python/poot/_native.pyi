@@ -24,6 +24,7 @@ __all__ = [
     "CpuRuntime",
     "LateInput",
     "WgpuRuntime",
+    "WgpuTensor",
     "wgpu_adapters",
     "CudaRuntime",
     "cuda_devices",
@@ -416,6 +417,11 @@ class CpuRuntime:
     # (done, total) stored bytes of the matmul weights the compile in progress has prepared
     # and has to prepare (after it, the last such compile's); callable while `compile` runs.
     def weight_progress(self) -> tuple[int, int]: ...
+    # Keep each run's per-equation spans (no profile report) for `last_run_spans`.
+    def record_spans(self, on: bool) -> None: ...
+    # The last run's equations: (index, op kind, start_s, end_s) since the run began; empty
+    # unless `record_spans(True)` or `profile=True`.
+    def last_run_spans(self) -> list[tuple[int, str, float, float]]: ...
 
 @final
 class WgpuRuntime:
@@ -463,12 +469,29 @@ class WgpuRuntime:
         timeout_s: float = 600.0,
         late: Mapping[str, LateInput] | None = None,
     ) -> dict[str, npt.NDArray[Any]]: ...
+    # Like `run`, but the outputs stay on the device (copied back only by `to_numpy()`).
+    def run_on_device(
+        self, plan: Plan, inputs: Mapping[str, npt.NDArray[Any]], timeout_s: float = 600.0
+    ) -> dict[str, WgpuTensor]: ...
     def memory(self) -> dict[str, int]: ...
     def health(self) -> dict[str, str | None]: ...
     # {"runs", "readback_bytes"}: steps run and bytes copied back from the device.
     def stats(self) -> dict[str, int]: ...
     def _inject_stall(self, rows: int) -> None: ...
     def _inject_device_loss(self) -> None: ...
+
+@final
+class WgpuTensor:
+    """An output of ``WgpuRuntime.run_on_device``, held in a device buffer."""
+
+    @property
+    def shape(self) -> list[int]: ...
+    @property
+    def dtype(self) -> Literal["f32", "i32"]: ...
+    @property
+    def nbytes(self) -> int: ...
+    # A new numpy array of the values (one bounded readback).
+    def to_numpy(self, timeout_s: float = 600.0) -> npt.NDArray[Any]: ...
 
 def wgpu_adapters() -> list[dict[str, str]]: ...
 

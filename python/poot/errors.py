@@ -322,6 +322,14 @@ class UnsupportedFeatureError(PootError, ValueError):
     hint = "Compile another artifact for these inputs."
 
 
+class DeviceTensorExportError(UnsupportedFeatureError, BufferError):
+    """A ``PootTensor`` held on a GPU was asked for host memory without a copy (DLPack,
+    ``numpy.asarray``): DLPack cannot describe a wgpu (Vulkan) buffer to torch or numpy, and
+    poot never copies a device tensor implicitly."""
+
+    hint = "Call .cpu() to copy it to a host array (one explicit readback), then export that."
+
+
 class ArtifactFormatError(PootError, ValueError):
     """A file given to ``poot.load`` is not a readable poot artifact (corrupt or foreign)."""
 

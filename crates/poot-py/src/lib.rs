@@ -25,6 +25,7 @@ mod tokenize;
 mod tracer;
 mod weights;
 mod wgpu;
+mod wgpu_tensor;
 
 /// The native module. Submodules register their classes and functions here.
 #[pymodule]

@@ -341,6 +341,21 @@ impl PyCpuRuntime {
         self.cpu.weight_progress()
     }
 
+    /// Keeps each run's per-equation spans for `last_run_spans` (no profile report).
+    fn record_spans(&self, on: bool) {
+        self.cpu.record_spans(on);
+    }
+
+    /// The last run's equations as `(index, op kind, start_s, end_s)`, seconds since the run
+    /// began; empty unless `record_spans(True)` or `profile=True`.
+    fn last_run_spans(&self) -> Vec<(usize, String, f64, f64)> {
+        self.cpu
+            .last_run_spans()
+            .into_iter()
+            .map(|(i, k, s, d)| (i, k, s.as_secs_f64(), (s + d).as_secs_f64()))
+            .collect()
+    }
+
     fn __repr__(&self) -> String {
         format!("CpuRuntime(name={:?})", self.inner.name())
     }
@@ -384,6 +399,16 @@ pub(crate) fn configure_kv_on(
     without_gil(py, move || rt.configure_kv(cfg))?.map_err(|e| runtime_error(py, e))
 }
 
+/// The deadline `timeout_s` seconds from now (`ValueError` unless finite and >= 0).
+pub(crate) fn deadline_of(timeout_s: f64) -> PyResult<Deadline> {
+    if !(timeout_s.is_finite() && timeout_s >= 0.0) {
+        return Err(PyValueError::new_err(format!(
+            "timeout_s must be finite and >= 0, got {timeout_s}"
+        )));
+    }
+    Ok(Deadline::after(Duration::from_secs_f64(timeout_s)))
+}
+
 pub(crate) fn run_on<'py>(
     rt: &Arc<dyn Runtime>,
     py: Python<'py>,
@@ -392,11 +417,7 @@ pub(crate) fn run_on<'py>(
     timeout_s: f64,
     late: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    if !(timeout_s.is_finite() && timeout_s >= 0.0) {
-        return Err(PyValueError::new_err(format!(
-            "timeout_s must be finite and >= 0, got {timeout_s}"
-        )));
-    }
+    let deadline = deadline_of(timeout_s)?;
     let mut names = Vec::with_capacity(inputs.len());
     let mut tensors = Vec::with_capacity(inputs.len());
     for (k, v) in inputs.iter() {
@@ -412,7 +433,6 @@ pub(crate) fn run_on<'py>(
         }
     }
     let (rt, p) = (rt.clone(), plan.inner.clone());
-    let deadline = Deadline::after(Duration::from_secs_f64(timeout_s));
     let outputs = without_gil(py, move || {
         let named: Vec<(&str, HostTensor)> =
             names.iter().map(String::as_str).zip(tensors).collect();

@@ -21,6 +21,7 @@ use crate::weights::PyWeights;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyWgpuRuntime>()?;
+    m.add_class::<crate::wgpu_tensor::PyWgpuTensor>()?;
     m.add_function(wrap_pyfunction!(wgpu_adapters, m)?)?;
     Ok(())
 }
@@ -218,6 +219,19 @@ impl PyWgpuRuntime {
         late: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         run_on(&self.dyn_rt(), py, plan, inputs, timeout_s, late)
+    }
+
+    /// Runs `plan` like `run` but leaves its outputs on the device: a dict of `WgpuTensor`
+    /// (each copied to the host only by its `to_numpy()`).
+    #[pyo3(signature = (plan, inputs, timeout_s=600.0))]
+    fn run_on_device<'py>(
+        &self,
+        py: Python<'py>,
+        plan: &PyPlan,
+        inputs: &Bound<'py, PyDict>,
+        timeout_s: f64,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        crate::wgpu_tensor::run_resident_on(&self.inner, py, plan, inputs, timeout_s)
     }
 
     fn memory<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {

@@ -31,6 +31,7 @@ mod device;
 mod exec;
 mod kernels;
 mod plan;
+mod resident;
 mod rope;
 mod sample;
 mod submit;
@@ -49,6 +50,7 @@ use poot_runtime::{
 
 pub use device::{adapters, AdapterSummary};
 pub use plan::WgpuPlan;
+pub use resident::DeviceTensor;
 
 use device::{Gpu, WaitError};
 use kernels::{Kernel, Pipelines};
@@ -109,6 +111,8 @@ pub struct WgpuRuntime {
     poison: Poison,
     stall: AtomicU32,
     stats: Stats,
+    /// Tells this runtime's `DeviceTensor`s from another's.
+    id: u64,
 }
 
 /// Counters over a runtime's life (`WgpuRuntime::stats`).
@@ -145,6 +149,7 @@ impl WgpuRuntime {
             poison: Poison::default(),
             stall: AtomicU32::new(0),
             stats: Stats::default(),
+            id: resident::next_runtime_id(),
         })
     }
 
@@ -226,6 +231,12 @@ impl WgpuRuntime {
             .fetch_add(readback_bytes, Ordering::Relaxed);
     }
 
+    pub(crate) fn count_readback(&self, bytes: u64) {
+        self.stats
+            .readback_bytes
+            .fetch_add(bytes, Ordering::Relaxed);
+    }
+
     /// Marks this runtime dead (used when a caller's own wait on it timed out).
     pub fn poison(&self, reason: &str) {
         self.poison.poison(reason);
@@ -305,7 +316,13 @@ impl WgpuRuntime {
                     detail: "plan was compiled by another backend".into(),
                 })?;
         let kv = self.kv_lock();
-        match submit::run_step(self, plan, inputs, kv.as_ref(), self.bound(deadline)) {
+        let step = submit::run_step(self, plan, inputs, kv.as_ref(), self.bound(deadline), false);
+        self.settle(step).map(|(host, _)| host)
+    }
+
+    /// A device-side result as the runtime's: a missed deadline or a lost device poisons it.
+    pub(crate) fn settle<T>(&self, r: Result<T, StepError>) -> Result<T, RuntimeError> {
+        match r {
             Ok(out) => Ok(out),
             Err(StepError::Runtime(e)) => Err(e),
             Err(StepError::Wait(WaitError::Timeout, during)) => {

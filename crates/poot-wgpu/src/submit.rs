@@ -1,6 +1,7 @@
 //! One step on the device: record every equation, encode the passes, submit, wait with the
 //! deadline, read back the outputs (and the logits of host-sampled rows) through one mapped
-//! staging buffer.
+//! staging buffer, or (a resident run) leave the outputs in their device buffers for
+//! `read_back` to copy one later.
 //!
 //! A late input (the guided-decoding mask) splits the step: the dispatches recorded before
 //! its input equation (the forward pass) are submitted first, then the host waits for the
@@ -17,7 +18,7 @@ use poot_core::{DType, Deadline};
 use poot_runtime::{HostTensor, RuntimeError};
 
 use crate::device::WaitError;
-use crate::exec::{tensor_bytes, Dispatch, Exec, LateSlot, StepInputs};
+use crate::exec::{tensor_bytes, Dispatch, Exec, LateSlot, Output, StepInputs};
 use crate::plan::WgpuPlan;
 use crate::sample::sample_row;
 use crate::{KvPool, WgpuRuntime};
@@ -35,13 +36,19 @@ impl From<RuntimeError> for StepError {
     }
 }
 
+/// A step's outputs: read back to the host, or (`keep`) left in their device buffers.
+pub(crate) type StepOut = (Vec<(String, HostTensor)>, Vec<Output>);
+
+/// One step; with `keep` its named outputs stay in their device buffers (returned, not read
+/// back), which a step whose sampling reads logits back on the host cannot do.
 pub(crate) fn run_step(
     rt: &WgpuRuntime,
     plan: &WgpuPlan,
     (inputs, late): StepInputs<'_>,
     kv: Option<&KvPool>,
     deadline: Deadline,
-) -> Result<Vec<(String, HostTensor)>, StepError> {
+    keep: bool,
+) -> Result<StepOut, StepError> {
     let mut exec = Exec::new(rt, plan, inputs, late, kv);
     let stall = rt.stall_iters();
     if stall > 0 {
@@ -53,6 +60,19 @@ pub(crate) fn run_step(
     let rec = exec.finish()?;
     let (dispatches, params, outputs) = (rec.dispatches, rec.params, rec.outputs);
     let (extra, host_rows) = (rec.extra, rec.host_rows);
+    if keep && !host_rows.is_empty() {
+        return Err(RuntimeError::Kernel {
+            op: "run_resident",
+            detail: "this step samples rows on the host, which reads its logits back".into(),
+        }
+        .into());
+    }
+    let (staged, kept) = if keep {
+        (Vec::new(), outputs)
+    } else {
+        (outputs, Vec::new())
+    };
+    let outputs = staged;
     let uniform = device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("params"),
         size: (params.len() as u64).max(256).div_ceil(16) * 16,
@@ -121,50 +141,18 @@ pub(crate) fn run_step(
     }
     gpu.wait(Some(index), deadline)
         .map_err(|e| StepError::Wait(e, "the step's submission"))?;
-    let (tx, rx) = mpsc::channel();
-    staging.map_async(wgpu::MapMode::Read, .., move |r| {
-        let _ = tx.send(r);
-    });
-    gpu.wait(None, deadline)
-        .map_err(|e| StepError::Wait(e, "the readback"))?;
-    match rx.try_recv() {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => {
-            return Err(RuntimeError::Kernel {
-                op: "readback",
-                detail: e.to_string(),
-            }
-            .into())
-        }
-        Err(_) => return Err(StepError::Wait(WaitError::Timeout, "the readback")),
-    }
+    map_read(rt, &staging, deadline)?;
     let view = staging
         .get_mapped_range(..)
         .map_err(|e| RuntimeError::Kernel {
             op: "readback",
             detail: e.to_string(),
         })?;
-    let words = |off: u64, n: usize| -> Vec<[u8; 4]> {
-        view[off as usize..off as usize + 4 * n]
-            .chunks_exact(4)
-            .map(|c| [c[0], c[1], c[2], c[3]])
-            .collect()
-    };
+    let words = |off: u64, n: usize| words_at(&view, off, n);
     let mut result = Vec::with_capacity(outputs.len());
     for ((name, _, bytes, (dtype, shape)), off) in outputs.iter().zip(&offsets) {
         let n = (*bytes / 4) as usize;
-        let t = if *dtype == DType::I32 {
-            HostTensor::I32 {
-                shape: shape.clone(),
-                data: words(*off, n).into_iter().map(i32::from_le_bytes).collect(),
-            }
-        } else {
-            HostTensor::F32 {
-                shape: shape.clone(),
-                data: words(*off, n).into_iter().map(f32::from_le_bytes).collect(),
-            }
-        };
-        result.push((name.clone(), t));
+        result.push((name.clone(), decode(&view, *off, n, *dtype, shape)));
     }
     for h in host_rows {
         let base = extra_at[h.logits_at as usize] + (h.row * h.vocab) as u64 * 4;
@@ -183,7 +171,97 @@ pub(crate) fn run_step(
     }
     drop(view);
     staging.unmap();
-    Ok(result)
+    Ok((result, kept))
+}
+
+/// Maps `staging` for reading (after the copies into it were submitted), within `deadline`.
+fn map_read(rt: &WgpuRuntime, staging: &wgpu::Buffer, deadline: Deadline) -> Result<(), StepError> {
+    let (tx, rx) = mpsc::channel();
+    staging.map_async(wgpu::MapMode::Read, .., move |r| {
+        let _ = tx.send(r);
+    });
+    rt.gpu
+        .wait(None, deadline)
+        .map_err(|e| StepError::Wait(e, "the readback"))?;
+    match rx.try_recv() {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(RuntimeError::Kernel {
+            op: "readback",
+            detail: e.to_string(),
+        }
+        .into()),
+        Err(_) => Err(StepError::Wait(WaitError::Timeout, "the readback")),
+    }
+}
+
+fn words_at(view: &[u8], off: u64, n: usize) -> Vec<[u8; 4]> {
+    view[off as usize..off as usize + 4 * n]
+        .chunks_exact(4)
+        .map(|c| [c[0], c[1], c[2], c[3]])
+        .collect()
+}
+
+/// `n` little-endian words at `off` as a host tensor of `dtype` (I32, else F32) and `shape`.
+fn decode(view: &[u8], off: u64, n: usize, dtype: DType, shape: &[usize]) -> HostTensor {
+    let w = words_at(view, off, n);
+    if dtype == DType::I32 {
+        HostTensor::I32 {
+            shape: shape.to_vec(),
+            data: w.into_iter().map(i32::from_le_bytes).collect(),
+        }
+    } else {
+        HostTensor::F32 {
+            shape: shape.to_vec(),
+            data: w.into_iter().map(f32::from_le_bytes).collect(),
+        }
+    }
+}
+
+/// Copies one kept output (`run_step` with `keep`) back to the host, within `deadline`.
+pub(crate) fn read_back(
+    rt: &WgpuRuntime,
+    (buf, bytes, dtype, shape): (&wgpu::Buffer, u64, DType, &[usize]),
+    deadline: Deadline,
+) -> Result<HostTensor, StepError> {
+    let gpu = &rt.gpu;
+    let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("readback"),
+        size: bytes.div_ceil(4).max(1) * 4,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    if bytes > 0 {
+        encoder.copy_buffer_to_buffer(buf, 0, &staging, 0, bytes);
+    }
+    if deadline.expired() {
+        return Err(StepError::Wait(WaitError::Timeout, "the readback"));
+    }
+    rt.count_readback(bytes);
+    let index = gpu.queue.submit([encoder.finish()]);
+    if let Some(e) = gpu.take_error() {
+        if let Some(reason) = gpu.lost_reason() {
+            return Err(StepError::Wait(WaitError::Lost(reason), "the readback"));
+        }
+        return Err(RuntimeError::Kernel {
+            op: "readback",
+            detail: e,
+        }
+        .into());
+    }
+    gpu.wait(Some(index), deadline)
+        .map_err(|e| StepError::Wait(e, "the readback"))?;
+    map_read(rt, &staging, deadline)?;
+    let view = staging
+        .get_mapped_range(..)
+        .map_err(|e| RuntimeError::Kernel {
+            op: "readback",
+            detail: e.to_string(),
+        })?;
+    let t = decode(&view, 0, (bytes / 4) as usize, dtype, shape);
+    drop(view);
+    staging.unmap();
+    Ok(t)
 }
 
 /// Records `dispatches` into `encoder`, one compute pass each.

@@ -8,8 +8,9 @@ sees the ``LLM``:
 
 - direct path (one resident segment): the runner keeps its plans and the runtime of that
   segment's device (the LLM's own, or a new one that takes over with the KV pool); each run
-  only leases the step's activation bytes from the ledger and records one span (a lock and an
-  append: no segmenting, loader or buffer);
+  only leases the step's activation bytes from the ledger and records its spans (per layer
+  and op kind from the CPU runtime's span recorder, ``op_spans``; one step span on a runtime
+  without one) and the ledger's bytes in use (no segmenting, loader or buffer);
 - streaming (one streamed CPU segment): the runner's plans become ``SegmentedPlan``s run by
   ``StreamingRuntime``;
 - split (segments on several devices, e.g. CPU + wgpu): ``SplitPlan``s run by ``SplitRuntime``,
@@ -40,6 +41,8 @@ from poot.errors import BackendNotCompiledError, PlannerError
 from poot.models.step import StepShape
 from poot.planner.compiled import CompileConfig, CompiledModel, compile
 from poot.planner.cost import Segment
+from poot.planner.op_spans import run_spans
+from poot.planner.simulate import Span
 from poot.planner.split import Part, SplitPlan, SplitRuntime
 from poot.planner.streaming import SegmentedPlan, StreamingRuntime
 from poot.runner import StepRunner
@@ -88,6 +91,11 @@ class LeasedRuntime:
         self.name = inner.name
         self.lane = lane
         self.kv_entry_bytes = inner.kv_entry_bytes
+        # The CPU runtime times each equation for the timeline's layer and op lanes.
+        record = getattr(inner, "record_spans", None)
+        if record is not None:
+            record(True)
+        self._units: dict[int, Any] = {}
 
     def supports(self, op: str) -> bool:
         return self.inner.supports(op)
@@ -110,13 +118,17 @@ class LeasedRuntime:
         try:
             with c.ledger.lease(host=self.activation_bytes, wait_s=c.config.stall_timeout_s):
                 c.generations.check(gen)
-                c.recorder.begin_step()
+                c.recorder.begin_step(held=_in_use(c))
                 t0 = time.perf_counter()
                 out = self.inner.run(plan, inputs, timeout_s, late)
-                c.recorder.span(self.lane, "step", t0, time.perf_counter())
+                t1 = time.perf_counter()
+                spans = run_spans(self.inner, plan, t0, self.lane, self._units)
+                for s in spans or [Span(self.lane, "step", t0, t1)]:
+                    c.recorder.span(s.lane, s.label, s.start, s.end, s.kind)
                 return out
         finally:
             c.generations.end(gen)
+            c.recorder.sample(_in_use(c))
 
     def memory(self) -> dict[str, int]:
         return self.inner.memory()
@@ -314,3 +326,9 @@ def _streaming(
         trace_limits=old.trace_limits, compile_limits=old.compile_limits,
         recorder=compiled.recorder, activation_bytes=act, kv_base=kv_base, lane=segment.device,
     )  # fmt: skip
+
+
+def _in_use(c: CompiledModel) -> int:
+    """Bytes the compiled model's ledger holds now (device pools and host)."""
+    snap = c.ledger.snapshot()
+    return int(snap["device"]["used"] or 0) + int(snap["host"]["used"] or 0)

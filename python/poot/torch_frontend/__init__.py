@@ -6,11 +6,14 @@ preparing under ``CompileLimits`` on the CPU runtime or the one given as ``runti
 (``module.py``); ``CancelToken`` cancels a forward (``cancel.py``); ``train_step`` trains a
 module compiled with ``CompileConfig(allow_training=True)`` (``train.py``: gradients by
 reverse mode over the IR in ``grad.py`` and ``vjp.py``, ``SGD`` and ``AdamW`` in
-``optim.py``). torch is imported only when a module is compiled; the rest of poot never needs
-it. docs/compiling-modules.md has the op table.
+``optim.py``). Several modules: ``ModuleGraph`` and ``compile_modules`` (``graph.py``), placed
+by the planner (``placement.py``) and run by ``compiled_graph.py``. torch is imported only
+when a module is compiled; the rest of poot never needs it. docs/compiling-modules.md has the
+op table.
 """
 
 from poot.torch_frontend.cancel import CancelToken
+from poot.torch_frontend.graph import ModuleGraph, compile_modules
 from poot.torch_frontend.module import CompiledModule, compile_module, load
 from poot.torch_frontend.optim import SGD, AdamW
 from poot.torch_frontend.tensor import PootTensor
@@ -20,7 +23,9 @@ __all__ = [
     "AdamW",
     "CancelToken",
     "CompiledModule",
+    "ModuleGraph",
     "PootTensor",
     "compile_module",
+    "compile_modules",
     "load",
 ]

@@ -27,7 +27,7 @@ from poot.errors import ArtifactFormatError
 from poot.torch_frontend.cancel import Admission, CancelToken
 from poot.torch_frontend.lower import Lowered, lower, numpy_input, weights_arrays
 from poot.torch_frontend.program import Program, replay
-from poot.torch_frontend.tensor import PootTensor
+from poot.torch_frontend.tensor import run_to_tensors
 
 # Any runtime with `prepare(graph, weights, limits)` and `run(plan, inputs)`: the CPU runtime
 # (the default) takes every op; another (wgpu) refuses an op it lacks when it prepares.
@@ -141,11 +141,10 @@ class CompiledModule:
             self.graph = replay(self.program, self.weights, self.trace_limits)
             self.plan = self.runtime.prepare(self.graph, self.weights, self.compile_limits)
             self._stale = False
-        out = self.runtime.run(self.plan, feed)
+        flat = run_to_tensors(self.runtime, self.plan, feed, self.program.outputs)
         if admission is not None:
             # The run cannot be interrupted; a cancel during it drops its outputs here.
             admission.check("during its run")
-        flat = [PootTensor(out[name]) for name in self.program.outputs]
 
         def build(s: Any) -> Any:
             return flat[s] if isinstance(s, int) else tuple(build(x) for x in s)

@@ -498,7 +498,7 @@ fn run_all(
                     let buf = exec.run_op(i, op, (inputs, late), kv.as_deref_mut(), deadline)?;
                     let (kind, rows) = super::profile::kind_of(plan, op, i);
                     *decode &= rows <= 1 || !matches!(op, Op::MatMul { .. });
-                    p.add(&kind, rows, t0.elapsed());
+                    p.add(i, &kind, rows, (t0, t0.elapsed()));
                     buf
                 }
             };

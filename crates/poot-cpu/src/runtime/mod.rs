@@ -30,7 +30,7 @@ mod plan;
 mod profile;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -133,6 +133,9 @@ pub struct CpuRuntime {
     kv: Mutex<Option<KvPool>>,
     poison: Poison,
     profile: Option<profile::Profile>,
+    /// Equation spans of the last run when `record_spans` is on and profiling is off.
+    spans: profile::Profile,
+    spans_on: AtomicBool,
     /// Activation buffers reused across runs (see `exec.rs`).
     arena: Mutex<arena::Arena>,
     /// Weights re-laid for a faster kernel (`kernels::repack`), shared by every plan compiled
@@ -180,12 +183,29 @@ impl CpuRuntime {
             repacks: Mutex::new(HashMap::new()),
             preparing: (AtomicU64::new(0), AtomicU64::new(0)),
             profile: options.profile.then(profile::Profile::default),
+            spans: profile::Profile::default(),
+            spans_on: AtomicBool::new(false),
         })
     }
 
     /// The per-op-kind timing table, when profiling is on (see `CpuOptions::profile`).
     pub fn profile_report(&self) -> Option<String> {
         self.profile.as_ref().map(profile::Profile::report)
+    }
+
+    /// Keeps each run's equation spans for `last_run_spans` (without the profile report).
+    pub fn record_spans(&self, on: bool) {
+        self.spans_on.store(on, Ordering::Relaxed);
+    }
+
+    /// The last run's equation spans: (index, op kind, start since the run began, duration);
+    /// empty unless profiling or `record_spans` is on.
+    pub fn last_run_spans(&self) -> Vec<(usize, String, Duration, Duration)> {
+        match &self.profile {
+            Some(p) => p.last_run(),
+            None if self.spans_on.load(Ordering::Relaxed) => self.spans.last_run(),
+            None => Vec::new(),
+        }
     }
 
     /// `(done, total)`: stored bytes of the matmul weights the compile in progress has
@@ -462,7 +482,9 @@ impl Runtime for CpuRuntime {
             kv.as_mut(),
             &self.pool,
             deadline,
-            self.profile.as_ref(),
+            self.profile
+                .as_ref()
+                .or_else(|| self.spans_on.load(Ordering::Relaxed).then_some(&self.spans)),
             &mut arena,
         );
         if let Err(RuntimeError::Timeout { during }) = &result {

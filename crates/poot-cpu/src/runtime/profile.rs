@@ -10,17 +10,29 @@
 //! on, buckets are allocated on first use only, so the steady state allocates nothing. The
 //! report goes to the file named by `POOT_CPU_PROFILE` (unless it is `1`, then stderr) when the
 //! runtime is dropped, and is available as a string from `CpuRuntime::profile_report`.
+//!
+//! The last run's equations are also kept as spans (index, op kind, start since the run
+//! began, duration; at most `MAX_SPANS`) for a timeline (`CpuRuntime::last_run_spans`); a
+//! runtime that only records spans (`CpuRuntime::record_spans`) never emits a report.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+/// One equation of the last run: (index, op kind, start since the run began, duration).
+pub type EquationSpan = (usize, String, Duration, Duration);
+
+/// Spans kept per run; a longer run keeps its first `MAX_SPANS`.
+const MAX_SPANS: usize = 1 << 16;
+
 #[derive(Default, Debug)]
 struct Inner {
     buckets: HashMap<String, (Duration, u64)>,
     runs: [(Duration, u64); 2],
     first: Option<Instant>,
+    run_at: Option<Instant>,
+    spans: Vec<EquationSpan>,
 }
 
 /// Accumulated timings (see the module docs).
@@ -34,9 +46,16 @@ impl Profile {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Adds `d` to the bucket `kind` (`rows == 1`: the decode half).
-    pub(crate) fn add(&self, kind: &str, rows: usize, d: Duration) {
+    /// Adds `d` to the bucket `kind` (`rows == 1`: the decode half) and keeps equation `i`'s
+    /// span, which started at `t0`.
+    pub(crate) fn add(&self, i: usize, kind: &str, rows: usize, (t0, d): (Instant, Duration)) {
         let mut g = self.lock();
+        if let Some(at) = g.run_at {
+            if g.spans.len() < MAX_SPANS {
+                let start = t0.saturating_duration_since(at);
+                g.spans.push((i, kind.to_owned(), start, d));
+            }
+        }
         let half = if rows <= 1 { "decode" } else { "prefill" };
         let key = format!("{half:<8}{kind}");
         let e = g.buckets.entry(key).or_default();
@@ -47,8 +66,16 @@ impl Profile {
     /// Marks the start of a run.
     pub(crate) fn start_run(&self) -> Instant {
         let now = Instant::now();
-        self.lock().first.get_or_insert(now);
+        let mut g = self.lock();
+        g.first.get_or_insert(now);
+        g.run_at = Some(now);
+        g.spans.clear();
         now
+    }
+
+    /// The spans of the last run (see the module docs).
+    pub(crate) fn last_run(&self) -> Vec<EquationSpan> {
+        self.lock().spans.clone()
     }
 
     /// Adds one whole run that took `d` (`decode`: every matmul had one row).

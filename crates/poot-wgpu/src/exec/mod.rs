@@ -29,7 +29,9 @@ mod recorded;
 mod sampling;
 mod tensor;
 
-pub(crate) use recorded::{tensor_bytes, Dispatch, HostRow, LateSlot, Recorded, StepInputs};
+pub(crate) use recorded::{
+    tensor_bytes, Dispatch, HostRow, LateSlot, Output, Recorded, StepInputs,
+};
 
 /// Rows wider than this take the sampling step's top-k kernel (a workgroup per row).
 const TOPK_WIDE: usize = 256;
