@@ -158,6 +158,65 @@ def test_a_warm_wgpu_step_crosses_into_rust_once(stories: Path, params: Sampling
     assert steps > 1 and log == ["step"] * steps
 
 
+def test_a_warm_guided_step_crosses_once_and_fills_its_mask_meanwhile(llm: LLM) -> None:
+    # The mask is the one call back into Python: the driver runs the step on a thread and
+    # asks for the mask while the forward pass runs.
+    core = llm.core
+    params = SamplingParams(max_tokens=8, temperature=0.0, regex="[a-z ]{8}")
+    llm.generate(["Once upon", "Lily"], params)  # warms the plans of these shapes
+    fills: list[int] = []
+    fill_masks = core.guide.fill_masks
+
+    def counted(rows: Any, seqs: int) -> Any:
+        fills.append(len(rows))
+        return fill_masks(rows, seqs)
+
+    log: list[str] = []
+    driver = core.driver
+    core.guide.fill_masks = counted  # type: ignore[method-assign]
+    core.driver = _Counting(driver, log)  # type: ignore[assignment]
+    try:
+        reqs = [llm.make_request(p, params) for p in ("Once upon", "Lily")]
+        for r in reqs:
+            core.add_request(r)
+        log.clear()
+        steps = 0
+        while core.has_unfinished():
+            core.step()
+            steps += 1
+    finally:
+        core.driver = driver
+        del core.guide.fill_masks
+    # A finished grammar ends its request on the host, which frees its blocks (one abort at
+    # its end, not a step's crossing).
+    assert [c for c in log if c != "abort"] == ["step"] * steps
+    assert log.count("abort") == sum(r.ended_by_host for r in reqs) <= len(reqs)
+    assert len(fills) == steps and all(n > 0 for n in fills)
+    assert all(r.finish_reason is not None for r in reqs)
+    assert all(all(c.islower() or c == " " for c in "".join(r.text)) for r in reqs)
+
+
+def test_a_failed_mask_ends_its_step_with_the_mask_s_error(llm: LLM) -> None:
+    core = llm.core
+    params = SamplingParams(max_tokens=4, temperature=0.0, regex="[a-z ]{4}")
+
+    def broken(rows: Any, seqs: int) -> Any:
+        raise ValueError("the grammar engine went away")
+
+    req = llm.make_request("Once upon", params)
+    core.add_request(req)
+    core.guide.fill_masks = broken  # type: ignore[method-assign]
+    try:
+        with pytest.raises(ValueError, match="went away"):
+            core.step()
+    finally:
+        del core.guide.fill_masks
+    assert not core.is_live(req.request_id) and not core.has_unfinished()
+    assert llm.scheduler.used_blocks == 0 and not llm.scheduler.step_in_flight
+    again = llm.generate("Once upon", params)[0].outputs[0]
+    assert len(again.token_ids) > 0
+
+
 def test_steps_that_need_the_host_take_the_runner_s_path(llm: LLM) -> None:
     # Prompt logprobs and a row's full logits come back to the host: such steps are planned by
     # the driver, run by the runner and applied by a second call.

@@ -650,7 +650,7 @@ class StepDriver:
         presence: float,
         frequency: float,
         bias: Sequence[tuple[int, float]],
-        rng_state: dict[str, Any],
+        rng_state: Mapping[str, Any],
         logprobs: bool,
         prompt_logprobs: bool,
         guided: bool,

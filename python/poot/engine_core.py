@@ -41,6 +41,7 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -302,7 +303,9 @@ class EngineCore:
             self.abort(rid)
         self.settle()
 
-    def _accept(self, events: list[tuple[int, int, str | None]], changed: list[Request]) -> None:
+    def _accept(
+        self, events: Sequence[tuple[int, int, str | None]], changed: list[Request]
+    ) -> None:
         """Each accepted token to its request's text; ends requests that finished."""
         for rid, token, finish in events:
             req = self._live[rid]
@@ -326,7 +329,12 @@ class EngineCore:
 
     def _fill_mask(self, rows: list[tuple[int, int]], seqs: int) -> npt.NDArray[np.int32]:
         """A masked step's token mask (``rows``: ``(row, request_id)``), while it runs."""
-        return self.guide.fill_masks([(row, self._live[rid].matcher) for row, rid in rows], seqs)
+        matchers = []
+        for row, rid in rows:
+            m = self._live[rid].matcher
+            assert m is not None  # the driver asks only for guided rows
+            matchers.append((row, m))
+        return self.guide.fill_masks(matchers, seqs)
 
     def _record_uses(self, uses: list[tuple[Any, int]]) -> None:
         for key, hits in uses:
