@@ -2,7 +2,8 @@
 #   make run      build + install poot, fetch the default model, serve it (poot-serve)
 #   make test     build + install poot with test extras, run the Rust and Python tests
 #   make develop  editable install for contributors (Python edits are live; rerun after Rust edits)
-#   make lint / fmt / bench / docs / test-device-wgpu / test-device-cuda / ptx-check
+#   make lint / fmt / bench / docs / test-device-wgpu / test-device-vulkan / test-device-cuda /
+#   ptx-check
 #   make fuzz     atheris over the parsers of outside input (FUZZ_RUNS each; FUZZ_TARGETS)
 #   make fresh-clone-check   the README's two commands on a fresh clone (before resolving issues)
 
@@ -15,7 +16,7 @@ PYTEST_ARGS ?=
 
 .PHONY: all setup build develop run test test-rust test-python lint fmt bench docs \
         fresh-clone-check fuzz \
-        test-device-wgpu test-device-cuda ptx-check cuda-device-bundle clean
+        test-device-wgpu test-device-vulkan test-device-cuda ptx-check cuda-device-bundle clean
 
 all: build
 
@@ -94,6 +95,12 @@ fresh-clone-check:
 test-device-wgpu: setup
 	POOT_REQUIRE_WGPU=1 cargo test -p poot-wgpu
 	POOT_REQUIRE_WGPU=1 $(BIN)/python -m pytest -m device_wgpu $(PYTEST_ARGS)
+
+# Raw Vulkan (backend="vulkan", not production): every poot-wgpu suite on its ash device
+# (POOT_GPU_API=vulkan), then the Python end-to-end tests.
+test-device-vulkan: setup
+	POOT_REQUIRE_WGPU=1 POOT_GPU_API=vulkan cargo test -p poot-wgpu
+	POOT_REQUIRE_WGPU=1 $(BIN)/python -m pytest tests/test_vulkan_runtime.py $(PYTEST_ARGS)
 
 # POOT_REQUIRE_CUDA=1 turns "no device" into failures (without it, poot-cuda's device suite
 # runs on the CPU emulation of the driver). The bench prints matvec GB/s.

@@ -88,7 +88,9 @@ def test_a_conformance_failure_fails_the_device_and_stores_nothing(
     # A real deviation: F16 products taken in f16 (the opt-in f16 arithmetic) miss the exact
     # bound of 2e-4 that a validated adapter must meet.
     monkeypatch.setattr(
-        vw, "_open", lambda n: _native.WgpuRuntime(60.0, f16_arithmetic=True, numerics=n)
+        vw,
+        "_open",
+        lambda n, api="wgpu": _native.WgpuRuntime(60.0, f16_arithmetic=True, numerics=n, api=api),
     )
     monkeypatch.setenv("POOT_CACHE_DIR", str(tmp_path))
     if not _native.WgpuRuntime(60.0, f16_arithmetic=True).adapter["f16_arithmetic"]:

@@ -433,7 +433,9 @@ class WgpuRuntime:
     KV, q and attention weights); every wait is bounded by ``timeout_s`` and each run's own, and
     a timeout or a lost device poisons the runtime. Where the adapter has ``shader-f64`` the
     sampling step runs on the device (the host reads back only ids and requested logprobs);
-    ``host_sampling=True`` keeps it on the host over read-back logits.
+    ``host_sampling=True`` keeps it on the host over read-back logits. ``api="vulkan"`` runs the
+    same kernels and executor on raw Vulkan (ash, SPIR-V from naga; not production; ``name`` is
+    then ``"vulkan"``), ``BackendNotCompiledError`` in a build without the ``vulkan`` feature.
     """
 
     def __new__(
@@ -443,6 +445,7 @@ class WgpuRuntime:
         f16_arithmetic: bool = False,
         numerics: Literal["exact", "ggml"] = "exact",
         host_sampling: bool = False,
+        api: Literal["wgpu", "vulkan"] = "wgpu",
     ) -> WgpuRuntime: ...
     @property
     def name(self) -> str: ...
@@ -494,6 +497,11 @@ class WgpuTensor:
     def to_numpy(self, timeout_s: float = 600.0) -> npt.NDArray[Any]: ...
 
 def wgpu_adapters() -> list[dict[str, str]]: ...
+
+# Raw Vulkan's devices, best first (empty without the `vulkan` feature): name, backend,
+# device_type, driver, api_version, shader_f64, subgroup_size, subgroup_ops,
+# cooperative_matrix, max_storage_buffer_range, device_local.
+def vulkan_devices() -> list[dict[str, Any]]: ...
 
 @final
 class CudaRuntime:

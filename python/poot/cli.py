@@ -327,9 +327,10 @@ def _add_generation_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument(
         "--backend",
-        choices=["cpu", "wgpu", "cuda"],
+        choices=["cpu", "wgpu", "vulkan", "cuda"],
         default="cpu",
-        help="where the model runs: cpu (default), wgpu (a Vulkan adapter) or cuda (an NVIDIA GPU)",
+        help="where the model runs: cpu (default), wgpu (a Vulkan adapter), vulkan (raw Vulkan, "
+        "not production) or cuda (an NVIDIA GPU)",
     )
 
 

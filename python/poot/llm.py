@@ -86,6 +86,15 @@ def _make_wgpu_runtime(
     return _native.WgpuRuntime(timeout_s, numerics=numerics)
 
 
+def _make_vulkan_runtime(
+    timeout_s: float, numerics: Literal["ggml", "exact"] = "exact"
+) -> _native.WgpuRuntime:
+    """The raw Vulkan runtime (``backend="vulkan"``, not production): wgpu's kernels and
+    executor on the best Vulkan device through ash; ``BackendNotCompiledError`` in a build
+    without it (never a wgpu runtime in its place)."""
+    return _native.WgpuRuntime(timeout_s, numerics=numerics, api="vulkan")
+
+
 def _make_cuda_runtime(timeout_s: float) -> _native.CudaRuntime:
     """The CUDA runtime (``backend="cuda"``): device 0, exact numerics, waits bounded by
     ``timeout_s``. ``DeviceUnavailableError`` names what is missing where there is no
@@ -161,7 +170,8 @@ class LLM:
             streaming) and run that plan; the result is ``llm.compiled``. None: no planner.
             A ``NodesConfig`` (``poot.serve.nodes``, docs/ray.md) places the model's layers
             across the nodes of a Ray cluster instead.
-        backend: ``"cpu"`` (default), ``"wgpu"`` (Vulkan through wgpu) or ``"cuda"`` (an
+        backend: ``"cpu"`` (default), ``"wgpu"`` (Vulkan through wgpu), ``"vulkan"`` (the
+            same kernels on raw Vulkan through ash; not production) or ``"cuda"`` (an
             NVIDIA GPU; exact numerics only, and until it has kernels for every op of a step
             (attention, sampling) loading a model on it fails with the op it lacks).
             ``numerics`` resolves the same way on cpu and wgpu; wgpu's ``"ggml"`` reproduces
@@ -208,7 +218,7 @@ class LLM:
         max_prepared_bytes: int | None = None,
         prepared_policy: PreparedPolicy | None = None,
         config: CompileConfig | NodesConfig | None = None,
-        backend: Literal["cpu", "wgpu", "cuda"] = "cpu",
+        backend: Literal["cpu", "wgpu", "vulkan", "cuda"] = "cpu",
         progress: bool = True,
         cpu: CpuSettings | None = None,
     ) -> None:
@@ -228,8 +238,8 @@ class LLM:
             max_prepared_bytes=max_prepared_bytes,
             prepared_policy=prepared_policy,
         )
-        if backend not in ("cpu", "wgpu", "cuda"):
-            raise ConfigError(f'backend must be "cpu", "wgpu" or "cuda", got {backend!r}')
+        if backend not in ("cpu", "wgpu", "vulkan", "cuda"):
+            raise ConfigError(f'backend must be "cpu", "wgpu", "vulkan" or "cuda", got {backend!r}')
         if backend == "cuda" and numerics == "ggml":
             raise ConfigError('backend="cuda" has exact numerics only; use numerics="exact"')
         resolved: Literal["ggml", "exact"] = (
@@ -240,6 +250,8 @@ class LLM:
             if backend == "cpu"
             else _make_cuda_runtime(timeout_s)
             if backend == "cuda"
+            else _make_vulkan_runtime(timeout_s, resolved)
+            if backend == "vulkan"
             else _make_wgpu_runtime(timeout_s, resolved)
         )
         if opts.max_step_tokens > trace_limits.max_tokens:

@@ -1,8 +1,12 @@
-//! `WgpuRuntime`: the wgpu (Vulkan) runtime for Python, and `wgpu_adapters()` discovery.
+//! `WgpuRuntime`: the wgpu (Vulkan) runtime for Python, and `wgpu_adapters()` discovery; with
+//! `api="vulkan"` the same class runs the same kernels on raw Vulkan (ash; not production),
+//! and `vulkan_devices()` lists what raw Vulkan sees.
 //!
 //! Invariants: the class exists in every build so the stub and the API are one; without the
 //! `wgpu` cargo feature its constructor raises `BackendNotCompiledError` and
-//! `wgpu_adapters()` returns an empty list (never a panic). The shared methods are the ones
+//! `wgpu_adapters()` returns an empty list (never a panic); without the `vulkan` feature,
+//! `api="vulkan"` raises `BackendNotCompiledError` naming vulkan (never a wgpu runtime in its
+//! place) and `vulkan_devices()` is empty. The shared methods are the ones
 //! `CpuRuntime` has (`runtime::*_on`): GIL released, every run bounded by `timeout_s`, and a
 //! timeout or lost device poisons the runtime (`health()["status"] == "poisoned"`).
 
@@ -23,6 +27,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyWgpuRuntime>()?;
     m.add_class::<crate::wgpu_tensor::PyWgpuTensor>()?;
     m.add_function(wrap_pyfunction!(wgpu_adapters, m)?)?;
+    m.add_function(wrap_pyfunction!(vulkan_devices, m)?)?;
     Ok(())
 }
 
@@ -48,8 +53,50 @@ fn wgpu_adapters(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
     Ok(list)
 }
 
+/// The devices raw Vulkan sees, best first (empty without the `vulkan` feature): the
+/// adapter fields of `wgpu_adapters()` plus `api_version`, `shader_f64`, `subgroup_size`,
+/// `subgroup_ops`, `cooperative_matrix`, `max_storage_buffer_range` and `device_local`.
+#[pyfunction]
+fn vulkan_devices(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
+    let list = PyList::empty(py);
+    #[cfg(feature = "vulkan")]
+    for (a, caps) in without_gil(py, poot_wgpu::vulkan_devices)? {
+        let d = PyDict::new(py);
+        d.set_item("name", a.name)?;
+        d.set_item("backend", a.backend)?;
+        d.set_item("device_type", a.device_type)?;
+        d.set_item("driver", a.driver)?;
+        set_caps(&d, &caps)?;
+        list.append(d)?;
+    }
+    Ok(list)
+}
+
+#[cfg(feature = "vulkan")]
+fn set_caps(d: &Bound<'_, PyDict>, caps: &poot_wgpu::VkCaps) -> PyResult<()> {
+    d.set_item("api_version", &caps.api_version)?;
+    d.set_item("shader_f64", caps.f64)?;
+    d.set_item("subgroup_size", caps.subgroup_size)?;
+    d.set_item("subgroup_ops", caps.subgroup_ops.clone())?;
+    d.set_item("cooperative_matrix", caps.cooperative_matrix)?;
+    d.set_item("max_storage_buffer_range", caps.max_storage_buffer_range)?;
+    d.set_item("device_local", caps.device_local)?;
+    Ok(())
+}
+
+/// The API `api` names: `"wgpu"`, or `"vulkan"` where the `vulkan` feature is built in.
+#[cfg(feature = "wgpu")]
+fn api_of(api: &str) -> Result<poot_wgpu::Api, RuntimeError> {
+    match api {
+        "vulkan" if cfg!(feature = "vulkan") => Ok(poot_wgpu::Api::Vulkan),
+        "vulkan" => Err(RuntimeError::NotCompiledIn { backend: "vulkan" }),
+        _ => Ok(poot_wgpu::Api::Wgpu),
+    }
+}
+
 #[cfg(feature = "wgpu")]
 fn open(
+    api: &str,
     timeout_s: f64,
     max_binding_bytes: Option<u64>,
     f16_arithmetic: bool,
@@ -63,20 +110,27 @@ fn open(
         host_sampling,
         ..poot_wgpu::WgpuOptions::default()
     };
-    Ok(Arc::new(poot_wgpu::WgpuRuntime::new(options)?))
+    Ok(Arc::new(poot_wgpu::WgpuRuntime::open(
+        api_of(api)?,
+        options,
+    )?))
 }
 
 #[cfg(not(feature = "wgpu"))]
 fn open(
+    api: &str,
     _timeout_s: f64,
     _max_binding_bytes: Option<u64>,
     _f16_arithmetic: bool,
     _flags: (bool, bool),
 ) -> Result<Inner, RuntimeError> {
-    Err(RuntimeError::NotCompiledIn { backend: "wgpu" })
+    Err(RuntimeError::NotCompiledIn {
+        backend: if api == "vulkan" { "vulkan" } else { "wgpu" },
+    })
 }
 
-/// The wgpu runtime: WGSL kernels over packed weights on the first Vulkan adapter.
+/// The wgpu runtime: WGSL kernels over packed weights on the first Vulkan adapter (or, with
+/// `api="vulkan"`, on raw Vulkan).
 #[pyclass(name = "WgpuRuntime", module = "poot._native", frozen)]
 pub struct PyWgpuRuntime {
     inner: Inner,
@@ -102,9 +156,11 @@ impl PyWgpuRuntime {
     /// `numerics` is `"exact"` (f32) or `"ggml"` (llama.cpp's CPU arithmetic: Q8-quantized
     /// activations with integer dots for Q4_0/Q4_1/Q8_0 weights, f16-rounded KV, q and
     /// attention weights); `host_sampling` samples on the host over read-back logits even
-    /// where the adapter (one with `shader-f64`) samples on the device (tests, comparison).
+    /// where the adapter (one with `shader-f64`) samples on the device (tests, comparison);
+    /// `api` is `"wgpu"` or `"vulkan"` (raw Vulkan through ash, the same kernels as SPIR-V:
+    /// not production; `BackendNotCompiledError` in a build without the `vulkan` feature).
     #[new]
-    #[pyo3(signature = (timeout_s=600.0, max_binding_bytes=None, f16_arithmetic=false, numerics="exact", host_sampling=false))]
+    #[pyo3(signature = (timeout_s=600.0, max_binding_bytes=None, f16_arithmetic=false, numerics="exact", host_sampling=false, api="wgpu"))]
     fn py_new(
         py: Python<'_>,
         timeout_s: f64,
@@ -112,8 +168,15 @@ impl PyWgpuRuntime {
         f16_arithmetic: bool,
         numerics: &str,
         host_sampling: bool,
+        api: &str,
     ) -> PyResult<Self> {
         let ggml = crate::runtime::ggml_numerics(numerics)?;
+        if api != "wgpu" && api != "vulkan" {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "api must be \"wgpu\" or \"vulkan\", got {api:?}"
+            )));
+        }
+        let api = api.to_owned();
         if !(timeout_s.is_finite() && timeout_s > 0.0) {
             return Err(pyo3::exceptions::PyValueError::new_err(format!(
                 "timeout_s must be finite and > 0, got {timeout_s}"
@@ -121,6 +184,7 @@ impl PyWgpuRuntime {
         }
         let inner = without_gil(py, move || {
             open(
+                &api,
                 timeout_s,
                 max_binding_bytes,
                 f16_arithmetic,
@@ -157,7 +221,8 @@ impl PyWgpuRuntime {
     }
 
     /// The adapter: `{"name", "backend", "device_type", "driver", "shader_f16",
-    /// "shader_f64", "f16_arithmetic", "samples_on_device", "max_binding_bytes", "numerics"}`.
+    /// "shader_f64", "f16_arithmetic", "samples_on_device", "max_binding_bytes", "numerics",
+    /// "api"}`, and on raw Vulkan the capabilities of `vulkan_devices()`.
     #[getter]
     fn adapter<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
@@ -174,6 +239,11 @@ impl PyWgpuRuntime {
             d.set_item("samples_on_device", self.inner.samples_on_device())?;
             d.set_item("max_binding_bytes", self.inner.max_binding_bytes())?;
             d.set_item("numerics", if self.inner.ggml() { "ggml" } else { "exact" })?;
+            d.set_item("api", self.inner.api().name())?;
+            #[cfg(feature = "vulkan")]
+            if let Some(caps) = self.inner.vulkan_caps() {
+                set_caps(&d, caps)?;
+            }
         }
         Ok(d)
     }

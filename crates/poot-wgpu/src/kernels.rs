@@ -14,6 +14,8 @@ use poot_core::DType;
 use poot_graph::{CompileError, CompileLimits};
 use poot_runtime::RuntimeError;
 
+use crate::gpu::{Device, Pipeline};
+
 /// A kernel of `shaders/wgsl`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Kernel {
@@ -278,7 +280,7 @@ pub(crate) fn check_body(
 /// Built pipelines by (kernel, weight dtype).
 #[derive(Default)]
 pub(crate) struct Pipelines {
-    map: Mutex<HashMap<(Kernel, DType), Arc<wgpu::ComputePipeline>>>,
+    map: Mutex<HashMap<(Kernel, DType), Arc<Pipeline>>>,
 }
 
 impl std::fmt::Debug for Pipelines {
@@ -292,11 +294,11 @@ impl Pipelines {
     /// The pipeline of `kernel` for `dtype`, built on first use after the body-limit check.
     pub fn get(
         &self,
-        device: &wgpu::Device,
+        device: &Device,
         kernel: Kernel,
         dtype: DType,
         limits: &CompileLimits,
-    ) -> Result<Arc<wgpu::ComputePipeline>, RuntimeError> {
+    ) -> Result<Arc<Pipeline>, RuntimeError> {
         let dtype = if kernel.reads_weights() {
             dtype
         } else {
@@ -309,29 +311,42 @@ impl Pipelines {
         if let Some(p) = map.get(&(kernel, dtype)) {
             return Ok(p.clone());
         }
-        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(&label),
-            source: wgpu::ShaderSource::Wgsl(src.into()),
-        });
-        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(&label),
-            layout: None,
-            module: &module,
-            entry_point: Some("main"),
-            compilation_options: Default::default(),
-            cache: None,
-        });
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(RuntimeError::Kernel {
-                op: kernel.name(),
-                detail: format!("WGSL pipeline {label} was refused: {e}"),
-            });
-        }
+        let pipeline = match device {
+            Device::Wgpu(g) => Pipeline::Wgpu(wgpu_pipeline(&g.device, kernel, &label, src)?),
+            Device::Vulkan(v) => Pipeline::Vulkan(crate::vk::build_pipeline(v, &label, &src)?),
+        };
         let p = Arc::new(pipeline);
         map.insert((kernel, dtype), p.clone());
         Ok(p)
     }
+}
+
+fn wgpu_pipeline(
+    device: &wgpu::Device,
+    kernel: Kernel,
+    label: &str,
+    src: String,
+) -> Result<wgpu::ComputePipeline, RuntimeError> {
+    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some(label),
+        source: wgpu::ShaderSource::Wgsl(src.into()),
+    });
+    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(label),
+        layout: None,
+        module: &module,
+        entry_point: Some("main"),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    if let Some(e) = pollster::block_on(scope.pop()) {
+        return Err(RuntimeError::Kernel {
+            op: kernel.name(),
+            detail: format!("WGSL pipeline {label} was refused: {e}"),
+        });
+    }
+    Ok(pipeline)
 }
 
 #[cfg(test)]

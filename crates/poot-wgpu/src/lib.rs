@@ -29,13 +29,16 @@
 
 mod device;
 mod exec;
+mod gpu;
 mod kernels;
 mod plan;
 mod resident;
 mod rope;
 mod sample;
 mod submit;
+mod vk;
 mod weights;
+mod wgpu_submit;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -49,10 +52,13 @@ use poot_runtime::{
 };
 
 pub use device::{adapters, AdapterSummary};
+pub use gpu::Api;
 pub use plan::WgpuPlan;
 pub use resident::DeviceTensor;
+pub use vk::{devices as vulkan_devices, VkCaps};
 
 use device::{Gpu, WaitError};
+use gpu::{Buffer, Device, Pipeline};
 use kernels::{Kernel, Pipelines};
 use submit::StepError;
 use weights::{GpuWeight, WeightCache};
@@ -95,14 +101,14 @@ impl Default for WgpuOptions {
 #[derive(Debug)]
 pub(crate) struct KvPool {
     pub cfg: KvCacheConfig,
-    pub k: Vec<wgpu::Buffer>,
-    pub v: Vec<wgpu::Buffer>,
+    pub k: Vec<Arc<Buffer>>,
+    pub v: Vec<Arc<Buffer>>,
 }
 
-/// Runs compiled graphs on a wgpu (Vulkan) adapter.
+/// Runs compiled graphs on a Vulkan device, through wgpu or raw Vulkan ([`Api`]).
 #[derive(Debug)]
 pub struct WgpuRuntime {
-    pub(crate) gpu: Gpu,
+    pub(crate) gpu: Device,
     options: WgpuOptions,
     max_binding: u64,
     pipelines: Pipelines,
@@ -131,13 +137,28 @@ pub struct WgpuStats {
 }
 
 impl WgpuRuntime {
-    /// Opens the first Vulkan adapter; a typed error when there is none.
+    /// Opens the first Vulkan adapter through wgpu; a typed error when there is none.
     pub fn new(options: WgpuOptions) -> Result<Self, RuntimeError> {
-        let gpu = Gpu::open()?;
-        let limit = gpu
-            .limits
-            .max_storage_buffer_binding_size
-            .min(gpu.limits.max_buffer_size);
+        Self::with_device(Device::Wgpu(Box::new(Gpu::open()?)), options)
+    }
+
+    /// Opens the best Vulkan device through raw Vulkan (`ash`), not production: the same
+    /// kernels and executor as [`WgpuRuntime::new`], compiled to SPIR-V by naga (see `vk`).
+    /// `DeviceUnavailable` where there is no loader or device.
+    pub fn vulkan(options: WgpuOptions) -> Result<Self, RuntimeError> {
+        Self::with_device(Device::Vulkan(Box::new(vk::VkGpu::open()?)), options)
+    }
+
+    /// Opens the runtime of `api`.
+    pub fn open(api: Api, options: WgpuOptions) -> Result<Self, RuntimeError> {
+        match api {
+            Api::Wgpu => Self::new(options),
+            Api::Vulkan => Self::vulkan(options),
+        }
+    }
+
+    fn with_device(gpu: Device, options: WgpuOptions) -> Result<Self, RuntimeError> {
+        let limit = gpu.max_binding();
         let max_binding = options.max_binding_bytes.map_or(limit, |b| b.min(limit));
         Ok(Self {
             gpu,
@@ -155,29 +176,43 @@ impl WgpuRuntime {
 
     /// The adapter this runtime runs on.
     pub fn adapter(&self) -> &AdapterSummary {
-        &self.gpu.info
+        self.gpu.info()
+    }
+
+    /// The API driving the device (wgpu, or raw Vulkan).
+    pub fn api(&self) -> Api {
+        self.gpu.api()
+    }
+
+    /// On raw Vulkan, what the device offers beyond the kernels' baseline (subgroups,
+    /// cooperative matrix, the storage range); `None` on wgpu.
+    pub fn vulkan_caps(&self) -> Option<&VkCaps> {
+        match &self.gpu {
+            Device::Vulkan(v) => Some(&v.caps),
+            Device::Wgpu(_) => None,
+        }
     }
 
     /// Whether the adapter offers f16 shader arithmetic (`shader-f16`).
     pub fn has_f16(&self) -> bool {
-        self.gpu.f16
+        self.gpu.f16()
     }
 
     /// Whether the adapter offers f64 shader arithmetic (`shader-f64`): the sampling step runs
     /// on the device only where it does (see `sample.rs`).
     pub fn has_f64(&self) -> bool {
-        self.gpu.f64
+        self.gpu.f64()
     }
 
     /// Whether the sampling step runs on the device here (the adapter has f64 and
     /// [`WgpuOptions::host_sampling`] is off).
     pub fn samples_on_device(&self) -> bool {
-        self.gpu.f64 && !self.options.host_sampling
+        self.gpu.f64() && !self.options.host_sampling
     }
 
     /// Whether F16-weight matmuls run in f16 here (opted in and offered by the adapter).
     pub fn uses_f16_arithmetic(&self) -> bool {
-        self.options.f16_arithmetic && self.gpu.f16
+        self.options.f16_arithmetic && self.gpu.f16()
     }
 
     /// The matmul kernel for weights of `dtype` on this runtime.
@@ -249,9 +284,11 @@ impl WgpuRuntime {
         self.stall.store(iters, Ordering::Relaxed);
     }
 
-    /// Fault injection: destroys the device, as a driver reset would lose it.
+    /// Fault injection: destroys the device, as a driver reset would lose it (on raw Vulkan,
+    /// which cannot lose a device on demand, the device is marked lost at the layer's
+    /// boundary, the path a `VK_ERROR_DEVICE_LOST` takes).
     pub fn inject_device_loss(&self) {
-        self.gpu.device.destroy();
+        self.gpu.lose();
     }
 
     pub(crate) fn stall_iters(&self) -> u32 {
@@ -269,8 +306,8 @@ impl WgpuRuntime {
         kernel: Kernel,
         dtype: DType,
         limits: &CompileLimits,
-    ) -> Result<Arc<wgpu::ComputePipeline>, RuntimeError> {
-        self.pipelines.get(&self.gpu.device, kernel, dtype, limits)
+    ) -> Result<Arc<Pipeline>, RuntimeError> {
+        self.pipelines.get(&self.gpu, kernel, dtype, limits)
     }
 
     pub(crate) fn weight(
@@ -278,13 +315,7 @@ impl WgpuRuntime {
         store: &Arc<dyn WeightStore>,
         name: &str,
     ) -> Result<Arc<GpuWeight>, RuntimeError> {
-        self.weights.get(
-            &self.gpu.device,
-            &self.gpu.queue,
-            store,
-            name,
-            self.max_binding,
-        )
+        self.weights.get(&self.gpu, store, name, self.max_binding)
     }
 
     fn kv_lock(&self) -> std::sync::MutexGuard<'_, Option<KvPool>> {
@@ -353,7 +384,7 @@ impl WgpuRuntime {
 
 impl Runtime for WgpuRuntime {
     fn name(&self) -> &'static str {
-        "wgpu"
+        self.gpu.api().name()
     }
 
     fn supports(&self, op: &str) -> bool {
@@ -391,15 +422,16 @@ impl Runtime for WgpuRuntime {
         let mut slot = self.kv_lock();
         *slot = None; // free the old pool before allocating the new one
         let make = |l: u32, kind: &str| {
-            self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some(&format!("kv {kind} {l}")),
-                size: layer.max(4),
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            })
+            self.gpu
+                .storage(layer.max(4), Some(&format!("kv {kind} {l}")))
+                .map(Arc::new)
         };
-        let k = (0..cfg.n_layers).map(|l| make(l, "k")).collect();
-        let v = (0..cfg.n_layers).map(|l| make(l, "v")).collect();
+        let k = (0..cfg.n_layers)
+            .map(|l| make(l, "k"))
+            .collect::<Result<_, _>>()?;
+        let v = (0..cfg.n_layers)
+            .map(|l| make(l, "v"))
+            .collect::<Result<_, _>>()?;
         *slot = Some(KvPool { cfg, k, v });
         Ok(())
     }

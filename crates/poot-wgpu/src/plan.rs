@@ -304,7 +304,7 @@ pub(crate) fn compile(
     for (i, op) in graph.equations.iter().enumerate() {
         if !supports(rt.samples_on_device(), op.name()) {
             return Err(CompileError::Unsupported {
-                backend: "wgpu",
+                backend: rt.api().name(),
                 op: op.name(),
             }
             .into());

@@ -26,7 +26,7 @@ pub(crate) fn next_runtime_id() -> u64 {
 /// One output of a resident run, held in a device buffer.
 #[derive(Debug, Clone)]
 pub struct DeviceTensor {
-    buf: Arc<wgpu::Buffer>,
+    buf: Arc<crate::gpu::Buffer>,
     bytes: u64,
     dtype: DType,
     shape: Vec<usize>,
@@ -98,11 +98,13 @@ impl WgpuRuntime {
             });
         }
         self.check()?;
-        let r = submit::read_back(
-            self,
-            (&t.buf, t.bytes, t.dtype, &t.shape),
-            self.bound(deadline),
+        let out = (
+            String::new(),
+            t.buf.clone(),
+            t.bytes,
+            (t.dtype, t.shape.clone()),
         );
+        let r = submit::read_back(self, out, self.bound(deadline));
         self.settle(r)
     }
 }

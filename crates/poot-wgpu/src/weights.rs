@@ -14,10 +14,12 @@ use poot_core::DType;
 use poot_graph::CompileError;
 use poot_runtime::{RuntimeError, WeightStore};
 
+use crate::gpu::{Buffer, Device};
+
 /// Rows of a stored tensor in one buffer.
 #[derive(Debug)]
 pub(crate) struct Part {
-    pub buffer: wgpu::Buffer,
+    pub buffer: Arc<Buffer>,
     pub row0: usize,
     pub rows: usize,
 }
@@ -73,8 +75,7 @@ impl WeightCache {
     /// The device copy of `name` from `store`, uploading it on first use.
     pub fn get(
         &self,
-        device: &wgpu::Device,
-        queue: &wgpu::Queue,
+        device: &Device,
         store: &Arc<dyn WeightStore>,
         name: &str,
         max_binding: u64,
@@ -87,15 +88,14 @@ impl WeightCache {
                 return Ok(g.clone());
             }
         }
-        let g = Arc::new(upload(device, queue, store.as_ref(), name, max_binding)?);
+        let g = Arc::new(upload(device, store.as_ref(), name, max_binding)?);
         map.insert(key, (Arc::downgrade(store), g.clone()));
         Ok(g)
     }
 }
 
 fn upload(
-    device: &wgpu::Device,
-    queue: &wgpu::Queue,
+    device: &Device,
     store: &dyn WeightStore,
     name: &str,
     max_binding: u64,
@@ -139,23 +139,18 @@ fn upload(
         let n = per_part.min(rows.max(1) - row0);
         let chunk = &bytes[row0 * rb..((row0 + n) * rb).min(bytes.len())];
         let size = (chunk.len() as u64).div_ceil(4).max(1) * 4;
-        let buffer = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(name),
-            size,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let buffer = device.storage(size, Some(name))?;
         let whole = chunk.len() / 4 * 4;
         if whole > 0 {
-            queue.write_buffer(&buffer, 0, &chunk[..whole]);
+            device.write(&buffer, 0, &chunk[..whole])?;
         }
         if whole < chunk.len() {
             let mut tail = [0u8; 4];
             tail[..chunk.len() - whole].copy_from_slice(&chunk[whole..]);
-            queue.write_buffer(&buffer, whole as u64, &tail);
+            device.write(&buffer, whole as u64, &tail)?;
         }
         parts.push(Part {
-            buffer,
+            buffer: Arc::new(buffer),
             row0,
             rows: n,
         });

@@ -92,7 +92,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from poot.planner.validate import validate_all
 
-    reports = validate_all(quick=args.quick)
+    reports = validate_all(quick=args.quick, vulkan=args.vulkan)
     failed = False
     out = []
     for r in reports:
@@ -163,4 +163,10 @@ def add_commands(sub: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--quick", action="store_true", help="smaller benchmark buffers")
+    p.add_argument(
+        "--vulkan",
+        action="store_true",
+        help="also profile raw Vulkan devices (vulkan:N; not production), which makes them "
+        "eligible for the planner",
+    )
     p.set_defaults(func=_cmd_validate)

@@ -204,6 +204,8 @@ def _profiles_from(
             why = "visible, not validated (run `poot validate-hardware`)"
             if d.kind == "wgpu" and "no wgpu runtime" in disc.notes.get("wgpu", ""):
                 why = "visible, not validated: no wgpu runtime in this build"
+            if d.kind == "vulkan":
+                why = "visible, not validated (raw Vulkan: `poot validate-hardware --vulkan`)"
             dropped[d.key] = why
         else:
             profiles[d.key] = p

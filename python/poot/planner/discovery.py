@@ -10,6 +10,8 @@ Sources, each optional (a missing tool is reported, never raised):
       cores), ``/proc/meminfo`` (total and available memory).
     - wgpu adapters: the wgpu runtime when this build has one (``poot._native.wgpu_adapters``),
       otherwise ``vulkaninfo --summary``; adapters are then visible but cannot be validated.
+    - raw Vulkan devices (``vulkan:N``, the same kernels through ash; not production): the
+      runtime's own list (``poot._native.vulkan_devices``), empty in a build without it.
     - CUDA: the CUDA runtime's own driver queries (``_native.cuda_devices``), else
       ``nvidia-smi``; the absence of both is reported as "no driver".
 """
@@ -42,7 +44,7 @@ class DeviceInfo:
 
     Attributes:
         key: a stable key, e.g. ``"cpu"``, ``"wgpu:0"``, ``"cuda:0"``.
-        kind: ``"cpu"``, ``"wgpu"`` or ``"cuda"``.
+        kind: ``"cpu"``, ``"wgpu"``, ``"vulkan"`` or ``"cuda"``.
         name: the device's own name.
         vendor: its vendor (``"cpu"`` for the host).
         driver: driver name and version, or ``""``.
@@ -208,6 +210,28 @@ def wgpu_adapters() -> tuple[list[DeviceInfo], str]:
     return found, note if found else f"{note}; none found"
 
 
+def vulkan_devices() -> tuple[list[DeviceInfo], str]:
+    """Raw Vulkan devices (best first, as the raw Vulkan runtime opens them); a note where
+    there are none (no device, or a build without the ``vulkan`` feature)."""
+    from poot import _native
+
+    listed = getattr(_native, "vulkan_devices", None)
+    found = []
+    for i, a in enumerate(listed() if callable(listed) else []):
+        name = str(a.get("name", f"device {i}"))
+        sw = bool(_SOFTWARE.search(name)) or a.get("device_type") == "Cpu"
+        limits = {"max_storage_buffer_range": int(a.get("max_storage_buffer_range", 0))}
+        feats = tuple(f"subgroup_{op}" for op in a.get("subgroup_ops", ()))
+        if a.get("cooperative_matrix"):
+            feats += ("cooperative_matrix",)
+        found.append(
+            DeviceInfo(f"vulkan:{i}", "vulkan", name, _vendor_of(name, str(a.get("driver", ""))),
+                       str(a.get("driver", "")), _meminfo()[0] if sw else 0, 0,
+                       (("software",) if sw else ()) + feats, limits, sw)
+        )  # fmt: skip
+    return found, "" if found else "no raw Vulkan device (or a build without the vulkan feature)"
+
+
 def cuda_devices() -> tuple[list[DeviceInfo], str]:
     """CUDA devices: from the CUDA runtime's driver queries when built in (name, compute
     capability as a feature ``sm_XY``, multiprocessors as cores, memory, driver version), else
@@ -257,8 +281,11 @@ def discover() -> Discovery:
     wgpu, note = wgpu_adapters()
     if note:
         notes["wgpu"] = note
+    vulkan, note = vulkan_devices()
+    if note:
+        notes["vulkan"] = note
     cuda, note = cuda_devices()
     if note:
         notes["cuda"] = note
     total, avail = _meminfo()
-    return Discovery((cpu, *wgpu, *cuda), notes, total, avail)
+    return Discovery((cpu, *wgpu, *vulkan, *cuda), notes, total, avail)

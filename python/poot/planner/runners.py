@@ -65,7 +65,7 @@ class PlannedRunner:
         runner: the step runner to run steps with (the given one on the direct path).
         runtime: the device runtime the model's steps run on (the given one, or the one of
             the device the whole model was placed on).
-        backend: that runtime's kind (``"cpu"``, ``"wgpu"``).
+        backend: that runtime's kind (``"cpu"``, ``"wgpu"``, ``"vulkan"``).
         compiled: the plan.
     """
 
@@ -192,7 +192,8 @@ def _runtime_for(base: _Base, compiled: CompiledModel, key: str) -> Any:
         return base.runtime
     if p.kind == "cpu":
         return CpuRuntime(None, base.numerics)  # type: ignore[arg-type]
-    rt = WgpuRuntime(base.runner.timeout_s, numerics=base.numerics)  # type: ignore[arg-type]
+    api = "vulkan" if p.kind == "vulkan" else "wgpu"
+    rt = WgpuRuntime(base.runner.timeout_s, numerics=base.numerics, api=api)  # type: ignore[arg-type]
     opened = rt.adapter.get("name")
     if opened != p.name:
         raise PlannerError(
@@ -206,7 +207,7 @@ def _check_runnable(compiled: CompiledModel) -> None:
     """Refuses a plan this build cannot run, before anything is rewired."""
     for s in compiled.placement.segments:
         kind = compiled.profiles[s.device].kind
-        if kind not in ("cpu", "wgpu"):
+        if kind not in ("cpu", "wgpu", "vulkan"):
             raise BackendNotCompiledError(
                 f"the plan places work on {s.device}, which this build cannot run yet "
                 f"({compiled.placement.describe(compiled.stats)}); use "
@@ -244,6 +245,7 @@ def plan_runner(
     entries = {
         "cpu": CpuRuntime.kv_entry_bytes_for(numerics),
         "wgpu": WgpuRuntime.kv_entry_bytes_for(numerics),
+        "vulkan": WgpuRuntime.kv_entry_bytes_for(numerics),
         "cuda": CudaRuntime.kv_entry_bytes_for(numerics),
     }
     entries[backend] = int(old.runtime.kv_entry_bytes)

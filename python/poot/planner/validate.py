@@ -471,12 +471,19 @@ def validate_all(
     settings: Settings | None = None,
     store: bool = True,
     quick: bool = False,
+    vulkan: bool = False,
 ) -> list[DeviceReport]:
-    """Validates every visible device; stores the profiles of those that pass."""
+    """Validates every visible device; stores the profiles of those that pass. Raw Vulkan
+    devices (``vulkan:N``, not production) only when ``vulkan``: a stored profile makes them
+    eligible for the planner."""
     disc = disc or discover()
     reports = []
     for d in disc.devices:
-        if d.kind == "cpu" or (d.kind == "wgpu" and "wgpu" not in disc.notes):
+        if d.kind == "vulkan" and not vulkan:
+            why = "raw Vulkan (not production): `poot validate-hardware --vulkan` profiles it"
+            reports.append(DeviceReport(d, "skipped", note=why))
+            continue
+        if d.kind == "cpu" or (d.kind in ("wgpu", "vulkan") and d.kind not in disc.notes):
             try:
                 if d.kind == "cpu":
                     r = validate_cpu(d, quick=quick)

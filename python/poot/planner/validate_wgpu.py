@@ -55,6 +55,7 @@ from poot.planner.validate import (
 __all__ = ["BOUNDS", "benchmark_wgpu", "conformance_wgpu", "validate_wgpu"]
 
 Numerics = Literal["exact", "ggml"]
+Api = Literal["wgpu", "vulkan"]
 AnyRuntime = _native.CpuRuntime | _native.WgpuRuntime
 
 # (atol, rtol) per check; see the module docs for why each is what it is.
@@ -73,8 +74,13 @@ BOUNDS: dict[str, tuple[float, float]] = {
 _WGPU_TIMEOUT_S = 120.0
 
 
-def _open(numerics: Numerics) -> _native.WgpuRuntime:
-    return _native.WgpuRuntime(_WGPU_TIMEOUT_S, numerics=numerics)
+def _open(numerics: Numerics, api: Api = "wgpu") -> _native.WgpuRuntime:
+    return _native.WgpuRuntime(_WGPU_TIMEOUT_S, numerics=numerics, api=api)
+
+
+def _api(info: DeviceInfo) -> Api:
+    """The runtime API a device of discovery runs on: raw Vulkan for ``vulkan:N``."""
+    return "vulkan" if info.kind == "vulkan" else "wgpu"
 
 
 def _run_graph(
@@ -114,14 +120,15 @@ def _check(got: npt.NDArray[Any], want: npt.NDArray[Any], bound: tuple[float, fl
     return "ok"
 
 
-def conformance_wgpu(folder: Path, rng: np.random.Generator) -> dict[str, str]:
-    """The conformance subset (see the module docs): check name -> ``"ok"`` or the error."""
+def conformance_wgpu(folder: Path, rng: np.random.Generator, api: Api = "wgpu") -> dict[str, str]:
+    """The conformance subset (see the module docs) on the runtime of ``api`` (``"wgpu"`` or
+    raw ``"vulkan"``): check name -> ``"ok"`` or the error."""
     bench = _Bench(folder, 256, 64, rng)
     rows = 4
     x = rng.standard_normal((rows, bench.k), dtype=np.float32)
     checks: dict[str, str] = {}
     runtimes: dict[Numerics, tuple[AnyRuntime, AnyRuntime]] = {
-        n: (_open(n), _native.CpuRuntime(1, n)) for n in ("exact", "ggml")
+        n: (_open(n, api), _native.CpuRuntime(1, n)) for n in ("exact", "ggml")
     }
     for name in BOUNDS:
         if not name.startswith("matmul "):
@@ -181,7 +188,7 @@ def benchmark_wgpu(info: DeviceInfo, *, quick: bool = False) -> DeviceProfile:
     size = (4 if quick else 8) << 20
     gemv: dict[str, float] = {}
     gemm: dict[str, float] = {}
-    runtimes = {n: _open(n) for n in ("exact", "ggml")}
+    runtimes = {n: _open(n, _api(info)) for n in ("exact", "ggml")}
     with tempfile.TemporaryDirectory(prefix="poot-validate-wgpu-") as tmp:
         w = _tiled_weights(Path(tmp), 1024, size, rng)
         sizes = {t.name: t.nbytes for t in _native.GgufFile(Path(tmp) / "bench-big.gguf").tensors()}
@@ -213,7 +220,7 @@ def benchmark_wgpu(info: DeviceInfo, *, quick: bool = False) -> DeviceProfile:
 
         memory = cpu_info().memory_bytes  # a software adapter's memory is host RAM
     return DeviceProfile(
-        key=info.key, kind="wgpu", name=info.name, vendor=info.vendor, driver=info.driver,
+        key=info.key, kind=info.kind, name=info.name, vendor=info.vendor, driver=info.driver,
         memory_bytes=memory, read_bw=gemv["F32"], gemv_bw=gemv, gemm_flops=gemm,
         dispatch_s=dispatch, matmul_s=matmul_s,
         cores=cores, link_bw=link_bw, link_latency_s=latency, software=info.software,
@@ -224,12 +231,12 @@ def benchmark_wgpu(info: DeviceInfo, *, quick: bool = False) -> DeviceProfile:
 def validate_wgpu(info: DeviceInfo, *, quick: bool = False) -> DeviceReport:
     """Conformance, then benchmarks, on ``info`` if it is the adapter the wgpu runtime opens
     (skipped otherwise); the profile only when every check passed."""
-    opened = _open("exact").adapter
+    opened = _open("exact", _api(info)).adapter
     if opened.get("name") != info.name:
-        why = f"the wgpu runtime opens {opened.get('name')!r}, not this adapter"
+        why = f"the {_api(info)} runtime opens {opened.get('name')!r}, not this adapter"
         return DeviceReport(info, "skipped", note=why)
     with tempfile.TemporaryDirectory(prefix="poot-validate-wgpu-") as tmp:
-        checks = conformance_wgpu(Path(tmp), np.random.default_rng(1))
+        checks = conformance_wgpu(Path(tmp), np.random.default_rng(1), _api(info))
     if any(v != "ok" for v in checks.values()):
         return DeviceReport(info, "failed", checks)
     profile = benchmark_wgpu(info, quick=quick)

@@ -49,7 +49,7 @@ __all__ = ["build_parser", "main"]
 
 API_KEY_ENV = "POOT_API_KEY"
 ROWS_ENV = "POOT_SERVE_MAX_ROWS"
-BACKENDS = ("cpu", "wgpu", "cuda")
+BACKENDS = ("cpu", "wgpu", "vulkan", "cuda")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend",
         choices=BACKENDS,
         default="cpu",
-        help="device backend (default cpu; wgpu: Vulkan; cuda: an NVIDIA GPU)",
+        help="device backend (default cpu; wgpu: Vulkan; vulkan: raw Vulkan, not production; "
+        "cuda: an NVIDIA GPU)",
     )
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--served-model-name", default=None, help="the model name clients send")

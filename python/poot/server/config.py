@@ -69,7 +69,7 @@ class ServerConfig:
         chat_template: a Jinja chat template (source text) to use instead of the model's.
         step_timeout_s: the deadline of each engine step on the device; a step that misses
             it poisons the runtime (``/health`` then answers 503 ``dead``).
-        backend: ``"cpu"``, ``"wgpu"`` or ``"cuda"`` (``poot.LLM(backend=...)``).
+        backend: ``"cpu"``, ``"wgpu"``, ``"vulkan"`` or ``"cuda"`` (``poot.LLM(backend=...)``).
         progress: progress bars while loading (pulling the default model, preparing weights).
         shutdown_timeout_s: on SIGTERM/SIGINT, how long running requests may go on before
             they are cancelled (``poot.server.shutdown``).

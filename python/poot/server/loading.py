@@ -12,7 +12,7 @@ holds, at most ``MAX_ROWS``). Those bytes are, after the weights:
   as KV is written;
 - on CUDA: 90% of the device's memory (as vLLM's ``gpu_memory_utilization``), and never
   more than the driver says is free now (another process's allocations are not ours);
-- on wgpu, whose adapters do not say how much memory they have free: 1 GiB.
+- on wgpu (and raw Vulkan), whose adapters do not say how much memory they have free: 1 GiB.
 
 ``fit`` keeps 10% of it back (activations, scratch), and the pool never holds more than the
 rows can use, nor more than the 8 GiB the runtimes allocate (``RUNTIME_KV_LIMIT``).
@@ -69,7 +69,7 @@ def kv_bytes_free(config: ServerConfig, weight_bytes: int) -> int:
         return left if left >= budget // 4 else budget // 4
     if config.backend == "cuda":
         return cuda_kv_bytes(weight_bytes, *_native.cuda_memory(0))
-    if config.backend == "wgpu":
+    if config.backend in ("wgpu", "vulkan"):
         return _WGPU_KV_BYTES
     memory = host_memory()
     logger.info("host memory: %s", memory.describe())
@@ -111,7 +111,7 @@ def load_llm(config: ServerConfig) -> LLM:
         _native.CudaRuntime
         if config.backend == "cuda"
         else _native.WgpuRuntime
-        if config.backend == "wgpu"
+        if config.backend in ("wgpu", "vulkan")
         else _native.CpuRuntime
     )
     numerics = "exact" if config.backend == "cuda" else numerics_for("auto", files)
@@ -153,6 +153,8 @@ def load_llm(config: ServerConfig) -> LLM:
         if config.backend == "cuda"
         else "wgpu"
         if config.backend == "wgpu"
+        else "vulkan"
+        if config.backend == "vulkan"
         else "cpu",
         progress=config.progress,
         config=_compile_config(config),

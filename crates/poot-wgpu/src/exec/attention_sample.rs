@@ -9,6 +9,7 @@ use poot_graph::ValueId;
 use poot_runtime::RuntimeError;
 
 use super::{kernel_err, lane_grid, Exec, HostRow};
+use crate::gpu::Buffer;
 use crate::kernels::Kernel;
 use crate::sample::{check, SampleParams};
 
@@ -21,7 +22,7 @@ impl Exec<'_> {
         v: ValueId,
         meta: &poot_graph::AttentionMeta,
         cfg: &poot_graph::AttentionConfig,
-    ) -> Result<Arc<wgpu::Buffer>, RuntimeError> {
+    ) -> Result<Arc<Buffer>, RuntimeError> {
         let kv = self.kv.ok_or(RuntimeError::KvNotConfigured)?;
         let layer = cfg.layer as usize;
         if layer >= kv.k.len() {
@@ -43,7 +44,7 @@ impl Exec<'_> {
         let row = (cfg.n_kv_heads * cfg.head_dim) as usize;
         let slots = kv.cfg.num_blocks as usize * kv.cfg.block_size as usize;
         let tables = self.shape(meta.block_tables);
-        let (kc, vc) = (Arc::new(kv.k[layer].clone()), Arc::new(kv.v[layer].clone()));
+        let (kc, vc) = (kv.k[layer].clone(), kv.v[layer].clone());
         let (grid, lanes_x) = lane_grid(t * row);
         let bufs = vec![
             self.buf(k, "paged_attention")?,
@@ -55,7 +56,7 @@ impl Exec<'_> {
         let ggml = self.rt.ggml();
         let words = [t as u32, row as u32, slots as u32, lanes_x, u32::from(ggml)];
         self.dispatch(Kernel::KvWrite, DType::F32, bufs, &words, grid)?;
-        let out = self.alloc(numel as u64 * 4);
+        let out = self.alloc(numel as u64 * 4)?;
         let bufs = vec![
             self.buf(q, "paged_attention")?,
             kc,
@@ -92,7 +93,7 @@ impl Exec<'_> {
         i: usize,
         logits: ValueId,
         params: &poot_graph::SampleInputs,
-    ) -> Result<Arc<wgpu::Buffer>, RuntimeError> {
+    ) -> Result<Arc<Buffer>, RuntimeError> {
         let (s, vocab) = (self.shape(logits)[0], self.shape(logits)[1]);
         let missing = || kernel_err("sample", "sampling parameters are not host inputs".into());
         let temp = self.host_f32(params.temperature).ok_or_else(missing)?;
@@ -129,7 +130,7 @@ impl Exec<'_> {
         if read_logits {
             self.extra_reads.push((lb.clone(), (s * vocab) as u64 * 4));
         }
-        let out = self.alloc(s as u64 * 4);
+        let out = self.alloc(s as u64 * 4)?;
         let words = [vocab as u32, s as u32];
         self.dispatch(
             Kernel::Argmax,

@@ -8,6 +8,7 @@ use poot_graph::ValueId;
 use poot_runtime::RuntimeError;
 
 use super::{lane_grid, Exec};
+use crate::gpu::Buffer;
 use crate::kernels::Kernel;
 
 impl Exec<'_> {
@@ -19,12 +20,12 @@ impl Exec<'_> {
         axis: usize,
         start: usize,
         end: usize,
-    ) -> Result<Arc<wgpu::Buffer>, RuntimeError> {
+    ) -> Result<Arc<Buffer>, RuntimeError> {
         let s = self.shape(x);
         let outer: usize = s[..axis].iter().product();
         let inner: usize = s[axis + 1..].iter().product();
         let cols = (end - start) * inner;
-        let out = self.alloc(out_bytes);
+        let out = self.alloc(out_bytes)?;
         let (grid, lanes_x) = lane_grid(outer * cols);
         let words = [
             outer as u32,
@@ -47,11 +48,11 @@ impl Exec<'_> {
         xs: &[ValueId],
         axis: usize,
         shape: &[usize],
-    ) -> Result<Arc<wgpu::Buffer>, RuntimeError> {
+    ) -> Result<Arc<Buffer>, RuntimeError> {
         let outer: usize = shape[..axis].iter().product();
         let inner: usize = shape[axis + 1..].iter().product();
         let total = shape[axis] * inner;
-        let out = self.alloc(out_bytes);
+        let out = self.alloc(out_bytes)?;
         let mut off = 0;
         for &x in xs {
             let cols = self.shape(x)[axis] * inner;

@@ -14,6 +14,7 @@ use poot_core::DType;
 use poot_runtime::RuntimeError;
 
 use super::{lane_grid, Exec};
+use crate::gpu::Buffer;
 use crate::kernels::Kernel;
 use crate::weights::GpuWeight;
 
@@ -29,15 +30,15 @@ impl Exec<'_> {
     pub(super) fn matmul_q8(
         &mut self,
         wt: &GpuWeight,
-        xb: Arc<wgpu::Buffer>,
-        out: Arc<wgpu::Buffer>,
+        xb: Arc<Buffer>,
+        out: Arc<Buffer>,
         t: usize,
         k: usize,
         n: usize,
     ) -> Result<(), RuntimeError> {
         let chunks = k / 32;
         let blocks = t * chunks;
-        let qa = self.alloc(blocks as u64 * BLOCK_WORDS * 4);
+        let qa = self.alloc(blocks as u64 * BLOCK_WORDS * 4)?;
         let with_sum = u32::from(wt.dtype == DType::Q4_1);
         let (grid, lanes_x) = lane_grid(blocks);
         self.dispatch(
@@ -66,7 +67,7 @@ impl Exec<'_> {
                 chunks as u32,
                 gx as u32,
             ];
-            let bufs = vec![Arc::new(part.buffer.clone()), qa.clone(), out.clone()];
+            let bufs = vec![part.buffer.clone(), qa.clone(), out.clone()];
             self.dispatch(Kernel::MatMulQ8, wt.dtype, bufs, &words, grid)?;
         }
         let size = qa.size();
@@ -79,15 +80,15 @@ impl Exec<'_> {
     pub(super) fn matmul_q8k(
         &mut self,
         wt: &GpuWeight,
-        xb: Arc<wgpu::Buffer>,
-        out: Arc<wgpu::Buffer>,
+        xb: Arc<Buffer>,
+        out: Arc<Buffer>,
         t: usize,
         k: usize,
         n: usize,
     ) -> Result<(), RuntimeError> {
         let per_row = k / 256;
         let blocks = t * per_row;
-        let qa = self.alloc(blocks as u64 * K_BLOCK_WORDS * 4);
+        let qa = self.alloc(blocks as u64 * K_BLOCK_WORDS * 4)?;
         let (grid, lanes_x) = lane_grid(blocks);
         self.dispatch(
             Kernel::QuantQ8K,
@@ -111,7 +112,7 @@ impl Exec<'_> {
                 per_row as u32,
                 gx as u32,
             ];
-            let bufs = vec![Arc::new(part.buffer.clone()), qa.clone(), out.clone()];
+            let bufs = vec![part.buffer.clone(), qa.clone(), out.clone()];
             self.dispatch(Kernel::MatMulQ8K, wt.dtype, bufs, &words, grid)?;
         }
         let size = qa.size();

@@ -16,6 +16,7 @@ use poot_core::DType;
 use poot_graph::{BinaryKind, Op, UnaryKind, ValueId};
 use poot_runtime::{HostTensor, LateInput, RuntimeError};
 
+use crate::gpu::Buffer;
 use crate::kernels::Kernel;
 use crate::plan::WgpuPlan;
 use crate::rope::cos_sin;
@@ -36,10 +37,6 @@ pub(crate) use recorded::{
 /// Rows wider than this take the sampling step's top-k kernel (a workgroup per row).
 const TOPK_WIDE: usize = 256;
 
-const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
-    .union(wgpu::BufferUsages::COPY_SRC)
-    .union(wgpu::BufferUsages::COPY_DST);
-
 fn kernel_err(op: &'static str, detail: String) -> RuntimeError {
     RuntimeError::Kernel { op, detail }
 }
@@ -59,14 +56,14 @@ pub(crate) struct Exec<'a> {
     late_inputs: &'a [(&'a str, LateInput)],
     late: Vec<LateSlot>,
     kv: Option<&'a KvPool>,
-    bufs: Vec<Option<Arc<wgpu::Buffer>>>,
+    bufs: Vec<Option<Arc<Buffer>>>,
     /// Reusable activation buffers by size.
-    free: HashMap<u64, Vec<Arc<wgpu::Buffer>>>,
+    free: HashMap<u64, Vec<Arc<Buffer>>>,
     dispatches: Vec<Dispatch>,
     params: Vec<u8>,
     host_rows: Vec<HostRow>,
     /// Extra readbacks (logits of host-sampled rows): (buffer, bytes).
-    extra_reads: Vec<(Arc<wgpu::Buffer>, u64)>,
+    extra_reads: Vec<(Arc<Buffer>, u64)>,
 }
 
 impl<'a> Exec<'a> {
@@ -95,7 +92,7 @@ impl<'a> Exec<'a> {
 
     /// Fault injection: the stall kernel (see `stall.wgsl`), before the step's own work.
     pub fn stall(&mut self, iters: u32) -> Result<(), RuntimeError> {
-        let sink = self.alloc(64);
+        let sink = self.alloc(64)?;
         self.dispatch(
             Kernel::Stall,
             DType::F32,
@@ -151,44 +148,32 @@ impl<'a> Exec<'a> {
         })
     }
 
-    fn device(&self) -> &wgpu::Device {
-        &self.rt.gpu.device
-    }
-
-    fn alloc(&mut self, bytes: u64) -> Arc<wgpu::Buffer> {
+    fn alloc(&mut self, bytes: u64) -> Result<Arc<Buffer>, RuntimeError> {
         let size = bytes.max(4).div_ceil(256) * 256;
         if let Some(b) = self.free.get_mut(&size).and_then(|v| v.pop()) {
-            return b;
+            return Ok(b);
         }
-        Arc::new(self.device().create_buffer(&wgpu::BufferDescriptor {
-            label: None,
-            size,
-            usage: USAGE,
-            mapped_at_creation: false,
-        }))
+        Ok(Arc::new(self.rt.gpu.storage(size, None)?))
     }
 
     /// A fresh buffer holding `data` (never pooled: the upload lands before every command).
-    fn upload(&self, data: &[u8]) -> Arc<wgpu::Buffer> {
-        let b = self.fresh(data.len() as u64);
+    fn upload(&self, data: &[u8]) -> Result<Arc<Buffer>, RuntimeError> {
+        let b = self.fresh(data.len() as u64)?;
         if !data.is_empty() {
-            self.rt.gpu.queue.write_buffer(&b, 0, data);
+            self.rt.gpu.write(&b, 0, data)?;
         }
-        b
+        Ok(b)
     }
 
     /// A new buffer of at least `bytes` (never from the pool).
-    fn fresh(&self, bytes: u64) -> Arc<wgpu::Buffer> {
-        Arc::new(self.device().create_buffer(&wgpu::BufferDescriptor {
-            label: None,
-            size: bytes.max(4).div_ceil(4) * 4,
-            usage: USAGE,
-            mapped_at_creation: false,
-        }))
+    fn fresh(&self, bytes: u64) -> Result<Arc<Buffer>, RuntimeError> {
+        Ok(Arc::new(
+            self.rt.gpu.storage(bytes.max(4).div_ceil(4) * 4, None)?,
+        ))
     }
 
     fn param(&mut self, words: &[u32]) -> (u64, u64) {
-        let align = u64::from(self.rt.gpu.limits.min_uniform_buffer_offset_alignment).max(16);
+        let align = self.rt.gpu.uniform_align().max(16);
         let off = (self.params.len() as u64).div_ceil(align) * align;
         self.params.resize(off as usize, 0);
         for w in words {
@@ -203,7 +188,7 @@ impl<'a> Exec<'a> {
         &mut self,
         kernel: Kernel,
         dtype: DType,
-        bufs: Vec<Arc<wgpu::Buffer>>,
+        bufs: Vec<Arc<Buffer>>,
         words: &[u32],
         groups: [u32; 3],
     ) -> Result<(), RuntimeError> {
@@ -218,7 +203,7 @@ impl<'a> Exec<'a> {
         Ok(())
     }
 
-    fn buf(&self, v: ValueId, op: &'static str) -> Result<Arc<wgpu::Buffer>, RuntimeError> {
+    fn buf(&self, v: ValueId, op: &'static str) -> Result<Arc<Buffer>, RuntimeError> {
         self.bufs[self.plan.root[v.index()]]
             .clone()
             .ok_or_else(|| kernel_err(op, format!("value {} has no device buffer", v.0)))
@@ -251,12 +236,12 @@ impl<'a> Exec<'a> {
 
     /// A float operand as a device f32 buffer: an activation, or a stored tensor decoded on
     /// the device into a temporary (norm weights, biases).
-    fn floats(&mut self, v: ValueId, op: &'static str) -> Result<Arc<wgpu::Buffer>, RuntimeError> {
+    fn floats(&mut self, v: ValueId, op: &'static str) -> Result<Arc<Buffer>, RuntimeError> {
         let Some(w) = self.plan.weights.get(&v.index()).cloned() else {
             return self.buf(v, op);
         };
         let numel = self.plan.graph.info(v).numel();
-        let out = self.alloc(numel as u64 * 4);
+        let out = self.alloc(numel as u64 * 4)?;
         let chunks = w.k.div_ceil(32) as u32;
         for part in &w.parts {
             let (grid, lanes_x) = lane_grid(part.rows * chunks as usize);
@@ -268,14 +253,14 @@ impl<'a> Exec<'a> {
                 lanes_x,
                 part.row0 as u32,
             ];
-            let bufs = vec![Arc::new(part.buffer.clone()), out.clone()];
+            let bufs = vec![part.buffer.clone(), out.clone()];
             self.dispatch(Kernel::Dequant, w.dtype, bufs, &words, grid)?;
         }
         Ok(out)
     }
 
     /// Records equation `i`; returns the buffer of its value (None for weights and aliases).
-    fn record(&mut self, i: usize, op: &Op) -> Result<Option<Arc<wgpu::Buffer>>, RuntimeError> {
+    fn record(&mut self, i: usize, op: &Op) -> Result<Option<Arc<Buffer>>, RuntimeError> {
         let graph = &self.plan.graph;
         let info = &graph.values[i];
         let numel = info.numel();
@@ -287,7 +272,7 @@ impl<'a> Exec<'a> {
                     (found, self.late_inputs.iter().find(|(n, _)| n == name))
                 {
                     // Written between submissions, so never a pooled buffer.
-                    let buf = self.fresh(out_bytes);
+                    let buf = self.fresh(out_bytes)?;
                     self.late.push(LateSlot {
                         name: name.clone(),
                         slot: slot.clone(),
@@ -311,7 +296,7 @@ impl<'a> Exec<'a> {
                         got: host.describe(),
                     });
                 }
-                self.upload(&tensor_bytes(host))
+                self.upload(&tensor_bytes(host))?
             }
             Op::Weight { .. } => return Ok(None),
             Op::Reshape { x, .. } => {
@@ -322,7 +307,7 @@ impl<'a> Exec<'a> {
             }
             Op::Literal { data } => {
                 let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
-                self.upload(&bytes)
+                self.upload(&bytes)?
             }
             Op::Embedding { table, ids } => {
                 let w = self.plan.weights[&table.index()].clone();
@@ -333,7 +318,7 @@ impl<'a> Exec<'a> {
                         return Err(kernel_err("embedding", format!("id {bad} of {vocab}")));
                     }
                 }
-                let out = self.alloc(out_bytes);
+                let out = self.alloc(out_bytes)?;
                 let ids = self.buf(*ids, "embedding")?;
                 let chunks = w.k.div_ceil(32);
                 for part in &w.parts {
@@ -347,7 +332,7 @@ impl<'a> Exec<'a> {
                         part.rows as u32,
                         lanes_x,
                     ];
-                    let bufs = vec![Arc::new(part.buffer.clone()), ids.clone(), out.clone()];
+                    let bufs = vec![part.buffer.clone(), ids.clone(), out.clone()];
                     self.dispatch(Kernel::Embedding, w.dtype, bufs, &words, grid)?;
                 }
                 out
@@ -357,7 +342,7 @@ impl<'a> Exec<'a> {
                 let xs = self.shape(*x);
                 let (t, k) = (xs[0], xs[1]);
                 let n = self.plan.graph.info(*w).matrix().0; // a 1-D weight is one row
-                let out = self.alloc(out_bytes);
+                let out = self.alloc(out_bytes)?;
                 let xb = self.buf(*x, "matmul")?;
                 if self.rt.q8_matmul(wt.dtype, k) {
                     self.matmul_q8(&wt, xb, out.clone(), t, k, n)?;
@@ -390,7 +375,7 @@ impl<'a> Exec<'a> {
                         k.div_ceil(32) as u32,
                         gx as u32,
                     ];
-                    let bufs = vec![Arc::new(part.buffer.clone()), xb.clone(), out.clone()];
+                    let bufs = vec![part.buffer.clone(), xb.clone(), out.clone()];
                     self.dispatch(kernel, wt.dtype, bufs, &words, grid)?;
                 }
                 out
@@ -399,7 +384,7 @@ impl<'a> Exec<'a> {
                 let d = *info.shape.last().unwrap_or(&1);
                 let rows = numel / d.max(1);
                 let wb = self.floats(*weight, "rms_norm")?;
-                let out = self.alloc(out_bytes);
+                let out = self.alloc(out_bytes)?;
                 let bufs = vec![self.buf(*x, "rms_norm")?, wb, out.clone()];
                 let words = [d as u32, rows as u32, eps.to_bits()];
                 self.dispatch(
@@ -414,7 +399,7 @@ impl<'a> Exec<'a> {
             Op::Add { a, b } | Op::Mul { a, b } => {
                 let bb = self.floats(*b, op.name())?;
                 let bn = graph.info(*b).numel();
-                let out = self.alloc(out_bytes);
+                let out = self.alloc(out_bytes)?;
                 let code = u32::from(matches!(op, Op::Mul { .. }));
                 let (grid, lanes_x) = lane_grid(numel);
                 let bufs = vec![self.buf(*a, op.name())?, bb, out.clone()];
@@ -423,7 +408,7 @@ impl<'a> Exec<'a> {
                 out
             }
             Op::Silu { x } | Op::Gelu { x } => {
-                let out = self.alloc(out_bytes);
+                let out = self.alloc(out_bytes)?;
                 let xb = self.buf(*x, op.name())?;
                 let code = match op {
                     // ggml's expf: see eltwise.wgsl.
@@ -443,7 +428,7 @@ impl<'a> Exec<'a> {
                 out
             }
             Op::Softcap { x, cap } => {
-                let out = self.alloc(out_bytes);
+                let out = self.alloc(out_bytes)?;
                 let xb = self.buf(*x, op.name())?;
                 let (grid, lanes_x) = lane_grid(numel);
                 let words = [numel as u32, cap.to_bits(), 5, lanes_x];
@@ -482,7 +467,7 @@ impl<'a> Exec<'a> {
             Op::Softmax { x } => {
                 let d = *info.shape.last().unwrap_or(&1);
                 let rows = numel / d.max(1);
-                let out = self.alloc(out_bytes);
+                let out = self.alloc(out_bytes)?;
                 let bufs = vec![self.buf(*x, "softmax")?, out.clone()];
                 self.dispatch(
                     Kernel::Softmax,
@@ -500,8 +485,8 @@ impl<'a> Exec<'a> {
                 let t = info.shape[0];
                 let table = cos_sin(&self.plan.rope[&i], pos)?;
                 let tb: Vec<u8> = table.iter().flat_map(|x| x.to_le_bytes()).collect();
-                let cs = self.upload(&tb);
-                let out = self.alloc(out_bytes);
+                let cs = self.upload(&tb)?;
+                let out = self.alloc(out_bytes)?;
                 let (grid, lanes_x) = lane_grid(numel);
                 let style = u32::from(cfg.style == poot_graph::RopeStyle::NeoX);
                 let words = [
@@ -534,7 +519,7 @@ impl<'a> Exec<'a> {
                         return Err(kernel_err("gather_rows", format!("row {bad} of {t}")));
                     }
                 }
-                let out = self.alloc(out_bytes);
+                let out = self.alloc(out_bytes)?;
                 let (grid, lanes_x) = lane_grid(r * d);
                 let words = [r as u32, d as u32, t as u32, lanes_x];
                 let bufs = vec![

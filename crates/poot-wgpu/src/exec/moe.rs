@@ -18,9 +18,10 @@ use poot_graph::ValueId;
 use poot_runtime::RuntimeError;
 
 use super::{kernel_err, lane_grid, Exec};
+use crate::gpu::Buffer;
 use crate::kernels::Kernel;
 
-type Out = Result<Option<Arc<wgpu::Buffer>>, RuntimeError>;
+type Out = Result<Option<Arc<Buffer>>, RuntimeError>;
 
 impl Exec<'_> {
     /// A typed error when the host ids `ids` hold one outside `0..n`.
@@ -50,7 +51,7 @@ impl Exec<'_> {
         let slots = t * per_tok;
         self.check_host_ids(OP, ids, n_exp)?;
         let shared_x = u32::from(self.shape(x)[0] == t);
-        let out = self.alloc(out_bytes);
+        let out = self.alloc(out_bytes)?;
         let (xb, ib) = (self.buf(x, OP)?, self.buf(ids, OP)?);
         let groups_x = n.div_ceil(8).max(1);
         if groups_x > 65535 || n_exp > 65535 {
@@ -81,12 +82,7 @@ impl Exec<'_> {
                 0,
             ];
             let grid = [groups_x as u32, (e_hi - e_lo + 1) as u32, 1];
-            let bufs = vec![
-                Arc::new(part.buffer.clone()),
-                xb.clone(),
-                ib.clone(),
-                out.clone(),
-            ];
+            let bufs = vec![part.buffer.clone(), xb.clone(), ib.clone(), out.clone()];
             self.dispatch(Kernel::MoeMatMul, wt.dtype, bufs, &words, grid)?;
         }
         Ok(Some(out))
@@ -94,7 +90,7 @@ impl Exec<'_> {
 
     pub(super) fn top_k_ids(&mut self, out_bytes: u64, x: ValueId, k: usize) -> Out {
         let (rows, v) = (self.shape(x)[0], self.shape(x)[1]);
-        let out = self.alloc(out_bytes);
+        let out = self.alloc(out_bytes)?;
         let (grid, lanes_x) = lane_grid(rows);
         let words = [rows as u32, v as u32, k as u32, lanes_x];
         let bufs = vec![self.buf(x, "top_k")?, out.clone()];
@@ -111,7 +107,7 @@ impl Exec<'_> {
         self.check_host_ids(OP, ids, e)?;
         let ib = match self.plan.weights.get(&ids.index()) {
             Some(w) => match &w.parts[..] {
-                [part] => Arc::new(part.buffer.clone()),
+                [part] => part.buffer.clone(),
                 _ => {
                     return Err(kernel_err(
                         OP,
@@ -121,7 +117,7 @@ impl Exec<'_> {
             },
             None => self.buf(ids, OP)?,
         };
-        let out = self.alloc(out_bytes);
+        let out = self.alloc(out_bytes)?;
         let (grid, lanes_x) = lane_grid(rows * k);
         // Row stride of the ids: 0 broadcasts one row to every row of x.
         let id_stride = if id_rows == 1 { 0 } else { k };
@@ -134,7 +130,7 @@ impl Exec<'_> {
     pub(super) fn moe_combine(&mut self, out_bytes: u64, y: ValueId, weights: ValueId) -> Out {
         let d = self.shape(y)[1];
         let (t, k) = (self.shape(weights)[0], self.shape(weights)[1]);
-        let out = self.alloc(out_bytes);
+        let out = self.alloc(out_bytes)?;
         let (grid, lanes_x) = lane_grid(t * d);
         let words = [t as u32, d as u32, k as u32, lanes_x];
         let bufs = vec![

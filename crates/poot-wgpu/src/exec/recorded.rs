@@ -6,11 +6,12 @@ use std::sync::Arc;
 use poot_core::DType;
 use poot_runtime::{HostTensor, LateInput};
 
+use crate::gpu::{Buffer, Pipeline};
 use crate::sample::SampleParams;
 
 pub(crate) struct Dispatch {
-    pub pipeline: Arc<wgpu::ComputePipeline>,
-    pub bufs: Vec<Arc<wgpu::Buffer>>,
+    pub pipeline: Arc<Pipeline>,
+    pub bufs: Vec<Arc<Buffer>>,
     pub params: (u64, u64),
     pub groups: [u32; 3],
 }
@@ -26,14 +27,14 @@ pub(crate) struct HostRow {
 }
 
 /// A named output: its buffer, bytes, dtype and shape.
-pub(crate) type Output = (String, Arc<wgpu::Buffer>, u64, (DType, Vec<usize>));
+pub(crate) type Output = (String, Arc<Buffer>, u64, (DType, Vec<usize>));
 
 /// An input the host supplies while the step runs (see `poot_runtime::LateInput`): its
 /// buffer is written after the dispatches before `at` were submitted.
 pub(crate) struct LateSlot {
     pub name: String,
     pub slot: LateInput,
-    pub buf: Arc<wgpu::Buffer>,
+    pub buf: Arc<Buffer>,
     pub at: usize,
     pub dtype: DType,
     pub shape: Vec<usize>,
@@ -55,7 +56,7 @@ pub(crate) struct Recorded {
     pub params: Vec<u8>,
     pub outputs: Vec<Output>,
     /// Extra readbacks (logits of host-sampled rows): (buffer, bytes).
-    pub extra: Vec<(Arc<wgpu::Buffer>, u64)>,
+    pub extra: Vec<(Arc<Buffer>, u64)>,
     pub host_rows: Vec<HostRow>,
     /// In recording order (so by `at`).
     pub late: Vec<LateSlot>,

@@ -15,6 +15,7 @@ use poot_graph::{AdjustInputs, SampleInputs, ValueId};
 use poot_runtime::RuntimeError;
 
 use super::{kernel_err, Exec};
+use crate::gpu::Buffer;
 use crate::kernels::Kernel;
 use crate::sample::{check, id_digits, SampleParams, MAX_VOCAB};
 
@@ -33,7 +34,7 @@ impl Exec<'_> {
         &mut self,
         logits: ValueId,
         params: &SampleInputs,
-    ) -> Result<Arc<wgpu::Buffer>, RuntimeError> {
+    ) -> Result<Arc<Buffer>, RuntimeError> {
         let (s, vocab) = self.rows_of(logits);
         if vocab == 0 || vocab > MAX_VOCAB {
             return Err(kernel_err(
@@ -71,9 +72,9 @@ impl Exec<'_> {
                 f64::from(p.uniform),
             ]);
         }
-        let rpb = self.upload(&bytes(rp.into_iter(), f64::to_le_bytes));
+        let rpb = self.upload(&bytes(rp.into_iter(), f64::to_le_bytes))?;
         let lb = self.buf(logits, "sample")?;
-        let out = self.alloc(s as u64 * 4);
+        let out = self.alloc(s as u64 * 4)?;
         let words = [vocab as u32, s as u32, id_digits(vocab), 0];
         let bufs = vec![lb, rpb, out.clone()];
         self.dispatch(Kernel::Sample, DType::F32, bufs, &words, [s as u32, 1, 1])?;
@@ -85,7 +86,7 @@ impl Exec<'_> {
         &mut self,
         logits: ValueId,
         a: &AdjustInputs,
-    ) -> Result<Arc<wgpu::Buffer>, RuntimeError> {
+    ) -> Result<Arc<Buffer>, RuntimeError> {
         let (s, v) = self.rows_of(logits);
         let w = self.shape(a.ids)[1];
         let err = |d: String| kernel_err("adjust_logits", d);
@@ -123,10 +124,10 @@ impl Exec<'_> {
             }
         }
         entries.resize(entries.len().max(16), 0);
-        let eb = self.upload(&entries);
-        let rb = self.upload(&bytes(rep.iter().copied(), f32::to_le_bytes));
+        let eb = self.upload(&entries)?;
+        let rb = self.upload(&bytes(rep.iter().copied(), f32::to_le_bytes))?;
         let lb = self.buf(logits, "adjust_logits")?;
-        let out = self.alloc((s * v) as u64 * 4);
+        let out = self.alloc((s * v) as u64 * 4)?;
         let words = [v as u32, s as u32, w as u32, 0];
         let bufs = vec![lb, eb, rb, out.clone()];
         self.dispatch(
@@ -144,13 +145,13 @@ impl Exec<'_> {
         &mut self,
         logits: ValueId,
         mask: ValueId,
-    ) -> Result<Arc<wgpu::Buffer>, RuntimeError> {
+    ) -> Result<Arc<Buffer>, RuntimeError> {
         let (s, v) = self.rows_of(logits);
         let bufs = vec![
             self.buf(logits, "mask_logits")?,
             self.buf(mask, "mask_logits")?,
         ];
-        let out = self.alloc((s * v) as u64 * 4);
+        let out = self.alloc((s * v) as u64 * 4)?;
         let words = [v as u32, s as u32, v.div_ceil(32) as u32, 0];
         let bufs = [bufs, vec![out.clone()]].concat();
         self.dispatch(
@@ -164,13 +165,9 @@ impl Exec<'_> {
     }
 
     /// `TopK` ids (`top_k.wgsl`).
-    pub(super) fn top_k(
-        &mut self,
-        x: ValueId,
-        k: usize,
-    ) -> Result<Arc<wgpu::Buffer>, RuntimeError> {
+    pub(super) fn top_k(&mut self, x: ValueId, k: usize) -> Result<Arc<Buffer>, RuntimeError> {
         let (s, v) = self.rows_of(x);
-        let out = self.alloc((s * k) as u64 * 4);
+        let out = self.alloc((s * k) as u64 * 4)?;
         let bufs = vec![self.buf(x, "top_k")?, out.clone()];
         let words = [v as u32, s as u32, k as u32, 0];
         self.dispatch(Kernel::TopK, DType::F32, bufs, &words, [s as u32, 1, 1])?;
@@ -182,7 +179,7 @@ impl Exec<'_> {
         &mut self,
         logits: ValueId,
         ids: ValueId,
-    ) -> Result<Arc<wgpu::Buffer>, RuntimeError> {
+    ) -> Result<Arc<Buffer>, RuntimeError> {
         let (s, v) = self.rows_of(logits);
         let k = self.shape(ids)[1];
         if let Some(h) = self.host_i32(ids) {
@@ -193,7 +190,7 @@ impl Exec<'_> {
                 ));
             }
         }
-        let out = self.alloc((s * k) as u64 * 4);
+        let out = self.alloc((s * k) as u64 * 4)?;
         let bufs = vec![
             self.buf(logits, "logprobs")?,
             self.buf(ids, "logprobs")?,

@@ -11,6 +11,7 @@ use poot_graph::{broadcast_shape, BinaryKind, Op, ReduceKind, ValueId};
 use poot_runtime::RuntimeError;
 
 use super::{kernel_err, lane_grid, Exec};
+use crate::gpu::Buffer;
 use crate::kernels::Kernel;
 
 /// -inf's bits for the shaders (WGSL has no infinite constants).
@@ -52,8 +53,8 @@ impl Exec<'_> {
         out_bytes: u64,
         bn: u32,
         code: u32,
-    ) -> Result<Arc<wgpu::Buffer>, RuntimeError> {
-        let out = self.alloc(out_bytes);
+    ) -> Result<Arc<Buffer>, RuntimeError> {
+        let out = self.alloc(out_bytes)?;
         let xb = self.buf(x, op)?;
         let (grid, lanes_x) = lane_grid(numel);
         let words = [numel as u32, bn, code, lanes_x];
@@ -71,15 +72,15 @@ impl Exec<'_> {
     #[allow(clippy::too_many_arguments)]
     fn strided(
         &mut self,
-        a: Arc<wgpu::Buffer>,
-        b: Arc<wgpu::Buffer>,
+        a: Arc<Buffer>,
+        b: Arc<Buffer>,
         shape: &[usize],
         sa: &[usize],
         sb: &[usize],
         code: u32,
-    ) -> Result<Arc<wgpu::Buffer>, RuntimeError> {
+    ) -> Result<Arc<Buffer>, RuntimeError> {
         let n: usize = shape.iter().product();
-        let out = self.alloc(n as u64 * 4);
+        let out = self.alloc(n as u64 * 4)?;
         let (grid, lanes_x) = lane_grid(n);
         let mut words = vec![n as u32, shape.len() as u32, code, lanes_x];
         words.extend(words8(shape));
@@ -96,11 +97,7 @@ impl Exec<'_> {
         Ok(out)
     }
 
-    pub(super) fn tensor_op(
-        &mut self,
-        op: &Op,
-        i: usize,
-    ) -> Result<Arc<wgpu::Buffer>, RuntimeError> {
+    pub(super) fn tensor_op(&mut self, op: &Op, i: usize) -> Result<Arc<Buffer>, RuntimeError> {
         let name = op.name();
         let out_shape = self.plan.graph.values[i].shape.clone();
         let numel: usize = out_shape.iter().product();
@@ -145,7 +142,7 @@ impl Exec<'_> {
                 };
                 let (pa, pb) = (plane(&sa[..ra - 2]), plane(&sb[..rb - 2]));
                 let (ab, bb) = (self.floats(*a, name)?, self.floats(*b, name)?);
-                let out = self.alloc(numel as u64 * 4);
+                let out = self.alloc(numel as u64 * 4)?;
                 let (grid, lanes_x) = lane_grid(numel);
                 let mut words = vec![numel as u32, batch.len() as u32, m as u32, lanes_x];
                 words.extend([k as u32, cols as u32, 0, 0]);
@@ -179,7 +176,7 @@ impl Exec<'_> {
                     None => xb.clone(),
                 };
                 let flags = u32::from(weight.is_some()) | (u32::from(bias.is_some()) << 1);
-                let out = self.alloc(numel as u64 * 4);
+                let out = self.alloc(numel as u64 * 4)?;
                 let words = [d as u32, rows as u32, eps.to_bits(), flags];
                 self.dispatch(
                     Kernel::LayerNorm,
@@ -195,7 +192,7 @@ impl Exec<'_> {
                 let rows = numel;
                 let code = ReduceKind::ALL.iter().position(|k| k == kind).unwrap_or(0) as u32;
                 let xb = self.buf(*x, name)?;
-                let out = self.alloc(numel as u64 * 4);
+                let out = self.alloc(numel as u64 * 4)?;
                 let words = [d as u32, rows as u32, code, NEG_INF_BITS];
                 self.dispatch(
                     Kernel::Reduce,

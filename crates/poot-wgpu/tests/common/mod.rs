@@ -1,6 +1,7 @@
 //! Shared test helpers: opening the runtime (skip with a reason where no adapter exists, fail
 //! when `POOT_REQUIRE_WGPU=1`, as `make test-device-wgpu` sets), an in-memory weight store, and
-//! packed test weights.
+//! packed test weights. `POOT_GPU_API=vulkan` opens every suite's runtime on raw Vulkan
+//! (`WgpuRuntime::vulkan`) instead of wgpu, so the same suites check both devices.
 #![allow(dead_code)]
 
 pub mod compare;
@@ -10,17 +11,31 @@ use std::collections::HashMap;
 use poot_core::DType;
 use poot_graph::WeightCatalog;
 use poot_runtime::WeightStore;
-use poot_wgpu::{WgpuOptions, WgpuRuntime};
+use poot_wgpu::{Api, WgpuOptions, WgpuRuntime};
 
 /// The runtime, or `None` (with the reason on stderr) where this machine has no adapter.
 pub fn runtime(options: WgpuOptions) -> Option<WgpuRuntime> {
-    match WgpuRuntime::new(options) {
+    open_api(api(), options)
+}
+
+/// The API the suites run on: raw Vulkan under `POOT_GPU_API=vulkan`, else wgpu.
+pub fn api() -> Api {
+    match std::env::var("POOT_GPU_API").as_deref() {
+        Ok("vulkan") => Api::Vulkan,
+        Ok("wgpu") | Err(_) => Api::Wgpu,
+        Ok(other) => panic!("POOT_GPU_API must be wgpu or vulkan, got {other:?}"),
+    }
+}
+
+/// The runtime on `api`, or `None` (with the reason) where this machine has no device.
+pub fn open_api(api: Api, options: WgpuOptions) -> Option<WgpuRuntime> {
+    match WgpuRuntime::open(api, options) {
         Ok(rt) => Some(rt),
         Err(e) => {
             if std::env::var("POOT_REQUIRE_WGPU").is_ok_and(|v| v == "1") {
-                panic!("POOT_REQUIRE_WGPU=1 but no wgpu adapter: {e}");
+                panic!("POOT_REQUIRE_WGPU=1 but no {} device: {e}", api.name());
             }
-            eprintln!("SKIP: no wgpu adapter on this machine ({e})");
+            eprintln!("SKIP: no {} device on this machine ({e})", api.name());
             None
         }
     }
