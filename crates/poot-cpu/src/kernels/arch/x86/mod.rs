@@ -13,7 +13,9 @@
 //! `lanes8_rows_avx2` and `lanes32_*` - `arch::generic::fdot_generic`; `decode` -
 //! `kernels::decode::decode_run`; `qdot` - `arch::generic::qdot_generic`; `qdot_k`, `qdot_rk`,
 //! `qdot_rk16`, `qdot_rk_vnni` (`qdot_rk`'s tiles on `vpdpbusd`; both build on
-//! `qdot_rk_parts`) - `matmul::qdot_k::dot_scalar`; `fdot`'s and `fdot16`'s tiles - `ggml::dot_lanes8`
+//! `qdot_rk_parts`) - `matmul::qdot_k::dot_scalar`; `zdot` (zero-point Q4_Z/Q8_Z rows, on `qdot`'s
+//! helpers) - `arch::generic::zdot_generic`; `f8dot` (F8_S rows widened by F16C) -
+//! `arch::generic::f8dot_generic`; `fdot`'s and `fdot16`'s tiles - `ggml::dot_lanes8`
 //! (`matmul::lanes8`); `amx`, `amx_bf16` - the VNNI/AVX-512 tiles they stand in for;
 //! `attention` (the grouped score and V loops) - `attention::ggml_heads::head`.
 
@@ -21,6 +23,7 @@ pub(crate) mod amx;
 pub(crate) mod amx_bf16;
 pub(crate) mod attention;
 pub(crate) mod decode;
+pub(crate) mod f8dot;
 pub(crate) mod fdot;
 pub(crate) mod fdot16;
 pub(crate) mod lanes;
@@ -33,3 +36,4 @@ pub(crate) mod qdot_rk;
 pub(crate) mod qdot_rk16;
 pub(crate) mod qdot_rk_parts;
 pub(crate) mod qdot_rk_vnni;
+pub(crate) mod zdot;
