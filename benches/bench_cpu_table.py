@@ -380,7 +380,7 @@ def targets(rows: list[Row]) -> str:
             f"{_spread(dec, '.2f', 'x') if dec else '- (no peer)'} | "
             f"{_spread(roof, '.0%') if roof else '-'} | {'yes' if dmet else '**no**'} | "
             f"{_spread(pre, '.2f', 'x') if pre else '- (no peer)'} | "
-            f"{('yes' if pmet else '**no**') if pre else '-'} |"
+            f"{('yes' if pmet else '**no**') if pre and not r.decode_target else '-'} |"
         )
     return "\n".join(lines)
 
