@@ -5,7 +5,10 @@ Rows: SmolLM2-135M Q4_1 (the default model) and synthetic GGUFs (``cpu_synthetic
 Qwen2.5 1.5B shape in its Q4_K_M mix (Q4_K, Q6_K ``ffn_down`` and output), all
 under ggml numerics (llama.cpp's arithmetic); then the F16 and BF16 files again under
 ``numerics="auto"`` (what a float checkpoint gets by default: exact, an f32 KV cache), against
-llama.cpp's own arithmetic. Per row: prefill of 512 tokens (tok/s of the prompt) and decode of
+llama.cpp's own arithmetic. Two rows are Hugging Face quantized directories at Llama 3.2 1B shape
+(``quant_synthetic.py``: GPTQ int4 group 128, FP8 with 128 x 128 block scales), which llama.cpp
+cannot read: their peer is poot itself on the Q4_0 and Q8_0 GGUF rows' files, and their target is
+decode at 0.9x of it. Per row: prefill of 512 tokens (tok/s of the prompt) and decode of
 128 tokens after a 64-token prompt (the 64+1 run subtracted from the 64+128 run), poot and
 llama.cpp alternating within each round (so both see the same machine load), every run with a
 fresh prompt (no prefix-cache hits), the median of the rounds; the ratio poot/peer, round by
@@ -48,6 +51,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cpu_synthetic as syn  # noqa: E402
+import quant_synthetic as qsyn  # noqa: E402
 
 THREADS = 2
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,6 +76,11 @@ ROWS: list[tuple[str, str, syn.Shape | None, str, str]] = [
         "q4_k_m",
         "ggml",
     ),
+    # Hugging Face quantized directories (``quant_synthetic.py``); the peer is poot itself on
+    # the GGUF row of the nearest bit width, same shape (``QUANT_PEERS``), and the target is
+    # decode at QUANT_DECODE_RATIO of it.
+    ("llama-gptq", "Llama-3.2-1B shape GPTQ int4 g128", syn.LLAMA_1B, "gptq-int4-g128", "ggml"),
+    ("llama-fp8", "Llama-3.2-1B shape FP8 block 128", syn.LLAMA_1B, "fp8-block128", "ggml"),
     ("llama-f16-auto", "Llama-3.2-1B shape F16", syn.LLAMA_1B, "F16", "auto"),
     ("llama-bf16-auto", "Llama-3.2-1B shape BF16", syn.LLAMA_1B, "BF16", "auto"),
     # Issue 28's families (cpu_synthetic_families). MoE rows keep the real layer's shape and
@@ -110,6 +119,10 @@ ROWS: list[tuple[str, str, syn.Shape | None, str, str]] = [
     ),
 ]
 
+
+# The GGUF type each quantized directory row is measured against (poot on both).
+QUANT_PEERS = {"gptq-int4-g128": "Q4_0", "fp8-block128": "Q8_0"}
+QUANT_DECODE_RATIO = 0.9
 
 _SALT = iter(range(1, 1 << 30))
 
@@ -195,6 +208,13 @@ print(json.dumps({"grown": rss() - base, "kv": llm.runtime.memory().get("kv_byte
 """
 
 
+def _size(path: Path) -> int:
+    """A GGUF's size, or a directory's (every file in it)."""
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size
+
+
 def _rss_ratio(path: Path, numerics: str) -> float:
     """poot's resident-memory growth over (GGUF size + KV pool), loading the model and
     generating in a fresh interpreter: in this process other rows' engines (and llama.cpp's)
@@ -204,10 +224,13 @@ def _rss_ratio(path: Path, numerics: str) -> float:
         capture_output=True, text=True, check=True, timeout=900,
     )  # fmt: skip
     m = json.loads(out.stdout.strip().splitlines()[-1])
-    return float(m["grown"]) / (path.stat().st_size + m["kv"])
+    return float(m["grown"]) / (_size(path) + m["kv"])
 
 
 def _vocab(path: Path) -> int:
+    """The vocabulary size of a GGUF, or of a directory (its config.json)."""
+    if path.is_dir():
+        return int(json.loads((path / "config.json").read_text())["vocab_size"])
     import gguf
 
     r = gguf.GGUFReader(str(path))
@@ -226,8 +249,12 @@ class Row:
     prefill_ratios: list[float] = field(default_factory=list)
     decode_ratios: list[float] = field(default_factory=list)
     roofline_fractions: list[float] = field(default_factory=list)
-    rss_ratio: float = 0.0  # poot RSS growth / (GGUF size + KV pool)
+    rss_ratio: float = 0.0  # poot RSS growth / (checkpoint size + KV pool)
     numerics: str = ""
+    # Quantized directory rows: the peer is poot on a GGUF (named here), and decode must reach
+    # this ratio of it; 0 for llama.cpp-peer rows (the issue-7 targets).
+    peer: str = ""
+    decode_target: float = 0.0
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -236,10 +263,21 @@ def _timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
-def run_row(label: str, path: Path, rounds: int, peer_ok: bool, numerics: str = "ggml") -> Row:
+def run_row(
+    label: str,
+    path: Path,
+    rounds: int,
+    peer_ok: bool,
+    numerics: str = "ggml",
+    peer_gguf: Path | None = None,
+    weight_bytes: Callable[[int, int], tuple[int, int]] | None = None,
+) -> Row:
+    """One row: poot on ``path`` against llama.cpp on it, or, with ``peer_gguf``, against poot on
+    that GGUF (a quantized directory's row); ``weight_bytes(ctx, kv_elem)`` gives a directory's
+    bytes per decode step (``bytes_per_token`` reads GGUFs)."""
     import poot
 
-    row = Row(label, path.stat().st_size)
+    row = Row(label, _size(path))
     vocab = _vocab(path)
     row.rss_ratio = _rss_ratio(path, numerics)
     llm = poot.LLM(str(path), threads=THREADS, max_model_len=1024, numerics=numerics)
@@ -251,18 +289,28 @@ def run_row(label: str, path: Path, rounds: int, peer_ok: bool, numerics: str = 
 
     ours(_prompt(8, vocab), 4)()  # warm up: plans compiled, pages touched
     peer = None
-    if peer_ok:
+    if peer_gguf is not None:
+        peer_llm = poot.LLM(str(peer_gguf), threads=THREADS, max_model_len=1024, numerics=numerics)
+        row.peer = f"poot on {peer_gguf.name}"
+        row.decode_target = QUANT_DECODE_RATIO
+
+        def theirs(prompt: list[int], n: int) -> Callable[[], Any]:
+            params = poot.SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+            return lambda: peer_llm.generate([prompt], params)
+
+        peer = peer_llm
+    elif peer_ok:
         import llama_cpp
 
         peer = llama_cpp.Llama(str(path), n_threads=THREADS, n_ctx=1024, n_batch=512, verbose=False)
 
-    def theirs(prompt: list[int], n: int) -> Callable[[], Any]:
-        def go() -> None:
-            assert peer is not None
-            peer.reset()
-            peer.create_completion(prompt, max_tokens=n, temperature=0.0)
+        def theirs(prompt: list[int], n: int) -> Callable[[], Any]:
+            def go() -> None:
+                assert peer is not None
+                peer.reset()
+                peer.create_completion(prompt, max_tokens=n, temperature=0.0)
 
-        return go
+            return go
 
     if peer is not None:
         theirs(_prompt(8, vocab), 4)()
@@ -284,7 +332,8 @@ def run_row(label: str, path: Path, rounds: int, peer_ok: bool, numerics: str = 
             dec[name].append(128 / max(long - short, 1e-9))
     row.prefill = {k: statistics.median(v) for k, v in pre.items()}
     row.decode = {k: statistics.median(v) for k, v in dec.items()}
-    weights, kvb = bytes_per_token(path, 64 + 64, 4 if row.numerics == "exact" else 2)
+    kv_elem = 4 if row.numerics == "exact" else 2
+    weights, kvb = (weight_bytes or (lambda c, e: bytes_per_token(path, c, e)))(64 + 64, kv_elem)
     row.bandwidth = statistics.median(reads)
     row.roofline = row.bandwidth / (weights + kvb)
     # Ratios are taken round by round, between runs seconds apart, and then their median: the
@@ -336,13 +385,14 @@ def table(rows: list[Row]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        label = f"{r.label} (vs {r.peer})" if r.peer else r.label
         pp, pq = r.prefill.get("poot", 0.0), r.prefill.get("peer")
         dp, dq = r.decode.get("poot", 0.0), r.decode.get("peer")
         lines.append(
-            f"| {r.label} | {r.numerics} | {pp:.1f} / {pq:.1f} | "
+            f"| {label} | {r.numerics} | {pp:.1f} / {pq:.1f} | "
             f"{_spread(r.prefill_ratios, '.2f', 'x')} | "
             if pq
-            else f"| {r.label} | {r.numerics} | {pp:.1f} / - | - | "
+            else f"| {label} | {r.numerics} | {pp:.1f} / - | - | "
         )
         lines[-1] += (
             f"{dp:.1f} / {dq:.1f} | {_spread(r.decode_ratios, '.2f', 'x')} | "
@@ -365,7 +415,9 @@ def targets(rows: list[Row]) -> str:
     lines = [
         f"Targets: decode {DECODE_RATIO}x llama.cpp or {DECODE_ROOFLINE:.0%} of the roofline "
         f"(either meets it), prefill {PREFILL_RATIO}x llama.cpp; each judged on the median of "
-        "the rounds, their range in brackets.",
+        "the rounds, their range in brackets. Quantized directory rows: decode "
+        f"{QUANT_DECODE_RATIO}x poot on the GGUF of the nearest bit width (the peer column), "
+        "prefill not targeted.",
         "",
         "| model | numerics | decode ratio | decode / roofline | decode met | prefill ratio "
         "| prefill met |",
@@ -377,13 +429,17 @@ def targets(rows: list[Row]) -> str:
         dmet = (bool(dec) and statistics.median(dec) >= DECODE_RATIO) or (
             bool(roof) and statistics.median(roof) >= DECODE_ROOFLINE
         )
+        if r.decode_target:
+            # A quantized directory's row: decode against poot on its GGUF peer, nothing else.
+            dmet = bool(dec) and statistics.median(dec) >= r.decode_target
         pmet = bool(pre) and statistics.median(pre) >= PREFILL_RATIO
+        label = f"{r.label} (vs {r.peer})" if r.peer else r.label
         lines.append(
-            f"| {r.label} | {r.numerics} | "
+            f"| {label} | {r.numerics} | "
             f"{_spread(dec, '.2f', 'x') if dec else '- (no peer)'} | "
             f"{_spread(roof, '.0%') if roof else '-'} | {'yes' if dmet else '**no**'} | "
             f"{_spread(pre, '.2f', 'x') if pre else '- (no peer)'} | "
-            f"{('yes' if pmet else '**no**') if pre else '-'} |"
+            f"{('yes' if pmet else '**no**') if pre and not r.decode_target else '-'} |"
         )
     return "\n".join(lines)
 
@@ -470,9 +526,19 @@ def run(keys: list[str], rounds: int | None = None, check_layers: int = 0) -> li
         if shape is not None and check_layers:
             shape = syn.with_layers(shape, check_layers)
             label = f"{label} [check: {check_layers} layers]"
-        path = smollm if shape is None else syn.synthetic_gguf(shape, quant, smollm)
-        n = rounds or (3 if path.stat().st_size < 300e6 else 1)
-        rows.append(run_row(label, path, n, peer_ok, numerics))
+        if shape is not None and quant in QUANT_PEERS:
+            path = qsyn.synthetic_hf(shape, quant, smollm)
+            peer_gguf = syn.synthetic_gguf(shape, QUANT_PEERS[quant], smollm)
+            n = rounds or 3
+
+            def wb(ctx: int, kv_elem: int, shape: syn.Shape = shape, quant: str = quant):
+                return qsyn.bytes_per_token(shape, quant, ctx, kv_elem)
+
+            rows.append(run_row(label, path, n, peer_ok, numerics, peer_gguf, wb))
+        else:
+            path = smollm if shape is None else syn.synthetic_gguf(shape, quant, smollm)
+            n = rounds or (3 if path.stat().st_size < 300e6 else 1)
+            rows.append(run_row(label, path, n, peer_ok, numerics))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
     return rows
 

@@ -549,4 +549,12 @@ impl WeightStore for GptqAwqWeights {
         let relaid: u64 = self.relaid.values().map(|(b, _, _)| b.len() as u64).sum();
         self.inner.total_bytes() - hidden + relaid
     }
+
+    /// The tensors served from the map (embeddings, norms, a float `lm_head`) release as the
+    /// inner store does; the re-laid layers are heap copies with no mapped pages of their own.
+    fn release(&self, name: &str) {
+        if !self.relaid.contains_key(name) && !self.hidden.contains(name) {
+            self.inner.release(name);
+        }
+    }
 }

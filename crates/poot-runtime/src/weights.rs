@@ -169,6 +169,21 @@ impl WeightStore for SafetensorsWeights {
     fn total_bytes(&self) -> u64 {
         self.model.tensors().map(|(_, t)| t.nbytes).sum()
     }
+
+    /// As the GGUF store does: a runtime that copied `name` (a float matrix moved to huge
+    /// pages, a re-laid layout) no longer keeps the file's pages resident beside its copy; an
+    /// expert stack releases each of its experts.
+    fn release(&self, name: &str) {
+        let names = match self.stacks.get(name) {
+            Some((_, _, names)) => names.clone(),
+            None => vec![name.to_string()],
+        };
+        for n in &names {
+            if let Some((file, t)) = self.model.tensor(n) {
+                file.release_tensor(t);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -231,6 +246,26 @@ mod tests {
             w.pieces("l.0.mlp.shared_expert.up.weight").unwrap().len(),
             1
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn released_tensors_still_read_their_stored_bytes() {
+        // Releasing drops pages only: a tensor, an expert stack and an unknown name (a no-op)
+        // all read back the same bytes afterwards.
+        let dir = std::env::temp_dir().join(format!("poot-release-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("model.safetensors");
+        let names = ["a.weight", "l.0.experts.0.w", "l.0.experts.1.w"];
+        write(&path, &names);
+        let w = SafetensorsWeights::new(Arc::new(SafetensorsModel::open(&path).unwrap()));
+        let before: Vec<Vec<u8>> = names.iter().map(|n| w.bytes(n).unwrap().to_vec()).collect();
+        for n in ["a.weight", "l.0.experts.w", "no.such.tensor"] {
+            w.release(n);
+        }
+        for (n, b) in names.iter().zip(&before) {
+            assert_eq!(w.bytes(n).unwrap(), &b[..], "{n}");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -1,6 +1,6 @@
 //! The block formats every kernel family shares, at the bottom of the kernel tree: which
-//! packed weight dtypes have integer dots ([`QKind`] against Q8 activations, [`KKind`]
-//! against Q8_K), the bytes of their blocks and of the 8-row interleaved superblocks
+//! packed weight dtypes have integer dots ([`QKind`] and [`ZKind`] against Q8 activations,
+//! [`KKind`] against Q8_K), the bytes of their blocks and of the 8-row interleaved superblocks
 //! (`matmul/repack.rs`, `matmul/repack_k.rs`), and the K-quant float steps every path (scalar and
 //! SIMD) runs. Nothing here depends on another kernel module except `decode` and `qact` (so the
 //! per-ISA loops and the generic ones can both import it without a cycle).
@@ -46,6 +46,34 @@ impl QKind {
     /// Whether the activations are Q8_1 (carry `s`): ggml pairs Q4_1 with Q8_1.
     pub(crate) fn act_sum(self) -> bool {
         self == QKind::Q4_1
+    }
+}
+
+/// A weight dtype with an integer zero point (`y = (q - z) * d`: GPTQ/AWQ, poot's `Q4_Z` and
+/// `Q8_Z`) and an integer dot against Q8_0 activations: `(q - z)` is an exact
+/// small integer, so each block's dot is `d_w * d_x * sum((q - z) * q_x)`, no offset term.
+#[allow(non_camel_case_types, reason = "poot_core::DType's names")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum ZKind {
+    Q4_Z,
+    Q8_Z,
+}
+
+impl ZKind {
+    pub(crate) fn new(dtype: DType) -> Option<ZKind> {
+        match dtype {
+            DType::Q4_Z => Some(ZKind::Q4_Z),
+            DType::Q8_Z => Some(ZKind::Q8_Z),
+            _ => None,
+        }
+    }
+
+    /// Bytes of one 32-value weight block (`poot_core::quant::layout`'s `q4_z`, `q8_z`).
+    pub(crate) fn block_bytes(self) -> usize {
+        match self {
+            ZKind::Q4_Z => 19,
+            ZKind::Q8_Z => 36,
+        }
     }
 }
 

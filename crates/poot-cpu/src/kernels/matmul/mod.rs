@@ -24,8 +24,10 @@
 //! for Q4_0, Q4_1, Q5_0, Q8_0 weights activations quantized to Q8 and integer block dots (the
 //! cheaper path for one token, `matmul/q8.rs`), for F16 and F32 weights ggml's float dot orders
 //! (`matmul/float_ggml.rs`), for Q4_K and Q6_K Q8_K activations and integer super-block dots
-//! (`matmul/qdot_k.rs`), for BF16 activations rounded to bf16 (`matmul/bf16.rs`); each states its
-//! bound. Q5_1 and the other k-quants keep this exact path under either numerics.
+//! (`matmul/qdot_k.rs`), for BF16 activations rounded to bf16 (`matmul/bf16.rs`), for Q4_Z and
+//! Q8_Z (GPTQ, AWQ) Q8_0 activations and integer dots with the zero point folded in
+//! (`matmul/zq.rs`), for F8_S (FP8) E4M3 widened in registers against `f32` activations
+//! (`matmul/f8.rs`; llama.cpp has neither type); each states its bound. Q5_1 and the other k-quants keep this exact path under either numerics.
 //!
 //! Batch invariance, under both numerics: a token's row of the product is the same bits whatever
 //! tokens share the call, so a request's answer does not depend on who else is served nor on how
@@ -41,6 +43,7 @@ pub(crate) mod bf16;
 pub(crate) mod decoded;
 pub(crate) mod dpbf16;
 pub(crate) mod dpbf16_one;
+pub(crate) mod f8;
 pub(crate) mod float;
 pub(crate) mod float_ggml;
 pub(crate) mod groups;
@@ -52,10 +55,11 @@ pub mod repack;
 pub mod repack_k;
 pub(crate) mod rk;
 pub(crate) mod stored;
+pub(crate) mod zq;
 
 use crate::error::{check_len, mul};
 use crate::kernels::act_cache::ActCache;
-use crate::kernels::blocks::{row_bytes, KKind, QKind};
+use crate::kernels::blocks::{row_bytes, KKind, QKind, ZKind};
 use crate::kernels::decode::Packed;
 use crate::kernels::ggml::Numerics;
 use crate::kernels::matmul::repack::{Repack, Repacked};
@@ -222,6 +226,12 @@ pub(crate) enum MatmulPath {
     Q8K(KKind),
     /// [`Numerics::Ggml`], F16/F32: ggml's float orders (`float_ggml.rs`).
     FloatGgml,
+    /// [`Numerics::Ggml`], Q4_Z/Q8_Z (GPTQ, AWQ) as stored: Q8_0 activations, integer dots
+    /// with the zero point folded in (`zq.rs`).
+    Q8Z(ZKind),
+    /// [`Numerics::Ggml`], F8_S (FP8 checkpoints) as stored: E4M3 widened in registers against
+    /// `f32` activations (`f8.rs`).
+    F8,
     /// Weights decoded inside the kernel (`decoded.rs`): every dtype under
     /// [`Numerics::Exact`], and the ones ggml's numerics have no path of their own for.
     Decoded,
@@ -241,6 +251,12 @@ impl MatmulPath {
         }
         if let Some(kind) = KKind::new(dtype) {
             return MatmulPath::Q8K(kind);
+        }
+        if let Some(kind) = ZKind::new(dtype) {
+            return MatmulPath::Q8Z(kind);
+        }
+        if dtype == DType::F8_S {
+            return MatmulPath::F8;
         }
         if matches!(dtype, DType::F16 | DType::F32) {
             return MatmulPath::FloatGgml;
@@ -272,6 +288,10 @@ impl MatmulPath {
             MatmulPath::Q8K(kind) => {
                 qdot_k::matmul_q8k(ck, kind, x, t, k, w, row_bytes, n, out, pool, cache)
             }
+            MatmulPath::Q8Z(kind) => {
+                zq::matmul_zq(ck, kind, x, t, k, w, row_bytes, n, out, pool, cache)
+            }
+            MatmulPath::F8 => f8::matmul_f8(ck, x, t, k, w, row_bytes, n, out, pool),
             MatmulPath::FloatGgml => {
                 float_ggml::matmul_float_ggml(ck, p, x, t, k, w, row_bytes, n, out, pool)
             }

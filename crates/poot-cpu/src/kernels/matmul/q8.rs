@@ -93,4 +93,4 @@ pub(crate) fn quantized<'a>(
 
 #[cfg(test)]
 #[path = "q8_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -76,7 +76,7 @@ fn run(
 }
 
 /// Every ISA and thread count gives the same bits, within the bound of the exact product.
-fn check(name: &str, dt: DType, w: &[u8], n: usize, k: usize, seed: u32) {
+pub(crate) fn check(name: &str, dt: DType, w: &[u8], n: usize, k: usize, seed: u32) {
     let mut worst = 0.0f64;
     for t in [1, 2, 5] {
         let mut rng = Rng::new(seed + t as u32);

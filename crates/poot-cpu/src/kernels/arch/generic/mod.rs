@@ -5,6 +5,8 @@
 //!   runs it without SIMD;
 //! - `qdot_r8` - the 8-row interleaved integer dot (`arch/x86/qdot_r8.rs`, `qdot_r16.rs`, both
 //!   over `arch/x86/qdot_r.rs`); `matmul_r8` runs it without SIMD;
+//! - `zdot` - the zero-point (Q4_Z, Q8_Z) integer block dot (`arch/x86/zdot.rs`);
+//! - `f8dot` - the FP8 (F8_S) row dot (`arch/x86/f8dot.rs`);
 //! - `fdot` - the one-token float-row lanes (`arch/x86/fdot.rs`'s `lanes8_rows_avx2`,
 //!   `lanes32_avx2` / `lanes32_avx512`).
 //!
@@ -17,6 +19,8 @@
 //! Invariant: nothing here uses `unsafe` or a target feature, and nothing imports a family's
 //! dispatch (only the bottom modules: `blocks`, `decode`, `ggml`, `qact`).
 
+pub(crate) mod f8dot_generic;
 pub(crate) mod fdot_generic;
 pub(crate) mod qdot_generic;
 pub(crate) mod qdot_r8_generic;
+pub(crate) mod zdot_generic;

@@ -13,7 +13,9 @@
 //! The portable path of each: `qdot_r8`, `qdot_r16` - `arch::generic::qdot_r8_generic`; `fdot`'s
 //! `lanes8_rows_avx2` and `lanes32_*` - `arch::generic::fdot_generic`; `decode` -
 //! `kernels::decode::decode_run`; `qdot` - `arch::generic::qdot_generic`; `qdot_k`, `qdot_rk`
-//! (with `qdot_rk_parts`) - `matmul::qdot_k::dot_scalar`; `fdot`'s and `fdot16`'s tiles - `ggml::dot_lanes8`
+//! (with `qdot_rk_parts`) - `matmul::qdot_k::dot_scalar`; `zdot` (zero-point Q4_Z/Q8_Z rows, on
+//! `qdot`'s helpers) - `arch::generic::zdot_generic`; `f8dot` (F8_S rows widened by F16C) -
+//! `arch::generic::f8dot_generic`; `fdot`'s and `fdot16`'s tiles - `ggml::dot_lanes8`
 //! (`matmul::lanes8`); `amx`, `amx_bf16` - the VNNI/AVX-512 tiles they stand in for;
 //! `attention` (the grouped score and V loops) - `attention::ggml_heads::head`.
 
@@ -21,6 +23,7 @@ pub(crate) mod amx;
 pub(crate) mod amx_bf16;
 pub(crate) mod attention;
 pub(crate) mod decode;
+pub(crate) mod f8dot;
 pub(crate) mod fdot;
 pub(crate) mod fdot16;
 pub(crate) mod lanes;
@@ -32,3 +35,4 @@ pub(crate) mod qdot_r16;
 pub(crate) mod qdot_r8;
 pub(crate) mod qdot_rk;
 pub(crate) mod qdot_rk_parts;
+pub(crate) mod zdot;

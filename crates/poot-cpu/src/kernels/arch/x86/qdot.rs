@@ -20,7 +20,7 @@ use crate::kernels::qact::BlockQ8;
 use crate::kernels::simd::Checked;
 
 /// Whether this CPU has the 256-bit VNNI dot (`vpdpbusd ymm`).
-fn has_vnni() -> bool {
+pub(crate) fn has_vnni() -> bool {
     crate::CpuFeatures::get().vnni256()
 }
 
@@ -128,7 +128,7 @@ unsafe fn rows_vnni<const KIND: u8, const R: usize, const T: usize>(
 
 /// One f16 (little-endian at `p`) to f32 with F16C.
 #[inline(always)]
-unsafe fn f16_at(p: *const u8) -> f32 {
+pub(crate) unsafe fn f16_at(p: *const u8) -> f32 {
     // SAFETY: the caller passes a pointer to 2 readable bytes; F16C is enabled by the caller.
     unsafe {
         let bits = i32::from(p.cast::<u16>().read_unaligned());
@@ -138,7 +138,7 @@ unsafe fn f16_at(p: *const u8) -> f32 {
 
 /// 32 nibbles to 32 bytes in `0..16`, low nibbles first (elements 0..16, then 16..32).
 #[inline(always)]
-unsafe fn nibbles(p: *const u8) -> __m256i {
+pub(crate) unsafe fn nibbles(p: *const u8) -> __m256i {
     // SAFETY: 16 readable bytes at `p` (caller); AVX2 enabled by the caller.
     unsafe {
         let t = _mm_loadu_si128(p.cast());
@@ -169,7 +169,7 @@ unsafe fn bits_to_bytes(p: *const u8) -> __m256i {
 
 /// Eight exact `i32` lane sums of `u * s` (4 byte products per lane), `u` unsigned.
 #[inline(always)]
-unsafe fn lanes_us<const VNNI: bool>(u: __m256i, s: __m256i) -> __m256i {
+pub(crate) unsafe fn lanes_us<const VNNI: bool>(u: __m256i, s: __m256i) -> __m256i {
     // SAFETY: AVX2 (and for VNNI, AVX512-VNNI + VL) enabled by the caller. `maddubs` cannot
     // saturate here: |u| <= 128 and |s| <= 127 give pair sums of at most 32512.
     unsafe {
@@ -183,7 +183,7 @@ unsafe fn lanes_us<const VNNI: bool>(u: __m256i, s: __m256i) -> __m256i {
 
 /// Lane sums of two signed byte vectors via the sign trick (`|x|` times `y * sign(x)`).
 #[inline(always)]
-unsafe fn lanes_ss<const VNNI: bool>(x: __m256i, y: __m256i) -> __m256i {
+pub(crate) unsafe fn lanes_ss<const VNNI: bool>(x: __m256i, y: __m256i) -> __m256i {
     // SAFETY: AVX2 enabled by the caller; activations never hold -128 (see `qact.rs`), so
     // negating `y` cannot wrap.
     unsafe { lanes_us::<VNNI>(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)) }
