@@ -26,6 +26,7 @@ __all__ = [
     "WgpuRuntime",
     "WgpuTensor",
     "wgpu_adapters",
+    "vulkan_devices",
     "CudaRuntime",
     "cuda_devices",
     "cuda_memory",
