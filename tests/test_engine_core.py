@@ -81,6 +81,25 @@ def test_a_failed_step_ends_its_requests_and_leaves_the_core_usable(llm: LLM) ->
     assert llm.generate("Lily", GREEDY)[0].outputs[0].finish_reason == "length"
 
 
+def test_stats_asked_during_a_step_give_the_last_counts(llm: LLM) -> None:
+    # The server's /metrics asks from another thread while a step holds the native driver and
+    # scheduler; here the hook asks from inside the step's run, which holds them the same way.
+    core = llm.core
+    runner = core.runner
+    before = core.stats()
+    seen: list[dict[str, int]] = []
+    original = runner.runtime
+    runner.runtime = HookedRuntime(original, lambda n: seen.append(core.stats()))
+    try:
+        llm.generate("Once upon", GREEDY)
+    finally:
+        runner.runtime = original
+    assert seen and all(s["num_blocks"] == before["num_blocks"] for s in seen)
+    assert seen[0]["decode_tokens"] == before["decode_tokens"]
+    after = core.stats()
+    assert after["decode_tokens"] > before["decode_tokens"] and after["used_blocks"] == 0
+
+
 class _Counting:
     """Forwards to a native object, logging each attribute read (each one crosses into Rust)."""
 

@@ -112,6 +112,9 @@ class EngineCore:
         # Keys the runner's plan cache evicted since the last step (the driver drops them).
         self._evicted: list[tuple[int, int, int, int, bool, int]] = []
         runner.plans.on_evict = self._on_evict
+        # What `stats` returns while a step holds the native objects (see there).
+        self._last_stats: dict[str, int] | None = None
+        self.stats()
 
     @property
     def eos_ids(self) -> frozenset[int]:
@@ -438,15 +441,26 @@ class EngineCore:
 
     def stats(self) -> dict[str, int]:
         """The scheduler's counters, the token counters and the KV block counts (and the
-        driver's plan hits, given to the runner's plan cache)."""
-        self._record_uses(self.driver.take_plan_uses())
-        s = dict(self.scheduler.stats())
-        s["prefill_computed_tokens"] = self.driver.prefill_tokens
-        s["prefill_cached_tokens"] = s["cached_tokens"]
-        s["decode_tokens"] = self.driver.decode_tokens
-        s["used_blocks"] = self.scheduler.used_blocks
-        s["num_blocks"] = self.scheduler.num_blocks
-        return s
+        driver's plan hits, given to the runner's plan cache).
+
+        Another thread (the server's ``/metrics``) may ask while a step holds the driver and
+        the scheduler (their native objects are borrowed for the step's one call): it then
+        gets the counts as of the last call that could read them, never an error.
+        """
+        try:
+            self._record_uses(self.driver.take_plan_uses())
+            s = dict(self.scheduler.stats())
+            s["prefill_computed_tokens"] = self.driver.prefill_tokens
+            s["prefill_cached_tokens"] = s["cached_tokens"]
+            s["decode_tokens"] = self.driver.decode_tokens
+            s["used_blocks"] = self.scheduler.used_blocks
+            s["num_blocks"] = self.scheduler.num_blocks
+        except RuntimeError as e:  # pyo3's borrow errors: a step is in flight elsewhere
+            if "borrowed" not in str(e) or self._last_stats is None:
+                raise
+            return dict(self._last_stats)
+        self._last_stats = s
+        return dict(s)
 
 
 def _shape(key: tuple[int, int, int, int, bool, int]) -> StepShape:
