@@ -26,8 +26,8 @@
 //! So a superblock is exactly 8 stored blocks (144, 160, 176 or 272 bytes): the copy is the size of
 //! the tensor, and nothing is decoded. ggml's lane `l` of a block dot (elements `4l..4l+4`) is
 //! chunk `l` (Q8_0), or the low (`l < 4`) / high (`l >= 4`) nibbles of chunk `l % 4` (Q4), so
-//! every integer lane sum of `matmul/stored.rs` is available per row and the float steps stay ggml's:
-//! results are bit-identical to `matmul::stored::dot_scalar` on the stored rows (tested on every
+//! every integer lane sum of the stored-row dot is available per row and the float steps stay ggml's:
+//! results are bit-identical to the portable `dot_scalar` on the stored rows (tested on every
 //! ISA).
 //!
 //! Invariant: `data.len() == groups * nb * superblock_bytes`; a `Repacked` is immutable once

@@ -1,10 +1,10 @@
 //! The portable form of the integer block dot of stored weight rows with Q8 activations
-//! (`arch/x86/qdot.rs`'s loops; the numerics are stated in `matmul/stored.rs`): one weight row
+//! (`arch/x86/qdot.rs`'s loops; the numerics are stated with the stored-row matmul): one weight row
 //! against one activation row in ggml's order ([`dot_scalar`]: 8 exact lane sums a block,
 //! `fma(dw * dy, lane, acc)`, `hsum8`, Q4_1's `summs`), and, for the tests, the block order
 //! ([`dot_scalar_blocks`]). Bit-identical to the x86 loops (tested in `matmul/qdot_tests.rs`).
 //!
-//! Why here: `matmul::stored::dot_rows` runs it without SIMD; it is the reference the repacked
+//! Why here: the stored-row matmul runs it without SIMD; it is the reference the repacked
 //! layouts' loops are tested against, and the template of a new ISA's `arch/<arch>/qdot.rs`.
 
 use crate::kernels::blocks::QKind;
@@ -73,7 +73,7 @@ pub(crate) fn dot_scalar(kind: QKind, w: &[u8], a: &[BlockQ8]) -> f32 {
 /// exactly in `i32`, then `acc = fma(dw * dx, sum, acc)` block after block. Q4_0, Q5_0 and
 /// Q8_0 (not Q4_1, which keeps ggml's order: see `matmul/r8.rs`). The reference of that order
 /// on stored rows, for the tests: the block order only runs on the repacked layout, whose
-/// portable loop is `arch::generic::qdot_r8_generic::group_blocks`.
+/// portable loop is the 8-row generic loop's `group_blocks`.
 #[cfg(test)]
 pub(crate) fn dot_scalar_blocks(kind: QKind, w: &[u8], a: &[BlockQ8]) -> f32 {
     debug_assert!(kind != QKind::Q4_1);

@@ -1,5 +1,5 @@
 //! The portable form of the 8-row interleaved integer dot (`arch/x86/qdot_r.rs`): one
-//! 8-row group of `matmul/repack.rs`'s layout against `t` Q8 tokens, in plain Rust.
+//! 8-row group of the repacked layout against `t` Q8 tokens, in plain Rust.
 //!
 //! It reads the layout as the SIMD loops do (row `r` of a chunk is its 32-bit lane `r`; Q5_0's
 //! fifth bits from the `4r + i` header byte), but folds each quant's offset into the value
