@@ -364,15 +364,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     # slow parts (preparing the weights, the KV pool) run without the GIL.
     loading = _start_loading(config, phase)
 
-    import uvicorn
-
     from poot.server.app import create_app
     from poot.server.shutdown import DrainingServer
+    from poot.server.uvicorn_core import Config, Server
 
     phase.done("web stack imported")
 
     fatal: list[str] = []
-    server: uvicorn.Server | None = None
+    server: Server | None = None
 
     def on_fatal(message: str) -> None:
         fatal.append(message)
@@ -381,12 +380,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     app = create_app(config, loader=loading.result, on_fatal=on_fatal)
     server = DrainingServer(
-        uvicorn.Config(
+        Config(
             app,
             log_level=args.log_level,
             access_log=args.access_log,
             timeout_graceful_shutdown=5,
             lifespan="on",
+            # The API has no WebSocket route: "auto" would import a WebSocket protocol
+            # (the websockets package) at start for nothing.
+            ws="none",
         ),
         app.state.poot,
         config.shutdown_timeout_s,

@@ -24,9 +24,8 @@ import time
 from types import FrameType
 from typing import TYPE_CHECKING
 
-import uvicorn
-
 from poot.server.errors import APIError
+from poot.server.uvicorn_core import Config, Server
 
 if TYPE_CHECKING:
     from poot.server.state import ServerState
@@ -77,10 +76,10 @@ async def drain(state: ServerState, timeout_s: float) -> None:
     )
 
 
-class DrainingServer(uvicorn.Server):
+class DrainingServer(Server):
     """uvicorn's server with poot's signal handling (see the module docs)."""
 
-    def __init__(self, config: uvicorn.Config, state: ServerState, timeout_s: float) -> None:
+    def __init__(self, config: Config, state: ServerState, timeout_s: float) -> None:
         super().__init__(config)
         self.state = state
         self.timeout_s = timeout_s
