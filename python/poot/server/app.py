@@ -4,7 +4,7 @@ The app owns one ``ServerState``: the model loads in a worker thread started by 
 so the socket answers (``/health`` 503 ``loading``) while it loads. On shutdown the engine ends
 every request (their clients get an error) and its driver stops.
 
-Starlette rather than FastAPI: the routes validate their bodies themselves (pydantic, into
+Starlette rather than FastAPI: the routes validate their bodies themselves (pydantic-core, into
 OpenAI's error shape), so FastAPI's layer added nothing but its import, about a quarter of a
 second of ``poot-serve``'s start (``docs/server.md``, start-up).
 """

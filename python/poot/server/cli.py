@@ -327,11 +327,6 @@ def _serve_on_ray(
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``poot-serve``; return its exit code."""
     phase = Phase(from_process_start=True)
-    # pydantic looks for plugins in every installed package's entry points when the first
-    # model is built (reading each package's metadata in site-packages): 10-20 ms of the
-    # start here, more in a big environment. The request models use none; a user who wants
-    # plugins sets the variable themselves.
-    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     parser = build_parser()
     _refuse_gone_flags(parser, sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)

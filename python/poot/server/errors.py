@@ -3,9 +3,9 @@
 Every error the server answers goes through ``APIError``: bad input, a refused request, a
 failed step. ``from_exception`` maps poot's typed errors to a status and a code, so a client
 can tell "fix your request" (4xx) from "the server cannot serve now" (429/503) from a bug
-(500, logged with its traceback). ``validation_error`` does the same for pydantic's errors
-(malformed JSON, wrong types, unknown fields), and ``exception_handlers`` for Starlette's own
-(unknown routes, wrong methods) and anything a route leaves unhandled.
+(500, logged with its traceback). ``validation_error`` does the same for pydantic-core's
+validation errors (malformed JSON, wrong types, unknown fields), and ``exception_handlers``
+for Starlette's own (unknown routes, wrong methods) and anything a route leaves unhandled.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
 
 
 def validation_error(errors: Sequence[Any]) -> APIError:
-    """The ``APIError`` for pydantic's errors (the first one is reported)."""
+    """The ``APIError`` for pydantic-core's validation errors (the first one is reported)."""
     if not errors:
         return APIError(400, "invalid request body")
     first = errors[0]

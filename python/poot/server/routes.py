@@ -1,10 +1,10 @@
 """The HTTP routes: OpenAI's completions, chat completions and models, plus health, metrics,
 cancel, and vLLM's tokenize and detokenize.
 
-One request's life: validate the body (pydantic, 400) -> build its ``Job`` (400 for what the
-model or the build cannot do) -> take queue slots (429 full, 503 queue timeout) -> run it,
-streamed or not, until it finishes, is cancelled, times out or its client disconnects -> give
-the slots back and count its outcome (``poot_requests_total``). Each request counts exactly one
+One request's life: validate the body (``poot.server.protocol``, 400) -> build its ``Job`` (400
+for what the model or the build cannot do) -> take queue slots (429 full, 503 queue timeout) ->
+run it, streamed or not, until it finishes, is cancelled, times out or its client disconnects ->
+give the slots back and count its outcome (``poot_requests_total``). Each request counts exactly one
 outcome, and its slots and engine requests are released in a ``finally`` on every path.
 """
 
@@ -17,7 +17,7 @@ import uuid
 from collections.abc import AsyncGenerator, Callable
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic_core import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as HTTPRoute
@@ -29,6 +29,7 @@ from poot.server.limits import check_api_key
 from poot.server.metrics import CONTENT_TYPE, Metrics
 from poot.server.params import Job, chat_job, completion_job
 from poot.server.protocol import (
+    Body,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -44,7 +45,7 @@ __all__ = ["routes"]
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _DONE = b"data: [DONE]\n\n"
 
-_Body = TypeVar("_Body", bound=BaseModel)
+_Body = TypeVar("_Body", bound=Body)
 
 
 def _state(request: Request) -> ServerState:
