@@ -359,6 +359,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # slow parts (preparing the weights, the KV pool) run without the GIL.
     loading = _start_loading(config, phase)
 
+    # Jinja, for chat templates: the model's own import leaves it to the first render, and a
+    # chat request should not pay for it, so it is imported here, while the weights are
+    # prepared, rather than before the load could start.
+    import poot.tokenizer.chat  # noqa: F401
     from poot.server.app import create_app
     from poot.server.shutdown import DrainingServer
     from poot.server.uvicorn_core import Config, Server

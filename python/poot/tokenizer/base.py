@@ -3,6 +3,7 @@
 A ``Tokenizer`` wraps a ``Backend`` (a GGUF SentencePiece or byte-level BPE vocabulary rebuilt
 from metadata, or a Hugging Face ``tokenizer.json``) and adds what does not depend on it: the
 chat template, the special-token strings templates see, and the set of end-of-generation ids.
+Jinja (``poot.tokenizer.chat``) is imported by the first ``apply_chat_template``.
 
 Invariants:
     - ``encode`` then ``decode`` is the identity on text without special tokens, except where
@@ -19,7 +20,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from poot.tokenizer.chat import render_chat_template, select_template
 from poot.tokenizer.stream import TokenStream
 
 __all__ = ["Backend", "Tokenizer"]
@@ -253,6 +253,9 @@ class Tokenizer:
         Raises:
             ChatTemplateError: there is no template, or it fails to render.
         """
+        # Imported here: Jinja (about 30 ms of imports) is needed only where a template renders.
+        from poot.tokenizer.chat import render_chat_template, select_template
+
         template = select_template(self.chat_templates, chat_template, tools, self.source)
         if add_generation_prompt is None:
             add_generation_prompt = not continue_final_message
