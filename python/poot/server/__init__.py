@@ -6,7 +6,8 @@ engine work), ``generation`` (running it), ``responses`` (OpenAI response and ch
 key), ``errors`` (OpenAI's error shape), ``metrics`` (Prometheus), ``tools`` and
 ``tool_parsers`` (function calling: the request side, the families' formats), ``loading`` (the
 model sized to memory and budgets), ``state`` (the model, loaded in the background, and
-health), ``shutdown`` (draining on SIGTERM), ``app`` (``create_app``) and ``cli``
+health), ``shutdown`` (draining on SIGTERM), ``app`` (``create_app``), ``startup`` (the
+start-up trace), ``uvicorn_core`` (uvicorn's server without its command line) and ``cli``
 (``poot-serve``).
 Nothing outside this package imports it.
 """
