@@ -9,7 +9,13 @@ use crate::kernels::qact::quantize_row_q8;
 use crate::testutil::{real_slices, synthetic_weights, Rng};
 use poot_core::DType;
 
-const KINDS: [DType; 5] = [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0, DType::Q4_Z];
+const KINDS: [DType; 5] = [
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q8_0,
+    DType::Q4_Z,
+];
 
 /// The re-lay on a pool (as the runtime builds it) is the sequential one's bytes, for every
 /// 8-row kind and both k-quant kinds.
@@ -266,7 +272,19 @@ fn q4_z_block_order_stays_within_f32_rounding_of_the_stored_path() {
     let pool = ThreadPool::new(2).unwrap();
     let rb = w.len() / n;
     let mut stored = vec![0.0f32; t * n];
-    matmul_zq(ck, ZKind::Q4_Z, &x, t, k, &w, rb, n, &mut stored, &pool, None);
+    matmul_zq(
+        ck,
+        ZKind::Q4_Z,
+        &x,
+        t,
+        k,
+        &w,
+        rb,
+        n,
+        &mut stored,
+        &pool,
+        None,
+    );
     let rp = Repacked::new(QKind::Q4_Z, &w, n, k / 32);
     let mut got = vec![0.0f32; t * n];
     matmul_r8(ck, &rp, &x, t, k, &mut got, &pool, None);
@@ -284,7 +302,10 @@ fn q4_z_block_order_stays_within_f32_rounding_of_the_stored_path() {
                 .sum();
             let tol = (nb + 8) as f64 * 2f64.powi(-24) * mag;
             let (g, e) = (f64::from(got[j * n + r]), f64::from(stored[j * n + r]));
-            assert!((g - e).abs() <= tol, "tok {j} row {r}: {g} vs {e}, bound {tol:e}");
+            assert!(
+                (g - e).abs() <= tol,
+                "tok {j} row {r}: {g} vs {e}, bound {tol:e}"
+            );
         }
     }
 }

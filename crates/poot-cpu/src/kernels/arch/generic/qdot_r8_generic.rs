@@ -104,7 +104,13 @@ const TILE: usize = 4;
 /// number them): the loops below are monomorphized per kind so that each unpacks only its
 /// format.
 const fn kind_of(k: u8) -> QKind {
-    [QKind::Q4_0, QKind::Q4_1, QKind::Q5_0, QKind::Q8_0, QKind::Q4_Z][k as usize]
+    [
+        QKind::Q4_0,
+        QKind::Q4_1,
+        QKind::Q5_0,
+        QKind::Q8_0,
+        QKind::Q4_Z,
+    ][k as usize]
 }
 
 /// `f::<KIND>(args)` for the `KIND` number of `kind`.

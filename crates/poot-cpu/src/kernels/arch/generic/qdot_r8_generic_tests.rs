@@ -8,7 +8,13 @@ use crate::kernels::qact::quantize_row_q8;
 use crate::testutil::{synthetic_weights, Rng};
 use poot_core::DType;
 
-const KINDS: [DType; 5] = [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0, DType::Q4_Z];
+const KINDS: [DType; 5] = [
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q8_0,
+    DType::Q4_Z,
+];
 
 /// Tokens quantized as `matmul_r8` quantizes them.
 fn tokens(kind: QKind, t: usize, k: usize, seed: u32) -> Vec<BlockQ8> {

@@ -31,7 +31,13 @@ use crate::kernels::qact::BlockQ8;
 /// The kind a `KIND` number names (0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q8_0: `arch/x86/qdot.rs`'
 /// numbering; 4 Q4_Z, block order only).
 const fn kind_of(k: u8) -> QKind {
-    [QKind::Q4_0, QKind::Q4_1, QKind::Q5_0, QKind::Q8_0, QKind::Q4_Z][k as usize]
+    [
+        QKind::Q4_0,
+        QKind::Q4_1,
+        QKind::Q5_0,
+        QKind::Q8_0,
+        QKind::Q4_Z,
+    ][k as usize]
 }
 
 /// `out[j * L::ROWS + r]` = row `r` of the groups at `g` (`nb` superblocks each) dotted with
