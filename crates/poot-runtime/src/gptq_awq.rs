@@ -9,7 +9,9 @@
 //! Invariants: the re-lay (`poot_core::quant::hf`) happens once, here, for every layer before
 //! the store exists, so a malformed layer is refused before any plan compiles; the Q4_Z copy is
 //! 4.75 bits a weight (Q8_Z: 9; no float copy is ever made), and the source tensors' mapped pages
-//! are dropped from the resident set once copied, so the quantized layers count once. The
+//! are dropped from the resident set once copied, so the quantized layers count once; a runtime
+//! that re-lays a layer again (the CPU's 8-row Q4_Z) releases the copy, which then holds no
+//! pages until a reader asks for it again (`released_copy`). The
 //! source tensors (`qweight`, `qzeros`, `scales`, `g_idx`; `weight_packed`, `weight_scale`,
 //! `weight_zero_point`, `weight_g_idx`, `weight_shape`) are hidden; every other tensor
 //! (embeddings, norms, a float `lm_head`) is served as stored, from the map.
@@ -28,6 +30,7 @@ use poot_core::DType;
 use poot_formats::SafetensorsModel;
 use poot_graph::WeightCatalog;
 
+use crate::released_copy::{Rebuild, ReleasedCopy};
 use crate::weights::{SafetensorsWeights, WeightStore};
 
 /// Why a GPTQ/AWQ checkpoint could not be laid out; names the tensor at fault.
@@ -112,7 +115,7 @@ impl GptqAwqSpec {
 
 /// One served tensor: its bytes, dtype and shape (Q4_Z/Q8_Z rows `[out, in]`, or an I32
 /// `[1, in]` input permutation).
-type Relaid = (Vec<u8>, DType, [usize; 2]);
+type Relaid = (ReleasedCopy, DType, [usize; 2]);
 
 /// Tensors of a safetensors checkpoint with its GPTQ/AWQ layers re-laid as Q4_Z or Q8_Z.
 #[derive(Debug, Clone)]
@@ -456,6 +459,15 @@ fn fp8_layer(
     Ok((out, DType::F8_S, (k, n), None))
 }
 
+/// One quantized layer under `spec`, re-laid (see the layer functions above).
+fn layer(model: &SafetensorsModel, prefix: &str, spec: GptqAwqSpec) -> Result<Layer, GptqAwqError> {
+    match spec.format {
+        HfFormat::Int(packing) => gptq_awq_layer(model, prefix, packing, spec),
+        HfFormat::PackQuantized => pack_quantized_layer(model, prefix, spec),
+        HfFormat::Fp8 => fp8_layer(model, prefix, spec),
+    }
+}
+
 impl GptqAwqWeights {
     /// Re-lays every quantized layer of `model` (`<prefix>.qweight`, or `.weight_packed` for
     /// compressed-tensors) under `spec` (int4: Q4_Z, 8-bit: Q8_Z).
@@ -474,12 +486,12 @@ impl GptqAwqWeights {
             .filter_map(|(_, t)| t.name.strip_suffix(suffix).map(str::to_owned))
             .collect();
         let mut layers = 0;
+        let copy = |bytes: Vec<u8>, rebuild: Rebuild, name: &str| {
+            ReleasedCopy::new(bytes, rebuild)
+                .map_err(|e| err(name, "memory", format!("mapping its re-laid copy: {e}")))
+        };
         for prefix in prefixes {
-            let (out, dtype, (k, n), order) = match spec.format {
-                HfFormat::Int(packing) => gptq_awq_layer(&model, &prefix, packing, spec)?,
-                HfFormat::PackQuantized => pack_quantized_layer(&model, &prefix, spec)?,
-                HfFormat::Fp8 => fp8_layer(&model, &prefix, spec)?,
-            };
+            let (out, dtype, (k, n), order) = layer(&model, &prefix, spec)?;
             for part in parts {
                 let name = format!("{prefix}.{part}");
                 if let Some((f, t)) = model.tensor(&name) {
@@ -489,12 +501,24 @@ impl GptqAwqWeights {
                 hidden.insert(name);
             }
             if let Some(order) = order {
-                let perm = (perm_bytes(&order), DType::I32, [1, k]);
-                relaid.insert(format!("{prefix}.input_perm"), perm);
+                let (name, bytes) = (format!("{prefix}.input_perm"), perm_bytes(&order));
+                let again = bytes.clone();
+                let perm = copy(bytes, Box::new(move || again.clone()), &name)?;
+                relaid.insert(name, (perm, DType::I32, [1, k]));
             }
-            relaid.insert(format!("{prefix}.weight"), (out, dtype, [n, k]));
+            // A runtime that re-lays this layer again releases the copy (`released_copy`);
+            // a reader after that gets it rebuilt from the checkpoint, as at load.
+            let (m, p) = (model.clone(), prefix.clone());
+            let rebuild: Rebuild = Box::new(move || match layer(&m, &p, spec) {
+                Ok(l) => l.0,
+                Err(e) => panic!("{p} re-laid at load but not again: {e}"),
+            });
+            let name = format!("{prefix}.weight");
+            let out = copy(out, rebuild, &name)?;
+            relaid.insert(name, (out, dtype, [n, k]));
             layers += 1;
         }
+        crate::released_copy::trim_heap();
         Ok(Self {
             inner: SafetensorsWeights::new(model),
             relaid: Arc::new(relaid),
@@ -524,7 +548,7 @@ impl WeightCatalog for GptqAwqWeights {
 impl WeightStore for GptqAwqWeights {
     fn bytes(&self, name: &str) -> Option<&[u8]> {
         if let Some((b, _, _)) = self.relaid.get(name) {
-            return Some(b);
+            return Some(b.bytes());
         }
         if self.hidden.contains(name) {
             return None;
@@ -551,9 +575,11 @@ impl WeightStore for GptqAwqWeights {
     }
 
     /// The tensors served from the map (embeddings, norms, a float `lm_head`) release as the
-    /// inner store does; the re-laid layers are heap copies with no mapped pages of their own.
+    /// inner store does; a re-laid layer's copy drops its pages (`released_copy`).
     fn release(&self, name: &str) {
-        if !self.relaid.contains_key(name) && !self.hidden.contains(name) {
+        if let Some((b, _, _)) = self.relaid.get(name) {
+            b.release();
+        } else if !self.hidden.contains(name) {
             self.inner.release(name);
         }
     }

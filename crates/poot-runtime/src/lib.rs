@@ -14,6 +14,7 @@ mod gptq_awq;
 mod host;
 mod late;
 mod poison;
+mod released_copy;
 pub mod sample;
 mod weights;
 

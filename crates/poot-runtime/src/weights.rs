@@ -25,7 +25,9 @@ pub trait WeightStore: WeightCatalog {
     /// A hint that a runtime now holds its own copy of `name` (a re-laid layout) and will not
     /// read the stored bytes for a while: a file-mapped store drops their pages from the
     /// resident set, so the copy does not count twice. `bytes` still works afterwards (the
-    /// pages come back from the file). The default does nothing, which is always correct.
+    /// pages come back from the file), but a store whose copy is on the heap rebuilds it then
+    /// (`released_copy`), so a runtime must not ask for a released tensor's bytes it does not
+    /// read. The default does nothing, which is always correct.
     fn release(&self, _name: &str) {}
     /// The tensor's bytes as consecutive pieces in order: one piece for a stored tensor, one
     /// per expert for a virtual expert stack (see the module docs).

@@ -20,6 +20,10 @@ pub(crate) enum QKind {
     Q4_1,
     Q5_0,
     Q8_0,
+    /// GPTQ/AWQ int4 (`poot_core::DType::Q4_Z`: scale, zero point, 16 nibble bytes) in its
+    /// 8-row layout only: as stored it has its own dot ([`ZKind`]), so [`QKind::new`] leaves it
+    /// out and [`QKind::repacked`] names it.
+    Q4_Z,
 }
 
 impl QKind {
@@ -33,6 +37,14 @@ impl QKind {
         })
     }
 
+    /// The kinds with an 8-row layout (`matmul/repack.rs`): [`QKind::new`]'s and `Q4_Z`.
+    pub(crate) fn repacked(dtype: DType) -> Option<QKind> {
+        match dtype {
+            DType::Q4_Z => Some(QKind::Q4_Z),
+            _ => QKind::new(dtype),
+        }
+    }
+
     /// Bytes of one 32-value weight block.
     pub(crate) fn block_bytes(self) -> usize {
         match self {
@@ -40,6 +52,7 @@ impl QKind {
             QKind::Q4_1 => 20,
             QKind::Q5_0 => 22,
             QKind::Q8_0 => 34,
+            QKind::Q4_Z => 19,
         }
     }
 
@@ -139,6 +152,8 @@ pub(crate) const fn header_bytes(kind: QKind) -> usize {
     match kind {
         QKind::Q4_1 => 32,
         QKind::Q5_0 => 48,
+        // The 8 rows' scales, then their zero points (one byte each).
+        QKind::Q4_Z => 24,
         _ => 16,
     }
 }

@@ -328,6 +328,9 @@ impl CpuRuntime {
             })?;
             let ck = (key, name.clone());
             let prepared = if let Some(rp) = rp {
+                // At once as well as below: a store's heap copy (a re-laid GPTQ layer) then
+                // never sits beside its re-lay, so loading peaks at one copy, not two.
+                weights.release(name);
                 Some(Prepared::Repack(rp))
             } else if float_copies && !info.dtype.is_quantized() {
                 // A plain float matrix keeps its layout but moves to huge pages (see
@@ -357,12 +360,17 @@ impl CpuRuntime {
                 let Op::Weight { name } = &g.equations[v.index()] else {
                     continue;
                 };
+                // A re-laid weight is not read again: its store may have released it, and
+                // asking a released heap copy for its bytes rebuilds it (`WeightStore::release`).
+                if plan.repacked.contains_key(&v.index()) {
+                    continue;
+                }
                 // An expert stack has no contiguous bytes (WeightStore::pieces): it stays
                 // where it is mapped. Compiling checked that every weight exists.
                 let Some(bytes) = weights.bytes(name) else {
                     continue;
                 };
-                if bytes.len() <= SMALL && !plan.repacked.contains_key(&v.index()) {
+                if bytes.len() <= SMALL {
                     plan.copied
                         .entry(v.index())
                         .or_insert_with(|| Arc::new(Prepared::Copy(HugeBytes::copy_of(bytes))));

@@ -306,7 +306,7 @@ impl MatmulPath {
 
 /// `w` (`n` rows of `k` elements of `w_dtype`, as stored) re-laid for a faster kernel on this
 /// `isa` under `numerics`, or `None` when the stored layout is already the fast one: under
-/// [`Numerics::Ggml`], Q4_0, Q4_1, Q5_0 and Q8_0 (`matmul/repack.rs`) and Q4_K and Q6_K
+/// [`Numerics::Ggml`], Q4_0, Q4_1, Q5_0, Q8_0 and Q4_Z (`matmul/repack.rs`) and Q4_K and Q6_K
 /// (`matmul/repack_k.rs`) go 8 rows at a time. On every path, the scalar one too, so that a forced
 /// path computes what the fast ones do: Q4_0, Q5_0 and Q8_0 on this layout take the block order
 /// (`matmul/r8.rs`). The copy is the tensor's size; the caller owns it and passes it to
@@ -338,7 +338,7 @@ pub fn repack_for_on(
         let rb = row_bytes("matmul", w_dtype, k)?;
         check_len("matmul w", mul(n, rb, "matmul w")?, w.len())
     };
-    let q = QKind::new(w_dtype).filter(|&kind| Repacked::supports(kind));
+    let q = QKind::repacked(w_dtype).filter(|&kind| Repacked::supports(kind));
     Ok(match (q, crate::kernels::blocks::KKind::new(w_dtype)) {
         (Some(kind), _) => {
             checked()?;

@@ -3,6 +3,7 @@
 //! How: as `matmul/q8.rs` (each activation row quantized once, to Q8_1 for Q4_1 and Q8_0
 //! otherwise), plus, per activation block, the 8 lane corrections the integer steps fold in
 //! (`-8 * sum(y)` over each lane's 4 activations for Q4_0; `-128 * sum(y)` for Q8_0 on VNNI;
+//! `-sum(y)` for Q4_Z, times each row's zero point in the kernel;
 //! none otherwise). Tasks are runs of whole 8-row groups claimed by the pool's threads; each
 //! group's superblocks are read as one sequential stream and dotted against 1 (AVX2) or 2 (VNNI)
 //! tokens per pass.
@@ -13,6 +14,9 @@
 //!   that the default model's logits match llama.cpp's AVX2 reference to 1e-5
 //!   (`tests/test_models_smollm2.py`); a Q4_1 block order on AMX measured 15-25% faster matmuls
 //!   but moved those logits by 0.57, activation quantization amplifying the rounding differences.
+//! - Q4_Z (GPTQ/AWQ int4) in the block order too, `sum((q - z) * y)` exact in `i32` as
+//!   `sum(q * y) - z * sum(y)`: no llama.cpp reference to keep, and one multiply per block; its
+//!   stored-row path (`matmul/zq.rs`, ggml's lane order) only runs where nothing re-laid it.
 //! - Q4_0, Q5_0 and Q8_0 in the block order: each block's 32 products summed exactly in `i32`,
 //!   then one FMA per block (`matmul::stored::dot_scalar_blocks`; the order of llama.cpp's
 //!   repacked Q4_0 GEMM and GEMV and of its AMX kernels), which needs an eighth of the float work
@@ -98,13 +102,16 @@ pub(crate) fn matmul_r8_fused(
         QKind::Q4_0 => 8,
         QKind::Q5_0 => 16,
         QKind::Q8_0 if vnni => 128,
+        // `-sum(y)`, which the kernels multiply by each row's zero point.
+        QKind::Q4_Z => 1,
         _ => 0,
     };
     // Every call but Q4_1's takes the block order, whatever `t` is, so that a token's result
     // does not depend on the tokens beside it (see the module docs).
     let blocks = kind != QKind::Q4_1;
     #[cfg(target_arch = "x86_64")]
-    if blocks && t >= 2 && ck.isa() == Isa::Amx {
+    // AMX tiles have no per-row zero point: Q4_Z keeps the VNNI loops there.
+    if blocks && t >= 2 && ck.isa() == Isa::Amx && kind != QKind::Q4_Z {
         for (w, out) in ws.iter().zip(outs.iter_mut()) {
             crate::kernels::arch::x86::amx::matmul(w, xq, t, out, pool);
         }

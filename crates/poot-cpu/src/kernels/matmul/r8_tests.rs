@@ -9,7 +9,13 @@ use crate::kernels::qact::quantize_row_q8;
 use crate::testutil::{real_slices, synthetic_weights, Rng};
 use poot_core::DType;
 
-const KINDS: [DType; 4] = [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0];
+const KINDS: [DType; 5] = [
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q8_0,
+    DType::Q4_Z,
+];
 
 /// The re-lay on a pool (as the runtime builds it) is the sequential one's bytes, for every
 /// 8-row kind and both k-quant kinds.
@@ -21,7 +27,7 @@ fn a_relay_on_the_pool_is_the_sequential_one() {
     let pool = crate::ThreadPool::new(3).unwrap();
     let (n, k) = (45, 512);
     for dt in KINDS {
-        let (kind, w) = (QKind::new(dt).unwrap(), synthetic_weights(dt, n, k, 8));
+        let (kind, w) = (QKind::repacked(dt).unwrap(), synthetic_weights(dt, n, k, 8));
         let (a, b) = (
             Repacked::new(kind, &w, n, k / 32),
             Repacked::new_on(kind, &w, n, k / 32, Some(&pool)),
@@ -41,7 +47,7 @@ fn a_relay_on_the_pool_is_the_sequential_one() {
 #[test]
 fn stored_rows_round_trip() {
     for dt in KINDS {
-        let kind = QKind::new(dt).unwrap();
+        let kind = QKind::repacked(dt).unwrap();
         let (n, k) = (13, 96);
         let w = synthetic_weights(dt, n, k, 5);
         let rp = Repacked::new(kind, &w, n, k / 32);
@@ -60,7 +66,8 @@ fn stored_rows_round_trip() {
 }
 
 /// The repacked matmul on `isa` and what it must equal bit for bit: for Q4_1 the stored-layout
-/// matmul (ggml's order), for Q4_0/Q5_0/Q8_0 the block order's scalar reference, whatever `t`.
+/// matmul (ggml's order), for Q4_0/Q5_0/Q8_0/Q4_Z the block order's scalar reference, whatever
+/// `t`.
 #[allow(
     clippy::too_many_arguments,
     reason = "a matmul's shapes plus the ISA and threads"
@@ -75,7 +82,7 @@ fn both(
     t: usize,
     threads: usize,
 ) -> (Vec<u32>, Vec<u32>) {
-    let kind = QKind::new(dt).unwrap();
+    let kind = QKind::repacked(dt).unwrap();
     let ck = isa.checked().unwrap();
     let pool = ThreadPool::new(threads).unwrap();
     let mut want = vec![0.0f32; t * n];
@@ -137,7 +144,7 @@ fn a_tokens_result_does_not_depend_on_the_tokens_beside_it() {
     // Batch invariance: each row of a t-token call equals that token alone, on every ISA.
     let mut rng = Rng::new(13);
     for dt in KINDS {
-        let kind = QKind::new(dt).unwrap();
+        let kind = QKind::repacked(dt).unwrap();
         let (n, k, t) = (2056, 256, 7);
         let w = synthetic_weights(dt, n, k, 5);
         let rp = Repacked::new(kind, &w, n, k / 32);
@@ -203,7 +210,7 @@ fn extreme_weights_and_activations_stay_exact() {
 fn the_block_order_stays_within_f32_rounding_of_ggmls() {
     let mut rng = Rng::new(21);
     for dt in [DType::Q4_0, DType::Q5_0, DType::Q8_0] {
-        let kind = QKind::new(dt).unwrap();
+        let kind = QKind::repacked(dt).unwrap();
         let (n, k, t) = (24, 1024, 4);
         let w = synthetic_weights(dt, n, k, 2);
         let x = rng.vec(t * k, -3.0, 3.0);
@@ -247,6 +254,58 @@ fn the_block_order_stays_within_f32_rounding_of_ggmls() {
                     "{dt} tok {j} row {r}: {g} vs {e}, bound {tol:e}"
                 );
             }
+        }
+    }
+}
+
+/// Q4_Z's repacked block order against its stored-row path (`matmul/zq.rs`, ggml's lane
+/// order): the same exact integers, so within `f32` rounding (the bound above).
+#[test]
+fn q4_z_block_order_stays_within_f32_rounding_of_the_stored_path() {
+    use crate::kernels::blocks::ZKind;
+    use crate::kernels::matmul::zq::matmul_zq;
+    let mut rng = Rng::new(22);
+    let (n, k, t) = (21, 1024, 3);
+    let w = synthetic_weights(DType::Q4_Z, n, k, 4);
+    let x = rng.vec(t * k, -3.0, 3.0);
+    let ck = Isa::detect().checked().unwrap();
+    let pool = ThreadPool::new(2).unwrap();
+    let rb = w.len() / n;
+    let mut stored = vec![0.0f32; t * n];
+    matmul_zq(
+        ck,
+        ZKind::Q4_Z,
+        &x,
+        t,
+        k,
+        &w,
+        rb,
+        n,
+        &mut stored,
+        &pool,
+        None,
+    );
+    let rp = Repacked::new(QKind::Q4_Z, &w, n, k / 32);
+    let mut got = vec![0.0f32; t * n];
+    matmul_r8(ck, &rp, &x, t, k, &mut got, &pool, None);
+    let nb = k / 32;
+    for j in 0..t {
+        let mut a = vec![BlockQ8::default(); nb];
+        quantize_row_q8(&x[j * k..(j + 1) * k], &mut a, false);
+        for r in 0..n {
+            let row = &w[r * rb..(r + 1) * rb];
+            let mag: f64 = (0..nb)
+                .map(|b| {
+                    let blk = &row[b * 19..(b + 1) * 19];
+                    f64::from(dot_scalar_blocks(QKind::Q4_Z, blk, &a[b..=b]).abs())
+                })
+                .sum();
+            let tol = (nb + 8) as f64 * 2f64.powi(-24) * mag;
+            let (g, e) = (f64::from(got[j * n + r]), f64::from(stored[j * n + r]));
+            assert!(
+                (g - e).abs() <= tol,
+                "tok {j} row {r}: {g} vs {e}, bound {tol:e}"
+            );
         }
     }
 }

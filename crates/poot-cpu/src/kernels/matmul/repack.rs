@@ -1,4 +1,4 @@
-//! Q4_0 / Q4_1 / Q5_0 / Q8_0 weights re-laid 8 rows at a time, for the ggml-numerics integer
+//! Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_Z weights re-laid 8 rows at a time, for the ggml-numerics integer
 //! matmul.
 //!
 //! Why: in the stored layout each row's block is dotted alone, so every 32-value block pays its
@@ -11,7 +11,8 @@
 //! Layout: rows are taken in groups of 8 (the last group padded with zero rows: scale 0, quants
 //! 0, so padded outputs are 0 and never written). Group `g` is `nb` superblocks in block order;
 //! superblock `b` holds, for rows `8g..8g+8`:
-//! - `d[8]`: the 8 rows' f16 scales (16 bytes), then for Q4_1 `m[8]`: their f16 offsets, or for
+//! - `d[8]`: the 8 rows' f16 scales (16 bytes), then for Q4_1 `m[8]`: their f16 offsets, for
+//!   Q4_Z (GPTQ/AWQ int4) `z[8]`: their zero points (8 bytes), or for
 //!   Q5_0 32 bytes of fifth bits in the quants' lane order: byte `4r + i` holds row `r`'s
 //!   fifth bits for byte `i` of every chunk, bit `c` for chunk `c`'s low nibble (element
 //!   `4c + i`) and bit `4 + c` for its high one (element `16 + 4c + i`). A chunk's bits are
@@ -23,7 +24,7 @@
 //!   nibbles of chunk `c` are elements `4c..4c+4`, the high ones `16+4c..16+4c+4`); Q8_0 blocks
 //!   have 8 (element `4c..4c+4`).
 //!
-//! So a superblock is exactly 8 stored blocks (144, 160, 176 or 272 bytes): the copy is the size of
+//! So a superblock is exactly 8 stored blocks (144, 160, 176, 272 or 152 bytes): the copy is the size of
 //! the tensor, and nothing is decoded. ggml's lane `l` of a block dot (elements `4l..4l+4`) is
 //! chunk `l` (Q8_0), or the low (`l < 4`) / high (`l >= 4`) nibbles of chunk `l % 4` (Q4), so
 //! every integer lane sum of the stored-row dot is available per row and the float steps stay ggml's:
@@ -76,9 +77,12 @@ fn spread_bits(b: u8, i: usize) -> u32 {
 }
 
 impl Repacked {
-    /// Whether `kind` has this layout (all four do).
+    /// Whether `kind` has this layout (all five do).
     pub(crate) fn supports(kind: QKind) -> bool {
-        matches!(kind, QKind::Q4_0 | QKind::Q4_1 | QKind::Q5_0 | QKind::Q8_0)
+        matches!(
+            kind,
+            QKind::Q4_0 | QKind::Q4_1 | QKind::Q5_0 | QKind::Q8_0 | QKind::Q4_Z
+        )
     }
 
     /// Re-lays `n` stored rows of `nb` blocks (`w.len() == n * nb * block_bytes`).
@@ -104,7 +108,7 @@ impl Repacked {
         assert_eq!(w.len(), n * nb * bb, "repack length");
         let sb = superblock_bytes(kind);
         let hdr = header_bytes(kind);
-        // Quants start after the stored block's own header (d, or d and m).
+        // Quants start after the stored block's own header (d; d and m; d and z).
         let qoff = bb - 32 / if kind == QKind::Q8_0 { 1 } else { 2 };
         let groups = n.div_ceil(RG);
         let mut data = crate::hugemem::HugeBytes::zeroed(groups * nb * sb);
@@ -115,6 +119,9 @@ impl Repacked {
                     s[2 * r..2 * r + 2].copy_from_slice(&src[..2]);
                     if kind == QKind::Q4_1 {
                         s[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&src[2..4]);
+                    }
+                    if kind == QKind::Q4_Z {
+                        s[16 + r] = src[2];
                     }
                     if kind == QKind::Q5_0 {
                         let qh = u32::from_le_bytes([src[2], src[3], src[4], src[5]]);
@@ -157,6 +164,9 @@ impl Repacked {
             dst[..2].copy_from_slice(&s[2 * lane..2 * lane + 2]);
             if kind == QKind::Q4_1 {
                 dst[2..4].copy_from_slice(&s[16 + 2 * lane..16 + 2 * lane + 2]);
+            }
+            if kind == QKind::Q4_Z {
+                dst[2] = s[16 + lane];
             }
             if kind == QKind::Q5_0 {
                 let qh = (0..4).fold(0u32, |qh, i| qh | spread_bits(s[16 + 4 * lane + i], i));

@@ -17,7 +17,6 @@ impl Exec<'_> {
         w: ValueId,
         numel: usize,
     ) -> Result<Buf, RuntimeError> {
-        let (bytes, dtype) = self.weight(w, "matmul")?;
         let xs = self.shape(x);
         let n = self.graph().info(w).matrix().0; // a 1-D weight is one row
         let mut out = self.arena.zeros(numel);
@@ -44,6 +43,8 @@ impl Exec<'_> {
             .map_err(kerr("matmul"))?;
             return Ok(Buf::F32(out));
         }
+        // Read only here: a re-laid weight's stored bytes may be released (`WeightStore::release`).
+        let (bytes, dtype) = self.weight(w, "matmul")?;
         // The path compiling chose for this weight (a plan built by hand has none).
         let path = self
             .plan

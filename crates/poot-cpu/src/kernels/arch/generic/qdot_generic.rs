@@ -43,12 +43,21 @@ fn unpack(kind: QKind, b: &[u8]) -> ([i8; QK8], f32, f32) {
                 *v = byte as i8;
             }
         }
+        // The nibbles without the zero point (`b[2]`), which `dot_scalar_blocks` folds in as
+        // `-z * sum(y)`: `q - z` need not fit an `i8` for every stored `z`.
+        QKind::Q4_Z => {
+            for j in 0..16 {
+                q[j] = (b[3 + j] & 15) as i8;
+                q[j + 16] = (b[3 + j] >> 4) as i8;
+            }
+        }
     }
     (q, d, m)
 }
 
 /// The portable reference: one weight row (`a.len()` blocks) against one activation row.
 pub(crate) fn dot_scalar(kind: QKind, w: &[u8], a: &[BlockQ8]) -> f32 {
+    debug_assert!(kind != QKind::Q4_Z, "Q4_Z takes the block order only");
     let mut acc = [0.0f32; 8];
     let mut summs = 0.0f32;
     for (wb, ab) in w.chunks_exact(kind.block_bytes()).zip(a) {
@@ -70,8 +79,8 @@ pub(crate) fn dot_scalar(kind: QKind, w: &[u8], a: &[BlockQ8]) -> f32 {
 }
 
 /// The block order of multi-token matmuls (`matmul/r8.rs`): each block's 32 products summed
-/// exactly in `i32`, then `acc = fma(dw * dx, sum, acc)` block after block. Q4_0, Q5_0 and
-/// Q8_0 (not Q4_1, which keeps ggml's order: see `matmul/r8.rs`). The reference of that order
+/// exactly in `i32`, then `acc = fma(dw * dx, sum, acc)` block after block. Q4_0, Q5_0, Q8_0
+/// and Q4_Z (whose sum is `sum(q * y) - z * sum(y)`, exact) (not Q4_1, which keeps ggml's order: see `matmul/r8.rs`). The reference of that order
 /// on stored rows, for the tests: the block order only runs on the repacked layout, whose
 /// portable loop is the 8-row generic loop's `group_blocks`.
 #[cfg(test)]
@@ -80,11 +89,14 @@ pub(crate) fn dot_scalar_blocks(kind: QKind, w: &[u8], a: &[BlockQ8]) -> f32 {
     let mut acc = 0.0f32;
     for (wb, ab) in w.chunks_exact(kind.block_bytes()).zip(a) {
         let (q, d, _) = unpack(kind, wb);
-        let sum: i32 = q
+        let mut sum: i32 = q
             .iter()
             .zip(&ab.qs)
             .map(|(&x, &y)| i32::from(x) * i32::from(y))
             .sum();
+        if kind == QKind::Q4_Z {
+            sum -= i32::from(wb[2]) * ab.qs.iter().map(|&y| i32::from(y)).sum::<i32>();
+        }
         acc = (d * ab.d).mul_add(sum as f32, acc);
     }
     acc

@@ -100,10 +100,17 @@ fn block_sum(q: &[i8; QK8], y: &[i8; QK8]) -> i32 {
 /// Tokens one pass over a row takes (their accumulators stay in registers).
 const TILE: usize = 4;
 
-/// The kind a `KIND` number names (0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q8_0, as the x86 loops number
-/// them): the loops below are monomorphized per kind so that each unpacks only its format.
+/// The kind a `KIND` number names (0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q8_0, 4 Q4_Z, as the x86 loops
+/// number them): the loops below are monomorphized per kind so that each unpacks only its
+/// format.
 const fn kind_of(k: u8) -> QKind {
-    [QKind::Q4_0, QKind::Q4_1, QKind::Q5_0, QKind::Q8_0][k as usize]
+    [
+        QKind::Q4_0,
+        QKind::Q4_1,
+        QKind::Q5_0,
+        QKind::Q8_0,
+        QKind::Q4_Z,
+    ][k as usize]
 }
 
 /// `f::<KIND>(args)` for the `KIND` number of `kind`.
@@ -114,6 +121,7 @@ macro_rules! by_kind {
             QKind::Q4_1 => $f::<1>($($arg),*),
             QKind::Q5_0 => $f::<2>($($arg),*),
             QKind::Q8_0 => $f::<3>($($arg),*),
+            QKind::Q4_Z => $f::<4>($($arg),*),
         }
     };
 }
@@ -137,6 +145,7 @@ fn check(kind: QKind, grp: &[u8], nb: usize, a: &[BlockQ8], t: usize, out: &[f32
 /// If the slices are shorter than that (internal invariant).
 pub(crate) fn group(kind: QKind, grp: &[u8], nb: usize, a: &[BlockQ8], t: usize, out: &mut [f32]) {
     check(kind, grp, nb, a, t, out);
+    assert!(kind != QKind::Q4_Z, "Q4_Z takes the block order only");
     by_kind!(kind, group_k(grp, nb, a, t, out));
 }
 
@@ -168,8 +177,8 @@ fn group_k<const KIND: u8>(grp: &[u8], nb: usize, a: &[BlockQ8], t: usize, out: 
     }
 }
 
-/// As [`group`] in the block order (Q4_0, Q5_0 and Q8_0): each block's 32 products summed
-/// exactly, then `acc = fma(dw * dy, sum, acc)`.
+/// As [`group`] in the block order (Q4_0, Q5_0, Q8_0 and Q4_Z): each block's 32 products
+/// summed exactly (Q4_Z's zero point as `-z * sum(y)`), then `acc = fma(dw * dy, sum, acc)`.
 ///
 /// # Panics
 /// As [`group`], and for Q4_1 (which keeps ggml's order: `matmul/r8.rs`).
@@ -196,9 +205,13 @@ fn group_blocks_k<const KIND: u8>(grp: &[u8], nb: usize, a: &[BlockQ8], t: usize
         for (b, s) in grp.chunks_exact(sb).take(nb).enumerate() {
             for r in 0..RG {
                 let (q, d, _) = row_block::<KIND>(s, r);
+                let z = if KIND == 4 { i32::from(s[16 + r]) } else { 0 };
                 for (j, acc) in acc.iter_mut().enumerate().take(tt) {
                     let y = &a[(j0 + j) * nb + b];
-                    let sum = block_sum(&q, &y.qs);
+                    let mut sum = block_sum(&q, &y.qs);
+                    if KIND == 4 {
+                        sum -= z * y.qs.iter().map(|&v| i32::from(v)).sum::<i32>();
+                    }
                     acc[r] = (d * y.d).mul_add(sum as f32, acc[r]);
                 }
             }

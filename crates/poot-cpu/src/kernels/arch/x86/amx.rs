@@ -201,6 +201,10 @@ impl Drop for Tiles {
 pub(crate) fn matmul(w: &Repacked, a: &[BlockQ8], t: usize, out: &mut [f32], pool: &ThreadPool) {
     assert!(available(), "AMX path without AMX");
     assert!(w.kind != QKind::Q4_1, "Q4_1 keeps ggml's order");
+    assert!(
+        w.kind != QKind::Q4_Z,
+        "Q4_Z has per-row zero points: the VNNI loops run it"
+    );
     let (n, nb) = (w.n, w.nb);
     assert!(a.len() >= t * nb && out.len() >= t * n);
     // The activations in tile order, once for every panel: token tile `i`, block `b` is 16

@@ -100,6 +100,9 @@ pub(crate) trait RowLanes: Lanes {
     /// Q5_0's fifth bits of chunk `c` as `0x10` bytes (low nibbles', high nibbles'), from the
     /// 32 bytes at `hb` of every group ([`fifth_bits`]).
     unsafe fn fifth(hb: Self::Src, c: usize) -> (Self::I, Self::I);
+    /// Each row's zero point (the 8 bytes at `z` of every group, Q4_Z) times `c`, exact in
+    /// `i32` (`z <= 255`, `|c| <= 32 * 128`).
+    unsafe fn zero_terms(z: Self::Src, c: i32) -> Self::I;
     /// The distance [`RowLanes::prefetch`] takes for a task whose groups are `group` bytes
     /// each.
     fn next_distance(group: usize) -> usize;
@@ -273,6 +276,14 @@ impl<const VNNI: bool> RowLanes for Ymm<VNNI> {
     unsafe fn halves(src: *const u8) -> __m256 {
         // SAFETY: the trait's contract.
         unsafe { _mm256_cvtph_ps(_mm_loadu_si128(src.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn zero_terms(z: *const u8, c: i32) -> __m256i {
+        // SAFETY: the trait's contract.
+        unsafe {
+            let z = _mm256_cvtepu8_epi32(_mm_loadl_epi64(z.cast()));
+            _mm256_mullo_epi32(z, _mm256_set1_epi32(c))
+        }
     }
     #[inline(always)]
     unsafe fn fifth(hb: *const u8, c: usize) -> (__m256i, __m256i) {
@@ -460,6 +471,14 @@ impl<const VNNI: bool> RowLanes for Zmm<VNNI> {
         unsafe {
             let h = _mm256_set_m128i(_mm_loadu_si128(p1.cast()), _mm_loadu_si128(p0.cast()));
             _mm512_cvtph_ps(h)
+        }
+    }
+    #[inline(always)]
+    unsafe fn zero_terms((z0, z1): Self::Src, c: i32) -> __m512i {
+        // SAFETY: the trait's contract.
+        unsafe {
+            let z = _mm_unpacklo_epi64(_mm_loadl_epi64(z0.cast()), _mm_loadl_epi64(z1.cast()));
+            _mm512_mullo_epi32(_mm512_cvtepu8_epi32(z), _mm512_set1_epi32(c))
         }
     }
     #[inline(always)]

@@ -50,6 +50,7 @@ pub(crate) fn dot_rows(
                 QKind::Q4_1 => call::<1, $r, $t>(vnni, $w, row_bytes, $a, nb, $out),
                 QKind::Q5_0 => call::<2, $r, $t>(vnni, $w, row_bytes, $a, nb, $out),
                 QKind::Q8_0 => call::<3, $r, $t>(vnni, $w, row_bytes, $a, nb, $out),
+                QKind::Q4_Z => unreachable!("Q4_Z rows as stored take matmul/zq.rs"),
             }
         };
     }

@@ -14,7 +14,8 @@
 //! Integer steps: Q4 nibbles are unsigned (`0..16`) against the signed activations, so
 //! `maddubs` + `madd` (AVX2) or `vpdpbusd` (VNNI) apply directly; Q4_0's `-8` offset (Q5_0's
 //! `-16`) is folded in as `-8 * sum(y)` over the lane's 4 activations, precomputed per block
-//! (`corr`). Q8_0 on VNNI flips the sign bit (`w + 128`, unsigned) and folds `-128 * sum(y)` the
+//! (`corr`); Q4_Z's per-row zero point `z` (block order only) as `z * -sum(y)`, one `i32`
+//! multiply per block and token for all the rows of a step. Q8_0 on VNNI flips the sign bit (`w + 128`, unsigned) and folds `-128 * sum(y)` the
 //! same way; without VNNI it takes the sign trick (`|w|` times `y * sign(w)`), as
 //! `arch/x86/qdot.rs` does. Every lane sum is exact in `i32`, so only the float steps decide
 //! the result.
@@ -28,9 +29,15 @@ use crate::kernels::blocks::{header_bytes, superblock_bytes, QKind};
 use crate::kernels::qact::BlockQ8;
 
 /// The kind a `KIND` number names (0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q8_0: `arch/x86/qdot.rs`'
-/// numbering).
+/// numbering; 4 Q4_Z, block order only).
 const fn kind_of(k: u8) -> QKind {
-    [QKind::Q4_0, QKind::Q4_1, QKind::Q5_0, QKind::Q8_0][k as usize]
+    [
+        QKind::Q4_0,
+        QKind::Q4_1,
+        QKind::Q5_0,
+        QKind::Q8_0,
+        QKind::Q4_Z,
+    ][k as usize]
 }
 
 /// `out[j * L::ROWS + r]` = row `r` of the groups at `g` (`nb` superblocks each) dotted with
@@ -147,7 +154,8 @@ unsafe fn nibbles<L: RowLanes, const KIND: u8>(
     }
 }
 
-/// As [`body`] in the block order of `arch::generic::qdot_generic::dot_scalar_blocks` (Q4_0, Q5_0 and Q8_0):
+/// As [`body`] in the block order of `arch::generic::qdot_generic::dot_scalar_blocks` (Q4_0, Q5_0, Q8_0
+/// and Q4_Z):
 /// the same integer steps summed into one `i32` per row and token for the whole block (exact:
 /// at most `32 * 128 * 128`), then one FMA; `corr[j * nb + b][0]` holds block `b`'s whole
 /// correction.
@@ -177,8 +185,15 @@ pub(crate) unsafe fn body_blocks<L: RowLanes, const KIND: u8, const T: usize>(
             L::prefetch(s, sb, ahead, next);
             let d = L::halves(s);
             let ab: [&BlockQ8; T] = std::array::from_fn(|j| a.get_unchecked(j * nb + b));
-            let mut isum: [L::I; T] =
-                std::array::from_fn(|j| L::isplat(corr.get_unchecked(j * nb + b)[0]));
+            // Q4_Z: `corr` holds `-sum(y)`, which each row's zero point multiplies.
+            let mut isum: [L::I; T] = std::array::from_fn(|j| {
+                let c = corr.get_unchecked(j * nb + b)[0];
+                if KIND == 4 {
+                    L::zero_terms(L::at(s, 16), c)
+                } else {
+                    L::isplat(c)
+                }
+            });
             let q = L::at(s, hdr);
             if KIND == 3 {
                 for c in 0..8 {

@@ -80,6 +80,7 @@ pub(crate) fn group_blocks(
         QKind::Q4_0 => go!(0),
         QKind::Q5_0 => go!(2),
         QKind::Q8_0 => go!(3),
+        QKind::Q4_Z => go!(4),
         QKind::Q4_1 => unreachable!("Q4_1 keeps ggml's order"),
     }
 }
@@ -148,6 +149,7 @@ pub(crate) fn group(
         QKind::Q4_1 => go!(1),
         QKind::Q5_0 => go!(2),
         QKind::Q8_0 => go!(3),
+        QKind::Q4_Z => unreachable!("Q4_Z takes the block order only"),
     }
 }
 
