@@ -265,13 +265,17 @@ class NumpyRuntime:
             inputs = {**inputs, **{k: v.wait(timeout_s) for k, v in late.items()}}
         vals: list[Any] = []
         dtypes = [e[3] for e in plan.equations]
-        for op, args, attrs, _, shape in plan.equations:
+        for i, (op, args, attrs, _, shape) in enumerate(plan.equations):
             x = [vals[i] for i in args]
+            if op == "cast":  # a stored weight read as f32: its reader sees the stored dtype
+                dtypes[i] = dtypes[args[0]]
             if op == "input":
                 r = np.asarray(inputs[attrs["name"]])
                 assert r.shape == tuple(shape), (attrs["name"], r.shape, shape)
             elif op == "weight":
                 r = self.weights[attrs["name"]].reshape(shape)
+            elif op == "cast":
+                r = x[0]
             elif op == "literal":
                 r = np.asarray(attrs["data"], np.float64).reshape(shape)
             elif op == "embedding":

@@ -170,3 +170,32 @@ def test_smollm2_quantized_matches_its_dequantized_reference_for_32_tokens(
     got = list(llm.generate([PROMPT], params)[0].outputs[0].token_ids)
     want = family_reference.reference_greedy("smollm2", deq, PROMPT, 32)
     assert got == want
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+@pytest.mark.parametrize("layout", ["gptq", "fp8"])
+def test_smollm2_quantized_generating_holds_no_second_copy(
+    smollm2_float: tuple[dict[str, np.ndarray], dict[str, Any]],
+    tmp_path_factory: pytest.TempPathFactory,
+    layout: str,
+) -> None:
+    """Generating adds at most 0.1x the file to what loading holds: every re-laid tensor is
+    read where the store keeps it, by every step shape's plan. Before ``WeightStore::mapped``
+    each plan copied the re-laid tensors under 1 MB (all of SmolLM2's projections), +1.0x
+    (GPTQ) and +1.3x (FP8) over two step shapes. Measured now (RSS over the file, KV pool
+    excluded): GPTQ 1.24x loaded, 1.28x after generating, 1.71x peak; FP8 1.22x, 1.25x, 1.55x.
+    The issue's 1.15x is not met yet: the peak is the F16 embedding's copy made while its
+    mapped pages are still resident, the rest the re-lay's scales and the interpreter's own
+    objects beside a file this small."""
+    from memory_probe import measure
+
+    w, cfg = smollm2_float
+    d = tmp_path_factory.mktemp("smollm2-memory") / layout
+    _write(w, cfg, layout, d)
+    m = measure(d)
+    assert m["tokens"] == 8
+    file_size = (d / "model.safetensors").stat().st_size
+    generating = m["after"] - m["loaded"]
+    assert generating <= 0.1 * file_size, f"generating grew RSS by {generating} bytes"

@@ -61,5 +61,7 @@ __device__ __forceinline__ double poot_warp_sum_f64(double v) {
 #define POOT_Q8_0 2
 #define POOT_Q4_0 3
 #define POOT_Q4_1 4
+// Only cast_f32 reads BF16 (poot_elem has no BF16 case).
+#define POOT_BF16 5
 
 #endif

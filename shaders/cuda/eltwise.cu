@@ -143,6 +143,22 @@ extern "C" __global__ void embedding(const u8* __restrict__ table, const int* __
     }
 }
 
+// out [n] = the n stored float words of w as f32, exactly: F32 copied, F16 widened (poot_f16),
+// BF16 the high half of an f32. A graph's cast that no reading kernel fused.
+extern "C" __global__ void cast_f32(const u8* __restrict__ w, float* __restrict__ out,
+                                    long long n, int dtype) {
+    long long i = (long long)blockIdx.x * 256 + threadIdx.x;
+    if (i < n) {
+        if (dtype == POOT_F32) {
+            out[i] = ((const float*)w)[i];
+        } else if (dtype == POOT_F16) {
+            out[i] = poot_f16(poot_ld16(w + 2 * i));
+        } else {
+            out[i] = __uint_as_float(poot_ld16(w + 2 * i) << 16);
+        }
+    }
+}
+
 // out [o, w] = columns start..start + w of x [o, in_w]: a slice along one axis, seen as
 // [outer, axis * inner] (the host folds the axes). Grid (ceil(w / 256), o).
 extern "C" __global__ void slice_cols(const float* __restrict__ x, float* __restrict__ out,

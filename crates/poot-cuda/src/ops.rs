@@ -211,6 +211,31 @@ pub fn binary(kernel: &'static str, a: u64, b: u64, out: u64, n: u64, nb: u64) -
     }
 }
 
+/// The code `cast_f32` takes for a stored float dtype (F32, F16, BF16), or `None`.
+pub fn cast_code(dtype: DType) -> Option<i32> {
+    Some(match dtype {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::BF16 => 5,
+        _ => return None,
+    })
+}
+
+/// `out [n]` = the `n` stored words of `w` as f32 (`cast_code`'s dtypes).
+pub fn cast(w: u64, dtype: DType, out: u64, n: u64) -> Launch {
+    Launch {
+        kernel: "cast_f32",
+        grid: [blocks(n, BLOCK), 1, 1],
+        block: [BLOCK, 1, 1],
+        args: vec![
+            Arg::Ptr(w),
+            Arg::Ptr(out),
+            Arg::I64(n as i64),
+            Arg::I32(cast_code(dtype).expect("the plan checked the dtype")),
+        ],
+    }
+}
+
 pub fn silu(x: u64, out: u64, n: u64) -> Launch {
     Launch {
         kernel: "silu_f32",

@@ -3,8 +3,9 @@
 //! formed kernel launch at compile time and a run only uploads inputs, replays the launches
 //! and downloads outputs.
 //!
-//! Supported ops: input, weight, literal, embedding, rms_norm, matmul, add, mul, silu, rope,
-//! reshape, gather_rows, paged_attention. Others (softmax, concat, slice, the sampling ops)
+//! Supported ops: input, weight, literal, cast, embedding, rms_norm, matmul, add, mul, silu,
+//! rope, reshape, gather_rows, paged_attention. A cast of a weight a matmul or embedding reads
+//! is fused into that kernel (it decodes the stored words); any other runs `cast_f32`. Others (softmax, concat, slice, the sampling ops)
 //! are refused at compile time with `CompileError::Unsupported` until they have kernels.
 //! `sample` runs on the host: the logits rows are read back and each row is drawn by the
 //! CPU's own row function (`poot_runtime::sample::sample_row`), so its semantics are the
@@ -19,7 +20,10 @@ use std::sync::Arc;
 
 use poot_core::{DType, Deadline};
 use poot_cpu::kernels::{RopeConfig, RopeTable};
-use poot_graph::{CompileError, CompileLimits, Graph, Op, RopeStyle};
+use poot_graph::{
+    run_passes, CompileError, CompileLimits, DeadCodeElimination, FuseWeightCasts, Graph, Op,
+    RopeStyle,
+};
 use poot_runtime::{RuntimeError, WeightStore};
 
 use crate::device::DevBuf;
@@ -47,6 +51,7 @@ pub fn supports(op: &str) -> bool {
         "input"
             | "weight"
             | "literal"
+            | "cast"
             | "embedding"
             | "rms_norm"
             | "matmul"
@@ -235,6 +240,20 @@ impl Builder<'_> {
                 self.literals.push((off, data.clone()));
             }
             Op::Reshape { x, .. } => self.loc[i] = self.loc[x.index()],
+            // A cast no kernel fused (a norm's or an elementwise op's half weight; see
+            // `compile`): the stored words decoded into the arena once a run.
+            Op::Cast { x, .. } => {
+                let wi = self.weight_index("cast", *x)?;
+                let dtype = self.weight_dtype[wi];
+                if ops::cast_code(dtype).is_none() {
+                    return Err(invalid(format!(
+                        "cast: weight of {dtype} has no CUDA kernel"
+                    )));
+                }
+                let (w, n) = (self.weights[wi].ptr, self.numel(*x) as u64);
+                let out = self.out(i);
+                self.launches.push(Step::Fixed(ops::cast(w, dtype, out, n)));
+            }
             Op::Embedding { table, ids } => {
                 let wi = self.weight_index("embedding", *table)?;
                 let dtype = self.weight_dtype[wi];
@@ -480,6 +499,11 @@ pub fn compile(
     store: Arc<dyn WeightStore>,
     limits: &CompileLimits,
 ) -> Result<CudaPlan, RuntimeError> {
+    // Casts of matrices are fused into the kernels that decode them; a half norm weight or
+    // bias keeps its cast (these kernels take f32 there).
+    let passes: [&dyn poot_graph::Pass; 2] =
+        [&FuseWeightCasts::MATRIX_READERS, &DeadCodeElimination];
+    let graph = &run_passes(graph, &passes, limits)?;
     if graph.equations.len() > limits.max_equations {
         return Err(CompileError::Expansion {
             pass: "cuda schedule",

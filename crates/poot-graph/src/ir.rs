@@ -73,6 +73,16 @@ pub enum Op {
     Literal {
         data: Vec<f32>,
     },
+    /// The stored float weight `x` (F16, BF16 or F32 words) read as `to` (F32, the one
+    /// activation float type), exactly: every f16 and bf16 is an f32. The tracer puts one at
+    /// each read of a half-precision weight, so the graph says where stored words become
+    /// activation floats; a backend fuses it into the reading kernel (`FuseWeightCasts`: the
+    /// kernel decodes the stored words, no f32 copy of the weight exists) or runs it as its
+    /// own kernel where the reader takes only f32.
+    Cast {
+        x: ValueId,
+        to: DType,
+    },
     /// Rows of `table` [V, D] picked by `ids` [T] -> [T, D].
     Embedding {
         table: ValueId,
@@ -259,6 +269,7 @@ impl Op {
             Op::Input { .. } => "input",
             Op::Weight { .. } => "weight",
             Op::Literal { .. } => "literal",
+            Op::Cast { .. } => "cast",
             Op::Embedding { .. } => "embedding",
             Op::RmsNorm { .. } => "rms_norm",
             Op::MatMul { .. } => "matmul",
@@ -314,7 +325,7 @@ impl Op {
                 meta.positions,
                 meta.block_tables,
             ],
-            Op::Reshape { x, .. } | Op::Slice { x, .. } => vec![*x],
+            Op::Reshape { x, .. } | Op::Slice { x, .. } | Op::Cast { x, .. } => vec![*x],
             Op::Concat { xs, .. } => xs.clone(),
             Op::GatherRows { x, rows } => vec![*x, *rows],
             Op::GatherCols { x, ids } => vec![*x, *ids],
@@ -389,7 +400,7 @@ impl Op {
                 meta.positions = f(meta.positions);
                 meta.block_tables = f(meta.block_tables);
             }
-            Op::Reshape { x, .. } | Op::Slice { x, .. } => *x = f(*x),
+            Op::Reshape { x, .. } | Op::Slice { x, .. } | Op::Cast { x, .. } => *x = f(*x),
             Op::Concat { xs, .. } => xs.iter_mut().for_each(|x| *x = f(*x)),
             Op::GatherRows { x, rows } => {
                 *x = f(*x);
@@ -509,6 +520,16 @@ impl Graph {
             }
         }
         peak
+    }
+
+    /// The stored weight `v` reads: `v` itself for an `Op::Weight`, its source for an
+    /// `Op::Cast` of one; `None` for anything else.
+    pub fn stored_source(&self, v: ValueId) -> Option<ValueId> {
+        match self.op(v) {
+            Op::Weight { .. } => Some(v),
+            Op::Cast { x, .. } if matches!(self.op(*x), Op::Weight { .. }) => Some(*x),
+            _ => None,
+        }
     }
 
     /// Names of the stored tensors the graph reads, in definition order.

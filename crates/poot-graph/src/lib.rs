@@ -19,7 +19,7 @@ pub use ir::{
     MAX_ROPE_FACTORS,
 };
 pub use limits::{CompileLimits, Resource, TraceLimits};
-pub use passes::{run_passes, validate, DeadCodeElimination, Emitter, Pass};
+pub use passes::{run_passes, validate, DeadCodeElimination, Emitter, FuseWeightCasts, Pass};
 pub use tracer::{Tracer, Usage, WeightCatalog, MAX_RANK};
 
 #[cfg(test)]

@@ -4,6 +4,8 @@
 //! would take the graph past `CompileLimits::max_equations` (`CompileError::Expansion`, naming
 //! the pass) before pushing it. Passes keep definition order, so their output is a schedule.
 
+use poot_core::DType;
+
 use crate::error::CompileError;
 use crate::ir::{Graph, Op, ValueId, ValueInfo};
 use crate::limits::CompileLimits;
@@ -94,6 +96,70 @@ impl Pass for DeadCodeElimination {
         }
         for (name, v) in &graph.outputs {
             out.output(name.clone(), remap[v.index()]);
+        }
+        Ok(out.finish())
+    }
+}
+
+/// Fuses each `Op::Cast` of a stored weight into the ops that read it where they take a
+/// stored weight: the reader gets the weight itself and its kernel decodes the stored words,
+/// so no f32 copy of the weight is made. Matrix readers (a matmul's or MoE matmul's `w`, an
+/// embedding's table) always; with `vectors`, also a norm's weight and bias, `Add`/`Mul`'s
+/// `b`, either operand of `Binary` and `BatchMatMul` and `Permute`'s `x` (a backend whose
+/// kernels take only f32 there leaves those casts to run). Value ids are kept; a cast left
+/// with no reader is dead code for `DeadCodeElimination` (run it after this pass). A cast
+/// read anywhere else stays, and runs as its own kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FuseWeightCasts {
+    pub vectors: bool,
+}
+
+impl FuseWeightCasts {
+    /// Fuses into every reader that takes a stored weight.
+    pub const EVERY_READER: Self = Self { vectors: true };
+    /// Fuses into matrix readers only.
+    pub const MATRIX_READERS: Self = Self { vectors: false };
+
+    fn fused(&self, graph: &Graph, op: &Op) -> Op {
+        let f = |v: ValueId| match graph.op(v) {
+            Op::Cast { x, to: DType::F32 } if matches!(graph.op(*x), Op::Weight { .. }) => *x,
+            _ => v,
+        };
+        let mut op = op.clone();
+        match &mut op {
+            Op::MatMul { w, .. } | Op::MoeMatMul { w, .. } => *w = f(*w),
+            Op::Embedding { table, .. } => *table = f(*table),
+            _ if !self.vectors => {}
+            Op::RmsNorm { weight, .. } => *weight = f(*weight),
+            Op::Add { b, .. } | Op::Mul { b, .. } => *b = f(*b),
+            Op::Binary { a, b, .. } | Op::BatchMatMul { a, b } => {
+                *a = f(*a);
+                *b = f(*b);
+            }
+            Op::Permute { x, .. } => *x = f(*x),
+            Op::LayerNorm { weight, bias, .. } => {
+                for v in [weight, bias].into_iter().flatten() {
+                    *v = f(*v);
+                }
+            }
+            _ => {}
+        }
+        op
+    }
+}
+
+impl Pass for FuseWeightCasts {
+    fn name(&self) -> &'static str {
+        "fuse_weight_casts"
+    }
+
+    fn run(&self, graph: &Graph, limits: &CompileLimits) -> Result<Graph, CompileError> {
+        let mut out = Emitter::new(self.name(), limits, graph.step_tokens);
+        for (op, info) in graph.equations.iter().zip(&graph.values) {
+            out.emit(self.fused(graph, op), info.clone())?;
+        }
+        for (name, v) in &graph.outputs {
+            out.output(name.clone(), *v);
         }
         Ok(out.finish())
     }

@@ -367,3 +367,180 @@ fn matmul_takes_a_1d_weight_as_one_row() {
         Err(TraceError::Shape { op: "matmul", .. })
     ));
 }
+
+fn half_catalog() -> Arc<dyn WeightCatalog> {
+    let mut m = HashMap::new();
+    m.insert("emb".to_owned(), (DType::BF16, vec![16, 8]));
+    m.insert("norm".to_owned(), (DType::F16, vec![8]));
+    m.insert("w".to_owned(), (DType::BF16, vec![4, 8]));
+    m.insert("w32".to_owned(), (DType::F32, vec![4, 8]));
+    m.insert("wq".to_owned(), (DType::Q4_0, vec![32, 32]));
+    Arc::new(Catalog(m))
+}
+
+/// embedding -> rms_norm -> matmul by "w", then by the tied table; `casts` records them as
+/// the tracer does, otherwise the graph is built by hand without any cast.
+fn half_graph(casts: bool) -> Graph {
+    let mut t = Tracer::new(TraceLimits::default(), 2, half_catalog()).unwrap();
+    if casts {
+        let ids = t.input("ids", DType::I32, vec![2]).unwrap();
+        let emb = t.weight("emb").unwrap();
+        let x = t.embedding(emb, ids).unwrap();
+        let norm = t.weight("norm").unwrap();
+        let h = t.rms_norm(x, norm, 1e-5).unwrap();
+        let w = t.weight("w").unwrap();
+        let y = t.matmul(h, w).unwrap();
+        let logits = t.matmul(h, emb).unwrap();
+        t.output("y", y).unwrap();
+        t.output("logits", logits).unwrap();
+        return t.finish();
+    }
+    let info = |d: DType, s: &[usize]| ValueInfo::new(d, s.to_vec());
+    let weight = |n: &str| Op::Weight { name: n.into() };
+    Graph {
+        equations: vec![
+            Op::Input { name: "ids".into() },
+            weight("emb"),
+            Op::Embedding {
+                table: ValueId(1),
+                ids: ValueId(0),
+            },
+            weight("norm"),
+            Op::RmsNorm {
+                x: ValueId(2),
+                weight: ValueId(3),
+                eps: 1e-5,
+            },
+            weight("w"),
+            Op::MatMul {
+                x: ValueId(4),
+                w: ValueId(5),
+            },
+            Op::MatMul {
+                x: ValueId(4),
+                w: ValueId(1),
+            },
+        ],
+        values: vec![
+            info(DType::I32, &[2]),
+            info(DType::BF16, &[16, 8]),
+            info(DType::F32, &[2, 8]),
+            info(DType::F16, &[8]),
+            info(DType::F32, &[2, 8]),
+            info(DType::BF16, &[4, 8]),
+            info(DType::F32, &[2, 4]),
+            info(DType::F32, &[2, 16]),
+        ],
+        outputs: vec![("y".into(), ValueId(6)), ("logits".into(), ValueId(7))],
+        step_tokens: 2,
+    }
+}
+
+#[test]
+fn half_weights_are_read_through_a_cast_at_each_reader() {
+    let g = half_graph(true);
+    let casts: Vec<_> = g
+        .equations
+        .iter()
+        .enumerate()
+        .filter_map(|(i, op)| match op {
+            Op::Cast { x, to } => Some((i, g.op(*x).clone(), *to)),
+            _ => None,
+        })
+        .collect();
+    // The table (twice: embedding and tied head), the norm weight and "w".
+    assert_eq!(casts.len(), 4);
+    assert!(casts.iter().all(|(_, _, to)| *to == DType::F32));
+    for (i, op) in g.equations.iter().enumerate() {
+        let reads = match op {
+            Op::Embedding { table, .. } => Some(*table),
+            Op::RmsNorm { weight, .. } => Some(*weight),
+            Op::MatMul { w, .. } => Some(*w),
+            _ => None,
+        };
+        if let Some(v) = reads {
+            assert!(
+                matches!(g.op(v), Op::Cast { .. }),
+                "equation {i} reads {v:?}"
+            );
+            assert_eq!(v.index() + 1, i, "the cast sits just before its reader");
+            assert_eq!(g.info(v).dtype, DType::F32);
+        }
+    }
+    // F32 and packed weights are read as they are.
+    let mut t = Tracer::new(TraceLimits::default(), 1, half_catalog()).unwrap();
+    let x = t.input("x", DType::F32, vec![1, 8]).unwrap();
+    let w32 = t.weight("w32").unwrap();
+    t.matmul(x, w32).unwrap();
+    let xq = t.input("xq", DType::F32, vec![1, 32]).unwrap();
+    let wq = t.weight("wq").unwrap();
+    t.matmul(xq, wq).unwrap();
+    let g = t.finish();
+    assert!(!g.equations.iter().any(|op| matches!(op, Op::Cast { .. })));
+}
+
+#[test]
+fn fused_casts_leave_the_graph_without_them() {
+    let limits = CompileLimits::default();
+    let passes: [&dyn Pass; 2] = [&FuseWeightCasts::EVERY_READER, &DeadCodeElimination];
+    let fused = run_passes(&half_graph(true), &passes, &limits).unwrap();
+    assert_eq!(fused, half_graph(false));
+    // Matrix readers only: the norm's weight keeps its cast (to run on its own).
+    let passes_m: [&dyn Pass; 2] = [&FuseWeightCasts::MATRIX_READERS, &DeadCodeElimination];
+    let g = run_passes(&half_graph(true), &passes_m, &limits).unwrap();
+    let casts: Vec<_> = g
+        .equations
+        .iter()
+        .filter(|op| op.name() == "cast")
+        .collect();
+    assert_eq!(casts.len(), 1);
+    assert!(
+        matches!(g.equations.last(), Some(Op::MatMul { w, .. }) if g.op(*w).name() == "weight")
+    );
+    // A cast read by an op that takes only activations stays, to run as its own kernel.
+    let mut t = Tracer::new(TraceLimits::default(), 1, half_catalog()).unwrap();
+    let w = t.weight("w").unwrap();
+    let c = t.cast(w, DType::F32).unwrap();
+    let s = t.softmax(c).unwrap();
+    t.output("s", s).unwrap();
+    let g = run_passes(&t.finish(), &passes, &limits).unwrap();
+    assert_eq!(
+        g.equations.iter().filter(|op| op.name() == "cast").count(),
+        1
+    );
+}
+
+#[test]
+fn cast_refuses_what_it_cannot_read() {
+    let mut t = Tracer::new(TraceLimits::default(), 1, half_catalog()).unwrap();
+    let x = t.input("x", DType::F32, vec![1, 8]).unwrap();
+    let wq = t.weight("wq").unwrap();
+    let w = t.weight("w").unwrap();
+    for (v, to) in [(x, DType::F32), (wq, DType::F32), (w, DType::F16)] {
+        let err = t.cast(v, to).unwrap_err();
+        assert!(matches!(err, TraceError::Shape { op: "cast", .. }), "{err}");
+    }
+    // An explicit cast is read as the weight it casts: no second cast.
+    let c = t.cast(w, DType::F32).unwrap();
+    let before = t.usage().equations;
+    t.matmul(x, c).unwrap();
+    assert_eq!(t.usage().equations, before + 1);
+}
+
+#[test]
+fn a_refused_read_records_no_cast() {
+    let limits = TraceLimits {
+        max_equations: 4,
+        ..TraceLimits::default()
+    };
+    let mut t = Tracer::new(limits, 1, half_catalog()).unwrap();
+    let x = t.input("x", DType::F32, vec![1, 8]).unwrap();
+    let norm = t.weight("norm").unwrap();
+    let h = t.rms_norm(x, norm, 1e-5).unwrap(); // cast + norm: 4 equations
+    let w = t.weight("w");
+    assert!(matches!(w, Err(TraceError::Budget { .. })));
+    assert_eq!(t.usage().equations, 4);
+    let err = t.rms_norm(h, norm, 1e-5).unwrap_err();
+    assert!(matches!(err, TraceError::Budget { .. }));
+    assert_eq!(t.usage().equations, 4);
+}

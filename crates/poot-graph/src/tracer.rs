@@ -15,6 +15,7 @@ use crate::ir::{Graph, Op, ValueId, ValueInfo};
 use crate::limits::{Resource, TraceLimits};
 
 mod attention;
+mod cast;
 mod moe;
 mod sample;
 mod tensor;
@@ -272,8 +273,9 @@ impl Tracer {
         self.expect(op, v, what, |d| d == DType::I32, Some(rank))
     }
 
+    /// A stored weight, or a cast of one (`Tracer::cast`).
     fn stored(&self, op: &'static str, v: ValueId, what: &str) -> Result<ValueInfo, TraceError> {
-        if !matches!(self.graph.op(v), Op::Weight { .. }) {
+        if self.graph.stored_source(v).is_none() {
             return Err(shape_err(op, format!("{what} must be a stored weight")));
         }
         self.info(v).cloned()
@@ -290,6 +292,7 @@ impl Tracer {
             ));
         }
         let out = ValueInfo::new(DType::F32, vec![i.shape[0], t.shape[1]]);
+        let [table] = self.read_stored([table])?;
         self.push(Op::Embedding { table, ids }, out, 0, 0)
     }
 
@@ -314,6 +317,7 @@ impl Tracer {
                 format!("eps must be finite and >= 0, got {eps}"),
             ));
         }
+        let [weight] = self.read_stored([weight])?;
         self.push(Op::RmsNorm { x, weight, eps }, xi, 0, 0)
     }
 
@@ -325,7 +329,8 @@ impl Tracer {
     /// `poot_core::quant::hf`) multiplies `x` with its columns gathered in that order, so every
     /// model gets the permutation without knowing about it.
     pub fn matmul(&mut self, x: ValueId, w: ValueId) -> Result<ValueId, TraceError> {
-        let perm = match self.graph.op(w) {
+        let source = self.graph.stored_source(w).unwrap_or(w);
+        let perm = match self.graph.op(source) {
             Op::Weight { name } => name
                 .strip_suffix(".weight")
                 .map(|p| format!("{p}.input_perm"))
@@ -349,6 +354,7 @@ impl Tracer {
             ));
         }
         let out = ValueInfo::new(DType::F32, vec![xi.shape[0], n]);
+        let [w] = self.read_stored([w])?;
         self.push(Op::MatMul { x, w }, out, 0, 0)
     }
 
@@ -368,11 +374,13 @@ impl Tracer {
 
     pub fn add(&mut self, a: ValueId, b: ValueId) -> Result<ValueId, TraceError> {
         let out = self.broadcast("add", a, b)?;
+        let [b] = self.read_stored([b])?;
         self.push(Op::Add { a, b }, out, 0, 0)
     }
 
     pub fn mul(&mut self, a: ValueId, b: ValueId) -> Result<ValueId, TraceError> {
         let out = self.broadcast("mul", a, b)?;
+        let [b] = self.read_stored([b])?;
         self.push(Op::Mul { a, b }, out, 0, 0)
     }
 

@@ -108,6 +108,7 @@ fn attrs<'py>(py: Python<'py>, op: &Op) -> PyResult<Bound<'py, PyDict>> {
             d.set_item("window", cfg.window)?;
             d.set_item("softcap", cfg.softcap)?;
         }
+        Op::Cast { to, .. } => d.set_item("to", to.to_string())?,
         Op::Softcap { cap, .. } => d.set_item("cap", cap)?,
         Op::Reshape { shape, .. } => d.set_item("shape", PyTuple::new(py, shape)?)?,
         Op::Slice {
@@ -161,6 +162,7 @@ fn attr_text(op: &Op) -> String {
             cfg.window,
             cfg.softcap
         ),
+        Op::Cast { to, .. } => format!(" to={to}"),
         Op::Softcap { cap, .. } => format!(" cap={cap}"),
         Op::Reshape { shape, .. } => format!(" shape={shape:?}"),
         Op::Slice {

@@ -209,6 +209,26 @@ impl PyTracer {
         self.rec(py, |t| t.weight(name))
     }
 
+    /// The stored float weight `x` read as `to` ("f32", the only target). Reading a half
+    /// weight through `matmul`, `embedding`, a norm or an elementwise op records one already.
+    #[pyo3(signature = (x, to = "f32"))]
+    fn cast(&mut self, py: Python<'_>, x: &PyValue, to: &str) -> PyResult<PyValue> {
+        let x = self.vid(py, x)?;
+        let to = match to.to_ascii_lowercase().as_str() {
+            "f32" | "float32" => DType::F32,
+            _ => {
+                return Err(trace_error_kind(
+                    py,
+                    "shape",
+                    Some("cast"),
+                    None,
+                    format!("cast: to must be \"f32\", got {to:?}"),
+                ))
+            }
+        };
+        self.rec(py, |t| t.cast(x, to))
+    }
+
     /// True when the checkpoint has a tensor of this name.
     fn has_weight(&mut self, py: Python<'_>, name: &str) -> PyResult<bool> {
         Ok(self.tracer(py)?.has_weight(name))

@@ -583,4 +583,8 @@ impl WeightStore for GptqAwqWeights {
             self.inner.release(name);
         }
     }
+
+    fn mapped(&self, name: &str) -> bool {
+        !self.relaid.contains_key(name) && self.inner.mapped(name)
+    }
 }

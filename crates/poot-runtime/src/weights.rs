@@ -29,6 +29,13 @@ pub trait WeightStore: WeightCatalog {
     /// (`released_copy`), so a runtime must not ask for a released tensor's bytes it does not
     /// read. The default does nothing, which is always correct.
     fn release(&self, _name: &str) {}
+    /// Whether `name`'s bytes may live in a file's mapped pages (which `release` drops and a
+    /// read faults back in). A runtime copies a small tensor of that kind before releasing its
+    /// neighbours; one the store holds in its own memory (a load-time re-lay) is read where it
+    /// is, since a copy would hold it twice. The default, true, is always correct.
+    fn mapped(&self, _name: &str) -> bool {
+        true
+    }
     /// The tensor's bytes as consecutive pieces in order: one piece for a stored tensor, one
     /// per expert for a virtual expert stack (see the module docs).
     fn pieces(&self, name: &str) -> Option<Vec<&[u8]>> {

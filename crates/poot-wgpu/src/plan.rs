@@ -15,7 +15,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use poot_core::DType;
-use poot_graph::{run_passes, CompileError, CompileLimits, DeadCodeElimination, Graph, Op};
+use poot_graph::{
+    run_passes, CompileError, CompileLimits, DeadCodeElimination, FuseWeightCasts, Graph, Op,
+};
 use poot_runtime::{CompiledPlan, RuntimeError, WeightStore};
 
 use crate::kernels::Kernel;
@@ -90,6 +92,8 @@ fn kernels_of(rt: &WgpuRuntime, graph: &Graph, op: &Op) -> Vec<(Kernel, DType)> 
     };
     match op {
         Op::Embedding { table, .. } => vec![(Kernel::Embedding, wdt(*table))],
+        // A cast no reader fused: the stored tensor decoded into an f32 buffer.
+        Op::Cast { x, .. } => deq(*x),
         Op::MatMul { w, .. } => {
             let k = graph.info(*w).matrix().1;
             if rt.q8_matmul(wdt(*w), k) {
@@ -288,7 +292,11 @@ pub(crate) fn compile(
     store: Arc<dyn WeightStore>,
     limits: &CompileLimits,
 ) -> Result<WgpuPlan, RuntimeError> {
-    let graph = run_passes(graph, &[&DeadCodeElimination], limits)?;
+    let graph = run_passes(
+        graph,
+        &[&FuseWeightCasts::EVERY_READER, &DeadCodeElimination],
+        limits,
+    )?;
     let n = graph.equations.len();
     let mut used_by: Vec<Vec<usize>> = vec![Vec::new(); n];
     for (i, op) in graph.equations.iter().enumerate() {

@@ -42,8 +42,16 @@ __all__ = [
     "with_expert_stacks",
 ]
 
-# Kernels an equation launches where it is not one (as the wgpu and CPU plans lower them).
-_DISPATCHES = {"input": 0, "weight": 0, "literal": 0, "reshape": 0, "paged_attention": 2}
+# Kernels an equation launches where it is not one (as the wgpu and CPU plans lower them; a
+# cast of a weight is fused into its reader).
+_DISPATCHES = {
+    "input": 0,
+    "weight": 0,
+    "literal": 0,
+    "reshape": 0,
+    "cast": 0,
+    "paged_attention": 2,
+}
 _LAYER = re.compile(r"(?:^|\.)(?:blk|layers|h)\.(\d+)\.")
 _EXPERT = re.compile(r"^(.*\.experts\.)\d+\.(.*)$")
 
@@ -192,6 +200,8 @@ def model_stats(
                 current = 1 + int(m.group(1))
             elif current > 0:
                 current = n_layers + 1  # output norm / head: the post unit
+        elif op == "cast" and ins[0] in weight_of:
+            weight_of[vid] = weight_of[ins[0]]  # its reader reads the stored words
         u = units[current]
         u.equations += _DISPATCHES.get(op, 1)
         for i in ins:  # a weight belongs to every unit that reads it (a tied head: pre and post)

@@ -66,6 +66,9 @@ class NullRuntime:
         p, t = self.profile, 0.0
         weight: dict[int, tuple[str, str, tuple[int, ...]]] = {}
         for vid, (op, ins, attrs, dtype, shape) in enumerate(graph.equations()):
+            if op == "cast" and ins[0] in weight:
+                weight[vid] = weight[ins[0]]  # fused into its reader: no dispatch
+                continue
             t += p.dispatch_s
             if op == "weight":
                 weight[vid] = (str(attrs["name"]), dtype, tuple(shape))

@@ -34,7 +34,7 @@ __all__ = ["ModulePlacement", "explain_modules", "module_unit", "place_modules"]
 
 _TOP_SIMULATED = 3
 # Equations that launch no kernel (as graphstats counts them).
-_FREE = {"input", "weight", "literal", "reshape"}
+_FREE = {"input", "weight", "literal", "reshape", "cast"}
 
 
 def module_unit(name: str, graph: _native.Graph, sizes: dict[str, int]) -> UnitStats:
@@ -47,6 +47,8 @@ def module_unit(name: str, graph: _native.Graph, sizes: dict[str, int]) -> UnitS
         if op == "weight":
             wname = str(attrs["name"])
             weight_of[vid] = (wname, dtype, tuple(out_shape))
+        elif op == "cast" and ins[0] in weight_of:
+            weight_of[vid] = weight_of[ins[0]]  # fused into its reader
         if op not in _FREE:
             u.equations += 1
         for i in ins:

@@ -37,6 +37,13 @@ fn kerr(op: &'static str) -> impl Fn(KernelError) -> RuntimeError {
     }
 }
 
+fn kerr_core(op: &'static str) -> impl Fn(poot_core::QuantError) -> RuntimeError {
+    move |e| RuntimeError::Kernel {
+        op,
+        detail: e.to_string(),
+    }
+}
+
 struct Exec<'a> {
     plan: &'a CpuPlan,
     bufs: Vec<Buf>,
@@ -194,6 +201,21 @@ impl<'a> Exec<'a> {
                 }
             }
             Op::Weight { .. } => Buf::Weight,
+            // Only a cast no kernel could fuse runs (FuseWeightCasts): the stored words decoded
+            // exactly into an f32 activation.
+            Op::Cast { x, .. } => {
+                let (pieces, dtype) = self.weight_pieces(*x, "cast")?;
+                let total: usize = pieces.iter().map(|p| p.len()).sum();
+                let mut out = self.arena.zeros(numel);
+                let mut at = 0;
+                for p in pieces {
+                    // Float words are a fixed size, so each piece holds its share of elements.
+                    let n = p.len() * numel / total.max(1);
+                    dequantize(dtype, p, &mut out[at..at + n]).map_err(kerr_core("cast"))?;
+                    at += n;
+                }
+                Buf::F32(out)
+            }
             Op::Literal { data } => {
                 let mut v = self.arena.f32s(data.len());
                 v.extend_from_slice(data);

@@ -370,7 +370,9 @@ impl CpuRuntime {
                 let Some(bytes) = weights.bytes(name) else {
                     continue;
                 };
-                if bytes.len() <= SMALL {
+                // A tensor the store holds in its own memory (a GPTQ/AWQ/FP8 re-lay) has no
+                // pages to lose: copying it would hold it twice, once more per plan.
+                if bytes.len() <= SMALL && weights.mapped(name) {
                     plan.copied
                         .entry(v.index())
                         .or_insert_with(|| Arc::new(Prepared::Copy(HugeBytes::copy_of(bytes))));

@@ -9,7 +9,9 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use poot_graph::{run_passes, CompileError, CompileLimits, DeadCodeElimination, Graph, Op};
+use poot_graph::{
+    run_passes, CompileError, CompileLimits, DeadCodeElimination, FuseWeightCasts, Graph, Op,
+};
 use poot_runtime::{CompiledPlan, RuntimeError, WeightStore};
 
 use crate::hugemem::HugeBytes;
@@ -163,7 +165,11 @@ pub(crate) fn compile(
     limits: &CompileLimits,
     numerics: Numerics,
 ) -> Result<CpuPlan, RuntimeError> {
-    let graph = run_passes(graph, &[&DeadCodeElimination], limits)?;
+    let graph = run_passes(
+        graph,
+        &[&FuseWeightCasts::EVERY_READER, &DeadCodeElimination],
+        limits,
+    )?;
     let n = graph.equations.len();
     let mut rope = HashMap::new();
     let mut rope_tables: Vec<RopeTable> = Vec::new();

@@ -49,6 +49,7 @@ impl Tracer {
             ));
         }
         let out = ValueInfo::new(DType::F32, vec![t * k, wi.shape[1]]);
+        let [w] = self.read_stored([w])?;
         self.push(Op::MoeMatMul { x, w, ids }, out, 0, 0)
     }
 

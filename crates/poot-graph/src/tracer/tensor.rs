@@ -66,6 +66,7 @@ impl Tracer {
                 format!("{:?} and {:?} do not broadcast", ai.shape, bi.shape),
             )
         })?;
+        let [a, b] = self.read_stored([a, b])?;
         self.push(
             Op::Binary { a, b, kind },
             ValueInfo::new(DType::F32, shape),
@@ -128,6 +129,8 @@ impl Tracer {
                 format!("eps must be finite and >= 0, got {eps}"),
             ));
         }
+        let weight = self.read_stored_opt(weight)?;
+        let bias = self.read_stored_opt(bias)?;
         self.push(
             Op::LayerNorm {
                 x,
@@ -160,6 +163,7 @@ impl Tracer {
             ));
         }
         let shape = perm.iter().map(|&p| xi.shape[p]).collect();
+        let [x] = self.read_stored([x])?;
         self.push(
             Op::Permute { x, perm },
             ValueInfo::new(DType::F32, shape),
@@ -181,6 +185,7 @@ impl Tracer {
         let mut shape =
             broadcast_shape(&ai.shape[..ra - 2], &bi.shape[..rb - 2]).ok_or_else(bad)?;
         shape.extend([ai.shape[ra - 2], bi.shape[rb - 1]]);
+        let [a, b] = self.read_stored([a, b])?;
         self.push(
             Op::BatchMatMul { a, b },
             ValueInfo::new(DType::F32, shape),

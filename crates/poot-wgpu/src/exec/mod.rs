@@ -380,6 +380,8 @@ impl<'a> Exec<'a> {
                 }
                 out
             }
+            // A cast no reader fused (FuseWeightCasts): dequant.wgsl's exact decode.
+            Op::Cast { x, .. } => self.floats(*x, "cast")?,
             Op::RmsNorm { x, weight, eps } => {
                 let d = *info.shape.last().unwrap_or(&1);
                 let rows = numel / d.max(1);
