@@ -51,7 +51,7 @@ use crate::request_args::{request_spec, Keywords};
 use crate::runtime::to_numpy;
 use crate::step_io::{
     argmax, host_of, layout_dict, layout_inputs, native_runtime, pcg64_of, plan_dict, put_outputs,
-    row_of, rows_of, sampling_inputs, tensor_dict, RunOutputs,
+    row_of, rows_of, sampling_inputs, tensor_dict, NativeRuntime, RunOutputs,
 };
 use crate::step_run::{run_plan, run_split, Mask, PlanKey, SplitStep, StepPlans, Target};
 
@@ -68,7 +68,7 @@ pub struct PyStepDriver {
     native: Option<Arc<dyn Runtime>>,
     samples_on_device: bool,
     /// Where a split step samples (the runtime lacks the logit ops): a native CPU runtime.
-    host: Option<(Py<PyAny>, Arc<dyn Runtime>)>,
+    host: Option<NativeRuntime>,
     /// `(plan_for, fill_mask)`; None once the garbage collector cleared the driver (they
     /// hold the engine core that holds the driver).
     callbacks: Option<(Py<PyAny>, Py<PyAny>)>,

@@ -36,11 +36,14 @@ pub(crate) fn native_runtime(obj: &Bound<'_, PyAny>) -> Option<Arc<dyn Runtime>>
     None
 }
 
+/// A runtime object and the Rust runtime behind it.
+pub(crate) type NativeRuntime = (Py<PyAny>, Arc<dyn Runtime>);
+
 /// The native runtime behind `host_runtime`, refused when it is not one.
 pub(crate) fn host_of(
     py: Python<'_>,
     host_runtime: Option<Py<PyAny>>,
-) -> PyResult<Option<(Py<PyAny>, Arc<dyn Runtime>)>> {
+) -> PyResult<Option<NativeRuntime>> {
     let Some(obj) = host_runtime else {
         return Ok(None);
     };
