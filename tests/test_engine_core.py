@@ -5,6 +5,8 @@ forbids, and the ``Runtime`` Protocol offered by every runtime the engine drives
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -114,13 +116,11 @@ class _Counting:
 _RUNNER_ENTRIES = ("plan", "run_plan", "run_sample", "run_all_logits")
 
 
-def _warm_steps(llm: LLM, params: SamplingParams) -> tuple[list[str], int, list[list[int]]]:
-    """Runs two requests step by step on ``llm``'s core (after warming their plans) with the
-    scheduler and the step driver behind proxies that log every attribute read (each one a
-    crossing into Rust), and the runner's Python entries logged too; returns the log, the
-    steps and the outputs."""
-    core = llm.core
-    want = [o.outputs[0].token_ids for o in llm.generate(["Once upon", "Lily"], params)]
+@contextmanager
+def _counting(core: EngineCore) -> Iterator[list[str]]:
+    """Puts the core's scheduler and step driver behind proxies that log every attribute read
+    (each one a crossing into Rust), and logs the runner's Python entries too (tracing on a
+    miss, host-side steps); yields the log."""
     log: list[str] = []
     scheduler, driver, runner = core.scheduler, core.driver, core.runner
     core.scheduler = _Counting(scheduler, log)  # type: ignore[assignment]
@@ -128,7 +128,21 @@ def _warm_steps(llm: LLM, params: SamplingParams) -> tuple[list[str], int, list[
     for name in _RUNNER_ENTRIES:
         setattr(runner, name, _logged(getattr(runner, name), name, log))
     try:
-        reqs = [llm.make_request(p, params) for p in ("Once upon", "Lily")]
+        yield log
+    finally:
+        core.scheduler, core.driver = scheduler, driver
+        for name in _RUNNER_ENTRIES:
+            delattr(runner, name)
+
+
+def _drive(llm: LLM, params: list[SamplingParams]) -> tuple[list[Any], list[str], int]:
+    """Runs one request per ``params`` (prompts ``Once upon``, ``Lily``, ``The cat``) step by
+    step to the end under ``_counting``; returns the requests, the crossings of their steps
+    and the steps."""
+    core = llm.core
+    prompts = ["Once upon", "Lily", "The cat"]
+    with _counting(core) as log:
+        reqs = [llm.make_request(t, p) for t, p in zip(prompts, params, strict=False)]
         for r in reqs:
             core.add_request(r)
         log.clear()
@@ -136,10 +150,14 @@ def _warm_steps(llm: LLM, params: SamplingParams) -> tuple[list[str], int, list[
         while core.has_unfinished():
             core.step()
             steps += 1
-    finally:
-        core.scheduler, core.driver = scheduler, driver
-        for name in _RUNNER_ENTRIES:
-            delattr(runner, name)
+    return reqs, list(log), steps
+
+
+def _warm_steps(llm: LLM, params: SamplingParams) -> tuple[list[str], int, list[list[int]]]:
+    """Runs two requests on ``llm``'s core after warming their plans (``_drive``); returns
+    the crossings, the steps and the outputs."""
+    want = [o.outputs[0].token_ids for o in llm.generate(["Once upon", "Lily"], params)]
+    reqs, log, steps = _drive(llm, [params, params])
     assert [r.out for r in reqs] == want  # the same tokens as the plain loop
     return log, steps, want
 
@@ -169,11 +187,7 @@ def test_a_warm_step_crosses_into_rust_once(llm: LLM, params: SamplingParams) ->
 
 @pytest.mark.parametrize("params", WARM_CASES, ids=["greedy", "seeded"])
 def test_a_warm_wgpu_step_crosses_into_rust_once(stories: Path, params: SamplingParams) -> None:
-    from wgpu_util import require_wgpu
-
-    require_wgpu()
-    llm = LLM(str(stories / "stories260K-f32.gguf"), backend="wgpu", num_blocks=32)
-    log, steps, _ = _warm_steps(llm, params)
+    log, steps, _ = _warm_steps(_wgpu_llm(stories), params)
     assert steps > 1 and log == ["step"] * steps
 
 
@@ -190,21 +204,10 @@ def test_a_warm_guided_step_crosses_once_and_fills_its_mask_meanwhile(llm: LLM) 
         fills.append(len(rows))
         return fill_masks(rows, seqs)
 
-    log: list[str] = []
-    driver = core.driver
     core.guide.fill_masks = counted  # type: ignore[method-assign]
-    core.driver = _Counting(driver, log)  # type: ignore[assignment]
     try:
-        reqs = [llm.make_request(p, params) for p in ("Once upon", "Lily")]
-        for r in reqs:
-            core.add_request(r)
-        log.clear()
-        steps = 0
-        while core.has_unfinished():
-            core.step()
-            steps += 1
+        reqs, log, steps = _drive(llm, [params, params])
     finally:
-        core.driver = driver
         del core.guide.fill_masks
     # A finished grammar ends its request on the host, which frees its blocks (one abort at
     # its end, not a step's crossing).
@@ -236,27 +239,179 @@ def test_a_failed_mask_ends_its_step_with_the_mask_s_error(llm: LLM) -> None:
     assert len(again.token_ids) > 0
 
 
-def test_steps_that_need_the_host_take_the_runner_s_path(llm: LLM) -> None:
-    # Prompt logprobs and a row's full logits come back to the host: such steps are planned by
-    # the driver, run by the runner and applied by a second call.
-    core = llm.core
-    params = SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=1)
-    log: list[str] = []
+def _wgpu_llm(stories: Path) -> LLM:
+    from wgpu_util import require_wgpu
+
+    require_wgpu()
+    return LLM(str(stories / "stories260K-f32.gguf"), backend="wgpu", num_blocks=32)
+
+
+@pytest.fixture(params=["cpu", "wgpu"])
+def any_llm(request: pytest.FixtureRequest, llm: LLM, stories: Path) -> LLM:
+    return llm if request.param == "cpu" else _wgpu_llm(stories)
+
+
+# A prompt shorter than a block: no prefix cache hit however often it runs.
+SHORT = "Once upon a time"
+
+
+class _HostOnly:
+    """Forwards to the step driver but leaves every step unrun: the runner's path, whose
+    results the driver's one call must equal bit for bit."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def step(self, fast: bool = True, forget: Any = (), logits_for: int | None = None) -> Any:
+        return self._inner.step(False, list(forget), logits_for)
+
+
+@contextmanager
+def _host_only(core: EngineCore) -> Iterator[None]:
     driver = core.driver
-    core.driver = _Counting(driver, log)  # type: ignore[assignment]
+    core.driver = _HostOnly(driver)  # type: ignore[assignment]
     try:
-        req = llm.make_request("Once upon a time", params)
+        yield
+    finally:
+        core.driver = driver
+
+
+def _prefill_then_logits(llm: LLM, params: SamplingParams) -> tuple[Any, Any, list[str]]:
+    """A request's prefill step, then a decode step asked for its row's logits; returns the
+    request, the logits and the crossings of each step."""
+    core = llm.core
+    with _counting(core) as log:
+        req = llm.make_request(SHORT, params)
         core.add_request(req)
         log.clear()
         core.step()  # the prefill, with prompt logprobs
-        assert log == ["step", "update"]
+        first = list(log)
         log.clear()
         logits = core.step_logits(req)  # a decode step that also brings back the row's logits
-        assert log == ["step", "update"] and logits is not None
-        assert req.out[-1] == int(np.argmax(logits))
-    finally:
-        core.driver = driver
+        second = list(log)
     assert not core.has_unfinished() and llm.scheduler.used_blocks == 0
+    return req, logits, [*first, "|", *second]
+
+
+def test_prompt_logprobs_and_a_row_s_logits_cross_once(any_llm: LLM) -> None:
+    # The prefill chunk asking for prompt logprobs runs as an all_logits step and brings back
+    # its tokens' logits; a step asked for a row's logits brings that row back: one call each,
+    # with the runner's path's results bit for bit.
+    llm = any_llm
+    params = SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=2)
+    assert len(llm.tokenizer.encode(SHORT)) < llm.block_size
+    with _host_only(llm.core):
+        want, want_logits, host_log = _prefill_then_logits(llm, params)
+    assert host_log.count("update") == 2  # that path applies each step by a second call
+    _prefill_then_logits(llm, params)  # the driver takes the plans it has not held yet
+    got, logits, log = _prefill_then_logits(llm, params)
+    assert log == ["step", "|", "step"]
+    assert got.out == want.out and got.out[-1] == int(np.argmax(logits))
+    assert got.prompt_logprobs == want.prompt_logprobs and got.prompt_logprobs[1] is not None
+    assert np.array_equal(logits, want_logits)
+
+
+def test_llm_logits_crosses_once_per_step(any_llm: LLM) -> None:
+    llm = any_llm
+    ids = llm.tokenizer.encode(SHORT)
+    with _host_only(llm.core):
+        want = llm.logits(ids)
+    llm.logits(ids)  # the driver takes the plans it has not held yet
+    with _counting(llm.core) as log:
+        got = llm.logits(ids)
+    # Admission, one call per step, and the check that no step is left in flight.
+    assert log[0] == "add_request" and log[-1] == "step_in_flight"
+    assert log[1:-1] == ["step"] * (len(log) - 2) and len(log) > 2
+    assert np.array_equal(got, want)
+
+
+def test_a_row_s_logits_in_a_batch_run_both_plans_in_one_call(llm: LLM) -> None:
+    # With another row in the step, the asked row's logits come from a logits run and every
+    # row's token from the sample run: still one call.
+    core = llm.core
+    greedy = SamplingParams(max_tokens=3, temperature=0.0)
+    want = [o.outputs[0].token_ids for o in llm.generate(["Once upon", "Lily"], greedy)]
+
+    def run(log: list[str]) -> tuple[Any, Any, list[Any]]:
+        a, b = llm.make_request("Once upon", greedy), llm.make_request("Lily", greedy)
+        core.add_request(a)
+        core.add_request(b)
+        log.clear()
+        got = []
+        while core.has_unfinished():
+            got.append(core.step_logits(a))
+        return a, b, got
+
+    run([])  # the driver takes the plans it has not held yet
+    with _counting(core) as log:
+        a, b, got = run(log)
+    assert log == ["step"] * len(got)
+    assert [a.out, b.out] == want
+    rows = [x for x in got if x is not None]
+    assert len(rows) == len(want[0]) and all(x.dtype == np.float32 for x in rows)
+    assert [int(np.argmax(x)) for x in rows] == want[0]
+
+
+def test_a_prompt_logprob_chunk_after_a_cache_hit_takes_the_runner_s_path(stories: Path) -> None:
+    # The cached positions' logits need passes of their own (the host's): that step is planned
+    # by the driver, run by the runner and applied by a second call; the values are the cold
+    # run's.
+    path = str(stories / "stories260K-Q8_0.gguf")
+    llm = LLM(path, num_blocks=32, max_step_tokens=32, block_size=4)
+    prompt = "Once upon a time there was a little girl named Lily"
+    params = SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=1)
+    cold = llm.generate(prompt, params)[0]
+    core = llm.core
+    with _counting(core) as log:
+        req = llm.make_request(prompt, params)
+        core.add_request(req)
+        log.clear()
+        core.step()
+    assert log[0] == "step" and "run_all_logits" in log and log[-1] == "update"
+    while core.has_unfinished():
+        core.step()
+    assert llm.stats()["prefill_cached_tokens"] > 0
+    assert req.prompt_logprobs == cold.prompt_logprobs
+
+
+def test_a_split_step_crosses_once_with_the_runner_s_results(
+    stories: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On a runtime without the logit ops (here wgpu sampling on the host, as on an adapter
+    # without shader-f64) a step that penalizes, masks or asks for logprobs runs split: the
+    # forward pass on the device, the sampling step on a host CPU runtime. The driver runs
+    # both in the one call, with the runner's split path's results bit for bit.
+    from wgpu_util import require_wgpu
+
+    import poot.llm
+
+    require_wgpu()
+
+    def host_sampling(timeout_s: float, numerics: Any = "exact") -> Any:
+        return _native.WgpuRuntime(timeout_s, numerics=numerics, host_sampling=True)
+
+    monkeypatch.setattr(poot.llm, "_make_wgpu_runtime", host_sampling)
+    llm = LLM(str(stories / "stories260K-f32.gguf"), backend="wgpu", num_blocks=32)
+    assert not llm.core.runner.samples_on_device
+    params = [
+        SamplingParams(max_tokens=5, temperature=0.8, seed=3, repetition_penalty=1.3, logprobs=2),
+        SamplingParams(max_tokens=5, temperature=0.0, regex="[a-z ]{5}"),
+        SamplingParams(max_tokens=5, temperature=0.0, prompt_logprobs=1, presence_penalty=0.5),
+    ]
+    with _host_only(llm.core):
+        want, host_log, _ = _drive(llm, params)
+    assert "update" in host_log and "run_sample" in host_log
+    _drive(llm, params)  # the driver takes the plans it has not held yet
+    got, log, steps = _drive(llm, params)
+    # A finished grammar ends its request on the host (one abort, not a step's crossing).
+    assert [c for c in log if c != "abort"] == ["step"] * steps and steps > 1
+    for g, w in zip(got, want, strict=True):
+        assert g.out == w.out and g.finish_reason == w.finish_reason
+        assert g.logprobs == w.logprobs and g.prompt_logprobs == w.prompt_logprobs
+    assert got[0].logprobs and got[2].prompt_logprobs[1] is not None
 
 
 # ---- the seams, checked over the source --------------------------------------------------

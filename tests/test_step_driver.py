@@ -151,3 +151,34 @@ def test_bad_requests_are_refused_and_lose_nothing() -> None:
     out = d.step(False)  # the first request is still there, as it was
     assert out["request_ids"] == [0] and out["sample"] == [True]
     assert d.abort(0) and not d.abort(0)
+
+
+def test_request_keywords_are_parsed_once_for_the_scheduler_and_the_driver() -> None:
+    # Both add_request methods read their keywords with one parser: a misspelt, missing or
+    # mistyped keyword is the TypeError a Python signature raises, and queues nothing.
+    d = _driver()
+    rng = np.random.default_rng(0)
+    kw: dict[str, Any] = dict(
+        temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repetition=1.0, presence=0.0,
+        frequency=0.0, bias=[], rng_state=rng.bit_generator.state, logprobs=False,
+        prompt_logprobs=False, guided=False,
+    )  # fmt: skip
+    with pytest.raises(TypeError, match="unexpected keyword argument 'temprature'"):
+        d.add_request(0, [1, 2], 8, **kw, temprature=0.5)
+    with pytest.raises(TypeError, match="argument 'top_k'"):
+        d.add_request(0, [1, 2], 8, **{**kw, "top_k": "many"})
+    with pytest.raises(TypeError, match="argument 'eos_ids'"):
+        d.add_request(0, [1, 2], 8, **kw, eos_ids="2")
+    with pytest.raises(TypeError, match="missing required keyword argument 'guided'"):
+        d.add_request(0, [1, 2], 8, **{k: v for k, v in kw.items() if k != "guided"})
+    # The scheduler's keywords default (no EOS, none ignored) and the request runs.
+    d.add_request(0, [1, 2], 8, **kw)
+    assert d.step(False)["request_ids"] == [0]
+    sched = _native.Scheduler(
+        max_num_seqs=1, max_batched_tokens=4, max_step_tokens=4, max_model_len=8,
+        block_size=4, num_blocks=4,
+    )  # fmt: skip
+    with pytest.raises(TypeError, match="unexpected keyword argument 'eos'"):
+        sched.add_request(0, [1], 4, eos=[2])
+    sched.add_request(0, [1], 4, eos_ids=[2])
+    assert sched.has_unfinished_requests

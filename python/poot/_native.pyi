@@ -615,16 +615,18 @@ class Scheduler:
     def step_in_flight(self) -> bool: ...
     def stats(self) -> dict[str, int]: ...
 
-_PlanKey = tuple[int, int, int, int, bool, int]
+# StepShape's fields in order: tokens, seqs, max_blocks, kind, adjust, masked, logprobs.
+_PlanKey = tuple[int, int, int, str, int, bool, int]
 
 @final
 class StepDriver:
-    """One call per steady-state step over a ``Scheduler`` (shared) and a runtime: schedules,
-    draws and lays out the step, runs its plan (``plan_for(key, uses) -> (plan, held_keys)``
-    on a miss; ``fill_mask(rows, seqs)`` while a masked step runs) and applies the sampled
-    tokens. Keeps each request's sampling state (numpy's
-    ``PCG64`` stream continued, penalty counts, logit bias). A step that needs the host comes
-    back unrun (``ran`` False) for the caller to run and ``update``.
+    """One call per step over a ``Scheduler`` (shared) and a runtime: schedules, draws and
+    lays out the step, runs its plan (``plan_for(key, uses) -> (plan, held_keys)`` on a miss;
+    ``fill_mask(rows, seqs)`` while a masked step runs) and applies the sampled tokens,
+    bringing back the prompt-logprob chunks' logits and ``logits_for``'s row when asked. Keeps
+    each request's sampling state (numpy's ``PCG64`` stream continued, penalty counts, logit
+    bias). A step that needs the host comes back unrun (``ran`` False) for the caller to run
+    and ``update``.
 
     Raises ``ValueError`` for a bad call (a non-PCG64 ``rng_state``, a duplicate request, a bad
     ``timeout_s``), the scheduler's errors, and whatever the run or ``plan_for`` raises (the
@@ -641,17 +643,21 @@ class StepDriver:
         timeout_s: float,
         samples_on_device: bool,
         logprob_width: int,
+        host_runtime: CpuRuntime | None = None,
     ) -> StepDriver: ...
-    def set_runtime(self, runtime: Any, samples_on_device: bool) -> None: ...
+    # host_runtime: where split steps sample (a runtime without the logit ops).
+    def set_runtime(
+        self, runtime: Any, samples_on_device: bool, host_runtime: CpuRuntime | None = None
+    ) -> None: ...
     def add_request(
         self,
         request_id: int,
         prompt_ids: Sequence[int],
         max_tokens: int,
         *,
-        eos_ids: Sequence[int],
-        stop_ids: Sequence[int],
-        ignore_eos: bool,
+        eos_ids: Sequence[int] = ...,
+        stop_ids: Sequence[int] = ...,
+        ignore_eos: bool = False,
         temperature: float,
         top_k: int,
         top_p: float,
@@ -666,7 +672,9 @@ class StepDriver:
         guided: bool,
     ) -> None: ...
     def abort(self, request_id: int) -> bool: ...
-    def step(self, fast: bool = True, forget: Sequence[_PlanKey] = ...) -> dict[str, Any]: ...
+    def step(
+        self, fast: bool = True, forget: Sequence[_PlanKey] = ..., logits_for: int | None = None
+    ) -> dict[str, Any]: ...
     def update(
         self, sampled: Sequence[tuple[int, int]]
     ) -> list[tuple[int, int, Literal["stop", "length"] | None]]: ...

@@ -14,12 +14,17 @@ call its public methods, in the shape of vLLM's ``EngineCore``:
 - ``has_unfinished()``: whether any request is live.
 
 Invariants:
-    - A steady-state step is one call into Rust (``StepDriver.step``). Python is called back
-      only to trace and compile a plan on a miss (``_plan_for``, through the runner's plan
-      cache), to fill a guidance mask while the step runs (``_fill_mask``), and to run on a
-      runtime that is itself a Python object. Steps that need the host come back unrun and
-      take the runner's path: a prefill chunk asking for prompt logprobs, ``step_logits``,
-      sampling ops the runtime lacks (split sampling), a mask on a Python runtime.
+    - A step is one call into Rust (``StepDriver.step``). Python is called back only to trace
+      and compile a plan on a miss (``_plan_for``, through the runner's plan cache), to fill a
+      guidance mask while the step runs (``_fill_mask``), and to run on a runtime that is
+      itself a Python object. The call also brings back what the host asked for: the logits
+      of each prefill token of a request asking for prompt logprobs, and ``step_logits``'s
+      row; on a runtime without the logit ops (CUDA, wgpu without ``shader-f64``) it runs a
+      step that needs them split, the sampling step on the runner's host CPU runtime. Steps
+      that need the host come back unrun and take the runner's path: a mask on a runtime that
+      is a Python object (the planner's leased, streaming and split runtimes run through
+      Python anyway), and a prompt-logprob chunk after a prefix cache hit (the cached
+      positions' logits need passes of their own).
     - The driver's held plans are the runner's cache's: it drops what the cache evicts, and
       the cache records the driver's hits (LRU order, counts) at each miss and at ``stats``.
     - A request is live from ``add_request`` until it finishes, fails or is aborted; live
@@ -42,14 +47,14 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from poot import _native
 from poot.guidance import Guide
-from poot.models.step import StepShape
+from poot.models.step import StepKind, StepShape
 from poot.outputs import Logprob
 from poot.request import Request
 from poot.runner import (
@@ -63,6 +68,9 @@ from poot.runner import (
 from poot.tokenizer import Tokenizer
 
 __all__ = ["EngineCore", "log_softmax"]
+
+# A plan's key as the driver states it: ``StepShape``'s fields in order (the kind a name).
+PlanKey = tuple[int, int, int, str, int, bool, int]
 
 
 def log_softmax(logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
@@ -108,9 +116,10 @@ class EngineCore:
             timeout_s=runner.timeout_s,
             samples_on_device=runner.samples_on_device,
             logprob_width=LOGPROB_WIDTH,
+            host_runtime=_host_of(runner),
         )
         # Keys the runner's plan cache evicted since the last step (the driver drops them).
-        self._evicted: list[tuple[int, int, int, int, bool, int]] = []
+        self._evicted: list[PlanKey] = []
         runner.plans.on_evict = self._on_evict
         # What `stats` returns while a step holds the native objects (see there).
         self._last_stats: dict[str, int] | None = None
@@ -206,11 +215,14 @@ class EngineCore:
     ) -> tuple[list[Request], npt.NDArray[np.float32] | None]:
         if self.runner.runtime is not self._runtime:  # the runner was given another runtime
             self._runtime = self.runner.runtime
-            self.driver.set_runtime(self._runtime, self.runner.samples_on_device)
+            self.driver.set_runtime(
+                self._runtime, self.runner.samples_on_device, _host_of(self.runner)
+            )
         forget, self._evicted = self._evicted, []
         try:
             # The one crossing: plan, lay out, run and apply (or plan only; see the docs).
-            out = self.driver.step(logits_for is None, forget)
+            rid = None if logits_for is None else logits_for.request_id
+            out = self.driver.step(True, forget, rid)
         except BaseException:
             self._end_step(self.driver.step_rows)
             raise
@@ -220,6 +232,8 @@ class EngineCore:
         rows = [self._live[i] for i in ids]
         if out["ran"]:
             changed: list[Request] = []
+            if out["prompt_rows"]:
+                self._record_prompt_logprobs(rows, out["prompt_rows"], out["prompt_logits"])
             failed = set(out["failed"])
             lp_ids, lps = out["logprob_ids"], out["logprobs"]
             for i, (r, sample) in enumerate(zip(rows, out["sample"], strict=True)):
@@ -232,7 +246,7 @@ class EngineCore:
                 elif lps is not None and r.logprobs is not None:
                     self._record_logprobs(r, lp_ids[i], lps[i])
             self._accept(out["events"], changed)
-            return changed, None
+            return changed, out["logits"]
         return self._step_on_host(out, rows, logits_for)
 
     def _step_on_host(
@@ -270,13 +284,14 @@ class EngineCore:
                 i = ids.index(logits_for.request_id)
                 if samples[i]:
                     logits = np.asarray(self.runner.run_plan(plan, "logits")[i], np.float32)
-            if logits is not None and len(ids) == 1:
+            if logits is not None and len(ids) == 1 and not wants:
                 result = StepResult(np.asarray([int(np.argmax(logits))], np.int32))
             elif wants:
                 for i in wants:
                     self._fill_cached_prompt(plan, i, rows[i])
                 result, every = self.runner.run_all_logits(plan, sampling)
-                self._record_prompt_logprobs(plan, rows, wants, every)
+                tokens, positions = _prompt_tokens(plan, wants)
+                self._record_prompt_logprobs(rows, positions, every[tokens])
             else:
                 result = self.runner.run_sample(plan, sampling)
         except BaseException:
@@ -321,14 +336,20 @@ class EngineCore:
 
     # ---- plans ----------------------------------------------------------------------------
 
-    def _plan_for(
-        self, key: tuple[int, int, int, int, bool, int], uses: list[tuple[Any, int]]
-    ) -> tuple[Any, list[tuple[int, int, int, int, bool, int]]]:
+    def _plan_for(self, key: PlanKey, uses: list[tuple[PlanKey, int]]) -> tuple[Any, list[PlanKey]]:
         """The driver's plan miss: records its hits, then the plan of ``key`` through the
-        runner's cache, and the sample-plan keys that cache holds afterwards."""
+        runner's cache (a ``head`` key: a split step's sampling step on the host runtime,
+        ``(vocab, seqs, 0, "head", adjust, masked, logprobs)``), and the keys the runner
+        holds afterwards."""
         self._record_uses(uses)
-        plan = self.runner.plan(_shape(key))
-        return plan, [_key(k) for k in self.runner.cached_plans if k.kind == "sample"]
+        if key[3] == "head":
+            vocab, seqs, _, _, adjust, masked, logprobs = key
+            plan = self.runner.head_plan(seqs, vocab, adjust, masked, logprobs)
+        else:
+            plan = self.runner.plan(_shape(key))
+        held = [_key(k) for k in self.runner.cached_plans]
+        held += [(v, n, 0, "head", a, m, lp) for n, v, a, m, lp in self.runner.head_keys]
+        return plan, held
 
     def _fill_mask(self, rows: list[tuple[int, int]], seqs: int) -> npt.NDArray[np.int32]:
         """A masked step's token mask (``rows``: ``(row, request_id)``), while it runs."""
@@ -339,13 +360,13 @@ class EngineCore:
             matchers.append((row, m))
         return self.guide.fill_masks(matchers, seqs)
 
-    def _record_uses(self, uses: list[tuple[Any, int]]) -> None:
+    def _record_uses(self, uses: list[tuple[PlanKey, int]]) -> None:
         for key, hits in uses:
-            self.runner.plans.touch(_shape(key), hits)
+            if key[3] != "head":  # the runner keeps its head plans outside the cache
+                self.runner.plans.touch(_shape(key), hits)
 
     def _on_evict(self, shape: StepShape) -> None:
-        if shape.kind == "sample":
-            self._evicted.append(_key(shape))
+        self._evicted.append(_key(shape))
 
     def _record_logprobs(
         self, req: Request, row_ids: npt.NDArray[np.int32], row_lps: npt.NDArray[np.float32]
@@ -379,25 +400,20 @@ class EngineCore:
 
     def _record_prompt_logprobs(
         self,
-        plan: SchedulerOutput,
         rows: list[Request],
-        wants: list[int],
-        every: npt.NDArray[np.float32],
+        positions: Sequence[tuple[int, int]],
+        logits: npt.NDArray[np.float32],
     ) -> None:
-        """Each wanted row's prompt entries from its tokens' logits (token j's logits give
-        the logprob of the token after it)."""
-        positions, seq = plan.inputs["positions"], plan.inputs["token_seq"]
-        want = set(wants)
-        for j in range(plan.num_tokens):
-            row = int(seq[j])
-            if row not in want:
-                continue
+        """Prompt entries from the logits of prefill tokens (``positions``: each one's
+        ``(row, position)``; token j's logits give the logprob of the token after it); an
+        entry already there (a recompute after preemption) is kept."""
+        for (row, pos), row_logits in zip(positions, logits, strict=True):
             req = rows[row]
             assert req.prompt_logprobs is not None
-            p = int(positions[j]) + 1
+            p = pos + 1
             if p < len(req.prompt_ids) and req.prompt_logprobs[p] is None:
                 n = req.params.prompt_logprobs or 0
-                req.prompt_logprobs[p] = self._prompt_entry(every[j], req.prompt_ids[p], n)
+                req.prompt_logprobs[p] = self._prompt_entry(row_logits, req.prompt_ids[p], n)
 
     def _fill_cached_prompt(self, plan: SchedulerOutput, row: int, req: Request) -> None:
         """Entries for prompt positions the prefix cache skipped: an ``all_logits`` pass over
@@ -429,7 +445,8 @@ class EngineCore:
                 [req.request_id], [k], [False], [], k, 0, (t, 1, table.size), inputs
             )
             _, every = self.runner.run_all_logits(sub, None)
-            self._record_prompt_logprobs(sub, [req], [0], every)
+            tokens, at = _prompt_tokens(sub, [0])
+            self._record_prompt_logprobs([req], at, every[tokens])
 
     def _token_text(self, token: int) -> str:
         piece = self.tokenizer.token_piece(token)
@@ -463,10 +480,27 @@ class EngineCore:
         return dict(s)
 
 
-def _shape(key: tuple[int, int, int, int, bool, int]) -> StepShape:
-    tokens, seqs, max_blocks, adjust, masked, logprobs = key
-    return StepShape(tokens, seqs, max_blocks, "sample", adjust, masked, logprobs)
+def _host_of(runner: StepRunner) -> Any:
+    """The host runtime a split step samples on; None where the runtime samples itself."""
+    return None if runner.samples_on_device else runner.host
 
 
-def _key(shape: StepShape) -> tuple[int, int, int, int, bool, int]:
-    return (shape.tokens, shape.seqs, shape.max_blocks, shape.adjust, shape.masked, shape.logprobs)
+def _shape(key: PlanKey) -> StepShape:
+    tokens, seqs, max_blocks, kind, adjust, masked, logprobs = key
+    return StepShape(tokens, seqs, max_blocks, cast(StepKind, kind), adjust, masked, logprobs)
+
+
+def _key(shape: StepShape) -> PlanKey:
+    s = shape
+    return (s.tokens, s.seqs, s.max_blocks, s.kind, s.adjust, s.masked, s.logprobs)
+
+
+def _prompt_tokens(
+    plan: SchedulerOutput, wants: list[int]
+) -> tuple[list[int], list[tuple[int, int]]]:
+    """The step's tokens in the rows ``wants`` (indices in step order) and their
+    ``(row, position)``."""
+    positions, seq = plan.inputs["positions"], plan.inputs["token_seq"]
+    want = set(wants)
+    tokens = [j for j in range(plan.num_tokens) if int(seq[j]) in want]
+    return tokens, [(int(seq[j]), int(positions[j])) for j in tokens]

@@ -3,10 +3,11 @@
 Scheduling and KV block allocation live in Rust (``poot._native.Scheduler``, poot-engine):
 ``run_plan`` runs one ``SchedulerOutput`` (the scheduler's step, already laid out as the step
 graph's inputs at its padded dims). The contract with a model definition is
-``poot.models.step``. A steady-state step does not pass through here: the step driver
-(``poot._native.StepDriver``) runs it in one call, asking this runner only for a plan on a
-miss; this runner runs the steps that need the host (full logits, prompt logprobs, split
-sampling, a mask on a Python runtime), with sampling inputs the driver laid out.
+``poot.models.step``. Most steps do not pass through here: the step driver
+(``poot._native.StepDriver``) runs them in one call, full logits, prompt logprobs and split
+sampling included, asking this runner only for a plan on a miss (``plan``, ``head_plan``);
+this runner runs the steps that need the host (a mask on a Python runtime, prompt logprobs
+after a prefix cache hit), with sampling inputs the driver laid out.
 
 Invariants:
     - Every step is a legal chunk: at most ``max_step_tokens`` tokens, and no more than the
@@ -374,17 +375,33 @@ class StepRunner:
 
     def _head(self, shape: StepShape, vocab: int) -> tuple[CpuRuntime, Plan]:
         """The host runtime and the sampling-step plan (logits as an input) for ``shape``."""
+        plan = self.head_plan(shape.seqs, vocab, shape.adjust, shape.masked, shape.logprobs)
+        return self.host, plan
+
+    @property
+    def host(self) -> CpuRuntime:
+        """The host CPU runtime split steps sample on (made on first use)."""
         if self._host is None:
             self._host = CpuRuntime(1, "exact")
-        key = (shape.seqs, vocab, shape.adjust, shape.masked, shape.logprobs)
+        return self._host
+
+    @property
+    def head_keys(self) -> list[tuple[int, int, int, bool, int]]:
+        """``(seqs, vocab, adjust, masked, logprobs)`` of each sampling-step plan held."""
+        return list(self._heads)
+
+    def head_plan(self, seqs: int, vocab: int, adjust: int, masked: bool, logprobs: int) -> Plan:
+        """The sampling step of a split step (``trace_head`` over a ``logits`` input [seqs,
+        vocab]), compiled on the host runtime once per shape."""
+        key = (seqs, vocab, adjust, masked, logprobs)
         head = self._heads.get(key)
         if head is None:
             t = Tracer(self.weights, 1, self.trace_limits)
-            head_shape = replace(shape, kind="sample")
-            trace_head(t, t.input("logits", "f32", [shape.seqs, vocab]), head_shape)
-            head = self._host.prepare(t.finish(), self.weights, self.compile_limits)
+            shape = StepShape(1, seqs, 1, "sample", adjust, masked, logprobs)
+            trace_head(t, t.input("logits", "f32", [seqs, vocab]), shape)
+            head = self.host.prepare(t.finish(), self.weights, self.compile_limits)
             self._heads[key] = head
-        return self._host, head
+        return head
 
     def _run_with_mask(
         self,

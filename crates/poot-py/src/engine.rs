@@ -9,12 +9,14 @@
 use std::collections::HashMap;
 
 use poot_engine::{
-    FinishReason, RequestId, RequestSpec, Scheduler, SchedulerConfig, StepDims, StepOutput, TokenId,
+    FinishReason, RequestId, Scheduler, SchedulerConfig, StepDims, StepOutput, TokenId,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::errors::engine_error;
+use crate::request_args::{request_spec, Keywords};
+use crate::step_io::{layout_dict, plan_dict};
 
 /// Registers the classes of this module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -71,27 +73,23 @@ impl PyScheduler {
         Ok(Self { inner })
     }
 
-    /// Queues a request (FCFS).
-    #[pyo3(signature = (request_id, prompt_ids, max_tokens, *, eos_ids = Vec::new(), stop_ids = Vec::new(), ignore_eos = false))]
-    #[allow(clippy::too_many_arguments)]
+    /// Queues a request (FCFS); keywords: `eos_ids`, `stop_ids`, `ignore_eos`
+    /// (`request_args::request_spec`).
+    #[pyo3(
+        signature = (request_id, prompt_ids, max_tokens, **kw),
+        text_signature = "($self, request_id, prompt_ids, max_tokens, *, eos_ids=..., stop_ids=..., ignore_eos=False)"
+    )]
     fn add_request(
         &mut self,
         py: Python<'_>,
         request_id: u64,
         prompt_ids: Vec<TokenId>,
         max_tokens: usize,
-        eos_ids: Vec<TokenId>,
-        stop_ids: Vec<TokenId>,
-        ignore_eos: bool,
+        kw: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<()> {
-        let spec = RequestSpec {
-            id: RequestId(request_id),
-            prompt_ids,
-            max_tokens,
-            eos_ids,
-            stop_ids,
-            ignore_eos,
-        };
+        let mut kw = Keywords::new("add_request", kw);
+        let spec = request_spec(request_id, prompt_ids, max_tokens, &mut kw)?;
+        kw.finish()?;
         self.inner
             .add_request(spec)
             .map_err(|e| engine_error(py, e))
@@ -113,29 +111,12 @@ impl PyScheduler {
     fn schedule<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let out = self.inner.schedule().map_err(|e| engine_error(py, e))?;
         let dims = StepDims::padded(out.dims(), self.inner.config().max_step_tokens);
-        let d = PyDict::new(py);
-        let seqs = &out.seqs;
-        d.set_item(
-            "request_ids",
-            seqs.iter().map(|s| s.request_id.0).collect::<Vec<_>>(),
-        )?;
-        d.set_item(
-            "row_tokens",
-            seqs.iter().map(|s| s.num_tokens()).collect::<Vec<_>>(),
-        )?;
-        d.set_item("sample", seqs.iter().map(|s| s.sample).collect::<Vec<_>>())?;
-        d.set_item(
-            "preempted",
-            out.preempted.iter().map(|r| r.0).collect::<Vec<_>>(),
-        )?;
-        d.set_item("num_tokens", out.num_tokens)?;
-        d.set_item("num_cached_tokens", out.num_cached_tokens)?;
-        d.set_item("dims", (dims.tokens, dims.seqs, dims.max_blocks))?;
+        let d = plan_dict(py, &out, dims)?;
         let inputs = if out.is_empty() {
             PyDict::new(py)
         } else {
             let f = out.flatten(dims).map_err(|e| engine_error(py, e))?;
-            crate::step::layout_dict(py, f)?
+            layout_dict(py, f)?
         };
         d.set_item("inputs", inputs)?;
         Ok(d)

@@ -2,7 +2,7 @@
 //!
 //! `lib.rs` only registers; each submodule owns one area of the API: `formats` (checkpoint
 //! files), `limits`, `weights`, `tracer` and `graph` (tracing), `runtime` (runtimes and plans; `wgpu`, the wgpu runtime behind the `wgpu` feature; `cuda`, the CUDA runtime behind the `cuda` feature),
-//! `tokenize` (the byte-level BPE model), `engine` (the scheduler), `step` (the step driver: one call per step).
+//! `tokenize` (the byte-level BPE model), `engine` (the scheduler), `request_args` (the one parser of a request's keywords), `step` (the step driver: one call per step; `step_run` its plans and runs, `step_io` its conversions).
 //! `errors` owns the mapping of Rust errors to `poot.errors`, and `gil` the one helper that
 //! releases the GIL.
 
@@ -17,10 +17,12 @@ mod gil;
 mod graph;
 mod late;
 mod limits;
+mod request_args;
 mod rope_args;
 mod runtime;
 mod step;
 mod step_io;
+mod step_run;
 mod tokenize;
 mod tracer;
 mod weights;

@@ -1,21 +1,32 @@
-//! `poot._native.StepDriver`: one call per steady-state step.
+//! `poot._native.StepDriver`: one call per step.
 //!
 //! The driver holds the scheduler (shared with `Scheduler`'s Python object), the runtime, the
 //! compiled step plans it has used (by step shape) and each request's sampling state between
 //! steps (`poot_engine::RequestSampling`: its seeded stream, settings, penalty counts, logit
 //! bias). `step` schedules the next step, draws its rows' uniforms and lays out its inputs,
 //! and, when the step can run here, runs it and applies its sampled tokens to the scheduler,
-//! returning the tokens, logprobs and finish events: one crossing from Python.
+//! returning the tokens, logprobs, finish events and whatever rows of logits the call asked
+//! for: one crossing from Python.
 //!
 //! Invariants:
 //! - Python is called back only on a plan miss (`plan_for(key, uses)`, which traces and
 //!   compiles through the Python plan cache and says which keys that cache still holds; the
 //!   driver keeps exactly those), to fill a guidance mask while the step runs (`fill_mask`,
 //!   a late input), and, for a runtime that is a Python object, to run.
-//! - A step runs here unless it needs the host: a row asks for prompt logprobs in its
-//!   prefill, the caller wants a row's logits (`fast=False`), its sampling needs logit ops the
-//!   runtime lacks, or it takes a mask on a runtime that is a Python object. Such a step comes back unrun, laid out,
-//!   with its sampling inputs; the caller runs it and calls `update`.
+//! - A step holding a prefill chunk that asks for prompt logprobs runs as an `all_logits`
+//!   step, and the logits of that chunk's tokens come back (`prompt_rows`, `prompt_logits`).
+//!   A step asked for a row's full logits (`logits_for`) first runs as a `logits` step when
+//!   that row samples, and then as its sample step, unless the row is the step's only one and
+//!   no prompt logprobs are due (its token is then the logits' argmax, as numpy's).
+//! - On a runtime without the logit ops (`samples_on_device` false), a step that needs them
+//!   runs split (`step_run::run_split`): its forward pass there, its sampling step on
+//!   `host_runtime`, as the Python runner's split path does.
+//! - A step runs here unless it needs the host: it takes a mask on a runtime that is a
+//!   Python object, it needs the logit ops the runtime lacks and no `host_runtime` was given,
+//!   or a chunk asking for prompt logprobs starts past the prompt positions whose logits were
+//!   computed (a prefix cache hit: the host computes them with passes of its own). Such a step
+//!   comes back unrun, laid out, with its sampling inputs; the caller runs it and calls
+//!   `update`. `fast=False` leaves every step unrun.
 //! - A failed step is left in flight: the caller ends its rows (`step_rows`) and closes it.
 //! - Rows whose logits were not finite (token -1) are aborted here before the update and
 //!   listed in `failed`; the requests' sampling state goes when they finish or are aborted.
@@ -24,45 +35,29 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
-use poot_core::Deadline;
 use poot_engine::{
-    step_sampling, RequestId, RequestSampling, RequestSpec, SamplingSpec, StepDims, StepOutput,
-    TokenId,
+    step_sampling, RequestId, RequestSampling, SamplingSpec, StepDims, StepOutput, TokenId,
 };
-use poot_runtime::{CompiledPlan, Runtime};
+use poot_runtime::{HostTensor, Runtime};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::engine::{finish_name, PyScheduler};
-use crate::errors::{engine_error, runtime_error};
-use crate::gil::without_gil;
-use crate::runtime::{host_tensor, to_numpy, PyPlan};
-pub(crate) use crate::step_io::layout_dict;
+use crate::errors::engine_error;
+use crate::request_args::{request_spec, Keywords};
+use crate::runtime::to_numpy;
 use crate::step_io::{
-    native_runtime, pcg64_of, run_masked, sampling_inputs, step_inputs, tensor_dict, RunOutputs,
+    argmax, host_of, layout_dict, layout_inputs, native_runtime, pcg64_of, plan_dict, put_outputs,
+    row_of, rows_of, sampling_inputs, tensor_dict, NativeRuntime, RunOutputs,
 };
+use crate::step_run::{run_plan, run_split, Mask, PlanKey, SplitStep, StepPlans, Target};
 
 /// Registers the class of this module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyStepDriver>()
-}
-
-/// A sample plan's shape: `(tokens, seqs, max_blocks, adjust, masked, logprobs)`.
-type PlanKey = (usize, usize, usize, usize, bool, usize);
-
-/// A plan as Python holds it, and the compiled plan inside when it is a native `Plan`.
-type PlanPair = (Py<PyAny>, Option<Arc<dyn CompiledPlan>>);
-
-#[derive(Debug)]
-struct CachedPlan {
-    obj: Py<PyAny>,
-    native: Option<Arc<dyn CompiledPlan>>,
-    last_use: u64,
-    uses: u64,
 }
 
 /// Schedules, lays out and runs steps; see the module docs.
@@ -72,14 +67,18 @@ pub struct PyStepDriver {
     runtime: Py<PyAny>,
     native: Option<Arc<dyn Runtime>>,
     samples_on_device: bool,
+    /// Where a split step samples (the runtime lacks the logit ops): a native CPU runtime.
+    host: Option<NativeRuntime>,
     /// `(plan_for, fill_mask)`; None once the garbage collector cleared the driver (they
     /// hold the engine core that holds the driver).
     callbacks: Option<(Py<PyAny>, Py<PyAny>)>,
     timeout_s: f64,
     logprob_width: usize,
-    plans: HashMap<PlanKey, CachedPlan>,
-    clock: u64,
+    plans: StepPlans,
     requests: HashMap<u64, RequestSampling>,
+    /// Per request asking for prompt logprobs: the prompt positions whose logits a step of
+    /// its own has computed (a chunk starting past them needs the host; module docs).
+    prompt_done: HashMap<u64, usize>,
     step_rows: Vec<u64>,
     prefill_tokens: u64,
     decode_tokens: u64,
@@ -96,14 +95,15 @@ impl std::fmt::Debug for PyStepDriver {
 
 #[pymethods]
 impl PyStepDriver {
-    /// `plan_for(key, uses)` returns `(plan, held_keys)`: the compiled plan of the sample step
-    /// `key` = `(tokens, seqs, max_blocks, adjust, masked, logprobs)`, after recording `uses`
-    /// (`[(key, hits)]`, least recent first: the driver's plan hits since the last call), and
-    /// the keys the Python cache holds afterwards. `fill_mask(rows, seqs)` returns a masked
-    /// step's token mask (int32 `[seqs, words]`) for `rows` = `[(row, request_id)]`.
+    /// `plan_for(key, uses)` returns `(plan, held_keys)`: the compiled plan of the step shape
+    /// `key` (`PlanKey`), after recording `uses` (`[(key, hits)]`, least recent first: the
+    /// driver's plan hits since the last call), and the keys the Python cache holds
+    /// afterwards. `fill_mask(rows, seqs)` returns a masked step's token mask (int32
+    /// `[seqs, words]`) for `rows` = `[(row, request_id)]`.
     #[new]
     #[pyo3(signature = (
-        scheduler, runtime, plan_for, fill_mask, *, timeout_s, samples_on_device, logprob_width
+        scheduler, runtime, plan_for, fill_mask, *, timeout_s, samples_on_device, logprob_width,
+        host_runtime = None
     ))]
     #[allow(clippy::too_many_arguments)] // the Python constructor's arguments
     fn py_new(
@@ -115,6 +115,7 @@ impl PyStepDriver {
         timeout_s: f64,
         samples_on_device: bool,
         logprob_width: usize,
+        host_runtime: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         if !(timeout_s.is_finite() && timeout_s >= 0.0) {
             return Err(PyValueError::new_err(format!(
@@ -127,87 +128,81 @@ impl PyStepDriver {
             runtime,
             native,
             samples_on_device,
+            host: host_of(py, host_runtime)?,
             callbacks: Some((plan_for, fill_mask)),
             timeout_s,
             logprob_width,
-            plans: HashMap::new(),
-            clock: 0,
+            plans: StepPlans::default(),
             requests: HashMap::new(),
+            prompt_done: HashMap::new(),
             step_rows: Vec::new(),
             prefill_tokens: 0,
             decode_tokens: 0,
         })
     }
 
-    /// Runs later steps on `runtime` (its plans are dropped: they were compiled for another).
-    fn set_runtime(&mut self, py: Python<'_>, runtime: Py<PyAny>, samples_on_device: bool) {
+    /// Runs later steps on `runtime`, split steps' sampling on `host_runtime` (the plans are
+    /// dropped: they were compiled for others).
+    #[pyo3(signature = (runtime, samples_on_device, host_runtime = None))]
+    fn set_runtime(
+        &mut self,
+        py: Python<'_>,
+        runtime: Py<PyAny>,
+        samples_on_device: bool,
+        host_runtime: Option<Py<PyAny>>,
+    ) -> PyResult<()> {
+        self.host = host_of(py, host_runtime)?;
         self.native = native_runtime(runtime.bind(py));
         self.runtime = runtime;
         self.samples_on_device = samples_on_device;
         self.plans.clear();
+        Ok(())
     }
 
-    /// Queues a request in the scheduler and keeps its sampling state (`rng_state`: numpy's
-    /// `PCG64` `bit_generator.state`, continued here draw for draw).
-    #[pyo3(signature = (
-        request_id, prompt_ids, max_tokens, *, eos_ids, stop_ids, ignore_eos, temperature,
-        top_k, top_p, min_p, repetition, presence, frequency, bias, rng_state, logprobs,
-        prompt_logprobs, guided
-    ))]
-    #[allow(clippy::too_many_arguments)] // one request's settings, as Python keywords
+    /// Queues a request in the scheduler (keywords `eos_ids`, `stop_ids`, `ignore_eos`, read
+    /// by `request_args::request_spec`) and keeps its sampling state (the other keywords, all
+    /// required; `rng_state`: numpy's `PCG64` `bit_generator.state`, continued here draw for
+    /// draw).
+    #[pyo3(
+        signature = (request_id, prompt_ids, max_tokens, **kw),
+        text_signature = "($self, request_id, prompt_ids, max_tokens, *, eos_ids=..., stop_ids=..., ignore_eos=False, temperature, top_k, top_p, min_p, repetition, presence, frequency, bias, rng_state, logprobs, prompt_logprobs, guided)"
+    )]
     fn add_request(
         &mut self,
         py: Python<'_>,
         request_id: u64,
         prompt_ids: Vec<TokenId>,
         max_tokens: usize,
-        eos_ids: Vec<TokenId>,
-        stop_ids: Vec<TokenId>,
-        ignore_eos: bool,
-        temperature: f32,
-        top_k: i32,
-        top_p: f32,
-        min_p: f32,
-        repetition: f32,
-        presence: f32,
-        frequency: f32,
-        bias: Vec<(TokenId, f32)>,
-        rng_state: &Bound<'_, PyDict>,
-        logprobs: bool,
-        prompt_logprobs: bool,
-        guided: bool,
+        kw: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<()> {
+        let mut kw = Keywords::new("add_request", kw);
+        let request = request_spec(request_id, prompt_ids, max_tokens, &mut kw)?;
+        let mut prompt_tokens = request.prompt_ids.clone();
+        prompt_tokens.sort_unstable();
+        prompt_tokens.dedup();
+        let spec = SamplingSpec {
+            temperature: kw.required("temperature")?,
+            top_k: kw.required("top_k")?,
+            top_p: kw.required("top_p")?,
+            min_p: kw.required("min_p")?,
+            repetition: kw.required("repetition")?,
+            presence: kw.required("presence")?,
+            frequency: kw.required("frequency")?,
+            bias: kw.required("bias")?,
+            prompt_tokens,
+            logprobs: kw.required("logprobs")?,
+            guided: kw.required("guided")?,
+            prompt_logprobs: kw.required("prompt_logprobs")?,
+        };
+        let rng_state: Bound<'_, PyDict> = kw.required("rng_state")?;
+        kw.finish()?;
         if self.requests.contains_key(&request_id) {
             return Err(PyValueError::new_err(format!(
                 "request {request_id} is already in the driver"
             )));
         }
-        let rng = pcg64_of(rng_state)?;
-        let mut prompt_tokens = prompt_ids.clone();
-        prompt_tokens.sort_unstable();
-        prompt_tokens.dedup();
-        let spec = SamplingSpec {
-            temperature,
-            top_k,
-            top_p,
-            min_p,
-            repetition,
-            presence,
-            frequency,
-            bias,
-            prompt_tokens,
-            logprobs,
-            guided,
-            prompt_logprobs,
-        };
-        let request = RequestSpec {
-            id: RequestId(request_id),
-            prompt_ids,
-            max_tokens,
-            eos_ids,
-            stop_ids,
-            ignore_eos,
-        };
+        let rng = pcg64_of(&rng_state)?;
+        let prompt_logprobs = spec.prompt_logprobs;
         self.scheduler
             .borrow_mut(py)
             .inner
@@ -215,12 +210,15 @@ impl PyStepDriver {
             .map_err(|e| engine_error(py, e))?;
         self.requests
             .insert(request_id, RequestSampling::new(spec, rng));
+        if prompt_logprobs {
+            self.prompt_done.insert(request_id, 0);
+        }
         Ok(())
     }
 
     /// Ends a request and frees its blocks; False when it was not live.
     fn abort(&mut self, py: Python<'_>, request_id: u64) -> PyResult<bool> {
-        self.requests.remove(&request_id);
+        self.forget_request(request_id);
         self.scheduler
             .borrow_mut(py)
             .inner
@@ -229,22 +227,27 @@ impl PyStepDriver {
     }
 
     /// Plans the next step and, unless it needs the host (see the module docs) or `fast` is
-    /// False, runs and applies it. Always: `request_ids`, `row_tokens`, `sample`, `prefill`
-    /// (whether each row was a prefill chunk), `preempted`, `num_tokens`,
+    /// False, runs and applies it. `logits_for`: a request whose row's full logits to bring
+    /// back if it samples in this step. Always: `request_ids`, `row_tokens`, `sample`,
+    /// `prefill` (whether each row was a prefill chunk), `preempted`, `num_tokens`,
     /// `num_cached_tokens`, `dims`, `ran`. Run here: `token_ids` (per row; -1: not finite),
-    /// `logprob_ids` / `logprobs` (numpy, or None), `events` (`(request_id, token,
-    /// finish)`), `failed` (requests ended for non-finite logits). Not run: `inputs` (the
-    /// layout), `sampling` (the sampling inputs, numpy), `adjust`, `logprobs` (bool),
-    /// `mask_rows`; the step stays in flight until `update`.
-    #[pyo3(signature = (fast = true, forget = Vec::new()))]
+    /// `logprob_ids` / `logprobs` (numpy, or None), `logits` (the asked row's, float32
+    /// `[vocab]`, or None), `prompt_rows` (`(row, position)` per token of a chunk asking for
+    /// prompt logprobs, in step order) with `prompt_logits` (float32 `[len, vocab]`, or
+    /// None), `events` (`(request_id, token, finish)`), `failed` (requests ended for
+    /// non-finite logits). Not run: `inputs` (the layout), `sampling` (the sampling inputs,
+    /// numpy), `adjust`, `logprobs` (bool), `mask_rows`; the step stays in flight until
+    /// `update`.
+    #[pyo3(signature = (fast = true, forget = Vec::new(), logits_for = None))]
     fn step<'py>(
         &mut self,
         py: Python<'py>,
         fast: bool,
         forget: Vec<PlanKey>,
+        logits_for: Option<u64>,
     ) -> PyResult<Bound<'py, PyDict>> {
         for k in &forget {
-            self.plans.remove(k);
+            self.plans.forget(k);
         }
         self.step_rows.clear();
         let (out, dims) = {
@@ -259,21 +262,8 @@ impl PyStepDriver {
                 r.in_prefill = true;
             }
         }
-        let d = PyDict::new(py);
+        let d = plan_dict(py, &out, dims)?;
         let sample: Vec<bool> = out.seqs.iter().map(|s| s.sample).collect();
-        d.set_item("request_ids", self.step_rows.clone())?;
-        d.set_item(
-            "row_tokens",
-            out.seqs.iter().map(|s| s.num_tokens()).collect::<Vec<_>>(),
-        )?;
-        d.set_item("sample", sample.clone())?;
-        d.set_item(
-            "preempted",
-            out.preempted.iter().map(|r| r.0).collect::<Vec<_>>(),
-        )?;
-        d.set_item("num_tokens", out.num_tokens)?;
-        d.set_item("num_cached_tokens", out.num_cached_tokens)?;
-        d.set_item("dims", (dims.tokens, dims.seqs, dims.max_blocks))?;
         if out.is_empty() {
             d.set_item("prefill", Vec::<bool>::new())?;
             d.set_item("ran", false)?;
@@ -297,10 +287,18 @@ impl PyStepDriver {
             }
         }
         let mut prefill = Vec::with_capacity(states.len());
-        let mut prompt_logprobs = false;
-        for (r, s) in states.iter_mut().zip(&out.seqs) {
+        // Rows whose prefill chunk asks for prompt logprobs, and whether one starts past the
+        // positions computed so far (a prefix cache hit).
+        let mut wants = Vec::new();
+        let mut cached_gap = false;
+        for (i, (r, s)) in states.iter_mut().zip(&out.seqs).enumerate() {
             prefill.push(r.in_prefill);
-            prompt_logprobs |= r.in_prefill && r.spec().prompt_logprobs;
+            if r.in_prefill && r.spec().prompt_logprobs {
+                wants.push(i);
+                let done = self.prompt_done.entry(s.request_id.0).or_insert(0);
+                cached_gap |= s.start() > *done;
+                *done = (*done).max(s.start() + s.num_tokens());
+            }
             if r.in_prefill {
                 self.prefill_tokens += s.num_tokens() as u64;
                 r.in_prefill = !s.sample;
@@ -320,10 +318,11 @@ impl PyStepDriver {
         let logit_ops = sampling.adjust > 0 || sampling.logprobs || masked;
         // A mask is filled while the step runs: on a thread here for a native runtime; a
         // Python runtime's masked steps take the runner's path.
+        let split = logit_ops && !self.samples_on_device;
         let here = fast
-            && !prompt_logprobs
+            && !cached_gap
             && (!masked || self.native.is_some())
-            && (!logit_ops || self.samples_on_device);
+            && (!split || self.host.is_some());
         let flat = out.flatten(dims).map_err(|e| engine_error(py, e))?;
         if !here {
             d.set_item("ran", false)?;
@@ -334,66 +333,68 @@ impl PyStepDriver {
             d.set_item("mask_rows", sampling.mask_rows.clone())?;
             return Ok(d);
         }
+        // The tokens of the chunks asking for prompt logprobs: (token, row, position).
+        let prompt_tokens: Vec<(usize, usize, i32)> = (0..out.num_tokens)
+            .map(|j| (j, flat.token_seq[j] as usize, flat.positions[j]))
+            .filter(|(_, row, _)| wants.contains(row))
+            .collect();
+        let rows = out.seqs.len();
+        let last_rows = flat.last_rows.clone();
+        let layout = layout_inputs(flat);
+        let logits_row = logits_for
+            .and_then(|id| self.step_rows.iter().position(|&r| r == id))
+            .filter(|&i| sample[i]);
+        let (t, s, b) = (dims.tokens, dims.seqs, dims.max_blocks);
+        let logits = match logits_row {
+            Some(i) => {
+                let key = (t, s, b, "logits".to_string(), 0, false, 0);
+                let named = self.run_key(py, key, layout.clone(), None)?;
+                Some(row_of(named, "logits", i)?)
+            }
+            None => None,
+        };
         let width = if sampling.logprobs {
             self.logprob_width
         } else {
             0
         };
-        let key = (
-            dims.tokens,
-            dims.seqs,
-            dims.max_blocks,
-            sampling.adjust,
-            masked,
-            width,
-        );
-        let (plan_obj, plan) = self.plan(py, key)?;
-        let inputs = step_inputs(flat, &sampling);
-        let rows = out.seqs.len();
-        let outs = match (&self.native, plan) {
-            (Some(rt), Some(plan)) if masked => {
-                let mask_rows = sampling
-                    .mask_rows
-                    .iter()
-                    .map(|&i| (i, out.seqs[i].request_id.0))
-                    .collect();
-                let fill = self.callbacks()?.1.bind(py);
-                let named = run_masked(
-                    py,
-                    fill,
-                    self.timeout_s,
-                    rt.clone(),
-                    plan,
-                    inputs,
-                    mask_rows,
-                    dims.seqs,
-                )?;
-                RunOutputs::from_named(named, rows)?
-            }
-            (Some(rt), Some(plan)) => {
-                let rt = rt.clone();
-                let deadline = Deadline::after(Duration::from_secs_f64(self.timeout_s));
-                let named = without_gil(py, move || rt.run(plan.as_ref(), &inputs, deadline))?
-                    .map_err(|e| runtime_error(py, e))?;
-                RunOutputs::from_named(named, rows)?
-            }
-            _ if masked => {
-                return Err(PyRuntimeError::new_err(
-                    "a masked step needs a native plan on a native runtime",
-                ));
+        let mask_rows: Option<Vec<(usize, u64)>> = masked.then(|| {
+            sampling
+                .mask_rows
+                .iter()
+                .map(|&i| (i, out.seqs[i].request_id.0))
+                .collect()
+        });
+        let outs = match &logits {
+            Some(x) if rows == 1 && wants.is_empty() => RunOutputs::argmax(argmax(x)),
+            _ if split => {
+                let step = SplitStep {
+                    dims,
+                    every: !wants.is_empty(),
+                    width,
+                    last_rows: &last_rows,
+                    sampling: &sampling,
+                };
+                RunOutputs::from_named(self.run_split(py, step, layout, mask_rows)?, rows)?
             }
             _ => {
-                let args = (plan_obj, tensor_dict(py, inputs)?, self.timeout_s);
-                let got = self.runtime.bind(py).call_method1("run", args)?;
-                let got = got.downcast::<PyDict>()?;
-                let mut named = Vec::with_capacity(got.len());
-                for (k, v) in got.iter() {
-                    let name: String = k.extract()?;
-                    let t = host_tensor(py, &name, &v)?;
-                    named.push((name, t));
-                }
-                RunOutputs::from_named(named, rows)?
+                let kind = if wants.is_empty() {
+                    "sample"
+                } else {
+                    "all_logits"
+                };
+                let key = (t, s, b, kind.to_string(), sampling.adjust, masked, width);
+                let mut inputs = layout;
+                inputs.extend(sampling_inputs(&sampling));
+                RunOutputs::from_named(self.run_key(py, key, inputs, mask_rows)?, rows)?
             }
+        };
+        let prompt_logits = match &outs.all_logits {
+            Some(all) if !prompt_tokens.is_empty() => {
+                let js: Vec<usize> = prompt_tokens.iter().map(|p| p.0).collect();
+                Some(to_numpy(py, rows_of(all, &js)?)?)
+            }
+            _ => None,
         };
         // Apply: rows with non-finite logits end here; the others' tokens go to the scheduler.
         let mut sampled = Vec::new();
@@ -408,6 +409,7 @@ impl PyStepDriver {
                 if t < 0 {
                     failed.push(s.request_id.0);
                     self.requests.remove(&s.request_id.0);
+                    self.prompt_done.remove(&s.request_id.0);
                     sched
                         .inner
                         .abort(s.request_id)
@@ -419,17 +421,10 @@ impl PyStepDriver {
         }
         let events = self.apply(py, sampled)?;
         d.set_item("ran", true)?;
-        d.set_item("token_ids", outs.token_ids)?;
-        match outs.logprobs {
-            Some((ids, lps)) => {
-                d.set_item("logprob_ids", to_numpy(py, ids)?)?;
-                d.set_item("logprobs", to_numpy(py, lps)?)?;
-            }
-            None => {
-                d.set_item("logprob_ids", py.None())?;
-                d.set_item("logprobs", py.None())?;
-            }
-        }
+        put_outputs(&d, outs, logits)?;
+        let prompt_rows: Vec<(usize, i32)> = prompt_tokens.iter().map(|p| (p.1, p.2)).collect();
+        d.set_item("prompt_rows", prompt_rows)?;
+        d.set_item("prompt_logits", prompt_logits)?;
         d.set_item("events", events)?;
         d.set_item("failed", failed)?;
         Ok(d)
@@ -470,21 +465,22 @@ impl PyStepDriver {
     /// The driver's plan hits since the last plan miss (`[(key, hits)]`, least recent first),
     /// forgotten once returned: the Python cache records them (LRU order, hit counts).
     fn take_plan_uses(&mut self) -> Vec<(PlanKey, u64)> {
-        self.drain_uses()
+        self.plans.drain_uses()
     }
 
-    /// Sample plans the driver holds.
+    /// Plans the driver holds.
     #[getter]
     fn plan_keys(&self) -> Vec<PlanKey> {
-        let mut keys: Vec<_> = self.plans.keys().copied().collect();
-        keys.sort_unstable();
-        keys
+        self.plans.keys()
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         if let Some((plan_for, fill_mask)) = &self.callbacks {
             visit.call(plan_for)?;
             visit.call(fill_mask)?;
+        }
+        if let Some((host, _)) = &self.host {
+            visit.call(host)?;
         }
         visit.call(&self.runtime)?;
         visit.call(&self.scheduler)
@@ -504,49 +500,78 @@ impl PyStepDriver {
 }
 
 impl PyStepDriver {
-    fn callbacks(&self) -> PyResult<&(Py<PyAny>, Py<PyAny>)> {
-        self.callbacks
+    /// `(plan_for, fill_mask)`, new references (a run may call back into Python).
+    fn callbacks(&self, py: Python<'_>) -> PyResult<(Py<PyAny>, Py<PyAny>)> {
+        let (plan_for, fill) = self
+            .callbacks
             .as_ref()
-            .ok_or_else(|| PyRuntimeError::new_err("the step driver was cleared"))
+            .ok_or_else(|| PyRuntimeError::new_err("the step driver was cleared"))?;
+        Ok((plan_for.clone_ref(py), fill.clone_ref(py)))
     }
 
-    fn drain_uses(&mut self) -> Vec<(PlanKey, u64)> {
-        let mut used: Vec<(u64, PlanKey, u64)> = self
-            .plans
-            .iter()
-            .filter(|(_, p)| p.uses > 0)
-            .map(|(k, p)| (p.last_use, *k, p.uses))
-            .collect();
-        used.sort_unstable();
-        for p in self.plans.values_mut() {
-            p.uses = 0;
-        }
-        used.into_iter().map(|(_, k, n)| (k, n)).collect()
+    /// Runs the plan of `key` on `inputs`; `mask_rows` (`(row, request_id)`): the step takes
+    /// a token mask, filled while it runs.
+    fn run_key(
+        &mut self,
+        py: Python<'_>,
+        key: PlanKey,
+        inputs: Vec<(&'static str, HostTensor)>,
+        mask_rows: Option<Vec<(usize, u64)>>,
+    ) -> PyResult<Vec<(String, HostTensor)>> {
+        let seqs = key.1;
+        let (plan_for, fill) = self.callbacks(py)?;
+        let plan = self.plans.get(py, key, plan_for.bind(py))?;
+        let target = Target {
+            runtime: &self.runtime,
+            native: self.native.as_ref(),
+            timeout_s: self.timeout_s,
+        };
+        let fill = fill.bind(py);
+        let mask = mask_rows.map(|rows| Mask { fill, rows, seqs });
+        run_plan(py, target, plan, inputs, mask)
     }
 
-    /// The plan for `key`: held, or from `plan_for` (see `py_new`).
-    fn plan(&mut self, py: Python<'_>, key: PlanKey) -> PyResult<PlanPair> {
-        self.clock += 1;
-        if let Some(p) = self.plans.get_mut(&key) {
-            p.last_use = self.clock;
-            p.uses += 1;
-            return Ok((p.obj.clone_ref(py), p.native.clone()));
-        }
-        let uses = self.drain_uses();
-        let got = self.callbacks()?.0.bind(py).call1((key, uses))?;
-        let (obj, held): (Bound<'_, PyAny>, Vec<PlanKey>) = got.extract()?;
-        self.plans.retain(|k, _| held.contains(k));
-        let native = obj.downcast::<PyPlan>().ok().map(|p| p.get().inner.clone());
-        if held.contains(&key) {
-            let cached = CachedPlan {
-                obj: obj.clone().unbind(),
-                native: native.clone(),
-                last_use: self.clock,
-                uses: 0,
-            };
-            self.plans.insert(key, cached);
-        }
-        Ok((obj.unbind(), native))
+    /// Runs a split step (`step_run::run_split`) on the runtime and the host runtime.
+    fn run_split(
+        &mut self,
+        py: Python<'_>,
+        step: SplitStep<'_>,
+        layout: Vec<(&'static str, HostTensor)>,
+        mask_rows: Option<Vec<(usize, u64)>>,
+    ) -> PyResult<Vec<(String, HostTensor)>> {
+        let (plan_for, fill) = self.callbacks(py)?;
+        let (host_obj, host_rt) = self
+            .host
+            .as_ref()
+            .ok_or_else(|| PyRuntimeError::new_err("a split step needs a host runtime"))?;
+        let device = Target {
+            runtime: &self.runtime,
+            native: self.native.as_ref(),
+            timeout_s: self.timeout_s,
+        };
+        let host = Target {
+            runtime: host_obj,
+            native: Some(host_rt),
+            timeout_s: self.timeout_s,
+        };
+        let fill = fill.bind(py);
+        let seqs = step.dims.seqs;
+        let mask = mask_rows.map(|rows| Mask { fill, rows, seqs });
+        let plan_for = plan_for.bind(py);
+        run_split(
+            py,
+            &mut self.plans,
+            plan_for,
+            [device, host],
+            step,
+            layout,
+            mask,
+        )
+    }
+
+    fn forget_request(&mut self, request_id: u64) {
+        self.requests.remove(&request_id);
+        self.prompt_done.remove(&request_id);
     }
 
     /// Gives the scheduler a step's sampled tokens; counts the accepted ones for penalties and
@@ -566,7 +591,7 @@ impl PyStepDriver {
         for e in events {
             let rid = e.request_id.0;
             if e.finish.is_some() {
-                self.requests.remove(&rid);
+                self.forget_request(rid);
             } else if let Some(r) = self.requests.get_mut(&rid) {
                 r.accept(e.token);
             }

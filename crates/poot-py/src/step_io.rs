@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use numpy::{IntoPyArray, PyArray1, PyArrayMethods};
 use poot_core::Deadline;
-use poot_engine::{FlatStep, Pcg64, StepSampling};
+use poot_engine::{FlatStep, Pcg64, SchedulerOutput, StepDims, StepSampling};
 use poot_runtime::{CompiledPlan, HostTensor, LateInput, Runtime};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -20,7 +20,7 @@ use crate::errors::runtime_error;
 use crate::runtime::{host_tensor, to_numpy, PyCpuRuntime};
 
 /// The step graph's late input (`poot.models.step.MASK_INPUT`).
-const MASK_INPUT: &str = "token_mask";
+pub(crate) const MASK_INPUT: &str = "token_mask";
 
 /// The Rust runtime behind a native runtime object; None for a Python runtime.
 pub(crate) fn native_runtime(obj: &Bound<'_, PyAny>) -> Option<Arc<dyn Runtime>> {
@@ -34,6 +34,25 @@ pub(crate) fn native_runtime(obj: &Bound<'_, PyAny>) -> Option<Arc<dyn Runtime>>
         return Some(r.get().dyn_rt());
     }
     None
+}
+
+/// A runtime object and the Rust runtime behind it.
+pub(crate) type NativeRuntime = (Py<PyAny>, Arc<dyn Runtime>);
+
+/// The native runtime behind `host_runtime`, refused when it is not one.
+pub(crate) fn host_of(
+    py: Python<'_>,
+    host_runtime: Option<Py<PyAny>>,
+) -> PyResult<Option<NativeRuntime>> {
+    let Some(obj) = host_runtime else {
+        return Ok(None);
+    };
+    match native_runtime(obj.bind(py)) {
+        Some(rt) => Ok(Some((obj, rt))),
+        None => Err(PyValueError::new_err(
+            "host_runtime must be a native runtime (a CpuRuntime)",
+        )),
+    }
 }
 
 /// A numpy `bit_generator.state` of `PCG64` as the driver's generator.
@@ -65,10 +84,11 @@ fn f32_tensor(shape: Vec<usize>, data: Vec<f32>) -> HostTensor {
     HostTensor::F32 { shape, data }
 }
 
-/// The step graph's inputs (`poot.models.step`), layout then sampling.
-pub(crate) fn step_inputs(flat: FlatStep, s: &StepSampling) -> Vec<(&'static str, HostTensor)> {
+/// The step graph's layout inputs (`poot.models.step`); a sample step adds its sampling
+/// inputs (`sampling_inputs`).
+pub(crate) fn layout_inputs(flat: FlatStep) -> Vec<(&'static str, HostTensor)> {
     let d = flat.dims;
-    let mut v = vec![
+    vec![
         ("ids", i32_tensor(vec![d.tokens], flat.ids)),
         ("positions", i32_tensor(vec![d.tokens], flat.positions)),
         (
@@ -81,9 +101,7 @@ pub(crate) fn step_inputs(flat: FlatStep, s: &StepSampling) -> Vec<(&'static str
             i32_tensor(vec![d.seqs, d.max_blocks], flat.block_tables),
         ),
         ("last_rows", i32_tensor(vec![d.seqs], flat.last_rows)),
-    ];
-    v.extend(sampling_inputs(s));
-    v
+    ]
 }
 
 pub(crate) fn sampling_inputs(s: &StepSampling) -> Vec<(&'static str, HostTensor)> {
@@ -120,20 +138,17 @@ pub(crate) fn tensor_dict<'py>(
     Ok(d)
 }
 
-/// What a run brings back, rows trimmed: token ids, and the logprob pair when asked.
+/// What a run brings back, rows trimmed: token ids, the logprob pair when asked, and an
+/// `all_logits` step's every token's logits (untrimmed).
 pub(crate) struct RunOutputs {
     pub(crate) token_ids: Vec<i32>,
     pub(crate) logprobs: Option<(HostTensor, HostTensor)>,
+    pub(crate) all_logits: Option<HostTensor>,
 }
 
 impl RunOutputs {
     pub(crate) fn from_named(mut outs: Vec<(String, HostTensor)>, rows: usize) -> PyResult<Self> {
-        let mut take = |name: &str| {
-            outs.iter()
-                .position(|(n, _)| n == name)
-                .map(|i| outs.swap_remove(i).1)
-        };
-        let ids = take("token_ids")
+        let ids = take(&mut outs, "token_ids")
             .ok_or_else(|| PyRuntimeError::new_err("the step plan output no token_ids"))?;
         let token_ids = match ids {
             HostTensor::I32 { data, .. } => data.into_iter().take(rows).collect(),
@@ -141,15 +156,83 @@ impl RunOutputs {
                 return Err(PyRuntimeError::new_err("token_ids came back as float32"));
             }
         };
-        let logprobs = match (take("logprob_ids"), take("logprobs")) {
+        let logprobs = match (take(&mut outs, "logprob_ids"), take(&mut outs, "logprobs")) {
             (Some(a), Some(b)) => Some((trim(a, rows), trim(b, rows))),
             _ => None,
         };
+        let all_logits = take(&mut outs, "all_logits");
         Ok(Self {
             token_ids,
             logprobs,
+            all_logits,
         })
     }
+
+    /// One row's token, chosen on the host (no logprobs).
+    pub(crate) fn argmax(token: i32) -> Self {
+        Self {
+            token_ids: vec![token],
+            logprobs: None,
+            all_logits: None,
+        }
+    }
+}
+
+fn take(outs: &mut Vec<(String, HostTensor)>, name: &str) -> Option<HostTensor> {
+    outs.iter()
+        .position(|(n, _)| n == name)
+        .map(|i| outs.swap_remove(i).1)
+}
+
+/// The index of the largest value, as numpy's `argmax`: the first of equal maxima, and the
+/// first NaN if there is one.
+pub(crate) fn argmax(data: &[f32]) -> i32 {
+    let mut best = 0;
+    for (i, &v) in data.iter().enumerate() {
+        if v.is_nan() {
+            return i as i32;
+        }
+        if v > data[best] {
+            best = i;
+        }
+    }
+    best as i32
+}
+
+/// Row `i` of the float32 `[rows, n]` output `name`.
+pub(crate) fn row_of(
+    mut outs: Vec<(String, HostTensor)>,
+    name: &str,
+    i: usize,
+) -> PyResult<Vec<f32>> {
+    let missing = || PyRuntimeError::new_err(format!("the step plan output no float32 {name}"));
+    match take(&mut outs, name).ok_or_else(missing)? {
+        HostTensor::F32 { shape, data } if shape.len() == 2 && i < shape[0] => {
+            let n = shape[1];
+            Ok(data[i * n..(i + 1) * n].to_vec())
+        }
+        _ => Err(missing()),
+    }
+}
+
+/// Rows `js` of a float32 `[rows, n]` tensor, as `[js.len(), n]`.
+pub(crate) fn rows_of(t: &HostTensor, js: &[usize]) -> PyResult<HostTensor> {
+    let bad = || PyRuntimeError::new_err("all_logits came back with the wrong shape or type");
+    let HostTensor::F32 { shape, data } = t else {
+        return Err(bad());
+    };
+    let (rows, n) = match shape[..] {
+        [rows, n] => (rows, n),
+        _ => return Err(bad()),
+    };
+    let mut out = Vec::with_capacity(js.len() * n);
+    for &j in js {
+        if j >= rows {
+            return Err(bad());
+        }
+        out.extend_from_slice(&data[j * n..(j + 1) * n]);
+    }
+    Ok(f32_tensor(vec![js.len(), n], out))
 }
 
 /// The first `rows` rows of a `[seqs, k]` tensor.
@@ -226,4 +309,50 @@ pub(crate) fn run_masked(
         py.check_signals()?;
         ran.map_err(|e| runtime_error(py, e))
     })
+}
+
+/// A planned step's rows as a dict: `request_ids`, `row_tokens`, `sample`, `preempted`,
+/// `num_tokens`, `num_cached_tokens` and `dims` (`(tokens, seqs, max_blocks)`, padded).
+pub(crate) fn plan_dict<'py>(
+    py: Python<'py>,
+    out: &SchedulerOutput,
+    dims: StepDims,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    let seqs = &out.seqs;
+    d.set_item(
+        "request_ids",
+        seqs.iter().map(|s| s.request_id.0).collect::<Vec<_>>(),
+    )?;
+    d.set_item(
+        "row_tokens",
+        seqs.iter().map(|s| s.num_tokens()).collect::<Vec<_>>(),
+    )?;
+    d.set_item("sample", seqs.iter().map(|s| s.sample).collect::<Vec<_>>())?;
+    d.set_item(
+        "preempted",
+        out.preempted.iter().map(|r| r.0).collect::<Vec<_>>(),
+    )?;
+    d.set_item("num_tokens", out.num_tokens)?;
+    d.set_item("num_cached_tokens", out.num_cached_tokens)?;
+    d.set_item("dims", (dims.tokens, dims.seqs, dims.max_blocks))?;
+    Ok(d)
+}
+
+/// A run step's outputs into `d`: `token_ids`, `logprob_ids` / `logprobs` (numpy, or None)
+/// and `logits` (the asked row's, or None).
+pub(crate) fn put_outputs(
+    d: &Bound<'_, PyDict>,
+    outs: RunOutputs,
+    logits: Option<Vec<f32>>,
+) -> PyResult<()> {
+    let py = d.py();
+    d.set_item("token_ids", outs.token_ids)?;
+    let (ids, lps) = match outs.logprobs {
+        Some((ids, lps)) => (Some(to_numpy(py, ids)?), Some(to_numpy(py, lps)?)),
+        None => (None, None),
+    };
+    d.set_item("logprob_ids", ids)?;
+    d.set_item("logprobs", lps)?;
+    d.set_item("logits", logits.map(|x| x.into_pyarray(py)))
 }

@@ -12,7 +12,7 @@ checkpoints keep the rotate_half layout (``"neox"``), and so do GGUF ``qwen2`` f
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from poot.errors import CheckpointFormatError, UnsupportedArchitectureError
 from poot.models.step import StepInputs, StepShape, declare_inputs, trace_head
@@ -204,6 +204,19 @@ class LlamaModel:
         else:
             names, style = HF_NAMES, "neox"
         return cls(h, names, style, rope_scaling_spec(h, str(files.path)))
+
+    @classmethod
+    def neox(cls, files: ModelFiles, **fields: Any) -> Self:
+        """The definition of a family whose checkpoints pair rotary dimensions NeoX-style in
+        both layouts (Qwen2's descendants, OLMoE): the layout's tensor names and the stated
+        RoPE scaling; ``fields``: the family's own dataclass fields.
+
+        Raises:
+            UnsupportedArchitectureError: an unknown RoPE scaling.
+        """
+        h = files.hparams
+        names = GGUF_NAMES if files.kind == "gguf" else HF_NAMES
+        return cls(h, names, "neox", rope_scaling_spec(h, str(files.path)), **fields)
 
     def for_context(self, max_model_len: int) -> LlamaModel:
         """The definition for running with sequences of up to ``max_model_len`` tokens (the

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from poot.errors import UnsupportedArchitectureError
-from poot.models.llama import GGUF_NAMES, HF_NAMES, LlamaModel, rope_scaling_spec
+from poot.models.llama import LlamaModel
 from poot.models.qwen3 import Qwen3Model
 
 if TYPE_CHECKING:
@@ -198,9 +198,8 @@ class Qwen3MoeModel(_RoutedFfn, Qwen3Model):
             UnsupportedArchitectureError: no experts used per token.
         """
         _check(files)
-        base = Qwen3Model.from_files(files)
         moe, renorm = _routing(files, HF_QWEN_MOE_NAMES, True)
-        return cls(base.hparams, base.names, base.rope_style, base.rope_scaling, moe, renorm)
+        return cls.neox(files, moe=moe, renorm=renorm)
 
 
 @dataclass(frozen=True)
@@ -218,10 +217,8 @@ class OlmoeModel(_RoutedFfn, LlamaModel):
             UnsupportedArchitectureError: no experts used per token.
         """
         _check(files)
-        h = files.hparams
-        names = GGUF_NAMES if files.kind == "gguf" else HF_NAMES
         moe, renorm = _routing(files, HF_QWEN_MOE_NAMES, False)
-        return cls(h, names, "neox", rope_scaling_spec(h, str(files.path)), moe, renorm)
+        return cls.neox(files, moe=moe, renorm=renorm)
 
     def qk_norm(self, t: Tracer, i: int, q: Value, k: Value) -> tuple[Value, Value]:
         n, eps = self.names, self.hparams.rms_norm_eps
@@ -249,7 +246,6 @@ class Qwen2MoeModel(LlamaModel):
         _check(files)
         h = files.hparams
         arch = h.architecture
-        scaling = rope_scaling_spec(h, str(files.path))
         if files.kind != "gguf":
             cfg: dict[str, Any] = dict(files.config)
             dense = cfg.get("mlp_only_layers") or []
@@ -261,22 +257,17 @@ class Qwen2MoeModel(LlamaModel):
                 )
             shared = "model.layers.0.mlp.shared_expert_gate.weight"
             renorm = bool(cfg.get("norm_topk_prob", False))
-            names, moe = HF_NAMES, HF_QWEN2MOE_NAMES
+            moe = HF_QWEN2MOE_NAMES
         else:
             # llama.cpp's qwen2moe never renormalises (Qwen1.5-MoE: norm_topk_prob false).
-            shared, renorm, names, moe = (
-                "blk.0.ffn_gate_inp_shexp.weight",
-                False,
-                GGUF_NAMES,
-                GGUF_MOE_NAMES,
-            )
+            shared, renorm, moe = "blk.0.ffn_gate_inp_shexp.weight", False, GGUF_MOE_NAMES
         if h.expert_shared_ff <= 0 or not any(t.name == shared for t in files.tensors()):
             raise UnsupportedArchitectureError(
                 f"{files.path}: a Qwen2-MoE checkpoint without a shared expert "
                 f"(expert_shared_feed_forward_length, {shared})",
                 architecture=arch,
             )
-        return cls(h, names, "neox", scaling, moe=moe, renorm=renorm)
+        return cls.neox(files, moe=moe, renorm=renorm)
 
     def ffn(self, t: Tracer, i: int, f: Value) -> Value:
         k = self.hparams.n_experts_used

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from poot.models.llama import GGUF_NAMES, HF_NAMES, LlamaModel, rope_scaling_spec
+from poot.models.llama import LlamaModel
 
 if TYPE_CHECKING:
     from poot._native import Tracer, Value
@@ -37,9 +37,7 @@ class Qwen3Model(LlamaModel):
     @classmethod
     def from_files(cls, files: ModelFiles) -> Qwen3Model:
         """The definition for a resolved Qwen3 checkpoint (GGUF or HF layout)."""
-        names = GGUF_NAMES if files.kind == "gguf" else HF_NAMES
-        h = files.hparams
-        return cls(h, names, "neox", rope_scaling_spec(h, str(files.path)))
+        return cls.neox(files)
 
     def qk_norm(self, t: Tracer, i: int, q: Value, k: Value) -> tuple[Value, Value]:
         h, n = self.hparams, self.names

@@ -34,7 +34,7 @@ from poot.planner.graphstats import ModelStats, Workload, model_stats
 from poot.planner.ledger import CapacityLedger, Generations
 from poot.planner.profiles import DeviceProfile, HostProfile, estimated_cpu_profile, load_profile
 from poot.planner.record import Recorder
-from poot.planner.search import Budgets, Candidate, forced, search
+from poot.planner.search import Budgets, Candidate, SearchResult, forced, search
 from poot.planner.simulate import SimResult, simulate_step
 from poot.planner.spill import check_spill_dir
 
@@ -115,22 +115,36 @@ class CompileConfig:
 
 
 @dataclass
-class CompiledModel:
-    """A placed model: what was chosen and why, and the ledger its forwards lease from."""
+class Placed:
+    """What ``place`` decided: the devices it could use (``eligible``), the budgets, the
+    chosen candidate, the runner-up, every candidate weighed, why each device left out was
+    dropped, and the chosen one's simulated step."""
 
-    files: ModelFiles
-    definition: Any
-    weights: _native.Weights
-    config: CompileConfig
-    stats: ModelStats
-    profiles: dict[str, DeviceProfile]
-    host: HostProfile
+    eligible: dict[str, DeviceProfile]
     budgets: Budgets
     chosen: Candidate
     runner_up: Candidate | None
     candidates: list[Candidate]
     dropped: dict[str, str]
     simulation: SimResult
+
+    @property
+    def profiles(self) -> dict[str, DeviceProfile]:
+        """The devices the placement could use (``eligible``)."""
+        return self.eligible
+
+
+@dataclass
+class CompiledModel(Placed):
+    """A placed model: what was chosen and why (``Placed``), and the ledger its forwards
+    lease from."""
+
+    files: ModelFiles
+    definition: Any
+    weights: _native.Weights
+    config: CompileConfig
+    stats: ModelStats
+    host: HostProfile
     spill_dir: Path | None
     ledger: CapacityLedger
     generations: Generations = field(default_factory=Generations)
@@ -339,8 +353,8 @@ def compile(  # noqa: A001 - the public name the issue asks for (poot.compile)
     # them in each device's budget.
     ledger.resident = ledger.lease(devices=standing_bytes(stats, chosen.placement))
     return CompiledModel(
-        files, definition, weights, config, stats, placed.eligible, host, placed.budgets, chosen,
-        placed.runner_up, placed.candidates, placed.dropped, placed.simulation, spill_dir, ledger,
+        **vars(placed), files=files, definition=definition, weights=weights, config=config,
+        stats=stats, host=host, spill_dir=spill_dir, ledger=ledger,
     )  # fmt: skip
 
 
@@ -353,19 +367,6 @@ def standing_bytes(stats: ModelStats, placement: Placement) -> dict[str, int]:
         n += 0 if s.streamed else stats.bytes_of(s.start, s.end)
         held[s.device] = held.get(s.device, 0) + n
     return held
-
-
-@dataclass
-class Placed:
-    """What ``place`` decided (``CompiledModel`` carries the same fields)."""
-
-    eligible: dict[str, DeviceProfile]
-    budgets: Budgets
-    chosen: Candidate
-    runner_up: Candidate | None
-    candidates: list[Candidate]
-    dropped: dict[str, str]
-    simulation: SimResult
 
 
 def place(
@@ -383,21 +384,9 @@ def place(
         PlannerError: nothing fits.
     """
     dropped = dict(dropped or {})
-    eligible: dict[str, DeviceProfile] = {}
-    for key, p in found.items():
-        if not p.is_host and not config.allow_gpu:
-            dropped[key] = "allow_gpu=False"
-        elif not p.is_host and p.source == "estimated":
-            dropped[key] = "no measured profile (run `poot validate-hardware`)"
-        else:
-            eligible[key] = p
+    eligible = eligible_devices(found, config, dropped)
     budgets = _budgets(config, eligible, host, spill)
-    if config.force_placement is not None:
-        result = forced(stats, eligible, host, budgets, config.force_placement, dropped)
-    else:
-        result = search(
-            stats, eligible, host, budgets, allow_mixed_vendor=config.allow_mixed_vendor
-        )
+    result = search_under(stats, eligible, host, budgets, config, dropped)
     if not result.candidates:
         if config.disk_budget_bytes == 0:
             raise CapacityError(
@@ -411,7 +400,58 @@ def place(
             + "; ".join(f"{k}: {v}" for k, v in reasons.items()),
             reasons=reasons,
         )
-    top = result.candidates[:TOP_SIMULATED]
+    chosen, sim, runner_up = choose(
+        stats, result.candidates, eligible, host, config, result.best_with, result.infeasible,
+        dropped,
+    )  # fmt: skip
+    return Placed(eligible, budgets, chosen, runner_up, result.candidates, dropped, sim)
+
+
+def eligible_devices(
+    found: dict[str, DeviceProfile], config: CompileConfig, dropped: dict[str, str]
+) -> dict[str, DeviceProfile]:
+    """The profiles ``config`` lets the planner use; each other one goes to ``dropped`` with
+    its reason (GPUs when ``allow_gpu`` is off, GPUs with only an estimated profile)."""
+    eligible: dict[str, DeviceProfile] = {}
+    for key, p in found.items():
+        if not p.is_host and not config.allow_gpu:
+            dropped[key] = "allow_gpu=False"
+        elif not p.is_host and p.source == "estimated":
+            dropped[key] = "no measured profile (run `poot validate-hardware`)"
+        else:
+            eligible[key] = p
+    return eligible
+
+
+def search_under(
+    stats: ModelStats,
+    eligible: dict[str, DeviceProfile],
+    host: HostProfile,
+    budgets: Budgets,
+    config: CompileConfig,
+    dropped: dict[str, str],
+) -> SearchResult:
+    """The candidates: the placement ``config.force_placement`` pins, or the search's."""
+    if config.force_placement is not None:
+        return forced(stats, eligible, host, budgets, config.force_placement, dropped)
+    return search(stats, eligible, host, budgets, allow_mixed_vendor=config.allow_mixed_vendor)
+
+
+def choose(
+    stats: ModelStats,
+    candidates: list[Candidate],
+    eligible: dict[str, DeviceProfile],
+    host: HostProfile,
+    config: CompileConfig,
+    best_with: dict[str, Candidate],
+    infeasible: dict[str, str],
+    dropped: dict[str, str],
+) -> tuple[Candidate, SimResult, Candidate | None]:
+    """The chosen candidate, its simulation and the runner-up: the best ``TOP_SIMULATED``
+    candidates (by analytic cost) re-ranked by simulating one step. Each eligible device the
+    choice leaves out goes to ``dropped`` with its reason: ``infeasible``'s, or what the best
+    candidate using it (``best_with``) costs against the chosen one, and why."""
+    top = candidates[:TOP_SIMULATED]
     with ThreadPoolExecutor(config.workers(), thread_name_prefix="poot-plan") as pool:
         sims = list(pool.map(lambda c: simulate_step(stats, c.placement, eligible, host), top))
     for c, s in zip(top, sims, strict=True):
@@ -419,20 +459,20 @@ def place(
     order = sorted(range(len(top)), key=lambda i: top[i].score)
     chosen, sim = top[order[0]], sims[order[0]]
     runner_up = top[order[1]] if len(order) > 1 else None
+    used = [eligible[k] for k in chosen.placement.devices]
     for key in eligible:
         if key in chosen.placement.devices:
             continue
-        best = result.best_with.get(key)
+        best = best_with.get(key)
         if best is None:
-            dropped[key] = result.infeasible.get(key, "no feasible placement uses it")
+            dropped[key] = infeasible.get(key, "no feasible placement uses it")
         else:
-            used = [eligible[k] for k in chosen.placement.devices]
             dropped[key] = (
                 f"best plan using it ({best.placement.describe(stats)}) costs "
                 f"{best.score * 1e3:.3f} ms vs {chosen.score * 1e3:.3f} ms chosen; "
                 + versus(eligible[key], used, stats)
             )
-    return Placed(eligible, budgets, chosen, runner_up, result.candidates, dropped, sim)
+    return chosen, sim, runner_up
 
 
 def _budgets(

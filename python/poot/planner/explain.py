@@ -16,16 +16,41 @@ if TYPE_CHECKING:
     from poot.planner.profiles import DeviceProfile
     from poot.planner.search import Candidate
 
-__all__ = ["explain", "versus"]
+__all__ = ["candidate_line", "choice_lines", "explain", "versus"]
 
 
 def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB" if n < (1 << 60) else "unlimited"
 
 
-def _line(c: Candidate, compiled: CompiledModel) -> str:
+def candidate_line(c: Candidate, stats: ModelStats) -> str:
+    """A candidate's placement and cost (analytic, and simulated where it was)."""
     sim = "" if c.simulated_s is None else f"; simulated {c.simulated_s * 1e3:.3f} ms"
-    return f"{c.placement.describe(compiled.stats)}\n    cost {c.cost.summary()}{sim}"
+    return f"{c.placement.describe(stats)}\n    cost {c.cost.summary()}{sim}"
+
+
+def choice_lines(
+    stats: ModelStats,
+    runner_up: Candidate | None,
+    candidates: list[Candidate],
+    profiles: dict[str, DeviceProfile],
+    dropped: dict[str, str],
+) -> list[str]:
+    """The end of a plan's explanation: the runner-up, how many candidates were weighed,
+    each device's profile, and why each device left out was dropped."""
+    lines = []
+    if runner_up is not None:
+        lines.append(f"runner-up: {candidate_line(runner_up, stats)}")
+    else:
+        lines.append("runner-up: none (one feasible candidate)")
+    lines.append(f"candidates considered: {len(candidates)}")
+    for key, p in profiles.items():
+        tag = "validated" if p.validated else p.source
+        lines.append(f"device {key}: {p.name} ({tag})")
+    if dropped:
+        lines.append("dropped:")
+        lines.extend(f"  {k}: {v}" for k, v in sorted(dropped.items()))
+    return lines
 
 
 def versus(p: DeviceProfile, chosen: list[DeviceProfile], stats: ModelStats) -> str:
@@ -65,7 +90,7 @@ def explain(compiled: CompiledModel) -> str:
         "budgets: "
         + ", ".join(f"{k} {_mib(v)}" for k, v in compiled.budgets.device.items())
         + f"; host {_mib(compiled.budgets.host)}; disk {_mib(compiled.budgets.disk)}",
-        f"chosen: {_line(compiled.chosen, compiled)}",
+        f"chosen: {candidate_line(compiled.chosen, s)}",
     ]
     held = standing_bytes(compiled.stats, compiled.placement)
     lines.append(
@@ -82,15 +107,7 @@ def explain(compiled: CompiledModel) -> str:
             f"    path: streamed through a double buffer ({sum(chunks)} chunks), spill dir "
             f"{compiled.spill_dir}"
         )
-    if compiled.runner_up is not None:
-        lines.append(f"runner-up: {_line(compiled.runner_up, compiled)}")
-    else:
-        lines.append("runner-up: none (one feasible candidate)")
-    lines.append(f"candidates considered: {len(compiled.candidates)}")
-    for key, p in compiled.profiles.items():
-        tag = "validated" if p.validated else p.source
-        lines.append(f"device {key}: {p.name} ({tag})")
-    if compiled.dropped:
-        lines.append("dropped:")
-        lines.extend(f"  {k}: {v}" for k, v in sorted(compiled.dropped.items()))
+    lines += choice_lines(
+        s, compiled.runner_up, compiled.candidates, compiled.profiles, compiled.dropped
+    )
     return "\n".join(lines)

@@ -17,22 +17,27 @@ module hands to the next (the planner prices every cut with one size).
 from __future__ import annotations
 
 import math
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from poot import _native
 from poot.errors import PlannerError
-from poot.planner.compiled import CompileConfig, _budgets, _profiles_from
-from poot.planner.explain import versus
+from poot.planner.compiled import (
+    CompileConfig,
+    Placed,
+    _budgets,
+    _profiles_from,
+    choose,
+    eligible_devices,
+    search_under,
+)
+from poot.planner.explain import candidate_line, choice_lines
 from poot.planner.graphstats import ModelStats, UnitStats, Workload
 from poot.planner.profiles import DeviceProfile, HostProfile
-from poot.planner.search import Budgets, Candidate, SearchResult, forced, search
-from poot.planner.simulate import SimResult, simulate_step
+from poot.planner.search import Budgets, Candidate
 
 __all__ = ["ModulePlacement", "explain_modules", "module_unit", "place_modules"]
 
-_TOP_SIMULATED = 3
 # Equations that launch no kernel (as graphstats counts them).
 _FREE = {"input", "weight", "literal", "reshape", "cast"}
 
@@ -74,18 +79,12 @@ def module_stats(units: list[UnitStats], sizes: dict[str, int], activation: int)
 
 
 @dataclass
-class ModulePlacement:
-    """Where each module runs and why (the fields ``explain_modules`` prints)."""
+class ModulePlacement(Placed):
+    """Where each module runs and why (the fields ``explain_modules`` prints): the planner's
+    decision over the modules' ``stats``."""
 
     stats: ModelStats
-    profiles: dict[str, DeviceProfile]
     host: HostProfile
-    budgets: Budgets
-    chosen: Candidate
-    runner_up: Candidate | None
-    candidates: list[Candidate]
-    dropped: dict[str, str]
-    simulation: SimResult
     pinned: bool
 
     def device_of(self, unit: int) -> str:
@@ -124,25 +123,11 @@ def place_modules(
     from pathlib import Path
 
     dropped = dict(dropped)
-    eligible: dict[str, DeviceProfile] = {}
-    for key, p in found.items():
-        if not p.is_host and not config.allow_gpu:
-            dropped[key] = "allow_gpu=False"
-        elif not p.is_host and p.source == "estimated":
-            dropped[key] = "no measured profile (run `poot validate-hardware`)"
-        else:
-            eligible[key] = p
+    eligible = eligible_devices(found, config, dropped)
     # Modules never stream: no spill disk is ever used.
     budgets = _budgets(config, eligible, host, Path("/"))
     budgets = Budgets(budgets.device, budgets.host, 0)
-    if config.force_placement is not None:
-        result: SearchResult = forced(
-            stats, eligible, host, budgets, config.force_placement, dropped
-        )
-    else:
-        result = search(
-            stats, eligible, host, budgets, allow_mixed_vendor=config.allow_mixed_vendor
-        )
+    result = search_under(stats, eligible, host, budgets, config, dropped)
     why_not: dict[str, str] = dict(result.infeasible)
 
     def takes(c: Candidate) -> bool:
@@ -165,33 +150,15 @@ def place_modules(
             + "; ".join(f"{k}: {v}" for k, v in reasons.items()),
             reasons=reasons,
         )
-    top = cands[:_TOP_SIMULATED]
-    with ThreadPoolExecutor(config.workers(), thread_name_prefix="poot-plan") as pool:
-        sims = list(pool.map(lambda c: simulate_step(stats, c.placement, eligible, host), top))
-    for c, s in zip(top, sims, strict=True):
-        c.simulated_s = s.total_s
-    order = sorted(range(len(top)), key=lambda i: top[i].score)
-    chosen, sim = top[order[0]], sims[order[0]]
-    runner_up = top[order[1]] if len(order) > 1 else None
     best_with: dict[str, Candidate] = {}
     for c in cands:
         for d in c.placement.devices:
             best_with.setdefault(d, c)
-    used = [eligible[k] for k in chosen.placement.devices]
-    for key in eligible:
-        if key in chosen.placement.devices:
-            continue
-        best = best_with.get(key)
-        if best is None:
-            dropped[key] = why_not.get(key, "no feasible placement uses it")
-        else:
-            dropped[key] = (
-                f"best plan using it ({best.placement.describe(stats)}) costs "
-                f"{best.score * 1e3:.3f} ms vs {chosen.score * 1e3:.3f} ms chosen; "
-                + versus(eligible[key], used, stats)
-            )
+    chosen, sim, runner_up = choose(
+        stats, cands, eligible, host, config, best_with, why_not, dropped
+    )
     return ModulePlacement(
-        stats, eligible, host, budgets, chosen, runner_up, cands, dropped, sim,
+        eligible, budgets, chosen, runner_up, cands, dropped, sim, stats, host,
         config.force_placement is not None,
     )  # fmt: skip
 
@@ -204,11 +171,6 @@ def _mib(n: int) -> str:
     return f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} B"
 
 
-def _line(c: Candidate, stats: ModelStats) -> str:
-    sim = "" if c.simulated_s is None else f"; simulated {c.simulated_s * 1e3:.3f} ms"
-    return f"{c.placement.describe(stats)}\n    cost {c.cost.summary()}{sim}"
-
-
 def explain_modules(p: ModulePlacement) -> str:
     """The plan in words: each module's device, the chosen placement and its cost, the
     runner-up, the budgets, and why each device not used was dropped."""
@@ -216,7 +178,7 @@ def explain_modules(p: ModulePlacement) -> str:
     lines = [
         f"modules: {len(s.units)} ({_mib(s.total_weight_bytes)} weights)",
         "budgets: " + ", ".join(f"{k} {_mib(v)}" for k, v in p.budgets.device.items()),
-        f"chosen: {_line(p.chosen, s)}",
+        f"chosen: {candidate_line(p.chosen, s)}",
     ]
     if p.pinned:
         lines.append("    pinned by CompileConfig.force_placement (no search)")
@@ -225,15 +187,5 @@ def explain_modules(p: ModulePlacement) -> str:
             f"  {u.name} -> {p.device_of(i)} ({_mib(u.weight_bytes)} weights, "
             f"{u.equations} kernels)"
         )
-    if p.runner_up is not None:
-        lines.append(f"runner-up: {_line(p.runner_up, s)}")
-    else:
-        lines.append("runner-up: none (one feasible candidate)")
-    lines.append(f"candidates considered: {len(p.candidates)}")
-    for key, prof in p.profiles.items():
-        tag = "validated" if prof.validated else prof.source
-        lines.append(f"device {key}: {prof.name} ({tag})")
-    if p.dropped:
-        lines.append("dropped:")
-        lines.extend(f"  {k}: {v}" for k, v in sorted(p.dropped.items()))
+    lines += choice_lines(s, p.runner_up, p.candidates, p.profiles, p.dropped)
     return "\n".join(lines)
