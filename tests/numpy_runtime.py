@@ -327,6 +327,9 @@ class NumpyRuntime:
                 r = np.concatenate(x, axis=attrs["axis"])
             elif op == "gather_rows":
                 r = x[0][x[1]]
+            elif op == "scatter_add_rows":
+                r = np.zeros((attrs["rows"], x[0].shape[1]), x[0].dtype)
+                np.add.at(r, x[1], x[0])
             elif op == "sample":
                 rows = range(x[0].shape[0])
                 r = np.array([sample(x[0][i], *(v[i] for v in x[1:])) for i in rows], np.int32)

@@ -23,7 +23,7 @@ torch = require_torch()
 F = torch.nn.functional
 
 from poot import _native  # noqa: E402
-from poot.errors import NoGradientError  # noqa: E402
+from poot.errors import NoGradientError, TraceError  # noqa: E402
 from poot.torch_frontend.grad import Tape  # noqa: E402
 
 EXACT = (1e-6, 1e-5)
@@ -224,12 +224,106 @@ def test_reductions(kind):
     )
 
 
+def _run_tape(build, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Traces ``build(tape, inputs)`` -> (out, params, seed input) and runs out and the
+    gradients of the params on the CPU runtime."""
+    weights = _native.Weights.from_arrays({"unused": np.zeros(1, np.float32)})
+    tracer = _native.Tracer(weights, 1, _native.TraceLimits())
+    tape = Tape(tracer)
+    ins = {
+        n: tracer.input(n, "i32" if a.dtype == np.int32 else "f32", list(a.shape))
+        for n, a in feeds.items()
+    }
+    out, params, seed = build(tape, ins)
+    grads = tape.backward(out, [ins[n] for n in params], seed=ins[seed])
+    tracer.output("out", out)
+    for n, gv in zip(params, grads, strict=True):
+        tracer.output(f"d_{n}", gv)
+    rt = _native.CpuRuntime(threads=1)
+    return rt.run(rt.prepare(tracer.finish(), weights), feeds)
+
+
+def test_max_splits_the_gradient_evenly_over_ties_as_torch_amax():
+    # Rows with one, two and three maxima (and a row of equal values).
+    x = np.array(
+        [[1.0, 3.0, 2.0, -1.0], [3.0, 0.5, 3.0, 2.0], [2.0, 2.0, 1.0, 2.0], [4.0, 4.0, 4.0, 4.0]],
+        np.float32,
+    )
+    g = np.array([[0.7], [-1.3], [0.9], [2.0]], np.float32)
+
+    def build(tape, v):
+        tape.parameter(v["x"])
+        return tape.call("reduce", v["x"], "max"), ["x"], "g"
+
+    got = _run_tape(build, {"x": x, "g": g})
+    xt = torch.tensor(x, requires_grad=True)
+    out = xt.amax(dim=-1, keepdim=True)
+    out.backward(torch.from_numpy(g))
+    np.testing.assert_array_equal(got["out"], out.detach().numpy())
+    # mask * (g / count), one rounding each, as torch's: equal, not just close.
+    np.testing.assert_array_equal(got["d_x"], xt.grad.numpy())
+
+
+def test_gather_rows_and_scatter_add_rows_are_each_others_adjoint():
+    rng = np.random.default_rng(7)
+    table = rng.standard_normal((9, 5)).astype(np.float32)
+    ids = np.array([3, 0, 3, 8, 3, 1, 0], np.int32)  # repeats: their adjoints add
+    g = rng.standard_normal((7, 5)).astype(np.float32)
+
+    def gather(tape, v):
+        tape.parameter(v["table"])
+        return tape.call("gather_rows", v["table"], v["ids"]), ["table"], "g"
+
+    got = _run_tape(gather, {"table": table, "ids": ids, "g": g})
+    tt = torch.tensor(table, requires_grad=True)
+    out = F.embedding(torch.from_numpy(ids).long(), tt)
+    out.backward(torch.from_numpy(g))
+    np.testing.assert_array_equal(got["out"], out.detach().numpy())
+    np.testing.assert_allclose(got["d_table"], tt.grad.numpy(), atol=1e-6, rtol=1e-6)
+
+    # scatter_add_rows forward is torch's index_add into zeros; its adjoint a gather.
+    src = rng.standard_normal((7, 5)).astype(np.float32)
+    g2 = rng.standard_normal((9, 5)).astype(np.float32)
+
+    def scatter(tape, v):
+        tape.parameter(v["src"])
+        return tape.call("scatter_add_rows", v["src"], v["ids"], 9), ["src"], "g"
+
+    got = _run_tape(scatter, {"src": src, "ids": ids, "g": g2})
+    st = torch.tensor(src, requires_grad=True)
+    out = torch.zeros(9, 5).index_add(0, torch.from_numpy(ids).long(), st)
+    out.backward(torch.from_numpy(g2))
+    np.testing.assert_allclose(got["out"], out.detach().numpy(), atol=1e-6, rtol=1e-6)
+    np.testing.assert_array_equal(got["d_src"], st.grad.numpy())
+
+
+def test_scatter_add_rows_refuses_bad_ids_with_a_typed_error():
+    from poot.errors import KernelError
+
+    weights = _native.Weights.from_arrays({"unused": np.zeros(1, np.float32)})
+    tracer = _native.Tracer(weights, 1, _native.TraceLimits())
+    src = tracer.input("src", "f32", [3, 2])
+    ids = tracer.input("ids", "i32", [3])
+    tracer.output("y", tracer.scatter_add_rows(src, ids, 4))
+    other = _native.Tracer(weights, 1, _native.TraceLimits())
+    with pytest.raises(TraceError, match="ids"):
+        other.scatter_add_rows(other.input("s", "f32", [3, 2]), other.input("i", "i32", [2]), 4)
+    rt = _native.CpuRuntime(threads=1)
+    plan = rt.prepare(tracer.finish(), weights)
+    src_v = np.ones((3, 2), np.float32)
+    for bad in ([0, 4, 1], [-1, 0, 0]):
+        with pytest.raises(KernelError, match="scatter_add_rows"):
+            rt.run(plan, {"src": src_v, "ids": np.array(bad, np.int32)})
+    out = rt.run(plan, {"src": src_v, "ids": np.array([2, 2, 0], np.int32)})["y"]
+    np.testing.assert_array_equal(out, [[1, 1], [0, 0], [2, 2], [0, 0]])
+
+
 def test_an_op_without_a_vjp_is_a_typed_error_naming_it():
     weights = _native.Weights.from_arrays({"unused": np.zeros(1, np.float32)})
     tracer = _native.Tracer(weights, 1, _native.TraceLimits())
     tape = Tape(tracer)
     x = tape.parameter(tracer.input("x", "f32", [2, 3]))
-    out = tape.call("reduce", tape.call("unary", x, "exp"), "max")
-    with pytest.raises(NoGradientError, match=r"reduce\(max\)") as e:
-        tape.backward(out, [x], seed=tracer.input("g", "f32", [2, 1]))
-    assert e.value.op == "reduce_max"
+    out = tape.call("unary", tape.call("unary", x, "exp"), "gelu_erf_grad")
+    with pytest.raises(NoGradientError, match=r"gelu_erf_grad") as e:
+        tape.backward(out, [x], seed=tracer.input("g", "f32", [2, 3]))
+    assert e.value.op == "gelu_erf_grad"

@@ -230,6 +230,14 @@ pub enum Op {
         x: ValueId,
         rows: ValueId,
     },
+    /// The adjoint of `GatherRows`: `src` [T, D] (f32) added into `rows` zero rows by `ids`
+    /// [T] (i32) -> [rows, D], row `r` the sum of the `src` rows whose id is `r`, added in
+    /// order of `t` (so every runtime rounds alike); an embedding table's gradient.
+    ScatterAddRows {
+        src: ValueId,
+        ids: ValueId,
+        rows: usize,
+    },
     /// Draws one token id per row of `logits` [S, V] -> [S] (i32); -1 where the row holds a
     /// NaN or +inf, or no token is allowed (every logit -inf).
     Sample {
@@ -288,6 +296,7 @@ impl Op {
             Op::Slice { .. } => "slice",
             Op::Concat { .. } => "concat",
             Op::GatherRows { .. } => "gather_rows",
+            Op::ScatterAddRows { .. } => "scatter_add_rows",
             Op::Sample { .. } => "sample",
             Op::AdjustLogits { .. } => "adjust_logits",
             Op::MaskLogits { .. } => "mask_logits",
@@ -328,6 +337,7 @@ impl Op {
             Op::Reshape { x, .. } | Op::Slice { x, .. } | Op::Cast { x, .. } => vec![*x],
             Op::Concat { xs, .. } => xs.clone(),
             Op::GatherRows { x, rows } => vec![*x, *rows],
+            Op::ScatterAddRows { src, ids, .. } => vec![*src, *ids],
             Op::GatherCols { x, ids } => vec![*x, *ids],
             Op::MoeMatMul { x, w, ids } => vec![*x, *w, *ids],
             Op::MoeCombine { y, weights } => vec![*y, *weights],
@@ -405,6 +415,10 @@ impl Op {
             Op::GatherRows { x, rows } => {
                 *x = f(*x);
                 *rows = f(*rows);
+            }
+            Op::ScatterAddRows { src, ids, .. } => {
+                *src = f(*src);
+                *ids = f(*ids);
             }
             Op::GatherCols { x, ids } => {
                 *x = f(*x);

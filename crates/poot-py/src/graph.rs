@@ -120,6 +120,7 @@ fn attrs<'py>(py: Python<'py>, op: &Op) -> PyResult<Bound<'py, PyDict>> {
         }
         Op::Concat { axis, .. } => d.set_item("axis", axis)?,
         Op::TopK { k, .. } => d.set_item("k", k)?,
+        Op::ScatterAddRows { rows, .. } => d.set_item("rows", rows)?,
         Op::Scalar { value, reverse, .. } => {
             d.set_item("value", value)?;
             d.set_item("reverse", reverse)?;
@@ -170,6 +171,7 @@ fn attr_text(op: &Op) -> String {
         } => format!(" axis={axis} {start}..{end}"),
         Op::Concat { axis, .. } => format!(" axis={axis}"),
         Op::TopK { k, .. } => format!(" k={k}"),
+        Op::ScatterAddRows { rows, .. } => format!(" rows={rows}"),
         Op::Scalar { value, reverse, .. } => format!(" value={value} reverse={reverse}"),
         Op::LayerNorm { eps, .. } => format!(" eps={eps}"),
         Op::Permute { perm, .. } => format!(" perm={perm:?}"),

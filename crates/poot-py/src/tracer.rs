@@ -518,6 +518,19 @@ impl PyTracer {
         self.binary_op(py, x, rows, Tracer::gather_rows)
     }
 
+    /// `src` [T, D] added into `rows` zero rows by `ids` [T] -> [rows, D], in order of `t`
+    /// (the adjoint of `gather_rows`).
+    fn scatter_add_rows(
+        &mut self,
+        py: Python<'_>,
+        src: &PyValue,
+        ids: &PyValue,
+        rows: usize,
+    ) -> PyResult<PyValue> {
+        let (src, ids) = (self.vid(py, src)?, self.vid(py, ids)?);
+        self.rec(py, |t| t.scatter_add_rows(src, ids, rows))
+    }
+
     /// One token id per row of `logits` [S, V] -> [S] i32 (-1: no usable token), from
     /// per-row inputs.
     #[pyo3(signature = (logits, *, temperature, top_k, top_p, min_p, uniform))]

@@ -61,6 +61,8 @@ pub(crate) enum Kernel {
     Bmm,
     LayerNorm,
     Reduce,
+    /// Rows added by id without atomics (`scatter_add.wgsl`): an embedding's gradient.
+    ScatterAdd,
 }
 
 impl Kernel {
@@ -98,6 +100,7 @@ impl Kernel {
             Kernel::Bmm => "bmm",
             Kernel::LayerNorm => "layer_norm",
             Kernel::Reduce => "reduce",
+            Kernel::ScatterAdd => "scatter_add",
         }
     }
 
@@ -135,6 +138,7 @@ impl Kernel {
             Kernel::Bmm => include_str!("../../../shaders/wgsl/bmm.wgsl"),
             Kernel::LayerNorm => include_str!("../../../shaders/wgsl/layer_norm.wgsl"),
             Kernel::Reduce => include_str!("../../../shaders/wgsl/reduce.wgsl"),
+            Kernel::ScatterAdd => include_str!("../../../shaders/wgsl/scatter_add.wgsl"),
         }
     }
 

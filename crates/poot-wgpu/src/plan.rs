@@ -127,6 +127,9 @@ fn kernels_of(rt: &WgpuRuntime, graph: &Graph, op: &Op) -> Vec<(Kernel, DType)> 
         ],
         Op::Slice { .. } | Op::Concat { .. } => vec![(Kernel::Copy, DType::F32)],
         Op::GatherRows { .. } => vec![(Kernel::Gather, DType::F32)],
+        Op::ScatterAddRows { src, .. } => {
+            [deq(*src), vec![(Kernel::ScatterAdd, DType::F32)]].concat()
+        }
         Op::Sample { .. } if rt.samples_on_device() => vec![(Kernel::Sample, DType::F32)],
         Op::Sample { .. } => vec![(Kernel::Argmax, DType::F32)],
         Op::AdjustLogits { .. } => vec![(Kernel::AdjustLogits, DType::F32)],

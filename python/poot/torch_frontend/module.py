@@ -4,13 +4,16 @@ portable artifact (``save`` / ``load``).
 
 Invariants: a compiled module accepts exactly the example inputs' shapes and dtypes (anything
 else is ``UnsupportedFeatureError`` saying what differed); its graph is traced under the
-``TraceLimits`` and prepared under the ``CompileLimits`` it was given; parameters are read in
-place through ``Weights.from_arrays`` (no copy; the module must not change them afterwards).
-An artifact is one ``.npz`` file holding the program, the input specs, the limits and every
-weight (a copy; BF16 as 16-bit words), with no device choice in it: ``load`` prepares it for
-the runtime of the machine that loads it. A file that is not such an artifact is
-``ArtifactFormatError``. ``forward_with_cancel_token`` checks a ``CancelToken`` before and
-after the run (``cancel.py``); ``__call__`` takes no token and is never cancelled.
+``TraceLimits`` and prepared under the ``CompileLimits`` it was given, once; parameters are
+read in place through ``Weights.from_arrays`` (no copy; the module must not change them
+afterwards), except that a module compiled for training reads its float32 parameters as
+graph inputs fed at each run from the arrays a training step updates in place. An artifact
+is one ``.npz`` file holding the program, the input specs, the limits, every weight (a copy;
+BF16 as 16-bit words) and a trainable module's training state (``train_state.py``), with no
+device choice in it: ``load`` prepares it for the runtime of the machine that loads it. A
+file that is not such an artifact is ``ArtifactFormatError``. ``forward_with_cancel_token``
+checks a ``CancelToken`` before and after the run (``cancel.py``); ``__call__`` takes no token
+and is never cancelled.
 """
 
 from __future__ import annotations
@@ -70,15 +73,33 @@ class CompiledModule:
         self.trace_limits = trace_limits
         self.compile_limits = compile_limits
         self.weights = _native.Weights.from_arrays(arrays, dtypes=dtypes)
-        self.graph = replay(program, self.weights, trace_limits)
         self.runtime = runtime or _native.CpuRuntime()
         self.runtime_given = runtime is not None
-        self.plan = self.runtime.prepare(self.graph, self.weights, compile_limits)
         # Training (train.py): the CompileConfig, the parameters a step updates, its state.
         self.config = config
         self.trainable = list(trainable or [])
-        self._trainer: Any = None
-        self._stale = False
+        self.trainer: Any = None
+        # A module that may train reads its float32 parameters as graph inputs fed from the
+        # arrays a step updates in place, so no step makes its forward plan stale.
+        self.param_inputs: dict[str, np.ndarray[Any, Any]] = {}
+        plan_weights = self.weights
+        if self._fed_parameters():
+            from poot.torch_frontend.train_graph import forward_graph, param_input
+
+            self.graph, plan_weights = forward_graph(self)
+            self.param_inputs = {param_input(n): arrays[n] for n in self.trainable}
+        else:
+            self.graph = replay(program, self.weights, trace_limits)
+        self.plan = self.runtime.prepare(self.graph, plan_weights, compile_limits)
+        # Forward plans prepared over this module's life (one: steps never re-prepare).
+        self.prepare_count = 1
+
+    def _fed_parameters(self) -> bool:
+        if not (self.trainable and getattr(self.config, "allow_training", False)):
+            return False
+        return all(
+            self._arrays[n].dtype == np.float32 and n not in self._dtypes for n in self.trainable
+        )
 
     @property
     def arrays(self) -> dict[str, np.ndarray[Any, Any]]:
@@ -90,21 +111,23 @@ class CompiledModule:
         return self._dtypes
 
     def train_step(
-        self, inputs: Any, targets: Any, loss_fn: Any = "mse", *, optimizer: Any
+        self,
+        inputs: Any,
+        targets: Any,
+        loss_fn: Any = "mse",
+        *,
+        optimizer: Any,
+        config: Any = None,
     ) -> float:
-        """One training step (forward, loss, gradients, ``optimizer`` update) as one graph on
-        the runtime; returns the loss. Needs ``CompileConfig(allow_training=True)``; see
-        ``poot.torch_frontend.train``."""
+        """One training update (forward, loss, gradients, ``optimizer`` step; with
+        ``config``, a ``TrainConfig``: clipping, accumulation over micro-batches, a
+        learning-rate schedule) as graphs on the runtime; returns the loss. Needs
+        ``CompileConfig(allow_training=True)``; see ``poot.torch_frontend.train``."""
         from poot.torch_frontend.train import Trainer
 
-        if self._trainer is None:
-            self._trainer = Trainer(self)
-        return self._trainer.step(inputs, targets, loss_fn, optimizer)
-
-    def parameters_changed(self) -> None:
-        """The weight arrays were written (a training step): the forward plan's prepared
-        copies are stale, so the next forward prepares it again from a new store."""
-        self._stale = True
+        if self.trainer is None:
+            self.trainer = Trainer(self)
+        return self.trainer.step(inputs, targets, loss_fn, optimizer, config)
 
     def __call__(self, *args: Any) -> Any:
         return self._forward(args, None)
@@ -135,12 +158,7 @@ class CompiledModule:
         }
         if admission is not None:
             admission.check("before its run started")
-        if self._stale:
-            # A new store: the runtime caches prepared weights by store.
-            self.weights = _native.Weights.from_arrays(self._arrays, dtypes=self._dtypes)
-            self.graph = replay(self.program, self.weights, self.trace_limits)
-            self.plan = self.runtime.prepare(self.graph, self.weights, self.compile_limits)
-            self._stale = False
+        feed.update(self.param_inputs)
         flat = run_to_tensors(self.runtime, self.plan, feed, self.program.outputs)
         if admission is not None:
             # The run cannot be interrupted; a cancel during it drops its outputs here.
@@ -166,8 +184,14 @@ class CompiledModule:
                 "compile": {f: getattr(self.compile_limits, f) for f in _LIMIT_FIELDS["compile"]},
             },
         }
+        from poot.torch_frontend import train_state
+
+        training, state_blobs = train_state.section(self)
+        if training is not None:
+            meta["training"] = training
         # Any: numpy's stub types **kwds against its `allow_pickle` keyword.
         blobs: dict[str, Any] = {f"w{i}": a for i, a in enumerate(self._arrays.values())}
+        blobs.update(state_blobs)
         with open(path, "wb") as f:
             np.savez(f, __meta__=np.frombuffer(json.dumps(meta).encode(), np.uint8), **blobs)
 
@@ -207,9 +231,16 @@ def compile_module(
     )
 
 
-def load(path: str | os.PathLike[str], *, runtime: Runtime | None = None) -> CompiledModule:
+def load(
+    path: str | os.PathLike[str], *, runtime: Runtime | None = None, config: Any = None
+) -> CompiledModule:
     """Reads an artifact written by ``CompiledModule.save`` and prepares it on this host, for
-    ``runtime`` (default: a new ``CpuRuntime``; an op it lacks is ``UnsupportedOpError``)."""
+    ``runtime`` (default: a new ``CpuRuntime``; an op it lacks is ``UnsupportedOpError``).
+    An artifact saved with training state loads trainable, resuming where it stopped
+    (``config`` default: ``CompileConfig(allow_training=True)`` for it)."""
+    from poot.torch_frontend import train_state
+
+    training = None
     try:
         # Our own handle: np.load leaks the one it opens when the zip is corrupt.
         with open(path, "rb") as f, np.load(f, allow_pickle=False) as z:
@@ -222,6 +253,8 @@ def load(path: str | os.PathLike[str], *, runtime: Runtime | None = None) -> Com
                     f"this poot reads {VERSION}"
                 )
             arrays = {name: z[f"w{i}"] for i, name in enumerate(meta["weights"])}
+            if "training" in meta:
+                training = train_state.read(meta["training"], z, arrays, repr(os.fspath(path)))
         program = Program.from_json(meta["program"])
         inputs = [(str(n), str(d), tuple(int(x) for x in s)) for n, d, s in meta["inputs"]]
         trace = _native.TraceLimits(**meta["limits"]["trace"])
@@ -234,8 +267,18 @@ def load(path: str | os.PathLike[str], *, runtime: Runtime | None = None) -> Com
         raise ArtifactFormatError(
             f"{os.fspath(path)!r} is not a readable poot module artifact: {e}"
         ) from e
+    trainable = training.trainable if training is not None else None
+    if training is not None and config is None:
+        from poot.planner.compiled import CompileConfig
+
+        config = CompileConfig(allow_training=True)
     try:
-        return CompiledModule(program, arrays, dtypes, inputs, structure, trace, comp, runtime)
+        compiled = CompiledModule(
+            program, arrays, dtypes, inputs, structure, trace, comp, runtime, config, trainable
+        )
+        if training is not None:
+            train_state.restore(compiled, training)
+        return compiled
     except (ValueError, TypeError) as e:
         from poot.errors import PootError, TraceError
 

@@ -4,9 +4,9 @@ returns the updated ones.
 
 Invariants: the update follows torch's single-tensor CPU implementation (``torch.optim.SGD``
 and ``torch.optim.AdamW`` with ``foreach=False``) operation for operation, each one IEEE f32
-rounding; what changes from step to step (AdamW's bias corrections) is a graph input computed
-in f64 on the host as torch computes it, so the graph is traced once. Hyperparameters are
-checked when the optimizer is made (``ConfigError``).
+rounding; what changes from step to step (the learning rate under a schedule, AdamW's bias
+corrections) is a graph input computed in f64 on the host as torch computes it, so the graph
+is traced once. Hyperparameters are checked when the optimizer is made (``ConfigError``).
 """
 
 from __future__ import annotations
@@ -40,10 +40,12 @@ class SGD:
     def state_names(self) -> tuple[str, ...]:
         return ("momentum",) if self.momentum else ()
 
-    def step_inputs(self, step: int) -> dict[str, float]:
+    def step_inputs(self, step: int, lr: float) -> dict[str, float]:
+        """The graph inputs of step ``step`` (from 1) at learning rate ``lr``."""
         # The first step takes the gradient as the buffer (torch clones it); 0 * b + g is that
         # exactly, with the buffer starting at zero.
-        return {"keep": 0.0 if step == 1 else self.momentum} if self.momentum else {}
+        keep = {"keep": 0.0 if step == 1 else self.momentum} if self.momentum else {}
+        return {"neg_lr": -lr, **keep}
 
     def update(
         self, t: _native.Tracer, p: Value, g: Value, state: dict[str, Value], ins: dict[str, Value]
@@ -55,7 +57,7 @@ class SGD:
             b = t.binary(t.binary(state["momentum"], ins["keep"], "mul"), g, "add")
             new_state["momentum"] = b
             g = b
-        return t.binary(p, t.scalar(g, "mul", -self.lr), "add"), new_state
+        return t.binary(p, t.binary(g, ins["neg_lr"], "mul"), "add"), new_state
 
 
 @dataclass(frozen=True)
@@ -81,18 +83,22 @@ class AdamW:
     def state_names(self) -> tuple[str, ...]:
         return ("exp_avg", "exp_avg_sq")
 
-    def step_inputs(self, step: int) -> dict[str, float]:
+    def step_inputs(self, step: int, lr: float) -> dict[str, float]:
+        """The graph inputs of step ``step`` (from 1) at learning rate ``lr``."""
         b1, b2 = self.betas
         bias1 = 1 - b1**step
         bias2 = 1 - b2**step
-        return {"neg_step_size": -(self.lr / bias1), "bias2_sqrt": bias2**0.5}
+        ins = {"neg_step_size": -(lr / bias1), "bias2_sqrt": bias2**0.5}
+        if self.weight_decay:
+            ins["decay"] = 1 - lr * self.weight_decay
+        return ins
 
     def update(
         self, t: _native.Tracer, p: Value, g: Value, state: dict[str, Value], ins: dict[str, Value]
     ) -> tuple[Value, dict[str, Value]]:
         b1, b2 = self.betas
         if self.weight_decay:
-            p = t.scalar(p, "mul", 1 - self.lr * self.weight_decay)
+            p = t.binary(p, ins["decay"], "mul")
         m, v = state["exp_avg"], state["exp_avg_sq"]
         # lerp(m, g, 1 - b1) = m + (1 - b1) (g - m), as torch's CPU lerp for weights < 0.5.
         m = t.binary(m, t.scalar(t.binary(g, m, "sub"), "mul", 1 - b1), "add")
@@ -103,6 +109,34 @@ class AdamW:
 
 
 Optimizer = SGD | AdamW
+
+
+def to_json(opt: Optimizer) -> dict[str, Any]:
+    """The optimizer as plain data (a saved module's training state)."""
+    if isinstance(opt, SGD):
+        return {"kind": "SGD", "lr": opt.lr, "momentum": opt.momentum,
+                "weight_decay": opt.weight_decay}  # fmt: skip
+    return {"kind": "AdamW", "lr": opt.lr, "betas": list(opt.betas), "eps": opt.eps,
+            "weight_decay": opt.weight_decay}  # fmt: skip
+
+
+def from_json(data: Any) -> Optimizer:
+    """The optimizer ``to_json`` wrote; ``ValueError`` (or ``ConfigError``) for anything
+    else."""
+    if not isinstance(data, dict):
+        raise ValueError(f"an optimizer must be a JSON object, got {type(data).__name__}")
+    kind = data.get("kind")
+    fields = {k: v for k, v in data.items() if k != "kind"}
+    if not all(isinstance(v, (int, float, list)) for v in fields.values()):
+        raise ValueError(f"optimizer fields must be numbers, got {fields}")
+    if kind == "SGD" and set(fields) == {"lr", "momentum", "weight_decay"}:
+        return SGD(**fields)
+    if kind == "AdamW" and set(fields) == {"lr", "betas", "eps", "weight_decay"}:
+        betas = fields.pop("betas")
+        if not (isinstance(betas, list) and len(betas) == 2):
+            raise ValueError(f"AdamW betas must be two numbers, got {betas!r}")
+        return AdamW(betas=(float(betas[0]), float(betas[1])), **fields)
+    raise ValueError(f"unknown optimizer {kind!r} with fields {sorted(fields)}")
 
 
 def check_optimizer(opt: Any) -> Optimizer:

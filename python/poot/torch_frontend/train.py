@@ -1,29 +1,28 @@
 """Training a compiled module: ``CompiledModule.train_step(inputs, targets, loss_fn,
-optimizer=...)`` runs one step (forward, loss, backward, optimizer update) as one poot graph
-and returns the loss.
+optimizer=..., config=TrainConfig(...))`` runs one optimizer update (forward, loss, backward,
+optional gradient accumulation and clipping, update) as poot graphs and returns the loss.
 
-How the step graph is built (``build_step``): the module's lowered program is replayed on a
-``grad.Tape`` with every trainable parameter turned into a graph input (so one prepared plan
-serves every step), a stored-weight matmul of a parameter becoming ``batch_matmul`` with its
-transpose and an embedding of a trained table a one-hot ``batch_matmul`` (the table's rows
-picked by ``embedding`` of an identity matrix, whose gradient is that one-hot's transpose
-times the output's: [V, V] floats of identity per table, so the vocabulary stays small); the
-loss is traced on top; ``Tape.backward`` traces the gradients; the optimizer (``optim.py``)
-traces the update. Outputs: the loss, each parameter's new value, each optimizer state's.
+The graphs are traced in ``train_graph.py``; this module checks what may train, splits a
+batch into micro-batches, feeds the graphs and applies their outputs. A step with
+``accumulation_steps = k`` runs k graphs: the first returns its gradients, each later one
+adds its own to those it is fed, and the last also clips and updates; the returned loss is
+the mean of the k micro-batch losses. The learning rate of update ``n`` (from 1) is the
+schedule's after ``n - 1`` epochs (``schedule.py``), fed to the graph as an input.
 
 Invariants: training needs ``CompileConfig(allow_training=True)`` at compile time
 (``TrainingNotAllowedError`` otherwise) and one in-process native runtime with resident
 float32 parameters (``TrainingUnsupportedError`` for streamed or multi-device placements,
 runtimes in other processes, other dtypes). The parameters live in the compiled module's
 weight arrays (for a contiguous float32 parameter, the torch module's own storage: a step
-updates the module as a torch optimizer would); after a step the forward plan is prepared
-again before its next call. The step plan runs on the module's runtime when one was given,
-else on a ``CpuRuntime`` with ``torch.get_num_threads()`` threads (the caller's budget).
+updates the module as a torch optimizer would), written in place only after every graph of
+the step ran, so a failed step changes nothing. The module's forward plan reads them as
+inputs and is never prepared again. The step plans run on the module's runtime when one was
+given, else on a ``CpuRuntime`` with ``torch.get_num_threads()`` threads (the caller's
+budget); each kind of step graph is traced and prepared once.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,10 +30,17 @@ import numpy as np
 
 from poot import _native
 from poot.errors import TrainingNotAllowedError, TrainingUnsupportedError, UnsupportedFeatureError
-from poot.torch_frontend.grad import Tape, Value
 from poot.torch_frontend.lower import numpy_input
 from poot.torch_frontend.optim import Optimizer, check_optimizer
-from poot.torch_frontend.program import ALLOWED, Ref
+from poot.torch_frontend.schedule import LrTrack, Schedule, TrainConfig, check_config
+from poot.torch_frontend.train_graph import (
+    TARGET,
+    StepGraph,
+    StepKind,
+    build_step,
+    flat_targets,
+    param_input,
+)
 
 LOSSES = ("mse", "cross_entropy")
 
@@ -112,183 +118,91 @@ def check_trainable(compiled: Any) -> None:
 
 
 @dataclass
-class StepGraph:
-    """A traced and prepared training step."""
-
-    plan: Any
-    inputs: list[tuple[str, str, tuple[int, ...]]]
-    target: tuple[str, tuple[int, ...]]
-    params: list[str]
-    states: list[str]
-    step_inputs: list[str]
-    runtime: Any
-
-
-def _eye_name(n: int) -> str:
-    return f"_train.eye.{n}"
-
-
-def build_step(compiled: Any, loss: str, opt: Optimizer, runtime: Any) -> StepGraph:
-    """Traces and prepares the step graph (see the module docs)."""
-    trainable = set(compiled.trainable)
-    arrays = {n: a for n, a in compiled.arrays.items() if n not in trainable}
-    out_names = [o[0] for o in compiled.graph.outputs()]
-    if len(out_names) != 1:
-        raise TrainingUnsupportedError(
-            f"train_step needs a module with one output tensor, this one has {len(out_names)}"
-        )
-    out_shape = tuple(compiled.graph.outputs()[0][2])
-    eyes = {a.shape[0] for n, a in compiled.arrays.items() if n in trainable and a.ndim == 2}
-    if loss == "cross_entropy":
-        eyes.add(out_shape[-1])
-    for n in eyes:
-        arrays[_eye_name(n)] = np.eye(n, dtype=np.float32)
-    dtypes = {n: d for n, d in compiled.dtypes.items() if n in arrays}
-    weights = _native.Weights.from_arrays(arrays, dtypes=dtypes)
-    tracer = _native.Tracer(weights, 1, compiled.trace_limits)
-    tape = Tape(tracer)
-    params: dict[str, Value] = {}
-    values: list[Any] = []
-    out: Value | None = None
-
-    def res(a: Any) -> Any:
-        if isinstance(a, Ref):
-            return values[a.index]
-        if isinstance(a, list):
-            return [res(x) for x in a]
-        return a
-
-    def is_param(v: Any) -> bool:
-        return isinstance(v, Value) and any(p.id == v.id for p in params.values())
-
-    for method, args, kwargs in compiled.program.calls:
-        if method not in ALLOWED:
-            raise ValueError(f"program calls unknown tracer method {method!r}")
-        a = res(args)
-        v: Any = None
-        if method == "output":
-            out = a[1]
-        elif method == "weight" and a[0] in trainable:
-            shape = list(compiled.arrays[a[0]].shape)
-            v = params.get(a[0]) or tape.parameter(tracer.input(f"param:{a[0]}", "f32", shape))
-            params[a[0]] = v
-        elif method == "matmul" and is_param(a[1]) and len(a[1].shape) == 2:
-            v = tape.call("batch_matmul", a[0], tape.call("permute", a[1], [1, 0]))
-        elif method == "embedding" and is_param(a[0]):
-            onehot = tracer.embedding(tracer.weight(_eye_name(a[0].shape[0])), a[1])
-            v = tape.call("batch_matmul", onehot, a[0])
-        elif method in ("input", "weight", "literal"):
-            v = getattr(tracer, method)(*a, **kwargs)
-        else:
-            v = tape.call(method, *a, **kwargs)
-        values.append(v)
-    assert out is not None
-    target_name = "_train.target"
-    loss_v, target_shape = _trace_loss(tape, out, loss, target_name)
-    names = sorted(params)
-    grads = tape.backward(loss_v, [params[n] for n in names])
-    tracer.output("loss", loss_v)
-    step_ins = {k: tracer.input(f"step.{k}", "f32", [1]) for k in opt.step_inputs(1)}
-    states = []
-    for n, g in zip(names, grads, strict=True):
-        p = params[n]
-        state = {}
-        for s in opt.state_names:
-            state[s] = tracer.input(f"state.{s}:{n}", "f32", list(p.shape))
-            states.append(f"state.{s}:{n}")
-        new_p, new_state = opt.update(tracer, p, g, state, step_ins)
-        tracer.output(f"param:{n}", new_p)
-        for s, v in new_state.items():
-            tracer.output(f"state.{s}:{n}", v)
-    graph = tracer.finish()
-    plan = runtime.prepare(graph, weights, compiled.compile_limits)
-    return StepGraph(
-        plan=plan,
-        inputs=list(compiled.inputs),
-        target=(target_name, target_shape),
-        params=names,
-        states=states,
-        step_inputs=list(step_ins),
-        runtime=runtime,
-    )
-
-
-def _trace_loss(tape: Tape, out: Value, loss: str, name: str) -> tuple[Value, tuple[int, ...]]:
-    """The mean loss as a [1, 1] value and the target input's shape."""
-    t, shape = tape.tracer, tuple(out.shape)
-    n = math.prod(shape)
-    if loss == "mse":
-        target = t.input(name, "f32", list(shape))
-        d = tape.call("binary", out, target, "sub")
-        sq = tape.call("binary", d, d, "mul")
-        return tape.call("reduce", tape.call("reshape", sq, [1, n]), "mean"), shape
-    if len(shape) < 2:
-        raise TrainingUnsupportedError(
-            f"cross_entropy needs logits with a class dim last, got shape {list(shape)}"
-        )
-    c = shape[-1]
-    rows = n // c
-    x = tape.call("reshape", out, [rows, c])
-    ids = t.input(name, "i32", [rows])
-    onehot = t.embedding(t.weight(_eye_name(c)), ids)
-    # log-sum-exp less its max (a constant to the gradient: the exact derivative is zero).
-    m = tape.detached("reduce", x, "max")
-    e = tape.call("unary", tape.call("binary", x, m, "sub"), "exp")
-    lse = tape.call("binary", tape.call("unary", tape.call("reduce", e, "sum"), "log"), m, "add")
-    picked = tape.call("reduce", tape.call("binary", x, onehot, "mul"), "sum")
-    per_row = tape.call("binary", lse, picked, "sub")
-    return tape.call("reduce", tape.call("reshape", per_row, [1, rows]), "mean"), (rows,)
-
-
-@dataclass
 class Trainer:
-    """A module's training state: step plans by loss and optimizer, optimizer state, step
-    counts."""
+    """A module's training state: step graphs by kind, optimizer state and update counts by
+    optimizer, learning-rate tracks."""
 
     compiled: Any
-    plans: dict[tuple[str, Optimizer], StepGraph] = field(default_factory=dict)
+    plans: dict[StepKind, StepGraph] = field(default_factory=dict)
     state: dict[Optimizer, dict[str, np.ndarray[Any, Any]]] = field(default_factory=dict)
     steps: dict[Optimizer, int] = field(default_factory=dict)
+    lrs: dict[tuple[Schedule | None, float], LrTrack] = field(default_factory=dict)
     runtime: Any = None
 
-    def step(self, inputs: Any, targets: Any, loss_fn: Any, optimizer: Any) -> float:
+    def step(
+        self, inputs: Any, targets: Any, loss_fn: Any, optimizer: Any, config: Any = None
+    ) -> float:
         c = self.compiled
         check_trainable(c)
         opt = check_optimizer(optimizer)
+        cfg = check_config(config)
         loss = loss_kind(loss_fn)
-        key = (loss, opt)
-        sg = self.plans.get(key)
-        if sg is None:
-            sg = build_step(c, loss, opt, self._runtime())
-            self.plans[key] = sg
-        args = tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)
-        if len(args) != len(sg.inputs):
-            raise UnsupportedFeatureError(
-                f"{len(args)} inputs given, the module was compiled for {len(sg.inputs)}"
+        n_out = len(c.graph.outputs())
+        if n_out != 1:
+            raise TrainingUnsupportedError(
+                f"train_step needs a module with one output tensor, this one has {n_out}"
             )
-        feed = {
-            name: numpy_input(name, a, dtype, shape)
-            for a, (name, dtype, shape) in zip(args, sg.inputs, strict=True)
-        }
-        feed[sg.target[0]] = _target(targets, loss, sg.target[1], c)
-        for n in sg.params:
-            feed[f"param:{n}"] = c.arrays[n]
+        k = cfg.accumulation_steps
+        # Every micro-batch is checked before anything runs.
+        feeds = [self._feed(args, tgt, loss) for args, tgt in _micro_batches(inputs, targets, k, c)]
+        kinds = _kinds(loss, opt, cfg)
+        plans = [self._plan(kind) for kind in kinds]
+        losses = []
+        acc: dict[str, Any] = {}
+        for feed, sg in zip(feeds, plans, strict=True):
+            for n in sg.params:
+                feed[param_input(n)] = c.arrays[n]
+                if sg.kind.accumulated:
+                    feed[f"acc:{n}"] = acc[n]
+            if sg.kind.update:
+                out = self._run_update(sg, feed, opt, cfg.schedule)
+            else:
+                out = sg.runtime.run(sg.plan, feed)
+                acc = {n: np.asarray(out[f"acc:{n}"]) for n in sg.params}
+            losses.append(float(np.asarray(out["loss"]).reshape(-1)[0]))
+        return sum(losses) / k
+
+    def _run_update(
+        self, sg: StepGraph, feed: dict[str, Any], opt: Optimizer, schedule: Schedule | None
+    ) -> Any:
+        c = self.compiled
         state = self.state.setdefault(opt, {})
         for s in sg.states:
             pname = s.split(":", 1)[1]
             feed[s] = state.setdefault(s, np.zeros_like(c.arrays[pname]))
         step = self.steps.get(opt, 0) + 1
-        for k, v in opt.step_inputs(step).items():
-            feed[f"step.{k}"] = np.array([v], dtype=np.float32)
+        track = self.lrs.get((schedule, opt.lr))
+        if track is None:
+            track = self.lrs[(schedule, opt.lr)] = LrTrack(schedule, opt.lr)
+        for key, v in opt.step_inputs(step, track.at(step - 1)).items():
+            feed[f"step.{key}"] = np.array([v], dtype=np.float32)
         out = sg.runtime.run(sg.plan, feed)
-        # Only once the run succeeded: a failed step changes nothing.
+        # Only once every graph of the step ran: a failed step changes nothing.
         self.steps[opt] = step
         for n in sg.params:
-            np.copyto(c.arrays[n], np.asarray(out[f"param:{n}"]).reshape(c.arrays[n].shape))
+            np.copyto(c.arrays[n], np.asarray(out[param_input(n)]).reshape(c.arrays[n].shape))
         for s in sg.states:
             state[s] = np.asarray(out[s]).reshape(state[s].shape).copy()
-        c.parameters_changed()
-        return float(np.asarray(out["loss"]).reshape(-1)[0])
+        return out
+
+    def _feed(self, args: tuple[Any, ...], targets: Any, loss: str) -> dict[str, Any]:
+        c = self.compiled
+        if len(args) != len(c.inputs):
+            raise UnsupportedFeatureError(
+                f"{len(args)} inputs given, the module was compiled for {len(c.inputs)}"
+            )
+        feed = {
+            name: numpy_input(name, a, dtype, shape)
+            for a, (name, dtype, shape) in zip(args, c.inputs, strict=True)
+        }
+        feed[TARGET] = _target(targets, loss, tuple(c.graph.outputs()[0][2]))
+        return feed
+
+    def _plan(self, kind: StepKind) -> StepGraph:
+        sg = self.plans.get(kind)
+        if sg is None:
+            sg = self.plans[kind] = build_step(self.compiled, kind, self._runtime())
+        return sg
 
     def _runtime(self) -> Any:
         if self.runtime is None:
@@ -301,7 +215,46 @@ class Trainer:
         return self.runtime
 
 
-def _target(targets: Any, loss: str, shape: tuple[int, ...], compiled: Any) -> Any:
+def _kinds(loss: str, opt: Optimizer, cfg: TrainConfig) -> list[StepKind]:
+    """The step graphs of one update, in order (see the module docs)."""
+    k, clip = cfg.accumulation_steps, cfg.max_grad_norm
+    if k == 1:
+        return [StepKind(loss, opt, 1, accumulated=False, update=True, max_grad_norm=clip)]
+    first = StepKind(loss, opt, k, accumulated=False, update=False)
+    middle = StepKind(loss, opt, k, accumulated=True, update=False)
+    last = StepKind(loss, opt, k, accumulated=True, update=True, max_grad_norm=clip)
+    return [first, *[middle] * (k - 2), last]
+
+
+def _micro_batches(inputs: Any, targets: Any, k: int, compiled: Any) -> list[tuple[Any, Any]]:
+    """``(inputs, targets)`` split along dim 0 into ``k`` equal micro-batches (itself for 1);
+    each part's shape is checked against the compiled one when it is fed."""
+    args = tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)
+    if k == 1:
+        return [(args, targets)]
+    import torch
+
+    def split(name: str, v: Any) -> list[Any]:
+        if isinstance(v, np.ndarray):
+            v = torch.from_numpy(v)
+        if not isinstance(v, torch.Tensor) or v.ndim == 0 or v.shape[0] % k:
+            got = list(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+            raise UnsupportedFeatureError(
+                f"{name}: with accumulation_steps={k} dim 0 must split into {k} equal "
+                f"micro-batches, got {got}"
+            )
+        return list(torch.split(v, v.shape[0] // k))
+
+    if len(args) != len(compiled.inputs):
+        raise UnsupportedFeatureError(
+            f"{len(args)} inputs given, the module was compiled for {len(compiled.inputs)}"
+        )
+    parts = [split(f"input {n!r}", a) for a, (n, _, _) in zip(args, compiled.inputs, strict=True)]
+    tparts = split("targets", targets)
+    return [(tuple(p[i] for p in parts), tparts[i]) for i in range(k)]
+
+
+def _target(targets: Any, loss: str, out_shape: tuple[int, ...]) -> Any:
     import torch
 
     if isinstance(targets, np.ndarray):
@@ -311,14 +264,15 @@ def _target(targets: Any, loss: str, shape: tuple[int, ...], compiled: Any) -> A
             f"targets must be a torch tensor or numpy array, got {type(targets).__name__}"
         )
     if loss == "mse":
-        return numpy_input("targets", targets, "f32", shape)
-    if targets.numel() != shape[0] or targets.dtype not in (torch.int64, torch.int32):
+        return numpy_input("targets", targets, "f32", out_shape)
+    c = out_shape[-1]
+    rows = int(np.prod(out_shape)) // c
+    if targets.numel() != rows or targets.dtype not in (torch.int64, torch.int32):
         raise UnsupportedFeatureError(
-            f"cross_entropy targets must be {shape[0]} class ids (int64 or int32), got "
+            f"cross_entropy targets must be {rows} class ids (int64 or int32), got "
             f"{targets.dtype} of shape {list(targets.shape)}"
         )
     ids = targets.reshape(-1)
-    c = compiled.graph.outputs()[0][2][-1]
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= c):
         raise UnsupportedFeatureError(f"cross_entropy targets must lie in [0, {c})")
-    return numpy_input("targets", ids, "i32", (shape[0],))
+    return flat_targets(numpy_input("targets", ids, "i32", (rows,)), c)

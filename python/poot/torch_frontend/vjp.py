@@ -5,9 +5,11 @@ order; None where an operand takes none) for the adjoint ``g`` of the record's r
 Each rule is written with IR ops only (``grad.Ops`` wraps the tracer), recomputing what it
 needs from the record's operands (layer and RMS norm recompute their statistics; softmax,
 exp, tanh and sigmoid reuse their result). Exact derivatives everywhere except where noted:
-``abs`` takes 0 at 0 (torch's choice), relu's derivative at 0 is 0 (torch's), and ``reduce``
-of kind ``max`` and the stored-weight ops have none (``NoGradientError`` if a parameter
-reaches them through a gradient path).
+``abs`` takes 0 at 0 (torch's choice), relu's derivative at 0 is 0 (torch's), ``reduce`` of
+kind ``max`` splits the gradient evenly over the tied maxima (torch's ``amax``), and the
+stored-weight ops have none (``NoGradientError`` if a parameter reaches them through a
+gradient path). A row gather's adjoint is ``scatter_add_rows`` (memory of the table's size,
+no one-hot matrix), and the other way round.
 """
 
 from __future__ import annotations
@@ -271,7 +273,13 @@ def _rms_norm(o: Ops, r: Record, g: Value) -> list[Value | None]:
 
 @_rule("reduce")
 def _reduce(o: Ops, r: Record, g: Value) -> list[Value | None]:
-    x, kind = r.args[0], r.args[1]
+    x, kind, t = r.args[0], r.args[1], o.t
+    if kind == "max":
+        # torch's amax: the gradient split evenly over the elements equal to the maximum,
+        # mask * (g / count). y - x >= 0, and step(y - x) is 0 exactly where x is a maximum.
+        mask = t.scalar(t.unary(t.binary(r.out, x, "sub"), "step"), "sub", 1.0, reverse=True)
+        count = t.reduce(mask, "sum")
+        return [o.mul(mask, t.binary(g, count, "div")), None]
     if kind not in ("sum", "mean"):
         from poot.errors import NoGradientError
 
@@ -286,8 +294,20 @@ def _reduce(o: Ops, r: Record, g: Value) -> list[Value | None]:
     return [gx, None]
 
 
+@_rule("gather_rows")
+def _gather_rows(o: Ops, r: Record, g: Value) -> list[Value | None]:
+    # Picked rows (a trained embedding table's lookup): their adjoints added back by id.
+    x, rows = r.args[0], r.args[1]
+    return [o.t.scatter_add_rows(g, rows, x.shape[0]), None]
+
+
+@_rule("scatter_add_rows")
+def _scatter_add_rows(o: Ops, r: Record, g: Value) -> list[Value | None]:
+    return [o.t.gather_rows(g, r.args[1]), None, None]
+
+
 @_rule("embedding")
 def _embedding(o: Ops, r: Record, g: Value) -> list[Value | None]:
-    # A stored table and integer ids: neither takes a gradient (a trained table is lowered
-    # as a one-hot matmul by train.py).
+    # A stored table and integer ids: neither takes a gradient (a trained table is traced
+    # as a gather_rows of a parameter input instead).
     return [None, None]

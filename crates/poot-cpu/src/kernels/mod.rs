@@ -41,6 +41,7 @@ pub mod layer_norm;
 pub mod matmul;
 pub mod norm;
 pub mod rope;
+pub mod scatter;
 pub mod tensor;
 
 pub use act::{

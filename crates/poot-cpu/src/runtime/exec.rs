@@ -448,7 +448,8 @@ impl<'a> Exec<'a> {
             | Op::Permute { .. }
             | Op::Reduce { .. }
             | Op::BatchMatMul { .. }
-            | Op::CausalMask { .. } => self.tensor_op(op, &info.shape)?,
+            | Op::CausalMask { .. }
+            | Op::ScatterAddRows { .. } => self.tensor_op(op, &info.shape)?,
         })
     }
 }

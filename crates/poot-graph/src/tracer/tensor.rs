@@ -220,6 +220,30 @@ impl Tracer {
         }
         self.push(Op::CausalMask { x }, out, 0, 0)
     }
+
+    /// `src` [T, D] summed into `rows` rows by `ids` [T] -> [rows, D] (see
+    /// `Op::ScatterAddRows`).
+    pub fn scatter_add_rows(
+        &mut self,
+        src: ValueId,
+        ids: ValueId,
+        rows: usize,
+    ) -> Result<ValueId, TraceError> {
+        const OP: &str = "scatter_add_rows";
+        let s = self.act(OP, src, "src", Some(2))?;
+        let i = self.ids(OP, ids, "ids", 1)?;
+        if i.shape[0] != s.shape[0] {
+            return Err(shape_err(
+                OP,
+                format!("{} ids for {} rows of src", i.shape[0], s.shape[0]),
+            ));
+        }
+        if rows == 0 {
+            return Err(shape_err(OP, "rows must be at least 1"));
+        }
+        let out = ValueInfo::new(DType::F32, vec![rows, s.shape[1]]);
+        self.push(Op::ScatterAddRows { src, ids, rows }, out, 0, 0)
+    }
 }
 
 #[cfg(test)]
@@ -300,5 +324,22 @@ mod tests {
         assert!(is_shape_err(t.layer_norm(x, None, None, f32::NAN)));
         // Nothing of a refused call was recorded.
         assert_eq!(t.usage().equations, 4);
+    }
+
+    #[test]
+    fn scatter_add_rows_shapes_and_refusals() {
+        let mut t = tracer();
+        let src = t.input("src", DType::F32, vec![3, 5]).unwrap();
+        let ids = t.input("ids", DType::I32, vec![3]).unwrap();
+        let short = t.input("short", DType::I32, vec![2]).unwrap();
+        let y = t.scatter_add_rows(src, ids, 7).unwrap();
+        assert_eq!(t.info(y).unwrap().shape, [7, 5]);
+        assert!(is_shape_err(t.scatter_add_rows(src, short, 7)));
+        assert!(is_shape_err(t.scatter_add_rows(src, ids, 0)));
+        assert!(is_shape_err(t.scatter_add_rows(ids, ids, 7)));
+        assert!(is_shape_err(t.scatter_add_rows(src, src, 7)));
+        let g = t.finish();
+        assert_eq!(g.op(y).name(), "scatter_add_rows");
+        assert_eq!(g.op(y).operands(), vec![src, ids]);
     }
 }

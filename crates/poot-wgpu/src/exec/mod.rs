@@ -28,6 +28,7 @@ mod matmul_q8;
 mod moe;
 mod recorded;
 mod sampling;
+mod scatter;
 mod tensor;
 
 pub(crate) use recorded::{
@@ -553,6 +554,9 @@ impl<'a> Exec<'a> {
             }
             Op::MoeMatMul { x, w, ids } => return self.moe_matmul(out_bytes, *x, *w, *ids),
             Op::GatherCols { x, ids } => return self.gather_cols(out_bytes, *x, *ids),
+            Op::ScatterAddRows { src, ids, rows } => {
+                return self.scatter_add_rows(out_bytes, *src, *ids, *rows)
+            }
             Op::MoeCombine { y, weights } => return self.moe_combine(out_bytes, *y, *weights),
             Op::AdjustLogits { .. } | Op::MaskLogits { .. } | Op::Logprobs { .. } => {
                 // `compile` refuses these (see `plan::supports`).

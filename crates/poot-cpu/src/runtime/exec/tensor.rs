@@ -1,5 +1,5 @@
 //! The general tensor ops (`Op::Unary`, `Binary`, `Scalar`, `LayerNorm`, `Reduce`, `Permute`,
-//! `BatchMatMul`, `CausalMask`): operands read through `Exec::floats` (an activation borrowed,
+//! `BatchMatMul`, `CausalMask`, `ScatterAddRows`): operands read through `Exec::floats` (an activation borrowed,
 //! a stored float weight decoded or borrowed as f32), one kernel call each, single-threaded
 //! (these graphs are small; a pool split is future work).
 
@@ -63,6 +63,17 @@ impl Exec<'_> {
             Op::Reduce { x, kind } => {
                 let d = *self.shape(*x).last().unwrap_or(&1);
                 kernels::tensor::reduce(*kind, &self.floats(*x, name)?, d, &mut out)
+            }
+            Op::ScatterAddRows { src, ids, rows } => {
+                let d = out_shape[1];
+                let ids = self.i32(*ids, name)?;
+                kernels::scatter::scatter_add_rows(
+                    &self.floats(*src, name)?,
+                    ids,
+                    d,
+                    *rows,
+                    &mut out,
+                )
             }
             Op::CausalMask { x } => {
                 out.copy_from_slice(&self.floats(*x, name)?);
