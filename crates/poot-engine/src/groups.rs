@@ -135,7 +135,7 @@ impl KvGroups {
 
     /// Tables over the longest cached prefix of `lookup` every group can use (see the module
     /// docs), windowed groups released behind their window.
-    pub(crate) fn from_cached_prefix(
+    pub(crate) fn lookup_prefix(
         &mut self,
         lookup: &[TokenId],
     ) -> Result<Vec<BlockTable>, KvError> {

@@ -271,7 +271,7 @@ impl Scheduler {
             };
             // Never the last known token: the step must compute it to sample after it.
             let lookup = &req.tokens[..req.tokens.len() - 1];
-            req.tables = self.kv.from_cached_prefix(lookup)?;
+            req.tables = self.kv.lookup_prefix(lookup)?;
             let cached = req.num_computed();
             let len = req.num_remaining().min(*budget);
             if !self.kv.reserve(&mut req.tables, cached + len) {
