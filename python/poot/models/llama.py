@@ -11,7 +11,7 @@ checkpoints keep the rotate_half layout (``"neox"``), and so do GGUF ``qwen2`` f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from poot.errors import CheckpointFormatError, UnsupportedArchitectureError
@@ -186,7 +186,8 @@ class LlamaModel:
     names: WeightNames
     rope_style: RopeStyle
     rope_scaling: dict[str, Any] | None = None
-    window_group: bool = False
+    # Keyword-only, so subclasses' positional fields keep their places.
+    window_group: bool = field(default=False, kw_only=True)
 
     @classmethod
     def from_files(cls, files: ModelFiles) -> LlamaModel:
