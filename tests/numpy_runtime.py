@@ -209,11 +209,23 @@ class NumpyRuntime:
         return True
 
     def configure_kv(
-        self, *, n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, num_blocks: int
+        self,
+        *,
+        n_layers: int,
+        n_kv_heads: int,
+        head_dim: int,
+        block_size: int,
+        num_blocks: int,
+        windowed_layers: int = 0,
+        windowed_blocks: int = 0,
     ) -> None:
-        shape = (num_blocks * block_size, n_kv_heads, head_dim)
-        self.k = [np.zeros(shape) for _ in range(n_layers)]
-        self.v = [np.zeros(shape) for _ in range(n_layers)]
+        # The last ``windowed_layers`` layers are a windowed KV group with its own pool.
+        def shape(layer: int) -> tuple[int, int, int]:
+            blocks = windowed_blocks if layer >= n_layers - windowed_layers else num_blocks
+            return (blocks * block_size, n_kv_heads, head_dim)
+
+        self.k = [np.zeros(shape(i)) for i in range(n_layers)]
+        self.v = [np.zeros(shape(i)) for i in range(n_layers)]
         self.block_size = block_size
 
     def prepare(self, graph: Any, weights: Any = None, limits: Any = None) -> NumpyPlan:

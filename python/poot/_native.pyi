@@ -406,7 +406,15 @@ class CpuRuntime:
         self, graph: Graph, weights: Weights, limits: CompileLimits | None = None
     ) -> Plan: ...
     def configure_kv(
-        self, *, n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, num_blocks: int
+        self,
+        *,
+        n_layers: int,
+        n_kv_heads: int,
+        head_dim: int,
+        block_size: int,
+        num_blocks: int,
+        windowed_layers: int = 0,
+        windowed_blocks: int = 0,
     ) -> None: ...
     def run(
         self,
@@ -466,7 +474,15 @@ class WgpuRuntime:
         self, graph: Graph, weights: Weights, limits: CompileLimits | None = None
     ) -> Plan: ...
     def configure_kv(
-        self, *, n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, num_blocks: int
+        self,
+        *,
+        n_layers: int,
+        n_kv_heads: int,
+        head_dim: int,
+        block_size: int,
+        num_blocks: int,
+        windowed_layers: int = 0,
+        windowed_blocks: int = 0,
     ) -> None: ...
     def run(
         self,
@@ -538,7 +554,15 @@ class CudaRuntime:
         self, graph: Graph, weights: Weights, limits: CompileLimits | None = None
     ) -> Plan: ...
     def configure_kv(
-        self, *, n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, num_blocks: int
+        self,
+        *,
+        n_layers: int,
+        n_kv_heads: int,
+        head_dim: int,
+        block_size: int,
+        num_blocks: int,
+        windowed_layers: int = 0,
+        windowed_blocks: int = 0,
     ) -> None: ...
     def run(
         self,
@@ -562,7 +586,11 @@ class Scheduler:
 
     ``kv_window=W`` (every layer attends to a sliding window of at most ``W`` positions): after
     each step a request's blocks wholly before its next token's window go back to the pool and
-    its block table shows the null block there.
+    its block table shows the null block there. ``window_group=W`` (windowed layers of at
+    most ``W`` positions interleaved with global ones): the windowed layers' KV is a second
+    group with its own pool (``window_pool_blocks``) and tables (the step inputs
+    ``window_slot_mapping`` and ``window_block_tables``), released the same way, while the
+    ``num_blocks`` pool keeps every position.
 
     Raises ``ContextLengthError`` for a prompt past ``max_model_len`` or a request too big for
     the pool, ``ConfigError`` for a bad setting and ``ValueError`` for a bad call.
@@ -580,6 +608,7 @@ class Scheduler:
         enable_prefix_caching: bool = False,
         model_key: int = 0,
         kv_window: int | None = None,
+        window_group: int | None = None,
     ) -> Scheduler: ...
     def add_request(
         self,
@@ -606,6 +635,11 @@ class Scheduler:
     def pool_blocks(self) -> int: ...
     @property
     def used_blocks(self) -> int: ...
+    # Blocks of each windowed layer's pool (window_group; the null block included), else 0.
+    @property
+    def window_pool_blocks(self) -> int: ...
+    @property
+    def used_window_blocks(self) -> int: ...
     @property
     def free_blocks(self) -> int: ...
     @property

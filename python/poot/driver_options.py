@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from poot.errors import ConfigError
 from poot.prepared import PreparedPolicy
 
-__all__ = ["DriverOptions", "kv_block_bytes"]
+__all__ = ["DriverOptions", "kv_block_bytes", "kv_pool_bytes"]
 
 logger = logging.getLogger("poot")
 
@@ -44,6 +44,23 @@ def kv_block_bytes(hparams: KvShape, block_size: int, entry_bytes: int = 4) -> i
     ``entry_bytes`` is 4 for an f32 cache (``"exact"``) and 2 for f16 (``"ggml"``).
     """
     return 2 * entry_bytes * hparams.n_layers * hparams.n_kv_heads * hparams.head_dim * block_size
+
+
+def kv_pool_bytes(
+    hparams: KvShape,
+    block_size: int,
+    entry_bytes: int,
+    pool_blocks: int,
+    windowed_layers: int = 0,
+    window_pool_blocks: int = 0,
+) -> int:
+    """Bytes of a runtime's KV pool: ``pool_blocks`` blocks (``Scheduler.pool_blocks``, the
+    null block included) for every layer, but ``window_pool_blocks`` for the
+    ``windowed_layers`` of a window group (``Scheduler.window_pool_blocks``)."""
+    per_layer_block = 2 * entry_bytes * hparams.n_kv_heads * hparams.head_dim * block_size
+    global_layers = hparams.n_layers - windowed_layers
+    blocks = global_layers * pool_blocks + windowed_layers * window_pool_blocks
+    return blocks * per_layer_block
 
 
 @dataclass(frozen=True)

@@ -424,6 +424,10 @@ class EngineCore:
         if first == 0 or all(e is not None for e in req.prompt_logprobs[1 : first + 1]):
             return
         table = np.asarray(plan.inputs["block_tables"][row], np.int32)
+        # A window group's table (its blocks behind the window are the null block: those
+        # positions' windowed KV is not rewritten, and their entries read the null block).
+        wtable = plan.inputs.get("window_block_tables")
+        wrow = None if wtable is None else np.asarray(wtable[row], np.int32)
         bs = self.scheduler.block_size
         step = self.runner.max_step_tokens
         for a in range(0, first, step):
@@ -441,6 +445,12 @@ class EngineCore:
             inputs["ids"][:k] = req.prompt_ids[a:b]
             inputs["positions"][:k] = pos
             inputs["slot_mapping"][:k] = table[pos // bs] * bs + pos % bs
+            if wrow is not None:
+                wslots = np.full(t, -1, np.int32)
+                blocks = wrow[pos // bs]
+                wslots[:k] = np.where(blocks > 0, blocks * bs + pos % bs, -1)
+                inputs["window_slot_mapping"] = wslots
+                inputs["window_block_tables"] = wrow.reshape(1, -1)
             sub = SchedulerOutput(
                 [req.request_id], [k], [False], [], k, 0, (t, 1, table.size), inputs
             )

@@ -142,6 +142,17 @@ def kv_window(definition: Any) -> int | None:
     return max(windows)
 
 
+def kv_group_window(definition: Any) -> int | None:
+    """The scheduler's ``window_group``: the largest window when windowed layers are
+    interleaved with global ones (Gemma 2 and 3), so the windowed layers' KV runs as a group
+    of its own whose blocks behind the window go back to the pool; None otherwise."""
+    h = getattr(definition, "hparams", None)
+    windows = tuple(getattr(h, "layer_windows", ()) or ())
+    if not any(w > 0 for w in windows) or all(w > 0 for w in windows):
+        return None
+    return max(windows)
+
+
 class LLM:
     """A model ready to generate.
 
@@ -276,6 +287,10 @@ class LLM:
         enable_prefix_caching = opts.enable_prefix_caching
         self.max_model_len = max_model_len
         self.definition = self.definition.for_context(max_model_len)
+        # A planner placement (config) keeps one KV table for every layer (no window group).
+        window_group = kv_group_window(self.definition) if config is None else None
+        if window_group is not None:
+            self.definition = self.definition.with_window_group()
         self.max_num_seqs = max_num_seqs
         self.block_size = block_size
         source = self.files.gguf if self.files.gguf is not None else self.files.safetensors
@@ -297,6 +312,7 @@ class LLM:
             enable_prefix_caching=enable_prefix_caching,
             model_key=self.model_key,
             kv_window=kv_window(self.definition),
+            window_group=window_group,
         )
         runner = StepRunner(
             self.definition,
@@ -304,6 +320,7 @@ class LLM:
             self.runtime,
             block_size=block_size,
             pool_blocks=self.scheduler.pool_blocks,
+            window_pool_blocks=self.scheduler.window_pool_blocks,
             max_step_tokens=max_step_tokens,
             trace_limits=trace_limits,
             compile_limits=compile_limits,

@@ -35,7 +35,9 @@ Invariants:
       (no adjust, mask or logprobs) still sample on the device.
     - The runtime's KV pool holds ``pool_blocks`` blocks, as the scheduler counts them
       (``Scheduler.pool_blocks``: the usable ones and the reserved null block 0, which padding
-      table entries point at; padding tokens write no KV).
+      table entries point at; padding tokens write no KV). With a window group
+      (``LlamaModel.with_window_group``) its last ``kv_windowed_layers`` layers hold
+      ``window_pool_blocks`` (``Scheduler.window_pool_blocks``) instead.
 """
 
 from __future__ import annotations
@@ -171,6 +173,8 @@ class StepRunner:
         block_size: tokens per KV block.
         pool_blocks: blocks in the runtime's KV pool (``Scheduler.pool_blocks``: the usable
             ones and the null block 0).
+        window_pool_blocks: blocks of each windowed layer's pool when the definition has a
+            window group (``Scheduler.window_pool_blocks``); 0 otherwise.
         max_step_tokens: most tokens in one step.
         trace_limits, compile_limits: budgets for tracing and compiling each plan.
         max_plans: plans kept in the cache (prepared entries).
@@ -188,6 +192,7 @@ class StepRunner:
         block_size: int,
         pool_blocks: int,
         max_step_tokens: int,
+        window_pool_blocks: int = 0,
         trace_limits: TraceLimits,
         compile_limits: CompileLimits,
         max_plans: int = 64,
@@ -214,12 +219,21 @@ class StepRunner:
         self._heads: dict[tuple[int, int, int, bool, int], Plan] = {}
         self.samples_on_device = all(runtime.supports(op) for op in LOGIT_OPS)
         n_layers, n_kv_heads, head_dim = definition.kv_shape
+        self.window_pool_blocks = window_pool_blocks
+        windowed = definition.kv_windowed_layers
+        if windowed > 0 and window_pool_blocks < 2:
+            raise ValueError(
+                "a window group needs window_pool_blocks >= 2 (the null block and one)"
+            )
+        # Only a window group passes the group's shape (Python runtimes need not know it).
+        group = {"windowed_layers": windowed, "windowed_blocks": window_pool_blocks}
         runtime.configure_kv(
             n_layers=n_layers,
             n_kv_heads=n_kv_heads,
             head_dim=head_dim,
             block_size=block_size,
             num_blocks=pool_blocks,
+            **(group if windowed > 0 else {}),
         )
 
     @property

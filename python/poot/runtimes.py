@@ -39,9 +39,18 @@ class Runtime(Protocol):
         ...
 
     def configure_kv(
-        self, *, n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, num_blocks: int
+        self,
+        *,
+        n_layers: int,
+        n_kv_heads: int,
+        head_dim: int,
+        block_size: int,
+        num_blocks: int,
+        windowed_layers: int = 0,
+        windowed_blocks: int = 0,
     ) -> None:
-        """Allocates (or replaces) the paged KV pool."""
+        """Allocates (or replaces) the paged KV pool: per layer, ``num_blocks`` blocks, but
+        ``windowed_blocks`` for the last ``windowed_layers`` (a windowed KV group)."""
         ...
 
     def prepare(self, graph: Graph, weights: Weights, limits: CompileLimits | None = None) -> Plan:

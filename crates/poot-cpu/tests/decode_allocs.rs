@@ -207,6 +207,8 @@ fn allocations_per_warm_step(numerics: Numerics) -> usize {
         head_dim: HD as u32,
         block_size: 64,
         num_blocks: 1,
+        windowed_layers: 0,
+        windowed_blocks: 0,
     })
     .unwrap();
     let s = store();

@@ -321,6 +321,12 @@ impl Runtime for CudaRuntime {
 
     fn configure_kv(&self, cfg: KvCacheConfig) -> Result<(), RuntimeError> {
         self.poison.check()?;
+        if let Some(detail) = cfg.invalid() {
+            return Err(RuntimeError::Kernel {
+                op: "configure_kv",
+                detail,
+            });
+        }
         let bytes = cfg.bytes_f32().unwrap_or(u64::MAX);
         if bytes > self.options.max_kv_bytes {
             return Err(RuntimeError::OutOfMemory {
@@ -329,11 +335,13 @@ impl Runtime for CudaRuntime {
                 limit: self.options.max_kv_bytes,
             });
         }
-        let layer = (cfg.layer_elems().unwrap_or(usize::MAX) as u64).saturating_mul(4);
+        let layer = |l: u32| {
+            (cfg.layer_elems_of(l as usize).unwrap_or(usize::MAX) as u64).saturating_mul(4)
+        };
         let mut slot = self.kv.lock().unwrap_or_else(|e| e.into_inner());
         *slot = None; // free the old pool before allocating the new one
         let make = || -> Result<Vec<DevBuf>, RuntimeError> {
-            (0..cfg.n_layers).map(|_| self.alloc(layer)).collect()
+            (0..cfg.n_layers).map(|l| self.alloc(layer(l))).collect()
         };
         let (k, v) = (make()?, make()?);
         {

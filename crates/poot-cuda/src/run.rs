@@ -49,7 +49,9 @@ fn attention_shape(
     let [slots, seqs, positions, tables] = [0, 1, 2, 3].map(|i| i32s(inputs, &a.meta[i]));
     let (slots, seqs, positions, tables) = (slots?, seqs?, positions?, tables?);
     let (bs, mb) = (c.block_size as usize, a.max_blocks as usize);
-    let n_slots = c.num_blocks as usize * bs;
+    // The layer's group's blocks (a windowed group has its own, smaller pool).
+    let num_blocks = c.layer_blocks(a.cfg.layer as usize) as usize;
+    let n_slots = num_blocks * bs;
     let n_seqs = tables.len() / mb.max(1);
     for i in 0..a.t as usize {
         let (seq, pos, slot) = (seqs[i], positions[i], slots[i]);
@@ -66,10 +68,9 @@ fn attention_shape(
         }
         let row = &tables[seq as usize * mb..][..mb];
         for (b, &blk) in row.iter().enumerate().take(pos as usize / bs + 1) {
-            if blk < 0 || blk as usize >= c.num_blocks as usize {
+            if blk < 0 || blk as usize >= num_blocks {
                 return Err(bad(format!(
-                    "block_tables[{seq}][{b}] = {blk} is out of range 0..{}",
-                    c.num_blocks
+                    "block_tables[{seq}][{b}] = {blk} is out of range 0..{num_blocks}"
                 )));
             }
         }

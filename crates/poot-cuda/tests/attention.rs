@@ -136,6 +136,8 @@ fn attention_case(window: u32, softcap: f32) {
         head_dim: D,
         block_size: BS,
         num_blocks: 9,
+        windowed_layers: 0,
+        windowed_blocks: 0,
     };
     rt.configure_kv(kv).unwrap();
     cpu.configure_kv(kv).unwrap();
@@ -197,6 +199,8 @@ fn bad_metadata_is_refused_before_anything_runs() {
         head_dim: D,
         block_size: BS,
         num_blocks: 2,
+        windowed_layers: 0,
+        windowed_blocks: 0,
     })
     .unwrap();
     // Block 2 is past the pool's 2 blocks: position 8 would read it.

@@ -26,12 +26,34 @@ pub struct SchedulerConfig {
     /// running request's blocks wholly before its last `W - 1` positions go back to the pool
     /// after each step (no later token reads them). None: every position is kept.
     pub kv_window: Option<usize>,
+    /// `Some(W)` when some layers attend to a sliding window of at most `W` positions and
+    /// the others to every position (Gemma 2 and 3): the windowed layers' KV is a second
+    /// group with its own pool ([`SchedulerConfig::window_pool_blocks`] blocks) and block
+    /// tables, released behind the window after each step, while the `num_blocks` pool keeps
+    /// every position for the global layers. None: one group.
+    pub window_group: Option<usize>,
 }
 
 impl SchedulerConfig {
     /// Tokens one step may schedule: `min(max_batched_tokens, max_step_tokens)`.
     pub fn token_budget(&self) -> usize {
         self.max_batched_tokens.min(self.max_step_tokens)
+    }
+
+    /// Blocks in the windowed group's pool (the null block included) when `window_group` is
+    /// set: what `max_num_seqs` requests hold at most at once (the window behind a step, the
+    /// step's tokens, a block of rounding at each end, per request), never more than
+    /// `num_blocks`; 0 without a windowed group.
+    pub fn window_pool_blocks(&self) -> usize {
+        let Some(w) = self.window_group.filter(|&w| w > 0) else {
+            return 0;
+        };
+        let per_seq =
+            crate::groups::window_span_blocks(w, self.token_budget(), self.block_size.max(1));
+        self.max_num_seqs
+            .saturating_mul(per_seq)
+            .saturating_add(1)
+            .min(self.num_blocks)
     }
 
     /// Checks the settings.
@@ -63,6 +85,20 @@ impl SchedulerConfig {
                 "kv_window",
                 0,
                 "must be at least 1 (None keeps every position)",
+            );
+        }
+        if self.window_group == Some(0) {
+            return bad(
+                "window_group",
+                0,
+                "must be at least 1 (None: one group keeps every position)",
+            );
+        }
+        if self.window_group.is_some() && self.kv_window.is_some() {
+            return bad(
+                "window_group",
+                self.window_group.unwrap_or(0),
+                "needs kv_window None (with every layer windowed there is one group)",
             );
         }
         if self.max_model_len < 2 || self.max_model_len > i32::MAX as usize {

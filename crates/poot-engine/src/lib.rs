@@ -13,13 +13,15 @@
 //! unpreempted (it recomputes prompt + generated tokens); every block returns to the pool when
 //! a request ends, however it ends (finish, abort before, during or after a step).
 //!
-//! Modules: `config` (settings), `request` (request specs and states), `plan` (step plans,
+//! Modules: `config` (settings), `groups` (KV groups: one pool and one table per request for
+//! each group of layers that read the same positions), `request` (request specs and states), `plan` (step plans,
 //! outputs, events and the runner's flat input layout), `sampling` (each request's sampling
 //! state between steps, numpy's seeded stream continued, and a step's sampling inputs),
 //! `scheduler` (the policy).
 
 mod config;
 mod error;
+mod groups;
 mod plan;
 mod request;
 mod sampling;

@@ -8,6 +8,11 @@
 //! lays it out as the runner's arrays (`ids`, `positions`, `slot_mapping`, `token_seq`,
 //! `block_tables`, `last_rows`), padded to a step shape: padding tokens get slot -1 (no KV
 //! write) and padding table entries point at the null block 0.
+//!
+//! With a windowed KV group (`SchedulerConfig::window_group`) each row also carries that
+//! group's slots and block table (`window_slot_mapping`, `window_block_tables`, padded the
+//! same way). Its table is as long as the first group's (released blocks are the null
+//! block), so one `max_blocks` serves both; without the group both are empty.
 
 use poot_kv::TokenId;
 
@@ -26,6 +31,11 @@ pub struct ScheduledSeq {
     pub slot_mapping: Vec<i32>,
     /// The sequence's KV blocks in order (covering at least every position above).
     pub block_table: Vec<i32>,
+    /// The windowed group's slot of each token (empty without a windowed group).
+    pub window_slot_mapping: Vec<i32>,
+    /// The windowed group's blocks, as long as `block_table` (null below the window; empty
+    /// without a windowed group).
+    pub window_block_table: Vec<i32>,
     /// Whether the row's last token is sampled: the chunk reaches the end of the known tokens.
     pub sample: bool,
     /// Leading tokens whose KV came from the prefix cache instead of being computed (the
@@ -87,6 +97,10 @@ pub struct FlatStep {
     pub block_tables: Vec<i32>,
     /// `[seqs]` the token row whose logits each sequence samples.
     pub last_rows: Vec<i32>,
+    /// `[tokens]` the windowed group's KV slots; -1 for padding. Empty without the group.
+    pub window_slot_mapping: Vec<i32>,
+    /// `[seqs * max_blocks]` the windowed group's tables; 0 pads. Empty without the group.
+    pub window_block_tables: Vec<i32>,
 }
 
 impl StepDims {
@@ -120,7 +134,7 @@ impl SchedulerOutput {
             max_blocks: self
                 .seqs
                 .iter()
-                .map(|s| s.block_table.len())
+                .map(|s| s.block_table.len().max(s.window_block_table.len()))
                 .max()
                 .unwrap_or(0),
         }
@@ -149,7 +163,14 @@ impl SchedulerOutput {
             token_seq: Vec::with_capacity(dims.tokens),
             block_tables: vec![0; dims.seqs * dims.max_blocks],
             last_rows: vec![0; dims.seqs],
+            window_slot_mapping: Vec::new(),
+            window_block_tables: Vec::new(),
         };
+        let windowed = self.seqs.iter().any(|s| !s.window_block_table.is_empty());
+        if windowed {
+            f.window_slot_mapping.reserve(dims.tokens);
+            f.window_block_tables = vec![0; dims.seqs * dims.max_blocks];
+        }
         for (row, s) in self.seqs.iter().enumerate() {
             f.ids.extend(s.token_ids.iter().map(|&t| t as i32));
             f.positions.extend(&s.positions);
@@ -159,12 +180,25 @@ impl SchedulerOutput {
             f.last_rows[row] = f.ids.len() as i32 - 1;
             let start = row * dims.max_blocks;
             f.block_tables[start..start + s.block_table.len()].copy_from_slice(&s.block_table);
+            if windowed {
+                if s.window_slot_mapping.len() != s.num_tokens() {
+                    return Err(EngineError::Internal(
+                        "a row lacks the windowed group's slots",
+                    ));
+                }
+                f.window_slot_mapping.extend(&s.window_slot_mapping);
+                let w = &s.window_block_table;
+                f.window_block_tables[start..start + w.len()].copy_from_slice(w);
+            }
         }
         let pad = dims.tokens - f.ids.len();
         f.ids.extend(std::iter::repeat_n(0, pad));
         f.positions.extend(std::iter::repeat_n(0, pad));
         f.slot_mapping.extend(std::iter::repeat_n(-1, pad));
         f.token_seq.extend(std::iter::repeat_n(0, pad));
+        if windowed {
+            f.window_slot_mapping.extend(std::iter::repeat_n(-1, pad));
+        }
         Ok(f)
     }
 }

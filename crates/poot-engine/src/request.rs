@@ -67,12 +67,13 @@ pub(crate) struct Request {
     pub(crate) stop_ids: Vec<TokenId>,
     pub(crate) ignore_eos: bool,
     pub(crate) status: RequestStatus,
-    pub(crate) table: BlockTable,
+    /// One block table per KV group (`groups`); group 0's counts the committed tokens.
+    pub(crate) tables: Vec<BlockTable>,
     pub(crate) num_preemptions: u32,
 }
 
 impl Request {
-    pub(crate) fn new(spec: RequestSpec, serial: u64, block_size: usize) -> Self {
+    pub(crate) fn new(spec: RequestSpec, serial: u64, tables: Vec<BlockTable>) -> Self {
         Self {
             serial,
             num_prompt_tokens: spec.prompt_ids.len(),
@@ -82,13 +83,13 @@ impl Request {
             stop_ids: spec.stop_ids,
             ignore_eos: spec.ignore_eos,
             status: RequestStatus::Waiting,
-            table: BlockTable::new(block_size),
+            tables,
             num_preemptions: 0,
         }
     }
 
     pub(crate) fn num_computed(&self) -> usize {
-        self.table.num_tokens()
+        self.tables.first().map_or(0, BlockTable::num_tokens)
     }
 
     pub(crate) fn num_remaining(&self) -> usize {

@@ -27,6 +27,11 @@
 //! reads); the block table shows the null block there. A request's blocks in use then stay
 //! at about `W / block_size + 1` however long it runs.
 //!
+//! With `window_group = Some(W)` (windowed layers interleaved with global ones), each request
+//! has a second block table in a second pool for the windowed layers, released the same way,
+//! while the first keeps every position (`groups`): admission checks both pools, a row is
+//! reserved in both or preempts, and a cached prefix is the longest both groups can serve.
+//!
 //! Invariants (checked by [`Scheduler::check_invariants`]): waiting requests hold no blocks;
 //! every block in use belongs to a running request; at most `max_num_seqs` run; when no request
 //! is live, no block is in use.
@@ -36,8 +41,9 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use poot_kv::{BlockPool, BlockPoolConfig, BlockTable, TokenId};
+use poot_kv::{BlockPool, TokenId};
 
+use crate::groups::KvGroups;
 use crate::plan::{RequestEvent, ScheduledSeq, SchedulerOutput, StepOutput};
 use crate::request::{Request, RequestState, RequestStatus};
 use crate::{EngineError, RequestId, RequestSpec, SchedulerConfig};
@@ -82,7 +88,7 @@ struct Row {
 #[derive(Debug)]
 pub struct Scheduler {
     config: SchedulerConfig,
-    pool: BlockPool,
+    kv: KvGroups,
     requests: HashMap<RequestId, Request>,
     waiting: VecDeque<RequestId>,
     /// In the order they started; the last is preempted first.
@@ -99,16 +105,10 @@ impl Scheduler {
     /// [`EngineError::InvalidConfig`], or [`EngineError::Kv`] for a pool it cannot build.
     pub fn new(config: SchedulerConfig) -> Result<Self, EngineError> {
         config.validate()?;
-        let pool = BlockPool::new(BlockPoolConfig {
-            num_blocks: config.num_blocks,
-            block_size: config.block_size,
-            enable_caching: config.enable_prefix_caching,
-            model_key: config.model_key,
-            layout: None,
-        })?;
+        let kv = KvGroups::new(&config)?;
         Ok(Self {
             config,
-            pool,
+            kv,
             requests: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -145,22 +145,12 @@ impl Scheduler {
             });
         }
         let longest = prompt.saturating_add(spec.max_tokens).min(max_model_len);
-        let bs = self.config.block_size;
-        let mut needed = longest.div_ceil(bs);
-        if let Some(w) = self.config.kv_window {
-            // Held at once: the window behind the step's first token, the step's tokens, and
-            // a block of rounding at each end.
-            let span = (w - 1).saturating_add(self.config.token_budget());
-            needed = needed.min(span.div_ceil(bs) + 1);
-        }
-        let usable = self.pool.num_usable_blocks();
-        if needed > usable {
-            return Err(EngineError::TooLargeForPool { id, needed, usable });
-        }
+        self.kv
+            .check_fits(id, longest, self.config.token_budget())?;
         let serial = self.next_serial;
         self.next_serial += 1;
-        self.requests
-            .insert(id, Request::new(spec, serial, self.config.block_size));
+        let tables = self.kv.empty_tables();
+        self.requests.insert(id, Request::new(spec, serial, tables));
         self.waiting.push_back(id);
         Ok(())
     }
@@ -179,7 +169,7 @@ impl Scheduler {
             RequestStatus::Waiting => self.waiting.retain(|&r| r != id),
         }
         self.stats.aborted += 1;
-        req.table.free(&mut self.pool)?;
+        self.kv.free(&mut req.tables)?;
         Ok(true)
     }
 
@@ -238,8 +228,7 @@ impl Scheduler {
                 return Ok(false);
             };
             let total = req.num_computed() + len;
-            if let Some(r) = req.table.reserve(&mut self.pool, total) {
-                debug_assert!(r.copy.is_none(), "the scheduler never forks");
+            if self.kv.reserve(&mut req.tables, total) {
                 return Ok(true);
             }
             let Some(&victim) = self.running.iter().rev().find(|v| !scheduled.contains(v)) else {
@@ -259,7 +248,7 @@ impl Scheduler {
         if let Some(req) = self.requests.get_mut(&id) {
             req.status = RequestStatus::Waiting;
             req.num_preemptions += 1;
-            req.table.free(&mut self.pool)?;
+            self.kv.free(&mut req.tables)?;
             self.waiting.push_front(id);
             self.stats.preemptions += 1;
         }
@@ -282,15 +271,11 @@ impl Scheduler {
             };
             // Never the last known token: the step must compute it to sample after it.
             let lookup = &req.tokens[..req.tokens.len() - 1];
-            req.table = BlockTable::from_cached_prefix(&mut self.pool, lookup);
-            if let Some(w) = self.config.kv_window {
-                let first_read = (req.table.num_tokens() + 1).saturating_sub(w);
-                req.table.release_below(&mut self.pool, first_read)?;
-            }
+            req.tables = self.kv.lookup_prefix(lookup)?;
             let cached = req.num_computed();
             let len = req.num_remaining().min(*budget);
-            if req.table.reserve(&mut self.pool, cached + len).is_none() {
-                req.table.free(&mut self.pool)?;
+            if !self.kv.reserve(&mut req.tables, cached + len) {
+                self.kv.free(&mut req.tables)?;
                 break;
             }
             req.status = RequestStatus::Running;
@@ -317,19 +302,27 @@ impl Scheduler {
                 continue;
             };
             let (start, end) = (req.num_computed(), req.num_computed() + row.len);
-            let slot_mapping = (start..end)
-                .map(|p| req.table.slot(p).map(|s| s as i32))
-                .collect::<Option<Vec<_>>>()
-                .ok_or(EngineError::Internal(
-                    "a scheduled position has no reserved slot",
-                ))?;
+            let slots = |t: &poot_kv::BlockTable| {
+                (start..end)
+                    .map(|p| t.slot(p).map(|s| s as i32))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or(EngineError::Internal(
+                        "a scheduled position has no reserved slot",
+                    ))
+            };
+            let blocks = |t: &poot_kv::BlockTable| -> Vec<i32> {
+                t.blocks().iter().map(|b| b.0 as i32).collect()
+            };
+            let (head, window) = (&req.tables[0], req.tables.get(1));
             let sample = end == req.tokens.len();
             plan.seqs.push(ScheduledSeq {
                 request_id: row.id,
                 token_ids: req.tokens[start..end].to_vec(),
                 positions: (start..end).map(|p| p as i32).collect(),
-                slot_mapping,
-                block_table: req.table.blocks().iter().map(|b| b.0 as i32).collect(),
+                slot_mapping: slots(head)?,
+                block_table: blocks(head),
+                window_slot_mapping: window.map(slots).transpose()?.unwrap_or_default(),
+                window_block_table: window.map(blocks).unwrap_or_default(),
                 sample,
                 num_cached_tokens: row.cached,
             });
@@ -398,13 +391,9 @@ impl Scheduler {
             let Some(req) = self.requests.get_mut(&row.id) else {
                 continue;
             };
-            let Request { table, tokens, .. } = req;
-            table.append_tokens(&mut self.pool, &tokens[row.start..row.start + row.len])?;
-            if let Some(w) = self.config.kv_window {
-                // The next token (at position num_tokens) reads num_tokens + 1 - w onwards.
-                let first_read = (table.num_tokens() + 1).saturating_sub(w);
-                table.release_below(&mut self.pool, first_read)?;
-            }
+            let Request { tables, tokens, .. } = req;
+            self.kv
+                .commit(tables, &tokens[row.start..row.start + row.len])?;
             let Some(&token) = sampled.get(&row.id) else {
                 continue;
             };
@@ -426,7 +415,7 @@ impl Scheduler {
         self.running.retain(|&r| r != id);
         if let Some(mut req) = self.requests.remove(&id) {
             self.stats.finished += 1;
-            req.table.free(&mut self.pool)?;
+            self.kv.free(&mut req.tables)?;
         }
         Ok(())
     }
@@ -436,9 +425,14 @@ impl Scheduler {
         &self.config
     }
 
-    /// The KV block pool (read-only).
+    /// The KV block pool of group 0 (every layer, or the global layers with a window group).
     pub fn pool(&self) -> &BlockPool {
-        &self.pool
+        self.kv.pool(0).expect("group 0 always exists")
+    }
+
+    /// The windowed group's pool (`window_group`), if any.
+    pub fn window_pool(&self) -> Option<&BlockPool> {
+        self.kv.pool(1)
     }
 
     /// Counters over the scheduler's life.
@@ -466,9 +460,14 @@ impl Scheduler {
         self.in_flight.is_some()
     }
 
-    /// KV blocks held by running requests.
+    /// KV blocks of group 0 held by running requests.
     pub fn num_used_blocks(&self) -> usize {
-        self.pool.num_used_blocks()
+        self.pool().num_used_blocks()
+    }
+
+    /// KV blocks of the windowed group held by running requests (0 without one).
+    pub fn num_used_window_blocks(&self) -> usize {
+        self.window_pool().map_or(0, BlockPool::num_used_blocks)
     }
 
     /// A live request's state, or None once it finished or was aborted.
@@ -487,11 +486,9 @@ impl Scheduler {
     /// # Errors
     /// A description of the first violation.
     pub fn check_invariants(&self) -> Result<(), String> {
-        self.pool.check_invariants()?;
         if self.running.len() > self.config.max_num_seqs {
             return Err(format!("{} running > max_num_seqs", self.running.len()));
         }
-        let mut holders: HashMap<poot_kv::BlockId, u32> = HashMap::new();
         for (id, r) in &self.requests {
             let listed = match r.status {
                 RequestStatus::Waiting => self.waiting.contains(id),
@@ -503,34 +500,28 @@ impl Scheduler {
                     r.status
                 ));
             }
-            if r.status == RequestStatus::Waiting && !r.table.blocks().is_empty() {
+            if r.tables.len() != self.kv.len() {
+                return Err(format!("request {id}: {} tables", r.tables.len()));
+            }
+            if r.status == RequestStatus::Waiting && r.tables.iter().any(|t| !t.blocks().is_empty())
+            {
                 return Err(format!("waiting request {id} holds blocks"));
             }
-            if r.table.capacity() < r.num_computed() || r.num_remaining() == 0 {
+            let head = &r.tables[0];
+            if head.capacity() < r.num_computed() || r.num_remaining() == 0 {
                 return Err(format!("request {id}: table or token count out of step"));
             }
-            for &b in &r.table.blocks()[r.table.num_released()..] {
-                *holders.entry(b).or_default() += 1;
+            if r.tables.iter().any(|t| {
+                t.num_tokens() != head.num_tokens() || t.blocks().len() != head.blocks().len()
+            }) {
+                return Err(format!("request {id}: its groups' tables disagree"));
             }
         }
         if self.waiting.len() + self.running.len() != self.requests.len() {
             return Err("a queue lists a request that is not live".into());
         }
-        // Every block in use is held by tables only, once per table (shared prefixes count
-        // once per sharer).
-        if holders.len() != self.pool.num_used_blocks() {
-            return Err(format!(
-                "{} blocks in tables, {} in use",
-                holders.len(),
-                self.pool.num_used_blocks()
-            ));
-        }
-        if let Some((b, n)) = holders.iter().find(|(b, n)| self.pool.ref_cnt(**b) != **n) {
-            return Err(format!(
-                "block {b}: {n} holders, ref_cnt {}",
-                self.pool.ref_cnt(*b)
-            ));
-        }
-        Ok(())
+        // Every block in use is held by tables only, once per table.
+        self.kv
+            .check_holders(self.requests.values().map(|r| r.tables.as_slice()))
     }
 }

@@ -69,6 +69,7 @@ fn cfg() -> impl Strategy<Value = SchedulerConfig> {
                 enable_prefix_caching: caching,
                 model_key: 3,
                 kv_window: None,
+                window_group: None,
             },
         )
 }

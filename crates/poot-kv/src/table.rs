@@ -23,7 +23,7 @@
 //! Cost: `reserve` and `append_tokens` are O(new blocks + new tokens); `fork` and `free` are
 //! O(blocks); `slot` is O(1).
 
-use crate::hash::BlockHash;
+use crate::hash::{hash_full_blocks, BlockHash};
 use crate::{BlockId, BlockPool, KvError, TokenId, NULL_BLOCK};
 
 /// A copy-on-write the runtime must perform: KV of block `src` into block `dst`.
@@ -81,6 +81,57 @@ impl BlockTable {
             .collect();
         debug_assert_eq!(t.block_hashes.len(), t.blocks.len());
         t.num_tokens = t.blocks.len() * t.block_size;
+        t
+    }
+
+    /// A table for a group of layers that attend to a sliding window of `window` positions,
+    /// over the cached prefix of `tokens` (at most `max_blocks` full blocks): the longest
+    /// prefix of `n` blocks whose window behind position `n * block_size` (blocks from
+    /// `(n * block_size + 1 - window) / block_size` to `n - 1`, what the next token reads) is
+    /// cached. Those blocks are touched; the ones before them are [`NULL_BLOCK`] (released:
+    /// the group never reads them), so a block this group released and the pool then evicted
+    /// does not shorten the prefix unless it lies inside that window. The hashes of all `n`
+    /// blocks are kept, so later full blocks still chain. O(prefix tokens).
+    pub fn from_cached_window(
+        pool: &mut BlockPool,
+        tokens: &[TokenId],
+        max_blocks: usize,
+        window: usize,
+    ) -> Self {
+        let mut t = Self::new(pool.block_size());
+        if !pool.config().enable_caching {
+            return t;
+        }
+        let bs = t.block_size;
+        let upto = (tokens.len() / bs).min(max_blocks);
+        let hashes = hash_full_blocks(&tokens[..upto * bs], bs, pool.config().model_key);
+        // found[i]: block i is cached; run[i]: cached blocks ending at i, consecutively.
+        let mut found = Vec::with_capacity(upto);
+        let mut run = Vec::with_capacity(upto);
+        for (i, chunk) in tokens[..upto * bs].chunks_exact(bs).enumerate() {
+            let parent = i.checked_sub(1).map(|p| hashes[p]);
+            let id = pool.get_cached_block(hashes[i], parent, chunk);
+            let before = if i == 0 { 0 } else { run[i - 1] };
+            run.push(if id.is_some() { before + 1 } else { 0 });
+            found.push(id);
+        }
+        let first_of = |n: usize| (n * bs + 1).saturating_sub(window) / bs;
+        let Some(n) = (1..=upto).rev().find(|&n| run[n - 1] >= n - first_of(n)) else {
+            return t;
+        };
+        let first = first_of(n);
+        t.blocks = vec![NULL_BLOCK; first];
+        t.released = first;
+        for id in found[first..n].iter().flatten() {
+            if pool.touch(*id).is_err() {
+                // A cached block is never held behind the table's back; drop what we took.
+                t.free(pool).ok();
+                return Self::new(bs);
+            }
+            t.blocks.push(*id);
+        }
+        t.block_hashes = hashes[..n].to_vec();
+        t.num_tokens = n * bs;
         t
     }
 

@@ -236,3 +236,55 @@ fn eviction_by_hand_and_reset() {
     assert_eq!(p.num_cached_blocks(), 0);
     p.check_invariants().unwrap();
 }
+
+#[test]
+fn a_windowed_prefix_needs_only_the_blocks_inside_its_window() {
+    // Blocks of 2, a window of 3: the next token after n * 2 cached tokens reads the two
+    // positions before it, so only block n - 1 (and block n - 2 when the window reaches it)
+    // must still be cached.
+    let mut p = pool(8, 2, true);
+    let toks = [1, 2, 3, 4, 5, 6, 7, 8, 9];
+    let mut a = BlockTable::new(2);
+    a.append_tokens(&mut p, &toks[..8]).unwrap();
+    let held = a.blocks().to_vec();
+    a.release_below(&mut p, 6).unwrap(); // blocks 0..3 back, still cached
+    assert_eq!(a.num_released(), 3);
+    // Evict block 0, which the group released: it lies outside every window, so the whole
+    // prefix of 4 blocks is still usable.
+    assert!(p.evict_cached_block(held[0]));
+    let b = BlockTable::from_cached_window(&mut p, &toks, 4, 3);
+    assert_eq!(b.num_tokens(), 8);
+    assert_eq!(b.num_released(), 3);
+    assert_eq!(&b.blocks()[..3], &[NULL_BLOCK; 3]);
+    assert_eq!(b.blocks()[3], held[3]);
+    assert_eq!(b.block_hashes(), a.block_hashes());
+    assert_eq!(p.ref_cnt(held[3]), 2);
+    p.check_invariants().unwrap();
+    // Capped at 3 blocks: the window behind position 6 is block 2 (positions 4 and 5),
+    // released by `a` but still cached.
+    let mut c = BlockTable::from_cached_window(&mut p, &toks, 3, 3);
+    assert_eq!((c.num_tokens(), c.num_released()), (6, 2));
+    assert_eq!(c.blocks()[2], held[2]);
+    c.free(&mut p).unwrap();
+    // Evict block 2 too: 3 blocks would need it, so the prefix is 2 blocks (window in block 1).
+    assert!(p.evict_cached_block(held[2]));
+    let mut d = BlockTable::from_cached_window(&mut p, &toks, 3, 3);
+    assert_eq!((d.num_tokens(), d.num_released()), (4, 1));
+    assert_eq!(d.blocks()[1], held[1]);
+    for t in [&mut a, &mut d] {
+        t.free(&mut p).unwrap();
+    }
+    let mut b = b;
+    b.free(&mut p).unwrap();
+    assert_eq!(p.num_used_blocks(), 0);
+    p.check_invariants().unwrap();
+}
+
+#[test]
+fn a_windowed_prefix_is_empty_without_caching() {
+    let mut p = pool(8, 2, false);
+    let mut a = BlockTable::new(2);
+    a.append_tokens(&mut p, &[1, 2, 3, 4]).unwrap();
+    let b = BlockTable::from_cached_window(&mut p, &[1, 2, 3, 4, 5], 2, 3);
+    assert_eq!((b.num_tokens(), b.blocks().len()), (0, 0));
+}

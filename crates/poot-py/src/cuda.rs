@@ -227,7 +227,8 @@ impl PyCudaRuntime {
         prepare_on(&self.dyn_rt(), py, graph, weights, limits)
     }
 
-    #[pyo3(signature = (*, n_layers, n_kv_heads, head_dim, block_size, num_blocks))]
+    #[pyo3(signature = (*, n_layers, n_kv_heads, head_dim, block_size, num_blocks, windowed_layers=0, windowed_blocks=0))]
+    #[allow(clippy::too_many_arguments)] // the pool's shape, one keyword each
     fn configure_kv(
         &self,
         py: Python<'_>,
@@ -236,6 +237,8 @@ impl PyCudaRuntime {
         head_dim: u32,
         block_size: u32,
         num_blocks: u32,
+        windowed_layers: u32,
+        windowed_blocks: u32,
     ) -> PyResult<()> {
         let cfg = KvCacheConfig {
             n_layers,
@@ -243,6 +246,8 @@ impl PyCudaRuntime {
             head_dim,
             block_size,
             num_blocks,
+            windowed_layers,
+            windowed_blocks,
         };
         configure_kv_on(&self.dyn_rt(), py, cfg)
     }

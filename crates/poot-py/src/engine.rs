@@ -43,7 +43,8 @@ impl PyScheduler {
     #[new]
     #[pyo3(signature = (
         *, max_num_seqs, max_batched_tokens, max_step_tokens, max_model_len, block_size,
-        num_blocks, enable_prefix_caching = false, model_key = 0, kv_window = None
+        num_blocks, enable_prefix_caching = false, model_key = 0, kv_window = None,
+        window_group = None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn py_new(
@@ -57,6 +58,7 @@ impl PyScheduler {
         enable_prefix_caching: bool,
         model_key: u64,
         kv_window: Option<usize>,
+        window_group: Option<usize>,
     ) -> PyResult<Self> {
         let config = SchedulerConfig {
             max_num_seqs,
@@ -68,6 +70,7 @@ impl PyScheduler {
             enable_prefix_caching,
             model_key,
             kv_window,
+            window_group,
         };
         let inner = Scheduler::new(config).map_err(|e| engine_error(py, e))?;
         Ok(Self { inner })
@@ -159,6 +162,19 @@ impl PyScheduler {
     #[getter]
     fn used_blocks(&self) -> usize {
         self.inner.num_used_blocks()
+    }
+
+    /// Blocks the runtime's pool holds for each windowed layer (`window_group`), the null
+    /// block included; 0 without a windowed group.
+    #[getter]
+    fn window_pool_blocks(&self) -> usize {
+        self.inner.config().window_pool_blocks()
+    }
+
+    /// The windowed group's KV blocks in use (0 without one).
+    #[getter]
+    fn used_window_blocks(&self) -> usize {
+        self.inner.num_used_window_blocks()
     }
 
     /// Usable KV blocks not in use.

@@ -288,7 +288,8 @@ impl PyCpuRuntime {
 
     /// Allocates (or replaces) the paged KV pool: per layer, K and V of
     /// `[num_blocks, block_size, n_kv_heads, head_dim]` f32.
-    #[pyo3(signature = (*, n_layers, n_kv_heads, head_dim, block_size, num_blocks))]
+    #[pyo3(signature = (*, n_layers, n_kv_heads, head_dim, block_size, num_blocks, windowed_layers=0, windowed_blocks=0))]
+    #[allow(clippy::too_many_arguments)] // the pool's shape, one keyword each
     fn configure_kv(
         &self,
         py: Python<'_>,
@@ -297,6 +298,8 @@ impl PyCpuRuntime {
         head_dim: u32,
         block_size: u32,
         num_blocks: u32,
+        windowed_layers: u32,
+        windowed_blocks: u32,
     ) -> PyResult<()> {
         let cfg = KvCacheConfig {
             n_layers,
@@ -304,6 +307,8 @@ impl PyCpuRuntime {
             head_dim,
             block_size,
             num_blocks,
+            windowed_layers,
+            windowed_blocks,
         };
         configure_kv_on(&self.inner, py, cfg)
     }

@@ -88,7 +88,7 @@ fn f32_tensor(shape: Vec<usize>, data: Vec<f32>) -> HostTensor {
 /// inputs (`sampling_inputs`).
 pub(crate) fn layout_inputs(flat: FlatStep) -> Vec<(&'static str, HostTensor)> {
     let d = flat.dims;
-    vec![
+    let mut v = vec![
         ("ids", i32_tensor(vec![d.tokens], flat.ids)),
         ("positions", i32_tensor(vec![d.tokens], flat.positions)),
         (
@@ -101,7 +101,18 @@ pub(crate) fn layout_inputs(flat: FlatStep) -> Vec<(&'static str, HostTensor)> {
             i32_tensor(vec![d.seqs, d.max_blocks], flat.block_tables),
         ),
         ("last_rows", i32_tensor(vec![d.seqs], flat.last_rows)),
-    ]
+    ];
+    if !flat.window_block_tables.is_empty() {
+        v.push((
+            "window_slot_mapping",
+            i32_tensor(vec![d.tokens], flat.window_slot_mapping),
+        ));
+        v.push((
+            "window_block_tables",
+            i32_tensor(vec![d.seqs, d.max_blocks], flat.window_block_tables),
+        ));
+    }
+    v
 }
 
 pub(crate) fn sampling_inputs(s: &StepSampling) -> Vec<(&'static str, HostTensor)> {
@@ -263,6 +274,17 @@ pub(crate) fn layout_dict<'py>(py: Python<'py>, f: FlatStep) -> PyResult<Bound<'
         tables.reshape([dims.seqs, dims.max_blocks])?,
     )?;
     inputs.set_item("last_rows", f.last_rows.into_pyarray(py))?;
+    if !f.window_block_tables.is_empty() {
+        inputs.set_item(
+            "window_slot_mapping",
+            f.window_slot_mapping.into_pyarray(py),
+        )?;
+        let tables: Bound<'py, PyArray1<i32>> = f.window_block_tables.into_pyarray(py);
+        inputs.set_item(
+            "window_block_tables",
+            tables.reshape([dims.seqs, dims.max_blocks])?,
+        )?;
+    }
     Ok(inputs)
 }
 

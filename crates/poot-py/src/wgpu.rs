@@ -259,7 +259,8 @@ impl PyWgpuRuntime {
         prepare_on(&self.dyn_rt(), py, graph, weights, limits)
     }
 
-    #[pyo3(signature = (*, n_layers, n_kv_heads, head_dim, block_size, num_blocks))]
+    #[pyo3(signature = (*, n_layers, n_kv_heads, head_dim, block_size, num_blocks, windowed_layers=0, windowed_blocks=0))]
+    #[allow(clippy::too_many_arguments)] // the pool's shape, one keyword each
     fn configure_kv(
         &self,
         py: Python<'_>,
@@ -268,6 +269,8 @@ impl PyWgpuRuntime {
         head_dim: u32,
         block_size: u32,
         num_blocks: u32,
+        windowed_layers: u32,
+        windowed_blocks: u32,
     ) -> PyResult<()> {
         let cfg = KvCacheConfig {
             n_layers,
@@ -275,6 +278,8 @@ impl PyWgpuRuntime {
             head_dim,
             block_size,
             num_blocks,
+            windowed_layers,
+            windowed_blocks,
         };
         configure_kv_on(&self.dyn_rt(), py, cfg)
     }

@@ -32,8 +32,11 @@ pub use late::LateInput;
 pub use poison::Poison;
 pub use weights::{GgufWeights, SafetensorsWeights, WeightStore};
 
-/// Shape of the paged KV pool: per layer, K and V of `[num_blocks, block_size, n_kv_heads,
-/// head_dim]`. Block 0 is an ordinary block; the allocator (the driver) owns which are free.
+/// Shape of the paged KV pool: per layer, K and V of `[blocks, block_size, n_kv_heads,
+/// head_dim]`, where `blocks` is `num_blocks` for the first `n_layers - windowed_layers`
+/// layers and `windowed_blocks` for the last `windowed_layers` (a windowed KV group with its
+/// own, smaller pool and block tables; 0 layers: one group). Block 0 is an ordinary block;
+/// the allocator (the driver) owns which are free.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvCacheConfig {
     pub n_layers: u32,
@@ -41,12 +44,56 @@ pub struct KvCacheConfig {
     pub head_dim: u32,
     pub block_size: u32,
     pub num_blocks: u32,
+    pub windowed_layers: u32,
+    pub windowed_blocks: u32,
 }
 
 impl KvCacheConfig {
-    /// Elements of one layer's K (or V).
+    /// One group of `n_layers` layers of `num_blocks` blocks.
+    pub fn uniform(
+        n_layers: u32,
+        n_kv_heads: u32,
+        head_dim: u32,
+        block_size: u32,
+        num_blocks: u32,
+    ) -> Self {
+        Self {
+            n_layers,
+            n_kv_heads,
+            head_dim,
+            block_size,
+            num_blocks,
+            windowed_layers: 0,
+            windowed_blocks: 0,
+        }
+    }
+
+    /// Blocks of layer `layer` (see the type's docs).
+    pub fn layer_blocks(&self, layer: usize) -> u32 {
+        let first_windowed = self.n_layers.saturating_sub(self.windowed_layers) as usize;
+        if layer >= first_windowed {
+            self.windowed_blocks
+        } else {
+            self.num_blocks
+        }
+    }
+
+    /// Elements of layer `layer`'s K (or V).
+    pub fn layer_elems_of(&self, layer: usize) -> Option<usize> {
+        (self.layer_blocks(layer) as usize)
+            .checked_mul(self.block_size as usize)?
+            .checked_mul(self.n_kv_heads as usize)?
+            .checked_mul(self.head_dim as usize)
+    }
+
+    /// Elements of the largest layer's K (or V).
     pub fn layer_elems(&self) -> Option<usize> {
-        (self.num_blocks as usize)
+        let most = if self.windowed_layers > 0 {
+            self.num_blocks.max(self.windowed_blocks)
+        } else {
+            self.num_blocks
+        };
+        (most as usize)
             .checked_mul(self.block_size as usize)?
             .checked_mul(self.n_kv_heads as usize)?
             .checked_mul(self.head_dim as usize)
@@ -54,9 +101,24 @@ impl KvCacheConfig {
 
     /// Bytes of the whole pool with f32 entries (K and V, every layer).
     pub fn bytes_f32(&self) -> Option<u64> {
-        (self.layer_elems()? as u64)
-            .checked_mul(2 * 4)?
-            .checked_mul(self.n_layers as u64)
+        (0..self.n_layers as usize).try_fold(0u64, |sum, l| {
+            sum.checked_add((self.layer_elems_of(l)? as u64).checked_mul(2 * 4)?)
+        })
+    }
+
+    /// Why this shape is malformed: more windowed layers than layers, or a windowed group of
+    /// no blocks; None when well formed.
+    pub fn invalid(&self) -> Option<String> {
+        if self.windowed_layers > self.n_layers {
+            return Some(format!(
+                "{} windowed layers of {}",
+                self.windowed_layers, self.n_layers
+            ));
+        }
+        if self.windowed_layers > 0 && self.windowed_blocks == 0 {
+            return Some("windowed layers need windowed_blocks >= 1".into());
+        }
+        None
     }
 }
 

@@ -403,6 +403,12 @@ impl Runtime for WgpuRuntime {
 
     fn configure_kv(&self, cfg: KvCacheConfig) -> Result<(), RuntimeError> {
         self.check()?;
+        if let Some(detail) = cfg.invalid() {
+            return Err(RuntimeError::Kernel {
+                op: "configure_kv",
+                detail,
+            });
+        }
         let bytes = cfg.bytes_f32().unwrap_or(u64::MAX);
         if bytes > self.options.max_kv_bytes {
             return Err(RuntimeError::OutOfMemory {
@@ -422,8 +428,9 @@ impl Runtime for WgpuRuntime {
         let mut slot = self.kv_lock();
         *slot = None; // free the old pool before allocating the new one
         let make = |l: u32, kind: &str| {
+            let bytes = (cfg.layer_elems_of(l as usize).unwrap_or(0) as u64).saturating_mul(4);
             self.gpu
-                .storage(layer.max(4), Some(&format!("kv {kind} {l}")))
+                .storage(bytes.max(4), Some(&format!("kv {kind} {l}")))
                 .map(Arc::new)
         };
         let k = (0..cfg.n_layers)

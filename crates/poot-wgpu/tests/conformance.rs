@@ -308,6 +308,8 @@ fn attention_case(window: u32, softcap: f32) {
         head_dim: 16,
         block_size: 4,
         num_blocks: 6,
+        windowed_layers: 0,
+        windowed_blocks: 0,
     };
     rt.configure_kv(kv).unwrap();
     cpu.configure_kv(kv).unwrap();

@@ -11,7 +11,7 @@ checkpoints keep the rotate_half layout (``"neox"``), and so do GGUF ``qwen2`` f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Self
 
 from poot.errors import CheckpointFormatError, UnsupportedArchitectureError
@@ -179,12 +179,15 @@ class LlamaModel:
         names: the checkpoint's tensor names.
         rope_style: how the checkpoint pairs rotary dimensions.
         rope_scaling: the tracer's rope scaling argument, or None.
+        window_group: the windowed layers' KV is a group of its own (``with_window_group``).
     """
 
     hparams: ModelHParams
     names: WeightNames
     rope_style: RopeStyle
     rope_scaling: dict[str, Any] | None = None
+    # Keyword-only, so subclasses' positional fields keep their places.
+    window_group: bool = field(default=False, kw_only=True)
 
     @classmethod
     def from_files(cls, files: ModelFiles) -> LlamaModel:
@@ -228,6 +231,34 @@ class LlamaModel:
         """``(n_layers, n_kv_heads, head_dim)`` of the KV cache."""
         h = self.hparams
         return h.n_layers, h.n_kv_heads, h.head_dim
+
+    def with_window_group(self) -> LlamaModel:
+        """This definition with its windowed layers' KV in a group of its own: those layers
+        read and write the ``window_*`` step inputs and the runtime's last KV layers (global
+        layers first, then windowed ones, each in layer order), so the scheduler can give
+        their blocks back behind the window (``poot.models.step``). Only for a model that
+        interleaves windowed and global layers."""
+        windows = [self.hparams.window(i) for i in range(self.hparams.n_layers)]
+        if not any(w > 0 for w in windows) or all(w > 0 for w in windows):
+            raise ValueError("a window group needs both windowed and global layers")
+        return replace(self, window_group=True)
+
+    @property
+    def kv_windowed_layers(self) -> int:
+        """KV layers of the windowed group (the runtime's last ones); 0 without the group."""
+        if not self.window_group:
+            return 0
+        return sum(1 for i in range(self.hparams.n_layers) if self.hparams.window(i) > 0)
+
+    def kv_layer(self, i: int) -> int:
+        """The runtime's KV layer of layer ``i``: ``i``, or with the window group the global
+        layers first and the windowed ones after them."""
+        if not self.window_group:
+            return i
+        h = self.hparams
+        windowed = h.window(i) > 0
+        rank = sum(1 for j in range(i) if (h.window(j) > 0) == windowed)
+        return rank + (h.n_layers - self.kv_windowed_layers if windowed else 0)
 
     def _proj(self, t: Tracer, x: Value, weight: str, bias: str) -> Value:
         y = t.matmul(x, t.weight(weight))
@@ -287,14 +318,18 @@ class LlamaModel:
         q, k, v = self.qkv(t, i, a)
         q, k = self.qk_norm(t, i, q, k)
         q, k = self.rope_qk(t, i, q, k, ins.positions)
+        slots, tables = ins.slot_mapping, ins.block_tables
+        if self.window_group and h.window(i) > 0:
+            assert ins.window_slot_mapping is not None and ins.window_block_tables is not None
+            slots, tables = ins.window_slot_mapping, ins.window_block_tables
         return t.paged_attention(
             q,
             k,
             v,
-            slot_mapping=ins.slot_mapping,
+            slot_mapping=slots,
             token_seq=ins.token_seq,
             positions=ins.positions,
-            block_tables=ins.block_tables,
+            block_tables=tables,
             layer=kv_layer,
             n_heads=h.n_heads,
             n_kv_heads=h.n_kv_heads,
@@ -361,9 +396,13 @@ class LlamaModel:
         streams a model this way, ``poot.planner.streaming``, and splits it over devices,
         ``poot.planner.split``). Layer ``i`` reads and writes KV layer ``i - kv_base`` of the
         runtime's pool, so a device holding only layers ``kv_base..`` holds only their KV.
+        With the window group (``with_window_group``) the whole model is one segment and
+        layer ``i`` uses KV layer ``kv_layer(i)``.
         """
         h, n = self.hparams, self.names
-        ins = declare_inputs(t, shape)
+        if self.window_group and kv_base != 0:
+            raise ValueError("a model with a window group runs as one segment (kv_base 0)")
+        ins = declare_inputs(t, shape, windowed=self.window_group)
         head_unit = h.n_layers + 1
         embed = None
         if start == 0:
@@ -380,7 +419,7 @@ class LlamaModel:
                 i,
                 x,
                 ins,
-                i - kv_base,
+                self.kv_layer(i) - kv_base,
                 # Only each sequence's last row is sampled (every row's k/v is already written),
                 # except in an all_logits step, which outputs every row's logits.
                 last_rows=ins.last_rows if i == last and shape.kind != "all_logits" else None,

@@ -16,6 +16,20 @@ input              dtype  shape               meaning
 ``last_rows``      i32    [seqs]              the step row whose logits each sequence samples
 =================  =====  ==================  ===============================================
 
+A model whose windowed layers are interleaved with global ones (Gemma 2 and 3) runs its KV in
+two groups when the engine asks for it (``declare_inputs(..., windowed=True)``): the global
+layers' blocks are the tables above, and the windowed layers have their own pool (the
+runtime's last ``windowed_layers`` KV layers, ``windowed_blocks`` blocks each) and their own
+step inputs, released behind the window by the scheduler (the null block there):
+
+=========================  =====  ==================  =======================================
+input                      dtype  shape               meaning
+=========================  =====  ==================  =======================================
+``window_slot_mapping``    i32    [tokens]            the windowed group's slot of each token
+``window_block_tables``    i32    [seqs, max_blocks]  the windowed group's blocks, position
+                                                      for position as ``block_tables``
+=========================  =====  ==================  =======================================
+
 A model definition computes ``logits`` [seqs, vocab] from these and hands them to
 ``trace_head``, which appends the sampling step (``sample`` graphs) or names them as the output
 (``logits`` graphs, only for callers that ask for full logits). An ``all_logits`` graph keeps
@@ -48,7 +62,7 @@ log-softmax over the raw logits). Nothing else crosses back to the host.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from poot._native import Tracer, Value
@@ -94,18 +108,27 @@ class StepInputs:
     token_seq: Value
     block_tables: Value
     last_rows: Value
+    window_slot_mapping: Value | None = None
+    window_block_tables: Value | None = None
 
 
-def declare_inputs(t: Tracer, shape: StepShape) -> StepInputs:
-    """Declares a step's runtime inputs on ``t``."""
+def declare_inputs(t: Tracer, shape: StepShape, windowed: bool = False) -> StepInputs:
+    """Declares a step's runtime inputs on ``t``; ``windowed`` adds the windowed KV group's."""
     n, s = shape.tokens, shape.seqs
-    return StepInputs(
+    ins = StepInputs(
         ids=t.input("ids", "i32", [n]),
         positions=t.input("positions", "i32", [n]),
         slot_mapping=t.input("slot_mapping", "i32", [n]),
         token_seq=t.input("token_seq", "i32", [n]),
         block_tables=t.input("block_tables", "i32", [s, shape.max_blocks]),
         last_rows=t.input("last_rows", "i32", [s]),
+    )
+    if not windowed:
+        return ins
+    return replace(
+        ins,
+        window_slot_mapping=t.input("window_slot_mapping", "i32", [n]),
+        window_block_tables=t.input("window_block_tables", "i32", [s, shape.max_blocks]),
     )
 
 

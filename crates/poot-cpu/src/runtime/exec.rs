@@ -283,7 +283,7 @@ impl<'a> Exec<'a> {
                     n_kv_heads: cfg.n_kv_heads as usize,
                     head_dim: cfg.head_dim as usize,
                     block_size: kv.cfg.block_size as usize,
-                    num_blocks: kv.cfg.num_blocks as usize,
+                    num_blocks: kv.cfg.layer_blocks(layer) as usize,
                     max_blocks_per_seq: tables_shape[1],
                     scale: cfg.scale,
                 };

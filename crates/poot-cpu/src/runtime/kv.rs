@@ -8,7 +8,8 @@ use poot_runtime::KvCacheConfig;
 
 use crate::kernels::Numerics;
 
-/// Per layer, K and V of `[num_blocks, block_size, n_kv_heads, head_dim]` entries.
+/// Per layer, K and V of `[blocks, block_size, n_kv_heads, head_dim]` entries, `blocks` the
+/// layer's group's (`KvCacheConfig::layer_blocks`).
 #[derive(Debug)]
 pub(crate) enum KvLayers {
     /// [`Numerics::Exact`].

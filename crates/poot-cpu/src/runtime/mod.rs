@@ -419,6 +419,12 @@ impl Runtime for CpuRuntime {
 
     fn configure_kv(&self, cfg: KvCacheConfig) -> Result<(), RuntimeError> {
         self.poison.check()?;
+        if let Some(detail) = cfg.invalid() {
+            return Err(RuntimeError::Kernel {
+                op: "configure_kv",
+                detail,
+            });
+        }
         let numerics = self.options.numerics;
         let bytes = kv_bytes(&cfg, numerics).unwrap_or(u64::MAX);
         if bytes > self.options.max_kv_bytes {
@@ -429,7 +435,7 @@ impl Runtime for CpuRuntime {
             });
         }
         let _tuning = self.tuning.enter();
-        let elems = cfg.layer_elems().unwrap_or(0);
+        let elems = |l: usize| cfg.layer_elems_of(l).unwrap_or(0);
         let mut slot = self.kv_lock();
         *slot = None; // free the old pool before allocating the new one
         let n = cfg.n_layers as usize;
@@ -437,10 +443,10 @@ impl Runtime for CpuRuntime {
         // written), not `vec![layer; n]`, whose clones write every byte: a 1 GiB pool took
         // half a second at server start. A page is now first touched by the step that writes
         // KV into it, a few microseconds per page.
-        let zeros_f32 = || -> Vec<Vec<f32>> { (0..n).map(|_| vec![0f32; elems]).collect() };
+        let zeros_f32 = || -> Vec<Vec<f32>> { (0..n).map(|l| vec![0f32; elems(l)]).collect() };
         let zeros_f16 = || -> Vec<Vec<f16>> {
             (0..n)
-                .map(|_| vec![0u16; elems].reinterpret_into())
+                .map(|l| vec![0u16; elems(l)].reinterpret_into())
                 .collect()
         };
         let layers = match numerics {

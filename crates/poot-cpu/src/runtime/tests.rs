@@ -301,6 +301,8 @@ fn kv_pool_case(numerics: Numerics, tol: f32) {
         head_dim: 8,
         block_size: 16,
         num_blocks: 64,
+        windowed_layers: 0,
+        windowed_blocks: 0,
     };
     assert!(matches!(
         rt.configure_kv(big),
@@ -366,6 +368,8 @@ fn kv_pool_case(numerics: Numerics, tol: f32) {
         head_dim: 4,
         block_size: 4,
         num_blocks: 2,
+        windowed_layers: 0,
+        windowed_blocks: 0,
     };
     rt.configure_kv(small).unwrap();
     let entry = if numerics == Numerics::Ggml { 2 } else { 4 };

@@ -188,6 +188,7 @@ pub fn config() -> SchedulerConfig {
         enable_prefix_caching: true,
         model_key: 7,
         kv_window: None,
+        window_group: None,
     }
 }
 

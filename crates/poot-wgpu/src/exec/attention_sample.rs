@@ -42,7 +42,8 @@ impl Exec<'_> {
         }
         let t = self.shape(q)[0];
         let row = (cfg.n_kv_heads * cfg.head_dim) as usize;
-        let slots = kv.cfg.num_blocks as usize * kv.cfg.block_size as usize;
+        let blocks = kv.cfg.layer_blocks(layer);
+        let slots = blocks as usize * kv.cfg.block_size as usize;
         let tables = self.shape(meta.block_tables);
         let (kc, vc) = (kv.k[layer].clone(), kv.v[layer].clone());
         let (grid, lanes_x) = lane_grid(t * row);
@@ -73,7 +74,7 @@ impl Exec<'_> {
             cfg.head_dim,
             kv.cfg.block_size,
             tables[1] as u32,
-            kv.cfg.num_blocks,
+            blocks,
             cfg.scale.to_bits(),
             tables[0] as u32,
             cfg.window,
