@@ -5,9 +5,13 @@ The graph: one node per source file (``kernels/matmul/r8.rs`` is ``kernels::matm
 folder's ``mod.rs`` is the folder); an edge for every ``super::``/``self::``/``crate::kernels::``
 path in non-test code (``use`` lines, grouped ``use a::{b, c::d}`` included, and inline paths
 such as ``super::simd::prefetch_ahead()``), and for a bare ``use child::...`` of a folder's
-``mod.rs``. A name a module only re-exports (``pub use``) counts as an edge to where it is
-defined, and ``pub use``/``mod`` lines themselves are no edges, so a folder's ``mod.rs`` that
-just gathers its children is not a hub. Test code (``#[cfg(test)]`` and ``#[cfg(all(test, ..))]``
+``mod.rs``. Doc comments (``//!``, ``///``) count too, as a name-based reader sees them: a
+path of two or more segments (``crate::kernels::matmul::stored``, ``matmul::stored::dot_rows``,
+an intra-doc link's target) names the module it resolves to from the documented module or its
+nearest ancestor that has a module of that first name, so a doc that names a module depending
+on it closes a cycle as a ``use`` would. A name a module only re-exports (``pub use``) counts
+as an edge to where it is defined, and ``pub use``/``mod`` lines themselves are no edges, so a
+folder's ``mod.rs`` that just gathers its children is not a hub. Test code (``#[cfg(test)]`` and ``#[cfg(all(test, ..))]``
 modules, ``tests.rs`` and ``*_tests.rs``) is left out: tests may import anything.
 
 An edge inside a strongly connected component lies on a cycle. Those edges are checked against
@@ -33,6 +37,9 @@ _PATH = re.compile(rf"\b(?:super|self|crate)(?:::{_IDENT})+")
 _MOD_OPEN = re.compile(rf"^\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+({_IDENT})\s*\{{")
 _MOD_DECL = re.compile(rf"^\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+({_IDENT})\s*;")
 _USE = re.compile(r"^\s*(pub(?:\([^)]*\))?\s+)?use\s")
+_DOC = re.compile(r"^\s*//[/!](?!/)")
+# In a doc comment: a path `a::b(::c)*` of two segments or more.
+_DOC_PATH = re.compile(rf"(?<![A-Za-z0-9_:])(?:{_IDENT}::)+{_IDENT}")
 
 
 def _strip(line: str) -> str:
@@ -79,6 +86,8 @@ class Source:
         self.paths: list[tuple[tuple[str, ...], str, bool]] = []
         self.reexports: dict[str, str] = {}  # name -> full path (module-relative text)
         self.children: set[str] = set()  # child modules declared here
+        # (scope module path, path segments) for each path a doc comment names.
+        self.docs: list[tuple[tuple[str, ...], list[str]]] = []
         self._scan()
 
     def _scan(self) -> None:
@@ -86,8 +95,12 @@ class Source:
         depth, cfg_test, pending_use = 0, False, ""
         pending_pub = False
         for raw in self.path.read_text().splitlines():
-            line = _strip(raw)
             scope, _, in_test = stack[-1]
+            if _DOC.match(raw):
+                if not in_test and not cfg_test:
+                    self._scan_doc(scope, raw)
+                continue
+            line = _strip(raw)
             if re.match(r"^\s*#\[cfg\((?:all\()?test\b", line):
                 cfg_test = True
                 continue
@@ -122,6 +135,12 @@ class Source:
             depth += opened
             while len(stack) > 1 and depth < stack[-1][1]:
                 stack.pop()
+
+
+    def _scan_doc(self, scope: tuple[str, ...], raw: str) -> None:
+        text = _DOC.sub("", raw, count=1)
+        for m in _DOC_PATH.finditer(text):
+            self.docs.append((scope, m.group(0).split("::")))
 
 
 def _module_of(root: Path, file: Path) -> tuple[str, ...]:
@@ -175,6 +194,21 @@ def build_graph(root: Path) -> dict[str, set[str]]:
             return target(scope2, text2, seen + 1) or module
         return module
 
+    def doc_target(scope: tuple[str, ...], segs: list[str]) -> tuple[str, ...] | None:
+        """The module a doc comment's path names (see the module docs), or None."""
+        if segs[0] in ("crate", "self", "super"):
+            hit = resolve(scope, "::".join(segs))
+            return None if hit is None else hit[0]
+        for n in range(len(scope), 0, -1):
+            base = scope[:n]
+            if base + (segs[0],) not in by_module:
+                continue
+            full = base + tuple(segs)
+            for m in range(len(full), n, -1):
+                if full[:m] in by_module:
+                    return full[:m]
+        return None
+
     for s in sources:
         for scope, text, pub in s.paths:
             if pub:
@@ -184,13 +218,13 @@ def build_graph(root: Path) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {"::".join(s.module[1:]): set() for s in sources}
     for s in sources:
         me = "::".join(s.module[1:])
+        found: list[tuple[str, ...] | None] = []
         for scope, text, pub in s.paths:
-            if pub:
-                continue
             first = text.split("::")[0]
-            if first not in ("crate", "self", "super") and first not in s.children:
-                continue
-            t = target(scope, text)
+            if not pub and (first in ("crate", "self", "super") or first in s.children):
+                found.append(target(scope, text))
+        found += [doc_target(scope, segs) for scope, segs in s.docs]
+        for t in found:
             if t is None or t in test_children or t[:2] != ("crate", "kernels"):
                 continue
             name = "::".join(t[1:])

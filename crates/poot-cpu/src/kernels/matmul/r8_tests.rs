@@ -15,20 +15,20 @@ const KINDS: [DType; 4] = [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0];
 /// 8-row kind and both k-quant kinds.
 #[test]
 fn a_relay_on_the_pool_is_the_sequential_one() {
-    use crate::kernels::blocks::KKind;
+    use crate::kernels::format::Format;
     use crate::kernels::matmul::repack_k::RepackedK;
     use crate::kernels::qact::QK_K;
     let pool = crate::ThreadPool::new(3).unwrap();
     let (n, k) = (45, 512);
     for dt in KINDS {
-        let (kind, w) = (QKind::new(dt).unwrap(), synthetic_weights(dt, n, k, 8));
+        let (kind, w) = (Format::of(dt).unwrap(), synthetic_weights(dt, n, k, 8));
         let (a, b) = (
             Repacked::new(kind, &w, n, k / 32),
             Repacked::new_on(kind, &w, n, k / 32, Some(&pool)),
         );
         assert!((0..a.groups()).all(|g| a.group(g) == b.group(g)), "{dt}");
     }
-    for (dt, kind) in [(DType::Q4_K, KKind::Q4_K), (DType::Q6_K, KKind::Q6_K)] {
+    for (dt, kind) in [(DType::Q4_K, Format::Q4_K), (DType::Q6_K, Format::Q6_K)] {
         let w = synthetic_weights(dt, n, k, 9);
         let (a, b) = (
             RepackedK::new(kind, &w, n, k / QK_K),
@@ -41,7 +41,7 @@ fn a_relay_on_the_pool_is_the_sequential_one() {
 #[test]
 fn stored_rows_round_trip() {
     for dt in KINDS {
-        let kind = QKind::new(dt).unwrap();
+        let kind = Format::of(dt).unwrap();
         let (n, k) = (13, 96);
         let w = synthetic_weights(dt, n, k, 5);
         let rp = Repacked::new(kind, &w, n, k / 32);
@@ -75,11 +75,11 @@ fn both(
     t: usize,
     threads: usize,
 ) -> (Vec<u32>, Vec<u32>) {
-    let kind = QKind::new(dt).unwrap();
+    let kind = Format::of(dt).unwrap();
     let ck = isa.checked().unwrap();
     let pool = ThreadPool::new(threads).unwrap();
     let mut want = vec![0.0f32; t * n];
-    if kind != QKind::Q4_1 {
+    if kind != Format::Q4_1 {
         // The block order, from its scalar reference.
         let nb = k / 32;
         let mut a = vec![BlockQ8::default(); t * nb];
@@ -137,7 +137,7 @@ fn a_tokens_result_does_not_depend_on_the_tokens_beside_it() {
     // Batch invariance: each row of a t-token call equals that token alone, on every ISA.
     let mut rng = Rng::new(13);
     for dt in KINDS {
-        let kind = QKind::new(dt).unwrap();
+        let kind = Format::of(dt).unwrap();
         let (n, k, t) = (2056, 256, 7);
         let w = synthetic_weights(dt, n, k, 5);
         let rp = Repacked::new(kind, &w, n, k / 32);
@@ -203,7 +203,7 @@ fn extreme_weights_and_activations_stay_exact() {
 fn the_block_order_stays_within_f32_rounding_of_ggmls() {
     let mut rng = Rng::new(21);
     for dt in [DType::Q4_0, DType::Q5_0, DType::Q8_0] {
-        let kind = QKind::new(dt).unwrap();
+        let kind = Format::of(dt).unwrap();
         let (n, k, t) = (24, 1024, 4);
         let w = synthetic_weights(dt, n, k, 2);
         let x = rng.vec(t * k, -3.0, 3.0);

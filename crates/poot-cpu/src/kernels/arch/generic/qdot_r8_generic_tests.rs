@@ -11,7 +11,7 @@ use poot_core::DType;
 const KINDS: [DType; 4] = [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0];
 
 /// Tokens quantized as `matmul_r8` quantizes them.
-fn tokens(kind: QKind, t: usize, k: usize, seed: u32) -> Vec<BlockQ8> {
+fn tokens(kind: Format, t: usize, k: usize, seed: u32) -> Vec<BlockQ8> {
     let mut rng = Rng::new(seed);
     let x = rng.vec(t * k, -3.0, 3.0);
     let nb = k / QK8;
@@ -32,7 +32,7 @@ fn equals_the_stored_row_references_bit_for_bit() {
     let (n, k, t) = (13, 256, 3);
     let nb = k / QK8;
     for (s, dt) in KINDS.into_iter().enumerate() {
-        let kind = QKind::new(dt).unwrap();
+        let kind = Format::of(dt).unwrap();
         let rp = Repacked::new(kind, &synthetic_weights(dt, n, k, 3 + s as u32), n, nb);
         let a = tokens(kind, t, k, 17 + s as u32);
         let mut row = vec![0u8; nb * kind.block_bytes()];
@@ -40,7 +40,7 @@ fn equals_the_stored_row_references_bit_for_bit() {
             let mut ggml = vec![f32::NAN; t * RG];
             group(kind, rp.group(g), nb, &a, t, &mut ggml);
             let mut blocks = vec![f32::NAN; t * RG];
-            if kind != QKind::Q4_1 {
+            if kind != Format::Q4_1 {
                 group_blocks(kind, rp.group(g), nb, &a, t, &mut blocks);
             }
             for r in 0..RG.min(n - g * RG) {
@@ -53,7 +53,7 @@ fn equals_the_stored_row_references_bit_for_bit() {
                         want.to_bits(),
                         "{dt} {g} {r} {j}"
                     );
-                    if kind != QKind::Q4_1 {
+                    if kind != Format::Q4_1 {
                         let want = dot_scalar_blocks(kind, &row, y);
                         let got = blocks[j * RG + r];
                         assert_eq!(got.to_bits(), want.to_bits(), "{dt} blocks {g} {r} {j}");
@@ -98,16 +98,16 @@ fn equals_the_x86_loops_at_every_width_bit_for_bit() {
     let (n, k) = (16, 256);
     let nb = k / QK8;
     for (s, dt) in KINDS.into_iter().enumerate() {
-        let kind = QKind::new(dt).unwrap();
+        let kind = Format::of(dt).unwrap();
         let rp = Repacked::new(kind, &synthetic_weights(dt, n, k, 5 + s as u32), n, nb);
         let mult = |v: bool| match kind {
-            QKind::Q4_0 => 8,
-            QKind::Q5_0 => 16,
-            QKind::Q8_0 if v => 128,
+            Format::Q4_0 => 8,
+            Format::Q5_0 => 16,
+            Format::Q8_0 if v => 128,
             _ => 0,
         };
         for blocks in [false, true] {
-            if blocks && kind == QKind::Q4_1 {
+            if blocks && kind == Format::Q4_1 {
                 continue;
             }
             for t in 1..=4 {
