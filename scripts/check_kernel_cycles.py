@@ -11,8 +11,9 @@ an intra-doc link's target) names the module it resolves to from the documented 
 nearest ancestor that has a module of that first name, so a doc that names a module depending
 on it closes a cycle as a ``use`` would. A name a module only re-exports (``pub use``) counts
 as an edge to where it is defined, and ``pub use``/``mod`` lines themselves are no edges, so a
-folder's ``mod.rs`` that just gathers its children is not a hub. Test code (``#[cfg(test)]`` and ``#[cfg(all(test, ..))]``
-modules, ``tests.rs`` and ``*_tests.rs``) is left out: tests may import anything.
+folder's ``mod.rs`` that just gathers its children is not a hub. Test code (``#[cfg(test)]``
+and ``#[cfg(all(test, ..))]`` modules, their doc comments included, ``tests.rs`` and
+``*_tests.rs``) is left out: tests may import anything.
 
 An edge inside a strongly connected component lies on a cycle. Those edges are checked against
 an allowlist (``--allow FILE``, one ``a -> b`` a line) that may only shrink: a cycle edge not on
@@ -84,7 +85,8 @@ class Source:
         self.module = module
         # (scope module path, path text, is a `pub use`) for each path named.
         self.paths: list[tuple[tuple[str, ...], str, bool]] = []
-        self.reexports: dict[str, str] = {}  # name -> full path (module-relative text)
+        # name -> (scope module path, path text) of what a `pub use` re-exports
+        self.reexports: dict[str, tuple[tuple[str, ...], str]] = {}
         self.children: set[str] = set()  # child modules declared here
         # (scope module path, path segments) for each path a doc comment names.
         self.docs: list[tuple[tuple[str, ...], list[str]]] = []
@@ -136,8 +138,8 @@ class Source:
             while len(stack) > 1 and depth < stack[-1][1]:
                 stack.pop()
 
-
     def _scan_doc(self, scope: tuple[str, ...], raw: str) -> None:
+        """Records the module paths one doc-comment line names (resolved in `build_graph`)."""
         text = _DOC.sub("", raw, count=1)
         for m in _DOC_PATH.finditer(text):
             self.docs.append((scope, m.group(0).split("::")))
@@ -167,6 +169,7 @@ def build_graph(root: Path) -> dict[str, set[str]]:
 
     def resolve(scope: tuple[str, ...], text: str) -> tuple[tuple[str, ...], list[str]] | None:
         segs = text.split("::")
+        base: tuple[str, ...]
         if segs[0] == "crate":
             base, rest = ("crate",), segs[1:]
         elif segs[0] in ("self", "super"):
@@ -190,7 +193,7 @@ def build_graph(root: Path) -> dict[str, set[str]]:
         module, rest = hit
         src = by_module[module]
         if rest and rest[0] in src.reexports and seen < 8:
-            scope2, text2 = src.reexports[rest[0]]  # type: ignore[misc]
+            scope2, text2 = src.reexports[rest[0]]
             return target(scope2, text2, seen + 1) or module
         return module
 
@@ -213,7 +216,7 @@ def build_graph(root: Path) -> dict[str, set[str]]:
         for scope, text, pub in s.paths:
             if pub:
                 name = text.split("::")[-1]
-                s.reexports[name] = (scope, text)  # type: ignore[assignment]
+                s.reexports[name] = (scope, text)
 
     graph: dict[str, set[str]] = {"::".join(s.module[1:]): set() for s in sources}
     for s in sources:

@@ -62,10 +62,8 @@ def test_a_doc_comment_naming_a_dependent_module_is_a_cycle(
     shutil.copytree(_SRC, src)
     blocks = src / "kernels" / "blocks.rs"
     text = blocks.read_text()
-    blocks.write_text(
-        text + "\n#[cfg(test)]\nmod doc_only {\n    /// As `arch::generic::qdot_r8_generic::group`.\n"
-        "    fn f() {}\n}\n"
-    )
+    doc = "/// As `arch::generic::qdot_r8_generic::group`."
+    blocks.write_text(text + f"\n#[cfg(test)]\nmod doc_only {{\n    {doc}\n    fn f() {{}}\n}}\n")
     assert check.main(["--root", str(src)]) == 0, capsys.readouterr().out
     capsys.readouterr()
     # Relative to an ancestor (`arch::...` from `kernels::blocks`), and absolute.
