@@ -5,10 +5,15 @@ The graph: one node per source file (``kernels/matmul/r8.rs`` is ``kernels::matm
 folder's ``mod.rs`` is the folder); an edge for every ``super::``/``self::``/``crate::kernels::``
 path in non-test code (``use`` lines, grouped ``use a::{b, c::d}`` included, and inline paths
 such as ``super::simd::prefetch_ahead()``), and for a bare ``use child::...`` of a folder's
-``mod.rs``. A name a module only re-exports (``pub use``) counts as an edge to where it is
-defined, and ``pub use``/``mod`` lines themselves are no edges, so a folder's ``mod.rs`` that
-just gathers its children is not a hub. Test code (``#[cfg(test)]`` and ``#[cfg(all(test, ..))]``
-modules, ``tests.rs`` and ``*_tests.rs``) is left out: tests may import anything.
+``mod.rs``. Doc comments (``//!``, ``///``) count too, as a name-based reader sees them: a
+path of two or more segments (``crate::kernels::matmul::stored``, ``matmul::stored::dot_rows``,
+an intra-doc link's target) names the module it resolves to from the documented module or its
+nearest ancestor that has a module of that first name, so a doc that names a module depending
+on it closes a cycle as a ``use`` would. A name a module only re-exports (``pub use``) counts
+as an edge to where it is defined, and ``pub use``/``mod`` lines themselves are no edges, so a
+folder's ``mod.rs`` that just gathers its children is not a hub. Test code (``#[cfg(test)]``
+and ``#[cfg(all(test, ..))]`` modules, their doc comments included, ``tests.rs`` and
+``*_tests.rs``) is left out: tests may import anything.
 
 An edge inside a strongly connected component lies on a cycle. Those edges are checked against
 an allowlist (``--allow FILE``, one ``a -> b`` a line) that may only shrink: a cycle edge not on
@@ -33,6 +38,9 @@ _PATH = re.compile(rf"\b(?:super|self|crate)(?:::{_IDENT})+")
 _MOD_OPEN = re.compile(rf"^\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+({_IDENT})\s*\{{")
 _MOD_DECL = re.compile(rf"^\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+({_IDENT})\s*;")
 _USE = re.compile(r"^\s*(pub(?:\([^)]*\))?\s+)?use\s")
+_DOC = re.compile(r"^\s*//[/!](?!/)")
+# In a doc comment: a path `a::b(::c)*` of two segments or more.
+_DOC_PATH = re.compile(rf"(?<![A-Za-z0-9_:])(?:{_IDENT}::)+{_IDENT}")
 
 
 def _strip(line: str) -> str:
@@ -77,8 +85,11 @@ class Source:
         self.module = module
         # (scope module path, path text, is a `pub use`) for each path named.
         self.paths: list[tuple[tuple[str, ...], str, bool]] = []
-        self.reexports: dict[str, str] = {}  # name -> full path (module-relative text)
+        # name -> (scope module path, path text) of what a `pub use` re-exports
+        self.reexports: dict[str, tuple[tuple[str, ...], str]] = {}
         self.children: set[str] = set()  # child modules declared here
+        # (scope module path, path segments) for each path a doc comment names.
+        self.docs: list[tuple[tuple[str, ...], list[str]]] = []
         self._scan()
 
     def _scan(self) -> None:
@@ -86,8 +97,12 @@ class Source:
         depth, cfg_test, pending_use = 0, False, ""
         pending_pub = False
         for raw in self.path.read_text().splitlines():
-            line = _strip(raw)
             scope, _, in_test = stack[-1]
+            if _DOC.match(raw):
+                if not in_test and not cfg_test:
+                    self._scan_doc(scope, raw)
+                continue
+            line = _strip(raw)
             if re.match(r"^\s*#\[cfg\((?:all\()?test\b", line):
                 cfg_test = True
                 continue
@@ -123,6 +138,12 @@ class Source:
             while len(stack) > 1 and depth < stack[-1][1]:
                 stack.pop()
 
+    def _scan_doc(self, scope: tuple[str, ...], raw: str) -> None:
+        """Records the module paths one doc-comment line names (resolved in `build_graph`)."""
+        text = _DOC.sub("", raw, count=1)
+        for m in _DOC_PATH.finditer(text):
+            self.docs.append((scope, m.group(0).split("::")))
+
 
 def _module_of(root: Path, file: Path) -> tuple[str, ...]:
     rel = file.relative_to(root).with_suffix("")
@@ -148,6 +169,7 @@ def build_graph(root: Path) -> dict[str, set[str]]:
 
     def resolve(scope: tuple[str, ...], text: str) -> tuple[tuple[str, ...], list[str]] | None:
         segs = text.split("::")
+        base: tuple[str, ...]
         if segs[0] == "crate":
             base, rest = ("crate",), segs[1:]
         elif segs[0] in ("self", "super"):
@@ -171,26 +193,41 @@ def build_graph(root: Path) -> dict[str, set[str]]:
         module, rest = hit
         src = by_module[module]
         if rest and rest[0] in src.reexports and seen < 8:
-            scope2, text2 = src.reexports[rest[0]]  # type: ignore[misc]
+            scope2, text2 = src.reexports[rest[0]]
             return target(scope2, text2, seen + 1) or module
         return module
+
+    def doc_target(scope: tuple[str, ...], segs: list[str]) -> tuple[str, ...] | None:
+        """The module a doc comment's path names (see the module docs), or None."""
+        if segs[0] in ("crate", "self", "super"):
+            hit = resolve(scope, "::".join(segs))
+            return None if hit is None else hit[0]
+        for n in range(len(scope), 0, -1):
+            base = scope[:n]
+            if base + (segs[0],) not in by_module:
+                continue
+            full = base + tuple(segs)
+            for m in range(len(full), n, -1):
+                if full[:m] in by_module:
+                    return full[:m]
+        return None
 
     for s in sources:
         for scope, text, pub in s.paths:
             if pub:
                 name = text.split("::")[-1]
-                s.reexports[name] = (scope, text)  # type: ignore[assignment]
+                s.reexports[name] = (scope, text)
 
     graph: dict[str, set[str]] = {"::".join(s.module[1:]): set() for s in sources}
     for s in sources:
         me = "::".join(s.module[1:])
+        found: list[tuple[str, ...] | None] = []
         for scope, text, pub in s.paths:
-            if pub:
-                continue
             first = text.split("::")[0]
-            if first not in ("crate", "self", "super") and first not in s.children:
-                continue
-            t = target(scope, text)
+            if not pub and (first in ("crate", "self", "super") or first in s.children):
+                found.append(target(scope, text))
+        found += [doc_target(scope, segs) for scope, segs in s.docs]
+        for t in found:
             if t is None or t in test_children or t[:2] != ("crate", "kernels"):
                 continue
             name = "::".join(t[1:])

@@ -41,12 +41,37 @@ def test_a_planted_cycle_and_layering_break_fail(
     check = _script()
     src = tmp_path / "src"
     shutil.copytree(_SRC, src)
-    with (src / "kernels" / "blocks.rs").open("a") as f:
-        # dot_scalar lives in arch::generic::qdot_generic, which imports blocks: a two-module cycle.
+    with (src / "kernels" / "format.rs").open("a") as f:
+        # dot_scalar lives in arch::generic::qdot_generic, which imports format: a two-module cycle.
         f.write("\nuse crate::kernels::arch::generic::qdot_generic::dot_scalar;\n")
     with (src / "kernels" / "matmul" / "r8.rs").open("a") as f:
         f.write("\nfn back() { crate::kernels::matmul::matmul(); }\n")
     assert check.main(["--root", str(src)]) == 1
     out = capsys.readouterr().out
-    assert "kernels::blocks -> kernels::arch::generic::qdot_generic" in out
+    assert "kernels::format -> kernels::arch::generic::qdot_generic" in out
     assert "layering: kernels::matmul::r8 -> kernels::matmul" in out
+
+
+def test_a_doc_comment_naming_a_dependent_module_is_a_cycle(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A name-based reader follows module paths in docs: `blocks` naming the 8-row generic loop
+    (which imports `blocks`) is a cycle; the same words in a test module's docs are not."""
+    check = _script()
+    src = tmp_path / "src"
+    shutil.copytree(_SRC, src)
+    blocks = src / "kernels" / "blocks.rs"
+    text = blocks.read_text()
+    doc = "/// As `arch::generic::qdot_r8_generic::group`."
+    blocks.write_text(text + f"\n#[cfg(test)]\nmod doc_only {{\n    {doc}\n    fn f() {{}}\n}}\n")
+    assert check.main(["--root", str(src)]) == 0, capsys.readouterr().out
+    capsys.readouterr()
+    # Relative to an ancestor (`arch::...` from `kernels::blocks`), and absolute.
+    for doc in (
+        "/// As `arch::generic::qdot_r8_generic::group` reads it.",
+        "/// See [`group`](crate::kernels::arch::generic::qdot_r8_generic::group).",
+    ):
+        blocks.write_text(text + f"\n{doc}\nconst _X: () = ();\n")
+        assert check.main(["--root", str(src)]) == 1
+        out = capsys.readouterr().out
+        assert "kernels::blocks -> kernels::arch::generic::qdot_r8_generic" in out, out

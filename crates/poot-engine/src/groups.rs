@@ -135,10 +135,7 @@ impl KvGroups {
 
     /// Tables over the longest cached prefix of `lookup` every group can use (see the module
     /// docs), windowed groups released behind their window.
-    pub(crate) fn lookup_prefix(
-        &mut self,
-        lookup: &[TokenId],
-    ) -> Result<Vec<BlockTable>, KvError> {
+    pub(crate) fn lookup_prefix(&mut self, lookup: &[TokenId]) -> Result<Vec<BlockTable>, KvError> {
         let head = self.prefix_of(0, lookup)?;
         let mut tables = vec![head];
         for g in 1..self.groups.len() {

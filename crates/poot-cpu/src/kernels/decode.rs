@@ -9,78 +9,7 @@
 //! paths (see `simd.rs`) instantiate it inside `#[target_feature]` functions and get AVX2 or
 //! AVX-512 code from the same source. Cost: O(elements), no allocation.
 
-use poot_core::DType;
-
-/// The stored dtypes the kernels can decode, proved at validation time so the hot path
-/// matches exhaustively.
-#[allow(non_camel_case_types, reason = "ggml's names")]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Packed {
-    F32,
-    F16,
-    BF16,
-    Q4_0,
-    Q4_1,
-    Q5_0,
-    Q5_1,
-    Q8_0,
-    Q2_K,
-    Q3_K,
-    Q4_K,
-    Q5_K,
-    Q6_K,
-    Q8_K,
-    Q4_Z,
-    Q8_Z,
-    F8_S,
-}
-
-impl Packed {
-    /// The decodable form of `dtype`, if the kernels support it.
-    pub(crate) fn new(dtype: DType) -> Option<Packed> {
-        Some(match dtype {
-            DType::F32 => Packed::F32,
-            DType::F16 => Packed::F16,
-            DType::BF16 => Packed::BF16,
-            DType::Q4_0 => Packed::Q4_0,
-            DType::Q4_1 => Packed::Q4_1,
-            DType::Q5_0 => Packed::Q5_0,
-            DType::Q5_1 => Packed::Q5_1,
-            DType::Q8_0 => Packed::Q8_0,
-            DType::Q2_K => Packed::Q2_K,
-            DType::Q3_K => Packed::Q3_K,
-            DType::Q4_K => Packed::Q4_K,
-            DType::Q5_K => Packed::Q5_K,
-            DType::Q6_K => Packed::Q6_K,
-            DType::Q8_K => Packed::Q8_K,
-            DType::Q4_Z => Packed::Q4_Z,
-            DType::Q8_Z => Packed::Q8_Z,
-            DType::F8_S => Packed::F8_S,
-            _ => return None,
-        })
-    }
-}
-
-/// Every dtype the kernels decode (matmul weights, embedding tables, norm weights).
-pub const DECODABLE: [DType; 17] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_0,
-    DType::Q5_1,
-    DType::Q8_0,
-    DType::Q2_K,
-    DType::Q3_K,
-    DType::Q4_K,
-    DType::Q5_K,
-    DType::Q6_K,
-    DType::Q8_K,
-    DType::Q4_Z,
-    DType::Q8_Z,
-    DType::F8_S,
-];
+use crate::kernels::format::Format;
 
 /// Exact `f16` bits to `f32` (NaNs keep their payload with the quiet bit set, as F16C does).
 #[inline(always)]
@@ -110,19 +39,22 @@ pub(crate) fn f16_at(b: &[u8], off: usize) -> f32 {
     f16_to_f32(u16::from_le_bytes([b[off], b[off + 1]]))
 }
 
-/// Runs a block decoder over whole blocks. A macro, not a generic over `Fn`: a direct call to
-/// an `#[inline(always)]` function is what gets inlined (and vectorized) inside the SIMD
-/// `#[target_feature]` wrappers; an `Fn::call` shim was left outlined, compiled for SSE2.
+/// Runs a block decoder over whole blocks of `$fmt` (its block shape from [`Format`]). A macro,
+/// not a generic over `Fn`: a direct call to an `#[inline(always)]` function is what gets
+/// inlined (and vectorized) inside the SIMD `#[target_feature]` wrappers; an `Fn::call` shim was
+/// left outlined, compiled for SSE2.
 macro_rules! each_block {
-    ($src:expr, $dst:expr, $f:ident, $b:literal, $e:literal) => {
-        for (b, y) in $src.chunks_exact($b).zip($dst.chunks_exact_mut($e)) {
-            // `chunks_exact` yields exactly $b bytes and $e values; these cannot fail.
+    ($src:expr, $dst:expr, $f:ident, $fmt:expr) => {{
+        let (bb, be) = const { ($fmt.block_bytes(), $fmt.block_elems()) };
+        for (b, y) in $src.chunks_exact(bb).zip($dst.chunks_exact_mut(be)) {
+            // `chunks_exact` yields exactly `bb` bytes and `be` values, the sizes of the
+            // decoder's arrays (the tests decode every format); these cannot fail.
             $f(
                 b.try_into().expect("whole block"),
                 y.try_into().expect("whole block"),
             )
         }
-    };
+    }};
 }
 
 /// Decodes `dst.len()` elements of `p` from `src`.
@@ -130,37 +62,37 @@ macro_rules! each_block {
 /// The caller guarantees `src.len() == bytes_for(dst.len())` (whole blocks); on a mismatch
 /// only the whole blocks both sides hold are decoded (never out of bounds).
 #[inline(always)]
-pub(crate) fn decode_run(p: Packed, src: &[u8], dst: &mut [f32]) {
+pub(crate) fn decode_run(p: Format, src: &[u8], dst: &mut [f32]) {
     match p {
-        Packed::F32 => {
+        Format::F32 => {
             for (b, y) in src.chunks_exact(4).zip(dst) {
                 *y = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
             }
         }
-        Packed::F16 => {
+        Format::F16 => {
             for (b, y) in src.chunks_exact(2).zip(dst) {
                 *y = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
             }
         }
-        Packed::BF16 => {
+        Format::BF16 => {
             for (b, y) in src.chunks_exact(2).zip(dst) {
                 *y = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
             }
         }
-        Packed::Q4_0 => each_block!(src, dst, q4_0, 18, 32),
-        Packed::Q4_1 => each_block!(src, dst, q4_1, 20, 32),
-        Packed::Q5_0 => each_block!(src, dst, q5_0, 22, 32),
-        Packed::Q5_1 => each_block!(src, dst, q5_1, 24, 32),
-        Packed::Q8_0 => each_block!(src, dst, q8_0, 34, 32),
-        Packed::Q2_K => each_block!(src, dst, q2_k, 84, 256),
-        Packed::Q3_K => each_block!(src, dst, q3_k, 110, 256),
-        Packed::Q4_K => each_block!(src, dst, q4_k, 144, 256),
-        Packed::Q5_K => each_block!(src, dst, q5_k, 176, 256),
-        Packed::Q6_K => each_block!(src, dst, q6_k, 210, 256),
-        Packed::Q8_K => each_block!(src, dst, q8_k, 292, 256),
-        Packed::Q4_Z => each_block!(src, dst, q4_z, 19, 32),
-        Packed::Q8_Z => each_block!(src, dst, q8_z, 36, 32),
-        Packed::F8_S => each_block!(src, dst, f8_s, 36, 32),
+        Format::Q4_0 => each_block!(src, dst, q4_0, Format::Q4_0),
+        Format::Q4_1 => each_block!(src, dst, q4_1, Format::Q4_1),
+        Format::Q5_0 => each_block!(src, dst, q5_0, Format::Q5_0),
+        Format::Q5_1 => each_block!(src, dst, q5_1, Format::Q5_1),
+        Format::Q8_0 => each_block!(src, dst, q8_0, Format::Q8_0),
+        Format::Q2_K => each_block!(src, dst, q2_k, Format::Q2_K),
+        Format::Q3_K => each_block!(src, dst, q3_k, Format::Q3_K),
+        Format::Q4_K => each_block!(src, dst, q4_k, Format::Q4_K),
+        Format::Q5_K => each_block!(src, dst, q5_k, Format::Q5_K),
+        Format::Q6_K => each_block!(src, dst, q6_k, Format::Q6_K),
+        Format::Q8_K => each_block!(src, dst, q8_k, Format::Q8_K),
+        Format::Q4_Z => each_block!(src, dst, q4_z, Format::Q4_Z),
+        Format::Q8_Z => each_block!(src, dst, q8_z, Format::Q8_Z),
+        Format::F8_S => each_block!(src, dst, f8_s, Format::F8_S),
     }
 }
 
@@ -391,16 +323,6 @@ mod tests {
         for h in 0..=u16::MAX {
             let want = half::f16::from_bits(h).to_f32();
             assert_eq!(f16_to_f32(h).to_bits(), want.to_bits(), "{h:#06x}");
-        }
-    }
-
-    #[test]
-    fn packed_covers_exactly_the_decodable_list() {
-        for dt in DType::ALL {
-            assert_eq!(Packed::new(dt).is_some(), DECODABLE.contains(&dt), "{dt}");
-            if DECODABLE.contains(&dt) {
-                assert!(poot_core::quant::supports(dt), "{dt} has no reference");
-            }
         }
     }
 }

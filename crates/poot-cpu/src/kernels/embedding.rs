@@ -11,7 +11,7 @@ use poot_core::DType;
 
 use crate::error::{check_len, mul};
 use crate::kernels::blocks::row_bytes;
-use crate::kernels::decode::Packed;
+use crate::kernels::format::Format;
 use crate::kernels::simd::{self, Isa};
 use crate::KernelError;
 
@@ -25,7 +25,7 @@ pub fn embedding(
     out: &mut [f32],
 ) -> Result<(), KernelError> {
     let ck = Isa::detect().checked()?;
-    let p = Packed::new(dtype).ok_or(KernelError::UnsupportedDType {
+    let p = Format::of(dtype).ok_or(KernelError::UnsupportedDType {
         op: "embedding",
         dtype,
     })?;
@@ -83,7 +83,7 @@ pub(crate) fn embedding_repacked(
     out: &mut [f32],
 ) -> Result<(), KernelError> {
     let ck = Isa::detect().checked()?;
-    let p = Packed::new(dtype).ok_or(KernelError::UnsupportedDType {
+    let p = Format::of(dtype).ok_or(KernelError::UnsupportedDType {
         op: "embedding",
         dtype,
     })?;
@@ -129,7 +129,7 @@ mod tests {
 
     #[test]
     fn every_decodable_dtype_looks_up_exact_rows() {
-        for (s, dt) in crate::kernels::decode::DECODABLE.into_iter().enumerate() {
+        for (s, dt) in crate::kernels::format::DECODABLE.into_iter().enumerate() {
             let dim = if dt.is_quantized() {
                 dt.block_elems() as usize * 2
             } else {
@@ -198,8 +198,7 @@ mod tests {
 
     #[test]
     fn repacked_tables_give_the_same_rows() {
-        use crate::kernels::blocks::KKind;
-        use crate::kernels::blocks::QKind;
+        use crate::kernels::format::Format;
         use crate::kernels::matmul::repack::{Repack, Repacked};
         use crate::kernels::matmul::repack_k::RepackedK;
         let kinds = [
@@ -214,10 +213,10 @@ mod tests {
             let dim = if dt.block_elems() == 256 { 512 } else { 96 };
             let n = 19;
             let table = synthetic_weights(dt, n, dim, 8);
-            let rp = match QKind::new(dt) {
+            let rp = match Format::of(dt).filter(|&f| Repacked::supports(f)) {
                 Some(kind) => Repack::Q(Repacked::new(kind, &table, n, dim / 32)),
                 None => Repack::K(RepackedK::new(
-                    KKind::new(dt).unwrap(),
+                    Format::of(dt).unwrap(),
                     &table,
                     n,
                     dim / 256,

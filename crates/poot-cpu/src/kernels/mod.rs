@@ -11,9 +11,11 @@
 //! Where things go:
 //! - a new op: a module here (or a folder, once it has several kernels), with its scalar path
 //!   first; the runtime calls it from `runtime/exec.rs`.
-//! - a new weight dtype: its block decoder in `decode.rs` (every op then accepts it through the
-//!   exact path of `matmul/decoded.rs`); an integer dot kind in `blocks.rs` (`QKind`/`KKind`)
-//!   with its scalar dot in `matmul/qdot*.rs` and its `matmul::MatmulPath`; a faster layout in
+//! - a new weight dtype: a variant of `format.rs`'s `Format` (its block shape, its line in
+//!   `Format::of`, how its rows are read) and its block decoder in `decode.rs` (every op then
+//!   accepts it through the exact path of `matmul/decoded.rs`); for an integer dot, its scalar
+//!   dot under `arch/generic/` beside the others of its `Rows`, its x86 loop under `arch/x86/`,
+//!   and its `matmul::MatmulPath` follows from its `Rows`; a faster layout in
 //!   `matmul/repack*.rs`.
 //! - a new ISA path: an [`simd::Isa`] level from [`crate::CpuFeatures`], its loops in
 //!   `arch/<arch>/` beside the x86 ones, chosen in the family's dispatch next to the scalar
@@ -24,6 +26,7 @@
 pub(crate) mod act_cache;
 pub(crate) mod blocks;
 pub mod decode;
+pub(crate) mod format;
 pub mod ggml;
 pub mod qact;
 pub(crate) mod scratch;
@@ -52,8 +55,8 @@ pub use attention::{
     paged_attention, paged_attention_masked, paged_attention_numerics, AttentionInputs,
     AttentionMask, AttentionShape, KvCacheMut, KvElem,
 };
-pub use decode::DECODABLE;
 pub use embedding::embedding;
+pub use format::DECODABLE;
 pub use ggml::Numerics;
 pub use matmul::{matmul, matmul_numerics, matmul_with, MATMUL_DTYPES};
 pub use norm::rms_norm;

@@ -16,7 +16,7 @@ use poot_core::DType;
 
 use crate::error::{check_len, mul};
 use crate::kernels::blocks::row_bytes;
-use crate::kernels::decode::Packed;
+use crate::kernels::format::Format;
 use crate::kernels::simd::{self, Isa};
 use crate::KernelError;
 
@@ -34,7 +34,7 @@ pub fn rms_norm(
     out: &mut [f32],
 ) -> Result<(), KernelError> {
     let ck = Isa::detect().checked()?;
-    let p = Packed::new(w_dtype).ok_or(KernelError::UnsupportedDType {
+    let p = Format::of(w_dtype).ok_or(KernelError::UnsupportedDType {
         op: "rms_norm",
         dtype: w_dtype,
     })?;

@@ -14,7 +14,8 @@
 //!   register-tiled (AVX2: 4 rows x 2 tokens; AVX-512: 4 rows x 4 tokens), `f32` accumulation in
 //!   8 or 16 lanes, horizontal sum, then a scalar tail for `k % 8` (or `% 16`).
 
-use crate::kernels::decode::{decode_run, Packed};
+use crate::kernels::decode::decode_run;
+use crate::kernels::format::Format;
 use crate::tuning::Tuning;
 use crate::KernelError;
 
@@ -197,7 +198,7 @@ impl Checked {
 }
 
 /// Decodes `dst.len()` values of `p` from `src` (whole blocks; see `decode_run`).
-pub(crate) fn decode(ck: Checked, p: Packed, src: &[u8], dst: &mut [f32]) {
+pub(crate) fn decode(ck: Checked, p: Format, src: &[u8], dst: &mut [f32]) {
     match ck.0 {
         Isa::Scalar => decode_run(p, src, dst),
         #[cfg(target_arch = "x86_64")]

@@ -67,11 +67,11 @@ impl CpuPlan {
     /// dispatch per weight. Bit-identical to running them one by one; the other outputs are
     /// simply made earlier, alive from the first member to their last reader.
     pub(crate) fn fuse_matmuls(&mut self) {
-        use crate::kernels::blocks::{KKind, QKind};
         use crate::kernels::matmul::repack::Repack;
+        // The format names the re-lay too (Q4_0 and Q4_K never share one).
         let key = |w: &Repack| match w {
-            Repack::Q(r) => (Ok::<QKind, KKind>(r.kind), w.k()),
-            Repack::K(r) => (Err(r.kind), w.k()),
+            Repack::Q(r) => (r.kind, w.k()),
+            Repack::K(r) => (r.kind, w.k()),
         };
         let mut by_input: HashMap<_, Vec<usize>> = HashMap::new();
         for (i, op) in self.graph.equations.iter().enumerate() {

@@ -1,5 +1,5 @@
 //! One (token, head) of paged attention in llama.cpp's CPU arithmetic (non-flash path, f16 KV
-//! cache, AVX2 build), for [`Numerics::Ggml`](super::Numerics).
+//! cache, AVX2 build), for [`Numerics::Ggml`](crate::kernels::ggml::Numerics).
 //!
 //! ggml computes `kq = mul_mat(K, q)`, `p = soft_max_ext(kq, mask, scale)`, `o = mul_mat(V^T,
 //! p)` over `n_kv` cache cells (a multiple of 256; cells past the sequence are masked to `-inf`

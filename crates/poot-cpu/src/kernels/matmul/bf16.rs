@@ -24,7 +24,7 @@
 //! Cost: `2 * t * n * k` flops; memory: the rounded activations (`4 * t * k` bytes; AMX:
 //! `2 * t * k`).
 
-use crate::kernels::decode::Packed;
+use crate::kernels::format::Format;
 use crate::kernels::ggml::round_bf16;
 use crate::kernels::ggml::Numerics;
 use crate::kernels::matmul::decoded::matmul_decoded;
@@ -66,11 +66,11 @@ pub(crate) fn matmul_bf16_ggml(
         return Ok(());
     }
     // AVX2 and AVX-512: packed tiles in tinyBLAS's 8-lane order (`matmul/lanes8.rs`).
-    if crate::kernels::matmul::lanes8::applies(ck, Packed::BF16, t, k) {
+    if crate::kernels::matmul::lanes8::applies(ck, Format::BF16, t, k) {
         let f = crate::kernels::matmul::lanes8::matmul_lanes8;
         f(
             ck,
-            (Packed::BF16, Numerics::Ggml),
+            (Format::BF16, Numerics::Ggml),
             x,
             (t, k),
             (w, row_bytes, n),
@@ -88,7 +88,7 @@ pub(crate) fn matmul_bf16_ggml(
     matmul_decoded(
         ck,
         exact,
-        Packed::BF16,
+        Format::BF16,
         &rounded,
         (t, k),
         (w, row_bytes, n),
@@ -102,7 +102,7 @@ pub(crate) fn matmul_bf16_ggml(
 mod tests {
     use poot_core::DType;
 
-    use crate::kernels::decode::Packed;
+    use crate::kernels::format::Format;
     use crate::kernels::ggml::round_bf16;
     use crate::kernels::ggml::Numerics;
     use crate::kernels::matmul::matmul_numerics;
@@ -154,7 +154,7 @@ mod tests {
                 // `vdpbf16ps` (`matmul/dpbf16.rs`) takes the default.
                 let lanes8 = |isa: Isa| {
                     let ck = isa.checked().unwrap();
-                    isa.avx512() && crate::kernels::matmul::lanes8::applies(ck, Packed::BF16, t, k)
+                    isa.avx512() && crate::kernels::matmul::lanes8::applies(ck, Format::BF16, t, k)
                 };
                 let paths = Isa::available().into_iter().map(|isa| (isa, false)).chain(
                     Isa::available()
@@ -172,7 +172,7 @@ mod tests {
                             let ck = isa.checked().unwrap();
                             f(
                                 ck,
-                                (Packed::BF16, Numerics::Ggml),
+                                (Format::BF16, Numerics::Ggml),
                                 &x,
                                 (t, k),
                                 (&w, 2 * k, n),

@@ -6,7 +6,7 @@
 //! blocks decoded to `f32` and register-tiled against token tiles (see `matmul/mod.rs`'s module
 //! docs for the numerics and cost).
 
-use crate::kernels::decode::Packed;
+use crate::kernels::format::Format;
 use crate::kernels::ggml::Numerics;
 use crate::kernels::scratch::Scratch;
 use crate::kernels::simd::{self, Checked, NR};
@@ -24,7 +24,7 @@ pub(crate) const TOKEN_TILE: usize = 4;
 pub(crate) fn matmul_decoded(
     ck: Checked,
     numerics: Numerics,
-    p: Packed,
+    p: Format,
     x: &[f32],
     (t, k): (usize, usize),
     (w, row_bytes, n): (&[u8], usize, usize),

@@ -3,8 +3,8 @@
 //! `f32` in registers, never decoded to memory, activations as computed (FP8 weight-only,
 //! W8A16 in the checkpoint's terms; llama.cpp has no such type).
 //!
-//! How: rows of `W` in 4-row groups claimed by the pool's threads, each group dotted against
-//! every token in place ([`dot_rows`]): per 32-value block, 8 lanes of `e * x` (`e` the E4M3
+//! How: rows of `W` in 4-row groups claimed by the pool's threads (`groups::over_row_groups`),
+//! each group dotted against every token in place ([`dot_rows`]): per 32-value block, 8 lanes of `e * x` (`e` the E4M3
 //! value over 256, exact) summed by FMAs, then `acc = fma(256 * d, inner, acc)` per lane and
 //! `hsum8` at the end (`arch/generic/f8dot_generic.rs`).
 //!
@@ -21,9 +21,9 @@
 //! floats a thread.
 
 use crate::kernels::arch::generic::f8dot_generic::{dot_scalar, F8_BLOCK};
-use crate::kernels::scratch::Scratch;
-use crate::kernels::simd::{Checked, Isa, NR};
-use crate::pool::{SharedMut, ThreadPool};
+use crate::kernels::matmul::groups::{over_row_groups, Layout};
+use crate::kernels::simd::{Checked, Isa};
+use crate::pool::ThreadPool;
 
 /// See the module docs. Shapes were validated by `matmul_numerics`: `x` is `[t, k]`, `w` is `n`
 /// rows of `row_bytes`, `out` is `[t, n]`, `k` is whole 32-blocks and positive.
@@ -40,28 +40,13 @@ pub(crate) fn matmul_f8(
     pool: &ThreadPool,
 ) {
     debug_assert!(k.is_multiple_of(32) && x.len() == t * k);
-    let groups = n.div_ceil(NR);
-    let (per_task, tasks) = pool.split(groups);
-    let shared = SharedMut::new(out);
-    pool.for_each_init(
-        tasks,
-        || Scratch::zeroed(t * NR),
-        |res, task| {
-            for g in task * per_task..((task + 1) * per_task).min(groups) {
-                let n0 = g * NR;
-                let nr = NR.min(n - n0);
-                let rows = &w[n0 * row_bytes..(n0 + nr) * row_bytes];
-                dot_rows(ck, rows, row_bytes, nr, x, k, t, res);
-                for tok in 0..t {
-                    for (r, &v) in res[tok * nr..(tok + 1) * nr].iter().enumerate() {
-                        // SAFETY: row n0 + r belongs to this task's groups only, so no other
-                        // task writes index tok * n + n0 + r.
-                        unsafe { shared.write(tok * n + n0 + r, v) };
-                    }
-                }
-            }
-        },
-    );
+    over_row_groups(pool, (w, row_bytes, n), t, out, |rows, nr, res| {
+        dot_rows(ck, rows, row_bytes, nr, x, k, t, res);
+        Layout {
+            tok_stride: nr,
+            row_stride: 1,
+        }
+    });
 }
 
 /// `out[j * nr + r] = dot(row r, token j)` for `nr` (at most 4) consecutive `F8_S` rows of

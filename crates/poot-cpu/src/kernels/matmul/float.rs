@@ -16,7 +16,8 @@
 //! bf16 for BF16). Results do not depend on the thread count. Cost: `2 * n * k` flops, the
 //! weights read once; no scratch.
 
-use crate::kernels::decode::{f16_to_f32, Packed};
+use crate::kernels::decode::f16_to_f32;
+use crate::kernels::format::Format;
 use crate::kernels::ggml::{fold32, hsum8};
 use crate::kernels::simd::{Checked, Isa};
 use crate::pool::{SharedMut, ThreadPool};
@@ -36,12 +37,12 @@ pub(crate) enum Order {
 
 /// Whether [`gemv_float`] takes one token against `p` in `order` here: a SIMD path, and the
 /// order's shapes and dtypes.
-pub(crate) fn applies(ck: Checked, p: Packed, t: usize, k: usize, order: Order) -> bool {
+pub(crate) fn applies(ck: Checked, p: Format, t: usize, k: usize, order: Order) -> bool {
     let dtype = match order {
         Order::Lanes8 => {
-            k.is_multiple_of(8) && matches!(p, Packed::F16 | Packed::BF16 | Packed::F32)
+            k.is_multiple_of(8) && matches!(p, Format::F16 | Format::BF16 | Format::F32)
         }
-        Order::Lanes32 => p == Packed::F16,
+        Order::Lanes32 => p == Format::F16,
     };
     t == 1
         && dtype
@@ -55,7 +56,7 @@ pub(crate) fn applies(ck: Checked, p: Packed, t: usize, k: usize, order: Order) 
 pub(crate) fn gemv_float(
     ck: Checked,
     order: Order,
-    p: Packed,
+    p: Format,
     x: &[f32],
     k: usize,
     (w, row_bytes, n): (&[u8], usize, usize),
@@ -97,34 +98,35 @@ pub(crate) fn gemv_float(
 fn rows_dot(
     ck: Checked,
     order: Order,
-    p: Packed,
+    p: Format,
     (w, row_bytes): (&[u8], usize),
     rows: usize,
     k: usize,
     x: &[f32],
     res: &mut [f32; ROWS],
 ) {
-    let es = if p == Packed::F32 { 4 } else { 2 };
+    let es = if p == Format::F32 { 4 } else { 2 };
     assert!(rows <= ROWS && w.len() >= (rows - 1) * row_bytes + es * k && x.len() >= k);
     #[cfg(target_arch = "x86_64")]
     {
-        use crate::kernels::arch::x86::fdot::{self as f, BF16, F16, F32};
+        use crate::kernels::arch::x86::fdot as f;
+        use crate::kernels::format::id::{BF16, F16, F32};
         let (wp, xp) = (w.as_ptr(), x.as_ptr());
         if order == Order::Lanes8 {
             // SAFETY: `Checked` proves AVX2, FMA and F16C (every SIMD path has them); the
             // rows and x were asserted above (`k % 8 == 0` by `applies`).
             let lanes: [[f32; 8]; ROWS] = unsafe {
                 match (p, rows == ROWS) {
-                    (Packed::F16, true) => f::lanes8_rows_avx2::<F16, ROWS>(wp, row_bytes, k, xp),
-                    (Packed::BF16, true) => f::lanes8_rows_avx2::<BF16, ROWS>(wp, row_bytes, k, xp),
+                    (Format::F16, true) => f::lanes8_rows_avx2::<F16, ROWS>(wp, row_bytes, k, xp),
+                    (Format::BF16, true) => f::lanes8_rows_avx2::<BF16, ROWS>(wp, row_bytes, k, xp),
                     (_, true) => f::lanes8_rows_avx2::<F32, ROWS>(wp, row_bytes, k, xp),
                     _ => {
                         let mut l = [[0.0f32; 8]; ROWS];
                         for (i, li) in l.iter_mut().enumerate().take(rows) {
                             let wi = wp.add(i * row_bytes);
                             [*li] = match p {
-                                Packed::F16 => f::lanes8_rows_avx2::<F16, 1>(wi, 0, k, xp),
-                                Packed::BF16 => f::lanes8_rows_avx2::<BF16, 1>(wi, 0, k, xp),
+                                Format::F16 => f::lanes8_rows_avx2::<F16, 1>(wi, 0, k, xp),
+                                Format::BF16 => f::lanes8_rows_avx2::<BF16, 1>(wi, 0, k, xp),
                                 _ => f::lanes8_rows_avx2::<F32, 1>(wi, 0, k, xp),
                             };
                         }

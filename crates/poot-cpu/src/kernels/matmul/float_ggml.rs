@@ -16,7 +16,7 @@
 
 use crate::kernels::scratch::Scratch;
 
-use crate::kernels::decode::Packed;
+use crate::kernels::format::Format;
 use crate::kernels::ggml::{dot_lanes32, dot_lanes32_f32, dot_lanes8, Numerics};
 use crate::kernels::matmul::decoded::{BLOCK_FLOATS, TOKEN_TILE};
 use crate::kernels::matmul::float::{self, Order};
@@ -28,7 +28,7 @@ use crate::pool::{SharedMut, ThreadPool};
 #[allow(clippy::too_many_arguments, reason = "matmul's validated arguments")]
 pub(crate) fn matmul_float_ggml(
     ck: Checked,
-    p: Packed,
+    p: Format,
     x: &[f32],
     t: usize,
     k: usize,
@@ -61,7 +61,7 @@ pub(crate) fn matmul_float_ggml(
     }
     let mut rounded = Scratch::<f32>::zeroed(0);
     let x = rounded_for(ck, p, x, &mut rounded);
-    let f16 = p == Packed::F16;
+    let f16 = p == Format::F16;
     let fma = matches!(ck.isa(), Isa::Avx2 | Isa::Avx512 | Isa::Amx);
     // Row blocks and token tiles as in `matmul_cached` (activations stay in cache).
     let block = (BLOCK_FLOATS / k / NR).clamp(1, 16) * NR;
@@ -109,8 +109,8 @@ pub(crate) fn matmul_float_ggml(
 
 /// `x` as ggml multiplies it with `p` weights: rounded to f16 (into `buf`) for F16, as given for
 /// F32.
-fn rounded_for<'a>(ck: Checked, p: Packed, x: &'a [f32], buf: &'a mut Scratch<f32>) -> &'a [f32] {
-    if p != Packed::F16 {
+fn rounded_for<'a>(ck: Checked, p: Format, x: &'a [f32], buf: &'a mut Scratch<f32>) -> &'a [f32] {
+    if p != Format::F16 {
         return x;
     }
     buf.resize(x.len(), 0.0);

@@ -1,5 +1,11 @@
-//! The task loops of the 8-row matmuls (`matmul/r8.rs`, `matmul/rk.rs`): whole 8-row groups of
-//! one or several weights, claimed by the pool's threads in one dispatch.
+//! The task loops of the matmuls that read weight rows in place under ggml's numerics.
+//!
+//! [`over_row_groups`]: the stored rows (the Q8, Q8_K and FP8 dots), `NR` rows a group, groups
+//! claimed by the pool's threads, each group dotted against every token by the caller's row dot
+//! (a generic closure, monomorphized per caller: no indirection per group or block).
+//!
+//! [`over_segments`]: the 8-row repacked layouts (`matmul/r8.rs`, `matmul/rk.rs`), whole 8-row
+//! groups of one or several weights, claimed by the pool's threads in one dispatch.
 //!
 //! Several weights that read the same input (a layer's q/k/v, its gate/up) run as the segments
 //! of one dispatch: one wake of the pool and one join instead of one per weight, and tasks
@@ -10,8 +16,59 @@
 //! shares rows with; at most [`MAX_SEGMENTS`] segments per call.
 
 use crate::kernels::blocks::RG;
-use crate::kernels::simd::prefetch_ahead;
+use crate::kernels::scratch::Scratch;
+use crate::kernels::simd::{prefetch_ahead, NR};
 use crate::pool::{SharedMut, ThreadPool};
+
+/// How a row dot laid out its results in the group's scratch: `res[tok * tok_stride + r *
+/// row_stride]` holds row `r` dotted with token `tok`.
+#[derive(Clone, Copy)]
+pub(crate) struct Layout {
+    pub(crate) tok_stride: usize,
+    pub(crate) row_stride: usize,
+}
+
+/// The task loop of the stored-row matmuls: `out[tok][row] = dot(W[row], token tok)` for the
+/// `n` rows of `row_bytes` bytes at `w` and `t` tokens, `out` being `[t, n]`. Rows go in groups
+/// of `NR`, split into tasks (about four per thread) over the pool's threads; for each group
+/// `dot(rows, nr, res)` fills `res` (`t * NR` values, the thread's scratch) with the `nr`
+/// rows at `rows` dotted with every token and returns where it put them ([`Layout`]).
+///
+/// Invariant: every row is written by exactly one task, once per token, with the value `dot`
+/// computed for it; the order of groups and tasks changes no result.
+pub(crate) fn over_row_groups<D>(
+    pool: &ThreadPool,
+    (w, row_bytes, n): (&[u8], usize, usize),
+    t: usize,
+    out: &mut [f32],
+    dot: D,
+) where
+    D: Fn(&[u8], usize, &mut [f32]) -> Layout + Sync,
+{
+    let groups = n.div_ceil(NR);
+    let (per_task, tasks) = pool.split(groups);
+    let shared = SharedMut::new(out);
+    pool.for_each_init(
+        tasks,
+        || Scratch::zeroed(t * NR),
+        |res, task| {
+            for g in task * per_task..((task + 1) * per_task).min(groups) {
+                let n0 = g * NR;
+                let nr = NR.min(n - n0);
+                let rows = &w[n0 * row_bytes..(n0 + nr) * row_bytes];
+                let at = dot(rows, nr, &mut res[..]);
+                for tok in 0..t {
+                    for r in 0..nr {
+                        let v = res[tok * at.tok_stride + r * at.row_stride];
+                        // SAFETY: row n0 + r belongs to this task's groups only, so no other
+                        // task writes index tok * n + n0 + r.
+                        unsafe { shared.write(tok * n + n0 + r, v) };
+                    }
+                }
+            }
+        },
+    );
+}
 
 /// The most weights one fused call takes (q/k/v is three).
 pub(crate) const MAX_SEGMENTS: usize = 4;

@@ -4,7 +4,7 @@
 //! independent of who else is being served, and of how its prefill was chunked.
 
 use super::*;
-use crate::kernels::decode::DECODABLE;
+use crate::kernels::format::DECODABLE;
 use crate::testutil::{synthetic_weights, Rng};
 
 /// Rows `[t, n]` of `w` against `x`, through the layout the runtime would use.

@@ -38,7 +38,7 @@
 //! thread, a packed row block and the chains (`TG * NR * 8` floats; [`WIDE`]: `TG * 8` per
 //! block row).
 
-use crate::kernels::decode::Packed;
+use crate::kernels::format::Format;
 use crate::kernels::ggml::Numerics;
 use crate::kernels::scratch::{Parked, Scratch};
 use crate::kernels::simd::{Checked, Isa, NR};
@@ -54,12 +54,12 @@ const WIDE_BLOCK_BYTES: usize = 1024 * 1024;
 
 /// Whether [`matmul_lanes8`] runs: a SIMD path, several tokens, `k % 8 == 0`, F16, F32 or
 /// BF16.
-pub(crate) fn applies(ck: Checked, p: Packed, t: usize, k: usize) -> bool {
+pub(crate) fn applies(ck: Checked, p: Format, t: usize, k: usize) -> bool {
     cfg!(target_arch = "x86_64")
         && ck.isa() != Isa::Scalar
         && t >= 2
         && k.is_multiple_of(8)
-        && matches!(p, Packed::F16 | Packed::F32 | Packed::BF16)
+        && matches!(p, Format::F16 | Format::F32 | Format::BF16)
 }
 
 /// `out[t][n] = dot_lanes8(W[n], x'[t])` with `x'` under [`Numerics::Ggml`] the activations
@@ -68,7 +68,7 @@ pub(crate) fn applies(ck: Checked, p: Packed, t: usize, k: usize) -> bool {
 /// `matmul_cached` validated the shapes.
 pub(crate) fn matmul_lanes8(
     ck: Checked,
-    (p, numerics): (Packed, Numerics),
+    (p, numerics): (Format, Numerics),
     x: &[f32],
     (t, k): (usize, usize),
     (w, row_bytes, n): (&[u8], usize, usize),
@@ -79,8 +79,8 @@ pub(crate) fn matmul_lanes8(
     assert!(w.len() >= n * row_bytes);
     #[cfg(target_arch = "x86_64")]
     {
-        use crate::kernels::arch::x86::fdot::{BF16, F16};
         use crate::kernels::arch::x86::fdot16::{bf16_round8, f16_bits8, f16_round8, widen8};
+        use crate::kernels::format::id::{BF16, F16};
         // Activation slices (rounded as ggml does for the weights' dtype) and stored weight
         // slices (16 or 32 bytes) as the tiles' elements. `applies` excludes the scalar path,
         // so `ck` proves AVX2 and F16C, all these conversions need.
@@ -115,15 +115,15 @@ pub(crate) fn matmul_lanes8(
         let ggml = numerics == Numerics::Ggml;
         match (ck.isa().avx512(), p) {
             // The exact path: activations as given, weights widened to `f32` (exact).
-            (true, Packed::F16) if !ggml => go!(WIDE, wide_tiles, id, w16),
-            (true, Packed::BF16) if !ggml => go!(WIDE, wide_tiles, id, wbf),
-            (false, Packed::F16) if !ggml => go!(NARROW, narrow_tiles, id, w16),
-            (false, Packed::BF16) if !ggml => go!(NARROW, narrow_tiles, id, wbf),
-            (true, Packed::F16) => go!(WIDE, wide_tiles, r16, w16),
-            (true, Packed::BF16) => go!(WIDE, wide_tiles, bf, wbf),
+            (true, Format::F16) if !ggml => go!(WIDE, wide_tiles, id, w16),
+            (true, Format::BF16) if !ggml => go!(WIDE, wide_tiles, id, wbf),
+            (false, Format::F16) if !ggml => go!(NARROW, narrow_tiles, id, w16),
+            (false, Format::BF16) if !ggml => go!(NARROW, narrow_tiles, id, wbf),
+            (true, Format::F16) => go!(WIDE, wide_tiles, r16, w16),
+            (true, Format::BF16) => go!(WIDE, wide_tiles, bf, wbf),
             (true, _) => go!(WIDE, wide_tiles, id, w32),
-            (false, Packed::F16) => go!(NARROW, narrow_tiles, h16, bits),
-            (false, Packed::BF16) => go!(NARROW, narrow_tiles, bf, wbf),
+            (false, Format::F16) => go!(NARROW, narrow_tiles, h16, bits),
+            (false, Format::BF16) => go!(NARROW, narrow_tiles, bf, wbf),
             (false, _) => go!(NARROW, narrow_tiles, id, w32),
         }
     }

@@ -26,7 +26,7 @@
 //! (`matmul/float_ggml.rs`), for Q4_K and Q6_K Q8_K activations and integer super-block dots
 //! (`matmul/qdot_k.rs`), for BF16 activations rounded to bf16 (`matmul/bf16.rs`), for Q4_Z and
 //! Q8_Z (GPTQ, AWQ) Q8_0 activations and integer dots with the zero point folded in
-//! (`matmul/zq.rs`), for F8_S (FP8) E4M3 widened in registers against `f32` activations
+//! (`matmul/q8.rs` too), for F8_S (FP8) E4M3 widened in registers against `f32` activations
 //! (`matmul/f8.rs`; llama.cpp has neither type); each states its bound. Q5_1 and the other k-quants keep this exact path under either numerics.
 //!
 //! Batch invariance, under both numerics: a token's row of the product is the same bits whatever
@@ -55,12 +55,11 @@ pub mod repack;
 pub mod repack_k;
 pub(crate) mod rk;
 pub(crate) mod stored;
-pub(crate) mod zq;
 
 use crate::error::{check_len, mul};
 use crate::kernels::act_cache::ActCache;
-use crate::kernels::blocks::{row_bytes, KKind, QKind, ZKind};
-use crate::kernels::decode::Packed;
+use crate::kernels::blocks::row_bytes;
+use crate::kernels::format::{Format, Rows};
 use crate::kernels::ggml::Numerics;
 use crate::kernels::matmul::repack::{Repack, Repacked};
 use crate::kernels::matmul::repack_k::RepackedK;
@@ -69,7 +68,7 @@ use crate::pool::ThreadPool;
 use crate::KernelError;
 
 /// Every weight dtype [`matmul`] accepts.
-pub const MATMUL_DTYPES: [DType; 17] = crate::kernels::decode::DECODABLE;
+pub const MATMUL_DTYPES: [DType; 17] = crate::kernels::format::DECODABLE;
 
 /// `out[t][n] = sum_k x[t][k] * W[n][k]` on the best ISA of this CPU (see the module docs).
 ///
@@ -182,7 +181,7 @@ pub(crate) fn matmul_on_path(
         });
     }
     let ck = isa.checked()?;
-    let p = Packed::new(w_dtype).ok_or(KernelError::UnsupportedDType {
+    let p = Format::of(w_dtype).ok_or(KernelError::UnsupportedDType {
         op: "matmul",
         dtype: w_dtype,
     })?;
@@ -219,16 +218,14 @@ pub(crate) fn matmul_on_path(
 pub(crate) enum MatmulPath {
     /// [`Numerics::Ggml`], BF16: bf16-rounded activations (`bf16.rs`).
     Bf16Ggml,
-    /// [`Numerics::Ggml`], Q4_0/Q4_1/Q5_0/Q8_0 as stored: Q8 activations, integer dots
-    /// (`q8.rs`).
-    Q8(QKind),
-    /// [`Numerics::Ggml`], Q4_K/Q6_K as stored: Q8_K activations, integer dots (`qdot_k.rs`).
-    Q8K(KKind),
+    /// [`Numerics::Ggml`], Q4_0/Q4_1/Q5_0/Q8_0 and the zero-point Q4_Z/Q8_Z (GPTQ, AWQ) as
+    /// stored ([`Rows::Q8`]): Q8 activations, integer dots (`q8.rs`).
+    Q8(Format),
+    /// [`Numerics::Ggml`], Q4_K/Q6_K as stored ([`Rows::Q8K`]): Q8_K activations, integer dots
+    /// (`qdot_k.rs`).
+    Q8K(Format),
     /// [`Numerics::Ggml`], F16/F32: ggml's float orders (`float_ggml.rs`).
     FloatGgml,
-    /// [`Numerics::Ggml`], Q4_Z/Q8_Z (GPTQ, AWQ) as stored: Q8_0 activations, integer dots
-    /// with the zero point folded in (`zq.rs`).
-    Q8Z(ZKind),
     /// [`Numerics::Ggml`], F8_S (FP8 checkpoints) as stored: E4M3 widened in registers against
     /// `f32` activations (`f8.rs`).
     F8,
@@ -238,30 +235,23 @@ pub(crate) enum MatmulPath {
 }
 
 impl MatmulPath {
-    /// The path for weights of `dtype` under `numerics` (see the variants).
+    /// The path for weights of `dtype` under `numerics` (see the variants): under ggml's
+    /// numerics, the one its format's [`Rows`] names.
     pub(crate) fn choose(numerics: Numerics, dtype: DType) -> MatmulPath {
+        let Some(format) = Format::of(dtype) else {
+            return MatmulPath::Decoded;
+        };
         if numerics != Numerics::Ggml {
             return MatmulPath::Decoded;
         }
-        if dtype == DType::BF16 {
-            return MatmulPath::Bf16Ggml;
+        match format.rows() {
+            Rows::Bf16 => MatmulPath::Bf16Ggml,
+            Rows::Q8 => MatmulPath::Q8(format),
+            Rows::Q8K => MatmulPath::Q8K(format),
+            Rows::F8 => MatmulPath::F8,
+            Rows::Float => MatmulPath::FloatGgml,
+            Rows::Decoded => MatmulPath::Decoded,
         }
-        if let Some(kind) = QKind::new(dtype) {
-            return MatmulPath::Q8(kind);
-        }
-        if let Some(kind) = KKind::new(dtype) {
-            return MatmulPath::Q8K(kind);
-        }
-        if let Some(kind) = ZKind::new(dtype) {
-            return MatmulPath::Q8Z(kind);
-        }
-        if dtype == DType::F8_S {
-            return MatmulPath::F8;
-        }
-        if matches!(dtype, DType::F16 | DType::F32) {
-            return MatmulPath::FloatGgml;
-        }
-        MatmulPath::Decoded
     }
 
     /// Runs the path on shapes `matmul_cached` validated (`t, n, k > 0`).
@@ -270,7 +260,7 @@ impl MatmulPath {
         self,
         ck: Checked,
         numerics: Numerics,
-        p: Packed,
+        p: Format,
         x: &[f32],
         (t, k): (usize, usize),
         (w, row_bytes, n): (&[u8], usize, usize),
@@ -288,9 +278,6 @@ impl MatmulPath {
             MatmulPath::Q8K(kind) => {
                 qdot_k::matmul_q8k(ck, kind, x, t, k, w, row_bytes, n, out, pool, cache)
             }
-            MatmulPath::Q8Z(kind) => {
-                zq::matmul_zq(ck, kind, x, t, k, w, row_bytes, n, out, pool, cache)
-            }
             MatmulPath::F8 => f8::matmul_f8(ck, x, t, k, w, row_bytes, n, out, pool),
             MatmulPath::FloatGgml => {
                 float_ggml::matmul_float_ggml(ck, p, x, t, k, w, row_bytes, n, out, pool)
@@ -306,7 +293,7 @@ impl MatmulPath {
 
 /// `w` (`n` rows of `k` elements of `w_dtype`, as stored) re-laid for a faster kernel on this
 /// `isa` under `numerics`, or `None` when the stored layout is already the fast one: under
-/// [`Numerics::Ggml`], Q4_0, Q4_1, Q5_0, Q8_0 and Q4_Z (`matmul/repack.rs`) and Q4_K and Q6_K
+/// [`Numerics::Ggml`], Q4_0, Q4_1, Q5_0 and Q8_0 (`matmul/repack.rs`) and Q4_K and Q6_K
 /// (`matmul/repack_k.rs`) go 8 rows at a time. On every path, the scalar one too, so that a forced
 /// path computes what the fast ones do: Q4_0, Q5_0 and Q8_0 on this layout take the block order
 /// (`matmul/r8.rs`). The copy is the tensor's size; the caller owns it and passes it to
@@ -338,8 +325,10 @@ pub fn repack_for_on(
         let rb = row_bytes("matmul", w_dtype, k)?;
         check_len("matmul w", mul(n, rb, "matmul w")?, w.len())
     };
-    let q = QKind::repacked(w_dtype).filter(|&kind| Repacked::supports(kind));
-    Ok(match (q, crate::kernels::blocks::KKind::new(w_dtype)) {
+    let format = Format::of(w_dtype);
+    let q = format.filter(|&kind| Repacked::supports(kind));
+    let kq = format.filter(|&kind| RepackedK::supports(kind));
+    Ok(match (q, kq) {
         (Some(kind), _) => {
             checked()?;
             Some(Repack::Q(Repacked::new_on(kind, w, n, k / 32, pool)))

@@ -1,10 +1,12 @@
-//! The ggml-numerics matmul: `out[t][n] = dot(W[n], Q8(x[t]))` with integer block dots.
+//! The ggml-numerics matmul: `out[t][n] = dot(W[n], Q8(x[t]))` with integer block dots, for
+//! the formats the Q8 dot reads: Q4_0, Q4_1, Q5_0, Q8_0, and the zero-point Q4_Z and Q8_Z (GPTQ
+//! and AWQ as loaded; llama.cpp has no such type).
 //!
 //! How: each activation row is quantized once (`qact.rs`: Q8_1 for Q4_1 weights, Q8_0
 //! otherwise, as ggml pairs them), then rows of `W` are split into tasks of whole 4-row groups
-//! claimed by the pool's threads, and each group is dotted against every token in place
-//! (`matmul/stored.rs`): no weight is decoded to floats, and a group's bytes stay in L1 across
-//! tokens.
+//! claimed by the pool's threads (`groups::over_row_groups`), and each group is dotted against
+//! every token in place (`matmul/stored.rs`): no weight is decoded to floats, and a group's bytes
+//! stay in L1 across tokens.
 //!
 //! Numerics: bit-identical to llama.cpp's CPU matmul for these dtypes (vec_dot for one token,
 //! tinyBLAS for prefill; both reduce to the same float steps, see `matmul/stored.rs`), on every ISA
@@ -15,25 +17,29 @@
 //! 2^-24 * 1.01 + 2^-22) * (sum_i |w_i * d_b(i) * q_i| + Q4_1's sum_b |m_b s_b|)` (`f32`
 //! accumulation). The first term dominates: each activation is off by up to `amax / 254` (0.4% of
 //! its block's largest value), the price of agreeing with llama.cpp to the bit
-//! (`matmul/q8_tests.rs` asserts the bound on real and synthetic weights).
+//! (`matmul/q8_tests.rs` asserts the bound on real and synthetic weights). The zero-point
+//! formats fold the zero into the integers, so their bound is this one without the Q4_1 term
+//! (`matmul/zq_tests.rs`).
 //!
 //! Cost: `t * k` to quantize, then `t * n * k` integer multiply-adds; memory: `t * k / 32`
 //! blocks of 40 bytes.
 
 use crate::kernels::act_cache::ActCache;
-use crate::kernels::blocks::QKind;
+use crate::kernels::format::Format;
+use crate::kernels::matmul::groups::{over_row_groups, Layout};
 use crate::kernels::matmul::stored::dot_rows;
 use crate::kernels::qact::{quantize_rows_q8, BlockQ8, QK8};
 use crate::kernels::scratch::Scratch;
-use crate::kernels::simd::{Checked, NR};
-use crate::pool::{SharedMut, ThreadPool};
+use crate::kernels::simd::Checked;
+use crate::pool::ThreadPool;
 
 /// See the module docs. Shapes were validated by `matmul_numerics`: `x` is `[t, k]`, `w` is `n`
-/// rows of `row_bytes`, `out` is `[t, n]`, `k` is whole 32-blocks and positive.
+/// rows of `row_bytes` of `kind` (a format the Q8 dot reads), `out` is `[t, n]`, `k` is whole
+/// 32-blocks and positive.
 #[allow(clippy::too_many_arguments, reason = "matmul's validated arguments")]
 pub(crate) fn matmul_q8(
     ck: Checked,
-    kind: QKind,
+    kind: Format,
     x: &[f32],
     t: usize,
     k: usize,
@@ -47,28 +53,13 @@ pub(crate) fn matmul_q8(
     debug_assert!(k.is_multiple_of(QK8) && x.len() == t * k);
     let mut local = Scratch::<BlockQ8>::zeroed(0);
     let xq = quantized(x, kind.act_sum(), cache, &mut local, pool);
-    let groups = n.div_ceil(NR);
-    let (per_task, tasks) = pool.split(groups);
-    let shared = SharedMut::new(out);
-    pool.for_each_init(
-        tasks,
-        || Scratch::zeroed(t * NR),
-        |res, task| {
-            for g in task * per_task..((task + 1) * per_task).min(groups) {
-                let n0 = g * NR;
-                let nr = NR.min(n - n0);
-                let rows = &w[n0 * row_bytes..(n0 + nr) * row_bytes];
-                dot_rows(ck, kind, rows, row_bytes, nr, xq, t, res);
-                for tok in 0..t {
-                    for (r, &v) in res[tok * nr..(tok + 1) * nr].iter().enumerate() {
-                        // SAFETY: row n0 + r belongs to this task's groups only, so no other
-                        // task writes index tok * n + n0 + r.
-                        unsafe { shared.write(tok * n + n0 + r, v) };
-                    }
-                }
-            }
-        },
-    );
+    over_row_groups(pool, (w, row_bytes, n), t, out, |rows, nr, res| {
+        dot_rows(ck, kind, rows, row_bytes, nr, xq, t, res);
+        Layout {
+            tok_stride: nr,
+            row_stride: 1,
+        }
+    });
 }
 
 /// `x` (whole 32-blocks) as Q8 blocks (`with_sum`: Q8_1): from the activation cache when there
@@ -94,3 +85,7 @@ pub(crate) fn quantized<'a>(
 #[cfg(test)]
 #[path = "q8_tests.rs"]
 pub(crate) mod tests;
+
+#[cfg(test)]
+#[path = "zq_tests.rs"]
+mod zq_tests;

@@ -20,11 +20,13 @@
 //! 256 values; activations are quantized once per matmul (292 bytes per 256 values).
 
 use crate::kernels::act_cache::ActCache;
-use crate::kernels::blocks::{finish, scale_min_k4, KKind};
+use crate::kernels::blocks::{finish, scale_min_k4};
+use crate::kernels::format::Format;
+use crate::kernels::matmul::groups::{over_row_groups, Layout};
 use crate::kernels::qact::{quantize_row_q8k, BlockQ8K, QK_K};
 use crate::kernels::scratch::Scratch;
-use crate::kernels::simd::{Checked, Isa, NR};
-use crate::pool::{SharedMut, ThreadPool};
+use crate::kernels::simd::{Checked, Isa};
+use crate::pool::ThreadPool;
 
 /// Exact `(sumi, summ)` of one Q4_K block `b` against `y` (portable reference).
 pub(crate) fn q4k_ints(b: &[u8], y: &BlockQ8K) -> (i32, i32) {
@@ -73,13 +75,13 @@ pub(crate) fn q6k_ints(b: &[u8], y: &BlockQ8K) -> i32 {
     sumi
 }
 
-/// One weight row against one activation row, portable.
-pub(crate) fn dot_scalar(kind: KKind, w: &[u8], a: &[BlockQ8K]) -> f32 {
+/// One weight row against one activation row, portable; `kind` is Q4_K or Q6_K.
+pub(crate) fn dot_scalar(kind: Format, w: &[u8], a: &[BlockQ8K]) -> f32 {
     let mut acc = [0.0f32; 2];
     for (b, y) in w.chunks_exact(kind.block_bytes()).zip(a) {
         let ints = match kind {
-            KKind::Q4_K => q4k_ints(b, y),
-            KKind::Q6_K => (q6k_ints(b, y), 0),
+            Format::Q4_K => q4k_ints(b, y),
+            _ => (q6k_ints(b, y), 0),
         };
         finish(kind, b, y, ints, &mut acc);
     }
@@ -88,7 +90,7 @@ pub(crate) fn dot_scalar(kind: KKind, w: &[u8], a: &[BlockQ8K]) -> f32 {
 
 /// `out[j] = dot(w, a[j * nb..(j + 1) * nb])` for every token `j < out.len()`, on the path
 /// `ck` names (the same bits on every path and for any number of tokens).
-fn dot_tokens(ck: Checked, kind: KKind, w: &[u8], a: &[BlockQ8K], nb: usize, out: &mut [f32]) {
+fn dot_tokens(ck: Checked, kind: Format, w: &[u8], a: &[BlockQ8K], nb: usize, out: &mut [f32]) {
     match ck.isa() {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::Avx512 | Isa::Amx => {
@@ -124,7 +126,7 @@ pub(crate) fn quantized_k<'a>(
 #[allow(clippy::too_many_arguments, reason = "matmul's validated arguments")]
 pub(crate) fn matmul_q8k(
     ck: Checked,
-    kind: KKind,
+    kind: Format,
     x: &[f32],
     t: usize,
     k: usize,
@@ -140,32 +142,16 @@ pub(crate) fn matmul_q8k(
     // row.
     let mut local = Scratch::<BlockQ8K>::zeroed(0);
     let xq = quantized_k(x, cache, &mut local);
-    let groups = n.div_ceil(NR);
-    let (per_task, tasks) = pool.split(groups);
-    let shared = SharedMut::new(out);
-    pool.for_each_init(
-        tasks,
-        || Scratch::zeroed(t),
-        |res, task| {
-            for g in task * per_task..((task + 1) * per_task).min(groups) {
-                for r in g * NR..((g + 1) * NR).min(n) {
-                    dot_tokens(
-                        ck,
-                        kind,
-                        &w[r * row_bytes..(r + 1) * row_bytes],
-                        xq,
-                        nb,
-                        res,
-                    );
-                    for (tok, &v) in res.iter().enumerate() {
-                        // SAFETY: row r belongs to this task's groups only, so no other task
-                        // writes index tok * n + r.
-                        unsafe { shared.write(tok * n + r, v) };
-                    }
-                }
-            }
-        },
-    );
+    over_row_groups(pool, (w, row_bytes, n), t, out, |rows, nr, res| {
+        for r in 0..nr {
+            let row = &rows[r * row_bytes..(r + 1) * row_bytes];
+            dot_tokens(ck, kind, row, xq, nb, &mut res[r * t..(r + 1) * t]);
+        }
+        Layout {
+            tok_stride: 1,
+            row_stride: t,
+        }
+    });
 }
 
 #[cfg(test)]

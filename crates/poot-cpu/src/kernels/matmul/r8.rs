@@ -15,10 +15,10 @@
 //!   (`tests/test_models_smollm2.py`); a Q4_1 block order on AMX measured 15-25% faster matmuls
 //!   but moved those logits by 0.57, activation quantization amplifying the rounding differences.
 //! - Q4_Z (GPTQ/AWQ int4) in the block order too, `sum((q - z) * y)` exact in `i32` as
-//!   `sum(q * y) - z * sum(y)`: no llama.cpp reference to keep, and one multiply per block; its
-//!   stored-row path (`matmul/zq.rs`, ggml's lane order) only runs where nothing re-laid it.
+//!   `sum(q * y) - z * sum(y)`: no llama.cpp reference to keep, and one multiply per block; the
+//!   stored-row path (ggml's lane order) only runs where nothing re-laid it.
 //! - Q4_0, Q5_0 and Q8_0 in the block order: each block's 32 products summed exactly in `i32`,
-//!   then one FMA per block (`matmul::stored::dot_scalar_blocks`; the order of llama.cpp's
+//!   then one FMA per block (the stored-row dot's `dot_scalar_blocks`; the order of llama.cpp's
 //!   repacked Q4_0 GEMM and GEMV and of its AMX kernels), which needs an eighth of the float work
 //!   and is the one order an AMX tile (whole-block `i32` sums) gives: `arch/x86/amx.rs` runs it
 //!   for several tokens there, bit-identical to the other paths. llama.cpp's stored-layout Q8_0
@@ -32,8 +32,8 @@
 //! corrections, `t * k / 32` entries of 32 bytes, in reused scratch.
 
 use crate::kernels::act_cache::ActCache;
-use crate::kernels::blocks::QKind;
 use crate::kernels::blocks::RG;
+use crate::kernels::format::Format;
 use crate::kernels::matmul::groups::{over_segments, over_tokens, Segment, Segments};
 use crate::kernels::matmul::repack::Repacked;
 use crate::kernels::qact::{BlockQ8, QK8};
@@ -99,19 +99,19 @@ pub(crate) fn matmul_r8_fused(
     #[cfg(not(target_arch = "x86_64"))]
     let vnni = false;
     let mult = match kind {
-        QKind::Q4_0 => 8,
-        QKind::Q5_0 => 16,
-        QKind::Q8_0 if vnni => 128,
+        Format::Q4_0 => 8,
+        Format::Q5_0 => 16,
+        Format::Q8_0 if vnni => 128,
         // `-sum(y)`, which the kernels multiply by each row's zero point.
-        QKind::Q4_Z => 1,
+        Format::Q4_Z => 1,
         _ => 0,
     };
     // Every call but Q4_1's takes the block order, whatever `t` is, so that a token's result
     // does not depend on the tokens beside it (see the module docs).
-    let blocks = kind != QKind::Q4_1;
+    let blocks = kind != Format::Q4_1;
     #[cfg(target_arch = "x86_64")]
     // AMX tiles have no per-row zero point: Q4_Z keeps the VNNI loops there.
-    if blocks && t >= 2 && ck.isa() == Isa::Amx && kind != QKind::Q4_Z {
+    if blocks && t >= 2 && ck.isa() == Isa::Amx && kind != Format::Q4_Z {
         for (w, out) in ws.iter().zip(outs.iter_mut()) {
             crate::kernels::arch::x86::amx::matmul(w, xq, t, out, pool);
         }

@@ -21,20 +21,20 @@ const KINDS: [DType; 5] = [
 /// 8-row kind and both k-quant kinds.
 #[test]
 fn a_relay_on_the_pool_is_the_sequential_one() {
-    use crate::kernels::blocks::KKind;
+    use crate::kernels::format::Format;
     use crate::kernels::matmul::repack_k::RepackedK;
     use crate::kernels::qact::QK_K;
     let pool = crate::ThreadPool::new(3).unwrap();
     let (n, k) = (45, 512);
     for dt in KINDS {
-        let (kind, w) = (QKind::repacked(dt).unwrap(), synthetic_weights(dt, n, k, 8));
+        let (kind, w) = (Format::of(dt).unwrap(), synthetic_weights(dt, n, k, 8));
         let (a, b) = (
             Repacked::new(kind, &w, n, k / 32),
             Repacked::new_on(kind, &w, n, k / 32, Some(&pool)),
         );
         assert!((0..a.groups()).all(|g| a.group(g) == b.group(g)), "{dt}");
     }
-    for (dt, kind) in [(DType::Q4_K, KKind::Q4_K), (DType::Q6_K, KKind::Q6_K)] {
+    for (dt, kind) in [(DType::Q4_K, Format::Q4_K), (DType::Q6_K, Format::Q6_K)] {
         let w = synthetic_weights(dt, n, k, 9);
         let (a, b) = (
             RepackedK::new(kind, &w, n, k / QK_K),
@@ -47,7 +47,7 @@ fn a_relay_on_the_pool_is_the_sequential_one() {
 #[test]
 fn stored_rows_round_trip() {
     for dt in KINDS {
-        let kind = QKind::repacked(dt).unwrap();
+        let kind = Format::of(dt).unwrap();
         let (n, k) = (13, 96);
         let w = synthetic_weights(dt, n, k, 5);
         let rp = Repacked::new(kind, &w, n, k / 32);
@@ -66,8 +66,7 @@ fn stored_rows_round_trip() {
 }
 
 /// The repacked matmul on `isa` and what it must equal bit for bit: for Q4_1 the stored-layout
-/// matmul (ggml's order), for Q4_0/Q5_0/Q8_0/Q4_Z the block order's scalar reference, whatever
-/// `t`.
+/// matmul (ggml's order), for Q4_0/Q5_0/Q8_0 the block order's scalar reference, whatever `t`.
 #[allow(
     clippy::too_many_arguments,
     reason = "a matmul's shapes plus the ISA and threads"
@@ -82,11 +81,11 @@ fn both(
     t: usize,
     threads: usize,
 ) -> (Vec<u32>, Vec<u32>) {
-    let kind = QKind::repacked(dt).unwrap();
+    let kind = Format::of(dt).unwrap();
     let ck = isa.checked().unwrap();
     let pool = ThreadPool::new(threads).unwrap();
     let mut want = vec![0.0f32; t * n];
-    if kind != QKind::Q4_1 {
+    if kind != Format::Q4_1 {
         // The block order, from its scalar reference.
         let nb = k / 32;
         let mut a = vec![BlockQ8::default(); t * nb];
@@ -144,7 +143,7 @@ fn a_tokens_result_does_not_depend_on_the_tokens_beside_it() {
     // Batch invariance: each row of a t-token call equals that token alone, on every ISA.
     let mut rng = Rng::new(13);
     for dt in KINDS {
-        let kind = QKind::repacked(dt).unwrap();
+        let kind = Format::of(dt).unwrap();
         let (n, k, t) = (2056, 256, 7);
         let w = synthetic_weights(dt, n, k, 5);
         let rp = Repacked::new(kind, &w, n, k / 32);
@@ -210,7 +209,7 @@ fn extreme_weights_and_activations_stay_exact() {
 fn the_block_order_stays_within_f32_rounding_of_ggmls() {
     let mut rng = Rng::new(21);
     for dt in [DType::Q4_0, DType::Q5_0, DType::Q8_0] {
-        let kind = QKind::repacked(dt).unwrap();
+        let kind = Format::of(dt).unwrap();
         let (n, k, t) = (24, 1024, 4);
         let w = synthetic_weights(dt, n, k, 2);
         let x = rng.vec(t * k, -3.0, 3.0);
@@ -258,12 +257,10 @@ fn the_block_order_stays_within_f32_rounding_of_ggmls() {
     }
 }
 
-/// Q4_Z's repacked block order against its stored-row path (`matmul/zq.rs`, ggml's lane
-/// order): the same exact integers, so within `f32` rounding (the bound above).
+/// Q4_Z's repacked block order against its stored-row path (`matmul/q8.rs`, ggml's lane order):
+/// the same exact integers, so within `f32` rounding (the bound above).
 #[test]
 fn q4_z_block_order_stays_within_f32_rounding_of_the_stored_path() {
-    use crate::kernels::blocks::ZKind;
-    use crate::kernels::matmul::zq::matmul_zq;
     let mut rng = Rng::new(22);
     let (n, k, t) = (21, 1024, 3);
     let w = synthetic_weights(DType::Q4_Z, n, k, 4);
@@ -272,9 +269,9 @@ fn q4_z_block_order_stays_within_f32_rounding_of_the_stored_path() {
     let pool = ThreadPool::new(2).unwrap();
     let rb = w.len() / n;
     let mut stored = vec![0.0f32; t * n];
-    matmul_zq(
+    matmul_q8(
         ck,
-        ZKind::Q4_Z,
+        Format::Q4_Z,
         &x,
         t,
         k,
@@ -285,7 +282,7 @@ fn q4_z_block_order_stays_within_f32_rounding_of_the_stored_path() {
         &pool,
         None,
     );
-    let rp = Repacked::new(QKind::Q4_Z, &w, n, k / 32);
+    let rp = Repacked::new(Format::Q4_Z, &w, n, k / 32);
     let mut got = vec![0.0f32; t * n];
     matmul_r8(ck, &rp, &x, t, k, &mut got, &pool, None);
     let nb = k / 32;
@@ -297,7 +294,7 @@ fn q4_z_block_order_stays_within_f32_rounding_of_the_stored_path() {
             let mag: f64 = (0..nb)
                 .map(|b| {
                     let blk = &row[b * 19..(b + 1) * 19];
-                    f64::from(dot_scalar_blocks(QKind::Q4_Z, blk, &a[b..=b]).abs())
+                    f64::from(dot_scalar_blocks(Format::Q4_Z, blk, &a[b..=b]).abs())
                 })
                 .sum();
             let tol = (nb + 8) as f64 * 2f64.powi(-24) * mag;

@@ -34,12 +34,13 @@
 //! Invariant: `data.len() == groups * nb * superblock_bytes`; a `Repacked` is immutable once
 //! built and is only read by `matmul/r8.rs`.
 
-use crate::kernels::blocks::{chunks, header_bytes, over_groups, superblock_bytes, QKind, RG};
+use crate::kernels::blocks::{chunks, header_bytes, over_groups, superblock_bytes, RG};
+use crate::kernels::format::Format;
 use crate::kernels::matmul::repack_k::RepackedK;
 
 /// One weight matrix in the 8-row interleaved layout (see the module docs).
 pub struct Repacked {
-    pub(crate) kind: QKind,
+    pub(crate) kind: Format,
     /// Rows of the stored matrix (the last group may hold padding beyond them).
     pub(crate) n: usize,
     /// 32-value blocks per row.
@@ -77,11 +78,11 @@ fn spread_bits(b: u8, i: usize) -> u32 {
 }
 
 impl Repacked {
-    /// Whether `kind` has this layout (all five do).
-    pub(crate) fn supports(kind: QKind) -> bool {
+    /// Whether `kind` has this layout (the four signed Q8-dot formats; not the zero-point ones).
+    pub(crate) fn supports(kind: Format) -> bool {
         matches!(
             kind,
-            QKind::Q4_0 | QKind::Q4_1 | QKind::Q5_0 | QKind::Q8_0 | QKind::Q4_Z
+            Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q8_0 | Format::Q4_Z
         )
     }
 
@@ -90,14 +91,14 @@ impl Repacked {
     /// # Panics
     /// If `kind` is not [`Repacked::supports`]ed or the length disagrees (callers check both).
     #[cfg(test)]
-    pub(crate) fn new(kind: QKind, w: &[u8], n: usize, nb: usize) -> Repacked {
+    pub(crate) fn new(kind: Format, w: &[u8], n: usize, nb: usize) -> Repacked {
         Repacked::new_on(kind, w, n, nb, None)
     }
 
     /// [`Repacked::new`], the groups spread over `pool`'s threads where there is one (a
     /// model's first plan re-lays every weight; see `hugemem::HugeBytes::copy_of_on`).
     pub(crate) fn new_on(
-        kind: QKind,
+        kind: Format,
         w: &[u8],
         n: usize,
         nb: usize,
@@ -109,7 +110,7 @@ impl Repacked {
         let sb = superblock_bytes(kind);
         let hdr = header_bytes(kind);
         // Quants start after the stored block's own header (d; d and m; d and z).
-        let qoff = bb - 32 / if kind == QKind::Q8_0 { 1 } else { 2 };
+        let qoff = bb - 32 / if kind == Format::Q8_0 { 1 } else { 2 };
         let groups = n.div_ceil(RG);
         let mut data = crate::hugemem::HugeBytes::zeroed(groups * nb * sb);
         let fill = |g: usize, out: &mut [u8]| {
@@ -117,13 +118,13 @@ impl Repacked {
                 for r in 0..RG.min(n - g * RG) {
                     let src = &w[((g * RG + r) * nb + b) * bb..][..bb];
                     s[2 * r..2 * r + 2].copy_from_slice(&src[..2]);
-                    if kind == QKind::Q4_1 {
+                    if kind == Format::Q4_1 {
                         s[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&src[2..4]);
                     }
-                    if kind == QKind::Q4_Z {
+                    if kind == Format::Q4_Z {
                         s[16 + r] = src[2];
                     }
-                    if kind == QKind::Q5_0 {
+                    if kind == Format::Q5_0 {
                         let qh = u32::from_le_bytes([src[2], src[3], src[4], src[5]]);
                         for i in 0..4 {
                             s[16 + 4 * r + i] = high_bits(qh, i);
@@ -156,19 +157,19 @@ impl Repacked {
     pub(crate) fn stored_row(&self, r: usize, out: &mut [u8]) {
         let (kind, bb) = (self.kind, self.kind.block_bytes());
         let (sb, hdr) = (superblock_bytes(kind), header_bytes(kind));
-        let qoff = bb - 32 / if kind == QKind::Q8_0 { 1 } else { 2 };
+        let qoff = bb - 32 / if kind == Format::Q8_0 { 1 } else { 2 };
         let (g, lane) = (r / RG, r % RG);
         let grp = self.group(g);
         for (b, dst) in out[..self.nb * bb].chunks_exact_mut(bb).enumerate() {
             let s = &grp[b * sb..(b + 1) * sb];
             dst[..2].copy_from_slice(&s[2 * lane..2 * lane + 2]);
-            if kind == QKind::Q4_1 {
+            if kind == Format::Q4_1 {
                 dst[2..4].copy_from_slice(&s[16 + 2 * lane..16 + 2 * lane + 2]);
             }
-            if kind == QKind::Q4_Z {
+            if kind == Format::Q4_Z {
                 dst[2] = s[16 + lane];
             }
-            if kind == QKind::Q5_0 {
+            if kind == Format::Q5_0 {
                 let qh = (0..4).fold(0u32, |qh, i| qh | spread_bits(s[16 + 4 * lane + i], i));
                 dst[2..6].copy_from_slice(&qh.to_le_bytes());
             }

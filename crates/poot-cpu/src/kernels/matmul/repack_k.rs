@@ -27,24 +27,23 @@
 //! Invariant: `data.len() == groups * nb * 8 * block_bytes`; a `RepackedK` is immutable once
 //! built and is only read by `matmul/rk.rs` and the embedding.
 
-use crate::kernels::blocks::KKind;
 use crate::kernels::blocks::RG;
+use crate::kernels::format::Format;
 
 /// `(offset in the stored block, length)` of each piece, in layout order (module docs).
-/// An iterator over arithmetic, so the embedding's row rebuild allocates nothing.
-pub(crate) fn pieces(kind: KKind) -> impl Iterator<Item = (usize, usize)> {
-    let count = match kind {
-        KKind::Q4_K => 2 + 3 + 32,
-        KKind::Q6_K => 32 + 16 + 16 + 1,
-    };
-    (0..count).map(move |i| match kind {
-        KKind::Q4_K => match i {
+/// An iterator over arithmetic, so the embedding's row rebuild allocates nothing. `kind` is
+/// Q4_K, else read as Q6_K.
+pub(crate) fn pieces(kind: Format) -> impl Iterator<Item = (usize, usize)> {
+    let q4k = kind == Format::Q4_K;
+    let count = if q4k { 2 + 3 + 32 } else { 32 + 16 + 16 + 1 };
+    (0..count).map(move |i| match q4k {
+        true => match i {
             0 | 1 => (2 * i, 2),
             _ if i < 5 => (4 + 4 * (i - 2), 4),
             _ => (16 + 4 * (i - 5), 4),
         },
-        // Word `w` of half `n`: its two `ql` words and its `qh` word, in the order read.
-        KKind::Q6_K => match i {
+        // Q6_K: word `w` of half `n`: its two `ql` words and its `qh` word, in the order read.
+        false => match i {
             _ if i < 48 => {
                 let (nw, part) = (i / 3, i % 3);
                 let (n, w) = (nw / 8, nw % 8);
@@ -86,7 +85,7 @@ pub(crate) mod q6k {
 
 /// One k-quant weight matrix in the 8-row interleaved layout (see the module docs).
 pub struct RepackedK {
-    pub(crate) kind: KKind,
+    pub(crate) kind: Format,
     /// Rows of the stored matrix (the last group may hold padding beyond them).
     pub(crate) n: usize,
     /// 256-value super-blocks per row.
@@ -106,23 +105,29 @@ impl std::fmt::Debug for RepackedK {
 }
 
 impl RepackedK {
+    /// Whether `kind` has this layout (Q4_K and Q6_K).
+    pub(crate) fn supports(kind: Format) -> bool {
+        matches!(kind, Format::Q4_K | Format::Q6_K)
+    }
+
     /// Re-lays `n` stored rows of `nb` super-blocks (`w.len() == n * nb * block_bytes`).
     ///
     /// # Panics
     /// If the length disagrees (callers check it).
     #[cfg(test)]
-    pub(crate) fn new(kind: KKind, w: &[u8], n: usize, nb: usize) -> RepackedK {
+    pub(crate) fn new(kind: Format, w: &[u8], n: usize, nb: usize) -> RepackedK {
         RepackedK::new_on(kind, w, n, nb, None)
     }
 
     /// [`RepackedK::new`], the groups spread over `pool`'s threads where there is one.
     pub(crate) fn new_on(
-        kind: KKind,
+        kind: Format,
         w: &[u8],
         n: usize,
         nb: usize,
         pool: Option<&crate::ThreadPool>,
     ) -> RepackedK {
+        assert!(RepackedK::supports(kind), "no 8-row layout for {kind:?}");
         let bb = kind.block_bytes();
         assert_eq!(w.len(), n * nb * bb, "repack length");
         let sb = RG * bb;

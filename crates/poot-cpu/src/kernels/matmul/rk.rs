@@ -15,8 +15,8 @@
 //! values and token) in reused scratch.
 
 use crate::kernels::act_cache::ActCache;
-use crate::kernels::blocks::KKind;
 use crate::kernels::blocks::RG;
+use crate::kernels::format::Format;
 use crate::kernels::matmul::groups::{over_segments, over_tokens, Segment, Segments};
 use crate::kernels::matmul::qdot_k::{dot_scalar, quantized_k};
 use crate::kernels::matmul::repack_k::RepackedK;
@@ -71,7 +71,7 @@ pub(crate) fn matmul_rk_fused(
     // way (423-439 us for 8192 rows), so they keep one.
     #[cfg(target_arch = "x86_64")]
     let pairs = simd
-        && kind == KKind::Q4_K
+        && kind == Format::Q4_K
         && ck.isa().avx512()
         && t >= 2
         && crate::kernels::arch::x86::qdot_rk::available512();

@@ -2,7 +2,7 @@
 //! stored-layout ggml k-quant matmul on every ISA, thread count, token tiling and ragged shape.
 
 use super::*;
-use crate::kernels::blocks::KKind;
+use crate::kernels::format::Format;
 use crate::kernels::matmul::qdot_k::matmul_q8k;
 use crate::testutil::{real_slices, synthetic_weights, Rng};
 use poot_core::DType;
@@ -12,7 +12,7 @@ const KINDS: [DType; 2] = [DType::Q4_K, DType::Q6_K];
 #[test]
 fn stored_rows_round_trip() {
     for dt in KINDS {
-        let kind = KKind::new(dt).unwrap();
+        let kind = Format::of(dt).unwrap();
         let (n, k) = (13, 512);
         let w = synthetic_weights(dt, n, k, 5);
         let rp = RepackedK::new(kind, &w, n, k / QK_K);
@@ -28,7 +28,7 @@ fn stored_rows_round_trip() {
 
 #[test]
 fn pieces_cover_each_block_once() {
-    for kind in [KKind::Q4_K, KKind::Q6_K] {
+    for kind in [Format::Q4_K, Format::Q6_K] {
         let mut seen = vec![0u8; kind.block_bytes()];
         for (off, len) in crate::kernels::matmul::repack_k::pieces(kind) {
             seen[off..off + len].iter_mut().for_each(|s| *s += 1);
@@ -52,7 +52,7 @@ fn both(
     t: usize,
     threads: usize,
 ) -> (Vec<u32>, Vec<u32>) {
-    let kind = KKind::new(dt).unwrap();
+    let kind = Format::of(dt).unwrap();
     let ck = isa.checked().unwrap();
     let pool = ThreadPool::new(threads).unwrap();
     let mut want = vec![0.0f32; t * n];
@@ -112,7 +112,7 @@ fn extreme_quants_and_activations_stay_exact() {
     let (n, k, t) = (9, 512, 4);
     for dt in KINDS {
         let mut w = synthetic_weights(dt, n, k, 3);
-        let bb = KKind::new(dt).unwrap().block_bytes();
+        let bb = Format::of(dt).unwrap().block_bytes();
         for b in w.chunks_exact_mut(bb) {
             match dt {
                 DType::Q4_K => b[4..144].fill(0xff),

@@ -76,7 +76,7 @@ fn bit_identical_to_ggml_on_real_slices() {
     for (name, want_q, want_out) in GOLDEN {
         let t = g.tensor(name).unwrap();
         let (n, k) = (t.shape[0] as usize, t.shape[1] as usize);
-        let kind = QKind::new(t.dtype).unwrap();
+        let kind = Format::of(t.dtype).unwrap();
         let w = g.tensor_bytes(t);
         let rb = w.len() / n;
         for isa in Isa::available() {
@@ -114,7 +114,7 @@ fn bit_identical_to_ggml_on_real_slices() {
 fn every_isa_matches_scalar_bit_for_bit() {
     let mut rng = Rng::new(3);
     for dt in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0] {
-        let kind = QKind::new(dt).unwrap();
+        let kind = Format::of(dt).unwrap();
         let (n, k) = (7, 256);
         let w = synthetic_weights(dt, n, k, 11);
         let rb = w.len() / n;

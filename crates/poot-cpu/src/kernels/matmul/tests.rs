@@ -11,7 +11,7 @@
 )]
 
 use super::*;
-use crate::kernels::decode::DECODABLE;
+use crate::kernels::format::DECODABLE;
 use crate::kernels::simd;
 use crate::testutil::{assert_close, real_slices, reference, synthetic_weights, Rng};
 
@@ -93,7 +93,7 @@ fn decoders_are_bit_exact_on_real_slices_for_every_isa() {
         let bytes = file.tensor_bytes(info);
         let elems = info.n_elements() as usize;
         let want = reference(info.dtype, bytes, elems);
-        let p = Packed::new(info.dtype).unwrap();
+        let p = Format::of(info.dtype).unwrap();
         for isa in Isa::available() {
             let mut got = vec![f32::NAN; elems];
             simd::decode(isa.checked().unwrap(), p, bytes, &mut got);
@@ -121,7 +121,7 @@ fn decoders_are_bit_exact_on_synthetic_blocks_of_every_dtype() {
             let mut got = vec![f32::NAN; elems];
             simd::decode(
                 isa.checked().unwrap(),
-                Packed::new(dt).unwrap(),
+                Format::of(dt).unwrap(),
                 &bytes,
                 &mut got,
             );
@@ -139,7 +139,7 @@ fn f16_rows_keep_specials_on_every_isa() {
     let want = reference(DType::F16, &bytes, 1 << 16);
     for isa in Isa::available() {
         let mut got = vec![0.0; 1 << 16];
-        simd::decode(isa.checked().unwrap(), Packed::F16, &bytes, &mut got);
+        simd::decode(isa.checked().unwrap(), Format::F16, &bytes, &mut got);
         for i in 0..got.len() {
             assert_eq!(got[i].to_bits(), want[i].to_bits(), "{isa:?} f16 {i:#06x}");
         }
@@ -306,10 +306,10 @@ fn float_weights_against_several_tokens_take_the_packed_tiles_within_the_bound()
 /// typed error before anything is written.
 #[test]
 fn a_weight_path_follows_numerics_and_dtype_and_a_wrong_one_is_refused() {
-    use crate::kernels::blocks::{KKind, QKind};
+    use crate::kernels::format::Format;
     let ggml = |dt| MatmulPath::choose(Numerics::Ggml, dt);
-    assert_eq!(ggml(DType::Q4_0), MatmulPath::Q8(QKind::Q4_0));
-    assert_eq!(ggml(DType::Q6_K), MatmulPath::Q8K(KKind::Q6_K));
+    assert_eq!(ggml(DType::Q4_0), MatmulPath::Q8(Format::Q4_0));
+    assert_eq!(ggml(DType::Q6_K), MatmulPath::Q8K(Format::Q6_K));
     assert_eq!(ggml(DType::BF16), MatmulPath::Bf16Ggml);
     assert_eq!(ggml(DType::F16), MatmulPath::FloatGgml);
     assert_eq!(ggml(DType::Q5_1), MatmulPath::Decoded);
@@ -325,7 +325,7 @@ fn a_weight_path_follows_numerics_and_dtype_and_a_wrong_one_is_refused() {
     let w = vec![0u8; n * 4 * k];
     let mut out = vec![7.0f32; n];
     let err = matmul_on_path(
-        MatmulPath::Q8(QKind::Q4_0),
+        MatmulPath::Q8(Format::Q4_0),
         Numerics::Ggml,
         Isa::Scalar,
         &[1.0; 32],

@@ -6,10 +6,12 @@
 use poot_core::quant::layout;
 use poot_core::DType;
 
-use super::*;
+use crate::kernels::arch::generic::zdot_generic::dot_scalar;
+use crate::kernels::format::Format;
 use crate::kernels::ggml::Numerics;
 use crate::kernels::matmul::q8::tests::check;
 use crate::kernels::matmul::MatmulPath;
+use crate::kernels::qact::BlockQ8;
 use crate::testutil::{synthetic_weights, Rng};
 
 /// `n x k` synthetic weights of `dt` with zero points drawn by `zero` (block index, rng).
@@ -68,11 +70,11 @@ fn any_stored_zero_within_the_quantization_bound() {
 fn zero_point_dtypes_take_the_integer_path_under_ggml_only() {
     assert_eq!(
         MatmulPath::choose(Numerics::Ggml, DType::Q4_Z),
-        MatmulPath::Q8Z(ZKind::Q4_Z)
+        MatmulPath::Q8(Format::Q4_Z)
     );
     assert_eq!(
         MatmulPath::choose(Numerics::Ggml, DType::Q8_Z),
-        MatmulPath::Q8Z(ZKind::Q8_Z)
+        MatmulPath::Q8(Format::Q8_Z)
     );
     assert_eq!(
         MatmulPath::choose(Numerics::Exact, DType::Q4_Z),
@@ -85,7 +87,7 @@ fn the_portable_loop_is_the_per_block_integer_sum() {
     // dot_scalar against a direct sum over the unpacked integers: 8 lanes of exact i32 sums,
     // `fma(d_w * d_x, lane, acc)`, then hsum8.
     for dt in [DType::Q4_Z, DType::Q8_Z] {
-        let kind = ZKind::new(dt).unwrap();
+        let kind = Format::of(dt).unwrap();
         let k = 64;
         let w = with_zeros(dt, 1, k, 8, |_, r| (r % 20) as u16);
         let x = Rng::new(9).vec(k, -1.0, 1.0);

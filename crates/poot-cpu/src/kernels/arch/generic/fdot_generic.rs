@@ -17,14 +17,15 @@
     )
 )]
 
-use crate::kernels::decode::{f16_to_f32, Packed};
+use crate::kernels::decode::f16_to_f32;
+use crate::kernels::format::Format;
 
 /// Element `i` of a stored row of kind `p` (F16, BF16 or F32), widened (exact).
 #[inline(always)]
-fn widen(p: Packed, row: &[u8], i: usize) -> f32 {
+fn widen(p: Format, row: &[u8], i: usize) -> f32 {
     match p {
-        Packed::F32 => f32::from_le_bytes(row[4 * i..4 * i + 4].try_into().expect("4 bytes")),
-        Packed::BF16 => {
+        Format::F32 => f32::from_le_bytes(row[4 * i..4 * i + 4].try_into().expect("4 bytes")),
+        Format::BF16 => {
             f32::from_bits(u32::from(u16::from_le_bytes([row[2 * i], row[2 * i + 1]])) << 16)
         }
         _ => f16_to_f32(u16::from_le_bytes([row[2 * i], row[2 * i + 1]])),
@@ -38,7 +39,7 @@ fn widen(p: Packed, row: &[u8], i: usize) -> f32 {
 /// # Panics
 /// If `k % 8 != 0` or the rows or `x` are shorter than `k` elements.
 pub(crate) fn lanes8_rows<const R: usize>(
-    p: Packed,
+    p: Format,
     w: &[u8],
     rb: usize,
     k: usize,
@@ -75,7 +76,7 @@ pub(crate) fn lanes32<const R: usize>(
         let row = &w[r * rb..];
         for i in (0..k32).step_by(32) {
             for (l, v) in o.iter_mut().enumerate() {
-                *v = widen(Packed::F16, row, i + l).mul_add(x[i + l], *v);
+                *v = widen(Format::F16, row, i + l).mul_add(x[i + l], *v);
             }
         }
     }
@@ -89,16 +90,16 @@ mod tests {
 
     /// `R` rows of `k` random elements of kind `p`, `rb` bytes apart (rows padded by 6 bytes,
     /// so that `rb` is not the row length).
-    fn rows(p: Packed, r: usize, k: usize, seed: u32) -> (Vec<u8>, usize) {
-        let es = if p == Packed::F32 { 4 } else { 2 };
+    fn rows(p: Format, r: usize, k: usize, seed: u32) -> (Vec<u8>, usize) {
+        let es = if p == Format::F32 { 4 } else { 2 };
         let rb = es * k + 6;
         let mut rng = Rng::new(seed);
         let mut w = vec![0u8; r * rb];
         for row in w.chunks_exact_mut(rb) {
             for (i, v) in rng.vec(k, -2.0, 2.0).into_iter().enumerate() {
                 match p {
-                    Packed::F32 => row[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes()),
-                    Packed::BF16 => {
+                    Format::F32 => row[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes()),
+                    Format::BF16 => {
                         let b = half::bf16::from_f32(v).to_le_bytes();
                         row[2 * i..2 * i + 2].copy_from_slice(&b);
                     }
@@ -115,7 +116,7 @@ mod tests {
     #[test]
     fn lanes8_is_ggmls_dot_lanes8_before_its_sum() {
         let k = 200;
-        for (s, p) in [Packed::F16, Packed::BF16, Packed::F32]
+        for (s, p) in [Format::F16, Format::BF16, Format::F32]
             .into_iter()
             .enumerate()
         {
@@ -135,12 +136,13 @@ mod tests {
     #[test]
     fn the_x86_loops_give_these_bits_at_every_width() {
         use crate::kernels::arch::x86::fdot;
+        use crate::kernels::format::id;
         let f = crate::CpuFeatures::get();
         if !crate::testutil::isa_runs("avx2", f.avx2 && f.fma && f.f16c) {
             return;
         }
         let k = 320;
-        for (s, p) in [Packed::F16, Packed::BF16, Packed::F32]
+        for (s, p) in [Format::F16, Format::BF16, Format::F32]
             .into_iter()
             .enumerate()
         {
@@ -151,13 +153,13 @@ mod tests {
             // k floats at x.
             let got = unsafe {
                 match p {
-                    Packed::F16 => {
-                        fdot::lanes8_rows_avx2::<{ fdot::F16 }, 4>(w.as_ptr(), rb, k, x.as_ptr())
+                    Format::F16 => {
+                        fdot::lanes8_rows_avx2::<{ id::F16 }, 4>(w.as_ptr(), rb, k, x.as_ptr())
                     }
-                    Packed::BF16 => {
-                        fdot::lanes8_rows_avx2::<{ fdot::BF16 }, 4>(w.as_ptr(), rb, k, x.as_ptr())
+                    Format::BF16 => {
+                        fdot::lanes8_rows_avx2::<{ id::BF16 }, 4>(w.as_ptr(), rb, k, x.as_ptr())
                     }
-                    _ => fdot::lanes8_rows_avx2::<{ fdot::F32 }, 4>(w.as_ptr(), rb, k, x.as_ptr()),
+                    _ => fdot::lanes8_rows_avx2::<{ id::F32 }, 4>(w.as_ptr(), rb, k, x.as_ptr()),
                 }
             };
             assert_eq!(
@@ -172,7 +174,7 @@ mod tests {
                 "{p:?}"
             );
         }
-        let (w, rb) = rows(Packed::F16, 2, k, 31);
+        let (w, rb) = rows(Format::F16, 2, k, 31);
         let x = Rng::new(9).vec(k, -1.0, 1.0);
         let bits = |v: [[f32; 32]; 2]| {
             v.as_flattened()

@@ -8,7 +8,7 @@
 //! they are the same: ggml's order ([`group`]: 8 lane sums a block, `fma(dw * dy, lane, acc)`,
 //! `hsum8`, Q4_1's `summs`) or the block order ([`group_blocks`]: one exact sum a block, one
 //! FMA). So results are bit-identical to `arch::generic::qdot_generic::dot_scalar{,_blocks}` on the stored
-//! rows and to `arch::x86::qdot_r8` / `qdot_r16` at either width (tested below).
+//! rows and to the x86 8-row loops at either width (tested below).
 //!
 //! Why here: `matmul_r8` runs it where no SIMD path applies (the scalar ISA, any CPU), and it
 //! is the template a new ISA's loop (e.g. `arch/aarch64/qdot_r8.rs`) starts from and is tested
@@ -17,8 +17,9 @@
 //! for `[t x 576] x [1536 x 576]` on one thread of the dev machine's EPYC: t = 64 0.3-1.0x
 //! (Q5_0 gains most), t = 1 0.6-1.2x (Q8_0 the one slower, about 1.2x).
 
-use crate::kernels::blocks::{chunks, header_bytes, superblock_bytes, QKind, RG};
+use crate::kernels::blocks::{chunks, header_bytes, superblock_bytes, RG};
 use crate::kernels::decode::f16_at;
+use crate::kernels::format::{id, Format};
 use crate::kernels::ggml::hsum8;
 use crate::kernels::qact::{BlockQ8, QK8};
 
@@ -30,7 +31,7 @@ fn row_block<const KIND: u8>(s: &[u8], r: usize) -> ([i8; QK8], f32, f32) {
     let kind = kind_of(KIND);
     let f16 = |at: usize| f16_at(s, at);
     let d = f16(2 * r);
-    let m = if kind == QKind::Q4_1 {
+    let m = if kind == Format::Q4_1 {
         f16(16 + 2 * r)
     } else {
         0.0
@@ -42,28 +43,28 @@ fn row_block<const KIND: u8>(s: &[u8], r: usize) -> ([i8; QK8], f32, f32) {
         word.copy_from_slice(&s[at..at + 4]);
     }
     let mut q = [0i8; QK8];
-    if kind == QKind::Q8_0 {
+    if kind == Format::Q8_0 {
         for (v, &b) in q.iter_mut().zip(&qs) {
             *v = b as i8;
         }
         return (q, d, m);
     }
     // Q5_0's fifth bits of quant byte i (element 4c + i's in bit c, 16 + 4c + i's in 4 + c).
-    let h: [u8; 4] = if kind == QKind::Q5_0 {
+    let h: [u8; 4] = if kind == Format::Q5_0 {
         s[16 + 4 * r..20 + 4 * r].try_into().expect("4 bytes")
     } else {
         [0; 4]
     };
     let off = match kind {
-        QKind::Q4_0 => 8,
-        QKind::Q5_0 => 16,
+        Format::Q4_0 => 8,
+        Format::Q5_0 => 16,
         _ => 0,
     };
     for c in 0..4 {
         for (i, hb) in h.iter().enumerate() {
             let j = 4 * c + i;
             let (mut lo, mut hi) = (qs[j] & 15, qs[j] >> 4);
-            if kind == QKind::Q5_0 {
+            if kind == Format::Q5_0 {
                 lo |= ((hb >> c) & 1) << 4;
                 hi |= ((hb >> (4 + c)) & 1) << 4;
             }
@@ -100,28 +101,22 @@ fn block_sum(q: &[i8; QK8], y: &[i8; QK8]) -> i32 {
 /// Tokens one pass over a row takes (their accumulators stay in registers).
 const TILE: usize = 4;
 
-/// The kind a `KIND` number names (0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q8_0, 4 Q4_Z, as the x86 loops
-/// number them): the loops below are monomorphized per kind so that each unpacks only its
-/// format.
-const fn kind_of(k: u8) -> QKind {
-    [
-        QKind::Q4_0,
-        QKind::Q4_1,
-        QKind::Q5_0,
-        QKind::Q8_0,
-        QKind::Q4_Z,
-    ][k as usize]
+/// The format a `KIND` id names (`Format::X as u8`): the loops below are monomorphized per
+/// format so that each unpacks only its own.
+const fn kind_of(k: u8) -> Format {
+    Format::from_id(k)
 }
 
-/// `f::<KIND>(args)` for the `KIND` number of `kind`.
+/// `f::<KIND>(args)` for the id of `kind` (one of the five 8-row formats).
 macro_rules! by_kind {
     ($kind:expr, $f:ident($($arg:expr),*)) => {
         match $kind {
-            QKind::Q4_0 => $f::<0>($($arg),*),
-            QKind::Q4_1 => $f::<1>($($arg),*),
-            QKind::Q5_0 => $f::<2>($($arg),*),
-            QKind::Q8_0 => $f::<3>($($arg),*),
-            QKind::Q4_Z => $f::<4>($($arg),*),
+            Format::Q4_0 => $f::<{ id::Q4_0 }>($($arg),*),
+            Format::Q4_1 => $f::<{ id::Q4_1 }>($($arg),*),
+            Format::Q5_0 => $f::<{ id::Q5_0 }>($($arg),*),
+            Format::Q8_0 => $f::<{ id::Q8_0 }>($($arg),*),
+            Format::Q4_Z => $f::<{ id::Q4_Z }>($($arg),*),
+            other => unreachable!("{other:?} has no 8-row layout"),
         }
     };
 }
@@ -130,7 +125,7 @@ macro_rules! by_kind {
 ///
 /// # Panics
 /// If a slice is shorter (internal invariant; `matmul_r8` sizes them).
-fn check(kind: QKind, grp: &[u8], nb: usize, a: &[BlockQ8], t: usize, out: &[f32]) {
+fn check(kind: Format, grp: &[u8], nb: usize, a: &[BlockQ8], t: usize, out: &[f32]) {
     assert!(
         grp.len() >= nb * superblock_bytes(kind),
         "group of {nb} superblocks"
@@ -143,9 +138,9 @@ fn check(kind: QKind, grp: &[u8], nb: usize, a: &[BlockQ8], t: usize, out: &[f32
 ///
 /// # Panics
 /// If the slices are shorter than that (internal invariant).
-pub(crate) fn group(kind: QKind, grp: &[u8], nb: usize, a: &[BlockQ8], t: usize, out: &mut [f32]) {
+pub(crate) fn group(kind: Format, grp: &[u8], nb: usize, a: &[BlockQ8], t: usize, out: &mut [f32]) {
     check(kind, grp, nb, a, t, out);
-    assert!(kind != QKind::Q4_Z, "Q4_Z takes the block order only");
+    assert!(kind != Format::Q4_Z, "Q4_Z takes the block order only");
     by_kind!(kind, group_k(grp, nb, a, t, out));
 }
 
@@ -177,13 +172,13 @@ fn group_k<const KIND: u8>(grp: &[u8], nb: usize, a: &[BlockQ8], t: usize, out: 
     }
 }
 
-/// As [`group`] in the block order (Q4_0, Q5_0, Q8_0 and Q4_Z): each block's 32 products
-/// summed exactly (Q4_Z's zero point as `-z * sum(y)`), then `acc = fma(dw * dy, sum, acc)`.
+/// As [`group`] in the block order (Q4_0, Q5_0 and Q8_0): each block's 32 products summed
+/// exactly, then `acc = fma(dw * dy, sum, acc)`.
 ///
 /// # Panics
 /// As [`group`], and for Q4_1 (which keeps ggml's order: `matmul/r8.rs`).
 pub(crate) fn group_blocks(
-    kind: QKind,
+    kind: Format,
     grp: &[u8],
     nb: usize,
     a: &[BlockQ8],
@@ -191,7 +186,7 @@ pub(crate) fn group_blocks(
     out: &mut [f32],
 ) {
     check(kind, grp, nb, a, t, out);
-    assert!(kind != QKind::Q4_1, "Q4_1 keeps ggml's order");
+    assert!(kind != Format::Q4_1, "Q4_1 keeps ggml's order");
     by_kind!(kind, group_blocks_k(grp, nb, a, t, out));
 }
 
@@ -205,11 +200,16 @@ fn group_blocks_k<const KIND: u8>(grp: &[u8], nb: usize, a: &[BlockQ8], t: usize
         for (b, s) in grp.chunks_exact(sb).take(nb).enumerate() {
             for r in 0..RG {
                 let (q, d, _) = row_block::<KIND>(s, r);
-                let z = if KIND == 4 { i32::from(s[16 + r]) } else { 0 };
+                let z = if KIND == id::Q4_Z {
+                    i32::from(s[16 + r])
+                } else {
+                    0
+                };
                 for (j, acc) in acc.iter_mut().enumerate().take(tt) {
                     let y = &a[(j0 + j) * nb + b];
                     let mut sum = block_sum(&q, &y.qs);
-                    if KIND == 4 {
+                    if KIND == id::Q4_Z {
+                        // The zero point, exact: `sum((q - z) * y) = sum(q * y) - z * sum(y)`.
                         sum -= z * y.qs.iter().map(|&v| i32::from(v)).sum::<i32>();
                     }
                     acc[r] = (d * y.d).mul_add(sum as f32, acc[r]);

@@ -17,7 +17,7 @@ const KINDS: [DType; 5] = [
 ];
 
 /// Tokens quantized as `matmul_r8` quantizes them.
-fn tokens(kind: QKind, t: usize, k: usize, seed: u32) -> Vec<BlockQ8> {
+fn tokens(kind: Format, t: usize, k: usize, seed: u32) -> Vec<BlockQ8> {
     let mut rng = Rng::new(seed);
     let x = rng.vec(t * k, -3.0, 3.0);
     let nb = k / QK8;
@@ -38,24 +38,24 @@ fn equals_the_stored_row_references_bit_for_bit() {
     let (n, k, t) = (13, 256, 3);
     let nb = k / QK8;
     for (s, dt) in KINDS.into_iter().enumerate() {
-        let kind = QKind::repacked(dt).unwrap();
+        let kind = Format::of(dt).unwrap();
         let rp = Repacked::new(kind, &synthetic_weights(dt, n, k, 3 + s as u32), n, nb);
         let a = tokens(kind, t, k, 17 + s as u32);
         let mut row = vec![0u8; nb * kind.block_bytes()];
         for g in 0..rp.groups() {
             let mut ggml = vec![f32::NAN; t * RG];
-            if kind != QKind::Q4_Z {
+            if kind != Format::Q4_Z {
                 group(kind, rp.group(g), nb, &a, t, &mut ggml);
             }
             let mut blocks = vec![f32::NAN; t * RG];
-            if kind != QKind::Q4_1 {
+            if kind != Format::Q4_1 {
                 group_blocks(kind, rp.group(g), nb, &a, t, &mut blocks);
             }
             for r in 0..RG.min(n - g * RG) {
                 rp.stored_row(g * RG + r, &mut row);
                 for j in 0..t {
                     let y = &a[j * nb..(j + 1) * nb];
-                    if kind != QKind::Q4_Z {
+                    if kind != Format::Q4_Z {
                         let want = dot_scalar(kind, &row, y);
                         assert_eq!(
                             ggml[j * RG + r].to_bits(),
@@ -63,7 +63,7 @@ fn equals_the_stored_row_references_bit_for_bit() {
                             "{dt} {g} {r} {j}"
                         );
                     }
-                    if kind != QKind::Q4_1 {
+                    if kind != Format::Q4_1 {
                         let want = dot_scalar_blocks(kind, &row, y);
                         let got = blocks[j * RG + r];
                         assert_eq!(got.to_bits(), want.to_bits(), "{dt} blocks {g} {r} {j}");
@@ -108,17 +108,17 @@ fn equals_the_x86_loops_at_every_width_bit_for_bit() {
     let (n, k) = (16, 256);
     let nb = k / QK8;
     for (s, dt) in KINDS.into_iter().enumerate() {
-        let kind = QKind::repacked(dt).unwrap();
+        let kind = Format::of(dt).unwrap();
         let rp = Repacked::new(kind, &synthetic_weights(dt, n, k, 5 + s as u32), n, nb);
         let mult = |v: bool| match kind {
-            QKind::Q4_0 => 8,
-            QKind::Q5_0 => 16,
-            QKind::Q8_0 if v => 128,
-            QKind::Q4_Z => 1,
+            Format::Q4_0 => 8,
+            Format::Q5_0 => 16,
+            Format::Q8_0 if v => 128,
+            Format::Q4_Z => 1,
             _ => 0,
         };
         for blocks in [false, true] {
-            if (blocks && kind == QKind::Q4_1) || (!blocks && kind == QKind::Q4_Z) {
+            if (blocks && kind == Format::Q4_1) || (!blocks && kind == Format::Q4_Z) {
                 continue;
             }
             for t in 1..=4 {

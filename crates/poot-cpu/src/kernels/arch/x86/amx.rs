@@ -32,8 +32,8 @@
 use std::arch::asm;
 use std::arch::x86_64::*;
 
-use crate::kernels::blocks::QKind;
 use crate::kernels::blocks::{header_bytes, superblock_bytes};
+use crate::kernels::format::Format;
 use crate::kernels::matmul::repack::Repacked;
 use crate::kernels::qact::BlockQ8;
 use crate::kernels::scratch::Scratch;
@@ -200,9 +200,9 @@ impl Drop for Tiles {
 /// AMX is not [`available`] (callers choose this path only through `Isa::Amx`).
 pub(crate) fn matmul(w: &Repacked, a: &[BlockQ8], t: usize, out: &mut [f32], pool: &ThreadPool) {
     assert!(available(), "AMX path without AMX");
-    assert!(w.kind != QKind::Q4_1, "Q4_1 keeps ggml's order");
+    assert!(w.kind != Format::Q4_1, "Q4_1 keeps ggml's order");
     assert!(
-        w.kind != QKind::Q4_Z,
+        w.kind != Format::Q4_Z,
         "Q4_Z has per-row zero points: the VNNI loops run it"
     );
     let (n, nb) = (w.n, w.nb);
@@ -294,7 +294,7 @@ unsafe fn lay_panel(w: &Repacked, p: usize, tiles: &mut [u8], scales: &mut [f32]
             let d = _mm256_set_m128i(half16(g1, s), half16(Some(g0), s));
             _mm512_storeu_ps(scales.as_mut_ptr().add(b * P), _mm512_cvtph_ps(d));
             let t = tiles.as_mut_ptr().add(b * BT);
-            if kind == QKind::Q8_0 {
+            if kind == Format::Q8_0 {
                 for c in 0..8 {
                     let v = wide(half(Some(g0), s + hdr + 32 * c), half(g1, s + hdr + 32 * c));
                     _mm512_storeu_si512(t.add(64 * c).cast(), v);
@@ -306,11 +306,11 @@ unsafe fn lay_panel(w: &Repacked, p: usize, tiles: &mut [u8], scales: &mut [f32]
                 let mut lo = _mm512_and_si512(v, m4);
                 let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
                 match kind {
-                    QKind::Q4_0 => {
+                    Format::Q4_0 => {
                         lo = _mm512_sub_epi8(lo, _mm512_set1_epi8(8));
                         hi = _mm512_sub_epi8(hi, _mm512_set1_epi8(8));
                     }
-                    QKind::Q5_0 => {
+                    Format::Q5_0 => {
                         let bits = |g: Option<&[u8]>| match g {
                             Some(g) => crate::kernels::arch::x86::lanes::fifth_bits(
                                 g.as_ptr().add(s + 16),

@@ -30,7 +30,7 @@ fn bit_identical_to_the_block_order_on_every_thread() {
     }
     let mut rng = Rng::new(5);
     for dt in [DType::Q4_0, DType::Q5_0, DType::Q8_0] {
-        let kind = QKind::new(dt).unwrap();
+        let kind = Format::of(dt).unwrap();
         // Panels cut by the matrix's end (n = 8 and 40: a missing second group; 21: ragged),
         // token tiles whole, partial, and both; up to 20 panels over 4 threads.
         for (n, k, t) in [(8, 64, 2), (21, 96, 17), (40, 512, 16), (320, 128, 35)] {
@@ -78,7 +78,7 @@ fn a_configuration_the_thread_had_survives_a_call() {
     let (n, k, t) = (64, 128, 20);
     let w = synthetic_weights(DType::Q4_0, n, k, 3);
     let a = vec![BlockQ8::default(); t * k / 32];
-    let rp = Repacked::new(QKind::Q4_0, &w, n, k / 32);
+    let rp = Repacked::new(Format::Q4_0, &w, n, k / 32);
     let mut out = vec![0.0f32; t * n];
     for threads in [1, 2] {
         let pool = ThreadPool::new(threads).unwrap();

@@ -15,38 +15,40 @@
 
 use std::arch::x86_64::*;
 
-use crate::kernels::decode::{decode_run, f16_to_f32, Packed};
+use crate::kernels::decode::{decode_run, f16_to_f32};
+use crate::kernels::format::Format;
 
-/// Calls the block decoder `$f` on every whole block of `$bb` bytes / `$be` values that both
-/// `$src` and `$dst` hold. A macro so the decoder is called directly and inlined.
+/// Calls the block decoder `$f` on every whole block of format `$fmt` (`bb` bytes, `be` values)
+/// that both `$src` and `$dst` hold. A macro so the decoder is called directly and inlined.
 macro_rules! each {
-    ($src:expr, $dst:expr, $bb:literal, $be:literal, $f:ident) => {{
-        let blocks = ($src.len() / $bb).min($dst.len() / $be);
+    ($src:expr, $dst:expr, $fmt:expr, $f:ident) => {{
+        let (bb, be) = const { ($fmt.block_bytes(), $fmt.block_elems()) };
+        let blocks = ($src.len() / bb).min($dst.len() / be);
         for i in 0..blocks {
             // SAFETY: block i spans src[i*bb..(i+1)*bb] and dst[i*be..(i+1)*be], in bounds
             // since i < blocks; the decoder reads exactly bb bytes and writes exactly be values,
             // and its target features are this function's.
-            unsafe { $f($src.as_ptr().add(i * $bb), $dst.as_mut_ptr().add(i * $be)) }
+            unsafe { $f($src.as_ptr().add(i * bb), $dst.as_mut_ptr().add(i * be)) }
         }
     }};
 }
 
 /// Decodes `dst.len()` values of `p` from `src` (whole blocks, see `decode_run`).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn decode_avx2(p: Packed, src: &[u8], dst: &mut [f32]) {
+pub(crate) fn decode_avx2(p: Format, src: &[u8], dst: &mut [f32]) {
     match p {
-        Packed::F16 => f16_row(src, dst),
-        Packed::BF16 => bf16_row(src, dst),
-        Packed::Q4_0 => each!(src, dst, 18, 32, q4_0),
-        Packed::Q4_1 => each!(src, dst, 20, 32, q4_1),
-        Packed::Q5_0 => each!(src, dst, 22, 32, q5_0),
-        Packed::Q5_1 => each!(src, dst, 24, 32, q5_1),
-        Packed::Q8_0 => each!(src, dst, 34, 32, q8_0),
-        Packed::Q4_K => each!(src, dst, 144, 256, q4_k),
-        Packed::Q5_K => each!(src, dst, 176, 256, q5_k),
-        Packed::Q6_K => each!(src, dst, 210, 256, q6_k),
-        Packed::F32 => f32_row(src, dst),
-        Packed::Q2_K | Packed::Q3_K | Packed::Q8_K | Packed::Q4_Z | Packed::Q8_Z | Packed::F8_S => {
+        Format::F16 => f16_row(src, dst),
+        Format::BF16 => bf16_row(src, dst),
+        Format::Q4_0 => each!(src, dst, Format::Q4_0, q4_0),
+        Format::Q4_1 => each!(src, dst, Format::Q4_1, q4_1),
+        Format::Q5_0 => each!(src, dst, Format::Q5_0, q5_0),
+        Format::Q5_1 => each!(src, dst, Format::Q5_1, q5_1),
+        Format::Q8_0 => each!(src, dst, Format::Q8_0, q8_0),
+        Format::Q4_K => each!(src, dst, Format::Q4_K, q4_k),
+        Format::Q5_K => each!(src, dst, Format::Q5_K, q5_k),
+        Format::Q6_K => each!(src, dst, Format::Q6_K, q6_k),
+        Format::F32 => f32_row(src, dst),
+        Format::Q2_K | Format::Q3_K | Format::Q8_K | Format::Q4_Z | Format::Q8_Z | Format::F8_S => {
             decode_run(p, src, dst)
         }
     }

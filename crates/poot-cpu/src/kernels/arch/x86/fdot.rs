@@ -18,12 +18,9 @@
 use std::arch::x86_64::*;
 
 use crate::kernels::arch::x86::lanes::{Avx2, Lanes, Zmm};
+use crate::kernels::format::id::{F16, F32};
 use crate::kernels::ggml::hsum8;
 use crate::kernels::simd::NR;
-
-/// Weight kinds (const-generic parameter values).
-pub(crate) const F16: u8 = 0;
-pub(crate) const BF16: u8 = 1;
 
 /// 8 stored halves at `p` widened to `f32` (exact).
 #[inline(always)]
@@ -39,13 +36,10 @@ pub(crate) unsafe fn load8<const KIND: u8>(p: *const u8) -> __m256 {
     }
 }
 
-/// Weight kind `f32` for [`lanes8_rows_avx2`] (4 bytes an element).
-pub(crate) const F32: u8 = 2;
-
 /// tinyBLAS's 8 lanes of `R` stored rows (`rb` bytes apart) against one token: `out[r][l] =
 /// fma(w[8(k/8 - 1) + l], x[..], ... fma(w[l], x[l], 0))`, the chain `ggml::dot_lanes8` runs
-/// before its `hsum8`, for `k` (a multiple of 8) elements of kind `KIND` ([`F16`], [`BF16`],
-/// [`F32`]). Each row's lanes are one FMA chain along `k`, so that a token's result is the same
+/// before its `hsum8`, for `k` (a multiple of 8) elements of format id `KIND` (`id::F16`, `id::BF16`,
+/// `id::F32`). Each row's lanes are one FMA chain along `k`, so that a token's result is the same
 /// whichever token count the matmul ran with (`matmul/lanes8.rs` runs the same chains);
 /// `R` rows side by side hide the FMA latency one chain would wait on.
 ///

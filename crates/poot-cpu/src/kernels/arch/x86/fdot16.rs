@@ -202,7 +202,7 @@ pub(crate) unsafe fn f16_round_into(src: &[f32], dst: &mut [f32]) {
     }
 }
 
-/// The first 8 stored halves of `s` (16 bytes; kind `KIND`, `arch::x86::fdot::F16` or `BF16`)
+/// The first 8 stored halves of `s` (16 bytes; format id `KIND`, `id::F16` or `id::BF16`)
 /// widened to `f32` (exact), through `arch::x86::fdot::load8`.
 ///
 /// # Safety
@@ -299,14 +299,14 @@ mod tests {
             }
             let bytes: Vec<u8> = hb.iter().flat_map(|v| v.to_le_bytes()).collect();
             // SAFETY: as above.
-            let w = unsafe { widen8::<{ crate::kernels::arch::x86::fdot::F16 }>(&bytes) };
+            let w = unsafe { widen8::<{ crate::kernels::format::id::F16 }>(&bytes) };
             assert_eq!(w.map(f32::to_bits), h.map(f32::to_bits));
             let bytes: Vec<u8> = b
                 .iter()
                 .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
                 .collect();
             // SAFETY: as above.
-            let w = unsafe { widen8::<{ crate::kernels::arch::x86::fdot::BF16 }>(&bytes) };
+            let w = unsafe { widen8::<{ crate::kernels::format::id::BF16 }>(&bytes) };
             assert_eq!(w.map(f32::to_bits), b.map(f32::to_bits));
         }
         // The slice form, with a tail of 5 past the last whole 8 (through `half`).

@@ -12,9 +12,9 @@
 //!
 //! The portable path of each: `qdot_r8`, `qdot_r16` - `arch::generic::qdot_r8_generic`; `fdot`'s
 //! `lanes8_rows_avx2` and `lanes32_*` - `arch::generic::fdot_generic`; `decode` -
-//! `kernels::decode::decode_run`; `qdot` - `arch::generic::qdot_generic`; `qdot_k`, `qdot_rk`
-//! (with `qdot_rk_parts`) - `matmul::qdot_k::dot_scalar`; `zdot` (zero-point Q4_Z/Q8_Z rows, on
-//! `qdot`'s helpers) - `arch::generic::zdot_generic`; `f8dot` (F8_S rows widened by F16C) -
+//! `kernels::decode::decode_run`; `qdot` - `arch::generic::qdot_generic` (its zero-point Q4_Z/Q8_Z
+//! arms: `arch::generic::zdot_generic`); `qdot_k`, `qdot_rk` (with `qdot_rk_parts`) -
+//! `matmul::qdot_k::dot_scalar`; `f8dot` (F8_S rows widened by F16C) -
 //! `arch::generic::f8dot_generic`; `fdot`'s and `fdot16`'s tiles - `ggml::dot_lanes8`
 //! (`matmul::lanes8`); `amx`, `amx_bf16` - the VNNI/AVX-512 tiles they stand in for;
 //! `attention` (the grouped score and V loops) - `attention::ggml_heads::head`.
@@ -35,4 +35,3 @@ pub(crate) mod qdot_r16;
 pub(crate) mod qdot_r8;
 pub(crate) mod qdot_rk;
 pub(crate) mod qdot_rk_parts;
-pub(crate) mod zdot;

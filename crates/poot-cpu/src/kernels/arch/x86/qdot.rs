@@ -1,21 +1,34 @@
-//! x86 paths of `matmul/stored.rs`: [`Isa::Avx2`] uses `maddubs` + `madd`; [`Isa::Avx512`] uses VNNI
-//! (`vpdpbusd` on 256-bit registers) where the CPU has it, else the AVX2 code. Both compute the
-//! same exact `i32` lane sums as the scalar reference and then the same `f32` FMAs, so results are
-//! bit-identical (see `matmul/stored.rs`).
+//! x86 loops of the stored-row integer block dot: weight rows of the Q8-dot formats (Q4_0, Q4_1,
+//! Q5_0, Q8_0, and the zero-point Q4_Z, Q8_Z) against Q8 activation blocks. [`Isa::Avx2`](crate::Isa)
+//! uses `maddubs` + `madd`; AVX-512 CPUs use VNNI (`vpdpbusd` on 256-bit registers) where they
+//! have it, else the AVX2 code. Both compute the same exact `i32` lane sums as the portable loops
+//! (`arch/generic/qdot_generic.rs`, `arch/generic/zdot_generic.rs`) and then the same `f32` FMAs,
+//! so results are bit-identical to them.
+//!
+//! One block loop ([`rows`]) serves every format, monomorphized per format id
+//! (`format::id`): only the unpacking of a weight block into signed bytes differs. Q4_1 keeps
+//! unsigned nibbles and ggml's `summs` term. The zero-point formats fold the zero into the
+//! integers: `Q4_Z` with `z <= 128` (every GPTQ/AWQ zero is at most 16) is `nibble - z`, one
+//! subtraction; otherwise the lane is `sum(q * q_x) - z * sum(q_x)`. `Q8_Z` is `(q - 128) * q_x`
+//! plus `(128 - z) * sum(q_x)`, since `q - z` needs 9 bits.
 //!
 //! Layout: 4 weight rows are processed together against 4 (VNNI machines, 32 registers) or 2
 //! activation rows, then 1, so each weight block is unpacked once per 2-4 tokens, each
 //! activation block loaded once per 4 rows, and 8-16 independent FMA chains overlap.
 //!
-//! Invariant (soundness): these functions are reached only through `matmul::stored::dot_rows` with a
-//! `Checked` AVX2 or AVX-512 token (AVX2, FMA and F16C detected), and the VNNI variant only
-//! after `avx512vnni` and `avx512vl` were detected too.
+//! Invariant (soundness): [`dot_rows`]' callers hold a `Checked` AVX2 or AVX-512 token (AVX2,
+//! FMA and F16C detected), and the VNNI variant runs only after `avx512vnni` and `avx512vl` were
+//! detected too.
+
+#![allow(
+    clippy::needless_range_loop,
+    reason = "the row and token tiles index several arrays at once"
+)]
 
 use std::arch::x86_64::*;
 
+use crate::kernels::format::{id, Format};
 use crate::kernels::ggml::hsum8v;
-
-use crate::kernels::blocks::QKind;
 use crate::kernels::qact::BlockQ8;
 use crate::kernels::simd::Checked;
 
@@ -24,14 +37,19 @@ pub(crate) fn has_vnni() -> bool {
     crate::CpuFeatures::get().vnni256()
 }
 
-/// See `matmul::stored::dot_rows` (same contract).
+/// `out[j * nr + r] = dot(row r, token j)` for `nr <= 4` rows of `row_bytes` at `w` (format
+/// `kind`, one whose rows are read by the Q8 dot) and `t` activation rows of
+/// `row_bytes / block_bytes` blocks at `a`.
+///
+/// # Panics
+/// If the slices are shorter than that, `nr > 4`, or `kind` has no loop here.
 #[allow(
     clippy::too_many_arguments,
-    reason = "qdot::dot_rows' arguments and its token"
+    reason = "one tile's shapes and the caller's token"
 )]
 pub(crate) fn dot_rows(
     ck: Checked,
-    kind: QKind,
+    kind: Format,
     w: &[u8],
     row_bytes: usize,
     nr: usize,
@@ -46,11 +64,13 @@ pub(crate) fn dot_rows(
     macro_rules! tile {
         ($r:literal, $t:literal, $w:expr, $a:expr, $out:expr) => {
             match kind {
-                QKind::Q4_0 => call::<0, $r, $t>(vnni, $w, row_bytes, $a, nb, $out),
-                QKind::Q4_1 => call::<1, $r, $t>(vnni, $w, row_bytes, $a, nb, $out),
-                QKind::Q5_0 => call::<2, $r, $t>(vnni, $w, row_bytes, $a, nb, $out),
-                QKind::Q8_0 => call::<3, $r, $t>(vnni, $w, row_bytes, $a, nb, $out),
-                QKind::Q4_Z => unreachable!("Q4_Z rows as stored take matmul/zq.rs"),
+                Format::Q4_0 => call::<{ id::Q4_0 }, $r, $t>(vnni, $w, row_bytes, $a, nb, $out),
+                Format::Q4_1 => call::<{ id::Q4_1 }, $r, $t>(vnni, $w, row_bytes, $a, nb, $out),
+                Format::Q5_0 => call::<{ id::Q5_0 }, $r, $t>(vnni, $w, row_bytes, $a, nb, $out),
+                Format::Q8_0 => call::<{ id::Q8_0 }, $r, $t>(vnni, $w, row_bytes, $a, nb, $out),
+                Format::Q4_Z => call::<{ id::Q4_Z }, $r, $t>(vnni, $w, row_bytes, $a, nb, $out),
+                Format::Q8_Z => call::<{ id::Q8_Z }, $r, $t>(vnni, $w, row_bytes, $a, nb, $out),
+                other => unreachable!("{other:?} has no Q8 dot"),
             }
         };
     }
@@ -79,9 +99,9 @@ pub(crate) fn dot_rows(
     }
 }
 
-/// `R` rows against `T` tokens of kind `KIND` (see [`rows`]) on the VNNI or the AVX2
-/// instantiation, after checking [`rows`]' bounds. Only called from [`dot_rows`], whose
-/// `Checked` token proves AVX2, FMA and F16C (module invariant).
+/// `R` rows against `T` tokens of format id `KIND` (see [`rows`]) on the VNNI or the AVX2
+/// instantiation, after checking [`rows`]' bounds. Only called from [`dot_rows`] (module
+/// invariant).
 fn call<const KIND: u8, const R: usize, const T: usize>(
     vnni: bool,
     w: &[u8],
@@ -90,7 +110,7 @@ fn call<const KIND: u8, const R: usize, const T: usize>(
     nb: usize,
     out: &mut [f32],
 ) {
-    let bb = [18, 20, 22, 34][KIND as usize];
+    let bb = const { Format::from_id(KIND).block_bytes() };
     assert!(row_bytes >= nb * bb && w.len() >= (R - 1) * row_bytes + nb * bb);
     assert!(a.len() >= (T - 1) * nb + nb && out.len() >= T * R);
     if vnni {
@@ -190,9 +210,52 @@ pub(crate) unsafe fn lanes_ss<const VNNI: bool>(x: __m256i, y: __m256i) -> __m25
     unsafe { lanes_us::<VNNI>(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)) }
 }
 
+/// One weight block of format id `KIND` at `p` as the block loop reads it: the 32 weights as
+/// bytes (`x`: signed, or unsigned for Q4_1 and for Q4_Z with a zero above 128), Q4_1's block
+/// offset `m` (else 0), and `c`, the multiple of `sum(q_x)` the zero-point lanes still need
+/// (else 0).
+///
+/// # Safety
+/// A whole block of `KIND` readable at `p`; AVX2 and F16C enabled by the caller.
+#[inline(always)]
+unsafe fn unpack<const KIND: u8>(p: *const u8) -> (__m256i, f32, i32) {
+    // SAFETY: the offsets below are inside the block (the caller's contract).
+    unsafe {
+        match KIND {
+            id::Q4_0 => (
+                _mm256_sub_epi8(nibbles(p.add(2)), _mm256_set1_epi8(8)),
+                0.0,
+                0,
+            ),
+            id::Q4_1 => (nibbles(p.add(4)), f16_at(p.add(2)), 0),
+            id::Q5_0 => {
+                let hi = _mm256_andnot_si256(bits_to_bytes(p.add(2)), _mm256_set1_epi8(-16));
+                (_mm256_or_si256(nibbles(p.add(6)), hi), 0.0, 0)
+            }
+            id::Q8_0 => (_mm256_loadu_si256(p.add(2).cast()), 0.0, 0),
+            id::Q4_Z => {
+                let z = i32::from(*p.add(2));
+                if z <= 128 {
+                    let x = _mm256_sub_epi8(nibbles(p.add(3)), _mm256_set1_epi8(z as i8));
+                    (x, 0.0, 0)
+                } else {
+                    (nibbles(p.add(3)), 0.0, -z)
+                }
+            }
+            _ => {
+                // Q8_Z (`call` only instantiates the formats `dot_rows` lists).
+                let z = i32::from(p.add(2).cast::<u16>().read_unaligned());
+                let q = _mm256_loadu_si256(p.add(4).cast());
+                (_mm256_xor_si256(q, _mm256_set1_epi8(-128)), 0.0, 128 - z)
+            }
+        }
+    }
+}
+
 /// `R` rows (at `w`, `row_bytes` apart) against `T` activation rows (`a`, `nb` blocks apart)
-/// into `out[j * R + r]`; `KIND`: 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q8_0. Each weight block is unpacked
-/// once and used for all `T` tokens.
+/// into `out[j * R + r]`, format id `KIND`. Each weight block is unpacked once ([`unpack`]) and
+/// used for all `T` tokens; per token the exact `i32` lane sums, then
+/// `acc = fma(dw * dy, lanes, acc)` (and Q4_1's `summs = fma(m, s, summs)`), then `hsum8`.
 #[inline(always)]
 unsafe fn rows<const KIND: u8, const R: usize, const T: usize, const VNNI: bool>(
     w: &[u8],
@@ -201,7 +264,7 @@ unsafe fn rows<const KIND: u8, const R: usize, const T: usize, const VNNI: bool>
     nb: usize,
     out: &mut [f32],
 ) {
-    let bb = [18, 20, 22, 34][KIND as usize];
+    let bb = const { Format::from_id(KIND).block_bytes() };
     debug_assert!(w.len() >= (R - 1) * row_bytes + nb * bb && a.len() >= T * nb);
     let wp = w.as_ptr();
     let ahead = 4 * row_bytes;
@@ -209,6 +272,7 @@ unsafe fn rows<const KIND: u8, const R: usize, const T: usize, const VNNI: bool>
     // `r < R`, `b < nb`, and activation block `j * nb + b` is inside `a` for `j < T` (the
     // contract `call` asserts); the features are enabled by the caller.
     unsafe {
+        let ones = _mm256_set1_epi8(1);
         let mut acc = [[_mm256_setzero_ps(); T]; R];
         let mut summs = [[0.0f32; T]; R];
         for b in 0..nb {
@@ -225,25 +289,21 @@ unsafe fn rows<const KIND: u8, const R: usize, const T: usize, const VNNI: bool>
                 // faults, so running past the matrix's end is harmless.
                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead).cast());
                 let dw = _mm256_set1_ps(f16_at(p));
-                // The weights as bytes: signed for the sign trick, or Q4_1's unsigned nibbles.
-                let x = match KIND {
-                    0 => _mm256_sub_epi8(nibbles(p.add(2)), _mm256_set1_epi8(8)),
-                    1 => nibbles(p.add(4)),
-                    2 => {
-                        let hi =
-                            _mm256_andnot_si256(bits_to_bytes(p.add(2)), _mm256_set1_epi8(-16));
-                        _mm256_or_si256(nibbles(p.add(6)), hi)
-                    }
-                    _ => _mm256_loadu_si256(p.add(2).cast()),
-                };
-                let m = if KIND == 1 { f16_at(p.add(2)) } else { 0.0 };
+                let (x, m, c) = unpack::<KIND>(p);
                 for j in 0..T {
-                    let lanes = if KIND == 1 {
+                    let mut lanes = if KIND == id::Q4_1 {
                         summs[r][j] = m.mul_add(ab[j].s, summs[r][j]);
+                        lanes_us::<VNNI>(x, y[j])
+                    } else if KIND == id::Q4_Z && c != 0 {
                         lanes_us::<VNNI>(x, y[j])
                     } else {
                         lanes_ss::<VNNI>(x, y[j])
                     };
+                    if c != 0 {
+                        let sums = lanes_us::<VNNI>(ones, y[j]);
+                        lanes =
+                            _mm256_add_epi32(lanes, _mm256_mullo_epi32(sums, _mm256_set1_epi32(c)));
+                    }
                     acc[r][j] = _mm256_fmadd_ps(
                         _mm256_mul_ps(dw, dy[j]),
                         _mm256_cvtepi32_ps(lanes),
@@ -254,7 +314,7 @@ unsafe fn rows<const KIND: u8, const R: usize, const T: usize, const VNNI: bool>
         }
         for r in 0..R {
             for j in 0..T {
-                out[j * R + r] = if KIND == 1 {
+                out[j * R + r] = if KIND == id::Q4_1 {
                     hsum8v(acc[r][j]) + summs[r][j]
                 } else {
                     hsum8v(acc[r][j])

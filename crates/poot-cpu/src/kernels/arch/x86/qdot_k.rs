@@ -7,20 +7,22 @@
 //! 16002`, both below `i16::MAX`; `madd` with scales below 64 (Q4_K) or 128 (Q6_K, signed)
 //! keeps `i32` lanes far from overflow (at most `2^23` per super-block).
 //!
-//! Invariant (soundness): reached only through `matmul::qdot_k::dot` with a `Checked` AVX2 or
-//! AVX-512 token, which proves AVX2, FMA and F16C were detected.
+//! Invariant (soundness): reached only through the k-quant matmul's token dot with a `Checked`
+//! AVX2 or AVX-512 token, which proves AVX2, FMA and F16C were detected.
 
 use std::arch::x86_64::*;
 
-use crate::kernels::blocks::{finish, scale_min_k4, KKind};
+use crate::kernels::blocks::{finish, scale_min_k4};
+use crate::kernels::format::{id, Format};
 use crate::kernels::qact::BlockQ8K;
 use crate::kernels::simd::Checked;
 
-/// See `matmul::qdot_k::dot_tokens`: `out[j] = dot(w, a[j * nb..(j + 1) * nb])` for every `j <
-/// out.len()`. `w` holds `nb` whole blocks and `a` `out.len() * nb` (asserted).
+/// `out[j] = dot(w, a[j * nb..(j + 1) * nb])` for every `j < out.len()`, the k-quant matmul's
+/// token dot (the same contract as its portable loop). `w` holds `nb` whole blocks and `a`
+/// `out.len() * nb` (asserted).
 pub(crate) fn dot_tokens(
     _ck: Checked,
-    kind: KKind,
+    kind: Format,
     w: &[u8],
     a: &[BlockQ8K],
     nb: usize,
@@ -40,10 +42,11 @@ pub(crate) fn dot_tokens(
         // inside the slices by the assert.
         unsafe {
             match (kind, take) {
-                (KKind::Q4_K, 4) => dot_avx2::<0, 4>(w, a, nb, o),
-                (KKind::Q6_K, 4) => dot_avx2::<1, 4>(w, a, nb, o),
-                (KKind::Q4_K, _) => dot_avx2::<0, 1>(w, a, nb, o),
-                (KKind::Q6_K, _) => dot_avx2::<1, 1>(w, a, nb, o),
+                (Format::Q4_K, 4) => dot_avx2::<{ id::Q4_K }, 4>(w, a, nb, o),
+                (Format::Q6_K, 4) => dot_avx2::<{ id::Q6_K }, 4>(w, a, nb, o),
+                (Format::Q4_K, _) => dot_avx2::<{ id::Q4_K }, 1>(w, a, nb, o),
+                (Format::Q6_K, _) => dot_avx2::<{ id::Q6_K }, 1>(w, a, nb, o),
+                (other, _) => unreachable!("{other:?} is no k-quant with a dot"),
             }
         }
         j += take;
@@ -60,7 +63,7 @@ unsafe fn dot_avx2<const KIND: u8, const T: usize>(
     nb: usize,
     out: &mut [f32],
 ) {
-    let kind = if KIND == 0 { KKind::Q4_K } else { KKind::Q6_K };
+    let kind = Format::from_id(KIND);
     let bb = kind.block_bytes();
     let mut acc = [[0.0f32; 2]; T];
     for i in 0..nb {
@@ -69,7 +72,7 @@ unsafe fn dot_avx2<const KIND: u8, const T: usize>(
         _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(4 * bb).cast());
         // SAFETY: `b` is one whole block (sliced above); AVX2 is enabled on this function.
         let u = unsafe {
-            if KIND == 0 {
+            if KIND == id::Q4_K {
                 unpack_q4k(b)
             } else {
                 unpack_q6k(b)
@@ -98,8 +101,8 @@ struct Unpacked {
     q6: bool,
 }
 
-/// Exact `(sumi, summ)` of an unpacked block against `y` (see
-/// `matmul::qdot_k::q4k_ints`/`q6k_ints`). Factor products fit `i16` (`|-32 * 128| = 4096`, mins
+/// Exact `(sumi, summ)` of an unpacked block against `y` (the portable `q4k_ints`/`q6k_ints`
+/// of the k-quant matmul). Factor products fit `i16` (`|-32 * 128| = 4096`, mins
 /// below 64) and their `madd` sums `i32`.
 #[inline(always)]
 unsafe fn ints(u: &Unpacked, y: &BlockQ8K) -> (i32, i32) {

@@ -25,19 +25,13 @@
 //! asserts cover the bounds stated on each body.
 
 use crate::kernels::arch::x86::lanes::RowLanes;
-use crate::kernels::blocks::{header_bytes, superblock_bytes, QKind};
+use crate::kernels::blocks::{header_bytes, superblock_bytes};
+use crate::kernels::format::{id, Format};
 use crate::kernels::qact::BlockQ8;
 
-/// The kind a `KIND` number names (0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q8_0: `arch/x86/qdot.rs`'
-/// numbering; 4 Q4_Z, block order only).
-const fn kind_of(k: u8) -> QKind {
-    [
-        QKind::Q4_0,
-        QKind::Q4_1,
-        QKind::Q5_0,
-        QKind::Q8_0,
-        QKind::Q4_Z,
-    ][k as usize]
+/// The format a `KIND` id names (`Format::X as u8`).
+const fn kind_of(k: u8) -> Format {
+    Format::from_id(k)
 }
 
 /// `out[j * L::ROWS + r]` = row `r` of the groups at `g` (`nb` superblocks each) dotted with
@@ -72,14 +66,14 @@ pub(crate) unsafe fn body<L: RowLanes, const KIND: u8, const T: usize>(
             let cj: [&[i32; 8]; T] = std::array::from_fn(|j| corr.get_unchecked(j * nb + b));
             // ggml's `dw * dy`, every row at once.
             let sc: [L::F; T] = std::array::from_fn(|j| L::mul(d, L::splat(ab[j].d)));
-            if KIND == 1 {
+            if KIND == id::Q4_1 {
                 let m = L::halves(L::at(s, 16));
                 for j in 0..T {
                     summs[j] = L::fma(m, L::splat(ab[j].s), summs[j]);
                 }
             }
             let q = L::at(s, hdr);
-            if KIND == 3 {
+            if KIND == id::Q8_0 {
                 for c in 0..8 {
                     let w = L::quants(L::at(q, 32 * c));
                     let u = if L::VNNI {
@@ -102,7 +96,7 @@ pub(crate) unsafe fn body<L: RowLanes, const KIND: u8, const T: usize>(
                     let (lo, hi) = nibbles::<L, KIND>(s, q, c, m4);
                     for j in 0..T {
                         let y = ab[j].qs.as_ptr();
-                        let (il, ih) = if KIND == 0 || KIND == 2 {
+                        let (il, ih) = if KIND == id::Q4_0 || KIND == id::Q5_0 {
                             (L::isplat(cj[j][c]), L::isplat(cj[j][4 + c]))
                         } else {
                             (L::izero(), L::izero())
@@ -120,7 +114,7 @@ pub(crate) unsafe fn body<L: RowLanes, const KIND: u8, const T: usize>(
             let lo = L::add(L::add(x[0], x[4]), L::add(x[2], x[6]));
             let hi = L::add(L::add(x[1], x[5]), L::add(x[3], x[7]));
             let mut r = L::add(lo, hi);
-            if KIND == 1 {
+            if KIND == id::Q4_1 {
                 r = L::add(r, summs[j]);
             }
             L::store(out.as_mut_ptr().add(L::ROWS * j), r);
@@ -145,7 +139,7 @@ unsafe fn nibbles<L: RowLanes, const KIND: u8>(
         let v = L::quants(L::at(q, 32 * c));
         let mut lo = L::and(v, m4);
         let mut hi = L::and(L::srli16_4(v), m4);
-        if KIND == 2 {
+        if KIND == id::Q5_0 {
             let (bl, bh) = L::fifth(L::at(s, 16), c);
             lo = L::or(lo, bl);
             hi = L::or(hi, bh);
@@ -154,8 +148,7 @@ unsafe fn nibbles<L: RowLanes, const KIND: u8>(
     }
 }
 
-/// As [`body`] in the block order of `arch::generic::qdot_generic::dot_scalar_blocks` (Q4_0, Q5_0, Q8_0
-/// and Q4_Z):
+/// As [`body`] in the block order of `arch::generic::qdot_generic::dot_scalar_blocks` (Q4_0, Q5_0 and Q8_0):
 /// the same integer steps summed into one `i32` per row and token for the whole block (exact:
 /// at most `32 * 128 * 128`), then one FMA; `corr[j * nb + b][0]` holds block `b`'s whole
 /// correction.
@@ -188,14 +181,14 @@ pub(crate) unsafe fn body_blocks<L: RowLanes, const KIND: u8, const T: usize>(
             // Q4_Z: `corr` holds `-sum(y)`, which each row's zero point multiplies.
             let mut isum: [L::I; T] = std::array::from_fn(|j| {
                 let c = corr.get_unchecked(j * nb + b)[0];
-                if KIND == 4 {
+                if KIND == id::Q4_Z {
                     L::zero_terms(L::at(s, 16), c)
                 } else {
                     L::isplat(c)
                 }
             });
             let q = L::at(s, hdr);
-            if KIND == 3 {
+            if KIND == id::Q8_0 {
                 for c in 0..8 {
                     let w = L::quants(L::at(q, 32 * c));
                     let u = if L::VNNI {

@@ -3,8 +3,8 @@
 //!
 //! Why: Q4_1's prefill keeps ggml's order (8 lane sums per block, which AMX tiles cannot give),
 //! so it is bound by these instructions; each step here does 16 rows' work for the same count.
-//! The one-token matvec is faster too, but only large matrices gain end to end, so `matmul::r8`
-//! picks this for those and for prefill (measurements: `docs/performance-history.md`, "Measurements
+//! The one-token matvec is faster too, but only large matrices gain end to end, so the 8-row
+//! matmul picks this for those and for prefill (measurements: `docs/performance-history.md`, "Measurements
 //! behind the kernels").
 //!
 //! Numerics: the body is the 256-bit one (`arch/x86/qdot_r.rs`, generic over the register
@@ -17,7 +17,8 @@
 
 use crate::kernels::arch::x86::lanes::Zmm;
 use crate::kernels::arch::x86::qdot_r;
-use crate::kernels::blocks::{superblock_bytes, QKind, RG};
+use crate::kernels::blocks::{superblock_bytes, RG};
+use crate::kernels::format::{id, Format};
 use crate::kernels::qact::BlockQ8;
 
 /// Whether this CPU has the 512-bit VNNI dot and the byte ops the Q4 unpacking uses.
@@ -35,7 +36,7 @@ pub(crate) const TOKENS: usize = 2;
 /// If the slices are shorter than that (internal invariant; `matmul_r8` sizes them).
 #[allow(clippy::too_many_arguments, reason = "one tile's operands")]
 pub(crate) fn groups2(
-    kind: QKind,
+    kind: Format,
     g0: &[u8],
     g1: &[u8],
     nb: usize,
@@ -46,23 +47,23 @@ pub(crate) fn groups2(
 ) {
     check(kind, (g0, g1, nb), (a, corr, t, TOKENS), out);
     macro_rules! go {
-        ($k:literal) => {
+        ($k:expr) => {
             if t == 2 {
                 // SAFETY: AVX-512 F/BW/VL/VNNI and F16C detected (`has_vnni512`, the module
                 // invariant); the asserts above are the bounds every call reads within.
-                unsafe { body::<$k, 2>(g0, g1, nb, a, corr, out) }
+                unsafe { body::<{ $k }, 2>(g0, g1, nb, a, corr, out) }
             } else {
                 // SAFETY: as above.
-                unsafe { body::<$k, 1>(g0, g1, nb, a, corr, out) }
+                unsafe { body::<{ $k }, 1>(g0, g1, nb, a, corr, out) }
             }
         };
     }
     match kind {
-        QKind::Q4_0 => go!(0),
-        QKind::Q4_1 => go!(1),
-        QKind::Q5_0 => go!(2),
-        QKind::Q8_0 => go!(3),
-        QKind::Q4_Z => unreachable!("Q4_Z takes the block order only"),
+        Format::Q4_0 => go!(id::Q4_0),
+        Format::Q4_1 => go!(id::Q4_1),
+        Format::Q5_0 => go!(id::Q5_0),
+        Format::Q8_0 => go!(id::Q8_0),
+        other => unreachable!("{other:?} has no 8-row layout"),
     }
 }
 
@@ -72,7 +73,7 @@ pub(crate) fn groups2(
 /// # Panics
 /// If any is short (internal invariant; `matmul_r8` sizes them).
 fn check(
-    kind: QKind,
+    kind: Format,
     (g0, g1, nb): (&[u8], &[u8], usize),
     (a, corr, t, most): (&[BlockQ8], &[[i32; 8]], usize, usize),
     out: &[f32],
@@ -118,7 +119,7 @@ pub(crate) const BLOCK_TOKENS: usize = 8;
 /// If the slices are shorter than that (internal invariant; `matmul_r8` sizes them).
 #[allow(clippy::too_many_arguments, reason = "one tile's operands")]
 pub(crate) fn groups2_blocks(
-    kind: QKind,
+    kind: Format,
     g0: &[u8],
     g1: &[u8],
     nb: usize,
@@ -129,35 +130,35 @@ pub(crate) fn groups2_blocks(
 ) {
     check(kind, (g0, g1, nb), (a, corr, t, BLOCK_TOKENS), out);
     macro_rules! go {
-        ($k:literal) => {
+        ($k:expr) => {
             // SAFETY (every arm): AVX-512 F/BW/VL/VNNI and F16C detected (`has_vnni512`, the
             // module invariant); the asserts above are the bounds every call reads within.
             match t {
                 // SAFETY: see above.
-                8 => unsafe { body_blocks::<$k, 8>(g0, g1, nb, a, corr, out) },
+                8 => unsafe { body_blocks::<{ $k }, 8>(g0, g1, nb, a, corr, out) },
                 // SAFETY: see above.
-                7 => unsafe { body_blocks::<$k, 7>(g0, g1, nb, a, corr, out) },
+                7 => unsafe { body_blocks::<{ $k }, 7>(g0, g1, nb, a, corr, out) },
                 // SAFETY: see above.
-                6 => unsafe { body_blocks::<$k, 6>(g0, g1, nb, a, corr, out) },
+                6 => unsafe { body_blocks::<{ $k }, 6>(g0, g1, nb, a, corr, out) },
                 // SAFETY: see above.
-                5 => unsafe { body_blocks::<$k, 5>(g0, g1, nb, a, corr, out) },
+                5 => unsafe { body_blocks::<{ $k }, 5>(g0, g1, nb, a, corr, out) },
                 // SAFETY: see above.
-                4 => unsafe { body_blocks::<$k, 4>(g0, g1, nb, a, corr, out) },
+                4 => unsafe { body_blocks::<{ $k }, 4>(g0, g1, nb, a, corr, out) },
                 // SAFETY: see above.
-                3 => unsafe { body_blocks::<$k, 3>(g0, g1, nb, a, corr, out) },
+                3 => unsafe { body_blocks::<{ $k }, 3>(g0, g1, nb, a, corr, out) },
                 // SAFETY: see above.
-                2 => unsafe { body_blocks::<$k, 2>(g0, g1, nb, a, corr, out) },
+                2 => unsafe { body_blocks::<{ $k }, 2>(g0, g1, nb, a, corr, out) },
                 // SAFETY: see above.
-                _ => unsafe { body_blocks::<$k, 1>(g0, g1, nb, a, corr, out) },
+                _ => unsafe { body_blocks::<{ $k }, 1>(g0, g1, nb, a, corr, out) },
             }
         };
     }
     match kind {
-        QKind::Q4_0 => go!(0),
-        QKind::Q5_0 => go!(2),
-        QKind::Q8_0 => go!(3),
-        QKind::Q4_Z => go!(4),
-        QKind::Q4_1 => unreachable!("Q4_1 keeps ggml's order"),
+        Format::Q4_0 => go!(id::Q4_0),
+        Format::Q5_0 => go!(id::Q5_0),
+        Format::Q8_0 => go!(id::Q8_0),
+        Format::Q4_Z => go!(id::Q4_Z),
+        other => unreachable!("{other:?} keeps ggml's order or has no 8-row layout"),
     }
 }
 
@@ -193,7 +194,7 @@ mod tests {
         }
         let mut rng = Rng::new(31);
         for dt in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0] {
-            let kind = QKind::new(dt).unwrap();
+            let kind = Format::of(dt).unwrap();
             let (n, k) = (16, 256);
             let nb = k / 32;
             let rp = Repacked::new(kind, &synthetic_weights(dt, n, k, 7), n, nb);
@@ -205,10 +206,11 @@ mod tests {
                 }
                 // The corrections `matmul_r8` folds in (Q4_0: -8, Q5_0: -16, Q8_0: -128 on
                 // VNNI, per lane of 4 activations).
-                let mult = [8, 0, 16, 128][[QKind::Q4_0, QKind::Q4_1, QKind::Q5_0, QKind::Q8_0]
-                    .iter()
-                    .position(|&q| q == kind)
-                    .unwrap()];
+                let mult =
+                    [8, 0, 16, 128][[Format::Q4_0, Format::Q4_1, Format::Q5_0, Format::Q8_0]
+                        .iter()
+                        .position(|&q| q == kind)
+                        .unwrap()];
                 let corr: Vec<[i32; 8]> = a
                     .iter()
                     .map(|b| {
@@ -254,7 +256,7 @@ mod tests {
         }
         let mut rng = Rng::new(37);
         for (dt, mult) in [(DType::Q4_0, 8), (DType::Q5_0, 16), (DType::Q8_0, 128)] {
-            let kind = QKind::new(dt).unwrap();
+            let kind = Format::of(dt).unwrap();
             let (n, k) = (16, 256);
             let nb = k / 32;
             let rp = Repacked::new(kind, &synthetic_weights(dt, n, k, 11), n, nb);

@@ -10,7 +10,8 @@
 
 use crate::kernels::arch::x86::lanes::{Avx2, Avx2Vnni};
 use crate::kernels::arch::x86::qdot_r::{body, body_blocks};
-use crate::kernels::blocks::{superblock_bytes, QKind, RG};
+use crate::kernels::blocks::{superblock_bytes, RG};
+use crate::kernels::format::{id, Format};
 use crate::kernels::qact::BlockQ8;
 
 /// Whether this CPU has the 256-bit VNNI dot (`vpdpbusd ymm`).
@@ -23,10 +24,10 @@ pub(crate) fn has_vnni() -> bool {
 /// 8 chunks a block each load and sign-fold the weights once for every token of the tile,
 /// which took a little less CPU than 2 (Q4_0 and Q5_0 measured alike with 2 and 3, so they keep
 /// 2).
-pub(crate) fn tile_tokens(vnni: bool, kind: QKind, blocks: bool) -> usize {
+pub(crate) fn tile_tokens(vnni: bool, kind: Format, blocks: bool) -> usize {
     match (vnni, blocks) {
         (true, true) => 4,
-        (false, true) if kind == QKind::Q8_0 => 3,
+        (false, true) if kind == Format::Q8_0 => 3,
         (false, true) | (true, false) => 2,
         (false, false) => 1,
     }
@@ -41,7 +42,7 @@ pub(crate) fn tile_tokens(vnni: bool, kind: QKind, blocks: bool) -> usize {
 #[allow(clippy::too_many_arguments, reason = "one tile's operands")]
 pub(crate) fn group_blocks(
     vnni: bool,
-    kind: QKind,
+    kind: Format,
     grp: &[u8],
     nb: usize,
     a: &[BlockQ8],
@@ -55,33 +56,33 @@ pub(crate) fn group_blocks(
     );
     assert!(out.len() >= t * RG);
     macro_rules! go {
-        ($k:literal) => {
+        ($k:expr) => {
             // SAFETY (every arm): AVX2/FMA/F16C by the module invariant, VNNI/VL by
             // `has_vnni` when `vnni`; the asserts above are the bounds every call reads within.
             match (vnni, t) {
                 // SAFETY: see above.
-                (true, 4) => unsafe { blocks_vnni::<$k, 4>(grp, nb, a, corr, out) },
+                (true, 4) => unsafe { blocks_vnni::<{ $k }, 4>(grp, nb, a, corr, out) },
                 // SAFETY: see above.
-                (true, 3) => unsafe { blocks_vnni::<$k, 3>(grp, nb, a, corr, out) },
+                (true, 3) => unsafe { blocks_vnni::<{ $k }, 3>(grp, nb, a, corr, out) },
                 // SAFETY: see above.
-                (true, 2) => unsafe { blocks_vnni::<$k, 2>(grp, nb, a, corr, out) },
+                (true, 2) => unsafe { blocks_vnni::<{ $k }, 2>(grp, nb, a, corr, out) },
                 // SAFETY: see above.
-                (true, _) => unsafe { blocks_vnni::<$k, 1>(grp, nb, a, corr, out) },
+                (true, _) => unsafe { blocks_vnni::<{ $k }, 1>(grp, nb, a, corr, out) },
                 // SAFETY: see above.
-                (false, 3) => unsafe { blocks_avx2::<$k, 3>(grp, nb, a, corr, out) },
+                (false, 3) => unsafe { blocks_avx2::<{ $k }, 3>(grp, nb, a, corr, out) },
                 // SAFETY: see above.
-                (false, 2) => unsafe { blocks_avx2::<$k, 2>(grp, nb, a, corr, out) },
+                (false, 2) => unsafe { blocks_avx2::<{ $k }, 2>(grp, nb, a, corr, out) },
                 // SAFETY: see above.
-                (false, _) => unsafe { blocks_avx2::<$k, 1>(grp, nb, a, corr, out) },
+                (false, _) => unsafe { blocks_avx2::<{ $k }, 1>(grp, nb, a, corr, out) },
             }
         };
     }
     match kind {
-        QKind::Q4_0 => go!(0),
-        QKind::Q5_0 => go!(2),
-        QKind::Q8_0 => go!(3),
-        QKind::Q4_Z => go!(4),
-        QKind::Q4_1 => unreachable!("Q4_1 keeps ggml's order"),
+        Format::Q4_0 => go!(id::Q4_0),
+        Format::Q5_0 => go!(id::Q5_0),
+        Format::Q8_0 => go!(id::Q8_0),
+        Format::Q4_Z => go!(id::Q4_Z),
+        other => unreachable!("{other:?} keeps ggml's order or has no 8-row layout"),
     }
 }
 
@@ -117,7 +118,7 @@ unsafe fn blocks_vnni<const KIND: u8, const T: usize>(
 #[allow(clippy::too_many_arguments, reason = "one tile's operands")]
 pub(crate) fn group(
     vnni: bool,
-    kind: QKind,
+    kind: Format,
     grp: &[u8],
     nb: usize,
     a: &[BlockQ8],
@@ -131,25 +132,25 @@ pub(crate) fn group(
     );
     assert!(out.len() >= t * RG);
     macro_rules! go {
-        ($k:literal) => {
+        ($k:expr) => {
             // SAFETY (all three): AVX2/FMA/F16C by the module invariant, VNNI/VL by `has_vnni`
             // when `vnni`; the asserts above are the bounds every call reads within.
             match (vnni, t) {
                 // SAFETY: see above.
-                (true, 2) => unsafe { group_vnni::<$k, 2>(grp, nb, a, corr, out) },
+                (true, 2) => unsafe { group_vnni::<{ $k }, 2>(grp, nb, a, corr, out) },
                 // SAFETY: see above.
-                (true, _) => unsafe { group_vnni::<$k, 1>(grp, nb, a, corr, out) },
+                (true, _) => unsafe { group_vnni::<{ $k }, 1>(grp, nb, a, corr, out) },
                 // SAFETY: see above.
-                (false, _) => unsafe { group_avx2::<$k>(grp, nb, a, corr, out) },
+                (false, _) => unsafe { group_avx2::<{ $k }>(grp, nb, a, corr, out) },
             }
         };
     }
     match kind {
-        QKind::Q4_0 => go!(0),
-        QKind::Q4_1 => go!(1),
-        QKind::Q5_0 => go!(2),
-        QKind::Q8_0 => go!(3),
-        QKind::Q4_Z => unreachable!("Q4_Z takes the block order only"),
+        Format::Q4_0 => go!(id::Q4_0),
+        Format::Q4_1 => go!(id::Q4_1),
+        Format::Q5_0 => go!(id::Q5_0),
+        Format::Q8_0 => go!(id::Q8_0),
+        other => unreachable!("{other:?} has no 8-row layout"),
     }
 }
 

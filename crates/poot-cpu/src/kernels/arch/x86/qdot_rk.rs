@@ -38,17 +38,18 @@ use crate::kernels::arch::x86::lanes_k::KLanes;
 use crate::kernels::arch::x86::qdot_rk_parts::{
     pick32_masks, pick_masks, q4k_mins, q4k_scales, q6k_unpack,
 };
-use crate::kernels::blocks::{KKind, RG};
+use crate::kernels::blocks::RG;
+use crate::kernels::format::Format;
 use crate::kernels::matmul::repack_k::{q4k, q6k};
 use crate::kernels::qact::BlockQ8K;
 use crate::kernels::simd::{prefetch_ahead, Checked};
 
 /// Tokens one [`group`] call takes when `left` are left: 16 vector registers hold 4 tokens'
 /// Q4_K accumulators, 2 tokens' Q6_K ones (4 per token).
-pub(crate) fn tile_tokens(kind: KKind, left: usize) -> usize {
+pub(crate) fn tile_tokens(kind: Format, left: usize) -> usize {
     match (kind, left) {
         (_, 0 | 1) => 1,
-        (KKind::Q4_K, 4..) => 4,
+        (Format::Q4_K, 4..) => 4,
         _ => 2,
     }
 }
@@ -68,7 +69,7 @@ pub(crate) fn available512() -> bool {
 /// If the slices are shorter than that (internal invariant; `matmul_rk` sizes them).
 pub(crate) fn group(
     ck: Checked,
-    kind: KKind,
+    kind: Format,
     grp: &[u8],
     nb: usize,
     a: &[BlockQ8K],
@@ -83,7 +84,7 @@ pub(crate) fn group(
 /// same bits either way).
 pub(super) fn group_on(
     vnni: bool,
-    kind: KKind,
+    kind: Format,
     grp: &[u8],
     nb: usize,
     a: &[BlockQ8K],
@@ -100,16 +101,17 @@ pub(super) fn group_on(
     // floats of `out`, all inside the slices by the asserts.
     unsafe {
         match (vnni, kind, t) {
-            (false, KKind::Q4_K, 4) => q4k_avx2::<4>(g, nb, a, o),
-            (false, KKind::Q4_K, 2) => q4k_avx2::<2>(g, nb, a, o),
-            (false, KKind::Q4_K, _) => q4k_avx2::<1>(g, nb, a, o),
-            (false, KKind::Q6_K, 2) => q6k_avx2::<2>(g, nb, a, o),
-            (false, KKind::Q6_K, _) => q6k_avx2::<1>(g, nb, a, o),
-            (true, KKind::Q4_K, 4) => q4k_ymm_vnni::<4>(g, nb, a, o),
-            (true, KKind::Q4_K, 2) => q4k_ymm_vnni::<2>(g, nb, a, o),
-            (true, KKind::Q4_K, _) => q4k_ymm_vnni::<1>(g, nb, a, o),
-            (true, KKind::Q6_K, 2) => q6k_ymm_vnni::<2>(g, nb, a, o),
-            (true, KKind::Q6_K, _) => q6k_ymm_vnni::<1>(g, nb, a, o),
+            (false, Format::Q4_K, 4) => q4k_avx2::<4>(g, nb, a, o),
+            (false, Format::Q4_K, 2) => q4k_avx2::<2>(g, nb, a, o),
+            (false, Format::Q4_K, _) => q4k_avx2::<1>(g, nb, a, o),
+            (false, Format::Q6_K, 2) => q6k_avx2::<2>(g, nb, a, o),
+            (false, Format::Q6_K, _) => q6k_avx2::<1>(g, nb, a, o),
+            (true, Format::Q4_K, 4) => q4k_ymm_vnni::<4>(g, nb, a, o),
+            (true, Format::Q4_K, 2) => q4k_ymm_vnni::<2>(g, nb, a, o),
+            (true, Format::Q4_K, _) => q4k_ymm_vnni::<1>(g, nb, a, o),
+            (true, Format::Q6_K, 2) => q6k_ymm_vnni::<2>(g, nb, a, o),
+            (true, Format::Q6_K, _) => q6k_ymm_vnni::<1>(g, nb, a, o),
+            (_, other, _) => unreachable!("{other:?} has no 8-row k-quant layout"),
         }
     }
 }
@@ -136,7 +138,7 @@ pub(super) fn groups2_on(
     out: &mut [f32],
 ) {
     assert!(available512() && (!vnni || crate::CpuFeatures::get().vnni512()));
-    let need = nb * RG * KKind::Q4_K.block_bytes();
+    let need = nb * RG * Format::Q4_K.block_bytes();
     assert!(g0.len() >= need && g1.len() >= need);
     assert!((1..=TOKENS2).contains(&t) && a.len() >= t * nb && out.len() >= t * 2 * RG);
     let (s, o) = ((g0.as_ptr(), g1.as_ptr()), out.as_mut_ptr());
@@ -206,7 +208,7 @@ unsafe fn q4k_body<L: KLanes, const T: usize>(
     a: &[BlockQ8K],
     out: *mut f32,
 ) {
-    let sb = RG * KKind::Q4_K.block_bytes();
+    let sb = RG * Format::Q4_K.block_bytes();
     // SAFETY: the contract above.
     unsafe {
         let m4 = L::isplat8(0x0f);
@@ -296,7 +298,7 @@ unsafe fn q6k_body<L: KLanes, const T: usize>(
     a: &[BlockQ8K],
     out: *mut f32,
 ) {
-    let sb = RG * KKind::Q6_K.block_bytes();
+    let sb = RG * Format::Q6_K.block_bytes();
     // SAFETY: the contract of `q4k_body`.
     unsafe {
         let ahead = prefetch_ahead();

@@ -18,7 +18,7 @@ fn quantized(x: &[f32], nb: usize) -> Vec<BlockQ8K> {
 
 /// The 256-bit entries' bits (`vnni` or not) for `t` tokens against the portable dot.
 fn check(vnni: bool, dt: DType, w: &[u8], n: usize, nb: usize, x: &[f32], t: usize) {
-    let kind = KKind::new(dt).unwrap();
+    let kind = Format::of(dt).unwrap();
     let rp = RepackedK::new(kind, w, n, nb);
     let a = quantized(x, nb);
     let rb = w.len() / n;
@@ -79,7 +79,7 @@ fn extreme_quants_scales_and_activations_stay_exact() {
     for vnni in forms() {
         for dt in [DType::Q4_K, DType::Q6_K] {
             let mut w = synthetic_weights(dt, n, nb * 256, 3);
-            let bb = KKind::new(dt).unwrap().block_bytes();
+            let bb = Format::of(dt).unwrap().block_bytes();
             for b in w.chunks_exact_mut(bb) {
                 match dt {
                     DType::Q4_K => b[4..144].fill(0xff),
@@ -110,14 +110,19 @@ fn two_groups_give_each_groups_bits() {
     let mut rng = Rng::new(43);
     let (n, k) = (16, 512);
     let nb = k / 256;
-    let rp = RepackedK::new(KKind::Q4_K, &synthetic_weights(DType::Q4_K, n, k, 9), n, nb);
+    let rp = RepackedK::new(
+        Format::Q4_K,
+        &synthetic_weights(DType::Q4_K, n, k, 9),
+        n,
+        nb,
+    );
     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
     for t in 1..=TOKENS2 {
         let a = quantized(&rng.vec(t * k, -3.0, 3.0), nb);
         let mut want = vec![0.0f32; t * 16];
         for g in 0..2 {
             let mut one = [0.0f32; 4 * RG];
-            group_on(false, KKind::Q4_K, rp.group(g), nb, &a, t, &mut one);
+            group_on(false, Format::Q4_K, rp.group(g), nb, &a, t, &mut one);
             for j in 0..t {
                 want[j * 16 + g * 8..][..8].copy_from_slice(&one[j * 8..][..8]);
             }
