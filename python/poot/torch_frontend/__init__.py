@@ -7,7 +7,8 @@ preparing under ``CompileLimits`` on the CPU runtime or the one given as ``runti
 module compiled with ``CompileConfig(allow_training=True)`` (``train.py``: gradients by
 reverse mode over the IR in ``grad.py`` and ``vjp.py``, ``SGD`` and ``AdamW`` in
 ``optim.py``). Several modules: ``ModuleGraph`` and ``compile_modules`` (``graph.py``), placed
-by the planner (``placement.py``) and run by ``compiled_graph.py``. torch is imported only
+by the planner (``placement.py``) and run by ``compiled_graph.py`` (``schedule.py``: a
+thread per device, so branches on different devices run at once). torch is imported only
 when a module is compiled; the rest of poot never needs it. docs/compiling-modules.md has the
 op table.
 """
