@@ -32,7 +32,11 @@ def test_nodes_of_two_devices_run_at_once_and_a_join_waits_for_both() -> None:
 
 def test_one_device_runs_its_nodes_in_order_on_the_callers_thread() -> None:
     seen: list[tuple[int, str]] = []
-    run_nodes(["cpu"] * 3, [set(), {0}, set()], lambda i: seen.append((i, threading.current_thread().name)))
+    run_nodes(
+        ["cpu"] * 3,
+        [set(), {0}, set()],
+        lambda i: seen.append((i, threading.current_thread().name)),
+    )
     assert seen == [(i, threading.current_thread().name) for i in range(3)]
 
 

@@ -25,7 +25,6 @@ from tests.torch_support import require_torch
 
 torch = require_torch()
 
-import poot  # noqa: E402
 from poot import _native  # noqa: E402
 from poot.planner import CompileConfig  # noqa: E402
 from tests.planner_fixtures import cpu, lavapipe  # noqa: E402

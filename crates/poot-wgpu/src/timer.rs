@@ -50,7 +50,12 @@ pub(crate) fn keep_spans(
         return;
     }
     // The stall kernel (fault injection) computes no equation and is left out.
-    let timed = || dispatches.iter().enumerate().filter(|(_, d)| d.eq != usize::MAX);
+    let timed = || {
+        dispatches
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| d.eq != usize::MAX)
+    };
     let Some(first) = timed().map(|(i, _)| stamps[2 * i]).min() else {
         return;
     };

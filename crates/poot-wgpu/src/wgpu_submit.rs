@@ -102,13 +102,19 @@ pub(crate) fn execute(
     if !rec.params.is_empty() {
         gpu.queue.write_buffer(&uniform, 0, &rec.params);
     }
-    let stamps = (timed && !rec.dispatches.is_empty())
-        .then(|| Stamps::new(device, rec.dispatches.len()));
+    let stamps =
+        (timed && !rec.dispatches.is_empty()).then(|| Stamps::new(device, rec.dispatches.len()));
     let mut start = 0;
     for l in &rec.late {
         let mut encoder = device.create_command_encoder(&Default::default());
         let at_pass = stamps.as_ref().map(|s| (s, start));
-        encode(device, &mut encoder, &rec.dispatches[start..l.at], &uniform, at_pass)?;
+        encode(
+            device,
+            &mut encoder,
+            &rec.dispatches[start..l.at],
+            &uniform,
+            at_pass,
+        )?;
         gpu.queue.submit([encoder.finish()]);
         let bytes = late_bytes(l, deadline)?;
         gpu.queue.write_buffer(wgpu_buf(&l.buf)?, 0, &bytes);
@@ -116,7 +122,13 @@ pub(crate) fn execute(
     }
     let mut encoder = device.create_command_encoder(&Default::default());
     let at_pass = stamps.as_ref().map(|s| (s, start));
-    encode(device, &mut encoder, &rec.dispatches[start..], &uniform, at_pass)?;
+    encode(
+        device,
+        &mut encoder,
+        &rec.dispatches[start..],
+        &uniform,
+        at_pass,
+    )?;
     // The timestamps follow the outputs, 8-aligned.
     let stamps_at = at.total.div_ceil(8) * 8;
     let stamp_bytes = if stamps.is_some() {

@@ -120,9 +120,17 @@ fn a_kept_tensor_is_bound_as_a_later_input_and_left_intact() {
     assert_eq!(rt.stats().readback_bytes, read0, "nothing read back");
     assert_eq!(rt.stats().upload_bytes, up0, "nothing uploaded");
     let got = rt.read(&second[0].1, never).unwrap();
-    assert_eq!(bits(&got), bits(&want[0].1), "bound input equals a host input");
+    assert_eq!(
+        bits(&got),
+        bits(&want[0].1),
+        "bound input equals a host input"
+    );
     let kept = rt.read(&y0, never).unwrap();
-    assert_eq!(bits(&kept), bits(&want_y0), "the bound tensor was only read");
+    assert_eq!(
+        bits(&kept),
+        bits(&want_y0),
+        "the bound tensor was only read"
+    );
     // A host input is uploaded, and counted.
     let up1 = rt.stats().upload_bytes;
     rt.run(plan.as_ref(), &[("x", host)], never).unwrap();
@@ -165,7 +173,11 @@ fn the_timer_spans_each_dispatching_equation_from_device_timestamps() {
     rt.record_spans(true);
     let read0 = rt.stats().readback_bytes;
     rt.run(plan.as_ref(), &x, never).unwrap();
-    assert_eq!(rt.stats().readback_bytes, read0 + 3 * 40 * 4, "timestamps not counted");
+    assert_eq!(
+        rt.stats().readback_bytes,
+        read0 + 3 * 40 * 4,
+        "timestamps not counted"
+    );
     let spans = rt.last_run_spans();
     if !rt.timestamps_supported() {
         assert!(spans.is_empty(), "no timestamps, no spans");

@@ -209,9 +209,7 @@ class CompiledGraph:
             return x
         t0 = time.perf_counter()
         host = x.cpu()
-        self.recorder.span(
-            f"{dev} link", f"{x.device}->{dev}", t0, time.perf_counter(), "transfer"
-        )
+        self.recorder.span(f"{dev} link", f"{x.device}->{dev}", t0, time.perf_counter(), "transfer")
         with self._lock:
             self.transfer_bytes += x.nbytes
         return host

@@ -40,7 +40,8 @@ def run_nodes(
             run(i)
         return
     pools = {
-        d: ThreadPoolExecutor(1, thread_name_prefix=f"poot-node-{d}") for d in dict.fromkeys(devices)
+        d: ThreadPoolExecutor(1, thread_name_prefix=f"poot-node-{d}")
+        for d in dict.fromkeys(devices)
     }
     futures: list[Future[None]] = []
 

@@ -117,9 +117,7 @@ class PootTensor:
         return f"PootTensor(shape={self.shape}, dtype={self.dtype}, device={self._device!r})"
 
 
-def device_input(
-    t: PootTensor, runtime: Any, name: str, dtype: str, shape: tuple[int, ...]
-) -> Any:
+def device_input(t: PootTensor, runtime: Any, name: str, dtype: str, shape: tuple[int, ...]) -> Any:
     """A device tensor as the input ``name`` of a module compiled for ``runtime``: the
     tensor itself, to bind (see the module docs), after the shape and dtype checks
     (``UnsupportedFeatureError``); ``DeviceMismatchError`` when another runtime holds it."""
