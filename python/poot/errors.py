@@ -330,6 +330,14 @@ class DeviceTensorExportError(UnsupportedFeatureError, BufferError):
     hint = "Call .cpu() to copy it to a host array (one explicit readback), then export that."
 
 
+class DeviceMismatchError(UnsupportedFeatureError):
+    """A device-resident ``PootTensor`` was passed to a module compiled for another device (or
+    another runtime on the same adapter): its buffer cannot be bound there, and poot never
+    copies between devices implicitly."""
+
+    hint = "Pass t.cpu() (one explicit readback), or compile the module for the runtime holding it."
+
+
 class ArtifactFormatError(PootError, ValueError):
     """A file given to ``poot.load`` is not a readable poot artifact (corrupt or foreign)."""
 

@@ -222,7 +222,8 @@ impl PyWgpuRuntime {
 
     /// The adapter: `{"name", "backend", "device_type", "driver", "shader_f16",
     /// "shader_f64", "f16_arithmetic", "samples_on_device", "max_binding_bytes", "numerics",
-    /// "api"}`, and on raw Vulkan the capabilities of `vulkan_devices()`.
+    /// "api", "timestamp_query"}` (`timestamp_query`: the per-dispatch timer works here), and
+    /// on raw Vulkan the capabilities of `vulkan_devices()`.
     #[getter]
     fn adapter<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
@@ -240,6 +241,7 @@ impl PyWgpuRuntime {
             d.set_item("max_binding_bytes", self.inner.max_binding_bytes())?;
             d.set_item("numerics", if self.inner.ggml() { "ggml" } else { "exact" })?;
             d.set_item("api", self.inner.api().name())?;
+            d.set_item("timestamp_query", self.inner.timestamps_supported())?;
             #[cfg(feature = "vulkan")]
             if let Some(caps) = self.inner.vulkan_caps() {
                 set_caps(&d, caps)?;
@@ -297,7 +299,8 @@ impl PyWgpuRuntime {
     }
 
     /// Runs `plan` like `run` but leaves its outputs on the device: a dict of `WgpuTensor`
-    /// (each copied to the host only by its `to_numpy()`).
+    /// (each copied to the host only by its `to_numpy()`). An input may be a `WgpuTensor`
+    /// this runtime made: it is bound as it lies (no readback, no upload).
     #[pyo3(signature = (plan, inputs, timeout_s=600.0))]
     fn run_on_device<'py>(
         &self,
@@ -317,8 +320,10 @@ impl PyWgpuRuntime {
         health_of(&self.dyn_rt(), py)
     }
 
-    /// Counters over this runtime's life: `{"runs", "readback_bytes"}` (bytes copied back
-    /// from the device: the outputs, and the logits rows of host-sampled rows).
+    /// Counters over this runtime's life: `{"runs", "readback_bytes", "upload_bytes"}`
+    /// (bytes copied back from the device: the outputs, and the logits rows of host-sampled
+    /// rows; bytes of host inputs uploaded at a step's start: not late inputs, constants or
+    /// weights, and nothing for an input given as a `WgpuTensor`).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
         #[cfg(feature = "wgpu")]
@@ -326,8 +331,28 @@ impl PyWgpuRuntime {
             let s = self.inner.stats();
             d.set_item("runs", s.runs)?;
             d.set_item("readback_bytes", s.readback_bytes)?;
+            d.set_item("upload_bytes", s.upload_bytes)?;
         }
         Ok(d)
+    }
+
+    /// Times each later run's dispatches with device timestamps for `last_run_spans` (no
+    /// effect where `adapter["timestamp_query"]` is false).
+    fn record_spans(&self, on: bool) {
+        #[cfg(feature = "wgpu")]
+        self.inner.record_spans(on);
+        #[cfg(not(feature = "wgpu"))]
+        let _ = on;
+    }
+
+    /// The last timed run's equations as `(index, op kind, start_s, end_s)`, seconds from its
+    /// first device timestamp (the device's clock); empty unless `record_spans(True)` on an
+    /// adapter with timestamps.
+    fn last_run_spans(&self) -> Vec<(usize, String, f64, f64)> {
+        #[cfg(feature = "wgpu")]
+        return self.inner.last_run_spans();
+        #[cfg(not(feature = "wgpu"))]
+        Vec::new()
     }
 
     /// Fault injection (tests): every later run first spins a device kernel for about

@@ -3,7 +3,9 @@
 //! Invariants: the class exists in every build (like `WgpuRuntime`); only a wgpu build makes
 //! one. `to_numpy` is the only way its values reach the host (one bounded readback per call,
 //! GIL released); nothing copies it implicitly. It keeps its runtime alive, and reading it on
-//! a poisoned runtime is the runtime's `Poisoned` error.
+//! a poisoned runtime is the runtime's `Poisoned` error. Given back to `run_on_device` of the
+//! runtime that made it, it is bound as that input's buffer (no readback, no upload); another
+//! runtime's is a `ValueError` before anything runs.
 
 use std::sync::Arc;
 
@@ -92,8 +94,20 @@ pub(crate) fn run_resident_on<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let deadline = crate::runtime::deadline_of(timeout_s)?;
     let mut named = Vec::with_capacity(inputs.len());
+    let mut on_device = Vec::new();
     for (k, v) in inputs.iter() {
         let name: String = k.extract()?;
+        if let Ok(t) = v.downcast::<PyWgpuTensor>() {
+            let t = t.get();
+            if !rt.owns(&t.inner) {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "input {name:?} is a WgpuTensor of another WgpuRuntime (another device): \
+                     copy it with to_numpy() first"
+                )));
+            }
+            on_device.push((name, t.inner.clone()));
+            continue;
+        }
         let t = crate::runtime::host_tensor(py, &name, &v)?;
         named.push((name, t));
     }
@@ -101,7 +115,11 @@ pub(crate) fn run_resident_on<'py>(
     let outputs = without_gil(py, move || {
         let refs: Vec<(&str, poot_runtime::HostTensor)> =
             named.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-        r.run_resident(p.as_ref(), &refs, deadline)
+        let dev: Vec<(&str, poot_wgpu::DeviceTensor)> = on_device
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.clone()))
+            .collect();
+        r.run_resident_with(p.as_ref(), &refs, &dev, deadline)
     })?
     .map_err(|e| runtime_error(py, e))?;
     let d = PyDict::new(py);

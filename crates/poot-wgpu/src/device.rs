@@ -65,6 +65,11 @@ pub(crate) struct Gpu {
     /// The adapter offers `shader-f64` and the device was created with it: the sampling
     /// step's kernels need it (see `crate::sample`).
     pub f64: bool,
+    /// The adapter offers `timestamp-query` and the device was created with it: the timer
+    /// (`crate::timer`) writes a timestamp around each compute pass.
+    pub timestamps: bool,
+    /// Nanoseconds per timestamp tick (the queue's period).
+    pub tick_ns: f64,
     /// Set by the device-lost callback.
     pub lost: Arc<Mutex<Option<String>>>,
     /// The first uncaptured wgpu error (a validation error is a bug in this crate).
@@ -77,6 +82,7 @@ impl std::fmt::Debug for Gpu {
             .field("info", &self.info)
             .field("f16", &self.f16)
             .field("f64", &self.f64)
+            .field("timestamps", &self.timestamps)
             .finish()
     }
 }
@@ -108,6 +114,10 @@ impl Gpu {
         if f64 {
             required_features |= wgpu::Features::SHADER_F64;
         }
+        let timestamps = adapter.features().contains(wgpu::Features::TIMESTAMP_QUERY);
+        if timestamps {
+            required_features |= wgpu::Features::TIMESTAMP_QUERY;
+        }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("poot"),
             required_features,
@@ -127,6 +137,7 @@ impl Gpu {
             let mut s = slot.lock().unwrap_or_else(|e| e.into_inner());
             s.get_or_insert(e.to_string());
         }));
+        let tick_ns = f64::from(queue.get_timestamp_period());
         Ok(Self {
             device,
             queue,
@@ -134,6 +145,8 @@ impl Gpu {
             limits,
             f16,
             f64,
+            timestamps,
+            tick_ns,
             lost,
             error,
         })

@@ -36,6 +36,7 @@ mod resident;
 mod rope;
 mod sample;
 mod submit;
+mod timer;
 mod vk;
 mod weights;
 mod wgpu_submit;
@@ -117,6 +118,8 @@ pub struct WgpuRuntime {
     poison: Poison,
     stall: AtomicU32,
     stats: Stats,
+    /// Per-dispatch timestamps, when on (`timer`).
+    timer: timer::Timer,
     /// Tells this runtime's `DeviceTensor`s from another's.
     id: u64,
 }
@@ -126,14 +129,18 @@ pub struct WgpuRuntime {
 struct Stats {
     runs: AtomicU64,
     readback_bytes: AtomicU64,
+    upload_bytes: AtomicU64,
 }
 
-/// What a runtime has done: steps run and bytes read back from the device (the outputs, and
-/// the logits rows of host-sampled rows on an adapter without f64).
+/// What a runtime has done: steps run, bytes read back from the device (the outputs, and
+/// the logits rows of host-sampled rows on an adapter without f64; not the timer's
+/// timestamps), and bytes of host inputs uploaded at a step's start (not late inputs,
+/// literals or weights; an input bound from a kept `DeviceTensor` uploads nothing).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WgpuStats {
     pub runs: u64,
     pub readback_bytes: u64,
+    pub upload_bytes: u64,
 }
 
 impl WgpuRuntime {
@@ -170,6 +177,7 @@ impl WgpuRuntime {
             poison: Poison::default(),
             stall: AtomicU32::new(0),
             stats: Stats::default(),
+            timer: timer::Timer::default(),
             id: resident::next_runtime_id(),
         })
     }
@@ -256,7 +264,12 @@ impl WgpuRuntime {
         WgpuStats {
             runs: self.stats.runs.load(Ordering::Relaxed),
             readback_bytes: self.stats.readback_bytes.load(Ordering::Relaxed),
+            upload_bytes: self.stats.upload_bytes.load(Ordering::Relaxed),
         }
+    }
+
+    pub(crate) fn count_upload(&self, bytes: u64) {
+        self.stats.upload_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
     pub(crate) fn count_run(&self, readback_bytes: u64) {
@@ -347,7 +360,8 @@ impl WgpuRuntime {
                     detail: "plan was compiled by another backend".into(),
                 })?;
         let kv = self.kv_lock();
-        let step = submit::run_step(self, plan, inputs, kv.as_ref(), self.bound(deadline), false);
+        let deadline = self.bound(deadline);
+        let step = submit::run_step(self, plan, inputs, &[], kv.as_ref(), deadline, false);
         self.settle(step).map(|(host, _)| host)
     }
 

@@ -1,10 +1,14 @@
 //! Run outputs kept on the device: [`WgpuRuntime::run_resident`] runs a step like `run` but
-//! returns each named output as a [`DeviceTensor`] (its device buffer, no readback), and
-//! [`WgpuRuntime::read`] copies one back to the host when asked.
+//! returns each named output as a [`DeviceTensor`] (its device buffer, no readback),
+//! [`WgpuRuntime::read`] copies one back to the host when asked, and
+//! [`WgpuRuntime::run_resident_with`] takes kept tensors back as inputs of a later step.
 //!
 //! Invariants: a kept buffer is the step's own (activation buffers are pooled per step, so no
-//! later step writes it) and lives as long as its `DeviceTensor`; a tensor is read only by
-//! the runtime that made it (another's is a typed `Kernel` error, never a cross-device copy);
+//! later step writes it) and lives as long as its `DeviceTensor`; a step that takes it as an
+//! input binds that buffer directly (no readback, no upload) and never returns it to its pool,
+//! so the step only reads it; a tensor is read or bound only by the runtime that made it
+//! (another's is a typed `Kernel` error, never a cross-device copy); a bound tensor of another
+//! dtype or shape than the graph input is `InputMismatch`;
 //! the step's wait and every read are bounded by the caller's deadline and poison the runtime
 //! on a timeout or a lost device, as `run` does.
 
@@ -26,10 +30,10 @@ pub(crate) fn next_runtime_id() -> u64 {
 /// One output of a resident run, held in a device buffer.
 #[derive(Debug, Clone)]
 pub struct DeviceTensor {
-    buf: Arc<crate::gpu::Buffer>,
+    pub(crate) buf: Arc<crate::gpu::Buffer>,
     bytes: u64,
-    dtype: DType,
-    shape: Vec<usize>,
+    pub(crate) dtype: DType,
+    pub(crate) shape: Vec<usize>,
     owner: u64,
 }
 
@@ -56,6 +60,24 @@ impl WgpuRuntime {
         inputs: &[(&str, poot_runtime::HostTensor)],
         deadline: Deadline,
     ) -> Result<Vec<(String, DeviceTensor)>, RuntimeError> {
+        self.run_resident_with(plan, inputs, &[], deadline)
+    }
+
+    /// Like [`WgpuRuntime::run_resident`], with some inputs given as tensors this runtime
+    /// kept on the device: each is bound as the input's buffer, never copied.
+    pub fn run_resident_with(
+        &self,
+        plan: &dyn CompiledPlan,
+        inputs: &[(&str, poot_runtime::HostTensor)],
+        device: &[(&str, DeviceTensor)],
+        deadline: Deadline,
+    ) -> Result<Vec<(String, DeviceTensor)>, RuntimeError> {
+        if device.iter().any(|(_, t)| t.owner != self.id) {
+            return Err(RuntimeError::Kernel {
+                op: "run_resident",
+                detail: "an input tensor was made by another wgpu runtime".into(),
+            });
+        }
         self.check()?;
         let plan =
             plan.as_any()
@@ -69,6 +91,7 @@ impl WgpuRuntime {
             self,
             plan,
             (inputs, &[]),
+            device,
             kv.as_ref(),
             self.bound(deadline),
             true,
@@ -87,6 +110,11 @@ impl WgpuRuntime {
                 (name, t)
             })
             .collect())
+    }
+
+    /// Whether `t` was made by this runtime (so a run here can bind it as an input).
+    pub fn owns(&self, t: &DeviceTensor) -> bool {
+        t.owner == self.id
     }
 
     /// Copies `t` to the host.

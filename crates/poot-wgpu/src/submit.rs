@@ -9,6 +9,10 @@
 //! input ([`late_bytes`]), writes it, and submits the rest, so the mask is computed while the
 //! device runs.
 //!
+//! With the runtime's timer on (`timer`), the wgpu submission also writes a timestamp at the
+//! start and end of every compute pass, read back after the outputs; the step's per-equation
+//! spans are kept for `WgpuRuntime::last_run_spans`.
+//!
 //! Invariants: nothing waits without the deadline (a late input's wait included); a wait that
 //! times out or finds the device lost is reported as such to the runtime, which poisons
 //! itself; a late input of the wrong dtype or shape is `InputMismatch`.
@@ -20,6 +24,7 @@ use crate::device::WaitError;
 use crate::exec::{tensor_bytes, Exec, LateSlot, Output, Recorded, StepInputs};
 use crate::gpu::Device;
 use crate::plan::WgpuPlan;
+use crate::resident::DeviceTensor;
 use crate::sample::sample_row;
 use crate::{vk, wgpu_submit, KvPool, WgpuRuntime};
 
@@ -47,16 +52,19 @@ pub(crate) struct Readback {
 pub(crate) type StepOut = (Vec<(String, HostTensor)>, Vec<Output>);
 
 /// One step; with `keep` its named outputs stay in their device buffers (returned, not read
-/// back), which a step whose sampling reads logits back on the host cannot do.
+/// back), which a step whose sampling reads logits back on the host cannot do. `device`
+/// inputs are bound as they lie (see `resident`).
 pub(crate) fn run_step(
     rt: &WgpuRuntime,
     plan: &WgpuPlan,
     (inputs, late): StepInputs<'_>,
+    device: &[(&str, DeviceTensor)],
     kv: Option<&KvPool>,
     deadline: Deadline,
     keep: bool,
 ) -> Result<StepOut, StepError> {
     let mut exec = Exec::new(rt, plan, inputs, late, kv);
+    exec.bind_device(device);
     let stall = rt.stall_iters();
     if stall > 0 {
         exec.stall(stall)?;
@@ -90,7 +98,11 @@ pub(crate) fn run_step(
         at.total += bytes;
     }
     rt.count_run(at.total);
-    let view = execute(rt, &rec, &at, deadline)?;
+    let timed = crate::timer::timed(rt);
+    let (view, stamps) = execute(rt, &rec, &at, deadline, timed)?;
+    if timed {
+        crate::timer::keep_spans(rt, plan, &rec.dispatches, &stamps);
+    }
     let words = |off: u64, n: usize| -> Vec<[u8; 4]> {
         view[off as usize..off as usize + 4 * n]
             .chunks_exact(4)
@@ -131,16 +143,18 @@ pub(crate) fn run_step(
     Ok((result, kept))
 }
 
-/// Runs `rec` on the runtime's device and returns the readback bytes laid out as `at` says.
+/// Runs `rec` on the runtime's device and returns the readback bytes laid out as `at` says,
+/// and (`timed`, wgpu only) each dispatch's begin and end timestamps in device ticks.
 fn execute(
     rt: &WgpuRuntime,
     rec: &Recorded,
     at: &Readback,
     deadline: Deadline,
-) -> Result<Vec<u8>, StepError> {
+    timed: bool,
+) -> Result<(Vec<u8>, Vec<u64>), StepError> {
     match &rt.gpu {
-        Device::Wgpu(g) => wgpu_submit::execute(g, rec, at, deadline),
-        Device::Vulkan(v) => vk::submit::execute(v, rec, at, deadline),
+        Device::Wgpu(g) => wgpu_submit::execute(g, rec, at, deadline, timed),
+        Device::Vulkan(v) => Ok((vk::submit::execute(v, rec, at, deadline)?, Vec::new())),
     }
 }
 
@@ -167,7 +181,7 @@ pub(crate) fn read_back(
         extra: Vec::new(),
     };
     rt.count_readback(bytes);
-    let view = execute(rt, &rec, &at, deadline)?;
+    let (view, _) = execute(rt, &rec, &at, deadline, false)?;
     let w = view[..bytes as usize]
         .chunks_exact(4)
         .map(|c| [c[0], c[1], c[2], c[3]]);

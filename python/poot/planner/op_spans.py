@@ -5,10 +5,15 @@
 runtime's passes) into spans on two lanes: ``lane`` (one per unit the equations belong to:
 ``pre``, ``layer i``, ``post``, as ``graphstats`` assigns them by weight names; consecutive
 equations of one unit merge into one span) and ``"{lane} ops"`` (one per equation, labelled by
-its op kind). A runtime without ``last_run_spans`` (wgpu: it has no per-op timer) gives none.
+its op kind). The wgpu runtime's spans come from device timestamps around each dispatch; on an
+adapter without timestamp queries (``runtime.adapter["timestamp_query"]`` false) the ops lane
+holds one ``note`` span saying so (drawn as text, never as a bar); a runtime without
+``last_run_spans`` gives none.
 
 Invariant: times are ``t0`` (the caller's clock read just before ``runtime.run``) plus the
-offsets the runtime measured from its own run start, so spans may sit a few microseconds late.
+offsets the runtime measured from its own run start, so spans may sit a few microseconds late;
+the wgpu offsets are from the run's first device timestamp (the device clock has no host
+correlation), so its spans keep their measured lengths and gaps but start at ``t0``.
 """
 
 from __future__ import annotations
@@ -48,6 +53,10 @@ def run_spans(runtime: Any, plan: Any, t0: float, lane: str, cache: dict[int, An
         return []
     eqs = spans_of()
     if not eqs:
+        adapter = getattr(runtime, "adapter", None)
+        if isinstance(adapter, dict) and adapter.get("timestamp_query") is False:
+            why = "no per-op timer: this device offers no timestamp queries"
+            return [Span(f"{lane} ops", why, t0, t0, "note")]
         return []
     units = cache.get(id(plan))
     if units is None:

@@ -32,7 +32,7 @@ class Span:
     label: str
     start: float
     end: float
-    kind: str = "compute"  # compute | load | transfer
+    kind: str = "compute"  # compute | load | transfer | op | note (a label, no bar)
 
 
 @dataclass

@@ -71,6 +71,12 @@ def render_timeline(
         )
     for s in spans:
         y = 20 + lanes.index(s.lane) * _LANE_H
+        if s.kind == "note":  # a lane with nothing measured on it says why, with no bar
+            parts.append(
+                f'<text class="note" x="{_LEFT + 4}" y="{y + 18}" font-size="11" fill="#666" '
+                f'data-lane="{html.escape(s.lane)}">{html.escape(s.label)}</text>'
+            )
+            continue
         x = _LEFT + s.start * scale
         w = max(1.0, (s.end - s.start) * scale)
         ms = f"{s.label}: {s.start * 1e3:.3f}-{s.end * 1e3:.3f} ms"

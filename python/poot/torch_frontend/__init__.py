@@ -9,7 +9,8 @@ reverse mode over the IR in ``grad.py`` and ``vjp.py``, the step graphs in
 ``train_graph.py``, ``SGD`` and ``AdamW`` in ``optim.py``, ``TrainConfig`` and the
 learning-rate schedules in ``schedule.py``, saved state in ``train_state.py``). Several
 modules: ``ModuleGraph`` and ``compile_modules`` (``graph.py``), placed by the planner
-(``placement.py``) and run by ``compiled_graph.py``. torch is imported only
+(``placement.py``) and run by ``compiled_graph.py`` (``node_runs.py``: a thread per device,
+so branches on different devices run at once). torch is imported only
 when a module is compiled; the rest of poot never needs it. docs/compiling-modules.md has the
 op table.
 """

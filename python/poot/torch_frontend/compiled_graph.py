@@ -4,12 +4,17 @@
 arguments and its output structure), exports and lowers every node, reads each node's planner
 unit from its traced graph (``placement.module_unit``), places the units
 (``placement.place_modules``) and compiles each node as a ``CompiledModule`` on the runtime of
-its device. A call runs the nodes in insertion order, feeding each the outputs it references.
+its device. A call runs the nodes through ``schedule.run_nodes``: one thread per device, each
+node once the nodes it references are done, so branches on different devices run at the same
+time (``concurrent=False`` runs them one after another in insertion order, with the same
+results).
 
 Invariants: a node's arguments are flattened the way ``torch.export`` flattened its example
 arguments, and its outputs are rebuilt with the tree structure of its eager output, so tuples,
-dicts and nesting survive the graph; a value crossing devices goes through the host (its
-``cpu()``). The compiled graph holds its weights' bytes per device in its ledger for its life,
+dicts and nesting survive the graph; a device tensor fed to a node on the runtime that made it
+is bound as it lies (no readback, no upload); one crossing to another device goes through the
+host (its ``cpu()``), recorded as a transfer span and counted in ``transfer_bytes``. The
+compiled graph holds its weights' bytes per device in its ledger for its life,
 and a call leases each node's output bytes on its device until it returns. Each call is
 recorded (``Recorder``: module, op and transfer spans, ledger samples) for ``visualize``.
 """
@@ -17,7 +22,9 @@ recorded (``Recorder``: module, op and transfer spans, ledger samples) for ``vis
 from __future__ import annotations
 
 import os
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +48,7 @@ from poot.torch_frontend.placement import (
     place_modules,
 )
 from poot.torch_frontend.program import replay
+from poot.torch_frontend.node_runs import run_nodes
 from poot.torch_frontend.tensor import PootTensor
 
 if TYPE_CHECKING:
@@ -65,6 +73,19 @@ def _resolve(a: Any, env: dict[str, Any]) -> Any:
     if isinstance(a, dict):
         return {k: _resolve(v, env) for k, v in a.items()}
     return a
+
+
+def _sources(a: Any) -> set[str]:
+    """The inputs and nodes a node's arguments reference."""
+    from poot.torch_frontend.graph import GraphRef
+
+    if isinstance(a, GraphRef):
+        return set() if a.is_input else {a.source}
+    if isinstance(a, (tuple, list)):
+        return set().union(*(_sources(x) for x in a))
+    if isinstance(a, dict):
+        return set().union(*(_sources(x) for x in a.values()))
+    return set()
 
 
 def _leaves(out: Any) -> list[Any]:
@@ -107,7 +128,16 @@ class CompiledGraph:
         self.recorder = Recorder()
         self._units: dict[int, Any] = {}
         self._wait_s = wait_s  # how long a call's output lease waits for room
-        for cm in nodes:  # the CPU runtime times each equation for the ops lanes
+        # Branches on different devices run at the same time (schedule.py).
+        self.concurrent = True
+        # Bytes copied between devices (through the host) by calls so far.
+        self.transfer_bytes = 0
+        # Called with a node's name as it starts, on its device's thread (tests).
+        self.before_node: Callable[[str], None] | None = None
+        self._lock = threading.Lock()
+        index = {n.name: i for i, n in enumerate(graph.nodes)}
+        self._deps = [{index[s] for s in _sources(n.args)} for n in graph.nodes]
+        for cm in nodes:  # each runtime with a timer times its equations for the ops lanes
             record = getattr(cm.runtime, "record_spans", None)
             if record is not None:
                 record(True)
@@ -141,39 +171,48 @@ class CompiledGraph:
         env: dict[str, Any] = dict(feed)
         rec = self.recorder
         rec.begin_step(held=self._in_use())
-        leases = []
+        leases: list[Any] = []
+
+        def node(i: int) -> None:
+            name, cm, dev = self.graph.nodes[i].name, self.nodes[i], self.devices[i]
+            if self.before_node is not None:
+                self.before_node(name)
+            flat, _ = tree_flatten(_resolve(self.graph.nodes[i].args, env))
+            leaves = [self._feed(x, cm, dev) for x in flat]
+            t0 = time.perf_counter()
+            out = cm(*leaves)
+            rec.span(dev, name, t0, time.perf_counter())
+            for s in run_spans(cm.runtime, cm.plan, t0, dev, self._units):
+                if s.kind != "compute":  # the module's own span is its layer span
+                    rec.span(s.lane, s.label, s.start, s.end, s.kind)
+            flat_out = _leaves(out)
+            # Each output holds its bytes on its device until the call returns.
+            nbytes = sum(t.nbytes for t in flat_out)
+            lease = self.ledger.lease(devices={dev: nbytes}, wait_s=self._wait_s)
+            with self._lock:
+                leases.append(lease)
+            rec.sample(self._in_use())
+            env[name] = tree_unflatten(flat_out, self._specs[i])
+
         try:
-            for node, cm, spec, dev in zip(
-                self.graph.nodes, self.nodes, self._specs, self.devices, strict=True
-            ):
-                flat, _ = tree_flatten(_resolve(node.args, env))
-                leaves = []
-                for x in flat:
-                    if isinstance(x, PootTensor):
-                        t0 = time.perf_counter()
-                        host = x.cpu()
-                        if x.device != "cpu":
-                            label = f"{x.device}->host"
-                            rec.span(f"{dev} link", label, t0, time.perf_counter(), "transfer")
-                        x = host
-                    leaves.append(x)
-                t0 = time.perf_counter()
-                out = cm(*leaves)
-                rec.span(dev, node.name, t0, time.perf_counter())
-                for s in run_spans(cm.runtime, cm.plan, t0, dev, self._units):
-                    if s.kind == "op":  # the module's own span is its layer span
-                        rec.span(s.lane, s.label, s.start, s.end, s.kind)
-                flat_out = _leaves(out)
-                # Each output holds its bytes on its device until the call returns.
-                nbytes = sum(t.nbytes for t in flat_out)
-                leases.append(self.ledger.lease(devices={dev: nbytes}, wait_s=self._wait_s))
-                rec.sample(self._in_use())
-                env[node.name] = tree_unflatten(flat_out, spec)
+            run_nodes(self.devices, self._deps, node, concurrent=self.concurrent)
         finally:
             for lease in leases:
                 lease.release()
             rec.sample(self._in_use())
         return _resolve(self.graph.outputs, env)
+
+    def _feed(self, x: Any, cm: CompiledModule, dev: str) -> Any:
+        """A node's argument: as it is, unless it is a device tensor of another runtime than
+        the node's, which is copied to the host here (a recorded, counted transfer)."""
+        if not isinstance(x, PootTensor) or x.device == "cpu" or x.runtime is cm.runtime:
+            return x
+        t0 = time.perf_counter()
+        host = x.cpu()
+        self.recorder.span(f"{dev} link", f"{x.device}->{dev}", t0, time.perf_counter(), "transfer")
+        with self._lock:
+            self.transfer_bytes += x.nbytes
+        return host
 
     def _in_use(self) -> int:
         return int(self.ledger.snapshot()["device"]["used"] or 0)

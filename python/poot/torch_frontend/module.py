@@ -13,7 +13,9 @@ BF16 as 16-bit words) and a trainable module's training state (``train_state.py`
 device choice in it: ``load`` prepares it for the runtime of the machine that loads it. A
 file that is not such an artifact is ``ArtifactFormatError``. ``forward_with_cancel_token``
 checks a ``CancelToken`` before and after the run (``cancel.py``); ``__call__`` takes no token
-and is never cancelled.
+and is never cancelled. An input may be a ``PootTensor``: a host one is read in place; a
+device one made by this module's runtime is bound as it lies (no readback, no upload), and
+one on any other device is ``DeviceMismatchError`` (``tensor.device_input``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from poot.errors import ArtifactFormatError
 from poot.torch_frontend.cancel import Admission, CancelToken
 from poot.torch_frontend.lower import Lowered, lower, numpy_input, weights_arrays
 from poot.torch_frontend.program import Program, replay
-from poot.torch_frontend.tensor import run_to_tensors
+from poot.torch_frontend.tensor import PootTensor, device_input, run_to_tensors
 
 # Any runtime with `prepare(graph, weights, limits)` and `run(plan, inputs)`: the CPU runtime
 # (the default) takes every op; another (wgpu) refuses an op it lacks when it prepares.
@@ -153,7 +155,7 @@ class CompiledModule:
                 f"{len(args)} inputs given, the module was compiled for {len(self.inputs)}"
             )
         feed = {
-            name: numpy_input(name, a, dtype, shape)
+            name: self._input(name, a, dtype, shape)
             for a, (name, dtype, shape) in zip(args, self.inputs, strict=True)
         }
         if admission is not None:
@@ -168,6 +170,13 @@ class CompiledModule:
             return flat[s] if isinstance(s, int) else tuple(build(x) for x in s)
 
         return build(self._structure)
+
+    def _input(self, name: str, a: Any, dtype: str, shape: tuple[int, ...]) -> Any:
+        if isinstance(a, PootTensor):
+            if a.device != "cpu":
+                return device_input(a, self.runtime, name, dtype, shape)
+            a = a.cpu()  # the same memory
+        return numpy_input(name, a, dtype, shape)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes the portable artifact (see the module docs)."""

@@ -5,8 +5,9 @@
 //! ids, gathered rows, sampling settings) are checked on the host before anything is
 //! submitted, so a bad request never reaches the device and never poisons; activation buffers
 //! are reused after their last reader (peak memory is the plan's activation peak); host uploads
-//! get fresh buffers because `write_buffer` lands before the step's commands; the wait and the
-//! readback are bounded by the deadline (see `device::Gpu::wait`). Passes execute in recording
+//! get fresh buffers because `write_buffer` lands before the step's commands; an input bound
+//! from a kept device tensor (`bind_device`) is never pooled, so the step only reads it; the
+//! wait and the readback are bounded by the deadline (see `device::Gpu::wait`). Passes execute in recording
 //! order and wgpu orders storage writes between passes, so a reused buffer is never read stale.
 
 use std::collections::HashMap;
@@ -19,6 +20,7 @@ use poot_runtime::{HostTensor, LateInput, RuntimeError};
 use crate::gpu::Buffer;
 use crate::kernels::Kernel;
 use crate::plan::WgpuPlan;
+use crate::resident::DeviceTensor;
 use crate::rope::cos_sin;
 use crate::{KvPool, WgpuRuntime};
 
@@ -57,6 +59,13 @@ pub(crate) struct Exec<'a> {
     late_inputs: &'a [(&'a str, LateInput)],
     late: Vec<LateSlot>,
     kv: Option<&'a KvPool>,
+    /// Inputs bound from kept device tensors, and the equations whose buffer is one of them
+    /// (never returned to the pool).
+    device: Vec<(String, DeviceTensor)>,
+    pinned: Vec<usize>,
+    /// The equation being recorded (`usize::MAX` outside one: the stall kernel), for the
+    /// timer's per-equation spans.
+    current: usize,
     bufs: Vec<Option<Arc<Buffer>>>,
     /// Reusable activation buffers by size.
     free: HashMap<u64, Vec<Arc<Buffer>>>,
@@ -82,6 +91,9 @@ impl<'a> Exec<'a> {
             late_inputs,
             late: Vec::new(),
             kv,
+            device: Vec::new(),
+            pinned: Vec::new(),
+            current: usize::MAX,
             bufs: vec![None; plan.graph.equations.len()],
             free: HashMap::new(),
             dispatches: Vec::new(),
@@ -89,6 +101,14 @@ impl<'a> Exec<'a> {
             host_rows: Vec::new(),
             extra_reads: Vec::new(),
         }
+    }
+
+    /// Inputs to bind from kept device tensors instead of host data (see `resident`).
+    pub fn bind_device(&mut self, device: &[(&str, DeviceTensor)]) {
+        self.device = device
+            .iter()
+            .map(|(n, t)| ((*n).to_owned(), t.clone()))
+            .collect();
     }
 
     /// Fault injection: the stall kernel (see `stall.wgsl`), before the step's own work.
@@ -107,12 +127,13 @@ impl<'a> Exec<'a> {
     pub fn record_all(&mut self) -> Result<(), RuntimeError> {
         let plan = self.plan;
         for (i, op) in plan.graph.equations.iter().enumerate() {
+            self.current = i;
             if let Some(b) = self.record(i, op)? {
                 self.bufs[i] = Some(b);
             }
             for v in op.operands() {
                 let r = plan.root[v.index()];
-                if plan.last_use[r] == i {
+                if plan.last_use[r] == i && !self.pinned.contains(&r) {
                     if let Some(b) = self.bufs[r].take() {
                         let size = b.size();
                         self.free.entry(size).or_default().push(b);
@@ -200,6 +221,7 @@ impl<'a> Exec<'a> {
             bufs,
             params,
             groups,
+            eq: self.current,
         });
         Ok(())
     }
@@ -216,6 +238,8 @@ impl<'a> Exec<'a> {
 
     fn host(&self, v: ValueId) -> Option<&'a HostTensor> {
         match self.plan.graph.op(v) {
+            // An input bound on the device has no host values to check.
+            Op::Input { name } if self.device.iter().any(|(n, _)| n == name) => None,
             Op::Input { name } => self.inputs.iter().find(|(n, _)| n == name).map(|(_, t)| t),
             _ => None,
         }
@@ -268,6 +292,17 @@ impl<'a> Exec<'a> {
         let out_bytes = numel as u64 * 4;
         Ok(Some(match op {
             Op::Input { name } => {
+                if let Some((_, t)) = self.device.iter().find(|(n, _)| n == name) {
+                    if t.dtype != info.dtype || t.shape != info.shape {
+                        return Err(RuntimeError::InputMismatch {
+                            name: name.clone(),
+                            expected: format!("{}{:?}", info.dtype, info.shape),
+                            got: format!("{}{:?} on the device", t.dtype, t.shape),
+                        });
+                    }
+                    self.pinned.push(i);
+                    return Ok(Some(t.buf.clone()));
+                }
                 let found = self.inputs.iter().find(|(n, _)| n == name);
                 if let (None, Some((_, slot))) =
                     (found, self.late_inputs.iter().find(|(n, _)| n == name))
@@ -297,7 +332,9 @@ impl<'a> Exec<'a> {
                         got: host.describe(),
                     });
                 }
-                self.upload(&tensor_bytes(host))?
+                let bytes = tensor_bytes(host);
+                self.rt.count_upload(bytes.len() as u64);
+                self.upload(&bytes)?
             }
             Op::Weight { .. } => return Ok(None),
             Op::Reshape { x, .. } => {

@@ -14,6 +14,8 @@ pub(crate) struct Dispatch {
     pub bufs: Vec<Arc<Buffer>>,
     pub params: (u64, u64),
     pub groups: [u32; 3],
+    /// The equation it computes (`usize::MAX`: none, the stall kernel).
+    pub eq: usize,
 }
 
 /// A row of a `Sample` node that the host samples after readback.
