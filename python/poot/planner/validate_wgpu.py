@@ -243,9 +243,9 @@ def vulkan_note(adapter: dict[str, Any]) -> str:
         if adapter.get("staging")
         else "weights and KV in mapped memory"
     )
-    coop = "cooperative matrix offered, unused" if adapter.get("cooperative_matrix") else (
-        "no cooperative matrix"
-    )
+    coop = "no cooperative matrix"
+    if adapter.get("cooperative_matrix"):
+        coop = "cooperative matrix offered, unused"
     return f"kernels: {matvec}; {memory}; {coop}"
 
 

@@ -1,6 +1,7 @@
 //! The mixture-of-experts ops on the device (the router's expert ids are `top_k`, shared with
-//! the sampling step): the router's probabilities at them (`gather_cols`, also an act-order layer's column permutation), the
-//! packed expert matmul (`moe_matmul`) and the weighted combination (`moe_combine`).
+//! the sampling step): the router's probabilities at them (`gather_cols`, also an act-order
+//! layer's column permutation), the packed expert matmul (`moe_matmul`) and the weighted
+//! combination (`moe_combine`).
 //!
 //! Invariants: `moe_matmul` binds the stored [E, N, K] tensor as uploaded (whole rows per part,
 //! see `weights`) and reads only the rows of experts some slot chose, each once per 8 of its
