@@ -2,7 +2,11 @@
 runtime and wgpu: the same WGSL kernels and executor as wgpu, compiled to SPIR-V by naga and run
 through ash, so its greedy ids equal the CPU runtime's where wgpu's do (stories260K in exact
 numerics, SmolLM2 Q4_1 in exact and in ggml numerics, whose 32 ids are llama.cpp's reference),
-and its outputs equal wgpu's bit for bit on lavapipe (one SPIR-V compiler behind both).
+and its outputs equal wgpu's bit for bit on lavapipe with the subgroup matmul off (one SPIR-V
+compiler behind both; the subgroup matmul, on by default where the device runs it, adds each
+row's lane sums in another order, so its logits stay within the conformance bounds instead).
+``POOT_VK_STAGING=1`` (forcing weights and KV into device-local memory behind staged copies)
+runs here per test, and the whole file can run under it.
 
 Skips (with the reason) where the build or the machine has no raw Vulkan device; fails instead
 under ``POOT_REQUIRE_WGPU=1`` (``make test-device-wgpu``, CI).
@@ -63,8 +67,65 @@ def test_the_runtime_says_what_it_is(vulkan_ok: None) -> None:
     assert isinstance(a["subgroup_ops"], list) and a["subgroup_size"] >= 0
     assert isinstance(a["cooperative_matrix"], bool)
     assert a["max_binding_bytes"] == min(a["max_storage_buffer_range"], (1 << 32) - 4) & ~3
+    lo, hi = a["subgroup_size_range"]
+    assert lo <= a["subgroup_size"] <= hi
+    assert isinstance(a["subgroup_matvec"], bool) and isinstance(a["staging"], bool)
+    if not a["local_heap_mappable"]:
+        assert a["staging"]  # a discrete GPU's VRAM is reached only by staged copies
     assert any(d["name"] == a["name"] for d in _native.vulkan_devices())
     assert repr(rt) == 'WgpuRuntime(name="vulkan")'
+
+
+def test_staged_weights_and_kv_give_the_cpu_ids_and_logits(
+    vulkan_ok: None, stories: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Forced staging on a device whose memory the host could map (lavapipe): the weights and
+    the KV pool live in unmapped device-local buffers, reached by copies on the queue."""
+    monkeypatch.setenv("POOT_VK_STAGING", "1")
+    path = str(stories / "stories260K-f32.gguf")
+    vk = poot.LLM(path, backend="vulkan", numerics="exact")
+    assert vk.runtime.adapter["staging"]
+    cpu = poot.LLM(path, numerics="exact", threads=1)
+    prompt = "Once upon a time"
+    assert _ids(vk, prompt) == _ids(cpu, prompt)
+    ids = cpu.tokenizer.encode(prompt)
+    np.testing.assert_allclose(vk.logits(ids), cpu.logits(ids), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("var", ["POOT_VK_STAGING", "POOT_VK_SUBGROUPS"])
+def test_a_bad_vulkan_setting_is_a_typed_error(
+    vulkan_ok: None, monkeypatch: pytest.MonkeyPatch, var: str
+) -> None:
+    from poot._native import WgpuRuntime
+
+    monkeypatch.setenv(var, "yes")
+    with pytest.raises(DeviceUnavailableError, match=var):
+        WgpuRuntime(timeout_s=60.0, api="vulkan")
+
+
+def test_the_subgroup_matmul_can_be_turned_off(
+    vulkan_ok: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from poot._native import WgpuRuntime
+
+    monkeypatch.setenv("POOT_VK_SUBGROUPS", "0")
+    assert not WgpuRuntime(timeout_s=60.0, api="vulkan").adapter["subgroup_matvec"]
+
+
+def test_the_validation_note_says_what_the_runtime_uses() -> None:
+    from poot.planner.validate_wgpu import vulkan_note
+
+    assert vulkan_note({"api": "wgpu"}) == ""
+    note = vulkan_note(
+        {"api": "vulkan", "subgroup_matvec": True, "subgroup_size_range": (8, 8),
+         "staging": False, "cooperative_matrix": False}
+    )  # fmt: skip
+    assert note == (
+        "kernels: matmul rows reduced by subgroup shuffles (subgroups of 8..8 lanes); "
+        "weights and KV in mapped memory; no cooperative matrix"
+    )
+    staged = vulkan_note({"api": "vulkan", "staging": True, "cooperative_matrix": True})
+    assert "workgroup memory" in staged and "staged copies" in staged and "unused" in staged
 
 
 def test_an_unknown_api_is_a_value_error() -> None:

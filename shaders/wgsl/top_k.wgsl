@@ -1,8 +1,11 @@
-// `top_k` ids: y[r, j] = the id of row r's (j+1)-th largest value, ties by lower id, NaN never
-// ranked, -1 past the last ranked value (rank.wgsl comes first). One workgroup of 64 lanes per
-// row; round j takes the smallest (rank_key, id) above round j-1's, so the result is the CPU's
-// exactly (integer comparisons only) and independent of thread scheduling. Cost: k passes.
-struct P { v: u32, rows: u32, k: u32, _a: u32 }
+// `top_k` ids, the one kernel of every TopK (the sampling step's top-20 over a vocabulary row
+// and a router's top-k over a few experts): y[r, j] = the id of row r's (j+1)-th largest value,
+// ties by lower id, NaN never ranked, -1 past the last ranked value (the CPU's `top_k_row`;
+// rank.wgsl comes first). One workgroup of 64 lanes per row, rows over a 2-D grid of `gx`
+// workgroups per grid row; round j takes the smallest (rank_key, id) above round j-1's, so the
+// result is the CPU's exactly (integer comparisons only) and independent of thread scheduling.
+// Cost: k passes over the row.
+struct P { v: u32, rows: u32, k: u32, gx: u32 }
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read_write> y: array<i32>;
 @group(0) @binding(2) var<uniform> p: P;
@@ -15,7 +18,9 @@ fn before(a: vec2<u32>, b: vec2<u32>) -> bool {
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let r = wid.x;
+    let r = wid.x + wid.y * p.gx;
+    // The same for the whole workgroup, so the barriers below stay in uniform control flow.
+    if (r >= p.rows) { return; }
     var prev = vec2<u32>(0u, 0u);
     for (var j = 0u; j < p.k; j++) {
         var best = NONE;

@@ -81,6 +81,8 @@ fn set_caps(d: &Bound<'_, PyDict>, caps: &poot_wgpu::VkCaps) -> PyResult<()> {
     d.set_item("cooperative_matrix", caps.cooperative_matrix)?;
     d.set_item("max_storage_buffer_range", caps.max_storage_buffer_range)?;
     d.set_item("device_local", caps.device_local)?;
+    d.set_item("subgroup_size_range", caps.subgroup_size_range)?;
+    d.set_item("local_heap_mappable", caps.local_heap_mappable)?;
     Ok(())
 }
 
@@ -223,7 +225,9 @@ impl PyWgpuRuntime {
     /// The adapter: `{"name", "backend", "device_type", "driver", "shader_f16",
     /// "shader_f64", "f16_arithmetic", "samples_on_device", "max_binding_bytes", "numerics",
     /// "api", "timestamp_query"}` (`timestamp_query`: the per-dispatch timer works here), and
-    /// on raw Vulkan the capabilities of `vulkan_devices()`.
+    /// on raw Vulkan the capabilities of `vulkan_devices()` and the runtime's settings:
+    /// `"subgroup_matvec"` (matmuls reduce rows by subgroup shuffles) and `"staging"` (weights
+    /// and KV in device-local memory behind staged copies).
     #[getter]
     fn adapter<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
@@ -245,6 +249,11 @@ impl PyWgpuRuntime {
             #[cfg(feature = "vulkan")]
             if let Some(caps) = self.inner.vulkan_caps() {
                 set_caps(&d, caps)?;
+            }
+            #[cfg(feature = "vulkan")]
+            if let Some(s) = self.inner.vulkan_settings() {
+                d.set_item("subgroup_matvec", s.subgroup_matvec)?;
+                d.set_item("staging", s.staging)?;
             }
         }
         Ok(d)

@@ -133,6 +133,23 @@ impl Device {
         })
     }
 
+    /// A buffer for weights or the KV pool: as [`Device::storage`], but device-local behind
+    /// staged copies on raw Vulkan under staging (`crate::vk::VkSettings::staging`).
+    pub fn resident(&self, bytes: u64, label: Option<&str>) -> Result<Buffer, RuntimeError> {
+        match self {
+            Device::Wgpu(_) => self.storage(bytes, label),
+            Device::Vulkan(v) => Ok(Buffer::Vulkan(v.resident(bytes)?)),
+        }
+    }
+
+    /// Whether matmuls take the subgroup kernel (`matmul_subgroup.wgsl`; raw Vulkan only).
+    pub fn subgroup_matvec(&self) -> bool {
+        match self {
+            Device::Wgpu(_) => false,
+            Device::Vulkan(v) => v.settings.subgroup_matvec,
+        }
+    }
+
     /// Writes `data` at `offset` of `buf`; it lands before the next submission.
     pub fn write(&self, buf: &Buffer, offset: u64, data: &[u8]) -> Result<(), RuntimeError> {
         match (self, buf) {

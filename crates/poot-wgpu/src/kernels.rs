@@ -20,6 +20,9 @@ use crate::gpu::{Device, Pipeline};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Kernel {
     MatMul,
+    /// `matmul.wgsl` with its row-dot reduction by subgroup shuffles (raw Vulkan where the
+    /// device offers them; see `vk::VkSettings`).
+    MatMulSubgroup,
     /// F16 weights with f16 products (adapters with `shader-f16`, opted in).
     MatMulF16,
     /// Integer block dots against Q8 activations (ggml numerics, Q4_0/Q4_1/Q5_0/Q8_0 weights).
@@ -52,8 +55,6 @@ pub(crate) enum Kernel {
     Stall,
     /// Mixture-of-experts matmul over experts packed in place (`moe_matmul.wgsl`).
     MoeMatMul,
-    /// A router's top-k expert ids (`top_k_ids.wgsl`).
-    TopKIds,
     GatherCols,
     MoeCombine,
     /// Broadcasting binaries, permutes and the causal mask of lowered torch graphs.
@@ -69,6 +70,7 @@ impl Kernel {
     pub fn name(self) -> &'static str {
         match self {
             Kernel::MatMul => "matmul",
+            Kernel::MatMulSubgroup => "matmul_subgroup",
             Kernel::MatMulF16 => "matmul_f16",
             Kernel::MatMulQ8 => "matmul_q8",
             Kernel::QuantQ8 => "quant_q8",
@@ -93,7 +95,6 @@ impl Kernel {
             Kernel::Logprobs => "logprobs",
             Kernel::Stall => "stall",
             Kernel::MoeMatMul => "moe_matmul",
-            Kernel::TopKIds => "top_k_ids",
             Kernel::GatherCols => "gather_cols",
             Kernel::MoeCombine => "moe_combine",
             Kernel::Strided => "strided",
@@ -107,6 +108,7 @@ impl Kernel {
     fn source(self) -> &'static str {
         match self {
             Kernel::MatMul => include_str!("../../../shaders/wgsl/matmul.wgsl"),
+            Kernel::MatMulSubgroup => include_str!("../../../shaders/wgsl/matmul_subgroup.wgsl"),
             Kernel::MatMulF16 => include_str!("../../../shaders/wgsl/matmul_f16.wgsl"),
             Kernel::MatMulQ8 => include_str!("../../../shaders/wgsl/matmul_q8.wgsl"),
             Kernel::QuantQ8 => include_str!("../../../shaders/wgsl/quant_q8.wgsl"),
@@ -131,7 +133,6 @@ impl Kernel {
             Kernel::Logprobs => include_str!("../../../shaders/wgsl/logprobs.wgsl"),
             Kernel::Stall => include_str!("../../../shaders/wgsl/stall.wgsl"),
             Kernel::MoeMatMul => include_str!("../../../shaders/wgsl/moe_matmul.wgsl"),
-            Kernel::TopKIds => include_str!("../../../shaders/wgsl/top_k_ids.wgsl"),
             Kernel::GatherCols => include_str!("../../../shaders/wgsl/gather_cols.wgsl"),
             Kernel::MoeCombine => include_str!("../../../shaders/wgsl/moe_combine.wgsl"),
             Kernel::Strided => include_str!("../../../shaders/wgsl/strided.wgsl"),
@@ -157,6 +158,7 @@ impl Kernel {
         matches!(
             self,
             Kernel::MatMul
+                | Kernel::MatMulSubgroup
                 | Kernel::MoeMatMul
                 | Kernel::MatMulQ8
                 | Kernel::MatMulQ8K
@@ -381,8 +383,8 @@ mod tests {
         ];
         for k in [
             Kernel::MatMul,
+            Kernel::MatMulSubgroup,
             Kernel::MoeMatMul,
-            Kernel::TopKIds,
             Kernel::GatherCols,
             Kernel::MoeCombine,
             Kernel::Attention,

@@ -56,7 +56,7 @@ pub use device::{adapters, AdapterSummary};
 pub use gpu::Api;
 pub use plan::WgpuPlan;
 pub use resident::DeviceTensor;
-pub use vk::{devices as vulkan_devices, VkCaps};
+pub use vk::{devices as vulkan_devices, VkCaps, VkOptions, VkSettings};
 
 use device::{Gpu, WaitError};
 use gpu::{Buffer, Device, Pipeline};
@@ -83,6 +83,8 @@ pub struct WgpuOptions {
     /// device (as on an adapter without `shader-f64`; see `sample.rs`): for tests and
     /// comparison.
     pub host_sampling: bool,
+    /// Raw Vulkan only: subgroups and staging (see [`VkOptions`]).
+    pub vulkan: VkOptions,
 }
 
 impl Default for WgpuOptions {
@@ -94,6 +96,7 @@ impl Default for WgpuOptions {
             f16_arithmetic: false,
             ggml: false,
             host_sampling: false,
+            vulkan: VkOptions::default(),
         }
     }
 }
@@ -153,7 +156,8 @@ impl WgpuRuntime {
     /// kernels and executor as [`WgpuRuntime::new`], compiled to SPIR-V by naga (see `vk`).
     /// `DeviceUnavailable` where there is no loader or device.
     pub fn vulkan(options: WgpuOptions) -> Result<Self, RuntimeError> {
-        Self::with_device(Device::Vulkan(Box::new(vk::VkGpu::open()?)), options)
+        let gpu = vk::VkGpu::open(options.vulkan, options.timeout)?;
+        Self::with_device(Device::Vulkan(Box::new(gpu)), options)
     }
 
     /// Opens the runtime of `api`.
@@ -201,6 +205,15 @@ impl WgpuRuntime {
         }
     }
 
+    /// On raw Vulkan, how the runtime uses the device (the subgroup matmul, staging); `None`
+    /// on wgpu.
+    pub fn vulkan_settings(&self) -> Option<VkSettings> {
+        match &self.gpu {
+            Device::Vulkan(v) => Some(v.settings),
+            Device::Wgpu(_) => None,
+        }
+    }
+
     /// Whether the adapter offers f16 shader arithmetic (`shader-f16`).
     pub fn has_f16(&self) -> bool {
         self.gpu.f16()
@@ -227,6 +240,8 @@ impl WgpuRuntime {
     pub(crate) fn matmul_kernel(&self, dtype: DType) -> Kernel {
         if dtype == DType::F16 && self.uses_f16_arithmetic() {
             Kernel::MatMulF16
+        } else if self.gpu.subgroup_matvec() {
+            Kernel::MatMulSubgroup
         } else {
             Kernel::MatMul
         }
@@ -444,7 +459,7 @@ impl Runtime for WgpuRuntime {
         let make = |l: u32, kind: &str| {
             let bytes = (cfg.layer_elems_of(l as usize).unwrap_or(0) as u64).saturating_mul(4);
             self.gpu
-                .storage(bytes.max(4), Some(&format!("kv {kind} {l}")))
+                .resident(bytes.max(4), Some(&format!("kv {kind} {l}")))
                 .map(Arc::new)
         };
         let k = (0..cfg.n_layers)

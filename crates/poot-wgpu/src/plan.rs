@@ -66,8 +66,8 @@ impl CompiledPlan for WgpuPlan {
 
 /// Ops with a WGSL kernel: every op of the IR; the sampling step's logit ops only where the
 /// adapter has f64 (`f64`; otherwise the engine samples those steps on the host: see
-/// `sample.rs`). `top_k` always has a kernel: a MoE router's expert ids (`top_k_ids.wgsl`)
-/// need no f64; a vocabulary row's top-20 takes the sampling kernel where there is f64.
+/// `sample.rs`). `top_k` always has a kernel (`top_k.wgsl`, integer comparisons only: a MoE
+/// router's expert ids and a vocabulary row's top-20 alike).
 pub(crate) fn supports(f64: bool, op: &str) -> bool {
     match op {
         "adjust_logits" | "mask_logits" | "logprobs" => f64,
@@ -134,10 +134,7 @@ fn kernels_of(rt: &WgpuRuntime, graph: &Graph, op: &Op) -> Vec<(Kernel, DType)> 
         Op::Sample { .. } => vec![(Kernel::Argmax, DType::F32)],
         Op::AdjustLogits { .. } => vec![(Kernel::AdjustLogits, DType::F32)],
         Op::MaskLogits { .. } => vec![(Kernel::MaskLogits, DType::F32)],
-        Op::TopK { .. } if rt.samples_on_device() => {
-            vec![(Kernel::TopKIds, DType::F32), (Kernel::TopK, DType::F32)]
-        }
-        Op::TopK { .. } => vec![(Kernel::TopKIds, DType::F32)],
+        Op::TopK { .. } => vec![(Kernel::TopK, DType::F32)],
         Op::Logprobs { .. } => vec![(Kernel::Logprobs, DType::F32)],
         Op::MoeMatMul { w, .. } => vec![(Kernel::MoeMatMul, wdt(*w))],
         Op::GatherCols { .. } => vec![(Kernel::GatherCols, DType::F32)],

@@ -139,7 +139,7 @@ fn upload(
         let n = per_part.min(rows.max(1) - row0);
         let chunk = &bytes[row0 * rb..((row0 + n) * rb).min(bytes.len())];
         let size = (chunk.len() as u64).div_ceil(4).max(1) * 4;
-        let buffer = device.storage(size, Some(name))?;
+        let buffer = device.resident(size, Some(name))?;
         let whole = chunk.len() / 4 * 4;
         if whole > 0 {
             device.write(&buffer, 0, &chunk[..whole])?;

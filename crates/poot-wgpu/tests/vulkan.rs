@@ -1,7 +1,9 @@
 //! The raw Vulkan device (`WgpuRuntime::vulkan`), whatever `POOT_GPU_API` says: bring-up and
-//! its reported capabilities, one kernel against the CPU runtime and the same op on wgpu, the
-//! bounded wait on a stalled submission, and a lost device. The whole conformance suite runs on
-//! it with `POOT_GPU_API=vulkan` (`make test-device-vulkan`).
+//! its reported capabilities and settings, one kernel against the CPU runtime and the same op
+//! on wgpu, the subgroup matmul against the workgroup one, staged device-local weights against
+//! mapped ones, weights split across lowered bindings, the bounded wait on a stalled
+//! submission, and a lost device. The whole conformance suite runs on it with
+//! `POOT_GPU_API=vulkan` (`make test-device-vulkan`), and with `POOT_VK_STAGING=1` staged.
 mod common;
 
 use std::sync::Arc;
@@ -12,10 +14,21 @@ use common::{packed, Rng, Store};
 use poot_core::{DType, Deadline};
 use poot_graph::{CompileLimits, Graph, TraceLimits, Tracer, WeightCatalog};
 use poot_runtime::{Health, HostTensor, Runtime, RuntimeError};
-use poot_wgpu::{Api, WgpuOptions, WgpuRuntime};
+use poot_wgpu::{Api, VkOptions, WgpuOptions, WgpuRuntime};
 
 fn vulkan(options: WgpuOptions) -> Option<WgpuRuntime> {
     common::open_api(Api::Vulkan, options)
+}
+
+/// Raw Vulkan with the subgroup matmul and staging as given (not from the environment).
+fn vulkan_with(subgroups: bool, staging: bool) -> Option<WgpuRuntime> {
+    vulkan(WgpuOptions {
+        vulkan: VkOptions {
+            subgroups: Some(subgroups),
+            staging: Some(staging),
+        },
+        ..WgpuOptions::default()
+    })
 }
 
 /// `y = x @ w.T` over a stored `[n, k]` weight of `dtype`.
@@ -62,6 +75,12 @@ fn opens_and_reports_what_it_offers() {
         caps.max_storage_buffer_range.min((1 << 32) - 4) & !3
     );
     assert_eq!(rt.has_f64(), caps.f64);
+    let (lo, hi) = caps.subgroup_size_range;
+    assert!(
+        lo <= caps.subgroup_size && caps.subgroup_size <= hi,
+        "{caps:?}"
+    );
+    assert!(rt.vulkan_settings().is_some());
     assert!(!rt.adapter().name.is_empty());
     // Discovery lists the device it opened.
     let names: Vec<String> = poot_wgpu::vulkan_devices()
@@ -73,8 +92,25 @@ fn opens_and_reports_what_it_offers() {
 }
 
 #[test]
+fn settings_follow_the_options_and_the_device() {
+    let Some(rt) = vulkan_with(true, false) else {
+        return;
+    };
+    let caps = rt.vulkan_caps().unwrap().clone();
+    let got = rt.vulkan_settings().unwrap();
+    // The subgroup matmul wherever the device can run it; staging only where it must.
+    assert_eq!(got.subgroup_matvec, caps.subgroup_matvec(), "{caps:?}");
+    assert_eq!(got.staging, !caps.local_heap_mappable, "{caps:?}");
+    let off = vulkan_with(false, true).unwrap().vulkan_settings().unwrap();
+    assert!(!off.subgroup_matvec);
+    // Forced wherever the device has device-local memory to stage into.
+    assert_eq!(off.staging, caps.device_local || !caps.local_heap_mappable);
+}
+
+#[test]
 fn a_packed_matmul_equals_the_cpu_within_its_bound_and_wgpu_exactly() {
-    let Some(rt) = vulkan(WgpuOptions::default()) else {
+    // The workgroup matmul: wgpu's kernel, so wgpu's bits.
+    let Some(rt) = vulkan_with(false, false) else {
         return;
     };
     for dtype in [DType::Q4_0, DType::Q6_K, DType::F16] {
@@ -98,24 +134,146 @@ fn a_packed_matmul_equals_the_cpu_within_its_bound_and_wgpu_exactly() {
     }
 }
 
+/// The dtypes whose decode matmul the issue names, over a row count that leaves a workgroup
+/// part-full, k of 16 chunks (two per lane), and token counts of 1 (decode), 5 and 9 (two
+/// tiles of 8).
+const MATVEC_DTYPES: [DType; 6] = [
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q8_0,
+    DType::Q4_K,
+    DType::Q6_K,
+    DType::F16,
+];
+
 #[test]
-fn weights_split_across_small_bindings_still_agree() {
-    let Some(rt) = vulkan(WgpuOptions {
-        max_binding_bytes: Some(4096),
-        ..WgpuOptions::default()
-    }) else {
+fn the_subgroup_matmul_agrees_with_the_workgroup_one() {
+    let (Some(sub), Some(wg)) = (vulkan_with(true, false), vulkan_with(false, false)) else {
         return;
     };
-    let (t, k, n) = (3, 256, 40);
-    let (g, s) = matmul_graph(DType::Q8_0, t, k, n);
-    let x = f32s(vec![t, k], Rng(5).vec(t * k));
-    assert_close(
-        "split",
-        &run(&cpu(), &g, &s, &x),
-        &run(&rt, &g, &s, &x),
-        2e-4,
-        1e-5,
+    if !sub.vulkan_settings().unwrap().subgroup_matvec {
+        let caps = sub.vulkan_caps().unwrap();
+        eprintln!("SKIP: this device cannot run the subgroup matmul ({caps:?})");
+        return;
+    }
+    let (k, n) = (512, 67);
+    let mut differ = 0;
+    for dtype in MATVEC_DTYPES {
+        for t in [1, 5, 9] {
+            let (g, s) = matmul_graph(dtype, t, k, n);
+            let x = f32s(vec![t, k], Rng(7).vec(t * k));
+            let got = run(&sub, &g, &s, &x);
+            let name = format!("subgroup matmul {dtype} t={t}");
+            // Each lane's partial sum is the workgroup kernel's bit for bit; only the eight
+            // partials of a row are added in another order: a few ulps of the row's sum.
+            let want = run(&wg, &g, &s, &x);
+            assert_close(&name, &want, &got, 1e-5, 1e-6);
+            differ += (f32s_of(&want).iter().zip(f32s_of(&got)))
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_close(&name, &run(&cpu(), &g, &s, &x), &got, 2e-4, 1e-5);
+        }
+    }
+    // The other summation order shows somewhere in these fixed inputs: the subgroup kernel ran.
+    assert!(
+        differ > 0,
+        "the subgroup matmul gave the workgroup kernel's bits everywhere"
     );
+    eprintln!(
+        "subgroup matmul: {differ} outputs differ from the workgroup kernel in the last bits"
+    );
+}
+
+fn f32s_of(t: &HostTensor) -> &[f32] {
+    match t {
+        HostTensor::F32 { data, .. } => data,
+        other => panic!("expected f32 output, got {other:?}"),
+    }
+}
+
+#[test]
+fn staged_device_local_weights_equal_mapped_ones_exactly() {
+    let (Some(staged), Some(mapped)) = (vulkan_with(true, true), vulkan_with(true, false)) else {
+        return;
+    };
+    assert!(staged.vulkan_settings().unwrap().staging);
+    for dtype in MATVEC_DTYPES {
+        let (t, k, n) = (3, 256, 40);
+        let (g, s) = matmul_graph(dtype, t, k, n);
+        let x = f32s(vec![t, k], Rng(9).vec(t * k));
+        // The same kernels over the same bytes: only where the weights live differs.
+        assert_close(
+            &format!("staged {dtype}"),
+            &run(&mapped, &g, &s, &x),
+            &run(&staged, &g, &s, &x),
+            0.0,
+            0.0,
+        );
+    }
+}
+
+#[test]
+fn weights_split_across_small_bindings_still_agree() {
+    // A lowered binding limit splits the weight by rows on every kind of buffer and kernel.
+    for (subgroups, staging) in [(false, false), (true, true)] {
+        let Some(rt) = vulkan(WgpuOptions {
+            max_binding_bytes: Some(4096),
+            vulkan: VkOptions {
+                subgroups: Some(subgroups),
+                staging: Some(staging),
+            },
+            ..WgpuOptions::default()
+        }) else {
+            return;
+        };
+        assert_eq!(rt.max_binding_bytes(), 4096);
+        for dtype in [DType::Q8_0, DType::Q4_K] {
+            let (t, k, n) = (3, 256, 40);
+            let (g, s) = matmul_graph(dtype, t, k, n);
+            let x = f32s(vec![t, k], Rng(5).vec(t * k));
+            assert_close(
+                &format!("split {dtype} subgroups={subgroups} staging={staging}"),
+                &run(&cpu(), &g, &s, &x),
+                &run(&rt, &g, &s, &x),
+                2e-4,
+                1e-5,
+            );
+        }
+    }
+}
+
+#[test]
+fn a_bad_environment_setting_is_a_typed_error() {
+    // Set only for this check's own child process: the environment is shared by the
+    // test threads, so the child is this test binary running the check alone.
+    if std::env::var("POOT_VK_ENV_CHILD").is_ok() {
+        let err = WgpuRuntime::vulkan(WgpuOptions::default()).unwrap_err();
+        match err {
+            RuntimeError::DeviceUnavailable { missing, .. } => {
+                assert!(missing.contains("POOT_VK_STAGING"), "{missing}")
+            }
+            e => panic!("expected DeviceUnavailable, got {e:?}"),
+        }
+        return;
+    }
+    if vulkan(WgpuOptions::default()).is_none() {
+        return;
+    }
+    let me = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(me)
+        .args([
+            "--exact",
+            "a_bad_environment_setting_is_a_typed_error",
+            "--nocapture",
+        ])
+        .env("POOT_VK_ENV_CHILD", "1")
+        .env("POOT_VK_STAGING", "yes")
+        .output()
+        .unwrap();
+    let log =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("1 passed"), "{log}");
 }
 
 fn poisoned(rt: &WgpuRuntime) -> String {

@@ -52,7 +52,7 @@ from poot.planner.validate import (
     _time_matmul,
 )
 
-__all__ = ["BOUNDS", "benchmark_wgpu", "conformance_wgpu", "validate_wgpu"]
+__all__ = ["BOUNDS", "benchmark_wgpu", "conformance_wgpu", "validate_wgpu", "vulkan_note"]
 
 Numerics = Literal["exact", "ggml"]
 Api = Literal["wgpu", "vulkan"]
@@ -228,6 +228,27 @@ def benchmark_wgpu(info: DeviceInfo, *, quick: bool = False) -> DeviceProfile:
     )  # fmt: skip
 
 
+def vulkan_note(adapter: dict[str, Any]) -> str:
+    """What a raw Vulkan runtime uses of its device (its ``adapter`` settings), for the report:
+    empty for a wgpu runtime."""
+    if adapter.get("api") != "vulkan":
+        return ""
+    lo, hi = adapter.get("subgroup_size_range", (0, 0))
+    if adapter.get("subgroup_matvec"):
+        matvec = f"matmul rows reduced by subgroup shuffles (subgroups of {lo}..{hi} lanes)"
+    else:
+        matvec = "matmul rows reduced in workgroup memory (no usable subgroup shuffles)"
+    memory = (
+        "weights and KV in device-local memory behind staged copies"
+        if adapter.get("staging")
+        else "weights and KV in mapped memory"
+    )
+    coop = "no cooperative matrix"
+    if adapter.get("cooperative_matrix"):
+        coop = "cooperative matrix offered, unused"
+    return f"kernels: {matvec}; {memory}; {coop}"
+
+
 def validate_wgpu(info: DeviceInfo, *, quick: bool = False) -> DeviceReport:
     """Conformance, then benchmarks, on ``info`` if it is the adapter the wgpu runtime opens
     (skipped otherwise); the profile only when every check passed."""
@@ -235,10 +256,11 @@ def validate_wgpu(info: DeviceInfo, *, quick: bool = False) -> DeviceReport:
     if opened.get("name") != info.name:
         why = f"the {_api(info)} runtime opens {opened.get('name')!r}, not this adapter"
         return DeviceReport(info, "skipped", note=why)
+    note = vulkan_note(opened)
     with tempfile.TemporaryDirectory(prefix="poot-validate-wgpu-") as tmp:
         checks = conformance_wgpu(Path(tmp), np.random.default_rng(1), _api(info))
     if any(v != "ok" for v in checks.values()):
-        return DeviceReport(info, "failed", checks)
+        return DeviceReport(info, "failed", checks, note=note)
     profile = benchmark_wgpu(info, quick=quick)
     checks["benchmarks"] = "ok"
-    return DeviceReport(info, "validated", checks, profile)
+    return DeviceReport(info, "validated", checks, profile, note=note)

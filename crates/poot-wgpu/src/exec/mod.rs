@@ -37,9 +37,6 @@ pub(crate) use recorded::{
     tensor_bytes, Dispatch, HostRow, LateSlot, Output, Recorded, StepInputs,
 };
 
-/// Rows wider than this take the sampling step's top-k kernel (a workgroup per row).
-const TOPK_WIDE: usize = 256;
-
 fn kernel_err(op: &'static str, detail: String) -> RuntimeError {
     RuntimeError::Kernel { op, detail }
 }
@@ -391,9 +388,9 @@ impl<'a> Exec<'a> {
                     return Ok(Some(out));
                 }
                 let kernel = self.rt.matmul_kernel(wt.dtype);
-                // matmul.wgsl: workgroups of 8 rows of 8 lanes each; matmul_f16.wgsl: one lane
-                // per row, 64 rows a workgroup.
-                let rows_per_group = if kernel == Kernel::MatMul { 8 } else { 64 };
+                // matmul.wgsl (and its subgroup variant): workgroups of 8 rows of 8 lanes each;
+                // matmul_f16.wgsl: one lane per row, 64 rows a workgroup.
+                let rows_per_group = if kernel == Kernel::MatMulF16 { 64 } else { 8 };
                 for part in &wt.parts {
                     // Wrapped into y past 65535 workgroups.
                     let groups = part.rows.div_ceil(rows_per_group).max(1);
@@ -580,12 +577,7 @@ impl<'a> Exec<'a> {
             Op::MaskLogits { logits, mask } if self.rt.samples_on_device() => {
                 self.mask(*logits, *mask)?
             }
-            // A vocabulary row (the sampling step's top-20) takes the sampling kernel, whose
-            // workgroup shares the row; a router row (a few experts) one lane per row.
-            Op::TopK { x, k } if self.rt.samples_on_device() && self.shape(*x)[1] > TOPK_WIDE => {
-                self.top_k(*x, *k)?
-            }
-            Op::TopK { x, k } => return self.top_k_ids(out_bytes, *x, *k),
+            Op::TopK { x, k } => self.top_k(*x, *k)?,
             Op::Logprobs { logits, ids } if self.rt.samples_on_device() => {
                 self.logprobs(*logits, *ids)?
             }

@@ -1,6 +1,7 @@
-//! The mixture-of-experts ops on the device: the router's expert ids (`top_k`), its
-//! probabilities at them (`gather_cols`, also an act-order layer's column permutation), the
-//! packed expert matmul (`moe_matmul`) and the weighted combination (`moe_combine`).
+//! The mixture-of-experts ops on the device (the router's expert ids are `top_k`, shared with
+//! the sampling step): the router's probabilities at them (`gather_cols`, also an act-order
+//! layer's column permutation), the packed expert matmul (`moe_matmul`) and the weighted
+//! combination (`moe_combine`).
 //!
 //! Invariants: `moe_matmul` binds the stored [E, N, K] tensor as uploaded (whole rows per part,
 //! see `weights`) and reads only the rows of experts some slot chose, each once per 8 of its
@@ -85,16 +86,6 @@ impl Exec<'_> {
             let bufs = vec![part.buffer.clone(), xb.clone(), ib.clone(), out.clone()];
             self.dispatch(Kernel::MoeMatMul, wt.dtype, bufs, &words, grid)?;
         }
-        Ok(Some(out))
-    }
-
-    pub(super) fn top_k_ids(&mut self, out_bytes: u64, x: ValueId, k: usize) -> Out {
-        let (rows, v) = (self.shape(x)[0], self.shape(x)[1]);
-        let out = self.alloc(out_bytes)?;
-        let (grid, lanes_x) = lane_grid(rows);
-        let words = [rows as u32, v as u32, k as u32, lanes_x];
-        let bufs = vec![self.buf(x, "top_k")?, out.clone()];
-        self.dispatch(Kernel::TopKIds, DType::F32, bufs, &words, grid)?;
         Ok(Some(out))
     }
 

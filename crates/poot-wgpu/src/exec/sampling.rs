@@ -164,13 +164,16 @@ impl Exec<'_> {
         Ok(out)
     }
 
-    /// `TopK` ids (`top_k.wgsl`).
+    /// `TopK` ids (`top_k.wgsl`), every TopK: a vocabulary row's top-20 and a router's experts;
+    /// a workgroup per row, over a 2-D grid when the rows pass a grid row's 65535 workgroups.
     pub(super) fn top_k(&mut self, x: ValueId, k: usize) -> Result<Arc<Buffer>, RuntimeError> {
         let (s, v) = self.rows_of(x);
         let out = self.alloc((s * k) as u64 * 4)?;
         let bufs = vec![self.buf(x, "top_k")?, out.clone()];
-        let words = [v as u32, s as u32, k as u32, 0];
-        self.dispatch(Kernel::TopK, DType::F32, bufs, &words, [s as u32, 1, 1])?;
+        let gx = s.clamp(1, 65535);
+        let words = [v as u32, s as u32, k as u32, gx as u32];
+        let grid = [gx as u32, s.div_ceil(gx).max(1) as u32, 1];
+        self.dispatch(Kernel::TopK, DType::F32, bufs, &words, grid)?;
         Ok(out)
     }
 

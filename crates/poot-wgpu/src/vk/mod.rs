@@ -3,51 +3,93 @@
 //! recorded into one command buffer per submission and waited on with a fence polled against
 //! the deadline (`submit`).
 //!
-//! What it uses that wgpu hides: the device's own `maxStorageBufferRange` as the binding limit
-//! (capped at 4 GiB because kernels address bytes in `u32`), and a report of the device's
-//! subgroup size and operations and of `VK_KHR_cooperative_matrix` ([`VkCaps`]). No kernel
-//! takes subgroup or cooperative-matrix paths yet: the capabilities are reported, not used.
+//! What it uses that wgpu hides:
+//! - the device's own `maxStorageBufferRange` as the binding limit (capped at 4 GiB because
+//!   kernels address bytes in `u32`);
+//! - subgroup shuffles for the matmul's row-dot reduction (`matmul_subgroup.wgsl`) where the
+//!   device offers them and its compute subgroups hold 8 to 64 lanes ([`VkCaps::subgroup_matvec`]);
+//! - device-local memory for weights and the KV pool behind staged copies (`memory`) where the
+//!   device's largest device-local heap is not host-visible (a discrete GPU without resizable
+//!   BAR), or where [`VkOptions::staging`] forces it.
 //!
-//! Invariants: every buffer lives in host-visible, host-coherent memory (device-local too where
-//! the device has such a type: lavapipe, integrated GPUs, resizable BAR), persistently mapped,
-//! so uploads and readbacks are plain copies; a write only ever targets a buffer no submitted
-//! command still reads (see `crate::gpu`). Once a wait times out or the device is lost, the
-//! device is *faulted*: submitted work may still read its buffers, so from then on nothing is
-//! destroyed (buffers, pools and the device are leaked, as poot-cuda does), and the runtime
-//! above poisons itself.
+//! `VK_KHR_cooperative_matrix` is reported ([`VkCaps`]) but no kernel uses it.
+//!
+//! Invariants: every step buffer lives in host-visible, host-coherent memory (device-local too
+//! where the device has such a type), persistently mapped, so step uploads and readbacks are
+//! plain copies; under staging, weights and the KV pool are device-local buffers the host
+//! reaches only through staged copies, each finished before the call returns; a write only
+//! ever targets a buffer no submitted command still reads (see `crate::gpu`). Once a wait
+//! times out or the device is lost, the device is *faulted*: submitted work may still read its
+//! buffers, so from then on nothing is destroyed (buffers, pools and the device are leaked, as
+//! poot-cuda does), and the runtime above poisons itself.
 
+mod caps;
+mod memory;
 mod pipeline;
 pub(crate) mod submit;
 
-use std::ffi::CStr;
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use ash::vk;
 use poot_runtime::RuntimeError;
 
 use crate::device::AdapterSummary;
 
+pub use caps::VkCaps;
+pub(crate) use memory::VkBuffer;
 pub(crate) use pipeline::{build as build_pipeline, VkPipeline};
 
-/// What the Vulkan device offers beyond the baseline the kernels need.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct VkCaps {
-    /// `VkPhysicalDeviceProperties::apiVersion` as `major.minor.patch`.
-    pub api_version: String,
-    /// `shaderFloat64`: the sampling step runs on the device where it is set.
-    pub f64: bool,
-    /// Lanes per subgroup (0 where the device reports none).
-    pub subgroup_size: u32,
-    /// Subgroup operations usable in compute shaders (`basic`, `vote`, `arithmetic`, ...).
-    pub subgroup_ops: Vec<&'static str>,
-    /// `VK_KHR_cooperative_matrix` is offered.
-    pub cooperative_matrix: bool,
-    /// `maxStorageBufferRange`, as the device reports it.
-    pub max_storage_buffer_range: u64,
-    /// Buffers are device-local as well as host-visible (else host memory the device reads).
-    pub device_local: bool,
+/// Choices for the raw Vulkan device. `None` takes the environment (`POOT_VK_SUBGROUPS`,
+/// `POOT_VK_STAGING`: `0` or `1`; anything else is a `DeviceUnavailable` error naming it), and
+/// where that is unset, the device's default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VkOptions {
+    /// The subgroup matmul where the device can run it (default on); off, `matmul.wgsl` as on
+    /// wgpu, bit for bit.
+    pub subgroups: Option<bool>,
+    /// Weights and the KV pool in device-local memory behind staged copies even where the
+    /// host could map it (default: only where the largest device-local heap is not mappable).
+    pub staging: Option<bool>,
+}
+
+/// What the runtime settled on when it opened the device (reported by `validate-hardware`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VkSettings {
+    /// Matmuls reduce each row's lanes with subgroup shuffles (`matmul_subgroup.wgsl`).
+    pub subgroup_matvec: bool,
+    /// Weights and the KV pool are device-local, reached by staged copies.
+    pub staging: bool,
+}
+
+/// `name` from the environment as a flag: `None` when unset.
+fn env_flag(name: &str) -> Result<Option<bool>, RuntimeError> {
+    match std::env::var(name) {
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Ok(v) if v == "1" => Ok(Some(true)),
+        Ok(v) if v == "0" => Ok(Some(false)),
+        Ok(v) => Err(unavailable(format!("{name} as 0 or 1 (it is {v:?})"))),
+        Err(e) => Err(unavailable(format!("{name} as 0 or 1 ({e})"))),
+    }
+}
+
+impl VkOptions {
+    /// The settings on a device with `caps`.
+    fn settle(self, caps: &VkCaps) -> Result<VkSettings, RuntimeError> {
+        let subgroups = match self.subgroups {
+            Some(b) => b,
+            None => env_flag("POOT_VK_SUBGROUPS")?.unwrap_or(true),
+        };
+        let staging = match self.staging {
+            Some(b) => b,
+            None => env_flag("POOT_VK_STAGING")?.unwrap_or(false),
+        };
+        Ok(VkSettings {
+            subgroup_matvec: subgroups && caps.subgroup_matvec(),
+            staging: staging || !caps.local_heap_mappable,
+        })
+    }
 }
 
 /// The instance, the logical device and its queue; dropped after every buffer and pipeline.
@@ -57,7 +99,12 @@ pub(crate) struct Shared {
     pub device: ash::Device,
     pub queue: Mutex<vk::Queue>,
     pub queue_family: u32,
-    memory_type: u32,
+    /// Host-visible, host-coherent: step buffers and staging buffers.
+    host_type: u32,
+    /// Device-local on the largest such heap: weights and the KV pool under staging.
+    local_type: Option<u32>,
+    /// Bound on a staged copy's wait (the runtime's `WgpuOptions::timeout`).
+    timeout: Duration,
     lost: Mutex<Option<String>>,
     /// See the module docs: once set, nothing is destroyed.
     faulted: AtomicBool,
@@ -102,6 +149,7 @@ pub(crate) struct VkGpu {
     pub shared: Arc<Shared>,
     pub info: AdapterSummary,
     pub caps: VkCaps,
+    pub settings: VkSettings,
     limits: vk::PhysicalDeviceLimits,
 }
 
@@ -110,6 +158,7 @@ impl std::fmt::Debug for VkGpu {
         f.debug_struct("VkGpu")
             .field("info", &self.info)
             .field("caps", &self.caps)
+            .field("settings", &self.settings)
             .finish()
     }
 }
@@ -126,156 +175,6 @@ pub(crate) fn vk_err(op: &'static str, e: vk::Result) -> RuntimeError {
         op,
         detail: format!("Vulkan: {e}"),
     }
-}
-
-fn version(v: u32) -> String {
-    format!(
-        "{}.{}.{}",
-        vk::api_version_major(v),
-        vk::api_version_minor(v),
-        vk::api_version_patch(v)
-    )
-}
-
-fn device_type(t: vk::PhysicalDeviceType) -> (&'static str, u8) {
-    // The rank prefers a discrete GPU, as wgpu's high-performance preference does.
-    match t {
-        vk::PhysicalDeviceType::DISCRETE_GPU => ("DiscreteGpu", 0),
-        vk::PhysicalDeviceType::INTEGRATED_GPU => ("IntegratedGpu", 1),
-        vk::PhysicalDeviceType::VIRTUAL_GPU => ("VirtualGpu", 2),
-        vk::PhysicalDeviceType::CPU => ("Cpu", 3),
-        _ => ("Other", 4),
-    }
-}
-
-fn subgroup_ops(f: vk::SubgroupFeatureFlags) -> Vec<&'static str> {
-    [
-        (vk::SubgroupFeatureFlags::BASIC, "basic"),
-        (vk::SubgroupFeatureFlags::VOTE, "vote"),
-        (vk::SubgroupFeatureFlags::ARITHMETIC, "arithmetic"),
-        (vk::SubgroupFeatureFlags::BALLOT, "ballot"),
-        (vk::SubgroupFeatureFlags::SHUFFLE, "shuffle"),
-        (
-            vk::SubgroupFeatureFlags::SHUFFLE_RELATIVE,
-            "shuffle_relative",
-        ),
-        (vk::SubgroupFeatureFlags::CLUSTERED, "clustered"),
-        (vk::SubgroupFeatureFlags::QUAD, "quad"),
-    ]
-    .into_iter()
-    .filter(|(bit, _)| f.contains(*bit))
-    .map(|(_, name)| name)
-    .collect()
-}
-
-/// A physical device with a compute queue, as discovery and `open` see it.
-struct Candidate {
-    phys: vk::PhysicalDevice,
-    family: u32,
-    rank: u8,
-    info: AdapterSummary,
-    caps: VkCaps,
-    limits: vk::PhysicalDeviceLimits,
-}
-
-/// Every physical device with a compute queue, best first.
-///
-/// # Safety
-/// `instance` must be a live instance of API version 1.1 or later.
-unsafe fn candidates(instance: &ash::Instance) -> Result<Vec<Candidate>, RuntimeError> {
-    // SAFETY: every query below is on the live instance (the caller's contract) and its
-    // physical devices, with structures built by ash.
-    let physicals = unsafe { instance.enumerate_physical_devices() }
-        .map_err(|e| unavailable(format!("a Vulkan device ({e})")))?;
-    let mut out = Vec::new();
-    for phys in physicals {
-        // SAFETY: a query on the live instance (see above).
-        let families = unsafe { instance.get_physical_device_queue_family_properties(phys) };
-        let Some(family) = families
-            .iter()
-            .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE))
-        else {
-            continue;
-        };
-        let mut subgroup = vk::PhysicalDeviceSubgroupProperties::default();
-        let mut driver = vk::PhysicalDeviceDriverProperties::default();
-        // SAFETY: a query on the live instance (see above).
-        let base = unsafe { instance.get_physical_device_properties(phys) };
-        let mut props = vk::PhysicalDeviceProperties2::default().push_next(&mut subgroup);
-        if base.api_version >= vk::API_VERSION_1_2 {
-            props = props.push_next(&mut driver);
-        }
-        // SAFETY: a query on the live instance (see above).
-        unsafe { instance.get_physical_device_properties2(phys, &mut props) };
-        let p = props.properties;
-        // SAFETY: a query on the live instance (see above).
-        let features = unsafe { instance.get_physical_device_features(phys) };
-        // SAFETY: a query on the live instance (see above).
-        let exts =
-            unsafe { instance.enumerate_device_extension_properties(phys) }.unwrap_or_default();
-        let coop = exts.iter().any(|e| {
-            e.extension_name_as_c_str()
-                .is_ok_and(|n| n == ash::khr::cooperative_matrix::NAME)
-        });
-        let cstr = |b: &[std::ffi::c_char]| {
-            // SAFETY: Vulkan's fixed-size name arrays are NUL-terminated.
-            unsafe { CStr::from_ptr(b.as_ptr()) }
-                .to_string_lossy()
-                .into_owned()
-        };
-        let (kind, rank) = device_type(p.device_type);
-        let driver_name = if base.api_version >= vk::API_VERSION_1_2 {
-            format!(
-                "{} {}",
-                cstr(&driver.driver_name),
-                cstr(&driver.driver_info)
-            )
-        } else {
-            format!("driver {}", p.driver_version)
-        };
-        // SAFETY: a query on the live instance (see above).
-        let memory = unsafe { instance.get_physical_device_memory_properties(phys) };
-        let device_local = memory_type(&memory, true).is_some();
-        let compute = subgroup
-            .supported_stages
-            .contains(vk::ShaderStageFlags::COMPUTE);
-        out.push(Candidate {
-            phys,
-            family: family as u32,
-            rank,
-            info: AdapterSummary {
-                name: cstr(&p.device_name),
-                backend: "Vulkan (ash)".into(),
-                device_type: kind.into(),
-                driver: driver_name,
-            },
-            caps: VkCaps {
-                api_version: version(p.api_version),
-                f64: features.shader_float64 == vk::TRUE,
-                subgroup_size: if compute { subgroup.subgroup_size } else { 0 },
-                subgroup_ops: if compute {
-                    subgroup_ops(subgroup.supported_operations)
-                } else {
-                    Vec::new()
-                },
-                cooperative_matrix: coop,
-                max_storage_buffer_range: u64::from(p.limits.max_storage_buffer_range),
-                device_local,
-            },
-            limits: p.limits,
-        });
-    }
-    out.sort_by_key(|c| c.rank);
-    Ok(out)
-}
-
-/// A host-visible, host-coherent memory type (and device-local when `local`).
-fn memory_type(m: &vk::PhysicalDeviceMemoryProperties, local: bool) -> Option<u32> {
-    let mut want = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
-    if local {
-        want |= vk::MemoryPropertyFlags::DEVICE_LOCAL;
-    }
-    (0..m.memory_type_count).find(|&i| m.memory_types[i as usize].property_flags.contains(want))
 }
 
 fn load() -> Result<(ash::Entry, ash::Instance), RuntimeError> {
@@ -298,18 +197,19 @@ pub fn devices() -> Vec<(AdapterSummary, VkCaps)> {
         return Vec::new();
     };
     // SAFETY: `instance` is live and of version 1.1; destroyed once, after the queries.
-    let found = unsafe { candidates(&instance) }.unwrap_or_default();
+    let found = unsafe { caps::candidates(&instance) }.unwrap_or_default();
     // SAFETY: nothing was created from the instance.
     unsafe { instance.destroy_instance(None) };
     found.into_iter().map(|c| (c.info, c.caps)).collect()
 }
 
 impl VkGpu {
-    /// Opens the best device with a compute queue (a discrete GPU first).
-    pub fn open() -> Result<Self, RuntimeError> {
+    /// Opens the best device with a compute queue (a discrete GPU first); staged copies wait
+    /// at most `timeout`.
+    pub fn open(options: VkOptions, timeout: Duration) -> Result<Self, RuntimeError> {
         let (entry, instance) = load()?;
         // SAFETY: `instance` is live and of version 1.1.
-        let found = unsafe { candidates(&instance) };
+        let found = unsafe { caps::candidates(&instance) };
         let c = match found.map(|mut v| (!v.is_empty()).then(|| v.remove(0))) {
             Ok(Some(c)) => c,
             Ok(None) | Err(_) => {
@@ -320,11 +220,23 @@ impl VkGpu {
         };
         // SAFETY: a query on a physical device of the live instance.
         let memory = unsafe { instance.get_physical_device_memory_properties(c.phys) };
-        let Some(memory_type) = memory_type(&memory, true).or_else(|| memory_type(&memory, false))
-        else {
-            // SAFETY: nothing was created from the instance.
-            unsafe { instance.destroy_instance(None) };
-            return Err(unavailable("host-visible device memory".into()));
+        let host_type = caps::host_type(&memory, true).or_else(|| caps::host_type(&memory, false));
+        let settled = host_type
+            .ok_or_else(|| unavailable("host-visible device memory".into()))
+            .and_then(|t| Ok((t, options.settle(&c.caps)?)));
+        let (host_type, settings) = match settled {
+            Ok(s) => s,
+            Err(e) => {
+                // SAFETY: nothing was created from the instance.
+                unsafe { instance.destroy_instance(None) };
+                return Err(e);
+            }
+        };
+        let local_type = caps::local_type(&memory).map(|(t, _)| t);
+        // Staging without a device-local type would only add copies: host memory it is.
+        let settings = VkSettings {
+            staging: settings.staging && local_type.is_some(),
+            ..settings
         };
         let priorities = [1.0f32];
         let queues = [vk::DeviceQueueCreateInfo::default()
@@ -353,12 +265,15 @@ impl VkGpu {
                 device,
                 queue: Mutex::new(queue),
                 queue_family: c.family,
-                memory_type,
+                host_type,
+                local_type,
+                timeout,
                 lost: Mutex::new(None),
                 faulted: AtomicBool::new(false),
             }),
             info: c.info,
             caps: c.caps,
+            settings,
             limits: c.limits,
         })
     }
@@ -383,136 +298,15 @@ impl VkGpu {
 
     /// A mapped storage (and uniform) buffer of at least `bytes`.
     pub fn buffer(&self, bytes: u64) -> Result<VkBuffer, RuntimeError> {
-        let size = bytes.max(4).div_ceil(4) * 4;
-        let d = &self.shared.device;
-        let info = vk::BufferCreateInfo::default().size(size).usage(
-            vk::BufferUsageFlags::STORAGE_BUFFER
-                | vk::BufferUsageFlags::UNIFORM_BUFFER
-                | vk::BufferUsageFlags::TRANSFER_SRC
-                | vk::BufferUsageFlags::TRANSFER_DST,
-        );
-        let oom = |e: vk::Result| match e {
-            vk::Result::ERROR_OUT_OF_DEVICE_MEMORY | vk::Result::ERROR_OUT_OF_HOST_MEMORY => {
-                RuntimeError::OutOfMemory {
-                    what: "a Vulkan buffer",
-                    requested: size,
-                    limit: 0,
-                }
-            }
-            e => vk_err("vkCreateBuffer", e),
-        };
-        // SAFETY: a plain exclusive buffer on a live device; every failure path below
-        // destroys what was created before it.
-        unsafe {
-            let raw = d.create_buffer(&info, None).map_err(oom)?;
-            let req = d.get_buffer_memory_requirements(raw);
-            if req.memory_type_bits & (1 << self.shared.memory_type) == 0 {
-                d.destroy_buffer(raw, None);
-                return Err(RuntimeError::Kernel {
-                    op: "vkAllocateMemory",
-                    detail: "no host-visible memory type for storage buffers".into(),
-                });
-            }
-            let alloc = vk::MemoryAllocateInfo::default()
-                .allocation_size(req.size)
-                .memory_type_index(self.shared.memory_type);
-            let memory = match d.allocate_memory(&alloc, None) {
-                Ok(m) => m,
-                Err(e) => {
-                    d.destroy_buffer(raw, None);
-                    return Err(oom(e));
-                }
-            };
-            let mapped = d
-                .bind_buffer_memory(raw, memory, 0)
-                .and_then(|()| d.map_memory(memory, 0, vk::WHOLE_SIZE, Default::default()));
-            let ptr = match mapped.map(|p| NonNull::new(p.cast::<u8>())) {
-                Ok(Some(p)) => p,
-                Ok(None) | Err(_) => {
-                    d.destroy_buffer(raw, None);
-                    d.free_memory(memory, None);
-                    return Err(RuntimeError::Kernel {
-                        op: "vkMapMemory",
-                        detail: "mapping a buffer failed".into(),
-                    });
-                }
-            };
-            Ok(VkBuffer {
-                shared: self.shared.clone(),
-                raw,
-                memory,
-                ptr,
-                size,
-            })
-        }
-    }
-}
-
-/// A persistently mapped buffer (see the module docs).
-pub(crate) struct VkBuffer {
-    shared: Arc<Shared>,
-    pub raw: vk::Buffer,
-    memory: vk::DeviceMemory,
-    ptr: NonNull<u8>,
-    pub size: u64,
-}
-
-// SAFETY: `ptr` is a mapping of `memory`, valid until drop; host accesses go through `write`
-// and `read`, which the executor only calls on buffers no submitted command is using (writes)
-// or after the step's fence signalled (reads), so threads never race on the bytes.
-unsafe impl Send for VkBuffer {}
-// SAFETY: as above.
-unsafe impl Sync for VkBuffer {}
-
-impl std::fmt::Debug for VkBuffer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("VkBuffer")
-            .field("size", &self.size)
-            .finish()
-    }
-}
-
-impl VkBuffer {
-    fn range(&self, offset: u64, len: usize) -> Result<usize, RuntimeError> {
-        match offset.checked_add(len as u64) {
-            Some(end) if end <= self.size => Ok(offset as usize),
-            _ => Err(RuntimeError::Kernel {
-                op: "vulkan buffer",
-                detail: format!("{len} bytes at {offset} of a {}-byte buffer", self.size),
-            }),
-        }
+        memory::allocate(&self.shared, bytes, self.shared.host_type, true)
     }
 
-    pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), RuntimeError> {
-        let at = self.range(offset, data.len())?;
-        // SAFETY: in bounds of the mapping (checked above); see the `Send` impl for races.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(at), data.len());
-        }
-        Ok(())
-    }
-
-    /// Copies `out.len()` bytes from `offset` into `out`.
-    pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), RuntimeError> {
-        let at = self.range(offset, out.len())?;
-        // SAFETY: in bounds of the mapping (checked above); see the `Send` impl for races.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(at), out.as_mut_ptr(), out.len());
-        }
-        Ok(())
-    }
-}
-
-impl Drop for VkBuffer {
-    fn drop(&mut self) {
-        if self.shared.faulted() {
-            return; // submitted work may still read it (see the module docs)
-        }
-        // SAFETY: no submitted command uses the buffer (every submission that bound it was
-        // waited for, else the device would be faulted); freeing the memory unmaps it.
-        unsafe {
-            self.shared.device.destroy_buffer(self.raw, None);
-            self.shared.device.free_memory(self.memory, None);
+    /// A buffer for weights or the KV pool: device-local and unmapped under staging, else as
+    /// [`VkGpu::buffer`].
+    pub fn resident(&self, bytes: u64) -> Result<VkBuffer, RuntimeError> {
+        match self.shared.local_type {
+            Some(t) if self.settings.staging => memory::allocate(&self.shared, bytes, t, false),
+            _ => self.buffer(bytes),
         }
     }
 }

@@ -58,12 +58,23 @@ pub(crate) fn fence_wait(
     }
 }
 
-/// The per-step pools and fences; freed on drop unless the device is faulted.
-struct StepObjects {
+/// The per-step (or per-copy) pools and fences; freed on drop unless the device is faulted.
+pub(super) struct StepObjects {
     shared: Arc<Shared>,
-    descriptors: vk::DescriptorPool,
-    commands: vk::CommandPool,
-    fences: Vec<vk::Fence>,
+    pub descriptors: vk::DescriptorPool,
+    pub commands: vk::CommandPool,
+    pub fences: Vec<vk::Fence>,
+}
+
+impl StepObjects {
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Self {
+            shared,
+            descriptors: vk::DescriptorPool::null(),
+            commands: vk::CommandPool::null(),
+            fences: Vec::new(),
+        }
+    }
 }
 
 impl Drop for StepObjects {
@@ -130,12 +141,7 @@ pub(crate) fn execute(
             .ty(vk::DescriptorType::UNIFORM_BUFFER)
             .descriptor_count(n.max(1)),
     ];
-    let mut objects = StepObjects {
-        shared: shared.clone(),
-        descriptors: vk::DescriptorPool::null(),
-        commands: vk::CommandPool::null(),
-        fences: Vec::new(),
-    };
+    let mut objects = StepObjects::new(shared.clone());
     // SAFETY: pools on a live device, owned (and freed) by `objects`.
     unsafe {
         objects.descriptors = d
