@@ -39,6 +39,7 @@ from poot.planner.profiles import DeviceProfile, HostProfile
 from poot.planner.record import Recorder
 from poot.torch_frontend.lower import lower, weights_arrays
 from poot.torch_frontend.module import CompiledModule
+from poot.torch_frontend.node_runs import run_nodes
 from poot.torch_frontend.placement import (
     ModulePlacement,
     discover_profiles,
@@ -48,7 +49,6 @@ from poot.torch_frontend.placement import (
     place_modules,
 )
 from poot.torch_frontend.program import replay
-from poot.torch_frontend.node_runs import run_nodes
 from poot.torch_frontend.tensor import PootTensor
 
 if TYPE_CHECKING:
