@@ -54,35 +54,18 @@ pub fn gelu_erf_grad_f32(x: f32) -> f32 {
     (0.5 * one_plus_erf + x * pdf) as f32
 }
 
-/// `erfc(z)` for `z >= 0` in `f64`, relative error below 1e-10 (checked on a 4000-point grid
-/// against Python's `math.erfc`: worst 1.3e-11, next to 2.5; the tests pin known values).
-/// A Maclaurin series for `erf` below 2.5 (terms stay small there, so `1 - erf` loses at most
-/// 4 digits), Laplace's continued fraction above.
+/// `erfc(z)` for `z >= 0` in `f64`: the C library's (`erfc` is C99; glibc's is within 1 ulp
+/// in `f64`, so the `f32` results above stay within 1 ulp; the tests pin known values). A
+/// series in Rust gave the same values at about 70 ns an element, which made GELU most of a
+/// small transformer's forward.
 fn erfc(z: f64) -> f64 {
-    if z.is_nan() {
-        return z;
+    extern "C" {
+        #[link_name = "erfc"]
+        fn c_erfc(x: f64) -> f64;
     }
-    if z < 2.5 {
-        let z2 = z * z;
-        let (mut term, mut sum) = (z, z);
-        for n in 1..200 {
-            term *= -z2 / f64::from(n);
-            let add = term / f64::from(2 * n + 1);
-            sum += add;
-            if add.abs() <= 1e-17 * sum.abs() {
-                break;
-            }
-        }
-        1.0 - sum * std::f64::consts::FRAC_2_SQRT_PI
-    } else {
-        // erfc(z) = exp(-z^2) / sqrt(pi) / (z + (1/2) / (z + 1 / (z + (3/2) / (z + ...)))),
-        // evaluated bottom-up; 80 levels reach f64 precision for z >= 2.5.
-        let mut f = z;
-        for n in (1..=80).rev() {
-            f = z + f64::from(n) * 0.5 / f;
-        }
-        (-z * z).exp() / (f * std::f64::consts::PI.sqrt())
-    }
+    // SAFETY: C99's `erfc` is a pure function of its argument, defined for every `f64` (NaN
+    // in, NaN out), from the C library std already links.
+    unsafe { c_erfc(z) }
 }
 
 macro_rules! unary {
