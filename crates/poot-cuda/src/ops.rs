@@ -513,10 +513,11 @@ mod tests {
             "attn_scores",
             "attn_softmax",
             "attn_out",
+            "cast_f32",
         ] {
             assert!(names.contains(&k), "{k} missing from {names:?}");
         }
-        assert_eq!(names.len(), 25, "{names:?}");
+        assert_eq!(names.len(), 26, "{names:?}");
     }
 
     #[test]
