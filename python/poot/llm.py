@@ -45,6 +45,7 @@ from poot.driver_options import DriverOptions
 from poot.engine_core import EngineCore
 from poot.errors import ConfigError, ContextLengthError, GraphInputError, SamplingParamsError
 from poot.guidance import Guide
+from poot.kv_windows import kv_group_window, kv_window
 from poot.models import model_definition
 from poot.numerics import Numerics, model_key, numerics_for
 from poot.outputs import CompletionOutput, RequestOutput
@@ -128,29 +129,6 @@ class _WeightPreparation:
         self._thread.join()
         if self._error is not None:
             raise self._error
-
-
-def kv_window(definition: Any) -> int | None:
-    """The scheduler's ``kv_window``: the largest window when every layer attends to a sliding
-    window (Mistral v0.1's layout), so blocks behind it can go back to the pool; None when any
-    layer is global (Gemma's interleaving: one block table serves every layer) or the family
-    has no windows."""
-    h = getattr(definition, "hparams", None)
-    windows = tuple(getattr(h, "layer_windows", ()) or ())
-    if not windows or any(w <= 0 for w in windows):
-        return None
-    return max(windows)
-
-
-def kv_group_window(definition: Any) -> int | None:
-    """The scheduler's ``window_group``: the largest window when windowed layers are
-    interleaved with global ones (Gemma 2 and 3), so the windowed layers' KV runs as a group
-    of its own whose blocks behind the window go back to the pool; None otherwise."""
-    h = getattr(definition, "hparams", None)
-    windows = tuple(getattr(h, "layer_windows", ()) or ())
-    if not any(w > 0 for w in windows) or all(w > 0 for w in windows):
-        return None
-    return max(windows)
 
 
 class LLM:
