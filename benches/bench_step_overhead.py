@@ -43,8 +43,8 @@ class _HostPath:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.driver, name)
 
-    def step(self, fast: bool = True, forget: Any = ()) -> Any:
-        return self.driver.step(False, list(forget))
+    def step(self, fast: bool = True, forget: Any = (), logits_for: Any = None) -> Any:
+        return self.driver.step(False, list(forget), logits_for)
 
 
 def _decode_times(
