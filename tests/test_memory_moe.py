@@ -13,39 +13,11 @@ place through the store's expert stacks: measured 102.4 MiB for the 104.1 MiB sa
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-import pytest
-
-_SCRIPT = r"""
-import json, sys
-
-def rss():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
-
-import numpy, tokenizers, jinja2  # imports are not the model's memory
-import poot, poot.llm, poot.tokenizer, poot.models
-
-base = rss()
-llm = poot.LLM(sys.argv[1], threads=1, max_model_len=512, num_blocks=32)
-params = poot.SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
-out = llm.generate([[1, 17, 93, 5, 64, 120, 33, 8]], params)
-after = rss()
-print(json.dumps({
-    "base": base,
-    "after": after,
-    "kv_bytes": llm.runtime.memory()["kv_bytes"],
-    "tokens": len(out[0].outputs[0].token_ids),
-    "family": type(llm.definition).__name__,
-}))
-"""
+from memory_probe import check_growth, measure, needs_proc
 
 D, HEADS, KV_HEADS, HEAD_DIM, LAYERS, EXPERTS, USED, FF, VOCAB = 512, 8, 4, 64, 4, 32, 4, 512, 1024
 
@@ -108,26 +80,23 @@ def _write(path: Path) -> Path:
     return path
 
 
-@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+def _measure(model: Path) -> dict[str, Any]:
+    m = measure(
+        model,
+        max_model_len=512,
+        num_blocks=32,
+        prompt=[1, 17, 93, 5, 64, 120, 33, 8],
+        max_tokens=16,
+        ignore_eos=True,
+    )
+    assert m["tokens"] == 16 and m["family"] == "Qwen3MoeModel"
+    return m
+
+
+@needs_proc
 def test_moe_resident_memory_is_close_to_the_file_size(tmp_path: Path) -> None:
     path = _write(tmp_path / "qwen3moe-32x512-q8_0.gguf")
-    proc = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=True,
-    )
-    m = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert m["tokens"] == 16 and m["family"] == "Qwen3MoeModel"
-    file_size = path.stat().st_size
-    grown = m["after"] - m["base"]
-    bound = 1.15 * file_size + m["kv_bytes"]
-    print(
-        f"RSS grew {grown / 2**20:.1f} MiB; file {file_size / 2**20:.1f} MiB; "
-        f"bound {bound / 2**20:.1f} MiB"
-    )
-    assert grown <= bound
+    check_growth(_measure(path), path.stat().st_size)
 
 
 def _write_hf(d: Path) -> Path:
@@ -187,25 +156,9 @@ def _write_hf(d: Path) -> Path:
     return d
 
 
-@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+@needs_proc
 def test_hf_experts_are_read_in_place(tmp_path: Path) -> None:
     """An HF directory's experts (one tensor each) are read where they are mapped: the same
     bound as the GGUF's, against the safetensors file's size."""
     d = _write_hf(tmp_path / "qwen3moe-hf")
-    proc = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, str(d)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=True,
-    )
-    m = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert m["tokens"] == 16 and m["family"] == "Qwen3MoeModel"
-    file_size = (d / "model.safetensors").stat().st_size
-    grown = m["after"] - m["base"]
-    bound = 1.15 * file_size + m["kv_bytes"]
-    print(
-        f"RSS grew {grown / 2**20:.1f} MiB; file {file_size / 2**20:.1f} MiB; "
-        f"bound {bound / 2**20:.1f} MiB"
-    )
-    assert grown <= bound
+    check_growth(_measure(d), (d / "model.safetensors").stat().st_size)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from memory_probe import measure
+from memory_probe import measure, needs_proc
 from quant_int4 import quant_config, quantize_layer
 
 D, F, LAYERS, VOCAB = 1024, 2816, 4, 256
@@ -99,7 +99,7 @@ def _write(directory: Path, kind: str = "gptq") -> Path:
     return directory
 
 
-@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+@needs_proc
 @pytest.mark.parametrize("kind", ["gptq", "fp8", "bf16", "f16"])
 def test_resident_memory_is_close_to_the_file_size(tmp_path: Path, kind: str) -> None:
     """The F8_S re-lay is 1.125x the FP8 weights (an f32 scale a 32-block); the same bounds.

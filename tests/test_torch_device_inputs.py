@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.torch_support import require_torch
+from tests.torch_support import eager_chain, require_torch, wgpu_runtime
 
 torch = require_torch()
 nn = torch.nn
@@ -32,10 +32,7 @@ pytestmark = pytest.mark.device_wgpu
 
 @pytest.fixture(scope="module")
 def wgpu():
-    from wgpu_util import require_wgpu
-
-    require_wgpu()
-    return poot._native.WgpuRuntime(timeout_s=60.0)
+    return wgpu_runtime()
 
 
 class Up(nn.Module):
@@ -66,13 +63,6 @@ class Head(nn.Module):
         return torch.softmax(self.fc(x), dim=-1)
 
 
-def _eager(mods, x):
-    with torch.no_grad():
-        for m in mods:
-            x = m(x)
-    return x.numpy()
-
-
 def _counters(rt):
     s = rt.stats()
     return s["readback_bytes"], s["upload_bytes"]
@@ -92,7 +82,7 @@ def test_a_device_output_is_bound_as_the_next_modules_input(wgpu):
     z = b(y)
     assert _counters(wgpu) == (read0, up0 + x.numel() * 4)  # y bound: no readback, no upload
     assert z.device == "wgpu:0"
-    np.testing.assert_allclose(z.cpu(), _eager([up, chain], x), rtol=0, atol=2e-5)
+    np.testing.assert_allclose(z.cpu(), eager_chain([up, chain], x), rtol=0, atol=2e-5)
     # The bound buffer was only read: y still holds the first module's output.
     np.testing.assert_allclose(y.cpu(), y_eager.numpy(), rtol=0, atol=2e-5)
     # The same input from the host costs one upload of its bytes: the counter is real.
@@ -140,7 +130,7 @@ def test_another_device_is_a_typed_error_never_a_silent_copy(wgpu):
     with pytest.raises(ValueError, match="another WgpuRuntime"):
         other.run_on_device(on_other.plan, {on_other.inputs[0][0]: y._on_device})
     # The explicit copy works on both.
-    want = _eager([up, head], x)
+    want = eager_chain([up, head], x)
     np.testing.assert_allclose(on_cpu(y.cpu()).cpu(), want, rtol=0, atol=2e-5)
     np.testing.assert_allclose(on_other(y.cpu()).cpu(), want, rtol=0, atol=2e-5)
 
@@ -158,7 +148,7 @@ def test_a_module_sequence_on_one_device_moves_no_bytes_between_modules(wgpu):
     # Only the graph's input went up; the modules handed each other device buffers.
     assert _counters(wgpu) == (read0, up0 + x.numel() * 4)
     assert compiled.transfer_bytes == 0
-    np.testing.assert_allclose(got.cpu(), _eager(mods, x), rtol=0, atol=2e-5)
+    np.testing.assert_allclose(got.cpu(), eager_chain(mods, x), rtol=0, atol=2e-5)
 
 
 def test_a_graph_crossing_devices_counts_and_records_each_transfer(wgpu, tmp_path):
@@ -174,6 +164,6 @@ def test_a_graph_crossing_devices_counts_and_records_each_transfer(wgpu, tmp_pat
     hop = 4 * 32 * 4  # Chain's output, read back once for the CPU head
     assert _counters(wgpu) == (read0 + hop, up0 + x.numel() * 4)
     assert compiled.transfer_bytes == hop
-    np.testing.assert_allclose(got.cpu(), _eager(mods, x), rtol=0, atol=2e-5)
+    np.testing.assert_allclose(got.cpu(), eager_chain(mods, x), rtol=0, atol=2e-5)
     page = compiled.visualize(tmp_path / "m.html", measured=True).read_text()
     assert 'data-lane="cpu link" data-label="wgpu:0-&gt;cpu"' in page

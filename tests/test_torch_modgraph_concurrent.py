@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.torch_support import require_torch
+from tests.torch_support import require_torch, wgpu_runtime
 
 torch = require_torch()
 
@@ -34,10 +34,7 @@ pytestmark = pytest.mark.device_wgpu
 
 @pytest.fixture(scope="module")
 def wgpu():
-    from wgpu_util import require_wgpu
-
-    require_wgpu()
-    return _native.WgpuRuntime(timeout_s=60.0)
+    return wgpu_runtime()
 
 
 def _towers(wgpu: Any) -> tuple[Any, dict, dict]:

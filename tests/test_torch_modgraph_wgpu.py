@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.torch_support import require_torch
+from tests.torch_support import eager_chain, require_torch, wgpu_runtime
 
 torch = require_torch()
 nn = torch.nn
@@ -26,10 +26,7 @@ pytestmark = pytest.mark.device_wgpu
 
 @pytest.fixture(scope="module")
 def wgpu():
-    from wgpu_util import require_wgpu
-
-    require_wgpu()
-    return poot._native.WgpuRuntime(timeout_s=60.0)
+    return wgpu_runtime()
 
 
 def fast_small_gpu(memory: int) -> DeviceProfile:
@@ -65,13 +62,6 @@ class Small(nn.Module):
         return torch.softmax(self.fc(x), dim=-1)
 
 
-def _eager(mods, x):
-    with torch.no_grad():
-        for m in mods:
-            x = m(x)
-    return x.numpy()
-
-
 def test_the_planner_splits_a_sequence_over_cpu_and_wgpu(wgpu, tmp_path):
     torch.manual_seed(3)
     mods = [Big().eval(), Big().eval(), Small().eval()]
@@ -84,7 +74,7 @@ def test_the_planner_splits_a_sequence_over_cpu_and_wgpu(wgpu, tmp_path):
     compiled = poot.compile_modules(mods, (x,), profiles=profiles, runtimes={"wgpu:0": wgpu})
     assert compiled.placed == {"0.Big": "cpu", "1.Big": "wgpu:0", "2.Small": "wgpu:0"}
     got = compiled(x)
-    np.testing.assert_allclose(np.asarray(got.cpu()), _eager(mods, x), rtol=0, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(got.cpu()), eager_chain(mods, x), rtol=0, atol=2e-5)
     text = compiled.explain()
     assert "chosen: cpu [0.Big] resident; wgpu:0 [1.Big..2.Small] resident" in text
     assert "0.Big -> cpu" in text and "2.Small -> wgpu:0" in text

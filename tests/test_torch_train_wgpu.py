@@ -14,7 +14,7 @@ import copy
 import numpy as np
 import pytest
 
-from tests.torch_support import require_torch
+from tests.torch_support import require_torch, wgpu_runtime
 
 torch = require_torch()
 F = torch.nn.functional
@@ -28,10 +28,7 @@ pytestmark = pytest.mark.device_wgpu
 
 @pytest.fixture(scope="module")
 def wgpu():
-    from wgpu_util import require_wgpu
-
-    require_wgpu()
-    return poot._native.WgpuRuntime(timeout_s=60.0)
+    return wgpu_runtime()
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@
 mod device;
 mod driver;
 mod error;
+mod lower;
 mod nvrtc;
 pub mod ops;
 mod plan;
@@ -283,8 +284,8 @@ impl CudaRuntime {
             .steps
             .iter()
             .map(|s| match s {
-                plan::Step::Fixed(l) => Ok(l.clone()),
-                plan::Step::Attention(_) => Err(RuntimeError::Kernel {
+                steps::Step::Fixed(l) => Ok(l.clone()),
+                steps::Step::Attention(_) => Err(RuntimeError::Kernel {
                     op: "time_plan",
                     detail: "a plan with paged attention is timed by whole runs".into(),
                 }),

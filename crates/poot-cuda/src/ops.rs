@@ -118,6 +118,26 @@ fn blocks(count: u64, per: u32) -> u32 {
     count.div_ceil(u64::from(per)) as u32
 }
 
+/// A launch of `BLOCK`-thread blocks (every kernel but `stall`).
+fn launch(kernel: &'static str, grid: [u32; 3], args: Vec<Arg>) -> Launch {
+    Launch {
+        kernel,
+        grid,
+        block: [BLOCK, 1, 1],
+        args,
+    }
+}
+
+/// A launch of one thread per element of `n` (elementwise kernels over flat arrays).
+fn per_element(kernel: &'static str, n: u64, args: Vec<Arg>) -> Launch {
+    launch(kernel, [blocks(n, BLOCK), 1, 1], args)
+}
+
+/// A launch of one thread per element of `rows` rows of `width` (grid y: the row).
+fn per_row_element(kernel: &'static str, width: u32, rows: u32, args: Vec<Arg>) -> Launch {
+    launch(kernel, [blocks(width.into(), BLOCK), rows, 1], args)
+}
+
 /// The matvec kernel for a weight dtype (one token a warp), or `None` when there is none.
 pub fn matvec_kernel(dtype: DType) -> Option<&'static str> {
     Some(match dtype {
@@ -156,20 +176,15 @@ pub fn dtype_code(dtype: DType) -> Option<i32> {
 
 /// `y [t, n] = x [t, k] @ w [n, k]^T`; `w` is stored in `dtype` (see `matvec_kernel`).
 pub fn matvec(dtype: DType, w: u64, x: u64, y: u64, t: u32, n: u32, k: u32) -> Launch {
-    Launch {
-        kernel: if t == 1 {
-            matvec_kernel(dtype)
-        } else {
-            matmul_kernel(dtype)
-        }
-        .expect("the plan checked the dtype"),
-        grid: [
-            blocks(n.into(), MV_ROWS),
-            if t == 1 { 1 } else { t.div_ceil(MV_TOK) },
-            1,
-        ],
-        block: [BLOCK, 1, 1],
-        args: vec![
+    let (kernel, tiles) = if t == 1 {
+        (matvec_kernel(dtype), 1)
+    } else {
+        (matmul_kernel(dtype), t.div_ceil(MV_TOK))
+    };
+    launch(
+        kernel.expect("the plan checked the dtype"),
+        [blocks(n.into(), MV_ROWS), tiles, 1],
+        vec![
             Arg::Ptr(w),
             Arg::Ptr(x),
             Arg::Ptr(y),
@@ -177,38 +192,36 @@ pub fn matvec(dtype: DType, w: u64, x: u64, y: u64, t: u32, n: u32, k: u32) -> L
             Arg::I32(k as i32),
             Arg::I32(t as i32),
         ],
-    }
+    )
 }
 
 pub fn rms_norm(x: u64, w: u64, y: u64, t: u32, d: u32, eps: f32) -> Launch {
-    Launch {
-        kernel: "rms_norm_f32",
-        grid: [t, 1, 1],
-        block: [BLOCK, 1, 1],
-        args: vec![
+    launch(
+        "rms_norm_f32",
+        [t, 1, 1],
+        vec![
             Arg::Ptr(x),
             Arg::Ptr(w),
             Arg::Ptr(y),
             Arg::I32(d as i32),
             Arg::F32(eps),
         ],
-    }
+    )
 }
 
 /// `add_f32` or `mul_f32`: `out[i] = a[i] op b[i % nb]`.
 pub fn binary(kernel: &'static str, a: u64, b: u64, out: u64, n: u64, nb: u64) -> Launch {
-    Launch {
+    per_element(
         kernel,
-        grid: [blocks(n, BLOCK), 1, 1],
-        block: [BLOCK, 1, 1],
-        args: vec![
+        n,
+        vec![
             Arg::Ptr(a),
             Arg::Ptr(b),
             Arg::Ptr(out),
             Arg::I64(n as i64),
             Arg::I64(nb as i64),
         ],
-    }
+    )
 }
 
 /// The code `cast_f32` takes for a stored float dtype (F32, F16, BF16), or `None`.
@@ -223,51 +236,47 @@ pub fn cast_code(dtype: DType) -> Option<i32> {
 
 /// `out [n]` = the `n` stored words of `w` as f32 (`cast_code`'s dtypes).
 pub fn cast(w: u64, dtype: DType, out: u64, n: u64) -> Launch {
-    Launch {
-        kernel: "cast_f32",
-        grid: [blocks(n, BLOCK), 1, 1],
-        block: [BLOCK, 1, 1],
-        args: vec![
+    per_element(
+        "cast_f32",
+        n,
+        vec![
             Arg::Ptr(w),
             Arg::Ptr(out),
             Arg::I64(n as i64),
             Arg::I32(cast_code(dtype).expect("the plan checked the dtype")),
         ],
-    }
+    )
 }
 
 pub fn silu(x: u64, out: u64, n: u64) -> Launch {
-    Launch {
-        kernel: "silu_f32",
-        grid: [blocks(n, BLOCK), 1, 1],
-        block: [BLOCK, 1, 1],
-        args: vec![Arg::Ptr(x), Arg::Ptr(out), Arg::I64(n as i64)],
-    }
+    per_element(
+        "silu_f32",
+        n,
+        vec![Arg::Ptr(x), Arg::Ptr(out), Arg::I64(n as i64)],
+    )
 }
 
 /// GELU (tanh approximation) of `n` floats.
 pub fn gelu(x: u64, out: u64, n: u64) -> Launch {
-    Launch {
-        kernel: "gelu_f32",
-        grid: [blocks(n, BLOCK), 1, 1],
-        block: [BLOCK, 1, 1],
-        args: vec![Arg::Ptr(x), Arg::Ptr(out), Arg::I64(n as i64)],
-    }
+    per_element(
+        "gelu_f32",
+        n,
+        vec![Arg::Ptr(x), Arg::Ptr(out), Arg::I64(n as i64)],
+    )
 }
 
 /// `tanh(x / cap) * cap` of `n` floats.
 pub fn softcap(x: u64, out: u64, n: u64, cap: f32) -> Launch {
-    Launch {
-        kernel: "softcap_f32",
-        grid: [blocks(n, BLOCK), 1, 1],
-        block: [BLOCK, 1, 1],
-        args: vec![
+    per_element(
+        "softcap_f32",
+        n,
+        vec![
             Arg::Ptr(x),
             Arg::Ptr(out),
             Arg::I64(n as i64),
             Arg::F32(cap),
         ],
-    }
+    )
 }
 
 /// Rotates `x [t, n_heads * head_dim]` into `out` with `cs` = (cos, sin) pairs `[t, half]`.
@@ -283,11 +292,10 @@ pub fn rope(
     neox: bool,
 ) -> Launch {
     let total = u64::from(t) * u64::from(n_heads) * u64::from(head_dim);
-    Launch {
-        kernel: "rope_f32",
-        grid: [blocks(total, BLOCK), 1, 1],
-        block: [BLOCK, 1, 1],
-        args: vec![
+    per_element(
+        "rope_f32",
+        total,
+        vec![
             Arg::Ptr(x),
             Arg::Ptr(cs),
             Arg::Ptr(out),
@@ -297,53 +305,53 @@ pub fn rope(
             Arg::I32(half as i32),
             Arg::I32(i32::from(neox)),
         ],
-    }
+    )
 }
 
 pub fn embedding(table: u64, dtype: DType, ids: u64, out: u64, n_ids: u32, dim: u32) -> Launch {
-    Launch {
-        kernel: "embedding",
-        grid: [blocks(dim.into(), BLOCK), n_ids, 1],
-        block: [BLOCK, 1, 1],
-        args: vec![
+    per_row_element(
+        "embedding",
+        dim,
+        n_ids,
+        vec![
             Arg::Ptr(table),
             Arg::Ptr(ids),
             Arg::Ptr(out),
             Arg::I32(dim as i32),
             Arg::I32(dtype_code(dtype).expect("the plan checked the dtype")),
         ],
-    }
+    )
 }
 
 /// `out [o, w]` = columns `start..start + w` of `x [o, in_w]` (a slice along one axis, the
 /// axes before it folded into `o`, the axis and those after into `in_w`).
 pub fn slice_cols(x: u64, out: u64, o: u32, in_w: u32, w: u32, start: u32) -> Launch {
-    Launch {
-        kernel: "slice_cols",
-        grid: [blocks(w.into(), BLOCK), o, 1],
-        block: [BLOCK, 1, 1],
-        args: vec![
+    per_row_element(
+        "slice_cols",
+        w,
+        o,
+        vec![
             Arg::Ptr(x),
             Arg::Ptr(out),
             Arg::I32(in_w as i32),
             Arg::I32(w as i32),
             Arg::I32(start as i32),
         ],
-    }
+    )
 }
 
 pub fn gather_rows(x: u64, rows: u64, out: u64, r: u32, d: u32) -> Launch {
-    Launch {
-        kernel: "gather_rows",
-        grid: [blocks(d.into(), BLOCK), r, 1],
-        block: [BLOCK, 1, 1],
-        args: vec![
+    per_row_element(
+        "gather_rows",
+        d,
+        r,
+        vec![
             Arg::Ptr(x),
             Arg::Ptr(rows),
             Arg::Ptr(out),
             Arg::I32(d as i32),
         ],
-    }
+    )
 }
 
 /// Shapes of one paged-attention launch sequence (see attention.cu).
@@ -401,11 +409,11 @@ pub fn paged_attention(
     let ptr = Arg::Ptr;
     let int = |v: u32| Arg::I32(v as i32);
     [
-        Launch {
-            kernel: "kv_write",
-            grid: [blocks(row.into(), BLOCK), s.t, 1],
-            block: [BLOCK, 1, 1],
-            args: vec![
+        per_row_element(
+            "kv_write",
+            row,
+            s.t,
+            vec![
                 ptr(a.k),
                 ptr(a.v),
                 ptr(a.slots),
@@ -413,12 +421,12 @@ pub fn paged_attention(
                 ptr(a.v_cache),
                 int(row),
             ],
-        },
-        Launch {
-            kernel: "attn_scores",
-            grid: [blocks(s.ctx().into(), BLOCK), rows, 1],
-            block: [BLOCK, 1, 1],
-            args: vec![
+        ),
+        per_row_element(
+            "attn_scores",
+            s.ctx(),
+            rows,
+            vec![
                 ptr(a.q),
                 ptr(a.k_cache),
                 ptr(a.tables),
@@ -435,12 +443,11 @@ pub fn paged_attention(
                 int(window),
                 Arg::F32(softcap),
             ],
-        },
-        Launch {
-            kernel: "attn_softmax",
-            grid: [rows, 1, 1],
-            block: [BLOCK, 1, 1],
-            args: vec![
+        ),
+        launch(
+            "attn_softmax",
+            [rows, 1, 1],
+            vec![
                 ptr(a.scratch),
                 ptr(inv),
                 ptr(a.positions),
@@ -448,12 +455,12 @@ pub fn paged_attention(
                 int(s.ctx()),
                 int(window),
             ],
-        },
-        Launch {
-            kernel: "attn_out",
-            grid: [blocks(s.head_dim.into(), BLOCK), rows, 1],
-            block: [BLOCK, 1, 1],
-            args: vec![
+        ),
+        per_row_element(
+            "attn_out",
+            s.head_dim,
+            rows,
+            vec![
                 ptr(a.scratch),
                 ptr(inv),
                 ptr(a.v_cache),
@@ -469,7 +476,7 @@ pub fn paged_attention(
                 int(s.ctx()),
                 int(window),
             ],
-        },
+        ),
     ]
 }
 
@@ -484,51 +491,5 @@ pub fn stall(ns: u64, sink: u64) -> Launch {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_source_names_its_kernels() {
-        let names: Vec<&str> = SOURCES.iter().flat_map(|(_, s)| kernel_names(s)).collect();
-        for k in [
-            "matvec_q8_0",
-            "matvec_q4_0",
-            "matvec_q4_1",
-            "matvec_f16",
-            "matvec_f32",
-            "matmul_q8_0",
-            "matmul_f32",
-            "rms_norm_f32",
-            "add_f32",
-            "mul_f32",
-            "silu_f32",
-            "gelu_f32",
-            "softcap_f32",
-            "rope_f32",
-            "embedding",
-            "gather_rows",
-            "slice_cols",
-            "stall",
-            "kv_write",
-            "attn_scores",
-            "attn_softmax",
-            "attn_out",
-            "cast_f32",
-        ] {
-            assert!(names.contains(&k), "{k} missing from {names:?}");
-        }
-        assert_eq!(names.len(), 26, "{names:?}");
-    }
-
-    #[test]
-    fn params_point_at_each_value_in_its_low_bytes() {
-        let mut p = Params::new(&[Arg::I32(-2), Arg::F32(1.5), Arg::Ptr(0xdead_beef_0000)]);
-        let ptrs = p.as_ptr();
-        // SAFETY: `ptrs` has three entries, each pointing at a live u64 slot of `p`.
-        unsafe {
-            assert_eq!(*(*ptrs).cast::<i32>(), -2);
-            assert_eq!(*(*ptrs.add(1)).cast::<f32>(), 1.5);
-            assert_eq!(*(*ptrs.add(2)).cast::<u64>(), 0xdead_beef_0000);
-        }
-    }
-}
+#[path = "ops_tests.rs"]
+mod tests;

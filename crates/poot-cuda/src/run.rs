@@ -9,7 +9,7 @@ use poot_runtime::sample::{sample_row, SampleSettings};
 use poot_runtime::{HostTensor, RuntimeError};
 
 use crate::ops::{self, AttnAddrs, AttnShape, Launch};
-use crate::plan::{AttnStep, CudaPlan, Step};
+use crate::steps::{AttnStep, CudaPlan, Step};
 use crate::{CudaRuntime, KvPool};
 
 fn i32s<'a>(inputs: &'a [(&str, HostTensor)], name: &str) -> Result<&'a [i32], RuntimeError> {

@@ -1,6 +1,6 @@
 //! What a compiled CUDA plan holds: where each input, rope table and output lives in the
 //! arena, the steps to replay (fixed launches, and paged attentions formed at run time), and
-//! the sample nodes drawn on the host. Built by `plan.rs`, consumed by `run.rs`.
+//! the sample nodes drawn on the host.
 
 use poot_core::DType;
 use poot_cpu::kernels::RopeTable;

@@ -17,8 +17,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<crate::limits::PyTraceLimits>()?;
     m.add_class::<PyCompileLimits>()?;
     m.add_class::<crate::weights::PyWeights>()?;
-    m.add_class::<crate::tracer::PyValue>()?;
-    m.add_class::<crate::tracer::PyTracer>()?;
+    m.add_class::<crate::tracer_state::PyValue>()?;
+    m.add_class::<crate::tracer_state::PyTracer>()?;
     m.add_class::<PyGraph>()?;
     Ok(())
 }

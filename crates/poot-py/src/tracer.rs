@@ -1,69 +1,24 @@
-//! `Tracer` and `Value`: model definitions record a step's graph op by op.
+//! `Tracer`'s methods: model definitions record a step's graph op by op, one method an op.
 //!
-//! Invariants: every call goes straight to `poot_graph::Tracer`, which checks operands and
-//! budgets before recording anything, so a refused call leaves the trace unchanged. A `Value`
-//! belongs to the tracer that made it; passing it to another tracer is a `TraceError` (kind
-//! `"bad_value"`), never a silent mix-up of ids. Tracing costs no GIL release: each call is a few
-//! checks and one push.
-
-use std::sync::atomic::{AtomicU64, Ordering};
+//! Invariants: every call goes straight to `poot_graph::Tracer` (through `tracer_state`'s
+//! `rec`), which checks operands and budgets before recording anything, so a refused call
+//! leaves the trace unchanged. Tracing costs no GIL release: each call is a few checks and one
+//! push.
 
 use poot_core::DType;
 use poot_graph::{
     AdjustInputs, AttentionConfig, AttentionMeta, ReduceKind, RopeConfig, SampleInputs, Tracer,
-    UnaryKind, ValueId, ValueInfo,
+    UnaryKind,
 };
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::PyDict;
 
 use crate::errors::{trace_error, trace_error_kind};
 use crate::graph::PyGraph;
 use crate::limits::PyTraceLimits;
 use crate::rope_args::{bad_kind, binary_kind, parse_scaling, parse_style};
+use crate::tracer_state::{PyTracer, PyValue};
 use crate::weights::PyWeights;
-
-/// A value in a trace: its id, dtype and shape. Only the tracer that made it accepts it.
-#[pyclass(name = "Value", module = "poot._native", frozen)]
-#[derive(Clone, Debug)]
-pub struct PyValue {
-    trace: u64,
-    #[pyo3(get)]
-    id: u32,
-    #[pyo3(get)]
-    dtype: &'static str,
-    shape: Vec<usize>,
-}
-
-#[pymethods]
-impl PyValue {
-    /// Row-major shape, outermost first.
-    #[getter]
-    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        PyTuple::new(py, &self.shape)
-    }
-
-    fn __repr__(&self) -> String {
-        format!("Value(%{}: {}{:?})", self.id, self.dtype, self.shape)
-    }
-}
-
-static NEXT_TRACE: AtomicU64 = AtomicU64::new(1);
-
-/// Records one step's graph; every call checks operands and the `TraceLimits` budget.
-#[pyclass(name = "Tracer", module = "poot._native")]
-pub struct PyTracer {
-    id: u64,
-    inner: Option<Tracer>,
-}
-
-impl std::fmt::Debug for PyTracer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tracer")
-            .field("id", &self.id)
-            .field("inner", &self.inner)
-            .finish()
-    }
-}
 
 fn parse_dtype(py: Python<'_>, dtype: &str) -> PyResult<DType> {
     match dtype.to_ascii_lowercase().as_str() {
@@ -76,75 +31,6 @@ fn parse_dtype(py: Python<'_>, dtype: &str) -> PyResult<DType> {
             None,
             format!("input: dtype must be \"f32\" or \"i32\", got {dtype:?}"),
         )),
-    }
-}
-
-impl PyTracer {
-    fn tracer(&mut self, py: Python<'_>) -> PyResult<&mut Tracer> {
-        self.inner.as_mut().ok_or_else(|| {
-            trace_error_kind(
-                py,
-                "finished",
-                None,
-                None,
-                "the tracer is finished; start a new one".into(),
-            )
-        })
-    }
-
-    fn vid(&self, py: Python<'_>, v: &PyValue) -> PyResult<ValueId> {
-        if v.trace != self.id {
-            return Err(trace_error_kind(
-                py,
-                "bad_value",
-                None,
-                None,
-                format!("value %{} belongs to another tracer", v.id),
-            ));
-        }
-        Ok(ValueId(v.id))
-    }
-
-    fn value(&self, id: ValueId, info: &ValueInfo) -> PyValue {
-        PyValue {
-            trace: self.id,
-            id: id.0,
-            dtype: info.dtype.name(),
-            shape: info.shape.clone(),
-        }
-    }
-
-    /// Runs one tracer call and wraps the new value.
-    fn rec(
-        &mut self,
-        py: Python<'_>,
-        f: impl FnOnce(&mut Tracer) -> Result<ValueId, poot_graph::TraceError>,
-    ) -> PyResult<PyValue> {
-        let t = self.tracer(py)?;
-        let id = f(t).map_err(|e| trace_error(py, e))?;
-        let info = t.info(id).map_err(|e| trace_error(py, e))?.clone();
-        Ok(self.value(id, &info))
-    }
-
-    fn unary_op(
-        &mut self,
-        py: Python<'_>,
-        x: &PyValue,
-        f: fn(&mut Tracer, ValueId) -> Result<ValueId, poot_graph::TraceError>,
-    ) -> PyResult<PyValue> {
-        let x = self.vid(py, x)?;
-        self.rec(py, |t| f(t, x))
-    }
-
-    fn binary_op(
-        &mut self,
-        py: Python<'_>,
-        a: &PyValue,
-        b: &PyValue,
-        f: fn(&mut Tracer, ValueId, ValueId) -> Result<ValueId, poot_graph::TraceError>,
-    ) -> PyResult<PyValue> {
-        let (a, b) = (self.vid(py, a)?, self.vid(py, b)?);
-        self.rec(py, |t| f(t, a, b))
     }
 }
 
@@ -162,10 +48,7 @@ impl PyTracer {
         let limits = limits.map(|l| l.inner).unwrap_or_default();
         let inner = Tracer::new(limits, step_tokens, weights.catalog.clone())
             .map_err(|e| trace_error(py, e))?;
-        Ok(PyTracer {
-            id: NEXT_TRACE.fetch_add(1, Ordering::Relaxed),
-            inner: Some(inner),
-        })
+        Ok(PyTracer::new(inner))
     }
 
     /// Tokens in the step being traced.
@@ -613,8 +496,7 @@ impl PyTracer {
 
     /// The finished graph; the tracer accepts no further calls.
     fn finish(&mut self, py: Python<'_>) -> PyResult<PyGraph> {
-        self.tracer(py)?;
-        let t = self.inner.take().expect("checked above");
+        let t = self.take(py)?;
         Ok(PyGraph {
             inner: std::sync::Arc::new(t.finish()),
         })

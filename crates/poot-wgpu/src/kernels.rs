@@ -149,6 +149,7 @@ impl Kernel {
             Kernel::Sample => &[RANK, F64MATH],
             Kernel::TopK => &[RANK],
             Kernel::Logprobs => &[F64MATH],
+            Kernel::MatMul | Kernel::MatMulSubgroup => &[MATMUL_LANES],
             _ => &[],
         }
     }
@@ -171,6 +172,9 @@ impl Kernel {
 const WBYTES: &str = include_str!("../../../shaders/wgsl/wbytes.wgsl");
 const RANK: &str = include_str!("../../../shaders/wgsl/rank.wgsl");
 const F64MATH: &str = include_str!("../../../shaders/wgsl/f64math.wgsl");
+/// The bindings and per-lane row sums the two dense matmuls share; each adds a row's lane sums
+/// its own way.
+const MATMUL_LANES: &str = include_str!("../../../shaders/wgsl/matmul_lanes.wgsl");
 
 /// The decoder of a stored dtype, or `None` when no WGSL decoder exists for it.
 pub(crate) fn decoder(dtype: DType) -> Option<&'static str> {
@@ -223,8 +227,9 @@ pub(crate) fn kdecoder(dtype: DType) -> Option<&'static str> {
 
 /// The full WGSL of `kernel` for weights of `dtype` (ignored by kernels that read none).
 pub(crate) fn source(kernel: Kernel, dtype: DType) -> Result<String, CompileError> {
+    let body = [kernel.includes(), &[kernel.source()]].concat().join("\n");
     if !kernel.reads_weights() {
-        return Ok([kernel.includes(), &[kernel.source()]].concat().join("\n"));
+        return Ok(body);
     }
     let dec = match kernel {
         Kernel::MatMulQ8 => qdecoder(dtype),
@@ -237,8 +242,9 @@ pub(crate) fn source(kernel: Kernel, dtype: DType) -> Result<String, CompileErro
             kernel.name()
         ))
     })?;
-    // The kernel declares `wt`; the readers and decoder use it, so they follow it.
-    Ok(format!("{}\n{WBYTES}\n{dec}", kernel.source()))
+    // The kernel (or what it includes) declares `wt`; the readers and decoder use it, so they
+    // follow it.
+    Ok(format!("{body}\n{WBYTES}\n{dec}"))
 }
 
 /// Statements and locals of a WGSL body, with `//` comments removed.
@@ -404,6 +410,24 @@ mod tests {
                 check_body(k.name(), &src, &limits).unwrap();
             }
         }
+    }
+
+    #[test]
+    fn both_dense_matmuls_take_their_lane_sums_from_one_source() {
+        for k in [Kernel::MatMul, Kernel::MatMulSubgroup] {
+            let src = source(k, DType::Q4_K).unwrap();
+            assert_eq!(src.matches("fn lane_sums(").count(), 1, "{}", k.name());
+            assert_eq!(
+                src.matches("lane_sums(n, s, t0, tn)").count(),
+                1,
+                "{}",
+                k.name()
+            );
+            assert_eq!(src.matches("fn main(").count(), 1, "{}", k.name());
+        }
+        // The other weight kernels are not given it.
+        let src = source(Kernel::MoeMatMul, DType::Q4_K).unwrap();
+        assert!(!src.contains("fn lane_sums("));
     }
 
     #[test]
