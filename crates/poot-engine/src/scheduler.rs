@@ -269,8 +269,14 @@ impl Scheduler {
                 self.waiting.pop_front();
                 continue;
             };
-            // Never the last known token: the step must compute it to sample after it.
-            let lookup = &req.tokens[..req.tokens.len() - 1];
+            // Never the last known token: the step must compute it to sample after it; none
+            // for a request that skips the cache.
+            let end = if req.skip_prefix_cache {
+                0
+            } else {
+                req.tokens.len() - 1
+            };
+            let lookup = &req.tokens[..end];
             req.tables = self.kv.lookup_prefix(lookup)?;
             let cached = req.num_computed();
             let len = req.num_remaining().min(*budget);

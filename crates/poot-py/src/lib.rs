@@ -22,6 +22,7 @@ mod rope_args;
 mod runtime;
 mod step;
 mod step_io;
+mod step_python;
 mod step_run;
 mod tokenize;
 mod tracer;
