@@ -1,7 +1,10 @@
 """The families' chat templates render exactly as transformers' ``apply_chat_template`` does.
 
 Templates: Qwen3-0.6B, gemma-2-2b-it and Phi-3.5-mini-instruct as their model repositories
-ship them (copies from llama.cpp's ``models/templates``, in ``tests/data/chat_templates``).
+ship them (copies from llama.cpp's ``models/templates``, in ``tests/data/chat_templates``), and
+Gemma 3's as the ``axolotl`` 0.19.0 wheel ships it (``axolotl-gemma3.jinja``, Apache-2.0: the
+model repository's template but for a system turn given as a list of parts, whose texts it
+joins where the original takes the first; no copy of the original is on the test machines).
 The reference is ``transformers.PreTrainedTokenizerFast(...).apply_chat_template(...,
 tokenize=False)`` (transformers needs no torch for this); poot renders through
 ``poot.tokenizer.chat.render_chat_template`` with the same special tokens.
@@ -24,6 +27,7 @@ SPECIAL = {
     "Qwen-Qwen3-0.6B": {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
     "google-gemma-2-2b-it": {"bos_token": "<bos>", "eos_token": "<eos>"},
     "microsoft-Phi-3.5-mini-instruct": {"bos_token": "<s>", "eos_token": "<|endoftext|>"},
+    "axolotl-gemma3": {"bos_token": "<bos>", "eos_token": "<eos>"},
 }
 SYSTEM = {"role": "system", "content": "You are terse."}
 TURNS: list[dict[str, Any]] = [
@@ -44,6 +48,17 @@ def _reference(name: str) -> Any:
     )
 
 
+# Gemma 3's content parts: an image and text (trimmed), and a system turn of parts.
+PARTS: list[dict[str, Any]] = [
+    {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+    {
+        "role": "user",
+        "content": [{"type": "image"}, {"type": "text", "text": "  What is shown?\n"}],
+    },
+    {"role": "assistant", "content": [{"type": "text", "text": "A cat."}]},
+    {"role": "user", "content": " And its colour? "},
+]
+
 CASES = [
     ("Qwen-Qwen3-0.6B", [SYSTEM, *TURNS], {}),
     ("Qwen-Qwen3-0.6B", TURNS, {"enable_thinking": False}),
@@ -52,6 +67,11 @@ CASES = [
     ("google-gemma-2-2b-it", TURNS[:1], {}),
     ("microsoft-Phi-3.5-mini-instruct", [SYSTEM, *TURNS], {}),
     ("microsoft-Phi-3.5-mini-instruct", TURNS[:2], {}),
+    ("axolotl-gemma3", [SYSTEM, *TURNS], {}),
+    ("axolotl-gemma3", TURNS, {}),
+    ("axolotl-gemma3", TURNS[:1], {}),
+    ("axolotl-gemma3", PARTS, {}),
+    ("axolotl-gemma3", PARTS[1:], {}),
 ]
 
 
@@ -82,4 +102,14 @@ def test_gemma_refuses_a_system_turn_as_transformers_does() -> None:
             (TEMPLATES / f"{name}.jinja").read_text(),
             [SYSTEM, *TURNS],
             special_tokens=SPECIAL[name],
+        )
+
+
+def test_gemma3_refuses_turns_that_do_not_alternate_as_transformers_does() -> None:
+    name, messages = "axolotl-gemma3", [TURNS[0], TURNS[0]]
+    with pytest.raises(Exception, match="must alternate"):
+        _reference(name).apply_chat_template(messages, tokenize=False)
+    with pytest.raises(ChatTemplateError, match="must alternate"):
+        render_chat_template(
+            (TEMPLATES / f"{name}.jinja").read_text(), messages, special_tokens=SPECIAL[name]
         )

@@ -5,17 +5,18 @@ forbids, and the ``Runtime`` Protocol offered by every runtime the engine drives
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from runtime_hooks import HookedRuntime
+from step_crossings import counting as _counting
+from step_crossings import drive as _drive
+from step_crossings import host_only as _host_only
 
 from poot import LLM, SamplingParams, _native
-from poot.engine_core import EngineCore
+from poot.engine_core import EngineCore, log_softmax
 from poot.planner.null_runtime import NullRuntime
 from poot.runner import LOGIT_OPS
 from poot.runtimes import Runtime
@@ -102,57 +103,6 @@ def test_stats_asked_during_a_step_give_the_last_counts(llm: LLM) -> None:
     assert after["decode_tokens"] > before["decode_tokens"] and after["used_blocks"] == 0
 
 
-class _Counting:
-    """Forwards to a native object, logging each attribute read (each one crosses into Rust)."""
-
-    def __init__(self, inner: Any, log: list[str]) -> None:
-        self._inner, self._log = inner, log
-
-    def __getattr__(self, name: str) -> Any:
-        self._log.append(name)
-        return getattr(self._inner, name)
-
-
-_RUNNER_ENTRIES = ("plan", "run_plan", "run_sample", "run_all_logits")
-
-
-@contextmanager
-def _counting(core: EngineCore) -> Iterator[list[str]]:
-    """Puts the core's scheduler and step driver behind proxies that log every attribute read
-    (each one a crossing into Rust), and logs the runner's Python entries too (tracing on a
-    miss, host-side steps); yields the log."""
-    log: list[str] = []
-    scheduler, driver, runner = core.scheduler, core.driver, core.runner
-    core.scheduler = _Counting(scheduler, log)  # type: ignore[assignment]
-    core.driver = _Counting(driver, log)  # type: ignore[assignment]
-    for name in _RUNNER_ENTRIES:
-        setattr(runner, name, _logged(getattr(runner, name), name, log))
-    try:
-        yield log
-    finally:
-        core.scheduler, core.driver = scheduler, driver
-        for name in _RUNNER_ENTRIES:
-            delattr(runner, name)
-
-
-def _drive(llm: LLM, params: list[SamplingParams]) -> tuple[list[Any], list[str], int]:
-    """Runs one request per ``params`` (prompts ``Once upon``, ``Lily``, ``The cat``) step by
-    step to the end under ``_counting``; returns the requests, the crossings of their steps
-    and the steps."""
-    core = llm.core
-    prompts = ["Once upon", "Lily", "The cat"]
-    with _counting(core) as log:
-        reqs = [llm.make_request(t, p) for t, p in zip(prompts, params, strict=False)]
-        for r in reqs:
-            core.add_request(r)
-        log.clear()
-        steps = 0
-        while core.has_unfinished():
-            core.step()
-            steps += 1
-    return reqs, list(log), steps
-
-
 def _warm_steps(llm: LLM, params: SamplingParams) -> tuple[list[str], int, list[list[int]]]:
     """Runs two requests on ``llm``'s core after warming their plans (``_drive``); returns
     the crossings, the steps and the outputs."""
@@ -160,14 +110,6 @@ def _warm_steps(llm: LLM, params: SamplingParams) -> tuple[list[str], int, list[
     reqs, log, steps = _drive(llm, [params, params])
     assert [r.out for r in reqs] == want  # the same tokens as the plain loop
     return log, steps, want
-
-
-def _logged(f: Any, name: str, log: list[str]) -> Any:
-    def call(*args: Any, **kw: Any) -> Any:
-        log.append(name)
-        return f(*args, **kw)
-
-    return call
 
 
 WARM_CASES = [
@@ -218,7 +160,10 @@ def test_a_warm_guided_step_crosses_once_and_fills_its_mask_meanwhile(llm: LLM) 
     assert all(all(c.islower() or c == " " for c in "".join(r.text)) for r in reqs)
 
 
-def test_a_failed_mask_ends_its_step_with_the_mask_s_error(llm: LLM) -> None:
+@pytest.mark.parametrize("runtime", ["native", "python"])
+def test_a_failed_mask_ends_its_step_with_the_mask_s_error(llm: LLM, runtime: str) -> None:
+    # On a runtime that is a Python object the mask is its run's late input too: the slot
+    # fails, and the mask's own error is raised.
     core = llm.core
     params = SamplingParams(max_tokens=4, temperature=0.0, regex="[a-z ]{4}")
 
@@ -228,11 +173,15 @@ def test_a_failed_mask_ends_its_step_with_the_mask_s_error(llm: LLM) -> None:
     req = llm.make_request("Once upon", params)
     core.add_request(req)
     core.guide.fill_masks = broken  # type: ignore[method-assign]
+    original = core.runner.runtime
+    if runtime == "python":
+        core.runner.runtime = HookedRuntime(original, lambda n: None)
     try:
         with pytest.raises(ValueError, match="went away"):
             core.step()
     finally:
         del core.guide.fill_masks
+        core.runner.runtime = original
     assert not core.is_live(req.request_id) and not core.has_unfinished()
     assert llm.scheduler.used_blocks == 0 and not llm.scheduler.step_in_flight
     again = llm.generate("Once upon", params)[0].outputs[0]
@@ -253,30 +202,6 @@ def any_llm(request: pytest.FixtureRequest, llm: LLM, stories: Path) -> LLM:
 
 # A prompt shorter than a block: no prefix cache hit however often it runs.
 SHORT = "Once upon a time"
-
-
-class _HostOnly:
-    """Forwards to the step driver but leaves every step unrun: the runner's path, whose
-    results the driver's one call must equal bit for bit."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def step(self, fast: bool = True, forget: Any = (), logits_for: int | None = None) -> Any:
-        return self._inner.step(False, list(forget), logits_for)
-
-
-@contextmanager
-def _host_only(core: EngineCore) -> Iterator[None]:
-    driver = core.driver
-    core.driver = _HostOnly(driver)  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        core.driver = driver
 
 
 def _prefill_then_logits(llm: LLM, params: SamplingParams) -> tuple[Any, Any, list[str]]:
@@ -355,26 +280,141 @@ def test_a_row_s_logits_in_a_batch_run_both_plans_in_one_call(llm: LLM) -> None:
     assert [int(np.argmax(x)) for x in rows] == want[0]
 
 
-def test_a_prompt_logprob_chunk_after_a_cache_hit_takes_the_runner_s_path(stories: Path) -> None:
-    # The cached positions' logits need passes of their own (the host's): that step is planned
-    # by the driver, run by the runner and applied by a second call; the values are the cold
-    # run's.
-    path = str(stories / "stories260K-Q8_0.gguf")
-    llm = LLM(path, num_blocks=32, max_step_tokens=32, block_size=4)
+@pytest.mark.parametrize("backend", ["cpu", "wgpu"])
+def test_prompt_logprobs_after_a_cache_hit_cross_once_per_step(stories: Path, backend: str) -> None:
+    # A request asking for prompt logprobs never starts from the prefix cache (vLLM's rule):
+    # its own prefill computes every position, one call a step, with the cold run's values.
+    kw: dict[str, Any] = {"num_blocks": 32, "max_step_tokens": 32, "block_size": 4}
+    if backend == "wgpu":
+        from wgpu_util import require_wgpu
+
+        require_wgpu()
+        llm = LLM(str(stories / "stories260K-f32.gguf"), backend="wgpu", **kw)
+    else:
+        llm = LLM(str(stories / "stories260K-Q8_0.gguf"), **kw)
     prompt = "Once upon a time there was a little girl named Lily"
     params = SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=1)
     cold = llm.generate(prompt, params)[0]
+    # The prompt's blocks are cached: a plain request of it starts from them.
+    llm.generate(prompt, SamplingParams(max_tokens=2, temperature=0.0))
+    cached = llm.stats()["prefill_cached_tokens"]
+    assert cached > 0
     core = llm.core
     with _counting(core) as log:
         req = llm.make_request(prompt, params)
         core.add_request(req)
         log.clear()
-        core.step()
-    assert log[0] == "step" and "run_all_logits" in log and log[-1] == "update"
-    while core.has_unfinished():
-        core.step()
-    assert llm.stats()["prefill_cached_tokens"] > 0
+        steps = 0
+        while core.has_unfinished():
+            core.step()
+            steps += 1
+    assert log == ["step"] * steps
+    assert llm.stats()["prefill_cached_tokens"] == cached
+    assert req.prompt_logprobs == cold.prompt_logprobs and req.out == cold.outputs[0].token_ids
+
+
+@pytest.mark.parametrize("family", ["gemma3", "mistral"])
+def test_prompt_logprobs_of_a_cached_prefix_on_a_windowed_model(
+    family_checkpoints: Any, family: str
+) -> None:
+    # Windowed layers keep only their window's KV, so a cached prefix cannot give the
+    # positions behind it: the request computes its whole prompt in its own steps (one call
+    # each), and every entry is log_softmax of LLM.logits over the prefix, past the window too.
+    from poot.driver_options import DriverOptions
+
+    opts = DriverOptions(block_size=4, max_step_tokens=4, max_num_seqs=1)
+    path = str(family_checkpoints(family)["gguf"])
+    llm = LLM(path, threads=1, numerics="exact", driver=opts)
+    prompt = [1, 17, 93, 5, 64, 120, 33, 8, 77, 200, 11, 42, 9]
+    params = SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=1)
+    cold = llm.generate([prompt], params)[0]
+    core = llm.core
+    with _counting(core) as log:
+        req = llm.make_request(prompt, params)
+        core.add_request(req)
+        log.clear()
+        steps = 0
+        while core.has_unfinished():
+            core.step()
+            steps += 1
+    assert log == ["step"] * steps and steps >= len(prompt) // 4
     assert req.prompt_logprobs == cold.prompt_logprobs
+    entries = req.prompt_logprobs
+    for i in range(1, len(prompt)):
+        want = log_softmax(llm.logits(prompt[:i]))[prompt[i]]
+        assert entries[i][prompt[i]].logprob == float(want), i
+
+
+def _guided_python_runs(llm: LLM, runtime: Any) -> tuple[list[Any], list[str], int, int]:
+    """Two guided requests on ``runtime`` (a Python object) after a warm-up run: the
+    requests, the crossings, the steps and the masks filled."""
+    core = llm.core
+    params = SamplingParams(max_tokens=8, temperature=0.0, regex="[a-z ]{8}")
+    original = core.runner.runtime
+    core.runner.runtime = runtime
+    fills: list[int] = []
+    fill_masks = core.guide.fill_masks
+
+    def counted(rows: Any, seqs: int) -> Any:
+        fills.append(len(rows))
+        return fill_masks(rows, seqs)
+
+    try:
+        _drive(llm, [params, params])  # the driver takes the plans for this runtime
+        core.guide.fill_masks = counted  # type: ignore[method-assign]
+        reqs, log, steps = _drive(llm, [params, params])
+    finally:
+        core.runner.runtime = original
+        vars(core.guide).pop("fill_masks", None)
+    return reqs, [c for c in log if c != "abort"], steps, len(fills)
+
+
+def test_a_guided_step_on_a_python_runtime_crosses_once(llm: LLM) -> None:
+    # The driver runs the step through the runtime's own run (a Python call back, as any run
+    # on it is) with the mask as its late input, filled meanwhile: one crossing, the native
+    # runtime's tokens.
+    params = SamplingParams(max_tokens=8, temperature=0.0, regex="[a-z ]{8}")
+    want = [o.outputs[0].token_ids for o in llm.generate(["Once upon", "Lily"], params)]
+    runtime = HookedRuntime(llm.core.runner.runtime, lambda n: None)
+    reqs, log, steps, fills = _guided_python_runs(llm, runtime)
+    assert log == ["step"] * steps and fills == steps > 1
+    assert [r.out for r in reqs] == want
+
+
+def test_a_guided_split_step_on_a_python_runtime_crosses_once(llm: LLM) -> None:
+    # A Python runtime without the logit ops: the forward pass through its run while the mask
+    # is filled, the sampling step on the host runtime, in the one call.
+    params = SamplingParams(max_tokens=8, temperature=0.0, regex="[a-z ]{8}")
+    want = [o.outputs[0].token_ids for o in llm.generate(["Once upon", "Lily"], params)]
+    runner = llm.core.runner
+    no_logit_ops = HookedRuntime(runner.runtime, lambda n: None)
+    no_logit_ops.supports = lambda op: op not in LOGIT_OPS  # type: ignore[method-assign]
+    runner.samples_on_device = False
+    try:
+        reqs, log, steps, fills = _guided_python_runs(llm, no_logit_ops)
+    finally:
+        runner.samples_on_device = True
+    assert log == ["step"] * steps and fills == steps > 1
+    assert [r.out for r in reqs] == want
+
+
+def test_a_guided_step_on_the_planner_s_runtime_crosses_once(llm: LLM, stories: Path) -> None:
+    from poot.planner import CompileConfig
+    from poot.planner.runners import LeasedRuntime
+
+    params = SamplingParams(max_tokens=8, temperature=0.0, regex="[a-z ]{8}")
+    want = [o.outputs[0].token_ids for o in llm.generate(["Once upon", "Lily"], params)]
+    planned = LLM(
+        str(stories / "stories260K-Q8_0.gguf"),
+        num_blocks=32,
+        max_step_tokens=32,
+        config=CompileConfig(allow_gpu=False),
+    )
+    runtime = planned.core.runner.runtime
+    assert isinstance(runtime, LeasedRuntime)
+    reqs, log, steps, fills = _guided_python_runs(planned, runtime)
+    assert log == ["step"] * steps and fills == steps > 1
+    assert [r.out for r in reqs] == want
 
 
 def test_a_split_step_crosses_once_with_the_runner_s_results(

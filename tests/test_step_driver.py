@@ -20,7 +20,7 @@ def _unused_mask(rows: Any, seqs: int) -> Any:
     raise AssertionError("a step planned with fast=False never fills a mask")
 
 
-def _driver() -> _native.StepDriver:
+def _driver(**kw: Any) -> _native.StepDriver:
     sched = _native.Scheduler(
         max_num_seqs=4,
         max_batched_tokens=16,
@@ -28,6 +28,7 @@ def _driver() -> _native.StepDriver:
         max_model_len=64,
         block_size=4,
         num_blocks=32,
+        **kw,
     )
     return _native.StepDriver(
         sched,
@@ -123,12 +124,26 @@ def test_guided_and_logprob_rows_shape_the_step() -> None:
     rng = np.random.default_rng(0)
     _add(d, 0, rng, [1, 2], guided=True)
     _add(d, 1, rng, [3, 4], logprobs=True)
-    out = d.step(True)  # a mask with a Python runtime (None here) needs the host: not run
+    out = d.step(False)
     assert out["ran"] is False and out["mask_rows"] == [0] and out["logprobs"] is True
     assert out["adjust"] == 0 and "adj_ids" not in out["sampling"]
     assert set(out["inputs"]) == {
         "ids", "positions", "slot_mapping", "token_seq", "block_tables", "last_rows",
     }  # fmt: skip
+
+
+def test_a_prompt_logprob_request_reads_no_cached_prefix() -> None:
+    # Every prompt position's logits must come from the request's own prefill.
+    d = _driver(enable_prefix_caching=True)
+    rng = np.random.default_rng(0)
+    prompt = list(range(1, 11))  # two full blocks of 4 and two tokens
+    for rid, kw in enumerate([{}, {}, {"prompt_logprobs": True}]):
+        _add(d, rid, rng, prompt, **kw)
+        out = d.step(False)
+        assert out["request_ids"] == [rid]
+        assert out["num_cached_tokens"] == [0, 8, 0][rid]
+        d.update([(rid, 5)])
+        assert d.abort(rid)  # its full blocks stay cached
 
 
 def test_bad_requests_are_refused_and_lose_nothing() -> None:

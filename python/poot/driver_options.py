@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from poot.errors import ConfigError
+from poot.kv_windows import KvWindows
 from poot.prepared import PreparedPolicy
 
 __all__ = ["DriverOptions", "kv_block_bytes", "kv_pool_bytes"]
@@ -61,6 +62,45 @@ def kv_pool_bytes(
     global_layers = hparams.n_layers - windowed_layers
     blocks = global_layers * pool_blocks + windowed_layers * window_pool_blocks
     return blocks * per_layer_block
+
+
+@dataclass(frozen=True)
+class _PoolCost:
+    """What the KV pool costs for one model: ``block_bytes`` per block of the scheduler's
+    pool (every layer, or the global layers of a window group), ``seq_blocks`` of them for one
+    ``max_model_len`` sequence (only its window's when every layer is windowed), and for a
+    window group ``window_block_bytes`` per block of its own pool, ``window_row_blocks`` of
+    them per row."""
+
+    block_bytes: int
+    seq_blocks: int
+    window_block_bytes: int = 0
+    window_row_blocks: int = 0
+
+    @property
+    def window_row_bytes(self) -> int:
+        return self.window_row_blocks * self.window_block_bytes
+
+
+def _pool_cost(
+    hparams: KvShape,
+    block_size: int,
+    entry_bytes: int,
+    seq_len: int,
+    step_tokens: int,
+    windows: KvWindows | None,
+) -> _PoolCost:
+    layer_block = kv_block_bytes(hparams, block_size, entry_bytes) // hparams.n_layers
+    seq_blocks = -(-seq_len // block_size)
+    if windows is None:
+        return _PoolCost(hparams.n_layers * layer_block, seq_blocks)
+    span = windows.span_blocks(step_tokens, block_size)
+    if not windows.grouped:
+        return _PoolCost(hparams.n_layers * layer_block, min(seq_blocks, span))
+    global_layers = hparams.n_layers - windows.windowed_layers
+    return _PoolCost(
+        global_layers * layer_block, seq_blocks, windows.windowed_layers * layer_block, span
+    )
 
 
 @dataclass(frozen=True)
@@ -130,15 +170,21 @@ class DriverOptions:
         block_size: int = 16,
         max_step_tokens: int = 256,
         max_rows: int = 256,
+        windows: KvWindows | None = None,
         **options: Any,
     ) -> DriverOptions:
         """Options sized to ``free_bytes`` (memory free after the weights).
 
         ``reserve_fraction`` of it is kept back (activations, scratch); the rest becomes KV
-        blocks: ``num_blocks = floor(free_bytes * (1 - reserve_fraction) / block_bytes)``.
-        Rows are as many full ``max_model_len`` sequences as those blocks hold, capped by
-        ``max_rows`` and ``max_step_tokens``. ``max_model_len`` defaults to the model's context.
-        Other ``DriverOptions`` fields pass through ``options``.
+        blocks. Rows are as many full ``max_model_len`` sequences as that memory holds,
+        capped by ``max_rows`` and ``max_step_tokens``; what the rows leave goes to more
+        blocks (the prefix cache's room). Without windows ``num_blocks = floor(free_bytes *
+        (1 - reserve_fraction) / block_bytes)``. ``windows`` (``poot.kv_windows.kv_windows``
+        of the model) counts what sliding windows save: with every layer windowed a sequence
+        holds only its window's blocks; with a window group the scheduler's blocks cover the
+        global layers only and each row costs its window's blocks in the group's own pool.
+        ``max_model_len`` defaults to the model's context. Other ``DriverOptions`` fields pass
+        through ``options``.
 
         Raises:
             ConfigError: the reserve is out of [0, 1), or the memory left does not hold one
@@ -149,17 +195,24 @@ class DriverOptions:
         if block_size < 1 or max_rows < 1:
             raise ConfigError("block_size and max_rows must be >= 1")
         seq_len = hparams.context_length if max_model_len is None else max_model_len
-        block_bytes = kv_block_bytes(hparams, block_size, entry_bytes)
+        cost = _pool_cost(hparams, block_size, entry_bytes, seq_len, max_step_tokens, windows)
         usable = int(free_bytes * (1.0 - reserve_fraction))
-        num_blocks = usable // block_bytes
-        blocks_per_seq = -(-seq_len // block_size)
-        if num_blocks < blocks_per_seq:
+        # A window group's pool also holds its null block.
+        room = usable - cost.window_block_bytes
+        row_bytes = cost.seq_blocks * cost.block_bytes + cost.window_row_bytes
+        if room < row_bytes:
+            group = (
+                f" and {cost.window_row_blocks} windowed blocks of {cost.window_block_bytes} bytes"
+                if cost.window_row_blocks
+                else ""
+            )
             raise ConfigError(
                 f"{free_bytes} free bytes less a {reserve_fraction:.0%} reserve hold "
-                f"{num_blocks} KV blocks of {block_bytes} bytes; one sequence of "
-                f"{seq_len} tokens needs {blocks_per_seq}"
+                f"{usable // cost.block_bytes} KV blocks of {cost.block_bytes} bytes; one "
+                f"sequence of {seq_len} tokens needs {cost.seq_blocks}{group}"
             )
-        rows = max(1, min(num_blocks // blocks_per_seq, max_rows, max_step_tokens))
+        rows = max(1, min(room // row_bytes, max_rows, max_step_tokens))
+        num_blocks = (room - rows * cost.window_row_bytes) // cost.block_bytes
         return cls(
             max_num_seqs=rows,
             max_step_tokens=max_step_tokens,
@@ -168,22 +221,43 @@ class DriverOptions:
             **options,
         )
 
-    def resolve(self, hparams: KvShape, max_model_len: int, entry_bytes: int) -> DriverOptions:
-        """These options with ``num_blocks`` filled in (the default pool when None)."""
+    def resolve(
+        self,
+        hparams: KvShape,
+        max_model_len: int,
+        entry_bytes: int,
+        windows: KvWindows | None = None,
+    ) -> DriverOptions:
+        """These options with ``num_blocks`` filled in (the default pool when None): room for
+        ``max_num_seqs`` sequences of ``max_model_len`` within 256 MiB (at least one), counting
+        what ``windows`` saves as ``fit`` does."""
         if self.num_blocks is not None:
             return self
-        blocks_per_seq = -(-max_model_len // self.block_size)
-        block_bytes = kv_block_bytes(hparams, self.block_size, entry_bytes)
+        cost = self._cost(hparams, max_model_len, entry_bytes, windows)
+        rows = min(self.max_num_seqs, self.max_step_tokens)
+        group_bytes = (rows * cost.window_row_blocks + 1) * cost.window_block_bytes
+        room = max(0, DEFAULT_KV_BYTES - group_bytes)
         num_blocks = max(
-            blocks_per_seq,
-            min(DEFAULT_KV_BYTES // block_bytes, blocks_per_seq * self.max_num_seqs),
+            cost.seq_blocks,
+            min(room // cost.block_bytes, cost.seq_blocks * self.max_num_seqs),
         )
         return dataclasses.replace(self, num_blocks=num_blocks)
 
-    def log_line(self, hparams: KvShape, entry_bytes: int) -> str:
-        """The one line ``LLM`` logs at start: what the driver chose."""
+    def _cost(
+        self, hparams: KvShape, max_model_len: int, entry_bytes: int, windows: KvWindows | None
+    ) -> _PoolCost:
+        return _pool_cost(
+            hparams, self.block_size, entry_bytes, max_model_len, self.max_step_tokens, windows
+        )
+
+    def log_line(self, hparams: KvShape, entry_bytes: int, windows: KvWindows | None = None) -> str:
+        """The one line ``LLM`` logs at start: what the driver chose (``kv_bytes``: the
+        usable blocks of every pool)."""
         blocks = self.num_blocks or 0
-        kv = blocks * kv_block_bytes(hparams, self.block_size, entry_bytes)
+        cost = self._cost(hparams, hparams.context_length, entry_bytes, windows)
+        rows = min(self.max_num_seqs, self.max_step_tokens)
+        group_blocks = min(rows * cost.window_row_blocks, blocks)
+        kv = blocks * cost.block_bytes + group_blocks * cost.window_block_bytes
         return (
             f"driver: rows={self.max_num_seqs} step_tokens={self.max_step_tokens} "
             f"blocks={blocks} block_size={self.block_size} kv_bytes={kv} "

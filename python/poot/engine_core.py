@@ -20,11 +20,9 @@ Invariants:
       itself a Python object. The call also brings back what the host asked for: the logits
       of each prefill token of a request asking for prompt logprobs, and ``step_logits``'s
       row; on a runtime without the logit ops (CUDA, wgpu without ``shader-f64``) it runs a
-      step that needs them split, the sampling step on the runner's host CPU runtime. Steps
-      that need the host come back unrun and take the runner's path: a mask on a runtime that
-      is a Python object (the planner's leased, streaming and split runtimes run through
-      Python anyway), and a prompt-logprob chunk after a prefix cache hit (the cached
-      positions' logits need passes of their own).
+      step that needs them split, the sampling step on the runner's host CPU runtime. Only a
+      step left unrun (``fast=False``, or a split step without a host runtime) takes the
+      runner's path and a second call (``update``).
     - The driver's held plans are the runner's cache's: it drops what the cache evicts, and
       the cache records the driver's hits (LRU order, counts) at each miss and at ``stats``.
     - A request is live from ``add_request`` until it finishes, fails or is aborted; live
@@ -39,9 +37,10 @@ Invariants:
       prefill: a step holding such a prefill chunk runs as an ``all_logits`` step, and each
       prompt position's entry is ``log_softmax`` (on the host, float32) of that token's
       logits, so it equals ``log_softmax(LLM.logits(prompt[:i]))`` bit for bit where the
-      runtime's numerics are batch-invariant (the CPU's). Positions the prefix cache skipped
-      are computed before the step by an ``all_logits`` pass over the cached blocks (it
-      rewrites their identical KV); a recompute after preemption does not overwrite them.
+      runtime's numerics are batch-invariant (the CPU's). Such a request never starts from
+      the prefix cache (the driver admits it with ``skip_prefix_cache``, as vLLM does), so
+      every prompt position's logits come from its own prefill, windowed layers included; a
+      recompute after preemption does not overwrite them.
 """
 
 from __future__ import annotations
@@ -63,7 +62,6 @@ from poot.runner import (
     SchedulerOutput,
     StepResult,
     StepRunner,
-    next_pow2,
 )
 from poot.tokenizer import Tokenizer
 
@@ -287,8 +285,6 @@ class EngineCore:
             if logits is not None and len(ids) == 1 and not wants:
                 result = StepResult(np.asarray([int(np.argmax(logits))], np.int32))
             elif wants:
-                for i in wants:
-                    self._fill_cached_prompt(plan, i, rows[i])
                 result, every = self.runner.run_all_logits(plan, sampling)
                 tokens, positions = _prompt_tokens(plan, wants)
                 self._record_prompt_logprobs(rows, positions, every[tokens])
@@ -414,49 +410,6 @@ class EngineCore:
             if p < len(req.prompt_ids) and req.prompt_logprobs[p] is None:
                 n = req.params.prompt_logprobs or 0
                 req.prompt_logprobs[p] = self._prompt_entry(row_logits, req.prompt_ids[p], n)
-
-    def _fill_cached_prompt(self, plan: SchedulerOutput, row: int, req: Request) -> None:
-        """Entries for prompt positions the prefix cache skipped: an ``all_logits`` pass over
-        them (one sequence, the row's block table; it rewrites their identical KV)."""
-        assert req.prompt_logprobs is not None
-        positions, seq = plan.inputs["positions"], plan.inputs["token_seq"]
-        first = min(int(positions[j]) for j in range(plan.num_tokens) if int(seq[j]) == row)
-        if first == 0 or all(e is not None for e in req.prompt_logprobs[1 : first + 1]):
-            return
-        table = np.asarray(plan.inputs["block_tables"][row], np.int32)
-        # A window group's table (its blocks behind the window are the null block: those
-        # positions' windowed KV is not rewritten, and their entries read the null block).
-        wtable = plan.inputs.get("window_block_tables")
-        wrow = None if wtable is None else np.asarray(wtable[row], np.int32)
-        bs = self.scheduler.block_size
-        step = self.runner.max_step_tokens
-        for a in range(0, first, step):
-            b = min(a + step, first)
-            k, t = b - a, next_pow2(b - a)
-            pos = np.arange(a, b, dtype=np.int32)
-            inputs = {
-                "ids": np.zeros(t, np.int32),
-                "positions": np.zeros(t, np.int32),
-                "slot_mapping": np.full(t, -1, np.int32),
-                "token_seq": np.zeros(t, np.int32),
-                "block_tables": table.reshape(1, -1),
-                "last_rows": np.asarray([k - 1], np.int32),
-            }
-            inputs["ids"][:k] = req.prompt_ids[a:b]
-            inputs["positions"][:k] = pos
-            inputs["slot_mapping"][:k] = table[pos // bs] * bs + pos % bs
-            if wrow is not None:
-                wslots = np.full(t, -1, np.int32)
-                blocks = wrow[pos // bs]
-                wslots[:k] = np.where(blocks > 0, blocks * bs + pos % bs, -1)
-                inputs["window_slot_mapping"] = wslots
-                inputs["window_block_tables"] = wrow.reshape(1, -1)
-            sub = SchedulerOutput(
-                [req.request_id], [k], [False], [], k, 0, (t, 1, table.size), inputs
-            )
-            _, every = self.runner.run_all_logits(sub, None)
-            tokens, at = _prompt_tokens(sub, [0])
-            self._record_prompt_logprobs([req], at, every[tokens])
 
     def _token_text(self, token: int) -> str:
         piece = self.tokenizer.token_piece(token)

@@ -45,7 +45,7 @@ from poot.driver_options import DriverOptions
 from poot.engine_core import EngineCore
 from poot.errors import ConfigError, ContextLengthError, GraphInputError, SamplingParamsError
 from poot.guidance import Guide
-from poot.kv_windows import kv_group_window, kv_window
+from poot.kv_windows import kv_group_window, kv_window, kv_windows
 from poot.models import model_definition
 from poot.numerics import Numerics, model_key, numerics_for
 from poot.outputs import CompletionOutput, RequestOutput
@@ -257,7 +257,11 @@ class LLM:
             )
         # The pool is sized by the runtime's own KV element (f16 on the CPU in ggml numerics).
         entry_bytes = runtime.kv_entry_bytes
-        opts = opts.resolve(h, max_model_len, entry_bytes)
+        # What sliding windows save (a planner placement keeps no window group).
+        windows = kv_windows(self.definition)
+        if windows is not None and windows.grouped and config is not None:
+            windows = None
+        opts = opts.resolve(h, max_model_len, entry_bytes, windows)
         assert opts.num_blocks is not None
         self.driver = opts
         block_size, num_blocks = opts.block_size, opts.num_blocks
@@ -346,7 +350,7 @@ class LLM:
         finally:
             if preparing is not None:
                 preparing.join()
-        logger.info(opts.log_line(h, entry_bytes))
+        logger.info(opts.log_line(h, entry_bytes, windows))
 
     def __repr__(self) -> str:
         return (

@@ -6,8 +6,8 @@ graph's inputs at its padded dims). The contract with a model definition is
 ``poot.models.step``. Most steps do not pass through here: the step driver
 (``poot._native.StepDriver``) runs them in one call, full logits, prompt logprobs and split
 sampling included, asking this runner only for a plan on a miss (``plan``, ``head_plan``);
-this runner runs the steps that need the host (a mask on a Python runtime, prompt logprobs
-after a prefix cache hit), with sampling inputs the driver laid out.
+this runner runs the steps the driver leaves unrun (``fast=False``, or a split step with no
+host runtime), with sampling inputs the driver laid out.
 
 Invariants:
     - Every step is a legal chunk: at most ``max_step_tokens`` tokens, and no more than the

@@ -35,6 +35,10 @@ pub struct RequestSpec {
     pub stop_ids: Vec<TokenId>,
     /// Keep going past end-of-sequence ids.
     pub ignore_eos: bool,
+    /// Never start from the prefix cache: every token of the prompt is computed by the
+    /// request's own steps (a request asking for every prompt position's logits: vLLM's
+    /// rule). Its full blocks still join the cache for others.
+    pub skip_prefix_cache: bool,
 }
 
 /// Why a request finished.
@@ -66,6 +70,7 @@ pub(crate) struct Request {
     pub(crate) eos_ids: Vec<TokenId>,
     pub(crate) stop_ids: Vec<TokenId>,
     pub(crate) ignore_eos: bool,
+    pub(crate) skip_prefix_cache: bool,
     pub(crate) status: RequestStatus,
     /// One block table per KV group (`groups`); group 0's counts the committed tokens.
     pub(crate) tables: Vec<BlockTable>,
@@ -82,6 +87,7 @@ impl Request {
             eos_ids: spec.eos_ids,
             stop_ids: spec.stop_ids,
             ignore_eos: spec.ignore_eos,
+            skip_prefix_cache: spec.skip_prefix_cache,
             status: RequestStatus::Waiting,
             tables,
             num_preemptions: 0,

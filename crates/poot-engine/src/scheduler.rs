@@ -9,7 +9,7 @@
 //! 2. prefill chunks of running requests that are part way through their prompt, oldest first;
 //! 3. waiting requests, first come first served, while fewer than `max_num_seqs` run: each
 //!    first takes the longest cached prefix of full blocks (never its last token, whose logits
-//!    are needed), then a chunk of the rest.
+//!    are needed; none with `RequestSpec::skip_prefix_cache`), then a chunk of the rest.
 //!
 //! Chunked prefill is the only prefill path: a row computes `min(tokens left, budget left)`
 //! tokens, so no row and no step exceeds `max_step_tokens`. A row samples only when its chunk
@@ -269,8 +269,14 @@ impl Scheduler {
                 self.waiting.pop_front();
                 continue;
             };
-            // Never the last known token: the step must compute it to sample after it.
-            let lookup = &req.tokens[..req.tokens.len() - 1];
+            // Never the last known token: the step must compute it to sample after it; none
+            // for a request that skips the cache.
+            let end = if req.skip_prefix_cache {
+                0
+            } else {
+                req.tokens.len() - 1
+            };
+            let lookup = &req.tokens[..end];
             req.tables = self.kv.lookup_prefix(lookup)?;
             let cached = req.num_computed();
             let len = req.num_remaining().min(*budget);

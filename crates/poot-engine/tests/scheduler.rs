@@ -320,6 +320,34 @@ fn prefix_reuse_skips_exactly_the_shared_full_blocks() {
 }
 
 #[test]
+fn a_request_that_skips_the_cache_computes_its_whole_prompt() {
+    // A request asking for every prompt position's logits reads no cached block, even the
+    // whole prompt's; its own full blocks still serve the next request.
+    let c = SchedulerConfig {
+        block_size: 16,
+        max_step_tokens: 64,
+        ..config()
+    };
+    let mut s = Scheduler::new(c.clone()).unwrap();
+    let mut m = FakeModel::new(&c);
+    let p = prompt(5, 40);
+    s.add_request(spec(1, p.clone(), 3)).unwrap();
+    drive_with(&mut s, &mut m, |_, _| {});
+    let own = poot_engine::RequestSpec {
+        skip_prefix_cache: true,
+        ..spec(2, p.clone(), 3)
+    };
+    s.add_request(own.clone()).unwrap();
+    let run = drive_with(&mut s, &mut m, |_, _| {});
+    let first = &run.plans[0].seqs[0];
+    assert_eq!((first.num_cached_tokens, first.start()), (0, 0));
+    assert_eq!(run.outputs[&own.id], reference(&own, c.max_model_len));
+    s.add_request(spec(3, p, 3)).unwrap();
+    let run = drive_with(&mut s, &mut m, |_, _| {});
+    assert_eq!(run.plans[0].seqs[0].num_cached_tokens, 32);
+}
+
+#[test]
 fn a_fully_cached_prompt_still_computes_its_last_block() {
     let c = SchedulerConfig {
         block_size: 16,

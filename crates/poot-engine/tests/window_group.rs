@@ -235,6 +235,25 @@ fn a_windowed_group_recomputes_the_window_it_evicted() {
 }
 
 #[test]
+fn a_request_that_skips_the_cache_computes_its_window_in_both_groups() {
+    let c = grouped(64, 1);
+    let mut s = Scheduler::new(c.clone()).unwrap();
+    let mut model = GroupModel::new(&c);
+    let p = prompt(3, 40);
+    s.add_request(ignoring_eos(0, p.clone(), 4)).unwrap();
+    let first = drive(&mut s, &mut model).0[&RequestId(0)].clone();
+    let before = s.stats().cached_tokens;
+    let own = RequestSpec {
+        skip_prefix_cache: true,
+        ..ignoring_eos(1, p.clone(), 4)
+    };
+    s.add_request(own).unwrap();
+    let second = drive(&mut s, &mut model).0[&RequestId(1)].clone();
+    assert_eq!(s.stats().cached_tokens - before, 0);
+    assert_eq!(second, first);
+}
+
+#[test]
 fn admission_checks_both_groups() {
     // 200 + 100 tokens need 75 global blocks; the windowed group needs only its window.
     let mut s = Scheduler::new(grouped(64, 1)).unwrap();

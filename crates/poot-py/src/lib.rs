@@ -23,6 +23,7 @@ mod runtime;
 mod step;
 mod step_driver;
 mod step_io;
+mod step_python;
 mod step_run;
 mod tokenize;
 mod tracer;

@@ -82,7 +82,8 @@ impl<'py> Keywords<'py> {
 }
 
 /// The scheduler's request: the positional arguments and the keywords `eos_ids`, `stop_ids`
-/// (default none) and `ignore_eos` (default False).
+/// (default none) and `ignore_eos` (default False); it reads the prefix cache (the step
+/// driver turns that off for a request asking for prompt logprobs).
 pub(crate) fn request_spec(
     request_id: u64,
     prompt_ids: Vec<TokenId>,
@@ -96,5 +97,6 @@ pub(crate) fn request_spec(
         eos_ids: kw.get("eos_ids", Vec::new())?,
         stop_ids: kw.get("stop_ids", Vec::new())?,
         ignore_eos: kw.get("ignore_eos", false)?,
+        skip_prefix_cache: false,
     })
 }

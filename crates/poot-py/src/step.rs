@@ -15,18 +15,17 @@
 //!   a late input), and, for a runtime that is a Python object, to run.
 //! - A step holding a prefill chunk that asks for prompt logprobs runs as an `all_logits`
 //!   step, and the logits of that chunk's tokens come back (`prompt_rows`, `prompt_logits`).
+//!   Such a request never starts from the prefix cache (`RequestSpec::skip_prefix_cache`),
+//!   so its own prefill computes every prompt position, on every KV layout.
 //!   A step asked for a row's full logits (`logits_for`) first runs as a `logits` step when
 //!   that row samples, and then as its sample step, unless the row is the step's only one and
 //!   no prompt logprobs are due (its token is then the logits' argmax, as numpy's).
 //! - On a runtime without the logit ops (`samples_on_device` false), a step that needs them
 //!   runs split (`step_run::run_split`): its forward pass there, its sampling step on
 //!   `host_runtime`, as the Python runner's split path does.
-//! - A step runs here unless it needs the host: it takes a mask on a runtime that is a
-//!   Python object, it needs the logit ops the runtime lacks and no `host_runtime` was given,
-//!   or a chunk asking for prompt logprobs starts past the prompt positions whose logits were
-//!   computed (a prefix cache hit: the host computes them with passes of its own). Such a step
-//!   comes back unrun, laid out, with its sampling inputs; the caller runs it and calls
-//!   `update`. `fast=False` leaves every step unrun.
+//! - A step runs here unless it needs the logit ops the runtime lacks and no `host_runtime`
+//!   was given: such a step comes back unrun, laid out, with its sampling inputs; the caller
+//!   runs it and calls `update`. `fast=False` leaves every step unrun.
 //! - A failed step is left in flight: the caller ends its rows (`step_rows`) and closes it.
 //! - Rows whose logits were not finite (token -1) are aborted here before the update and
 //!   listed in `failed`; the requests' sampling state goes when they finish or are aborted.
@@ -98,7 +97,6 @@ impl PyStepDriver {
             logprob_width,
             plans: StepPlans::default(),
             requests: HashMap::new(),
-            prompt_done: HashMap::new(),
             step_rows: Vec::new(),
             prefill_tokens: 0,
             decode_tokens: 0,
@@ -140,7 +138,7 @@ impl PyStepDriver {
         kw: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<()> {
         let mut kw = Keywords::new("add_request", kw);
-        let request = request_spec(request_id, prompt_ids, max_tokens, &mut kw)?;
+        let mut request = request_spec(request_id, prompt_ids, max_tokens, &mut kw)?;
         let mut prompt_tokens = request.prompt_ids.clone();
         prompt_tokens.sort_unstable();
         prompt_tokens.dedup();
@@ -166,7 +164,8 @@ impl PyStepDriver {
             )));
         }
         let rng = pcg64_of(&rng_state)?;
-        let prompt_logprobs = spec.prompt_logprobs;
+        // Every prompt position's logits come from the request's own prefill.
+        request.skip_prefix_cache = spec.prompt_logprobs;
         self.scheduler
             .borrow_mut(py)
             .inner
@@ -174,9 +173,6 @@ impl PyStepDriver {
             .map_err(|e| engine_error(py, e))?;
         self.requests
             .insert(request_id, RequestSampling::new(spec, rng));
-        if prompt_logprobs {
-            self.prompt_done.insert(request_id, 0);
-        }
         Ok(())
     }
 
@@ -251,17 +247,13 @@ impl PyStepDriver {
             }
         }
         let mut prefill = Vec::with_capacity(states.len());
-        // Rows whose prefill chunk asks for prompt logprobs, and whether one starts past the
-        // positions computed so far (a prefix cache hit).
+        // Rows whose prefill chunk asks for prompt logprobs (such a request never starts
+        // from the prefix cache: `add_request`).
         let mut wants = Vec::new();
-        let mut cached_gap = false;
         for (i, (r, s)) in states.iter_mut().zip(&out.seqs).enumerate() {
             prefill.push(r.in_prefill);
             if r.in_prefill && r.spec().prompt_logprobs {
                 wants.push(i);
-                let done = self.prompt_done.entry(s.request_id.0).or_insert(0);
-                cached_gap |= s.start() > *done;
-                *done = (*done).max(s.start() + s.num_tokens());
             }
             if r.in_prefill {
                 self.prefill_tokens += s.num_tokens() as u64;
@@ -280,13 +272,9 @@ impl PyStepDriver {
         d.set_item("prefill", prefill)?;
         let masked = !sampling.mask_rows.is_empty();
         let logit_ops = sampling.adjust > 0 || sampling.logprobs || masked;
-        // A mask is filled while the step runs: on a thread here for a native runtime; a
-        // Python runtime's masked steps take the runner's path.
+        // A mask is filled while the step runs (`step_run::run_plan`).
         let split = logit_ops && !self.samples_on_device;
-        let here = fast
-            && !cached_gap
-            && (!masked || self.native.is_some())
-            && (!split || self.host.is_some());
+        let here = fast && (!split || self.host.is_some());
         let flat = out.flatten(dims).map_err(|e| engine_error(py, e))?;
         if !here {
             d.set_item("ran", false)?;
@@ -373,7 +361,6 @@ impl PyStepDriver {
                 if t < 0 {
                     failed.push(s.request_id.0);
                     self.requests.remove(&s.request_id.0);
-                    self.prompt_done.remove(&s.request_id.0);
                     sched
                         .inner
                         .abort(s.request_id)

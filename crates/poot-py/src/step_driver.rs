@@ -4,7 +4,7 @@
 //!
 //! Invariants:
 //! - `requests` holds the sampling state of exactly the live requests the driver was given;
-//!   a request's state (and its `prompt_done` entry) goes when it finishes or is aborted.
+//!   a request's state goes when it finishes or is aborted.
 //! - `callbacks` is None only after the garbage collector cleared the driver; every call that
 //!   needs Python then fails with a `RuntimeError` instead of running without them.
 //! - The scheduler is borrowed only while applying tokens, never while a plan runs (a Python
@@ -40,9 +40,6 @@ pub struct PyStepDriver {
     pub(crate) logprob_width: usize,
     pub(crate) plans: StepPlans,
     pub(crate) requests: HashMap<u64, RequestSampling>,
-    /// Per request asking for prompt logprobs: the prompt positions whose logits a step of
-    /// its own has computed (a chunk starting past them runs on the host).
-    pub(crate) prompt_done: HashMap<u64, usize>,
     pub(crate) step_rows: Vec<u64>,
     pub(crate) prefill_tokens: u64,
     pub(crate) decode_tokens: u64,
@@ -129,7 +126,6 @@ impl PyStepDriver {
 
     pub(crate) fn forget_request(&mut self, request_id: u64) {
         self.requests.remove(&request_id);
-        self.prompt_done.remove(&request_id);
     }
 
     /// Gives the scheduler a step's sampled tokens; counts the accepted ones for penalties and

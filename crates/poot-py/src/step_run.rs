@@ -4,9 +4,9 @@
 //! Invariants: the plans held are exactly the keys the Python cache said it holds at the last
 //! miss, less those forgotten since (the cache evicted them); a run on a native runtime
 //! releases the GIL (a masked one fills its mask meanwhile, a late input), and a run on a
-//! runtime that is a Python object calls its `run(plan, inputs, timeout_s)`. A split step
-//! (`run_split`) runs exactly the runner's split path: the same forward and head plans on the
-//! same inputs, so its results are that path's bit for bit.
+//! runtime that is a Python object calls its `run` (`step_python`; a masked one fills its
+//! mask meanwhile too). A split step (`run_split`) runs exactly the runner's split path: the
+//! same forward and head plans on the same inputs, so its results are that path's bit for bit.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,12 +17,13 @@ use poot_engine::{StepDims, StepSampling};
 use poot_runtime::{CompiledPlan, HostTensor, Runtime};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 
 use crate::errors::runtime_error;
 use crate::gil::without_gil;
 use crate::runtime::{host_tensor, PyPlan};
-use crate::step_io::{rows_of, run_masked, sampling_inputs, tensor_dict, MASK_INPUT};
+use crate::step_io::{rows_of, run_masked, sampling_inputs, MASK_INPUT};
+pub(crate) use crate::step_python::Mask;
+use crate::step_python::{run_python, run_python_beside};
 
 /// A plan's step shape, as `poot.models.step.StepShape`'s fields in order:
 /// `(tokens, seqs, max_blocks, kind, adjust, masked, logprobs)`.
@@ -120,13 +121,6 @@ pub(crate) struct Target<'a> {
     pub(crate) timeout_s: f64,
 }
 
-/// A masked step's mask: `fill(rows, seqs)` for `rows` = `[(row, request_id)]`.
-pub(crate) struct Mask<'a, 'py> {
-    pub(crate) fill: &'a Bound<'py, PyAny>,
-    pub(crate) rows: Vec<(usize, u64)>,
-    pub(crate) seqs: usize,
-}
-
 /// Runs `plan` on `inputs` (see the module docs).
 pub(crate) fn run_plan(
     py: Python<'_>,
@@ -154,21 +148,14 @@ pub(crate) fn run_plan(
                     .map_err(|e| runtime_error(py, e))
             }
         },
-        _ if mask.is_some() => Err(PyRuntimeError::new_err(
-            "a masked step needs a native plan on a native runtime",
-        )),
-        _ => {
-            let args = (plan_obj, tensor_dict(py, inputs)?, target.timeout_s);
-            let got = target.runtime.bind(py).call_method1("run", args)?;
-            let got = got.downcast::<PyDict>()?;
-            let mut named = Vec::with_capacity(got.len());
-            for (k, v) in got.iter() {
-                let name: String = k.extract()?;
-                let t = host_tensor(py, &name, &v)?;
-                named.push((name, t));
+        _ => match mask {
+            Some(m) => {
+                let rt = target.runtime;
+                run_python_beside(py, rt, plan_obj, inputs, target.timeout_s, m, true)
+                    .map(|(outs, _)| outs)
             }
-            Ok(named)
-        }
+            None => run_python(py, target.runtime, plan_obj, inputs, target.timeout_s),
+        },
     }
 }
 
@@ -273,14 +260,13 @@ pub(crate) fn run_split(
 fn run_beside(
     py: Python<'_>,
     target: Target<'_>,
-    (_, plan): PlanPair,
+    (plan_obj, plan): PlanPair,
     inputs: Vec<(&'static str, HostTensor)>,
     mask: Mask<'_, '_>,
 ) -> PyResult<(Vec<(String, HostTensor)>, HostTensor)> {
     let (Some(rt), Some(plan)) = (target.native, plan) else {
-        return Err(PyRuntimeError::new_err(
-            "a masked step needs a native plan on a native runtime",
-        ));
+        let rt = target.runtime;
+        return run_python_beside(py, rt, plan_obj, inputs, target.timeout_s, mask, false);
     };
     let rt = rt.clone();
     let deadline = Deadline::after(Duration::from_secs_f64(target.timeout_s));

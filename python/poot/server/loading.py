@@ -33,7 +33,9 @@ from poot.checkpoints import resolve_model_files
 from poot.driver_options import DriverOptions, kv_block_bytes
 from poot.errors import ConfigError
 from poot.host_memory import host_memory
+from poot.kv_windows import kv_windows
 from poot.llm import LLM
+from poot.models import model_definition
 from poot.numerics import numerics_for
 from poot.server.config import ServerConfig
 
@@ -119,6 +121,10 @@ def load_llm(config: ServerConfig) -> LLM:
     block_size = DriverOptions().block_size
     max_rows = min(config.max_rows or MAX_ROWS, MAX_ROWS)
     free = kv_bytes_free(config, files.total_bytes)
+    # What sliding windows save (a planner placement keeps one table for every layer).
+    windows = kv_windows(model_definition(files))
+    if windows is not None and windows.grouped and _compile_config(config) is not None:
+        windows = None
     # No more than ``max_rows`` full-length sequences can use the pool. fit keeps ``_RESERVE``
     # of what it is given back, so the ceiling is scaled up, plus a block against rounding.
     block_bytes = kv_block_bytes(h, block_size, entry_bytes)
@@ -135,6 +141,7 @@ def load_llm(config: ServerConfig) -> LLM:
             entry_bytes=entry_bytes,
             block_size=block_size,
             max_rows=max_rows,
+            windows=windows,
         )
     except ConfigError as e:
         where = "--device-budget" if config.device_budget_bytes is not None else "free memory"

@@ -200,6 +200,7 @@ pub fn spec(id: u64, prompt: Vec<TokenId>, max_tokens: usize) -> RequestSpec {
         eos_ids: vec![EOS],
         stop_ids: vec![],
         ignore_eos: false,
+        skip_prefix_cache: false,
     }
 }
 
