@@ -98,16 +98,30 @@ impl HugeBytes {
         pool: &crate::ThreadPool,
         copied: Option<&std::sync::atomic::AtomicU64>,
     ) -> HugeBytes {
+        Self::copy_of_on_then(bytes, pool, |span| {
+            if let Some(c) = copied {
+                c.fetch_add(span.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+        })
+    }
+
+    /// [`HugeBytes::copy_of_on`], calling `then(range)` (on the copying thread) for each span
+    /// of `bytes` once it is copied: where the caller releases the source's mapped pages span
+    /// by span, the source and the copy never both hold the whole buffer.
+    pub fn copy_of_on_then(
+        bytes: &[u8],
+        pool: &crate::ThreadPool,
+        then: impl Fn(std::ops::Range<usize>) + Sync,
+    ) -> HugeBytes {
         let mut b = HugeBytes::zeroed(bytes.len());
         pool.for_each_chunk_mut(
             &mut b,
             HUGE,
             || (),
             |(), i, dst| {
-                dst.copy_from_slice(&bytes[i * HUGE..i * HUGE + dst.len()]);
-                if let Some(c) = copied {
-                    c.fetch_add(dst.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                }
+                let span = i * HUGE..i * HUGE + dst.len();
+                dst.copy_from_slice(&bytes[span.clone()]);
+                then(span);
             },
         );
         b

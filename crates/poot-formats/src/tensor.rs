@@ -66,6 +66,12 @@ pub(crate) fn slice_of<'a>(data: &'a [u8], t: &TensorInfo, file: &Path) -> &'a [
     }
 }
 
+/// `bytes[range]`, with `range` clamped to `bytes` (an empty slice where nothing is left).
+pub(crate) fn clamped(bytes: &[u8], range: std::ops::Range<usize>) -> &[u8] {
+    let end = range.end.min(bytes.len());
+    &bytes[range.start.min(end)..end]
+}
+
 /// Checks that every tensor lies within `region_start..file_len` and that no two overlap.
 ///
 /// A tensor that starts inside the file but runs past its end is `Truncated`; one that starts

@@ -29,6 +29,16 @@ pub trait WeightStore: WeightCatalog {
     /// (`released_copy`), so a runtime must not ask for a released tensor's bytes it does not
     /// read. The default does nothing, which is always correct.
     fn release(&self, _name: &str) {}
+    /// [`WeightStore::release`] for the bytes `range` of `name` only (clamped to the tensor):
+    /// a runtime copying a large tensor span by span releases each span once copied, so the
+    /// file's pages and the copy never both hold the whole tensor (the loading peak). A store
+    /// whose bytes are its own memory ignores it (a partly released copy could not be read
+    /// back); so does the default.
+    fn release_range(&self, _name: &str, _range: std::ops::Range<usize>) {}
+    /// Drops the mapped pages of stored tensors the store never serves (the sources of a
+    /// load-time re-lay), which reads of their neighbours fault back in: for a runtime that
+    /// has made its copies and released what it copied. The default does nothing.
+    fn release_unserved(&self) {}
     /// Whether `name`'s bytes may live in a file's mapped pages (which `release` drops and a
     /// read faults back in). A runtime copies a small tensor of that kind before releasing its
     /// neighbours; one the store holds in its own memory (a load-time re-lay) is read where it
@@ -93,6 +103,12 @@ impl WeightStore for GgufWeights {
     fn release(&self, name: &str) {
         if let Some(&i) = self.index.get(name) {
             self.file.release_tensor(&self.file.tensors()[i]);
+        }
+    }
+
+    fn release_range(&self, name: &str, range: std::ops::Range<usize>) {
+        if let Some(&i) = self.index.get(name) {
+            self.file.release_tensor_range(&self.file.tensors()[i], range);
         }
     }
 }
@@ -191,6 +207,13 @@ impl WeightStore for SafetensorsWeights {
             if let Some((file, t)) = self.model.tensor(n) {
                 file.release_tensor(t);
             }
+        }
+    }
+
+    /// A stored tensor's range; an expert stack has no contiguous bytes, so it is ignored.
+    fn release_range(&self, name: &str, range: std::ops::Range<usize>) {
+        if let Some((file, t)) = self.model.tensor(name) {
+            file.release_tensor_range(t, range);
         }
     }
 }
