@@ -249,6 +249,25 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_copy_reports_each_span_once_after_copying_it() {
+        let pool = crate::ThreadPool::new(3).expect("pool");
+        let len = 3 * HUGE + 12345;
+        let src: Vec<u8> = (0..len).map(|i| (i * 13 + i / 4099) as u8).collect();
+        let spans = std::sync::Mutex::new(Vec::new());
+        let b = HugeBytes::copy_of_on_then(&src, &pool, |span| {
+            spans.lock().unwrap().push(span);
+        });
+        assert_eq!(&b[..], &src[..]);
+        let mut spans = spans.into_inner().unwrap();
+        spans.sort_by_key(|s| s.start);
+        // Whole 2 MiB spans in order, the last one short, covering every byte once.
+        let want: Vec<_> = (0..4)
+            .map(|i| i * HUGE..((i + 1) * HUGE).min(len))
+            .collect();
+        assert_eq!(spans, want);
+    }
+
     /// Where the kernel grants THP for advised memory, a touched large buffer is backed by
     /// huge pages (`AnonHugePages` in smaps). Skips where THP is off or set to never.
     #[cfg(target_os = "linux")]

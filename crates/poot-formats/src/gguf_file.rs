@@ -94,6 +94,7 @@ impl GgufFile {
 
     /// [`Self::release_tensor`] for the bytes `range` of `t` only (clamped to the tensor).
     pub fn release_tensor_range(&self, t: &TensorInfo, range: std::ops::Range<usize>) {
-        self.map.release(crate::tensor::clamped(self.tensor_bytes(t), range));
+        self.map
+            .release(crate::tensor::clamped(self.tensor_bytes(t), range));
     }
 }

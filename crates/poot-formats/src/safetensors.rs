@@ -277,7 +277,8 @@ impl SafetensorsFile {
     /// a caller that copies a large tensor span by span, so that its pages and the copy's
     /// never both hold the whole tensor.
     pub fn release_tensor_range(&self, t: &TensorInfo, range: std::ops::Range<usize>) {
-        self.map.release(crate::tensor::clamped(self.tensor_bytes(t), range));
+        self.map
+            .release(crate::tensor::clamped(self.tensor_bytes(t), range));
     }
 }
 

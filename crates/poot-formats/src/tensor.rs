@@ -143,6 +143,15 @@ pub fn check_ranges(
 mod tests {
     use super::*;
 
+    #[test]
+    fn clamped_ranges_stay_inside_the_bytes() {
+        let b = [0u8, 1, 2, 3, 4];
+        assert_eq!(clamped(&b, 1..3), &[1, 2]);
+        assert_eq!(clamped(&b, 3..99), &[3, 4]);
+        assert!(clamped(&b, 7..9).is_empty());
+        assert!(clamped(&b, 4..2).is_empty());
+    }
+
     fn t(name: &str, offset: u64, nbytes: u64) -> TensorInfo {
         TensorInfo {
             name: name.into(),

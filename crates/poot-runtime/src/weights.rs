@@ -108,7 +108,8 @@ impl WeightStore for GgufWeights {
 
     fn release_range(&self, name: &str, range: std::ops::Range<usize>) {
         if let Some(&i) = self.index.get(name) {
-            self.file.release_tensor_range(&self.file.tensors()[i], range);
+            self.file
+                .release_tensor_range(&self.file.tensors()[i], range);
         }
     }
 }
@@ -295,6 +296,12 @@ mod tests {
         for n in ["a.weight", "l.0.experts.w", "no.such.tensor"] {
             w.release(n);
         }
+        // A range of a tensor, one past its end (clamped), an expert stack (no contiguous
+        // bytes: ignored) and the unserved tensors (none here) release pages only as well.
+        w.release_range("a.weight", 4..12);
+        w.release_range("a.weight", 8..4096);
+        w.release_range("l.0.experts.w", 0..16);
+        w.release_unserved();
         for (n, b) in names.iter().zip(&before) {
             assert_eq!(w.bytes(n).unwrap(), &b[..], "{n}");
         }
