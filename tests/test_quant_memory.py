@@ -1,5 +1,5 @@
 """Packed stays packed for GPTQ too: loading a GPTQ int4 directory raises resident memory by
-at most 1.25x its file size plus the KV pool. A dense BF16 or F16 directory of the same
+at most 1.2x its file size plus the KV pool. A dense BF16 or F16 directory of the same
 shapes stays within 1.15x (the graph reads its words through casts the kernels fuse; an f32
 copy of the weights alone would be 2x): the CPU runtime's copy of a float matrix (moved to
 huge pages where the kernel offers them) releases the file's mapped pages of that tensor, as
@@ -110,22 +110,23 @@ def test_resident_memory_is_close_to_the_file_size(tmp_path: Path, kind: str) ->
     file_size = (d / "model.safetensors").stat().st_size
     loaded = m["loaded"] - m["base"]
     dense = kind in ("bf16", "f16")
-    # A quantized directory this small (29 MB) loads at 1.23x its size plus the KV pool since
-    # its GPTQ layers are re-laid 8 rows at a time when the first plan compiles (1.25x in one
-    # fresh-clone run, 1.15x before that re-lay; after generating it now holds 1.41x against
-    # 2.03x before, KV excluded): fixed costs weigh a lot beside a file this size; the 0.08x at
-    # load is not yet accounted for (issue 31 keeps it open). The bound leaves room for it.
-    bound = (1.15 if dense else 1.3) * file_size + m["kv_bytes"]
+    # Measured (3 runs, KV excluded): GPTQ 1.18x, FP8 1.14x, BF16 0.96x. Of a 29 MB GPTQ
+    # directory's growth, the weights are 1.09x (Q4_Z, 4.75 bits a weight, re-laid 8 rows at a
+    # time when the first plan compiles); the rest is the native library's code pages (4 MB,
+    # 0.14x) and the interpreter's heap, less the KV pool, which is not touched yet. The 0.08x
+    # the bound once left room for was the sources' mapped pages, faulted back in around the
+    # norms the first plan copies, now released again (`WeightStore::release_unserved`).
+    bound = (1.15 if dense else 1.2) * file_size + m["kv_bytes"]
     assert loaded <= bound, (
         f"loading grew RSS by {loaded} bytes; bound {bound:.0f} "
         f"(file {file_size}, kv {m['kv_bytes']})"
     )
     generating = m["after"] - m["loaded"]
     assert generating <= 1.15 * file_size, f"generating grew RSS by {generating} bytes"
-    # The peak: never above what loading and generating leave behind by more than the bound's
-    # slack, so no moment holds a tensor's copy beside its mapped pages for the whole model.
+    # The peak: never above what loading and generating leave behind by more than 0.1x, so no
+    # moment holds a tensor's copy beside its mapped pages (measured: 0.03x, 0.01x dense).
     peak = m["peak"] - m["base"]
-    slack = (1.15 if dense else 1.25) * file_size - file_size
+    slack = 0.1 * file_size
     assert peak <= m["after"] - m["base"] + slack, (
         f"peak growth {peak} bytes, after generating {m['after'] - m['base']}"
     )

@@ -184,11 +184,18 @@ def test_smollm2_quantized_generating_holds_no_second_copy(
     """Generating adds at most 0.1x the file to what loading holds: every re-laid tensor is
     read where the store keeps it, by every step shape's plan. Before ``WeightStore::mapped``
     each plan copied the re-laid tensors under 1 MB (all of SmolLM2's projections), +1.0x
-    (GPTQ) and +1.3x (FP8) over two step shapes. Measured now (RSS over the file, KV pool
-    excluded): GPTQ 1.24x loaded, 1.28x after generating, 1.71x peak; FP8 1.22x, 1.25x, 1.55x.
-    The issue's 1.15x is not met yet: the peak is the F16 embedding's copy made while its
-    mapped pages are still resident, the rest the re-lay's scales and the interpreter's own
-    objects beside a file this small."""
+    (GPTQ) and +1.3x (FP8) over two step shapes.
+
+    Resident memory loaded, after generating and at the peak stays within 1.3x the file plus
+    the KV pool. Measured (3 runs each, KV pool excluded): GPTQ 1.18x loaded, 1.21x after
+    generating, 1.25x peak (was 1.25x, 1.29x, 1.72x); FP8 1.17x, 1.20x, 1.23x (was 1.23x,
+    1.26x, 1.56x). The peak was the tied F16 embedding's huge-page copy made while its mapped
+    pages were resident (now released span by span); 8 MB of the re-lays' source tensors
+    stayed mapped, faulted back in around the norms. Not within the issue's 1.15x: the
+    weights are 1.05x (GPTQ; FP8 about 1.08x) of the file, and beside them the word-level
+    tokenizer of 49152 words holds 13 MB (the ``tokenizers`` library's own, 0.12x of the GPTQ
+    file) and the native library's code pages 4-6 MB.
+    """
     from memory_probe import measure
 
     w, cfg = smollm2_float
@@ -199,3 +206,7 @@ def test_smollm2_quantized_generating_holds_no_second_copy(
     file_size = (d / "model.safetensors").stat().st_size
     generating = m["after"] - m["loaded"]
     assert generating <= 0.1 * file_size, f"generating grew RSS by {generating} bytes"
+    bound = 1.3 * file_size + m["kv_bytes"]
+    for phase in ("loaded", "after", "peak"):
+        grown = m[phase] - m["base"]
+        assert grown <= bound, f"{phase}: RSS grew by {grown} bytes; bound {bound:.0f}"

@@ -98,16 +98,30 @@ impl HugeBytes {
         pool: &crate::ThreadPool,
         copied: Option<&std::sync::atomic::AtomicU64>,
     ) -> HugeBytes {
+        Self::copy_of_on_then(bytes, pool, |span| {
+            if let Some(c) = copied {
+                c.fetch_add(span.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+        })
+    }
+
+    /// [`HugeBytes::copy_of_on`], calling `then(range)` (on the copying thread) for each span
+    /// of `bytes` once it is copied: where the caller releases the source's mapped pages span
+    /// by span, the source and the copy never both hold the whole buffer.
+    pub fn copy_of_on_then(
+        bytes: &[u8],
+        pool: &crate::ThreadPool,
+        then: impl Fn(std::ops::Range<usize>) + Sync,
+    ) -> HugeBytes {
         let mut b = HugeBytes::zeroed(bytes.len());
         pool.for_each_chunk_mut(
             &mut b,
             HUGE,
             || (),
             |(), i, dst| {
-                dst.copy_from_slice(&bytes[i * HUGE..i * HUGE + dst.len()]);
-                if let Some(c) = copied {
-                    c.fetch_add(dst.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                }
+                let span = i * HUGE..i * HUGE + dst.len();
+                dst.copy_from_slice(&bytes[span.clone()]);
+                then(span);
             },
         );
         b
@@ -233,6 +247,25 @@ mod tests {
             assert_eq!(&b[..], &src[..], "len {len}");
             assert_eq!(copied.into_inner(), len as u64, "len {len}");
         }
+    }
+
+    #[test]
+    fn a_copy_reports_each_span_once_after_copying_it() {
+        let pool = crate::ThreadPool::new(3).expect("pool");
+        let len = 3 * HUGE + 12345;
+        let src: Vec<u8> = (0..len).map(|i| (i * 13 + i / 4099) as u8).collect();
+        let spans = std::sync::Mutex::new(Vec::new());
+        let b = HugeBytes::copy_of_on_then(&src, &pool, |span| {
+            spans.lock().unwrap().push(span);
+        });
+        assert_eq!(&b[..], &src[..]);
+        let mut spans = spans.into_inner().unwrap();
+        spans.sort_by_key(|s| s.start);
+        // Whole 2 MiB spans in order, the last one short, covering every byte once.
+        let want: Vec<_> = (0..4)
+            .map(|i| i * HUGE..((i + 1) * HUGE).min(len))
+            .collect();
+        assert_eq!(spans, want);
     }
 
     /// Where the kernel grants THP for advised memory, a touched large buffer is backed by

@@ -91,4 +91,10 @@ impl GgufFile {
     pub fn release_tensor(&self, t: &TensorInfo) {
         self.map.release(self.tensor_bytes(t));
     }
+
+    /// [`Self::release_tensor`] for the bytes `range` of `t` only (clamped to the tensor).
+    pub fn release_tensor_range(&self, t: &TensorInfo, range: std::ops::Range<usize>) {
+        self.map
+            .release(crate::tensor::clamped(self.tensor_bytes(t), range));
+    }
 }

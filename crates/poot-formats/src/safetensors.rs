@@ -272,6 +272,14 @@ impl SafetensorsFile {
     pub fn release_tensor(&self, t: &TensorInfo) {
         self.map.release(self.tensor_bytes(t));
     }
+
+    /// [`Self::release_tensor`] for the bytes `range` of `t` only (clamped to the tensor): for
+    /// a caller that copies a large tensor span by span, so that its pages and the copy's
+    /// never both hold the whole tensor.
+    pub fn release_tensor_range(&self, t: &TensorInfo, range: std::ops::Range<usize>) {
+        self.map
+            .release(crate::tensor::clamped(self.tensor_bytes(t), range));
+    }
 }
 
 #[cfg(test)]

@@ -66,6 +66,12 @@ pub(crate) fn slice_of<'a>(data: &'a [u8], t: &TensorInfo, file: &Path) -> &'a [
     }
 }
 
+/// `bytes[range]`, with `range` clamped to `bytes` (an empty slice where nothing is left).
+pub(crate) fn clamped(bytes: &[u8], range: std::ops::Range<usize>) -> &[u8] {
+    let end = range.end.min(bytes.len());
+    &bytes[range.start.min(end)..end]
+}
+
 /// Checks that every tensor lies within `region_start..file_len` and that no two overlap.
 ///
 /// A tensor that starts inside the file but runs past its end is `Truncated`; one that starts
@@ -136,6 +142,17 @@ pub fn check_ranges(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clamped_ranges_stay_inside_the_bytes() {
+        let b = [0u8, 1, 2, 3, 4];
+        assert_eq!(clamped(&b, 1..3), &[1, 2]);
+        assert_eq!(clamped(&b, 3..99), &[3, 4]);
+        assert!(clamped(&b, 7..9).is_empty());
+        #[allow(clippy::reversed_empty_ranges)] // a reversed range is what is tested
+        let reversed = 4..2;
+        assert!(clamped(&b, reversed).is_empty());
+    }
 
     fn t(name: &str, offset: u64, nbytes: u64) -> TensorInfo {
         TensorInfo {

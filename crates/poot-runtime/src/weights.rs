@@ -29,6 +29,16 @@ pub trait WeightStore: WeightCatalog {
     /// (`released_copy`), so a runtime must not ask for a released tensor's bytes it does not
     /// read. The default does nothing, which is always correct.
     fn release(&self, _name: &str) {}
+    /// [`WeightStore::release`] for the bytes `range` of `name` only (clamped to the tensor):
+    /// a runtime copying a large tensor span by span releases each span once copied, so the
+    /// file's pages and the copy never both hold the whole tensor (the loading peak). A store
+    /// whose bytes are its own memory ignores it (a partly released copy could not be read
+    /// back); so does the default.
+    fn release_range(&self, _name: &str, _range: std::ops::Range<usize>) {}
+    /// Drops the mapped pages of stored tensors the store never serves (the sources of a
+    /// load-time re-lay), which reads of their neighbours fault back in: for a runtime that
+    /// has made its copies and released what it copied. The default does nothing.
+    fn release_unserved(&self) {}
     /// Whether `name`'s bytes may live in a file's mapped pages (which `release` drops and a
     /// read faults back in). A runtime copies a small tensor of that kind before releasing its
     /// neighbours; one the store holds in its own memory (a load-time re-lay) is read where it
@@ -93,6 +103,13 @@ impl WeightStore for GgufWeights {
     fn release(&self, name: &str) {
         if let Some(&i) = self.index.get(name) {
             self.file.release_tensor(&self.file.tensors()[i]);
+        }
+    }
+
+    fn release_range(&self, name: &str, range: std::ops::Range<usize>) {
+        if let Some(&i) = self.index.get(name) {
+            self.file
+                .release_tensor_range(&self.file.tensors()[i], range);
         }
     }
 }
@@ -193,6 +210,13 @@ impl WeightStore for SafetensorsWeights {
             }
         }
     }
+
+    /// A stored tensor's range; an expert stack has no contiguous bytes, so it is ignored.
+    fn release_range(&self, name: &str, range: std::ops::Range<usize>) {
+        if let Some((file, t)) = self.model.tensor(name) {
+            file.release_tensor_range(t, range);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -272,6 +296,12 @@ mod tests {
         for n in ["a.weight", "l.0.experts.w", "no.such.tensor"] {
             w.release(n);
         }
+        // A range of a tensor, one past its end (clamped), an expert stack (no contiguous
+        // bytes: ignored) and the unserved tensors (none here) release pages only as well.
+        w.release_range("a.weight", 4..12);
+        w.release_range("a.weight", 8..4096);
+        w.release_range("l.0.experts.w", 0..16);
+        w.release_unserved();
         for (n, b) in names.iter().zip(&before) {
             assert_eq!(w.bytes(n).unwrap(), &b[..], "{n}");
         }

@@ -334,9 +334,14 @@ impl CpuRuntime {
                 Some(Prepared::Repack(rp))
             } else if float_copies && !info.dtype.is_quantized() {
                 // A plain float matrix keeps its layout but moves to huge pages (see
-                // `hugemem`); its mapped pages go at once, so loading never holds two copies.
-                // Counted span by span: one tied output matrix is a fifth of a 1B model.
-                let cp = HugeBytes::copy_of_on(bytes, &self.pool, Some(done));
+                // `hugemem`); its mapped pages go span by span as each is copied, so loading
+                // never holds two copies of it, even for the moment of the copy (a tied F16
+                // embedding is half of a small int4 model). Counted span by span too: one tied
+                // output matrix is a fifth of a 1B model.
+                let cp = HugeBytes::copy_of_on_then(bytes, &self.pool, |span| {
+                    done.fetch_add(span.len() as u64, Ordering::Relaxed);
+                    weights.release_range(name, span);
+                });
                 weights.release(name);
                 Some(Prepared::Copy(cp))
             } else {
@@ -386,6 +391,7 @@ impl CpuRuntime {
                 weights.release(name);
             }
         }
+        weights.release_unserved();
         Ok(())
     }
 }
