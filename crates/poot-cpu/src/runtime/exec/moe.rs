@@ -5,8 +5,8 @@
 //! ggml numerics, `N` a multiple of 8; the stored copy then released), one pool dispatch covers
 //! every (selected expert, row group) unit and the activation is quantized once per row
 //! (`kernels::matmul::experts`). Otherwise the stack is read in place (packed, any dtype the
-//! matmul kernels read): expert `e` is the contiguous byte range `e * N * row_bytes .. (e + 1)
-//! * N * row_bytes` of a GGUF's packed tensor, or the e-th of the store's `pieces` (a
+//! matmul kernels read): expert `e` is the contiguous byte range
+//! `e * N * row_bytes .. (e + 1) * N * row_bytes` of a GGUF's packed tensor, or the e-th of the store's `pieces` (a
 //! safetensors checkpoint's experts stored one tensor each, read where they are mapped), and the
 //! pairs grouped by expert go through the ordinary matmul path for its dtype and the plan's
 //! numerics, one call per selected expert. Either way each selected expert's rows are streamed
