@@ -1,5 +1,5 @@
 //! `moe_matmul` over a re-laid expert stack through the runtime: compiling re-lays the stack
-//! and releases its stored bytes, and each (token, slot) output is bit-identical to the dense
+//! (stored whole, or one piece per expert) and releases its stored bytes, and each (token, slot) output is bit-identical to the dense
 //! matmul of its expert's rows (which the runtime re-lays as well).
 
 use std::collections::HashMap;
@@ -18,9 +18,12 @@ const N: usize = 16;
 const K: usize = 256;
 
 /// The stack `exps` [E, N, K] and each expert's rows again as `e{i}` [N, K]; records releases.
+/// With `split`, the stack exists only as one piece per expert (a safetensors checkpoint's
+/// experts, `WeightStore::pieces`).
 struct Store {
     tensors: HashMap<String, (DType, Vec<usize>, Vec<u8>)>,
     released: Mutex<Vec<String>>,
+    split: bool,
 }
 
 impl WeightCatalog for Store {
@@ -31,7 +34,17 @@ impl WeightCatalog for Store {
 
 impl WeightStore for Store {
     fn bytes(&self, name: &str) -> Option<&[u8]> {
+        if self.split && name == "exps" {
+            return None;
+        }
         self.tensors.get(name).map(|(_, _, b)| b.as_slice())
+    }
+    fn pieces(&self, name: &str) -> Option<Vec<&[u8]>> {
+        if self.split && name == "exps" {
+            let (_, _, b) = self.tensors.get(name)?;
+            return Some(b.chunks(b.len() / E).collect());
+        }
+        self.bytes(name).map(|b| vec![b])
     }
     fn total_bytes(&self) -> u64 {
         self.tensors.values().map(|(_, _, b)| b.len() as u64).sum()
@@ -41,7 +54,7 @@ impl WeightStore for Store {
     }
 }
 
-fn store(dt: DType) -> Arc<Store> {
+fn store(dt: DType, split: bool) -> Arc<Store> {
     let w = synthetic_weights(dt, E * N, K, 5);
     let per = w.len() / E;
     let mut tensors = HashMap::new();
@@ -53,13 +66,18 @@ fn store(dt: DType) -> Arc<Store> {
     Arc::new(Store {
         tensors,
         released: Mutex::new(Vec::new()),
+        split,
     })
 }
 
 #[test]
 fn a_relaid_stack_matches_the_dense_relaid_matmul_of_each_expert() {
-    for dt in [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K] {
-        let store = store(dt);
+    let cases = [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K].map(|dt| (dt, false));
+    for (dt, split) in cases
+        .into_iter()
+        .chain([(DType::Q4_0, true), (DType::Q4_K, true)])
+    {
+        let store = store(dt, split);
         let cat: Arc<dyn WeightCatalog> = store.clone();
         let mut t = Tracer::new(TraceLimits::default(), 2, cat).unwrap();
         let x = t.input("x", DType::F32, vec![3, K]).unwrap();
@@ -84,7 +102,7 @@ fn a_relaid_stack_matches_the_dense_relaid_matmul_of_each_expert() {
             .unwrap();
         assert!(
             store.released.lock().unwrap().iter().any(|n| n == "exps"),
-            "{dt}: the stored stack is released once re-laid"
+            "{dt} split {split}: the stored stack is released once re-laid"
         );
         let xs = Rng::new(2).vec(3 * K, -2.0, 2.0);
         let idv = vec![3, 1, 1, 1, 0, 3];
@@ -120,7 +138,7 @@ fn a_relaid_stack_matches_the_dense_relaid_matmul_of_each_expert() {
                 .collect();
             let dense = &out[&format!("d{e}")][(s / 2) * N..(s / 2 + 1) * N];
             let want: Vec<u32> = dense.iter().map(|v| v.to_bits()).collect();
-            assert_eq!(got, want, "{dt} pair {s}");
+            assert_eq!(got, want, "{dt} split {split} pair {s}");
         }
     }
 }
