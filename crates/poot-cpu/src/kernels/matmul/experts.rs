@@ -12,7 +12,9 @@
 //! 8-row group) pairs over all selected experts, claimed by the pool's threads in one dispatch,
 //! so the threads split the whole op rather than each expert's small matmul; each unit dots its
 //! group against that expert's tokens with the same group kernels `matmul/r8.rs` and
-//! `matmul/rk.rs` run. Experts no pair chose are never read.
+//! `matmul/rk.rs` run, one group a unit on every ISA (the dense kernels' two-group AVX-512 VNNI
+//! steps and AMX tiles give the same bits, and are not taken here yet). Experts no pair chose
+//! are never read.
 //!
 //! Numerics: each output is bit-identical to the dense re-laid kernel (`matmul_repacked`) on that
 //! expert's rows and token (tested on every ISA), and so batch-invariant: a pair's result depends
