@@ -43,6 +43,7 @@ pub(crate) mod bf16;
 pub(crate) mod decoded;
 pub(crate) mod dpbf16;
 pub(crate) mod dpbf16_one;
+pub(crate) mod experts;
 pub(crate) mod f8;
 pub(crate) mod float;
 pub(crate) mod float_ggml;
@@ -307,6 +308,12 @@ pub fn repack_for(
     k: usize,
 ) -> Result<Option<Repack>, KernelError> {
     repack_for_on(numerics, isa, (w, w_dtype), (n, k), None)
+}
+
+/// Whether [`repack_for`] re-lays weights of `dtype` under `numerics` (on every ISA alike).
+pub(crate) fn relaid(numerics: Numerics, dtype: DType) -> bool {
+    numerics == Numerics::Ggml
+        && Format::of(dtype).is_some_and(|f| Repacked::supports(f) || RepackedK::supports(f))
 }
 
 /// [`repack_for`], the re-lay spread over `pool`'s threads where there is one (the same bytes).

@@ -45,12 +45,24 @@ use crate::pool::ThreadPool;
 const PAIRS_FROM: usize = 256;
 
 /// Fills `corr[i]` with `-mult * sum(y[4l..4l+4])` for each lane `l` of activation block `i`.
-fn corrections(a: &[BlockQ8], mult: i32, corr: &mut [[i32; 8]]) {
+pub(crate) fn corrections(a: &[BlockQ8], mult: i32, corr: &mut [[i32; 8]]) {
     for (c, b) in corr.iter_mut().zip(a) {
         for (l, v) in c.iter_mut().enumerate() {
             let s: i32 = b.qs[4 * l..4 * l + 4].iter().map(|&q| i32::from(q)).sum();
             *v = -mult * s;
         }
+    }
+}
+
+/// The multiplier of the lane corrections [`corrections`] folds in for `kind` (0: none).
+pub(crate) fn lane_mult(kind: Format, vnni: bool) -> i32 {
+    match kind {
+        Format::Q4_0 => 8,
+        Format::Q5_0 => 16,
+        Format::Q8_0 if vnni => 128,
+        // `-sum(y)`, which the kernels multiply by each row's zero point.
+        Format::Q4_Z => 1,
+        _ => 0,
     }
 }
 
@@ -98,14 +110,7 @@ pub(crate) fn matmul_r8_fused(
     let vnni = ck.isa().avx512() && crate::kernels::arch::x86::qdot_r8::has_vnni();
     #[cfg(not(target_arch = "x86_64"))]
     let vnni = false;
-    let mult = match kind {
-        Format::Q4_0 => 8,
-        Format::Q5_0 => 16,
-        Format::Q8_0 if vnni => 128,
-        // `-sum(y)`, which the kernels multiply by each row's zero point.
-        Format::Q4_Z => 1,
-        _ => 0,
-    };
+    let mult = lane_mult(kind, vnni);
     // Every call but Q4_1's takes the block order, whatever `t` is, so that a token's result
     // does not depend on the tokens beside it (see the module docs).
     let blocks = kind != Format::Q4_1;

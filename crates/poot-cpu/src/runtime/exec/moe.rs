@@ -1,19 +1,27 @@
 //! The mixture-of-experts ops: `gather_cols`, `moe_matmul` and `moe_combine`.
 //!
-//! `moe_matmul` reads a stored [E, N, K] tensor in place (packed, any dtype the matmul kernels
-//! read): expert `e` is the contiguous byte range `e * N * row_bytes .. (e + 1) * N *
-//! row_bytes` of a GGUF's packed tensor, or the e-th of the store's `pieces` (a safetensors
-//! checkpoint's experts stored one tensor each, read where they are mapped). A step's (token, slot) pairs are grouped by expert, so each selected expert's
-//! rows are streamed once per step through the ordinary matmul path for its dtype and the
-//! plan's numerics; experts no token chose are never read. Every id is checked against `E`
+//! `moe_matmul` multiplies each (token, slot) pair by its expert's rows of an [E, N, K] stack.
+//! Where compiling re-laid the stack 8 rows at a time (the dtypes the dense matmuls re-lay, under
+//! ggml numerics, `N` a multiple of 8; the stored copy then released), one pool dispatch covers
+//! every (selected expert, row group) unit and the activation is quantized once per row
+//! (`kernels::matmul::experts`). Otherwise the stack is read in place (packed, any dtype the
+//! matmul kernels read): expert `e` is the contiguous byte range
+//! `e * N * row_bytes .. (e + 1) * N * row_bytes` of a GGUF's packed tensor, or the e-th of the store's `pieces` (a
+//! safetensors checkpoint's experts stored one tensor each, read where they are mapped), and the
+//! pairs grouped by expert go through the ordinary matmul path for its dtype and the plan's
+//! numerics, one call per selected expert. Either way each selected expert's rows are streamed
+//! once per step, and experts no token chose are never read. Every id is checked against `E`
 //! before anything is computed (a typed error otherwise). Results do not depend on how the
-//! step's tokens are grouped: the matmul kernels give each row the same bits whatever the row
-//! count (batch-invariant numerics).
+//! step's tokens are grouped: both paths give each row the same bits whatever the row count
+//! (batch-invariant numerics), and the re-laid path gives the bits of the dense re-laid matmul
+//! on the expert's rows.
 
 use poot_graph::{Op, ValueId};
 use poot_runtime::RuntimeError;
 
 use super::{kerr, Buf, Exec};
+use crate::kernels::matmul::experts::matmul_experts;
+use crate::kernels::matmul::repack::Repack;
 use crate::kernels::matmul::{matmul_on_path, MatmulPath};
 use crate::kernels::simd::Isa;
 
@@ -60,6 +68,9 @@ impl Exec<'_> {
         ids: ValueId,
     ) -> Result<Buf, RuntimeError> {
         const OP: &str = "moe_matmul";
+        if let Some(rp) = self.plan.repack(w.index()) {
+            return self.moe_matmul_relaid(x, w, ids, rp);
+        }
         let (pieces, dtype) = self.weight_pieces(w, OP)?;
         let ws = self.shape(w);
         let (n_exp, n, k) = (ws[0], ws[1], ws[2]);
@@ -129,6 +140,43 @@ impl Exec<'_> {
                 out[s * n..(s + 1) * n].copy_from_slice(&ys[j * n..(j + 1) * n]);
             }
         }
+        Ok(Buf::F32(out))
+    }
+
+    /// [`Self::moe_matmul`] through the stack's 8-row re-lay (`kernels::matmul::experts`): one
+    /// pool dispatch, the activation quantized once (shared with the other stacks reading it).
+    fn moe_matmul_relaid(
+        &mut self,
+        x: ValueId,
+        w: ValueId,
+        ids: ValueId,
+        rp: &Repack,
+    ) -> Result<Buf, RuntimeError> {
+        const OP: &str = "moe_matmul";
+        let (n_exp, k) = (self.shape(w)[0], self.shape(w)[2]);
+        let slots = self.shape(ids)[1];
+        let n = rp.n() / n_exp.max(1);
+        self.i32(ids, OP)?;
+        self.f32(x, OP)?;
+        let (Buf::I32(iv), Buf::F32(xv)) = (&self.bufs[ids.index()], &self.bufs[x.index()]) else {
+            unreachable!("checked just above")
+        };
+        let mut out = self.arena.zeros(iv.len() * n);
+        let key = (self.arena.run << 32) | x.index() as u64;
+        let cache = Some((&mut self.arena.act, key));
+        let pool = self.pool;
+        matmul_experts(
+            Isa::detect(),
+            xv,
+            k,
+            rp,
+            n_exp,
+            (iv, slots),
+            &mut out,
+            pool,
+            cache,
+        )
+        .map_err(kerr(OP))?;
         Ok(Buf::F32(out))
     }
 
@@ -268,3 +316,7 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+#[path = "moe_tests.rs"]
+mod relaid_tests;

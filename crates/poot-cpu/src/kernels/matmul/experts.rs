@@ -1,0 +1,341 @@
+//! The mixture-of-experts matmul over an expert stack re-laid 8 rows at a time: `out[s] =
+//! W[ids[s]] @ x[row(s)]` for every (token, slot) pair `s` of a step, in one pool dispatch.
+//!
+//! The stack `[E, N, K]` is re-laid as one `[E * N, K]` matrix (`matmul/repack.rs`,
+//! `matmul/repack_k.rs`) with `N` a multiple of 8, so expert `e`'s rows are exactly groups
+//! `e * N / 8 .. (e + 1) * N / 8`: re-laying the stack whole is re-laying each expert alone.
+//!
+//! How: every activation row is quantized once per call (Q8_0/Q8_1 for the 32-value quants,
+//! Q8_K for the k-quants; through the activation cache when the caller has one, so an expert
+//! stack's gate and up projections share it), then the pairs are ordered by expert (stable in
+//! `s`) and their quantized rows gathered expert by expert. The work units are (selected expert,
+//! 8-row group) pairs over all selected experts, claimed by the pool's threads in one dispatch,
+//! so the threads split the whole op rather than each expert's small matmul; each unit dots its
+//! group against that expert's tokens with the same group kernels `matmul/r8.rs` and
+//! `matmul/rk.rs` run, one group a unit on every ISA (the dense kernels' two-group AVX-512 VNNI
+//! steps and AMX tiles give the same bits, and are not taken here yet). Experts no pair chose
+//! are never read.
+//!
+//! Numerics: each output is bit-identical to the dense re-laid kernel (`matmul_repacked`) on that
+//! expert's rows and token (tested on every ISA), and so batch-invariant: a pair's result depends
+//! only on its activation row and its expert's rows, not on which other tokens share the step or
+//! how they group by expert.
+//!
+//! Cost: one pass over the selected experts' rows; memory: the quantized rows twice (as
+//! quantized, and gathered) plus the Q8 lane corrections, in reused scratch.
+
+use crate::error::{check_len, mul};
+use crate::kernels::act_cache::ActCache;
+use crate::kernels::blocks::RG;
+use crate::kernels::format::Format;
+use crate::kernels::matmul::groups::over_tokens;
+use crate::kernels::matmul::qdot_k::{dot_scalar, quantized_k};
+use crate::kernels::matmul::r8::{corrections, lane_mult};
+use crate::kernels::matmul::repack::{Repack, Repacked};
+use crate::kernels::matmul::repack_k::RepackedK;
+use crate::kernels::qact::{BlockQ8, BlockQ8K};
+use crate::kernels::scratch::{Parked, Scratch};
+use crate::kernels::simd::{prefetch_ahead, prefetch_range, Checked, Isa};
+use crate::pool::{SharedMut, ThreadPool};
+use crate::KernelError;
+
+/// Which pairs read which expert: `order` holds the pair indices sorted by expert (stable),
+/// and selected expert `i` is `(expert, first, count)`: its pairs are `order[first..first +
+/// count]`.
+struct Routing {
+    order: Vec<usize>,
+    selected: Vec<(usize, usize, usize)>,
+}
+
+impl Routing {
+    /// Ids already checked to lie in `0..n_exp`.
+    fn new(ids: &[i32], n_exp: usize) -> Routing {
+        let mut counts = vec![0usize; n_exp + 1];
+        for &id in ids {
+            counts[id as usize + 1] += 1;
+        }
+        for e in 0..n_exp {
+            counts[e + 1] += counts[e];
+        }
+        let mut selected = Vec::new();
+        for e in 0..n_exp {
+            if counts[e + 1] > counts[e] {
+                selected.push((e, counts[e], counts[e + 1] - counts[e]));
+            }
+        }
+        let mut order = vec![0usize; ids.len()];
+        for (s, &id) in ids.iter().enumerate() {
+            let at = &mut counts[id as usize];
+            order[*at] = s;
+            *at += 1;
+        }
+        Routing { order, selected }
+    }
+}
+
+/// `out[s][n] = dot(W[ids[s]][n], x[row(s)])` for a stack `w` re-laid as `[n_exp * n, k]` (see
+/// the module docs), `ids` being `[t, slots]` (`t * slots` pairs). `x` holds either one row per
+/// token (`[t, k]`, row `s / slots`, shared by the token's slots) or one per pair (`[t * slots,
+/// k]`, row `s`); `out` is `[t * slots, n]`. Every length and id is checked before anything is
+/// written: `n` must be a multiple of 8 and `w` must hold `n_exp` experts of `k` columns.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the op's operands plus the cache"
+)]
+pub(crate) fn matmul_experts(
+    isa: Isa,
+    x: &[f32],
+    k: usize,
+    w: &Repack,
+    n_exp: usize,
+    (ids, slots): (&[i32], usize),
+    out: &mut [f32],
+    pool: &ThreadPool,
+    cache: Option<(&mut ActCache, u64)>,
+) -> Result<(), KernelError> {
+    let ck = isa.checked()?;
+    let bad = |detail: String| KernelError::InvalidArgument {
+        what: "expert matmul",
+        detail,
+    };
+    if n_exp == 0 || !w.n().is_multiple_of(n_exp) || !(w.n() / n_exp).is_multiple_of(RG) {
+        return Err(bad(format!(
+            "{} rows are not {n_exp} experts of 8-row groups",
+            w.n()
+        )));
+    }
+    let n = w.n() / n_exp;
+    if k != w.k() {
+        return Err(KernelError::Length {
+            what: "expert matmul k",
+            expected: w.k(),
+            got: k,
+        });
+    }
+    let pairs = ids.len();
+    if slots == 0 || !pairs.is_multiple_of(slots) {
+        return Err(bad(format!(
+            "{pairs} ids are not whole rows of {slots} slots"
+        )));
+    }
+    let rows = x.len() / k.max(1);
+    // One row per pair, or one per token shared by its slots (the same when slots == 1).
+    let per_pair = rows == pairs;
+    if !per_pair {
+        check_len(
+            "expert matmul x",
+            mul(pairs / slots, k, "expert matmul x")?,
+            x.len(),
+        )?;
+    } else {
+        check_len(
+            "expert matmul x",
+            mul(pairs, k, "expert matmul x")?,
+            x.len(),
+        )?;
+    }
+    check_len(
+        "expert matmul out",
+        mul(pairs, n, "expert matmul out")?,
+        out.len(),
+    )?;
+    if let Some(&id) = ids.iter().find(|&&id| id < 0 || id as usize >= n_exp) {
+        return Err(bad(format!("expert id {id} outside 0..{n_exp}")));
+    }
+    if pairs == 0 || n == 0 {
+        return Ok(());
+    }
+    let routing = Routing::new(ids, n_exp);
+    let row = |s: usize| if per_pair { s } else { s / slots };
+    match w {
+        Repack::Q(w) => experts_r8(ck, w, x, &routing, &row, n, out, pool, cache),
+        Repack::K(w) => experts_rk(ck, w, x, &routing, &row, n, out, pool, cache),
+    }
+    Ok(())
+}
+
+/// The quantized rows of `xq` (`nb` blocks each) in `routing`'s pair order.
+fn gathered<T: Parked>(
+    xq: &[T],
+    nb: usize,
+    routing: &Routing,
+    row: &dyn Fn(usize) -> usize,
+) -> Scratch<T> {
+    let mut out = Scratch::<T>::zeroed(0);
+    for &s in &routing.order {
+        let r = row(s);
+        out.extend_from_slice(&xq[r * nb..(r + 1) * nb]);
+    }
+    out
+}
+
+/// The one dispatch: `body(i, g, write)` for every 8-row group `g` of every selected expert `i`,
+/// units of (expert, group) claimed by the pool's threads; `write(tok, res)` stores `res` (8
+/// rows' results) for the expert's `tok`-th pair. `group(e, g)` gives a group's bytes, whose
+/// first ones each task prefetches.
+fn over_experts<'w>(
+    pool: &ThreadPool,
+    routing: &Routing,
+    n: usize,
+    out: &mut [f32],
+    group: &(dyn Fn(usize, usize) -> &'w [u8] + Sync),
+    body: impl Fn(usize, usize, &dyn Fn(usize, &[f32])) + Sync,
+) {
+    let per_expert = n / RG;
+    let units = routing.selected.len() * per_expert;
+    let (per_task, tasks) = pool.split(units);
+    let shared = SharedMut::new(out);
+    pool.for_each(tasks, |task| {
+        let begin = task * per_task;
+        let (e, _, _) = routing.selected[begin / per_expert];
+        let first = group(e, begin % per_expert);
+        prefetch_range(first.as_ptr(), first.len().min(prefetch_ahead()));
+        for u in begin..(begin + per_task).min(units) {
+            let (i, g) = (u / per_expert, u % per_expert);
+            let (_, first, _) = routing.selected[i];
+            body(i, g, &|tok, res| {
+                let s = routing.order[first + tok];
+                for (r, &v) in res.iter().take(RG).enumerate() {
+                    // SAFETY: rows 8g..8g + 8 of pair s's output belong to unit (i, g) only (a
+                    // pair reads one expert), so no other task writes index s * n + 8g + r.
+                    unsafe { shared.write(s * n + g * RG + r, v) };
+                }
+            });
+        }
+    });
+}
+
+/// [`matmul_experts`] for the 32-value quants (`matmul/r8.rs`'s kernels and orders).
+#[allow(
+    clippy::too_many_arguments,
+    reason = "matmul_experts' validated operands"
+)]
+fn experts_r8(
+    ck: Checked,
+    w: &Repacked,
+    x: &[f32],
+    routing: &Routing,
+    row: &dyn Fn(usize) -> usize,
+    n: usize,
+    out: &mut [f32],
+    pool: &ThreadPool,
+    cache: Option<(&mut ActCache, u64)>,
+) {
+    let (kind, nb) = (w.kind, w.nb);
+    let mut local = Scratch::<BlockQ8>::zeroed(0);
+    let xq = crate::kernels::matmul::q8::quantized(x, kind.act_sum(), cache, &mut local, pool);
+    let xg = gathered(xq, nb, routing, row);
+    #[cfg(target_arch = "x86_64")]
+    let simd = matches!(ck.isa(), Isa::Avx2 | Isa::Avx512 | Isa::Amx);
+    #[cfg(not(target_arch = "x86_64"))]
+    let simd = false;
+    #[cfg(target_arch = "x86_64")]
+    let vnni = ck.isa().avx512() && crate::kernels::arch::x86::qdot_r8::has_vnni();
+    #[cfg(not(target_arch = "x86_64"))]
+    let vnni = false;
+    let (mult, blocks) = (lane_mult(kind, vnni), kind != Format::Q4_1);
+    let mut corr = Scratch::<[i32; 8]>::zeroed(0);
+    corr.resize(routing.order.len() * nb, [0; 8]);
+    if simd && mult != 0 {
+        corrections(&xg, mult, &mut corr);
+        if blocks {
+            for c in corr.iter_mut() {
+                *c = [c.iter().sum(), 0, 0, 0, 0, 0, 0, 0];
+            }
+        }
+    }
+    let (xg, corr): (&[BlockQ8], &[[i32; 8]]) = (&xg, &corr);
+    let per_expert = n / RG;
+    let group = |e: usize, g: usize| w.group(e * per_expert + g);
+    over_experts(pool, routing, n, out, &group, |i, g, write| {
+        let (e, first, t) = routing.selected[i];
+        let grp = group(e, g);
+        let (a, c) = (&xg[first * nb..], &corr[first * nb..]);
+        if !simd {
+            use crate::kernels::arch::generic::qdot_r8_generic;
+            let mut res = Scratch::<f32>::zeroed(t * RG);
+            if blocks {
+                qdot_r8_generic::group_blocks(kind, grp, nb, &a[..t * nb], t, &mut res);
+            } else {
+                qdot_r8_generic::group(kind, grp, nb, &a[..t * nb], t, &mut res);
+            }
+            for tok in 0..t {
+                write(tok, &res[tok * RG..(tok + 1) * RG]);
+            }
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::kernels::arch::x86::qdot_r8::{group, group_blocks, tile_tokens};
+            let mut res = [0.0f32; 4 * RG];
+            let tile = |_| tile_tokens(vnni, kind, blocks);
+            over_tokens(t, tile, RG, &mut res, write, |tok, tt, res| {
+                let (a, c) = (&a[tok * nb..], &c[tok * nb..]);
+                if blocks {
+                    group_blocks(vnni, kind, grp, nb, a, c, tt, res);
+                } else {
+                    group(vnni, kind, grp, nb, a, c, tt, res);
+                }
+            });
+        }
+    });
+}
+
+/// [`matmul_experts`] for the k-quants (`matmul/rk.rs`'s kernels).
+#[allow(
+    clippy::too_many_arguments,
+    reason = "matmul_experts' validated operands"
+)]
+fn experts_rk(
+    ck: Checked,
+    w: &RepackedK,
+    x: &[f32],
+    routing: &Routing,
+    row: &dyn Fn(usize) -> usize,
+    n: usize,
+    out: &mut [f32],
+    pool: &ThreadPool,
+    cache: Option<(&mut ActCache, u64)>,
+) {
+    let (kind, nb) = (w.kind, w.nb);
+    let mut local = Scratch::<BlockQ8K>::zeroed(0);
+    let xq = quantized_k(x, cache, &mut local);
+    let xg = gathered(xq, nb, routing, row);
+    let xg: &[BlockQ8K] = &xg;
+    #[cfg(target_arch = "x86_64")]
+    let simd = matches!(ck.isa(), Isa::Avx2 | Isa::Avx512 | Isa::Amx);
+    #[cfg(not(target_arch = "x86_64"))]
+    let simd = false;
+    let per_expert = n / RG;
+    let group = |e: usize, g: usize| w.group(e * per_expert + g);
+    over_experts(pool, routing, n, out, &group, |i, g, write| {
+        let (e, first, t) = routing.selected[i];
+        let a = &xg[first * nb..(first + t) * nb];
+        if !simd {
+            let mut stored = Scratch::<u8>::zeroed(nb * kind.block_bytes());
+            let mut res = [0.0f32; RG];
+            for tok in 0..t {
+                for (r, v) in res.iter_mut().enumerate() {
+                    w.stored_row(e * n + g * RG + r, &mut stored);
+                    *v = dot_scalar(kind, &stored, &a[tok * nb..(tok + 1) * nb]);
+                }
+                write(tok, &res);
+            }
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::kernels::arch::x86::qdot_rk::{group as group_rk, tile_tokens};
+            let grp = group(e, g);
+            let mut res = [0.0f32; 4 * RG];
+            let tile = |left| tile_tokens(kind, left);
+            over_tokens(t, tile, RG, &mut res, write, |tok, tt, res| {
+                group_rk(ck, kind, grp, nb, &a[tok * nb..], tt, res);
+            });
+        }
+    });
+}
+
+#[cfg(test)]
+#[path = "experts_tests.rs"]
+mod tests;
