@@ -39,7 +39,7 @@ use crate::weights::{SafetensorsWeights, WeightStore};
 pub struct GptqAwqError {
     /// The tensor concerned (`...q_proj.scales`, ...).
     pub tensor: String,
-    /// `"missing_tensor"`, `"dtype"`, `"shape"` or `"g_idx"`.
+    /// `"missing_tensor"`, `"dtype"`, `"shape"`, `"g_idx"` or `"value"` (an FP8 NaN code).
     pub kind: &'static str,
     pub message: String,
 }
@@ -144,6 +144,7 @@ fn part_of(e: &HfQuantError, g_idx: &'static str) -> (&'static str, &'static str
         HfQuantError::Geometry { .. } => ("", "shape"),
         HfQuantError::GroupIndex { .. } | HfQuantError::ActOrder { .. } => (g_idx, "g_idx"),
         HfQuantError::Scale { .. } => ("", "scale"),
+        HfQuantError::NanCode { .. } => ("", "value"),
     }
 }
 
@@ -452,6 +453,7 @@ fn fp8_layer(
             HfQuantError::Shape { tensor, .. } if *tensor == "weight" => (name("weight"), "shape"),
             HfQuantError::Scale { .. } => (scale_name.clone(), "dtype"),
             HfQuantError::Shape { .. } => (scale_name.clone(), "shape"),
+            HfQuantError::NanCode { .. } => (name("weight"), "value"),
             _ => (name("weight"), "shape"),
         };
         err(&part, kind, e.to_string())
