@@ -5,7 +5,8 @@
 //! How: tasks are runs of whole 8-row groups claimed by the pool's threads; each group's
 //! superblocks are read as one stream. One token (a decode step) runs with the 8 lane
 //! accumulators in registers; more tokens go in passes of up to 8, each superblock widened
-//! once a pass (`arch/x86/f8dot_r8.rs`). Without SIMD, each row is rebuilt in its stored form
+//! once a pass (`arch/x86/f8dot_r8.rs`; AVX-512 and AMX CPUs run these AVX2 loops: there is no
+//! 512-bit form yet). Without SIMD, each row is rebuilt in its stored form
 //! and dotted by the portable loop.
 //!
 //! Numerics: each output is one chain of the stored-row dot's float steps, whatever the token
