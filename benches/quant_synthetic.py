@@ -3,8 +3,10 @@ random weights, in the layouts GPTQ (AutoGPTQ v1, int4, group 128) and FP8 (``qu
 fp8``, E4M3 with 128 x 128 block scales) export.
 
 As in ``cpu_synthetic.py``, speed depends on shapes and storage types, not values: quants are
-random words with small finite scales (zeros 8, so weights are centred), E4M3 codes random with
-the NaN codes avoided, embeddings small f16 normals. Every linear layer is quantized, the LM head
+random words with small finite scales, E4M3 codes random with the NaN codes avoided, embeddings
+small f16 normals. The GPTQ zero points vary by group and column, as an asymmetric (``sym:
+false``) export's do: a symmetric one's (all 8) would take poot's Q4_0 layout, and the row would
+not measure the zero-point kernel its config names. Every linear layer is quantized, the LM head
 too (untied, as GPTQModel's ``lm_head: true`` and FP8 exports of tied models write it), so the
 bytes a decode step reads match the GGUF row of the nearest bit width (Q4_0: 4.5 bits a weight,
 Q4_Z 4.75; Q8_0: 8.5, F8_S 9). The tokenizer is SmolLM2's (from its GGUF), padded with unreachable
@@ -26,6 +28,9 @@ from cpu_synthetic import Shape
 
 LAYOUTS = ("gptq-int4-g128", "fp8-block128")
 GROUP = 128
+# Appended to a cached directory's name when what a layout writes changes, so that an older
+# directory is not reused (the GPTQ zeros became asymmetric).
+REVISION = {"gptq-int4-g128": "-asym"}
 
 
 def cache_dir() -> Path:
@@ -81,15 +86,18 @@ def _tensors(shape: Shape, layout: str, rng: np.random.Generator) -> list[Tensor
 
 
 def _gptq(prefix: str, n: int, k: int, rng: np.random.Generator) -> list[Tensor]:
-    """One GPTQ v1 int4 g128 layer: random quants, zero points 8 (v1 stores zero - 1: 7 in
-    every nibble), small f16 scales, the sequential ``g_idx`` of a ``desc_act: false`` export."""
+    """One GPTQ v1 int4 g128 layer: random quants, asymmetric zero points 4..13 per group and
+    column (v1 stores zero - 1, so nibbles 3..12), small f16 scales, the sequential ``g_idx`` of a
+    ``desc_act: false`` export."""
     g = k // GROUP
 
     def qweight() -> np.ndarray:
         return rng.integers(0, 2**32, (k // 8, n), dtype=np.uint32).view(np.int32)
 
     def qzeros() -> np.ndarray:
-        return np.full((g, n // 8), 0x77777777, np.int32)
+        nibbles = rng.integers(3, 13, (g, n // 8, 8), dtype=np.uint32)
+        words = (nibbles << (4 * np.arange(8, dtype=np.uint32))).sum(axis=2, dtype=np.uint32)
+        return words.view(np.int32)
 
     def scales() -> np.ndarray:
         return rng.uniform(0.001, 0.004, (g, n)).astype(np.float16)
@@ -182,7 +190,7 @@ def synthetic_hf(shape: Shape, layout: str, smollm_path: Path) -> Path:
     """The cached synthetic directory of ``shape`` in ``layout`` (one of ``LAYOUTS``)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    path = cache_dir() / f"synthetic-{shape.tag}-{layout}"
+    path = cache_dir() / f"synthetic-{shape.tag}-{layout}{REVISION.get(layout, '')}"
     if path.is_dir():
         return path
     tmp = path.with_name(path.name + ".tmp")

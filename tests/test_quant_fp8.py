@@ -1,7 +1,8 @@
 """FP8 E4M3 checkpoints (compressed-tensors ``float-quantized`` and ``quant_method: fp8``), kept
 as their E4M3 bytes in poot's F8_S blocks (32 bytes and an f32 scale).
 
-References: ``tests/quant_fp8.py``'s E4M3 table, computed from the format's definition, and the
+References: ``tests/quant_fp8.py``'s E4M3 table, computed from the format's definition (its two
+NaN codes are refused at load, a ``CheckpointFormatError`` naming the weight), and the
 float64 dequantization of each layer from its stored bytes and scales; stories260K's float64
 forward on those weights. Bounds: E4M3 decodes exactly; the scale multiply is exact for bf16
 scales and rounds at most once for f32 ones, so one matmul stays within the dot-product bound
@@ -61,18 +62,20 @@ def _rows(wts: _native.Weights, n: int, runtime: Any) -> np.ndarray:
     )
 
 
+# Every code but the two NaNs (refused at load), which this table replaces by the zeros.
+_FINITE = np.arange(256, dtype=np.uint8)
+_FINITE[[0x7F, 0xFF]] = [0x00, 0x80]
+
+
 def _check_codes(got: np.ndarray) -> None:
-    want = TABLE.astype(np.float32).reshape(8, 32)
-    nan = np.isnan(want)
-    assert np.array_equal(np.isnan(got), nan)
-    assert np.flatnonzero(nan).tolist() == [0x7F, 0xFF]
-    assert not np.any(np.isinf(got))
+    want = TABLE[_FINITE].astype(np.float32).reshape(8, 32)
+    assert not np.any(np.isnan(got)) and not np.any(np.isinf(got))
     # Bit for bit, the sign of zero (0x80 is -0.0) included.
-    assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 def _code_table(tmp_path: Path) -> _native.Weights:
-    codes = np.arange(256, dtype=np.uint8).reshape(8, 32)
+    codes = _FINITE.reshape(8, 32)
     wts = _weights(_layer_file(tmp_path, codes, np.ones(1, np.float32)))
     assert wts.describe("l.weight") == ("F8_S", (8, 32))
     assert wts.describe("l.weight_scale") is None
@@ -170,6 +173,18 @@ def test_malformed_layers_are_typed_errors(
     with pytest.raises(CheckpointFormatError) as e:
         _weights(d)
     assert (e.value.tensor, e.value.kind) == (tensor, kind)
+
+
+@pytest.mark.parametrize("code", [0x7F, 0xFF])
+def test_a_nan_code_is_refused_naming_the_weight(tmp_path: Path, code: int) -> None:
+    """E4M3's NaN codes are no weight any quantizer writes: loading says where one is."""
+    codes = np.full((8, 64), 0x38, np.uint8)
+    codes[5, 40] = code
+    d = _layer_file(tmp_path / "m", codes, np.ones(1, np.float32))
+    with pytest.raises(CheckpointFormatError) as e:
+        _weights(d)
+    assert (e.value.tensor, e.value.kind) == ("l.weight", "value")
+    assert f"row 5, column 40 holds the E4M3 NaN code {code:#04x}" in str(e.value)
 
 
 def test_a_missing_scale_is_named(tmp_path: Path) -> None:

@@ -41,7 +41,7 @@ use fp8::fp8_layer;
 pub struct GptqAwqError {
     /// The tensor concerned (`...q_proj.scales`, ...).
     pub tensor: String,
-    /// `"missing_tensor"`, `"dtype"`, `"shape"` or `"g_idx"`.
+    /// `"missing_tensor"`, `"dtype"`, `"shape"`, `"g_idx"` or `"value"` (an FP8 NaN code).
     pub kind: &'static str,
     pub message: String,
 }
@@ -146,6 +146,7 @@ fn part_of(e: &HfQuantError, g_idx: &'static str) -> (&'static str, &'static str
         HfQuantError::Geometry { .. } => ("", "shape"),
         HfQuantError::GroupIndex { .. } | HfQuantError::ActOrder { .. } => (g_idx, "g_idx"),
         HfQuantError::Scale { .. } => ("", "scale"),
+        HfQuantError::NanCode { .. } => ("", "value"),
     }
 }
 

@@ -88,6 +88,12 @@ pub enum HfQuantError {
     /// weights).
     #[error("scale #{index} ({value}) is not exactly representable as f16")]
     Scale { index: usize, value: String },
+    /// An FP8 weight holds one of E4M3's NaN codes (0x7f, 0xff): no quantizer writes one, and
+    /// a NaN weight would make every output it reaches NaN.
+    #[error(
+        "row {row}, column {column} holds the E4M3 NaN code {code:#04x} (a weight must be finite)"
+    )]
+    NanCode { row: usize, column: usize, code: u8 },
 }
 
 fn words(b: &[u8]) -> impl Iterator<Item = u32> + '_ {

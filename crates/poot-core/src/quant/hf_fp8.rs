@@ -14,7 +14,8 @@
 //! there is no infinity, so the largest finite value is 448. [`e4m3_to_f32`] decodes every
 //! code exactly (each is an f32 value).
 //!
-//! Invariants: the weight bytes are copied, never re-quantized; the scales are converted to f32
+//! Invariants: the weight bytes are copied, never re-quantized, and hold no NaN code (refused
+//! as [`HfQuantError::NanCode`]: no quantizer writes one); the scales are converted to f32
 //! exactly (F32, BF16, F16 scales; [`scales_to_f32`]); a 32-column block must lie in one scale
 //! block, so the block width must be a multiple of 32 and `k` a multiple of 32; every check
 //! runs before the output is allocated. The block is 36 bytes for 32 weights: 9 bits a weight,
@@ -132,6 +133,13 @@ pub fn fp8_to_f8s(
     };
     shape("weight", n * k, weight.len())?;
     shape("weight_scale", layout.count(k, n), scales.len())?;
+    if let Some(i) = weight.iter().position(|&q| q & 0x7f == 0x7f) {
+        return Err(HfQuantError::NanCode {
+            row: i / k,
+            column: i % k,
+            code: weight[i],
+        });
+    }
     let nb = k / 32;
     let row = nb * f8_s::BYTES;
     let mut out = vec![0u8; n * row];

@@ -98,3 +98,26 @@ fn bad_fp8_geometry_is_a_typed_error() {
         })
     ));
 }
+
+#[test]
+fn a_nan_code_is_a_typed_error_naming_its_place() {
+    for code in [0x7f, 0xff] {
+        let mut w = vec![0x7eu8; 8 * 64];
+        w[3 * 64 + 17] = code;
+        assert_eq!(
+            fp8_to_f8s(&w, &[1.0], Fp8Scales::Tensor, (64, 8)),
+            Err(HfQuantError::NanCode {
+                row: 3,
+                column: 17,
+                code
+            })
+        );
+    }
+    // Every other code is a weight.
+    let w: Vec<u8> = (0..=255u8)
+        .filter(|q| q & 0x7f != 0x7f)
+        .cycle()
+        .take(8 * 64)
+        .collect();
+    assert!(fp8_to_f8s(&w, &[1.0], Fp8Scales::Tensor, (64, 8)).is_ok());
+}

@@ -74,15 +74,16 @@ fn check_ids_and_out(
     }
 }
 
-/// [`embedding`] from a table in the 8-row layout (`matmul/repack.rs`): each row is rebuilt in its
-/// stored form in a reused buffer, then decoded as above, so `out` is bit-identical.
+/// [`embedding`] from a table in the 8-row layout (`matmul/repack.rs`): each row is rebuilt in a
+/// reused buffer, in the re-lay's own dtype (a symmetric Q4_Z table's rows come back as the Q4_0
+/// rows of the same values), then decoded as above, so `out` is bit-identical.
 pub(crate) fn embedding_repacked(
     table: &crate::kernels::matmul::repack::Repack,
-    dtype: DType,
     ids: &[i32],
     out: &mut [f32],
 ) -> Result<(), KernelError> {
     let ck = Isa::detect().checked()?;
+    let dtype = table.dtype();
     let p = Format::of(dtype).ok_or(KernelError::UnsupportedDType {
         op: "embedding",
         dtype,
@@ -226,10 +227,10 @@ mod tests {
             let mut want = vec![0.0f32; ids.len() * dim];
             embedding(&table, dt, n, dim, &ids, &mut want).unwrap();
             let mut got = vec![f32::NAN; ids.len() * dim];
-            embedding_repacked(&rp, dt, &ids, &mut got).unwrap();
+            embedding_repacked(&rp, &ids, &mut got).unwrap();
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want), "{dt}");
-            let err = embedding_repacked(&rp, dt, &[3, 19], &mut got[..2 * dim]).unwrap_err();
+            let err = embedding_repacked(&rp, &[3, 19], &mut got[..2 * dim]).unwrap_err();
             assert!(
                 matches!(err, KernelError::IndexOutOfRange { at: 1, .. }),
                 "{err}"

@@ -227,7 +227,7 @@ impl<'a> Exec<'a> {
                 let mut out = self.arena.zeros(numel);
                 if let Some(rp) = self.plan.repack(table.index()) {
                     let ids = self.i32(*ids, "embedding")?;
-                    kernels::embedding::embedding_repacked(rp, dtype, ids, &mut out)
+                    kernels::embedding::embedding_repacked(rp, ids, &mut out)
                         .map_err(kerr("embedding"))?;
                     return Ok(Buf::F32(out));
                 }

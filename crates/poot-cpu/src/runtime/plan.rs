@@ -72,6 +72,7 @@ impl CpuPlan {
         let key = |w: &Repack| match w {
             Repack::Q(r) => (r.kind, w.k()),
             Repack::K(r) => (r.kind, w.k()),
+            Repack::F8(_) => (crate::kernels::format::Format::F8_S, w.k()),
         };
         let mut by_input: HashMap<_, Vec<usize>> = HashMap::new();
         for (i, op) in self.graph.equations.iter().enumerate() {

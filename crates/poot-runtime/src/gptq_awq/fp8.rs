@@ -76,6 +76,7 @@ pub(super) fn fp8_layer(
             HfQuantError::Shape { tensor, .. } if *tensor == "weight" => (name("weight"), "shape"),
             HfQuantError::Scale { .. } => (scale_name.clone(), "dtype"),
             HfQuantError::Shape { .. } => (scale_name.clone(), "shape"),
+            HfQuantError::NanCode { .. } => (name("weight"), "value"),
             _ => (name("weight"), "shape"),
         };
         err(&part, kind, e.to_string())

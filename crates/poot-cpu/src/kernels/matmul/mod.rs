@@ -45,6 +45,7 @@ pub(crate) mod dpbf16;
 pub(crate) mod dpbf16_one;
 pub(crate) mod experts;
 pub(crate) mod f8;
+pub(crate) mod f8r;
 pub(crate) mod float;
 pub(crate) mod float_ggml;
 pub(crate) mod groups;
@@ -53,6 +54,7 @@ pub(crate) mod q8;
 pub(crate) mod qdot_k;
 pub(crate) mod r8;
 pub mod repack;
+pub mod repack_f8;
 pub mod repack_k;
 pub(crate) mod rk;
 pub(crate) mod stored;
@@ -294,8 +296,10 @@ impl MatmulPath {
 
 /// `w` (`n` rows of `k` elements of `w_dtype`, as stored) re-laid for a faster kernel on this
 /// `isa` under `numerics`, or `None` when the stored layout is already the fast one: under
-/// [`Numerics::Ggml`], Q4_0, Q4_1, Q5_0 and Q8_0 (`matmul/repack.rs`) and Q4_K and Q6_K
-/// (`matmul/repack_k.rs`) go 8 rows at a time. On every path, the scalar one too, so that a forced
+/// [`Numerics::Ggml`], Q4_0, Q4_1, Q5_0, Q8_0 and Q4_Z (`matmul/repack.rs`; a Q4_Z tensor
+/// whose zero points are all 8 as Q4_0), Q4_K and Q6_K
+/// (`matmul/repack_k.rs`) and F8_S without NaN codes (`matmul/repack_f8.rs`) go 8 rows at a
+/// time. On every path, the scalar one too, so that a forced
 /// path computes what the fast ones do: Q4_0, Q5_0 and Q8_0 on this layout take the block order
 /// (`matmul/r8.rs`). The copy is the tensor's size; the caller owns it and passes it to
 /// [`matmul_repacked`].
@@ -336,6 +340,12 @@ pub fn repack_for_on(
     let q = format.filter(|&kind| Repacked::supports(kind));
     let kq = format.filter(|&kind| RepackedK::supports(kind));
     Ok(match (q, kq) {
+        (Some(Format::Q4_Z), _) => {
+            checked()?;
+            let rp = Repacked::symmetric_q4z_on(w, n, k / 32, pool)
+                .unwrap_or_else(|| Repacked::new_on(Format::Q4_Z, w, n, k / 32, pool));
+            Some(Repack::Q(rp))
+        }
         (Some(kind), _) => {
             checked()?;
             Some(Repack::Q(Repacked::new_on(kind, w, n, k / 32, pool)))
@@ -349,6 +359,10 @@ pub fn repack_for_on(
                 k / crate::kernels::qact::QK_K,
                 pool,
             )))
+        }
+        (None, None) if format == Some(Format::F8_S) => {
+            checked()?;
+            repack_f8::RepackedF8::new_on(w, n, k / 32, pool).map(Repack::F8)
         }
         (None, None) => None,
     })
@@ -400,6 +414,7 @@ pub(crate) fn matmul_repacked_cached(
     match w {
         Repack::Q(w) => crate::kernels::matmul::r8::matmul_r8(ck, w, x, t, k, out, pool, cache),
         Repack::K(w) => crate::kernels::matmul::rk::matmul_rk(ck, w, x, t, k, out, pool, cache),
+        Repack::F8(w) => f8r::matmul_f8r(ck, w, x, t, k, out, pool),
     }
     Ok(())
 }
@@ -476,6 +491,8 @@ pub(crate) fn matmul_repacked_fused(
                 return Ok(());
             }
         }
+        // FP8 reads no quantized activations: one call each costs nothing shared.
+        Repack::F8(_) => {}
     }
     for (w, out) in ws.iter().zip(outs.iter_mut()) {
         let c = cache.as_mut().map(|(c, key)| (&mut **c, *key));

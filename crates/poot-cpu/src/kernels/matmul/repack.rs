@@ -141,6 +141,48 @@ impl Repacked {
         Repacked { kind, n, nb, data }
     }
 
+    /// `n` stored Q4_Z rows of `nb` blocks whose zero points are all 8 (a symmetric GPTQ/AWQ
+    /// checkpoint's: v1's stored 7 plus one, v2's 8), re-laid as Q4_0, or `None` when some
+    /// zero differs. `y = (q - 8) * d` is Q4_0's value, and the block order sums `q * y - 8 *
+    /// sum(y)` in `i32` for both kinds, so results are bit-identical to the Q4_Z layout's,
+    /// without the per-row zero terms. Rows read back ([`Repacked::stored_row`]) are Q4_0's.
+    ///
+    /// # Panics
+    /// If `w.len() != n * nb * 19` (callers check it).
+    pub(crate) fn symmetric_q4z_on(
+        w: &[u8],
+        n: usize,
+        nb: usize,
+        pool: Option<&crate::ThreadPool>,
+    ) -> Option<Repacked> {
+        let bb = Format::Q4_Z.block_bytes();
+        assert_eq!(w.len(), n * nb * bb, "repack length");
+        if w.chunks_exact(bb).any(|b| b[2] != 8) {
+            return None;
+        }
+        let (sb, hdr) = (superblock_bytes(Format::Q4_0), header_bytes(Format::Q4_0));
+        let mut data = crate::hugemem::HugeBytes::zeroed(n.div_ceil(RG) * nb * sb);
+        let fill = |g: usize, out: &mut [u8]| {
+            for (b, s) in out.chunks_exact_mut(sb).enumerate() {
+                for r in 0..RG.min(n - g * RG) {
+                    let src = &w[((g * RG + r) * nb + b) * bb..][..bb];
+                    s[2 * r..2 * r + 2].copy_from_slice(&src[..2]);
+                    for c in 0..4 {
+                        let at = hdr + 32 * c + 4 * r;
+                        s[at..at + 4].copy_from_slice(&src[3 + 4 * c..3 + 4 * c + 4]);
+                    }
+                }
+            }
+        };
+        over_groups(&mut data, nb * sb, pool, fill);
+        Some(Repacked {
+            kind: Format::Q4_0,
+            n,
+            nb,
+            data,
+        })
+    }
+
     /// Interleaved groups (`n / 8` rounded up).
     pub(crate) fn groups(&self) -> usize {
         self.n.div_ceil(RG)
@@ -186,14 +228,16 @@ impl Repacked {
     }
 }
 
-/// A weight matrix in one of the 8-row layouts: the 32-value quants' (this module) or the
-/// k-quants' (`matmul/repack_k.rs`). What the runtime keeps per re-laid tensor.
+/// A weight matrix in one of the 8-row layouts: the 32-value quants' (this module), the
+/// k-quants' (`matmul/repack_k.rs`) or FP8's (`matmul/repack_f8.rs`). What the runtime keeps per re-laid tensor.
 #[derive(Debug)]
 pub enum Repack {
     /// Q4_0, Q4_1, Q5_0, Q8_0.
     Q(Repacked),
     /// Q4_K, Q6_K.
     K(RepackedK),
+    /// F8_S (FP8 checkpoints).
+    F8(crate::kernels::matmul::repack_f8::RepackedF8),
 }
 
 impl Repack {
@@ -202,6 +246,7 @@ impl Repack {
         match self {
             Repack::Q(r) => r.n,
             Repack::K(r) => r.n,
+            Repack::F8(r) => r.n,
         }
     }
 
@@ -210,6 +255,17 @@ impl Repack {
         match self {
             Repack::Q(r) => r.nb * 32,
             Repack::K(r) => r.nb * crate::kernels::qact::QK_K,
+            Repack::F8(r) => r.nb * 32,
+        }
+    }
+
+    /// The dtype of the rows [`Repack::stored_row`] rebuilds (a symmetric Q4_Z tensor's
+    /// re-lay gives Q4_0 rows).
+    pub(crate) fn dtype(&self) -> poot_core::DType {
+        match self {
+            Repack::Q(r) => r.kind.dtype(),
+            Repack::K(r) => r.kind.dtype(),
+            Repack::F8(_) => poot_core::DType::F8_S,
         }
     }
 
@@ -218,6 +274,7 @@ impl Repack {
         match self {
             Repack::Q(rp) => rp.stored_row(r, out),
             Repack::K(rp) => rp.stored_row(r, out),
+            Repack::F8(rp) => rp.stored_row(r, out),
         }
     }
 
@@ -226,6 +283,7 @@ impl Repack {
         match self {
             Repack::Q(r) => r.bytes(),
             Repack::K(r) => r.bytes(),
+            Repack::F8(r) => r.bytes(),
         }
     }
 }

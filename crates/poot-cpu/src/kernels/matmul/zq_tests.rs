@@ -111,3 +111,49 @@ fn the_portable_loop_is_the_per_block_integer_sum() {
         assert_eq!(dot_scalar(kind, &w, &a).to_bits(), want.to_bits(), "{dt}");
     }
 }
+
+#[test]
+fn a_symmetric_q4z_tensor_takes_the_q4_0_layout_bit_identically() {
+    use crate::kernels::embedding::{embedding, embedding_repacked};
+    use crate::kernels::matmul::repack::{Repack, Repacked};
+    use crate::kernels::matmul::{matmul_repacked, repack_for};
+    use crate::{Isa, ThreadPool};
+    // 13 rows: a full group and a ragged one. Every zero 8 (sym: true), then one block's 9.
+    let (n, k) = (13, 96);
+    let sym = with_zeros(DType::Q4_Z, n, k, 12, |_, _| 8);
+    let mut asym = sym.clone();
+    asym[7 * DType::Q4_Z.block_bytes() as usize + layout::q4_z::Z.offset] = 9;
+    let pool = ThreadPool::new(2).unwrap();
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for isa in Isa::available() {
+        let rp = repack_for(Numerics::Ggml, isa, &sym, DType::Q4_Z, n, k)
+            .unwrap()
+            .unwrap();
+        assert!(
+            matches!(&rp, Repack::Q(r) if r.kind == Format::Q4_0),
+            "{isa:?}"
+        );
+        let general = Repack::Q(Repacked::new(Format::Q4_Z, &sym, n, k / 32));
+        for t in [1, 2, 5] {
+            let x = Rng::new(50 + t as u32).vec(t * k, -1.0, 1.0);
+            let (mut got, mut want) = (vec![f32::NAN; t * n], vec![f32::NAN; t * n]);
+            matmul_repacked(isa, &x, t, k, &rp, &mut got, &pool).unwrap();
+            matmul_repacked(isa, &x, t, k, &general, &mut want, &pool).unwrap();
+            assert_eq!(bits(&got), bits(&want), "{isa:?} t={t}");
+        }
+        let rp = repack_for(Numerics::Ggml, isa, &asym, DType::Q4_Z, n, k)
+            .unwrap()
+            .unwrap();
+        assert!(
+            matches!(&rp, Repack::Q(r) if r.kind == Format::Q4_Z),
+            "{isa:?}"
+        );
+    }
+    // Rows read back from the Q4_0 re-lay decode to the stored Q4_Z rows' values.
+    let rp = Repack::Q(Repacked::symmetric_q4z_on(&sym, n, k / 32, None).unwrap());
+    let ids = [12, 0, 7];
+    let (mut got, mut want) = (vec![f32::NAN; 3 * k], vec![f32::NAN; 3 * k]);
+    embedding(&sym, DType::Q4_Z, n, k, &ids, &mut want).unwrap();
+    embedding_repacked(&rp, &ids, &mut got).unwrap();
+    assert_eq!(bits(&got), bits(&want));
+}
