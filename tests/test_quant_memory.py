@@ -110,13 +110,14 @@ def test_resident_memory_is_close_to_the_file_size(tmp_path: Path, kind: str) ->
     file_size = (d / "model.safetensors").stat().st_size
     loaded = m["loaded"] - m["base"]
     dense = kind in ("bf16", "f16")
-    # Measured (3 runs, KV excluded): GPTQ 1.18x, FP8 1.14x, BF16 0.96x. Of a 29 MB GPTQ
+    # Measured (3 runs, KV excluded): GPTQ 1.18x (1.20x from the LTO wheel CI builds: its
+    # larger code pages), FP8 1.14x, BF16 0.96x. Of a 29 MB GPTQ
     # directory's growth, the weights are 1.09x (Q4_Z, 4.75 bits a weight, re-laid 8 rows at a
     # time when the first plan compiles); the rest is the native library's code pages (4 MB,
     # 0.14x) and the interpreter's heap, less the KV pool, which is not touched yet. The 0.08x
     # the bound once left room for was the sources' mapped pages, faulted back in around the
     # norms the first plan copies, now released again (`WeightStore::release_unserved`).
-    bound = (1.15 if dense else 1.2) * file_size + m["kv_bytes"]
+    bound = (1.15 if dense else 1.25) * file_size + m["kv_bytes"]
     assert loaded <= bound, (
         f"loading grew RSS by {loaded} bytes; bound {bound:.0f} "
         f"(file {file_size}, kv {m['kv_bytes']})"
