@@ -166,6 +166,10 @@ pub(crate) const QK_K: usize = 256;
 pub(crate) struct BlockQ8K {
     pub(crate) qs: [i8; QK_K],
     pub(crate) bsums: [i16; 16],
+    /// `-32 * bsums[s]` as `i32`: the Q6_K dot's offset term (its quants are stored `+ 32`),
+    /// kept here so the 8-row loop starts each sub-block's sum from it with one broadcast load
+    /// instead of converting and subtracting per sub-block and row group.
+    pub(crate) q6_offsets: [i32; 16],
     pub(crate) d: f32,
 }
 
@@ -174,6 +178,7 @@ impl Default for BlockQ8K {
         BlockQ8K {
             qs: [0; QK_K],
             bsums: [0; 16],
+            q6_offsets: [0; 16],
             d: 0.0,
         }
     }
@@ -201,6 +206,9 @@ pub(crate) fn quantize_row_q8k(x: &[f32], out: &mut [BlockQ8K]) {
         }
         for (s, c) in yb.bsums.iter_mut().zip(yb.qs.chunks_exact(16)) {
             *s = c.iter().map(|&q| i16::from(q)).sum();
+        }
+        for (o, &s) in yb.q6_offsets.iter_mut().zip(&yb.bsums) {
+            *o = -32 * i32::from(s);
         }
         yb.d = 1.0 / iscale;
     }

@@ -312,7 +312,12 @@ unsafe fn q6k_body<L: KLanes, const T: usize>(
                 for half in 0..2 {
                     // Words w = 4 half..4 half + 4 of this 128-value half: quant vector g holds
                     // elements 128n + 32g + 4w..+4, all in sub-block 8n + 2g + half.
-                    let mut p = [[L::izero(); T]; 4];
+                    // Each sub-block's sum starts at its offset term `-32 * bsum` (exact in
+                    // `i32`), so `scale * (sum - 32 bsum)` below is one `mullo`.
+                    let mut p: [[L::I; T]; 4] = std::array::from_fn(|g| {
+                        let si = 8 * n + 2 * g + half;
+                        std::array::from_fn(|j| L::word(ab[j].q6_offsets.as_ptr().add(si).cast()))
+                    });
                     for w in 4 * half..4 * half + 4 {
                         let qv = q6k_unpack::<L>(L::at(s, q6k::QS + 96 * (8 * n + w)));
                         for j in 0..T {
@@ -326,8 +331,7 @@ unsafe fn q6k_body<L: KLanes, const T: usize>(
                         let si = 8 * n + 2 * g + half;
                         let sc = L::bytes8(L::at(s, q6k::SCALES + 8 * si));
                         for j in 0..T {
-                            let off = L::isplat(32 * i32::from(ab[j].bsums[si]));
-                            isum[j] = L::add32(isum[j], L::mullo32(L::sub32(pg[j], off), sc));
+                            isum[j] = L::add32(isum[j], L::mullo32(pg[j], sc));
                         }
                     }
                 }
