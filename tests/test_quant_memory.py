@@ -6,7 +6,9 @@ huge pages where the kernel offers them) releases the file's mapped pages of tha
 the GGUF path does, so the weights never count twice, at the peak (VmHWM) included. The Q4_Z
 re-lay is 1.14x the int4 tensors at group 128 and the source tensors' mapped pages are
 dropped once copied (``crates/poot-runtime/src/gptq_awq.rs``); a second copy, or the file's
-pages kept beside the copy, would be 2x and more. Measured by ``tests/memory_probe.py``.
+pages kept beside the copy, would be 2x and more. The CPU plan re-lays that copy with one
+scale and zero point per row per group (``kernels/matmul/repack_zg.rs``, 4.19 bits a weight)
+and releases it. Measured by ``tests/memory_probe.py``.
 
 Generating is checked separately, against the same directory's load: each step shape's plan
 used to copy every re-laid tensor under 1 MB (most of a small model's layers) as if it were
@@ -111,12 +113,13 @@ def test_resident_memory_is_close_to_the_file_size(tmp_path: Path, kind: str) ->
     loaded = m["loaded"] - m["base"]
     dense = kind in ("bf16", "f16")
     # Measured (3 runs, KV excluded): GPTQ 1.18x (1.20x from the LTO wheel CI builds: its
-    # larger code pages), FP8 1.14x, BF16 0.96x. Of a 29 MB GPTQ
-    # directory's growth, the weights are 1.09x (Q4_Z, 4.75 bits a weight, re-laid 8 rows at a
-    # time when the first plan compiles); the rest is the native library's code pages (4 MB,
-    # 0.14x) and the interpreter's heap, less the KV pool, which is not touched yet. The 0.08x
-    # the bound once left room for was the sources' mapped pages, faulted back in around the
-    # norms the first plan copies, now released again (`WeightStore::release_unserved`).
+    # larger code pages; 1.19x on the grouped re-lay), FP8 1.14x, BF16 0.96x. Of a 29 MB GPTQ
+    # directory's growth, the weights are 0.97x (Q4_Z re-laid 8 rows at a time, one scale and
+    # zero point a group of 128, when the first plan compiles; 1.09x a block); the rest is
+    # the native library's code pages (4 MB, 0.14x) and the interpreter's heap, less the KV
+    # pool, which is not touched yet. The 0.08x the bound once left room for was the sources'
+    # mapped pages, faulted back in around the norms the first plan copies, now released
+    # again (`WeightStore::release_unserved`).
     bound = (1.15 if dense else 1.25) * file_size + m["kv_bytes"]
     assert loaded <= bound, (
         f"loading grew RSS by {loaded} bytes; bound {bound:.0f} "

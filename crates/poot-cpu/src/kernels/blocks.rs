@@ -70,6 +70,16 @@ pub(crate) const fn superblock_bytes(kind: Format) -> usize {
     header_bytes(kind) + 32 * chunks(kind)
 }
 
+/// Bytes of the header of one grouped Q4_Z superblock (`matmul/repack_zg.rs`): the 8 rows'
+/// f16 scales, then their zero points (one byte each), once per quantization group.
+pub(crate) const ZG_HEADER: usize = 24;
+
+/// Bytes of one grouped Q4_Z superblock: 8 rows of a quantization group of `per` 32-value
+/// blocks (the header, then `per` blocks of 4 quant chunks).
+pub(crate) const fn zg_superblock_bytes(per: usize) -> usize {
+    ZG_HEADER + 128 * per
+}
+
 /// `fill(g, group g's bytes)` for every group of `data` (`group` bytes each), on `pool`'s
 /// threads where there is one (groups are disjoint, so the result is the same).
 pub(crate) fn over_groups(

@@ -256,7 +256,10 @@ fn experts_r8(
         if !simd {
             use crate::kernels::arch::generic::qdot_r8_generic;
             let mut res = Scratch::<f32>::zeroed(t * RG);
-            if blocks {
+            if w.qgroup > 1 {
+                use crate::kernels::arch::generic::qdot_zg_generic::group_z;
+                group_z(w.qgroup, grp, nb, &a[..t * nb], t, &mut res);
+            } else if blocks {
                 qdot_r8_generic::group_blocks(kind, grp, nb, &a[..t * nb], t, &mut res);
             } else {
                 qdot_r8_generic::group(kind, grp, nb, &a[..t * nb], t, &mut res);
@@ -273,7 +276,10 @@ fn experts_r8(
             let tile = |_| tile_tokens(vnni, kind, blocks);
             over_tokens(t, tile, RG, &mut res, write, |tok, tt, res| {
                 let (a, c) = (&a[tok * nb..], &c[tok * nb..]);
-                if blocks {
+                if w.qgroup > 1 {
+                    use crate::kernels::arch::x86::qdot_zg::group_z;
+                    group_z(vnni, w.qgroup, grp, nb, a, c, tt, res);
+                } else if blocks {
                     group_blocks(vnni, kind, grp, nb, a, c, tt, res);
                 } else {
                     group(vnni, kind, grp, nb, a, c, tt, res);

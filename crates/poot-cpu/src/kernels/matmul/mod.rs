@@ -56,6 +56,7 @@ pub(crate) mod r8;
 pub mod repack;
 pub mod repack_f8;
 pub mod repack_k;
+pub(crate) mod repack_zg;
 pub(crate) mod rk;
 pub(crate) mod stored;
 
@@ -297,7 +298,8 @@ impl MatmulPath {
 /// `w` (`n` rows of `k` elements of `w_dtype`, as stored) re-laid for a faster kernel on this
 /// `isa` under `numerics`, or `None` when the stored layout is already the fast one: under
 /// [`Numerics::Ggml`], Q4_0, Q4_1, Q5_0, Q8_0 and Q4_Z (`matmul/repack.rs`; a Q4_Z tensor
-/// whose zero points are all 8 as Q4_0), Q4_K and Q6_K
+/// whose zero points are all 8 as Q4_0, one whose scales and zero points repeat over runs of
+/// 2 or 4 blocks, GPTQ/AWQ group 64 or 128, one header a group: `matmul/repack_zg.rs`), Q4_K and Q6_K
 /// (`matmul/repack_k.rs`) and F8_S without NaN codes (`matmul/repack_f8.rs`) go 8 rows at a
 /// time. On every path, the scalar one too, so that a forced
 /// path computes what the fast ones do: Q4_0, Q5_0 and Q8_0 on this layout take the block order
@@ -342,8 +344,10 @@ pub fn repack_for_on(
     Ok(match (q, kq) {
         (Some(Format::Q4_Z), _) => {
             checked()?;
-            let rp = Repacked::symmetric_q4z_on(w, n, k / 32, pool)
-                .unwrap_or_else(|| Repacked::new_on(Format::Q4_Z, w, n, k / 32, pool));
+            let nb = k / 32;
+            let rp = Repacked::symmetric_q4z_on(w, n, nb, pool)
+                .or_else(|| Repacked::grouped_q4z_on(w, n, nb, pool))
+                .unwrap_or_else(|| Repacked::new_on(Format::Q4_Z, w, n, nb, pool));
             Some(Repack::Q(rp))
         }
         (Some(kind), _) => {

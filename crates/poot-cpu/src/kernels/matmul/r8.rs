@@ -16,7 +16,11 @@
 //!   but moved those logits by 0.57, activation quantization amplifying the rounding differences.
 //! - Q4_Z (GPTQ/AWQ int4) in the block order too, `sum((q - z) * y)` exact in `i32` as
 //!   `sum(q * y) - z * sum(y)`: no llama.cpp reference to keep, and one multiply per block; the
-//!   stored-row path (ggml's lane order) only runs where nothing re-laid it.
+//!   stored-row path (ggml's lane order) only runs where nothing re-laid it. In the grouped
+//!   layout (`matmul/repack_zg.rs`: one scale and zero point per quantization group) the
+//!   scale and the zero term are folded once per group instead, in the order stated in
+//!   `arch/generic/qdot_zg_generic.rs` (`arch/x86/qdot_zg.rs` on AVX2 and VNNI, one group a
+//!   step: it has no 512-bit or AMX form), from the same per-block corrections (`-sum(y)`).
 //! - Q4_0, Q5_0 and Q8_0 in the block order: each block's 32 products summed exactly in `i32`,
 //!   then one FMA per block (the stored-row dot's `dot_scalar_blocks`; the order of llama.cpp's
 //!   repacked Q4_0 GEMM and GEMV and of its AMX kernels), which needs an eighth of the float work
@@ -144,6 +148,7 @@ pub(crate) fn matmul_r8_fused(
     #[cfg(target_arch = "x86_64")]
     let pairs = |w: &Repacked| {
         (blocks || t >= 2 || w.groups() >= PAIRS_FROM)
+            && w.qgroup == 1
             && vnni
             && crate::kernels::arch::x86::qdot_r16::has_vnni512()
     };
@@ -168,7 +173,10 @@ pub(crate) fn matmul_r8_fused(
                 // The portable loop on the layout as it is (`arch/generic/qdot_r8_generic.rs`).
                 use crate::kernels::arch::generic::qdot_r8_generic;
                 let mut res = Scratch::<f32>::zeroed(t * RG);
-                if blocks {
+                if w.qgroup > 1 {
+                    use crate::kernels::arch::generic::qdot_zg_generic::group_z;
+                    group_z(w.qgroup, w.group(g), nb, xq, t, &mut res);
+                } else if blocks {
                     qdot_r8_generic::group_blocks(kind, w.group(g), nb, xq, t, &mut res);
                 } else {
                     qdot_r8_generic::group(kind, w.group(g), nb, xq, t, &mut res);
@@ -211,7 +219,10 @@ pub(crate) fn matmul_r8_fused(
                 let tile = |_| tile_tokens(vnni, kind, blocks);
                 over_tokens(t, tile, RG, &mut res, write, |tok, tt, res| {
                     let (a, c) = (&xq[tok * nb..], &corr[tok * nb..]);
-                    if blocks {
+                    if w.qgroup > 1 {
+                        use crate::kernels::arch::x86::qdot_zg::group_z;
+                        group_z(vnni, w.qgroup, grp, nb, a, c, tt, res);
+                    } else if blocks {
                         group_blocks(vnni, kind, grp, nb, a, c, tt, res);
                     } else {
                         group(vnni, kind, grp, nb, a, c, tt, res);

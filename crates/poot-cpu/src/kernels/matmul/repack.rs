@@ -31,10 +31,16 @@
 //! results are bit-identical to the portable `dot_scalar` on the stored rows (tested on every
 //! ISA).
 //!
-//! Invariant: `data.len() == groups * nb * superblock_bytes`; a `Repacked` is immutable once
-//! built and is only read by `matmul/r8.rs`.
+//! An asymmetric Q4_Z tensor whose scales and zero points repeat over runs of 2 or 4 blocks
+//! (GPTQ/AWQ group 64 or 128) takes the grouped layout of `matmul/repack_zg.rs` instead, its
+//! superblocks one quantization group each (`qgroup` blocks a row).
+//!
+//! Invariant: `data.len() == groups * (nb / qgroup) * superblock_bytes`; a `Repacked` is
+//! immutable once built and is only read by `matmul/r8.rs` (and the expert matmul).
 
-use crate::kernels::blocks::{chunks, header_bytes, over_groups, superblock_bytes, RG};
+use crate::kernels::blocks::{
+    chunks, header_bytes, over_groups, superblock_bytes, zg_superblock_bytes, RG,
+};
 use crate::kernels::format::Format;
 use crate::kernels::matmul::repack_k::RepackedK;
 
@@ -45,6 +51,9 @@ pub struct Repacked {
     pub(crate) n: usize,
     /// 32-value blocks per row.
     pub(crate) nb: usize,
+    /// Blocks of a row in one superblock: 1, except in the grouped Q4_Z layout
+    /// (`matmul/repack_zg.rs`), whose superblock holds a whole quantization group (2 or 4).
+    pub(crate) qgroup: usize,
     pub(crate) data: crate::hugemem::HugeBytes,
 }
 
@@ -54,6 +63,7 @@ impl std::fmt::Debug for Repacked {
             .field("kind", &self.kind)
             .field("n", &self.n)
             .field("nb", &self.nb)
+            .field("qgroup", &self.qgroup)
             .field("bytes", &self.data.len())
             .finish()
     }
@@ -138,7 +148,13 @@ impl Repacked {
             }
         };
         over_groups(&mut data, nb * sb, pool, fill);
-        Repacked { kind, n, nb, data }
+        Repacked {
+            kind,
+            n,
+            nb,
+            qgroup: 1,
+            data,
+        }
     }
 
     /// `n` stored Q4_Z rows of `nb` blocks whose zero points are all 8 (a symmetric GPTQ/AWQ
@@ -179,6 +195,7 @@ impl Repacked {
             kind: Format::Q4_0,
             n,
             nb,
+            qgroup: 1,
             data,
         })
     }
@@ -188,15 +205,27 @@ impl Repacked {
         self.n.div_ceil(RG)
     }
 
+    /// Bytes of one superblock of this layout.
+    pub(crate) fn superblock_bytes(&self) -> usize {
+        if self.qgroup > 1 {
+            zg_superblock_bytes(self.qgroup)
+        } else {
+            superblock_bytes(self.kind)
+        }
+    }
+
     /// The superblocks of group `g`.
     pub(crate) fn group(&self, g: usize) -> &[u8] {
-        let len = self.nb * superblock_bytes(self.kind);
+        let len = self.nb / self.qgroup * self.superblock_bytes();
         &self.data[g * len..(g + 1) * len]
     }
 
     /// Row `r`'s stored bytes, rebuilt from the layout (the scalar path and the tests read
     /// rows this way; the inverse of [`Repacked::new`]).
     pub(crate) fn stored_row(&self, r: usize, out: &mut [u8]) {
+        if self.qgroup > 1 {
+            return self.grouped_stored_row(r, out);
+        }
         let (kind, bb) = (self.kind, self.kind.block_bytes());
         let (sb, hdr) = (superblock_bytes(kind), header_bytes(kind));
         let qoff = bb - 32 / if kind == Format::Q8_0 { 1 } else { 2 };

@@ -5,6 +5,8 @@
 //!   runs it without SIMD;
 //! - `qdot_r8` - the 8-row interleaved integer dot (`arch/x86/qdot_r8.rs`, `qdot_r16.rs`, both
 //!   over `arch/x86/qdot_r.rs`); `matmul_r8` runs it without SIMD;
+//! - `qdot_zg` - the grouped Q4_Z dot, one scale and zero point a quantization group
+//!   (`arch/x86/qdot_zg.rs`); `matmul_r8` runs it without SIMD;
 //! - `zdot` - the zero-point (Q4_Z, Q8_Z) integer block dot (the zero-point arms of
 //!   `arch/x86/qdot.rs`);
 //! - `f8dot` - the FP8 (F8_S) row dot (`arch/x86/f8dot.rs`);
@@ -24,4 +26,5 @@ pub(crate) mod f8dot_generic;
 pub(crate) mod fdot_generic;
 pub(crate) mod qdot_generic;
 pub(crate) mod qdot_r8_generic;
+pub(crate) mod qdot_zg_generic;
 pub(crate) mod zdot_generic;

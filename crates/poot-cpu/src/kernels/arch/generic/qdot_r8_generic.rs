@@ -91,7 +91,7 @@ fn lane_sums(q: &[i8; QK8], y: &[i8; QK8]) -> [i32; 8] {
 /// formed in `i16` (exact: at most `128 * 128`), which vectorizes as `pmaddwd` on baseline
 /// x86-64.
 #[inline(never)]
-fn block_sum(q: &[i8; QK8], y: &[i8; QK8]) -> i32 {
+pub(crate) fn block_sum(q: &[i8; QK8], y: &[i8; QK8]) -> i32 {
     q.iter()
         .zip(y)
         .map(|(&w, &x)| i32::from(i16::from(w) * i16::from(x)))

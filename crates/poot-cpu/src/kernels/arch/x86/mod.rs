@@ -10,7 +10,8 @@
 //! body once over the width and the integer dot (`lanes_k::KLanes`: `maddubs` or `vpdpbusd`,
 //! 256 or 512 bits), its entry functions one per ISA.
 //!
-//! The portable path of each: `qdot_r8`, `qdot_r16` - `arch::generic::qdot_r8_generic`; `fdot`'s
+//! The portable path of each: `qdot_r8`, `qdot_r16` - `arch::generic::qdot_r8_generic`;
+//! `qdot_zg` (the grouped Q4_Z layout) - `arch::generic::qdot_zg_generic`; `fdot`'s
 //! `lanes8_rows_avx2` and `lanes32_*` - `arch::generic::fdot_generic`; `decode` -
 //! `kernels::decode::decode_run`; `qdot` - `arch::generic::qdot_generic` (its zero-point Q4_Z/Q8_Z
 //! arms: `arch::generic::zdot_generic`); `qdot_k`, `qdot_rk` (with `qdot_rk_parts`) -
@@ -36,3 +37,4 @@ pub(crate) mod qdot_r16;
 pub(crate) mod qdot_r8;
 pub(crate) mod qdot_rk;
 pub(crate) mod qdot_rk_parts;
+pub(crate) mod qdot_zg;
