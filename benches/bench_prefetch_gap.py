@@ -5,9 +5,10 @@ Two ``poot.LLM``s of the default model in one process, one with the gap prefetch
 flips every round, and a pause between them lets the idle one's pool threads park, so they do
 not spin against the other). Each round each side decodes ``--tokens`` tokens after a 64-token
 prompt (the 64+1 run subtracted from the 64+N run, prefix caching off), then one more decode
-step with per-equation spans on: the step's matmul time and the rest. Reported: each side's
-median ms/token and spread (min-max), the on/off ratio round by round (median and range), and
-the medians of the matmul and other time per step from the spans. Alternating makes both
+steps (``--steps``) with per-equation spans on. Reported: each side's median ms/token and
+spread (min-max), the on/off ratio round by round (median and range), and per step the matmul
+and other time from the spans (each equation's median over all steps, summed: robust to a
+step preempted by another process). Alternating makes both
 sides see the same machine load, so the ratio holds up under load better than either side's
 absolute figure. No thresholds: printed (and ``--json`` saved), not asserted.
 
@@ -55,16 +56,23 @@ def decode_ms(llm: Any, tokens: int) -> float:
     return (run(tokens + 1) - run(1)) / tokens * 1e3
 
 
-def step_spans(llm: Any) -> tuple[float, float]:
-    """(matmul ms, other ms) of one decode step's equations (``last_run_spans``)."""
+def step_spans(llm: Any, into: dict[int, list[float]], kinds: dict[int, str]) -> None:
+    """Appends each equation's time (ms) in one decode step (``last_run_spans``) to ``into``."""
     rt = getattr(llm.runtime, "inner", llm.runtime)
     rt.record_spans(True)
     llm.generate([PROMPT], poot.SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
-    spans = rt.last_run_spans()
+    for i, kind, a, b in rt.last_run_spans():
+        into.setdefault(i, []).append((b - a) * 1e3)
+        kinds[i] = kind
     rt.record_spans(False)
-    mm = sum(b - a for _, kind, a, b in spans if kind.startswith("matmul"))
-    total = sum(b - a for _, _, a, b in spans)
-    return mm * 1e3, (total - mm) * 1e3
+
+
+def per_op_medians(spans: dict[int, list[float]], kinds: dict[int, str]) -> tuple[float, float]:
+    """(matmul ms, other ms) per step: each equation's median over the rounds, summed (a
+    preempted step inflates one round of a few equations, not the sum of medians)."""
+    med = {i: statistics.median(v) for i, v in spans.items()}
+    mm = sum(v for i, v in med.items() if kinds[i].startswith("matmul"))
+    return mm, sum(med.values()) - mm
 
 
 def spread(xs: list[float]) -> str:
@@ -76,13 +84,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--gap", type=int, default=256 << 10, help="prefetch_gap bytes of the on side")
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=4, help="decode steps with spans per round")
     ap.add_argument("--json", type=Path, help="also save every round's numbers here")
     args = ap.parse_args()
     path = cached_model()
     if path is None:
         sys.exit("the default model is not pulled (poot pull)")
     sides = {"off": load(path, 0), f"on({args.gap})": load(path, args.gap)}
-    res: dict[str, dict[str, list[float]]] = {k: {"ms": [], "mm": [], "rest": []} for k in sides}
+    res: dict[str, dict[str, list[float]]] = {k: {"ms": []} for k in sides}
+    spans: dict[str, dict[int, list[float]]] = {k: {} for k in sides}
+    kinds: dict[int, str] = {}
     for llm in sides.values():  # warm-up: plans compiled, pages touched
         decode_ms(llm, 8)
     for r in range(args.rounds):
@@ -90,19 +101,20 @@ def main() -> None:
         for name in order:
             time.sleep(0.05)  # the other side's pool threads park
             res[name]["ms"].append(decode_ms(sides[name], args.tokens))
-            mm, rest = step_spans(sides[name])
-            res[name]["mm"].append(mm)
-            res[name]["rest"].append(rest)
+            for _ in range(args.steps):
+                step_spans(sides[name], spans[name], kinds)
     off, on = list(sides)
     for name in sides:
+        mm, rest = per_op_medians(spans[name], kinds)
         print(
-            f"{name:>14}: {spread(res[name]['ms'])} ms/token; per step from spans: matmul "
-            f"{spread(res[name]['mm'])} ms, other {spread(res[name]['rest'])} ms"
+            f"{name:>14}: {spread(res[name]['ms'])} ms/token; per step, each equation's "
+            f"median summed: matmul {mm:.3f} ms, other {rest:.3f} ms"
         )
     ratio = [a / b for a, b in zip(res[on]["ms"], res[off]["ms"], strict=True)]
     print(f"on/off ms/token, round by round: {spread(ratio)} over {args.rounds} rounds")
     if args.json:
-        args.json.write_text(json.dumps({"gap": args.gap, "rounds": res}, indent=1))
+        out = {"gap": args.gap, "rounds": res, "spans": spans, "kinds": kinds}
+        args.json.write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
