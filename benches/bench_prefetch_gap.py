@@ -4,13 +4,12 @@ Two ``poot.LLM``s of the default model in one process, one with the gap prefetch
 (``prefetch_gap=0``) and one with it on (``--gap`` bytes), alternate round by round (the order
 flips every round, and a pause between them lets the idle one's pool threads park, so they do
 not spin against the other). Each round each side decodes ``--tokens`` tokens after a 64-token
-prompt (the 64+1 run subtracted from the 64+N run, prefix caching off), then one more decode
-steps (``--steps``) with per-equation spans on. Reported: each side's median ms/token and
-spread (min-max), the on/off ratio round by round (median and range), and per step the matmul
-and other time from the spans (each equation's median over all steps, summed: robust to a
-step preempted by another process). Alternating makes both
-sides see the same machine load, so the ratio holds up under load better than either side's
-absolute figure. No thresholds: printed (and ``--json`` saved), not asserted.
+prompt (the 64+1 run subtracted from the 64+N run, prefix caching off), then ``--steps``
+decode steps with per-equation spans on. Reported: each side's median ms/token and spread
+(min-max), the on/off ratio round by round (median and range), and per step the matmul,
+attention and other time from the spans (each equation's median over all steps, summed:
+robust to a step preempted by another process). Alternating makes both sides see the same
+machine load, so the ratio holds up under load better than either side's absolute figure. No thresholds: printed (and ``--json`` saved), not asserted.
 
 Run: ``python benches/bench_prefetch_gap.py [--rounds 15] [--gap 262144] [--tokens 64]``.
 """
@@ -67,12 +66,16 @@ def step_spans(llm: Any, into: dict[int, list[float]], kinds: dict[int, str]) ->
     rt.record_spans(False)
 
 
-def per_op_medians(spans: dict[int, list[float]], kinds: dict[int, str]) -> tuple[float, float]:
-    """(matmul ms, other ms) per step: each equation's median over the rounds, summed (a
-    preempted step inflates one round of a few equations, not the sum of medians)."""
+def per_op_medians(
+    spans: dict[int, list[float]], kinds: dict[int, str]
+) -> tuple[float, float, float]:
+    """(matmul ms, attention ms, other ms) per step: each equation's median over the rounds,
+    summed (a preempted step inflates one round of a few equations, not the sum of medians).
+    Attention apart: it runs on the pool while the idle worker streams the hint."""
     med = {i: statistics.median(v) for i, v in spans.items()}
     mm = sum(v for i, v in med.items() if kinds[i].startswith("matmul"))
-    return mm, sum(med.values()) - mm
+    attn = sum(v for i, v in med.items() if kinds[i] == "paged_attention")
+    return mm, attn, sum(med.values()) - mm - attn
 
 
 def spread(xs: list[float]) -> str:
@@ -105,10 +108,10 @@ def main() -> None:
                 step_spans(sides[name], spans[name], kinds)
     off, on = list(sides)
     for name in sides:
-        mm, rest = per_op_medians(spans[name], kinds)
+        mm, attn, rest = per_op_medians(spans[name], kinds)
         print(
             f"{name:>14}: {spread(res[name]['ms'])} ms/token; per step, each equation's "
-            f"median summed: matmul {mm:.3f} ms, other {rest:.3f} ms"
+            f"median summed: matmul {mm:.3f} ms, attention {attn:.3f} ms, other {rest:.3f} ms"
         )
     ratio = [a / b for a, b in zip(res[on]["ms"], res[off]["ms"], strict=True)]
     print(f"on/off ms/token, round by round: {spread(ratio)} over {args.rounds} rounds")
