@@ -107,8 +107,9 @@ struct Shared {
 /// The most byte ranges one prefetch hint holds (a fused matmul's weights).
 pub const MAX_HINT_RANGES: usize = 4;
 
-/// Bytes a worker prefetches between two checks for a job.
-pub const HINT_CHUNK: usize = 4096;
+/// Bytes a worker prefetches between two checks for a job: 16 lines, so a job that arrives
+/// waits for at most that many prefetches to issue (each may wait for a free miss buffer).
+pub const HINT_CHUNK: usize = 1024;
 
 /// A prefetch hint: `ranges[..n]` as (address, length), already cut to the poster's budget.
 #[derive(Clone, Copy, Default)]

@@ -121,10 +121,12 @@ fn an_idle_worker_prefetches_a_hint_up_to_its_budget_once() {
     }
     assert_eq!(pool.hinted_bytes(), 3 * HINT_CHUNK as u64 + 100);
     // A range shorter than the budget: the whole range, no more.
-    pool.prefetch_hint(&[span(&data[..5000])]);
-    wait_hinted(&pool, 3 * HINT_CHUNK as u64 + 5100);
+    let short = 2 * HINT_CHUNK + 7;
+    pool.prefetch_hint(&[span(&data[..short])]);
+    let want = (5 * HINT_CHUNK + 107) as u64;
+    wait_hinted(&pool, want);
     pool.broadcast(|_| {});
-    assert_eq!(pool.hinted_bytes(), 3 * HINT_CHUNK as u64 + 5100);
+    assert_eq!(pool.hinted_bytes(), want);
 }
 
 #[test]
