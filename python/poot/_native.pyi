@@ -387,6 +387,7 @@ class CpuRuntime:
         prefetch: int | None = None,
         prefetch_float: int | None = None,
         prefetch_next: bool | None = None,
+        prefetch_gap: int | None = None,
         huge_pages: bool | None = None,
         profile: bool | None = None,
     ) -> CpuRuntime: ...

@@ -74,6 +74,8 @@ class CpuSettings:
             (POOT_CPU_PREFETCH_FLOAT).
         prefetch_next: whether the 16-row quantized dots prefetch the next unit
             (POOT_CPU_PREFETCH_NEXT=0 turns it off).
+        prefetch_gap: bytes of the next matmul's weights idle pool threads prefetch while the
+            small ops between two matmuls run, 0 for none (POOT_CPU_PREFETCH_GAP).
         huge_pages: whether weight copies ask for transparent huge pages (POOT_CPU_THP=0 turns
             them off).
         profile: time every equation by op kind (POOT_CPU_PROFILE set; its value names where
@@ -85,6 +87,7 @@ class CpuSettings:
     prefetch: int | None = None
     prefetch_float: int | None = None
     prefetch_next: bool | None = None
+    prefetch_gap: int | None = None
     huge_pages: bool | None = None
     profile: bool | None = None
 
@@ -102,6 +105,7 @@ class CpuSettings:
             prefetch=_count(env, "POOT_CPU_PREFETCH"),
             prefetch_float=_count(env, "POOT_CPU_PREFETCH_FLOAT"),
             prefetch_next=None if nxt is None else nxt != 0,
+            prefetch_gap=_count(env, "POOT_CPU_PREFETCH_GAP"),
             huge_pages=None if thp is None else thp != "0",
             profile=True if env.get("POOT_CPU_PROFILE") is not None else None,
         )

@@ -21,6 +21,13 @@
 //! host's work between two decode steps: on a shared VM a worker that parked let its vCPU halt,
 //! the hypervisor gave the core away, and every kernel of the next step waited for it to come
 //! back (measurements: `docs/performance-history.md`, "Measurements behind the kernels").
+//!
+//! Prefetch hints ([`ThreadPool::prefetch_hint`]): the caller may post up to
+//! [`MAX_HINT_RANGES`] byte ranges (the weights the next job will stream); a worker with no job
+//! prefetches them into its L2 a [`HINT_CHUNK`] at a time, checking for a job between chunks,
+//! and after a job it goes on where it stopped until a new hint replaces the old one. Several
+//! idle workers split the chunks. A hint only moves data into caches: it changes no result, and
+//! since a prefetch never faults it stays sound when the ranges' memory is freed meanwhile.
 
 use std::cell::Cell;
 use std::marker::PhantomData;
@@ -44,6 +51,8 @@ pub struct PoolConfig {
     /// `crate::tuning`); `None` leaves them on the process defaults. The caller (worker 0)
     /// keeps its own: a runtime enters its tuning there for each call.
     pub tuning: Option<crate::Tuning>,
+    /// Bytes of each [`ThreadPool::prefetch_hint`] idle workers prefetch (0: hints off).
+    pub hint_bytes: usize,
 }
 
 impl Default for PoolConfig {
@@ -54,6 +63,7 @@ impl Default for PoolConfig {
             threads: 0,
             spin: Duration::from_micros(us as u64),
             tuning: None,
+            hint_bytes: 0,
         }
     }
 }
@@ -85,6 +95,98 @@ struct Shared {
     pending: AtomicUsize,
     panicked: AtomicBool,
     spin: Duration,
+    /// The current prefetch hint (see the module docs) and its sequence number, which idle
+    /// workers read without the lock to see whether it changed.
+    hint: Mutex<Hint>,
+    hint_seq: AtomicU64,
+    hint_bytes: usize,
+    /// Bytes workers prefetched for hints (for tests and profiles).
+    hinted_bytes: AtomicU64,
+}
+
+/// The most byte ranges one prefetch hint holds (a fused matmul's weights).
+pub const MAX_HINT_RANGES: usize = 4;
+
+/// Bytes a worker prefetches between two checks for a job: 16 lines, so a job that arrives
+/// waits for at most that many prefetches to issue (each may wait for a free miss buffer).
+pub const HINT_CHUNK: usize = 1024;
+
+/// A prefetch hint: `ranges[..n]` as (address, length), already cut to the poster's budget.
+#[derive(Clone, Copy, Default)]
+struct Hint {
+    ranges: [(usize, usize); MAX_HINT_RANGES],
+    n: usize,
+}
+
+/// A worker's progress through the current hint.
+struct HintCursor {
+    seq: u64,
+    hint: Hint,
+    /// Bytes of the hint (ranges laid end to end) already covered, by this or another worker.
+    at: usize,
+    total: usize,
+}
+
+impl HintCursor {
+    fn new() -> Self {
+        HintCursor {
+            seq: 0,
+            hint: Hint::default(),
+            at: 0,
+            total: 0,
+        }
+    }
+
+    /// Prefetches this worker's next chunk of the current hint; false when nothing is left.
+    /// Worker `index` of `idle` hint-taking workers (`1..=idle`) takes every `idle`-th chunk.
+    fn step(&mut self, shared: &Shared, index: usize, idle: usize) -> bool {
+        let seq = shared.hint_seq.load(Ordering::Acquire);
+        if seq != self.seq {
+            self.seq = seq;
+            self.hint = *shared.hint.lock().unwrap_or_else(PoisonError::into_inner);
+            self.at = 0;
+            self.total = self.hint.ranges[..self.hint.n].iter().map(|r| r.1).sum();
+        }
+        while self.at < self.total {
+            let chunk = self.at / HINT_CHUNK;
+            let start = self.at;
+            self.at = (chunk + 1) * HINT_CHUNK;
+            if chunk % idle != index - 1 {
+                continue;
+            }
+            let end = self.at.min(self.total);
+            // Map [start, end) of the ranges laid end to end back onto the ranges.
+            let mut base = 0;
+            for &(addr, len) in &self.hint.ranges[..self.hint.n] {
+                let (lo, hi) = (start.max(base), end.min(base + len));
+                if lo < hi {
+                    prefetch_l2(addr.wrapping_add(lo - base), hi - lo);
+                }
+                base += len;
+            }
+            shared
+                .hinted_bytes
+                .fetch_add((end - start) as u64, Ordering::Relaxed);
+            return true;
+        }
+        false
+    }
+}
+
+/// Prefetches the lines of `addr..addr + len` into L2 (nothing off x86).
+fn prefetch_l2(addr: usize, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for off in (0..len).step_by(64) {
+        // SAFETY: SSE is part of x86-64's baseline, and a prefetch never faults, whatever the
+        // address (freed or unmapped memory only gives a useless or no fetch).
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                addr.wrapping_add(off) as *const i8,
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (addr, len);
 }
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -125,6 +227,7 @@ impl std::fmt::Debug for ThreadPool {
         f.debug_struct("ThreadPool")
             .field("n_threads", &self.n_threads)
             .field("spin", &self.shared.spin)
+            .field("hint_bytes", &self.shared.hint_bytes)
             .finish()
     }
 }
@@ -158,6 +261,10 @@ impl ThreadPool {
             pending: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             spin: config.spin,
+            hint: Mutex::new(Hint::default()),
+            hint_seq: AtomicU64::new(0),
+            hint_bytes: config.hint_bytes,
+            hinted_bytes: AtomicU64::new(0),
         });
         let mut pool = ThreadPool {
             shared,
@@ -173,7 +280,7 @@ impl ThreadPool {
                     if let Some(t) = tuning {
                         t.install();
                     }
-                    worker(&shared, index)
+                    worker(&shared, index, n_threads - 1)
                 })
                 .map_err(|e| KernelError::Spawn {
                     index,
@@ -237,6 +344,38 @@ impl ThreadPool {
         if shared.panicked.load(Ordering::Acquire) {
             panic!("a poot-cpu pool worker panicked");
         }
+    }
+
+    /// Posts a prefetch hint (see the module docs): idle workers prefetch the first
+    /// [`PoolConfig::hint_bytes`] bytes of `ranges` ((address, length) pairs, laid end to end;
+    /// the first [`MAX_HINT_RANGES`] of them) into their L2, replacing the previous hint; an
+    /// empty `ranges` withdraws it. The addresses need not stay valid (a prefetch never
+    /// faults). Does nothing on a one-thread pool or with `hint_bytes == 0`; never waits.
+    pub fn prefetch_hint(&self, ranges: &[(usize, usize)]) {
+        let shared = &*self.shared;
+        if self.n_threads == 1 || shared.hint_bytes == 0 {
+            return;
+        }
+        let mut hint = Hint::default();
+        let mut left = shared.hint_bytes;
+        for &(addr, len) in ranges.iter().take(MAX_HINT_RANGES) {
+            if left == 0 {
+                break;
+            }
+            let len = len.min(left);
+            hint.ranges[hint.n] = (addr, len);
+            hint.n += 1;
+            left -= len;
+        }
+        let mut slot = shared.hint.lock().unwrap_or_else(PoisonError::into_inner);
+        *slot = hint;
+        // Bumped under the lock: a worker that sees the new number then reads the new hint.
+        shared.hint_seq.fetch_add(1, Ordering::Release);
+    }
+
+    /// Bytes the workers prefetched for hints since the pool started.
+    pub fn hinted_bytes(&self) -> u64 {
+        self.shared.hinted_bytes.load(Ordering::Relaxed)
     }
 
     /// Calls `f(&mut state, i)` for every `i in 0..n_tasks`, spread over the workers; each
@@ -343,14 +482,17 @@ fn wait_pending(shared: &Shared) {
     }
 }
 
-fn worker(shared: &Shared, index: usize) {
+/// Worker `index` (`1..=idle`, `idle` being the pool's spawned workers).
+fn worker(shared: &Shared, index: usize, idle: usize) {
     IN_JOB.with(|c| c.set(true));
     let mut seen = 0u64;
+    let mut cursor = HintCursor::new();
     loop {
         let mut backoff = Backoff::new(shared.spin);
+        // Idle: the hint's next chunk if any is left, else a spin, yield or park.
         while shared.generation.load(Ordering::Acquire) == seen
             && !shared.shutdown.load(Ordering::Relaxed)
-            && backoff.wait()
+            && (cursor.step(shared, index, idle) || backoff.wait())
         {}
         let job = {
             let mut st = lock(&shared.state);
@@ -438,87 +580,5 @@ impl<'a, T> SharedMut<'a, T> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn broadcast_runs_every_worker_once() {
-        for threads in [1, 2, 3, 5] {
-            let pool = ThreadPool::new(threads).unwrap();
-            for _ in 0..50 {
-                let hits: Vec<AtomicUsize> = (0..threads).map(|_| AtomicUsize::new(0)).collect();
-                pool.broadcast(|w| {
-                    hits[w].fetch_add(1, Ordering::Relaxed);
-                });
-                assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
-            }
-        }
-    }
-
-    #[test]
-    fn for_each_chunk_mut_covers_everything_once() {
-        let pool = ThreadPool::new(3).unwrap();
-        let mut data = vec![0u32; 1001];
-        pool.for_each_chunk_mut(
-            &mut data,
-            7,
-            || 0usize,
-            |seen, i, part| {
-                *seen += 1;
-                for (j, v) in part.iter_mut().enumerate() {
-                    *v += (i * 7 + j) as u32 + 1;
-                }
-            },
-        );
-        assert!(data.iter().enumerate().all(|(i, &v)| v == i as u32 + 1));
-    }
-
-    #[test]
-    fn nested_calls_run_inline() {
-        let pool = ThreadPool::new(2).unwrap();
-        let total = AtomicUsize::new(0);
-        pool.for_each(4, |_| {
-            pool.for_each(3, |_| {
-                total.fetch_add(1, Ordering::Relaxed);
-            });
-        });
-        assert_eq!(total.load(Ordering::Relaxed), 12);
-    }
-
-    #[test]
-    fn a_worker_panic_reaches_the_caller_and_the_pool_survives() {
-        let pool = ThreadPool::with_config(PoolConfig {
-            threads: 3,
-            spin: Duration::ZERO,
-            tuning: None,
-        })
-        .unwrap();
-        let r = panic::catch_unwind(AssertUnwindSafe(|| {
-            pool.broadcast(|w| assert_ne!(w, 2, "boom"));
-        }));
-        assert!(r.is_err());
-        let n = AtomicUsize::new(0);
-        pool.for_each(100, |_| {
-            n.fetch_add(1, Ordering::Relaxed);
-        });
-        assert_eq!(n.load(Ordering::Relaxed), 100);
-    }
-
-    #[test]
-    fn concurrent_callers_are_serialized() {
-        let pool = ThreadPool::new(2).unwrap();
-        let n = AtomicUsize::new(0);
-        thread::scope(|s| {
-            for _ in 0..3 {
-                s.spawn(|| {
-                    for _ in 0..20 {
-                        pool.for_each(10, |_| {
-                            n.fetch_add(1, Ordering::Relaxed);
-                        });
-                    }
-                });
-            }
-        });
-        assert_eq!(n.load(Ordering::Relaxed), 600);
-    }
-}
+#[path = "pool_tests.rs"]
+mod tests;

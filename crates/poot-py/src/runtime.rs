@@ -52,6 +52,7 @@ struct CpuKnobs {
     prefetch: Option<usize>,
     prefetch_float: Option<usize>,
     prefetch_next: Option<bool>,
+    prefetch_gap: Option<usize>,
     huge_pages: Option<bool>,
     profile: Option<bool>,
 }
@@ -72,6 +73,7 @@ impl CpuKnobs {
         options.prefetch = self.prefetch.unwrap_or(options.prefetch);
         options.prefetch_float = self.prefetch_float.unwrap_or(options.prefetch_float);
         options.prefetch_next = self.prefetch_next.unwrap_or(options.prefetch_next);
+        options.prefetch_gap = self.prefetch_gap.unwrap_or(options.prefetch_gap);
         options.huge_pages = self.huge_pages.unwrap_or(options.huge_pages);
         options.profile = self.profile.unwrap_or(options.profile);
         Ok(options)
@@ -195,7 +197,7 @@ impl PyCpuRuntime {
     #[new]
     #[pyo3(signature = (
         threads=None, numerics="exact", *, isa=None, spin_us=None, prefetch=None,
-        prefetch_float=None, prefetch_next=None, huge_pages=None, profile=None
+        prefetch_float=None, prefetch_next=None, prefetch_gap=None, huge_pages=None, profile=None
     ))]
     #[allow(clippy::too_many_arguments)] // the Python keywords of one settings object
     fn py_new(
@@ -207,6 +209,7 @@ impl PyCpuRuntime {
         prefetch: Option<usize>,
         prefetch_float: Option<usize>,
         prefetch_next: Option<bool>,
+        prefetch_gap: Option<usize>,
         huge_pages: Option<bool>,
         profile: Option<bool>,
     ) -> PyResult<Self> {
@@ -221,6 +224,7 @@ impl PyCpuRuntime {
             prefetch,
             prefetch_float,
             prefetch_next,
+            prefetch_gap,
             huge_pages,
             profile,
         };

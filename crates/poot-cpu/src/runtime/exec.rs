@@ -7,6 +7,13 @@
 //! to the runtime's [`Arena`] after its last reader, so peak memory is the plan's
 //! `artifact_bytes`, and buffers are reused across runs: once a plan has run, running it again
 //! allocates only its outputs (handed to the caller) and what `Op::Sample` builds.
+//!
+//! Prefetch in the gaps: after each matmul dispatch the run posts the next dispatch's weights
+//! (`CpuPlan::prefetch_next`) as the pool's prefetch hint, so while this thread runs the
+//! norms, RoPE, attention and adds in between, the idle workers stream the first
+//! `CpuOptions::prefetch_gap` bytes of those weights into their caches instead of leaving the
+//! memory bus idle; the last matmul posts the first (the next step's). A hint changes no
+//! result, only where the next matmul finds its bytes.
 
 use std::borrow::Cow;
 
@@ -526,6 +533,11 @@ fn run_all(
                 }
             };
             exec.bufs[i] = buf;
+            if matches!(op, Op::MatMul { .. }) {
+                if let Some(next) = plan.prefetch_next.get(i) {
+                    exec.pool.prefetch_hint(next);
+                }
+            }
         }
         for_each_operand(op, |v| {
             if plan.last_use[v.index()] == i {

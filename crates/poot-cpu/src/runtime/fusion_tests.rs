@@ -103,3 +103,83 @@ fn fused_matmuls_give_each_alone_plans_bits() {
         }
     }
 }
+
+/// Each matmul dispatch names the next one's weights (the last the first's) as the pool's
+/// prefetch hint; the workers prefetch them, and the outputs are the bits of a runtime that
+/// prefetches nothing.
+#[test]
+fn prefetch_hints_name_the_next_dispatch_and_change_no_output() {
+    use poot_graph::Op;
+    let off = CpuRuntime::new(CpuOptions {
+        threads: 2,
+        numerics: Numerics::Ggml,
+        prefetch_gap: 0,
+        ..CpuOptions::default()
+    })
+    .unwrap();
+    // Workers that keep spinning take every hint, however loaded the machine is.
+    let on = CpuRuntime::new(CpuOptions {
+        threads: 2,
+        numerics: Numerics::Ggml,
+        prefetch_gap: 1 << 20,
+        spin: std::time::Duration::from_secs(60),
+        ..CpuOptions::default()
+    })
+    .unwrap();
+    let weights = store();
+    let names = ["q", "k", "v", "gate", "f"];
+    let limits = CompileLimits::default();
+    let plan = on
+        .prepare(&graph(1, &names), weights.clone(), &limits)
+        .unwrap();
+    let cpu = plan.as_any().downcast_ref::<CpuPlan>().unwrap();
+    // The dispatches in order: q (with k and v), gate, f; each names the next one's bytes.
+    let eq = |name: &str| {
+        cpu.graph
+            .equations
+            .iter()
+            .position(|op| match op {
+                Op::MatMul { w, .. } => {
+                    matches!(cpu.graph.op(*w), Op::Weight { name: n } if n == name)
+                }
+                _ => false,
+            })
+            .unwrap()
+    };
+    let w = |name: &str| match &cpu.graph.equations[eq(name)] {
+        Op::MatMul { w, .. } => w.index(),
+        _ => unreachable!(),
+    };
+    let lens = |i: usize| -> Vec<usize> { cpu.prefetch_next[i].iter().map(|r| r.1).collect() };
+    let repacked = |name: &str| cpu.repack(w(name)).unwrap().bytes();
+    assert_eq!(lens(eq("q")), [repacked("gate")]);
+    assert_eq!(lens(eq("gate")), [8 * K * 4]);
+    assert_eq!(lens(eq("f")), [repacked("q"), repacked("k"), repacked("v")]);
+    for j in [eq("k"), eq("v")] {
+        assert!(
+            cpu.prefetch_next[j].is_empty(),
+            "a later fused member posts nothing"
+        );
+    }
+    let plan_off = off.prepare(&graph(1, &names), weights, &limits).unwrap();
+    for round in 0..20 {
+        let x = HostTensor::F32 {
+            shape: vec![1, K],
+            data: Rng::new(round).vec(K, -1.0, 1.0),
+        };
+        let want = off
+            .run(plan_off.as_ref(), &[("x", x.clone())], Deadline::never())
+            .unwrap();
+        let got = on
+            .run(plan.as_ref(), &[("x", x)], Deadline::never())
+            .unwrap();
+        assert_eq!(got, want, "round {round}");
+    }
+    // The idle worker took the hints (a liveness bound, not a timing).
+    let start = std::time::Instant::now();
+    while on.pool.hinted_bytes() == 0 {
+        assert!(start.elapsed().as_secs() < 60, "no hint was prefetched");
+        std::thread::yield_now();
+    }
+    assert_eq!(off.pool.hinted_bytes(), 0);
+}

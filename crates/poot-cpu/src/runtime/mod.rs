@@ -89,7 +89,14 @@ pub struct CpuOptions {
     /// Whether large buffers (weight copies, repacks) ask for transparent huge pages. Default:
     /// off only when `POOT_CPU_THP=0`.
     pub huge_pages: bool,
+    /// Bytes of the next matmul's weights the idle pool workers prefetch into their caches
+    /// between two matmuls, while the caller runs the small ops in between (`0`: off; see
+    /// `exec.rs`). Changes no result. Default: `POOT_CPU_PREFETCH_GAP`, else 0.
+    pub prefetch_gap: usize,
 }
+
+/// `CpuOptions::prefetch_gap`'s built-in value.
+const DEFAULT_PREFETCH_GAP: usize = 0;
 
 impl Default for CpuOptions {
     /// The built-in values, each overridden by its `POOT_CPU_*` variable where set (see the
@@ -107,6 +114,7 @@ impl Default for CpuOptions {
             prefetch_float: t.prefetch_float,
             prefetch_next: t.prefetch_next,
             huge_pages: t.huge_pages,
+            prefetch_gap: crate::tuning::env_usize("POOT_CPU_PREFETCH_GAP", DEFAULT_PREFETCH_GAP),
         }
     }
 }
@@ -169,6 +177,7 @@ impl CpuRuntime {
             threads: options.threads,
             spin: options.spin,
             tuning: Some(tuning),
+            hint_bytes: options.prefetch_gap,
         })
         .map_err(|e| RuntimeError::Kernel {
             op: "thread_pool",
@@ -271,6 +280,7 @@ impl Runtime for CpuRuntime {
         let mut plan = plan::compile(graph, weights.clone(), limits, self.options.numerics)?;
         self.prepare_weights(&mut plan, &weights)?;
         plan.fuse_matmuls();
+        plan.schedule_prefetch();
         Ok(Arc::new(plan))
     }
 

@@ -50,6 +50,11 @@ pub struct CpuPlan {
     /// By equation: whether it is a member of a `fused` group other than the first, whose
     /// output exists before its turn comes (a flag per equation: the run loop asks for each).
     pub(crate) fused_later: Vec<bool>,
+    /// By equation: for a matmul dispatch (a matmul not in `fused_later`), the (address,
+    /// length) byte ranges of the weights the next dispatch streams, in the order it reads
+    /// them; the last dispatch names the first (the next run's). Empty for every other
+    /// equation and in a plan built by hand (`schedule_prefetch`).
+    pub(crate) prefetch_next: Vec<Vec<(usize, usize)>>,
 }
 
 impl CpuPlan {
@@ -94,6 +99,53 @@ impl CpuPlan {
                 }
                 self.fused.insert(chunk[0], chunk.to_vec());
             }
+        }
+    }
+
+    /// Fills `prefetch_next` from the matmul dispatches in equation order (after
+    /// `fuse_matmuls` and the weight copies, whose addresses it records: a hint only, read by
+    /// prefetches, which never fault, so a stale address is harmless).
+    pub(crate) fn schedule_prefetch(&mut self) {
+        let mut dispatches: Vec<(usize, Vec<(usize, usize)>)> = Vec::new();
+        for (i, op) in self.graph.equations.iter().enumerate() {
+            if !matches!(op, Op::MatMul { .. }) || self.fused_later.get(i) == Some(&true) {
+                continue;
+            }
+            let members = self.fused.get(&i).cloned().unwrap_or_else(|| vec![i]);
+            let ranges = members
+                .iter()
+                .filter_map(|&j| match &self.graph.equations[j] {
+                    Op::MatMul { w, .. } => self.matmul_bytes(w.index()),
+                    _ => None,
+                })
+                .map(|b| (b.as_ptr() as usize, b.len()))
+                .collect();
+            dispatches.push((i, ranges));
+        }
+        self.prefetch_next = vec![Vec::new(); self.graph.equations.len()];
+        let n = dispatches.len();
+        for d in 0..n {
+            let (i, next) = (dispatches[d].0, &dispatches[(d + 1) % n].1);
+            self.prefetch_next[i] = next.clone();
+        }
+    }
+
+    /// The bytes a matmul over weight value `i` streams: its re-laid copy, its copy as stored,
+    /// or the store's bytes.
+    fn matmul_bytes(&self, i: usize) -> Option<&[u8]> {
+        if let Some(rp) = self.repack(i) {
+            return Some(match rp {
+                Repack::Q(r) => &r.data[..],
+                Repack::K(r) => &r.data[..],
+                Repack::F8(r) => &r.data[..],
+            });
+        }
+        if let Some(c) = self.copy(i) {
+            return Some(c);
+        }
+        match &self.graph.equations[i] {
+            Op::Weight { name } => self.weights.bytes(name),
+            _ => None,
         }
     }
 
@@ -256,6 +308,7 @@ pub(crate) fn compile(
         matmul_paths,
         fused: HashMap::new(),
         fused_later: Vec::new(),
+        prefetch_next: Vec::new(),
     })
 }
 

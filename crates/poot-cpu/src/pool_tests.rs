@@ -1,0 +1,180 @@
+//! The pool's tests: broadcasts, task loops, panics, serialization and prefetch hints.
+
+use super::*;
+
+#[test]
+fn broadcast_runs_every_worker_once() {
+    for threads in [1, 2, 3, 5] {
+        let pool = ThreadPool::new(threads).unwrap();
+        for _ in 0..50 {
+            let hits: Vec<AtomicUsize> = (0..threads).map(|_| AtomicUsize::new(0)).collect();
+            pool.broadcast(|w| {
+                hits[w].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+        }
+    }
+}
+
+#[test]
+fn for_each_chunk_mut_covers_everything_once() {
+    let pool = ThreadPool::new(3).unwrap();
+    let mut data = vec![0u32; 1001];
+    pool.for_each_chunk_mut(
+        &mut data,
+        7,
+        || 0usize,
+        |seen, i, part| {
+            *seen += 1;
+            for (j, v) in part.iter_mut().enumerate() {
+                *v += (i * 7 + j) as u32 + 1;
+            }
+        },
+    );
+    assert!(data.iter().enumerate().all(|(i, &v)| v == i as u32 + 1));
+}
+
+#[test]
+fn nested_calls_run_inline() {
+    let pool = ThreadPool::new(2).unwrap();
+    let total = AtomicUsize::new(0);
+    pool.for_each(4, |_| {
+        pool.for_each(3, |_| {
+            total.fetch_add(1, Ordering::Relaxed);
+        });
+    });
+    assert_eq!(total.load(Ordering::Relaxed), 12);
+}
+
+#[test]
+fn a_worker_panic_reaches_the_caller_and_the_pool_survives() {
+    let pool = ThreadPool::with_config(PoolConfig {
+        threads: 3,
+        spin: Duration::ZERO,
+        tuning: None,
+        hint_bytes: 0,
+    })
+    .unwrap();
+    let r = panic::catch_unwind(AssertUnwindSafe(|| {
+        pool.broadcast(|w| assert_ne!(w, 2, "boom"));
+    }));
+    assert!(r.is_err());
+    let n = AtomicUsize::new(0);
+    pool.for_each(100, |_| {
+        n.fetch_add(1, Ordering::Relaxed);
+    });
+    assert_eq!(n.load(Ordering::Relaxed), 100);
+}
+
+#[test]
+fn concurrent_callers_are_serialized() {
+    let pool = ThreadPool::new(2).unwrap();
+    let n = AtomicUsize::new(0);
+    thread::scope(|s| {
+        for _ in 0..3 {
+            s.spawn(|| {
+                for _ in 0..20 {
+                    pool.for_each(10, |_| {
+                        n.fetch_add(1, Ordering::Relaxed);
+                    });
+                }
+            });
+        }
+    });
+    assert_eq!(n.load(Ordering::Relaxed), 600);
+}
+
+/// A pool whose idle workers keep spinning (and so take hints) for the whole test, each hint
+/// cut to `hint_bytes`.
+fn spinning(threads: usize, hint_bytes: usize) -> ThreadPool {
+    ThreadPool::with_config(PoolConfig {
+        threads,
+        spin: Duration::from_secs(600),
+        tuning: None,
+        hint_bytes,
+    })
+    .unwrap()
+}
+
+/// Waits until the workers prefetched `bytes` for hints (a liveness bound, not a timing).
+fn wait_hinted(pool: &ThreadPool, bytes: u64) {
+    let start = Instant::now();
+    while pool.hinted_bytes() < bytes {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "workers prefetched {} of {bytes} hinted bytes",
+            pool.hinted_bytes()
+        );
+        thread::yield_now();
+    }
+}
+
+#[test]
+fn an_idle_worker_prefetches_a_hint_up_to_its_budget_once() {
+    let pool = spinning(2, 3 * HINT_CHUNK + 100);
+    let data = vec![7u8; 100_000];
+    pool.prefetch_hint(&[span(&data)]);
+    wait_hinted(&pool, 3 * HINT_CHUNK as u64 + 100);
+    // Jobs in between: the worker resumes the same hint, which has nothing left.
+    for _ in 0..20 {
+        pool.broadcast(|_| {});
+    }
+    assert_eq!(pool.hinted_bytes(), 3 * HINT_CHUNK as u64 + 100);
+    // A range shorter than the budget: the whole range, no more.
+    let short = 2 * HINT_CHUNK + 7;
+    pool.prefetch_hint(&[span(&data[..short])]);
+    let want = (5 * HINT_CHUNK + 107) as u64;
+    wait_hinted(&pool, want);
+    pool.broadcast(|_| {});
+    assert_eq!(pool.hinted_bytes(), want);
+}
+
+#[test]
+fn a_hint_spans_its_ranges_in_order_and_several_workers_split_it() {
+    let pool = spinning(3, 20_000);
+    let (a, b, c) = (vec![1u8; 10_000], vec![2u8; 3_000], vec![3u8; 50_000]);
+    // 10_000 + 3_000 + 7_000 of the third: the budget ends inside a range.
+    pool.prefetch_hint(&[span(&a), span(&b), span(&c)]);
+    wait_hinted(&pool, 20_000);
+    pool.broadcast(|_| {});
+    // Two idle workers took disjoint chunks: the bytes are counted once.
+    assert_eq!(pool.hinted_bytes(), 20_000);
+    // An empty hint withdraws the last one.
+    pool.prefetch_hint(&[]);
+    pool.broadcast(|_| {});
+    assert_eq!(pool.hinted_bytes(), 20_000);
+}
+
+#[test]
+fn hints_change_no_job_and_a_one_thread_pool_ignores_them() {
+    let pool = spinning(2, 64 << 10);
+    let data: Vec<u32> = (0..200_000).collect();
+    let whole = (data.as_ptr() as usize, std::mem::size_of_val(&data[..]));
+    for round in 0..50 {
+        pool.prefetch_hint(&[whole]);
+        let sum = AtomicU64::new(0);
+        pool.for_each(8, |i| {
+            let s: u64 = data[i * 25_000..(i + 1) * 25_000]
+                .iter()
+                .map(|&v| u64::from(v))
+                .sum();
+            sum.fetch_add(s, Ordering::Relaxed);
+        });
+        assert_eq!(
+            sum.load(Ordering::Relaxed),
+            199_999 * 200_000 / 2,
+            "round {round}"
+        );
+    }
+    // No workers to take it; and a pool built with hints off ignores them too.
+    for pool in [spinning(1, 1 << 20), spinning(2, 0)] {
+        pool.prefetch_hint(&[whole]);
+        pool.broadcast(|_| {});
+        assert_eq!(pool.hinted_bytes(), 0);
+    }
+}
+
+/// `data` as a hint range.
+fn span(data: &[u8]) -> (usize, usize) {
+    (data.as_ptr() as usize, data.len())
+}
