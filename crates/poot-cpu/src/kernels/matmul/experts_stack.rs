@@ -22,24 +22,42 @@ use std::sync::OnceLock;
 
 use poot_core::DType;
 
+use crate::error::{check_len, mul};
 use crate::hugemem::HugeBytes;
-use crate::kernels::blocks::RG;
+use crate::kernels::blocks::{row_bytes, RG};
+use crate::kernels::format::Format;
 use crate::kernels::ggml::Numerics;
-use crate::kernels::matmul::repack::Repack;
+use crate::kernels::matmul::repack::{Repack, Repacked};
+use crate::kernels::matmul::repack_k::RepackedK;
+use crate::kernels::qact::QK_K;
 use crate::kernels::simd::Isa;
 use crate::pool::ThreadPool;
 use crate::KernelError;
 
-/// Whether an `[E, n, k]` stack of `dtype` is re-laid by [`LazyStack`] under `numerics`.
+/// Whether an `[E, n, k]` stack of `dtype` is re-laid by [`LazyStack`] under `numerics`: the
+/// dtypes with an 8-row layout under ggml numerics (those the dense matmuls re-lay), but Q4_Z.
 pub(crate) fn lazily_relaid(numerics: Numerics, dtype: DType, n: usize) -> bool {
-    dtype != DType::Q4_Z && n.is_multiple_of(RG) && crate::kernels::matmul::relaid(numerics, dtype)
+    numerics == Numerics::Ggml
+        && dtype != DType::Q4_Z
+        && n.is_multiple_of(RG)
+        && Format::of(dtype).is_some_and(|f| Repacked::supports(f) || RepackedK::supports(f))
+}
+
+/// `n` stored rows of `k` columns of `kind` in its 8-row layout (the dense re-lay's bytes).
+fn relay_rows(kind: Format, w: &[u8], n: usize, k: usize) -> Result<Repack, KernelError> {
+    let rb = row_bytes("expert stack", kind.dtype(), k)?;
+    check_len("expert stack", mul(n, rb, "expert stack")?, w.len())?;
+    Ok(if Repacked::supports(kind) {
+        Repack::Q(Repacked::new_on(kind, w, n, k / 32, None))
+    } else {
+        Repack::K(RepackedK::new_on(kind, w, n, k / QK_K, None))
+    })
 }
 
 /// See the module docs.
 pub(crate) struct LazyStack {
     dtype: DType,
-    numerics: Numerics,
-    isa: Isa,
+    kind: Format,
     n_exp: usize,
     n: usize,
     k: usize,
@@ -82,23 +100,19 @@ impl LazyStack {
         dtype: DType,
         (n_exp, n, k): (usize, usize, usize),
     ) -> Result<Option<LazyStack>, KernelError> {
-        if !lazily_relaid(numerics, dtype, n) || n_exp == 0 {
-            return Ok(None);
-        }
-        let row = crate::kernels::blocks::row_bytes("expert stack", dtype, k)?;
-        let zeros = vec![0u8; RG * row];
-        let Some(template) =
-            crate::kernels::matmul::repack_for_on(numerics, isa, (&zeros, dtype), (RG, k), None)?
-        else {
-            return Ok(None);
+        isa.checked()?;
+        let kind = match Format::of(dtype) {
+            Some(kind) if lazily_relaid(numerics, dtype, n) && n_exp > 0 => kind,
+            _ => return Ok(None),
         };
-        let span = crate::error::mul(n / RG, template.bytes(), "expert stack")?;
-        let mut data = HugeBytes::zeroed(crate::error::mul(n_exp, span, "expert stack")?);
+        let zeros = vec![0u8; RG * row_bytes("expert stack", dtype, k)?];
+        let template = relay_rows(kind, &zeros, RG, k)?;
+        let span = mul(n / RG, template.bytes(), "expert stack")?;
+        let mut data = HugeBytes::zeroed(mul(n_exp, span, "expert stack")?);
         let base = data.as_mut_ptr();
         Ok(Some(LazyStack {
             dtype,
-            numerics,
-            isa,
+            kind,
             n_exp,
             n,
             k,
@@ -191,15 +205,7 @@ impl LazyStack {
 
     /// Expert `e` re-laid into its span (called once, from its lock's initializer).
     fn relay(&self, e: usize, stored: &[u8]) -> Result<(), String> {
-        let rp = crate::kernels::matmul::repack_for_on(
-            self.numerics,
-            self.isa,
-            (stored, self.dtype),
-            (self.n, self.k),
-            None,
-        )
-        .map_err(|err| err.to_string())?
-        .ok_or_else(|| format!("{} has no 8-row layout", self.dtype))?;
+        let rp = relay_rows(self.kind, stored, self.n, self.k).map_err(|err| err.to_string())?;
         let data: &[u8] = match (&rp, &self.template) {
             (Repack::Q(r), Repack::Q(t)) if r.kind == t.kind => &r.data[..],
             (Repack::K(r), Repack::K(t)) if r.kind == t.kind => &r.data[..],
