@@ -3,10 +3,11 @@ by at most 1.15x the file size plus the KV pool (``test_memory.py``'s bound, for
 
 The checkpoint is written here: Qwen3-MoE's layout with 32 experts of width 512 over 4 layers,
 Q8_0 (about 110 MB, nearly all of it experts), random weights. Measured in a fresh interpreter
-from /proc's VmRSS, after the imports and before the model is opened. Compiling re-lays each
-expert stack 8 rows at a time (as dense Q8_0 weights are) and releases the mapped stack, so every
-expert is resident once, in the re-laid copy: measured growth 112.5 MiB for the 106.5 MiB file
-after 24 tokens (105.8 MiB when the experts were read through the map).
+from /proc's VmRSS, after the imports and before the model is opened. Each expert is re-laid 8
+rows at a time (as dense Q8_0 weights are) the first time a step selects it, and its stored pages
+are then released, so every expert read is resident once, in the re-laid copy: measured growth
+114.2 MiB for the 106.5 MiB file after 24 tokens (112.5 MiB when compiling re-laid every expert,
+105.8 MiB when the experts were read through the map; the copy's huge pages round up).
 The same layout as an HF directory (F16, 16 experts a layer stored one tensor each) is read in
 place through the store's expert stacks: measured 102.4 MiB for the 104.1 MiB safetensors file.
 """

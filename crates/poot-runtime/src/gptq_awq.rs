@@ -33,6 +33,7 @@ use crate::released_copy::{Rebuild, ReleasedCopy};
 use crate::weights::{SafetensorsWeights, WeightStore};
 
 mod fp8;
+mod stacks;
 use fp8::fp8_layer;
 
 /// Why a GPTQ/AWQ checkpoint could not be laid out; names the tensor at fault.
@@ -125,6 +126,8 @@ pub struct GptqAwqWeights {
     inner: SafetensorsWeights,
     /// `<prefix>.weight` -> (Q4_Z rows, `[out, in]`).
     relaid: Arc<HashMap<String, Relaid>>,
+    /// MoE expert stacks over `relaid`'s layers (`gptq_awq/stacks.rs`).
+    stacks: Arc<HashMap<String, crate::weights::Stack>>,
     hidden: Arc<std::collections::HashSet<String>>,
     layers: usize,
 }
@@ -448,9 +451,11 @@ impl GptqAwqWeights {
             layers += 1;
         }
         crate::released_copy::trim_heap();
+        let stacks = stacks::expert_stacks(&relaid)?;
         Ok(Self {
             inner: SafetensorsWeights::new(model),
             relaid: Arc::new(relaid),
+            stacks: Arc::new(stacks),
             hidden: Arc::new(hidden),
             layers,
         })
@@ -466,6 +471,9 @@ impl WeightCatalog for GptqAwqWeights {
     fn describe(&self, name: &str) -> Option<(DType, Vec<usize>)> {
         if let Some((_, dtype, shape)) = self.relaid.get(name) {
             return Some((*dtype, shape.to_vec()));
+        }
+        if let Some((dtype, shape, _)) = self.stacks.get(name) {
+            return Some((*dtype, shape.clone()));
         }
         if self.hidden.contains(name) {
             return None;
@@ -486,6 +494,9 @@ impl WeightStore for GptqAwqWeights {
     }
 
     fn pieces(&self, name: &str) -> Option<Vec<&[u8]>> {
+        if let Some((_, _, names)) = self.stacks.get(name) {
+            return names.iter().map(|n| self.bytes(n)).collect();
+        }
         if self.relaid.contains_key(name) || self.hidden.contains(name) {
             return self.bytes(name).map(|b| vec![b]);
         }
@@ -506,15 +517,27 @@ impl WeightStore for GptqAwqWeights {
     /// The tensors served from the map (embeddings, norms, a float `lm_head`) release as the
     /// inner store does; a re-laid layer's copy drops its pages (`released_copy`).
     fn release(&self, name: &str) {
-        if let Some((b, _, _)) = self.relaid.get(name) {
+        if let Some((_, _, names)) = self.stacks.get(name) {
+            names.iter().for_each(|n| self.release(n));
+        } else if let Some((b, _, _)) = self.relaid.get(name) {
             b.release();
         } else if !self.hidden.contains(name) {
             self.inner.release(name);
         }
     }
 
+    /// A stack releases each expert wholly inside `range` (its experts' bytes one after another).
     fn release_range(&self, name: &str, range: std::ops::Range<usize>) {
-        if !self.relaid.contains_key(name) && !self.hidden.contains(name) {
+        if let Some((_, _, names)) = self.stacks.get(name) {
+            let mut at = 0;
+            for n in names {
+                let len = self.relaid.get(n).map_or(0, |(b, _, _)| b.len());
+                if range.start <= at && at + len <= range.end {
+                    self.release(n);
+                }
+                at += len;
+            }
+        } else if !self.relaid.contains_key(name) && !self.hidden.contains(name) {
             self.inner.release_range(name, range);
         }
     }
@@ -529,6 +552,8 @@ impl WeightStore for GptqAwqWeights {
     }
 
     fn mapped(&self, name: &str) -> bool {
-        !self.relaid.contains_key(name) && self.inner.mapped(name)
+        !self.relaid.contains_key(name)
+            && !self.stacks.contains_key(name)
+            && self.inner.mapped(name)
     }
 }

@@ -122,26 +122,31 @@ pub struct SafetensorsWeights {
     stacks: Arc<HashMap<String, Stack>>,
 }
 
-type Stack = (DType, Vec<usize>, Vec<String>);
+/// An expert stack: (dtype, `[E, ..S]`, the experts' tensor names in expert order).
+pub(crate) type Stack = (DType, Vec<usize>, Vec<String>);
 /// One expert tensor of a stack: (expert id, stored name, dtype, shape).
-type Member = (usize, String, DType, Vec<u64>);
+type Member = (usize, String, DType, Vec<usize>);
 
 /// `{p}.experts.{j}.{rest}` -> (`{p}.experts.{rest}`, j).
-fn expert_of(name: &str) -> Option<(String, usize)> {
+pub(crate) fn expert_of(name: &str) -> Option<(String, usize)> {
     let at = name.find(".experts.")? + ".experts.".len();
     let (id, rest) = name[at..].split_once('.')?;
     let j: usize = id.parse().ok()?;
     Some((format!("{}{rest}", &name[..at]), j))
 }
 
-/// The complete expert stacks of `model` (see the module docs); an incomplete or mixed set is
-/// left out, so asking for it is a missing weight.
-fn expert_stacks(model: &SafetensorsModel) -> HashMap<String, Stack> {
+/// The complete expert stacks among `tensors` (name, dtype, shape), see the module docs; an
+/// incomplete or mixed set is left out, so asking for it is a missing weight.
+pub(crate) fn stacks_of(
+    tensors: impl Iterator<Item = (String, DType, Vec<usize>)>,
+) -> HashMap<String, Stack> {
     let mut found: HashMap<String, Vec<Member>> = HashMap::new();
-    for (_, t) in model.tensors() {
-        if let Some((stack, j)) = expert_of(&t.name) {
-            let entry = (j, t.name.clone(), t.dtype, t.shape.clone());
-            found.entry(stack).or_default().push(entry);
+    for (name, dtype, shape) in tensors {
+        if let Some((stack, j)) = expert_of(&name) {
+            found
+                .entry(stack)
+                .or_default()
+                .push((j, name, dtype, shape));
         }
     }
     let mut out = HashMap::new();
@@ -152,14 +157,23 @@ fn expert_stacks(model: &SafetensorsModel) -> HashMap<String, Stack> {
             .iter()
             .enumerate()
             .all(|(i, (j, _, d, s))| *j == i && *d == dtype && *s == shape);
-        let Some(shape) = shape_usize(&shape).filter(|_| complete) else {
+        if !complete {
             continue;
-        };
+        }
         let dims = [vec![experts.len()], shape].concat();
         let names = experts.into_iter().map(|e| e.1).collect();
         out.insert(stack, (dtype, dims, names));
     }
     out
+}
+
+/// The complete expert stacks of `model`'s stored tensors.
+fn expert_stacks(model: &SafetensorsModel) -> HashMap<String, Stack> {
+    stacks_of(
+        model
+            .tensors()
+            .filter_map(|(_, t)| Some((t.name.clone(), t.dtype, shape_usize(&t.shape)?))),
+    )
 }
 
 impl SafetensorsWeights {
@@ -211,8 +225,24 @@ impl WeightStore for SafetensorsWeights {
         }
     }
 
-    /// A stored tensor's range; an expert stack has no contiguous bytes, so it is ignored.
+    /// A stored tensor's range; for an expert stack the range counts its experts' bytes one
+    /// after another (as `pieces` lists them), and each expert wholly inside it is released
+    /// (a runtime re-laying the stack expert by expert releases each as it goes).
     fn release_range(&self, name: &str, range: std::ops::Range<usize>) {
+        if let Some((_, _, names)) = self.stacks.get(name) {
+            let mut at = 0;
+            for n in names {
+                let Some((file, t)) = self.model.tensor(n) else {
+                    continue;
+                };
+                let len = t.nbytes as usize;
+                if range.start <= at && at + len <= range.end {
+                    file.release_tensor(t);
+                }
+                at += len;
+            }
+            return;
+        }
         if let Some((file, t)) = self.model.tensor(name) {
             file.release_tensor_range(t, range);
         }
@@ -296,8 +326,9 @@ mod tests {
         for n in ["a.weight", "l.0.experts.w", "no.such.tensor"] {
             w.release(n);
         }
-        // A range of a tensor, one past its end (clamped), an expert stack (no contiguous
-        // bytes: ignored) and the unserved tensors (none here) release pages only as well.
+        // A range of a tensor, one past its end (clamped), an expert stack's first expert (the
+        // range in its experts' bytes one after another) and the unserved tensors (none here)
+        // release pages only as well.
         w.release_range("a.weight", 4..12);
         w.release_range("a.weight", 8..4096);
         w.release_range("l.0.experts.w", 0..16);

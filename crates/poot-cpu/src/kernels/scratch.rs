@@ -48,6 +48,7 @@ parked!(BlockQ8K, Q8KS);
 parked!([i32; 8], CORRS);
 parked!(u8, BYTES);
 parked!(u16, HALVES);
+parked!(usize, USIZES);
 
 /// A buffer borrowed from this thread's stack (see the module docs).
 #[derive(Debug)]

@@ -35,7 +35,7 @@ pub struct CpuPlan {
     pub(crate) artifact_bytes: u64,
     /// Re-laid copies of matmul weights by the weight's value index (filled by the runtime
     /// after compiling; shared with its other plans). Matmuls over these read the copy.
-    /// Always `Prepared::Repack`.
+    /// Always `Prepared::Repack` or `Prepared::Experts`.
     pub(crate) repacked: HashMap<usize, Arc<Prepared>>,
     /// Copies of weights as stored, by value index (always `Prepared::Copy`): the small ones
     /// other ops read every step (norm weights, biases), made alongside `repacked` so that a
@@ -62,6 +62,17 @@ impl CpuPlan {
     pub(crate) fn repack(&self, i: usize) -> Option<&crate::kernels::matmul::repack::Repack> {
         match self.repacked.get(&i).map(|p| &**p) {
             Some(Prepared::Repack(r)) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// The lazily re-laid expert stack of weight value `i`, if the runtime made one.
+    pub(crate) fn experts(
+        &self,
+        i: usize,
+    ) -> Option<&crate::kernels::matmul::experts_stack::LazyStack> {
+        match self.repacked.get(&i).map(|p| &**p) {
+            Some(Prepared::Experts(s)) => Some(s),
             _ => None,
         }
     }
@@ -317,6 +328,8 @@ pub(crate) fn compile(
 pub(crate) enum Prepared {
     /// Re-laid for a faster kernel (`kernels::repack`).
     Repack(Repack),
+    /// An expert stack re-laid expert by expert on first use (`kernels::matmul::experts_stack`).
+    Experts(crate::kernels::matmul::experts_stack::LazyStack),
     /// The stored bytes as they are, in memory this runtime owns: small weights other ops read
     /// each step, and on hosts with transparent huge pages the plain float matmul weights.
     Copy(HugeBytes),
@@ -326,6 +339,7 @@ impl Prepared {
     pub(crate) fn bytes(&self) -> usize {
         match self {
             Prepared::Repack(r) => r.bytes(),
+            Prepared::Experts(s) => s.bytes(),
             Prepared::Copy(c) => c.len(),
         }
     }

@@ -10,6 +10,7 @@ use poot_runtime::{RuntimeError, WeightStore};
 
 use super::{CpuPlan, CpuRuntime, Prepared, RepackCache};
 use crate::hugemem::HugeBytes;
+use crate::kernels::matmul::experts_stack::LazyStack;
 use crate::Isa;
 
 impl CpuRuntime {
@@ -51,7 +52,7 @@ impl CpuRuntime {
         let (repacked, copied) = (&mut plan.repacked, &mut plan.copied);
         let mut attach = |w: poot_graph::ValueId, rp: Arc<Prepared>| {
             match &*rp {
-                Prepared::Repack(_) => repacked.insert(w.index(), rp),
+                Prepared::Repack(_) | Prepared::Experts(_) => repacked.insert(w.index(), rp),
                 Prepared::Copy(_) => copied.insert(w.index(), rp),
             };
         };
@@ -98,9 +99,13 @@ impl CpuRuntime {
             if experts {
                 let stack = pieces(name)?;
                 let size: u64 = stack.iter().map(|p| p.len() as u64).sum();
-                if let Some(rp) = self.relay_experts(&stack, info.dtype, &info.shape)? {
-                    weights.release(name);
-                    let p = Arc::new(Prepared::Repack(rp));
+                if let Some(p) = self.relay_experts(&stack, info.dtype, &info.shape)? {
+                    // A lazy stack has read nothing yet: each expert's stored pages go as it is
+                    // re-laid (`exec/moe.rs`).
+                    if matches!(p, Prepared::Repack(_)) {
+                        weights.release(name);
+                    }
+                    let p = Arc::new(p);
                     cache.insert((key, name.clone()), (Arc::downgrade(weights), p.clone()));
                     attach(w, p);
                 }
@@ -188,23 +193,47 @@ impl CpuRuntime {
         Ok(())
     }
 
-    /// An expert stack `[E, N, K]` (one stored piece, or one per expert) re-laid whole as the
-    /// `[E * N, K]` matrix `kernels::matmul::experts` reads, when its dtype has an 8-row layout
-    /// under this runtime's numerics and `N` is whole 8-row groups (so no group mixes two
-    /// experts); `None` keeps the stored path. Pieces are joined first (a transient copy of
-    /// one stack; a GGUF stack is one piece and is read where it is).
+    /// An expert stack `[E, N, K]` (one stored piece, or one per expert) in the 8-row layout
+    /// `kernels::matmul::experts` reads, when its dtype has one under this runtime's numerics
+    /// and `N` is whole 8-row groups (so no group mixes two experts); `None` keeps the stored
+    /// path. Where each expert re-lays to the same kind (every such dtype but Q4_Z), nothing
+    /// is read here: the stack is re-laid expert by expert when a step first selects each
+    /// (`kernels::matmul::experts_stack`), so loading does not read every expert. A Q4_Z stack
+    /// (GPTQ/AWQ) is re-laid whole now, its pieces joined first (a transient copy of one stack;
+    /// a GGUF stack is one piece and is read where it is).
     fn relay_experts(
         &self,
         stack: &[&[u8]],
         dtype: crate::DType,
         shape: &[usize],
-    ) -> Result<Option<crate::kernels::matmul::repack::Repack>, RuntimeError> {
+    ) -> Result<Option<Prepared>, RuntimeError> {
         let &[e, n, k] = shape else {
             return Ok(None);
         };
         let numerics = self.options.numerics;
         if !n.is_multiple_of(8) || !crate::kernels::matmul::relaid(numerics, dtype) {
             return Ok(None);
+        }
+        let kerr = |err: crate::KernelError| RuntimeError::Kernel {
+            op: "moe_matmul",
+            detail: err.to_string(),
+        };
+        let lazy = LazyStack::new(numerics, Isa::detect(), dtype, (e, n, k)).map_err(kerr)?;
+        if let Some(lazy) = lazy {
+            let per = dtype.bytes_for((n * k) as u64).unwrap_or(0) as usize;
+            let whole = matches!(stack, [one] if one.len() == e * per);
+            let each = stack.len() == e && stack.iter().all(|p| p.len() == per);
+            if !(whole || each) {
+                let total: usize = stack.iter().map(|p| p.len()).sum();
+                return Err(RuntimeError::Kernel {
+                    op: "moe_matmul",
+                    detail: format!(
+                        "{total} bytes in {} pieces for {e} experts of {per}",
+                        stack.len()
+                    ),
+                });
+            }
+            return Ok(Some(Prepared::Experts(lazy)));
         }
         let joined: Vec<u8>;
         let bytes = match stack {
@@ -214,16 +243,14 @@ impl CpuRuntime {
                 &joined
             }
         };
-        crate::kernels::matmul::repack_for_on(
+        let rp = crate::kernels::matmul::repack_for_on(
             numerics,
             Isa::detect(),
             (bytes, dtype),
             (e * n, k),
             Some(&self.pool),
         )
-        .map_err(|err| RuntimeError::Kernel {
-            op: "moe_matmul",
-            detail: err.to_string(),
-        })
+        .map_err(kerr)?;
+        Ok(rp.map(Prepared::Repack))
     }
 }

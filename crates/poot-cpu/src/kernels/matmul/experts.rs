@@ -3,7 +3,9 @@
 //!
 //! The stack `[E, N, K]` is re-laid as one `[E * N, K]` matrix (`matmul/repack.rs`,
 //! `matmul/repack_k.rs`) with `N` a multiple of 8, so expert `e`'s rows are exactly groups
-//! `e * N / 8 .. (e + 1) * N / 8`: re-laying the stack whole is re-laying each expert alone.
+//! `e * N / 8 .. (e + 1) * N / 8`: re-laying the stack whole is re-laying each expert alone,
+//! which is how a [`Stack::Lazy`] stack is filled, expert by expert on first use
+//! (`matmul/experts_stack.rs`); both read alike.
 //!
 //! How: every activation row is quantized once per call (Q8_0/Q8_1 for the 32-value quants,
 //! Q8_K for the k-quants; through the activation cache when the caller has one, so an expert
@@ -22,17 +24,19 @@
 //! how they group by expert.
 //!
 //! Cost: one pass over the selected experts' rows; memory: the quantized rows twice (as
-//! quantized, and gathered) plus the Q8 lane corrections, in reused scratch.
+//! quantized, and gathered) plus the Q8 lane corrections and the routing (pairs sorted by
+//! expert), all in the thread's reused kernel scratch (`kernels::scratch`).
 
 use crate::error::{check_len, mul};
 use crate::kernels::act_cache::ActCache;
 use crate::kernels::blocks::RG;
 use crate::kernels::format::Format;
+use crate::kernels::matmul::experts_stack::LazyStack;
 use crate::kernels::matmul::groups::over_tokens;
 use crate::kernels::matmul::qdot_k::{dot_scalar, quantized_k};
 use crate::kernels::matmul::r8::{corrections, lane_mult};
-use crate::kernels::matmul::repack::{Repack, Repacked};
-use crate::kernels::matmul::repack_k::RepackedK;
+use crate::kernels::matmul::repack::Repack;
+use crate::kernels::matmul::repack_k::stored_row_of;
 use crate::kernels::qact::{BlockQ8, BlockQ8K};
 use crate::kernels::scratch::{Parked, Scratch};
 use crate::kernels::simd::{prefetch_ahead, prefetch_range, Checked, Isa};
@@ -40,30 +44,31 @@ use crate::pool::{SharedMut, ThreadPool};
 use crate::KernelError;
 
 /// Which pairs read which expert: `order` holds the pair indices sorted by expert (stable),
-/// and selected expert `i` is `(expert, first, count)`: its pairs are `order[first..first +
-/// count]`.
+/// and selected expert `i` is `selected[3 i..3 i + 3] = (expert, first, count)`: its pairs are
+/// `order[first..first + count]`. Both live in the thread's kernel scratch, so a warm step
+/// allocates nothing here.
 struct Routing {
-    order: Vec<usize>,
-    selected: Vec<(usize, usize, usize)>,
+    order: Scratch<usize>,
+    selected: Scratch<usize>,
 }
 
 impl Routing {
     /// Ids already checked to lie in `0..n_exp`.
     fn new(ids: &[i32], n_exp: usize) -> Routing {
-        let mut counts = vec![0usize; n_exp + 1];
+        let mut counts = Scratch::<usize>::zeroed(n_exp + 1);
         for &id in ids {
             counts[id as usize + 1] += 1;
         }
         for e in 0..n_exp {
             counts[e + 1] += counts[e];
         }
-        let mut selected = Vec::new();
+        let mut selected = Scratch::<usize>::zeroed(0);
         for e in 0..n_exp {
             if counts[e + 1] > counts[e] {
-                selected.push((e, counts[e], counts[e + 1] - counts[e]));
+                selected.extend_from_slice(&[e, counts[e], counts[e + 1] - counts[e]]);
             }
         }
-        let mut order = vec![0usize; ids.len()];
+        let mut order = Scratch::<usize>::zeroed(ids.len());
         for (s, &id) in ids.iter().enumerate() {
             let at = &mut counts[id as usize];
             order[*at] = s;
@@ -71,10 +76,64 @@ impl Routing {
         }
         Routing { order, selected }
     }
+
+    /// Selected experts.
+    fn len(&self) -> usize {
+        self.selected.len() / 3
+    }
+
+    /// Selected expert `i`: (expert, first pair in `order`, pairs).
+    fn expert(&self, i: usize) -> (usize, usize, usize) {
+        let s = &self.selected[3 * i..3 * i + 3];
+        (s[0], s[1], s[2])
+    }
+}
+
+/// An expert stack in the 8-row layout: re-laid whole as one `[E * n, k]` matrix, or expert by
+/// expert on first use (`matmul/experts_stack.rs`), which gives the same bytes per expert.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Stack<'a> {
+    Whole(&'a Repack),
+    Lazy(&'a LazyStack),
+}
+
+impl<'a> Stack<'a> {
+    /// The layout every group has (kind, blocks per row).
+    fn layout(self) -> &'a Repack {
+        match self {
+            Stack::Whole(w) => w,
+            Stack::Lazy(l) => l.layout(),
+        }
+    }
+
+    /// Rows of every expert together, `E * n`, when the stack is `n_exp` experts of whole
+    /// 8-row groups.
+    fn rows(self, n_exp: usize) -> Option<usize> {
+        let rows = match self {
+            Stack::Whole(w) => w.n(),
+            Stack::Lazy(l) => {
+                let (e, n, _) = l.shape();
+                (e == n_exp).then_some(e * n)?
+            }
+        };
+        let whole = n_exp > 0 && rows.is_multiple_of(n_exp) && (rows / n_exp).is_multiple_of(RG);
+        whole.then_some(rows)
+    }
+
+    /// Group `g` of expert `e` (`per_expert` groups each).
+    fn group(self, e: usize, g: usize, per_expert: usize) -> &'a [u8] {
+        match self {
+            Stack::Whole(Repack::Q(w)) => w.group(e * per_expert + g),
+            Stack::Whole(Repack::K(w)) => w.group(e * per_expert + g),
+            Stack::Whole(Repack::F8(_)) => unreachable!("FP8 stacks are refused first"),
+            Stack::Lazy(l) => l.group(e, g),
+        }
+    }
 }
 
 /// `out[s][n] = dot(W[ids[s]][n], x[row(s)])` for a stack `w` re-laid as `[n_exp * n, k]` (see
-/// the module docs), `ids` being `[t, slots]` (`t * slots` pairs). `x` holds either one row per
+/// the module docs; a lazy stack must have every expert `ids` names ready, else a typed error),
+/// `ids` being `[t, slots]` (`t * slots` pairs). `x` holds either one row per
 /// token (`[t, k]`, row `s / slots`, shared by the token's slots) or one per pair (`[t * slots,
 /// k]`, row `s`); `out` is `[t * slots, n]`. Every length and id is checked before anything is
 /// written: `n` must be a multiple of 8 and `w` must hold `n_exp` experts of `k` columns.
@@ -86,7 +145,7 @@ pub(crate) fn matmul_experts(
     isa: Isa,
     x: &[f32],
     k: usize,
-    w: &Repack,
+    w: Stack<'_>,
     n_exp: usize,
     (ids, slots): (&[i32], usize),
     out: &mut [f32],
@@ -98,17 +157,21 @@ pub(crate) fn matmul_experts(
         what: "expert matmul",
         detail,
     };
-    if n_exp == 0 || !w.n().is_multiple_of(n_exp) || !(w.n() / n_exp).is_multiple_of(RG) {
+    let Some(rows) = w.rows(n_exp) else {
+        let (rows, what) = match w {
+            Stack::Whole(w) => (w.n(), "rows"),
+            Stack::Lazy(l) => (l.shape().0, "experts"),
+        };
         return Err(bad(format!(
-            "{} rows are not {n_exp} experts of 8-row groups",
-            w.n()
+            "{rows} {what} are not {n_exp} experts of 8-row groups"
         )));
-    }
-    let n = w.n() / n_exp;
-    if k != w.k() {
+    };
+    let n = rows / n_exp;
+    let layout = w.layout();
+    if k != layout.k() {
         return Err(KernelError::Length {
             what: "expert matmul k",
-            expected: w.k(),
+            expected: layout.k(),
             got: k,
         });
     }
@@ -118,9 +181,8 @@ pub(crate) fn matmul_experts(
             "{pairs} ids are not whole rows of {slots} slots"
         )));
     }
-    let rows = x.len() / k.max(1);
     // One row per pair, or one per token shared by its slots (the same when slots == 1).
-    let per_pair = rows == pairs;
+    let per_pair = x.len() / k.max(1) == pairs;
     if !per_pair {
         check_len(
             "expert matmul x",
@@ -142,14 +204,39 @@ pub(crate) fn matmul_experts(
     if let Some(&id) = ids.iter().find(|&&id| id < 0 || id as usize >= n_exp) {
         return Err(bad(format!("expert id {id} outside 0..{n_exp}")));
     }
+    if let Stack::Lazy(l) = w {
+        if let Some(&id) = ids.iter().find(|&&id| !l.is_ready(id as usize)) {
+            return Err(bad(format!("expert {id} is not re-laid yet")));
+        }
+    }
     if pairs == 0 || n == 0 {
         return Ok(());
     }
     let routing = Routing::new(ids, n_exp);
     let row = |s: usize| if per_pair { s } else { s / slots };
-    match w {
-        Repack::Q(w) => experts_r8(ck, w, x, &routing, &row, n, out, pool, cache),
-        Repack::K(w) => experts_rk(ck, w, x, &routing, &row, n, out, pool, cache),
+    match layout {
+        Repack::Q(l) => experts_r8(
+            ck,
+            (w, l.kind, l.nb),
+            x,
+            &routing,
+            &row,
+            n,
+            out,
+            pool,
+            cache,
+        ),
+        Repack::K(l) => experts_rk(
+            ck,
+            (w, l.kind, l.nb),
+            x,
+            &routing,
+            &row,
+            n,
+            out,
+            pool,
+            cache,
+        ),
         // `relaid` keeps FP8 stacks in their stored layout, so none reaches here.
         Repack::F8(_) => return Err(bad("an FP8 expert stack has no 8-row group kernel".into())),
     }
@@ -164,7 +251,7 @@ fn gathered<T: Parked>(
     row: &dyn Fn(usize) -> usize,
 ) -> Scratch<T> {
     let mut out = Scratch::<T>::zeroed(0);
-    for &s in &routing.order {
+    for &s in routing.order.iter() {
         let r = row(s);
         out.extend_from_slice(&xq[r * nb..(r + 1) * nb]);
     }
@@ -184,17 +271,17 @@ fn over_experts<'w>(
     body: impl Fn(usize, usize, &dyn Fn(usize, &[f32])) + Sync,
 ) {
     let per_expert = n / RG;
-    let units = routing.selected.len() * per_expert;
+    let units = routing.len() * per_expert;
     let (per_task, tasks) = pool.split(units);
     let shared = SharedMut::new(out);
     pool.for_each(tasks, |task| {
         let begin = task * per_task;
-        let (e, _, _) = routing.selected[begin / per_expert];
+        let (e, _, _) = routing.expert(begin / per_expert);
         let first = group(e, begin % per_expert);
         prefetch_range(first.as_ptr(), first.len().min(prefetch_ahead()));
         for u in begin..(begin + per_task).min(units) {
             let (i, g) = (u / per_expert, u % per_expert);
-            let (_, first, _) = routing.selected[i];
+            let (_, first, _) = routing.expert(i);
             body(i, g, &|tok, res| {
                 let s = routing.order[first + tok];
                 for (r, &v) in res.iter().take(RG).enumerate() {
@@ -214,7 +301,7 @@ fn over_experts<'w>(
 )]
 fn experts_r8(
     ck: Checked,
-    w: &Repacked,
+    (w, kind, nb): (Stack<'_>, Format, usize),
     x: &[f32],
     routing: &Routing,
     row: &dyn Fn(usize) -> usize,
@@ -223,7 +310,6 @@ fn experts_r8(
     pool: &ThreadPool,
     cache: Option<(&mut ActCache, u64)>,
 ) {
-    let (kind, nb) = (w.kind, w.nb);
     let mut local = Scratch::<BlockQ8>::zeroed(0);
     let xq = crate::kernels::matmul::q8::quantized(x, kind.act_sum(), cache, &mut local, pool);
     let xg = gathered(xq, nb, routing, row);
@@ -248,9 +334,9 @@ fn experts_r8(
     }
     let (xg, corr): (&[BlockQ8], &[[i32; 8]]) = (&xg, &corr);
     let per_expert = n / RG;
-    let group = |e: usize, g: usize| w.group(e * per_expert + g);
+    let group = |e: usize, g: usize| w.group(e, g, per_expert);
     over_experts(pool, routing, n, out, &group, |i, g, write| {
-        let (e, first, t) = routing.selected[i];
+        let (e, first, t) = routing.expert(i);
         let grp = group(e, g);
         let (a, c) = (&xg[first * nb..], &corr[first * nb..]);
         if !simd {
@@ -296,7 +382,7 @@ fn experts_r8(
 )]
 fn experts_rk(
     ck: Checked,
-    w: &RepackedK,
+    (w, kind, nb): (Stack<'_>, Format, usize),
     x: &[f32],
     routing: &Routing,
     row: &dyn Fn(usize) -> usize,
@@ -305,7 +391,6 @@ fn experts_rk(
     pool: &ThreadPool,
     cache: Option<(&mut ActCache, u64)>,
 ) {
-    let (kind, nb) = (w.kind, w.nb);
     let mut local = Scratch::<BlockQ8K>::zeroed(0);
     let xq = quantized_k(x, cache, &mut local);
     let xg = gathered(xq, nb, routing, row);
@@ -315,16 +400,17 @@ fn experts_rk(
     #[cfg(not(target_arch = "x86_64"))]
     let simd = false;
     let per_expert = n / RG;
-    let group = |e: usize, g: usize| w.group(e * per_expert + g);
+    let group = |e: usize, g: usize| w.group(e, g, per_expert);
     over_experts(pool, routing, n, out, &group, |i, g, write| {
-        let (e, first, t) = routing.selected[i];
+        let (e, first, t) = routing.expert(i);
         let a = &xg[first * nb..(first + t) * nb];
         if !simd {
             let mut stored = Scratch::<u8>::zeroed(nb * kind.block_bytes());
             let mut res = [0.0f32; RG];
+            let grp = group(e, g);
             for tok in 0..t {
                 for (r, v) in res.iter_mut().enumerate() {
-                    w.stored_row(e * n + g * RG + r, &mut stored);
+                    stored_row_of(kind, nb, grp, r, &mut stored);
                     *v = dot_scalar(kind, &stored, &a[tok * nb..(tok + 1) * nb]);
                 }
                 write(tok, &res);

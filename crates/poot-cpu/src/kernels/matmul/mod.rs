@@ -44,6 +44,7 @@ pub(crate) mod decoded;
 pub(crate) mod dpbf16;
 pub(crate) mod dpbf16_one;
 pub(crate) mod experts;
+pub(crate) mod experts_stack;
 pub(crate) mod f8;
 pub(crate) mod f8r;
 pub(crate) mod float;

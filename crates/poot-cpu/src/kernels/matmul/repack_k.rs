@@ -93,6 +93,20 @@ pub struct RepackedK {
     pub(crate) data: crate::hugemem::HugeBytes,
 }
 
+/// Row `lane`'s stored bytes (`nb` blocks of `kind`) rebuilt from the bytes `grp` of the
+/// 8-row group holding it ([`RepackedK::group`]'s layout; an expert stack's groups have it too).
+pub(crate) fn stored_row_of(kind: Format, nb: usize, grp: &[u8], lane: usize, out: &mut [u8]) {
+    let (bb, sb) = (kind.block_bytes(), RG * kind.block_bytes());
+    for (b, dst) in out[..nb * bb].chunks_exact_mut(bb).enumerate() {
+        let s = &grp[b * sb..(b + 1) * sb];
+        let mut base = 0;
+        for (off, len) in pieces(kind) {
+            dst[off..off + len].copy_from_slice(&s[base + lane * len..][..len]);
+            base += RG * len;
+        }
+    }
+}
+
 impl std::fmt::Debug for RepackedK {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RepackedK")
@@ -167,17 +181,7 @@ impl RepackedK {
     /// Row `r`'s stored bytes, rebuilt from the layout (the scalar path, the embedding and the
     /// tests read rows this way; the inverse of [`RepackedK::new`]).
     pub(crate) fn stored_row(&self, r: usize, out: &mut [u8]) {
-        let (bb, sb) = (self.kind.block_bytes(), self.superblock_bytes());
-        let (g, lane) = (r / RG, r % RG);
-        let grp = self.group(g);
-        for (b, dst) in out[..self.nb * bb].chunks_exact_mut(bb).enumerate() {
-            let s = &grp[b * sb..(b + 1) * sb];
-            let mut base = 0;
-            for (off, len) in pieces(self.kind) {
-                dst[off..off + len].copy_from_slice(&s[base + lane * len..][..len]);
-                base += RG * len;
-            }
-        }
+        stored_row_of(self.kind, self.nb, self.group(r / RG), r % RG, out);
     }
 
     /// Bytes this copy holds.

@@ -1,10 +1,15 @@
 //! The mixture-of-experts ops: `gather_cols`, `moe_matmul` and `moe_combine`.
 //!
 //! `moe_matmul` multiplies each (token, slot) pair by its expert's rows of an [E, N, K] stack.
-//! Where compiling re-laid the stack 8 rows at a time (the dtypes the dense matmuls re-lay, under
-//! ggml numerics, `N` a multiple of 8; the stored copy then released), one pool dispatch covers
-//! every (selected expert, row group) unit and the activation is quantized once per row
-//! (`kernels::matmul::experts`). Otherwise the stack is read in place (packed, any dtype the
+//! Where the stack has an 8-row layout (the dtypes the dense matmuls re-lay, under ggml numerics,
+//! `N` a multiple of 8), one pool dispatch covers every (selected expert, row group) unit and the
+//! activation is quantized once per row (`kernels::matmul::experts`). Such a stack is re-laid
+//! expert by expert: a step first re-lays the experts it selects that no earlier step did (spread
+//! over the pool's threads, each once however many plans or threads ask) and releases each one's
+//! stored bytes (`WeightStore::release_range`, in the experts' bytes one after another), so
+//! loading reads no expert and resident memory holds each expert once; a Q4_Z stack (GPTQ/AWQ),
+//! whose experts may re-lay to different kinds, was re-laid whole when the plan compiled.
+//! Otherwise the stack is read in place (packed, any dtype the
 //! matmul kernels read): expert `e` is the contiguous byte range
 //! `e * N * row_bytes .. (e + 1) * N * row_bytes` of a GGUF's packed tensor, or the e-th of the store's `pieces` (a
 //! safetensors checkpoint's experts stored one tensor each, read where they are mapped), and the
@@ -20,8 +25,8 @@ use poot_graph::{Op, ValueId};
 use poot_runtime::RuntimeError;
 
 use super::{kerr, Buf, Exec};
-use crate::kernels::matmul::experts::matmul_experts;
-use crate::kernels::matmul::repack::Repack;
+use crate::kernels::matmul::experts::{matmul_experts, Stack};
+use crate::kernels::matmul::experts_stack::LazyStack;
 use crate::kernels::matmul::{matmul_on_path, MatmulPath};
 use crate::kernels::simd::Isa;
 
@@ -69,7 +74,11 @@ impl Exec<'_> {
     ) -> Result<Buf, RuntimeError> {
         const OP: &str = "moe_matmul";
         if let Some(rp) = self.plan.repack(w.index()) {
-            return self.moe_matmul_relaid(x, w, ids, rp);
+            return self.moe_matmul_relaid(x, w, ids, Stack::Whole(rp));
+        }
+        if let Some(lazy) = self.plan.experts(w.index()) {
+            self.relay_selected(w, ids, lazy)?;
+            return self.moe_matmul_relaid(x, w, ids, Stack::Lazy(lazy));
         }
         let (pieces, dtype) = self.weight_pieces(w, OP)?;
         let ws = self.shape(w);
@@ -143,6 +152,41 @@ impl Exec<'_> {
         Ok(Buf::F32(out))
     }
 
+    /// Re-lays the experts of `lazy` that `ids` selects and no earlier step did, from the
+    /// stored stack, then releases each one's stored pages (`kernels::matmul::experts_stack`).
+    /// Checks every id first; a step whose experts are all ready reads nothing stored.
+    fn relay_selected(
+        &mut self,
+        w: ValueId,
+        ids: ValueId,
+        lazy: &LazyStack,
+    ) -> Result<(), RuntimeError> {
+        const OP: &str = "moe_matmul";
+        let (n_exp, n, k) = lazy.shape();
+        let iv = self.i32(ids, OP)?;
+        if let Some(&id) = iv.iter().find(|&&id| id < 0 || id as usize >= n_exp) {
+            return Err(bad(OP, format!("expert id {id} outside 0..{n_exp}")));
+        }
+        if iv.iter().all(|&id| lazy.is_ready(id as usize)) {
+            return Ok(());
+        }
+        let iv = iv.to_vec();
+        let (pieces, dtype) = self.weight_pieces(w, OP)?;
+        let Op::Weight { name } = self.graph().op(w) else {
+            unreachable!("weight_pieces checked it")
+        };
+        let per = dtype.bytes_for((n * k) as u64).unwrap_or(0) as usize;
+        // Compiling checked the pieces: one of every expert, or one each.
+        let stored = |e: usize| match pieces.as_slice() {
+            [one] => &one[e * per..(e + 1) * per],
+            each => each[e],
+        };
+        let store = &self.plan.weights;
+        let release = |e: usize| store.release_range(name, e * per..(e + 1) * per);
+        lazy.ensure(&iv, &stored, self.pool, &release)
+            .map_err(kerr(OP))
+    }
+
     /// [`Self::moe_matmul`] through the stack's 8-row re-lay (`kernels::matmul::experts`): one
     /// pool dispatch, the activation quantized once (shared with the other stacks reading it).
     fn moe_matmul_relaid(
@@ -150,12 +194,11 @@ impl Exec<'_> {
         x: ValueId,
         w: ValueId,
         ids: ValueId,
-        rp: &Repack,
+        stack: Stack<'_>,
     ) -> Result<Buf, RuntimeError> {
         const OP: &str = "moe_matmul";
-        let (n_exp, k) = (self.shape(w)[0], self.shape(w)[2]);
+        let (n_exp, n, k) = (self.shape(w)[0], self.shape(w)[1], self.shape(w)[2]);
         let slots = self.shape(ids)[1];
-        let n = rp.n() / n_exp.max(1);
         self.i32(ids, OP)?;
         self.f32(x, OP)?;
         let (Buf::I32(iv), Buf::F32(xv)) = (&self.bufs[ids.index()], &self.bufs[x.index()]) else {
@@ -169,7 +212,7 @@ impl Exec<'_> {
             Isa::detect(),
             xv,
             k,
-            rp,
+            stack,
             n_exp,
             (iv, slots),
             &mut out,
