@@ -313,6 +313,11 @@ fn experts_r8(
     let mut local = Scratch::<BlockQ8>::zeroed(0);
     let xq = crate::kernels::matmul::q8::quantized(x, kind.act_sum(), cache, &mut local, pool);
     let xg = gathered(xq, nb, routing, row);
+    // Blocks per scale and zero point of a grouped Q4_Z stack (`repack_zg.rs`), else 1.
+    let qgroup = match w.layout() {
+        Repack::Q(r) => r.qgroup,
+        _ => 1,
+    };
     #[cfg(target_arch = "x86_64")]
     let simd = matches!(ck.isa(), Isa::Avx2 | Isa::Avx512 | Isa::Amx);
     #[cfg(not(target_arch = "x86_64"))]
@@ -342,9 +347,9 @@ fn experts_r8(
         if !simd {
             use crate::kernels::arch::generic::qdot_r8_generic;
             let mut res = Scratch::<f32>::zeroed(t * RG);
-            if w.qgroup > 1 {
+            if qgroup > 1 {
                 use crate::kernels::arch::generic::qdot_zg_generic::group_z;
-                group_z(w.qgroup, grp, nb, &a[..t * nb], t, &mut res);
+                group_z(qgroup, grp, nb, &a[..t * nb], t, &mut res);
             } else if blocks {
                 qdot_r8_generic::group_blocks(kind, grp, nb, &a[..t * nb], t, &mut res);
             } else {
@@ -362,9 +367,9 @@ fn experts_r8(
             let tile = |_| tile_tokens(vnni, kind, blocks);
             over_tokens(t, tile, RG, &mut res, write, |tok, tt, res| {
                 let (a, c) = (&a[tok * nb..], &c[tok * nb..]);
-                if w.qgroup > 1 {
+                if qgroup > 1 {
                     use crate::kernels::arch::x86::qdot_zg::group_z;
-                    group_z(vnni, w.qgroup, grp, nb, a, c, tt, res);
+                    group_z(vnni, qgroup, grp, nb, a, c, tt, res);
                 } else if blocks {
                     group_blocks(vnni, kind, grp, nb, a, c, tt, res);
                 } else {

@@ -23,7 +23,6 @@ pub(crate) trait KLanes: RowLanes {
     /// `vpmaddwd`: adjacent `i16` products summed into `i32` lanes.
     unsafe fn madd16(a: Self::I, b: Self::I) -> Self::I;
     unsafe fn mullo32(a: Self::I, b: Self::I) -> Self::I;
-    unsafe fn sub32(a: Self::I, b: Self::I) -> Self::I;
     unsafe fn srai32<const N: u32>(a: Self::I) -> Self::I;
     unsafe fn srli32<const N: u32>(a: Self::I) -> Self::I;
     unsafe fn slli32<const N: u32>(a: Self::I) -> Self::I;
@@ -54,11 +53,6 @@ impl<const VNNI: bool> KLanes for Ymm<VNNI> {
     unsafe fn mullo32(a: __m256i, b: __m256i) -> __m256i {
         // SAFETY: the trait's contract (the width's features enabled).
         unsafe { _mm256_mullo_epi32(a, b) }
-    }
-    #[inline(always)]
-    unsafe fn sub32(a: __m256i, b: __m256i) -> __m256i {
-        // SAFETY: the trait's contract (the width's features enabled).
-        unsafe { _mm256_sub_epi32(a, b) }
     }
     #[inline(always)]
     unsafe fn srai32<const N: u32>(a: __m256i) -> __m256i {
@@ -117,11 +111,6 @@ impl<const VNNI: bool> KLanes for Zmm<VNNI> {
     unsafe fn mullo32(a: __m512i, b: __m512i) -> __m512i {
         // SAFETY: the trait's contract (the width's features enabled).
         unsafe { _mm512_mullo_epi32(a, b) }
-    }
-    #[inline(always)]
-    unsafe fn sub32(a: __m512i, b: __m512i) -> __m512i {
-        // SAFETY: the trait's contract (the width's features enabled).
-        unsafe { _mm512_sub_epi32(a, b) }
     }
     #[inline(always)]
     unsafe fn srai32<const N: u32>(a: __m512i) -> __m512i {
