@@ -181,32 +181,38 @@ def test_smollm2_quantized_generating_holds_no_second_copy(
     tmp_path_factory: pytest.TempPathFactory,
     layout: str,
 ) -> None:
-    """Generating adds at most 0.1x the file to what loading holds: every re-laid tensor is
+    """Generating adds at most 0.05x the file to what loading holds: every re-laid tensor is
     read where the store keeps it, by every step shape's plan. Before ``WeightStore::mapped``
     each plan copied the re-laid tensors under 1 MB (all of SmolLM2's projections), +1.0x
     (GPTQ) and +1.3x (FP8) over two step shapes.
 
-    Resident memory loaded, after generating and at the peak stays within 1.3x the file plus
-    the KV pool. Measured (3 runs each, KV pool excluded): GPTQ 1.18x loaded, 1.21x after
-    generating, 1.25x peak (was 1.25x, 1.29x, 1.72x); FP8 1.17x, 1.20x, 1.23x (was 1.23x,
-    1.26x, 1.56x). The peak was the tied F16 embedding's huge-page copy made while its mapped
-    pages were resident (now released span by span); 8 MB of the re-lays' source tensors
-    stayed mapped, faulted back in around the norms. Not within the issue's 1.15x: the
-    weights are 1.05x (GPTQ; FP8 about 1.08x) of the file, and beside them the word-level
-    tokenizer of 49152 words holds 13 MB (the ``tokenizers`` library's own, 0.12x of the GPTQ
-    file) and the native library's code pages 4-6 MB.
+    Resident memory loaded, after generating and at the peak stays within 1.2x the file plus
+    the KV pool, measured after a warm-up with a tiny model of the same layout (what that
+    leaves out and why: ``tests/memory_probe.py``). Measured (3 runs each, KV pool excluded):
+    GPTQ 1.13x loaded, 1.15x after generating, 1.17x at the peak; FP8 1.14x, 1.15x, 1.16x.
+    Not the issue's 1.15x at the peak, for two reasons outside the load path: the word-level
+    tokenizer of 49152 words holds 10.3 MiB of heap (the ``tokenizers`` library's own: 0.095x
+    of the GPTQ file, 0.066x of the FP8 one), and the re-laid weights are 1.04x (Q4_Z, 4.75
+    bits a weight against the file's 4.31 at group 64) and 1.08x (F8_S, an f32 scale a
+    32-block) of the file. Before issue 31's pass (imports as the baseline): 1.18x, 1.21x,
+    1.25x and 1.17x, 1.20x, 1.23x; of that, 10 MB at the peak were the file's pages that each
+    plan's norm copies faulted in around them, now copied once per store and released every
+    8 copies, and 5 MB were the sources' pages that re-laying faulted back in, now released
+    once more when the store is made.
     """
-    from memory_probe import measure
+    from memory_probe import describe, measure, write_llama_dir
 
     w, cfg = smollm2_float
-    d = tmp_path_factory.mktemp("smollm2-memory") / layout
+    root = tmp_path_factory.mktemp("smollm2-memory")
+    d = root / layout
     _write(w, cfg, layout, d)
-    m = measure(d)
+    warm = write_llama_dir(root / "warm", layout, hidden=256, ffn=512, layers=1)
+    m = measure(d, warmup=warm)
     assert m["tokens"] == 8
     file_size = (d / "model.safetensors").stat().st_size
     generating = m["after"] - m["loaded"]
-    assert generating <= 0.1 * file_size, f"generating grew RSS by {generating} bytes"
-    bound = 1.3 * file_size + m["kv_bytes"]
+    assert generating <= 0.05 * file_size, describe(m, file_size)
+    bound = 1.2 * file_size + m["kv_bytes"]
     for phase in ("loaded", "after", "peak"):
         grown = m[phase] - m["base"]
-        assert grown <= bound, f"{phase}: RSS grew by {grown} bytes; bound {bound:.0f}"
+        assert grown <= bound, f"{phase}: RSS grew by {grown} bytes; {describe(m, file_size)}"

@@ -14,15 +14,22 @@ Both cgroup versions are read: v2 (``memory.max``, ``memory.current``, ``memory.
 ``total_inactive_file``). Where the process's cgroup path does not exist under the mount (a
 container that mounts its own cgroup as the root), the mount's root files are read instead.
 Nothing here raises: an unreadable file means "no limit known there".
+
+``trim_heap`` hands the C heap's free pages back to the OS (glibc's ``malloc_trim``) after
+work whose transient allocations would otherwise stay resident (loading a model).
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
-__all__ = ["HostMemory", "host_memory"]
+__all__ = ["HostMemory", "host_memory", "trim_heap"]
 
 # v1 reports "no limit" as a huge page-rounded number, not a word.
 _V1_UNLIMITED = 1 << 60
@@ -170,3 +177,29 @@ def host_memory(
     limit, room, path = best
     available = min(avail, room) if avail > 0 else room
     return HostMemory(available, avail, limit, room, str(path))
+
+
+def trim_heap() -> None:
+    """Returns the C heap's free pages to the OS: glibc's ``malloc_trim(0)``, which releases
+    whole free pages inside every arena (the main heap and each thread's), not only the top.
+
+    Why: glibc keeps freed blocks below its map threshold, which rises with every large block
+    freed, in the heap they came from, and they count as resident until reused. Loading a
+    model frees many such blocks at once (``tokenizer.json``'s parse, the re-lays' sources on
+    the weight-preparation thread). A no-op where the C library has no such call (musl,
+    macOS, Windows).
+    """
+    fn = _malloc_trim()
+    if fn is not None:
+        fn(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        fn = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return None
+    fn.argtypes = [ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    return cast("Callable[[int], int]", fn)

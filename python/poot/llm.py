@@ -45,6 +45,7 @@ from poot.driver_options import DriverOptions
 from poot.engine_core import EngineCore
 from poot.errors import ConfigError, ContextLengthError, GraphInputError, SamplingParamsError
 from poot.guidance import Guide
+from poot.host_memory import trim_heap
 from poot.kv_windows import kv_group_window, kv_window, kv_windows
 from poot.models import model_definition
 from poot.numerics import Numerics, model_key, numerics_for
@@ -350,6 +351,9 @@ class LLM:
         finally:
             if preparing is not None:
                 preparing.join()
+        # What loading freed (the tokenizer's parse, the re-lays' transient buffers) leaves the
+        # heap now rather than staying resident beside the weights.
+        trim_heap()
         logger.info(opts.log_line(h, entry_bytes, windows))
 
     def __repr__(self) -> str:

@@ -15,7 +15,8 @@
 //! Q4_K/Q6_K matmul weights 8 rows at a time (`kernels::repack`, `kernels::repack_k`, once per
 //! store and tensor, shared by plans; an expert stack of those dtypes whole, as one matrix of
 //! every expert's rows, when each expert is whole 8-row groups: `prepare.rs`),
-//! copies the small weights other ops read, and then releases those tensors' mapped pages, so
+//! copies the small weights other ops read (once per store and tensor too), and then releases
+//! those tensors' mapped pages, so
 //! resident memory holds each weight once; `memory().weight_bytes` counts the copies. Where
 //! Linux grants transparent huge pages (`hugemem::available`), plain float (F16/BF16/F32)
 //! matmul weights are copied as they are onto huge pages too, each released as soon as it is

@@ -76,9 +76,14 @@ fn runs_a_linear_layer() {
         .prepare(&linear_graph(), store(), &CompileLimits::default())
         .unwrap();
     // Where huge pages are available the float matmul weight is copied onto them (counted as
-    // the runtime's own weight bytes) and the results below are the copy's; elsewhere nothing
-    // is copied, since there are no repacks either.
-    let copied = if crate::hugemem::available() { 24 } else { 0 };
+    // the runtime's own weight bytes) and the results below are the copy's, and so is the bias
+    // (a small weight other ops read, copied once per store); elsewhere nothing is copied,
+    // since there are no repacks either.
+    let copied = if crate::hugemem::available() {
+        24 + 12
+    } else {
+        0
+    };
     assert_eq!(rt.memory().weight_bytes, copied);
     let out = rt
         .run(plan.as_ref(), &[("x", x())], Deadline::default_device())
@@ -144,10 +149,11 @@ fn two_runtimes_with_different_options_coexist() {
     let decoded = Some(crate::kernels::matmul::MatmulPath::Decoded);
     assert_eq!(cpu(&pa), (1, decoded));
     assert_eq!(cpu(&pb), (1, decoded));
-    // Huge pages off for `a`: its compile copied nothing; `b` copied where the host has them.
+    // Huge pages off for `a`: its compile copied nothing; `b` copied where the host has them
+    // (the matmul weight, then the bias other ops read).
     assert_eq!(a.memory().weight_bytes, 0);
     let thp = crate::hugemem::available_with(true);
-    assert_eq!(b.memory().weight_bytes, if thp { 24 } else { 0 });
+    assert_eq!(b.memory().weight_bytes, if thp { 24 + 12 } else { 0 });
     for _ in 0..2 {
         for (rt, plan) in [(&a, &pa), (&b, &pb)] {
             let out = rt
