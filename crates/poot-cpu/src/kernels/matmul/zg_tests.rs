@@ -250,7 +250,7 @@ fn a_fused_call_mixing_layouts_is_each_weights_own_call() {
 
 #[test]
 fn an_expert_stack_takes_the_grouped_kernel() {
-    use crate::kernels::matmul::experts::matmul_experts;
+    use crate::kernels::matmul::experts::{matmul_experts, Stack};
     let (e, n, k) = (3, 16, 256);
     let w = grouped(e * n, k, 4, 30, 16);
     let stack = Repack::Q(relaid(&w, e * n, k));
@@ -259,7 +259,18 @@ fn an_expert_stack_takes_the_grouped_kernel() {
     let pool = ThreadPool::new(2).unwrap();
     for isa in Isa::available() {
         let mut got = vec![f32::NAN; ids.len() * n];
-        matmul_experts(isa, &x, k, &stack, e, (&ids, 1), &mut got, &pool, None).unwrap();
+        matmul_experts(
+            isa,
+            &x,
+            k,
+            Stack::Whole(&stack),
+            e,
+            (&ids, 1),
+            &mut got,
+            &pool,
+            None,
+        )
+        .unwrap();
         for (s, &id) in ids.iter().enumerate() {
             let id = id as usize;
             let one = Repack::Q(relaid(&w[id * n * k / 32 * BB..][..n * k / 32 * BB], n, k));
