@@ -7,9 +7,9 @@
 //! `acc_l = fma(D, inner, acc_l)`; at the end `((a0+a4) + (a2+a6)) + ((a1+a5) + (a3+a7))`
 //! (`hsum8`). Here `inner` and `acc_l` are registers of 8 rows, so those steps are the same
 //! operations on the same values in the same order: bit-identical to the portable dot
-//! (tested). The 8 lanes' chains are independent, and the loops step them together (4
-//! elements of every lane, then the next 4) so that FMA latency overlaps across them rather
-//! than along one lane's 16-step chain.
+//! (tested). The 8 lanes' chains are independent, and the loops step several together (4
+//! elements of each of 4 lanes, then the next 4) so that FMA latency overlaps across them
+//! rather than along one lane's 16-step chain.
 //!
 //! Widening, per span as the layout marks it:
 //! - shifted (no subnormal code): 3 integer instructions per 8 codes, no conversion: a byte
@@ -184,14 +184,21 @@ unsafe fn span_one<const S: usize, const SHIFTED: bool>(
     // the caller.
     unsafe {
         let mut inner = [_mm256_setzero_ps(); 8];
-        for b in 0..S {
-            for (l, inner) in inner.iter_mut().enumerate() {
-                let e = widen(s.add(32 + 256 * b + 32 * l), SHIFTED);
-                let xl = x.add(32 * b + l);
-                for (c, &e) in e.iter().enumerate() {
-                    *inner = step(b == 0 && c == 0, e, xl.add(8 * c), *inner);
+        // Lanes 0..4, then 4..8: four chains in flight fit the registers beside the
+        // widening's constants (all 8 made the compiler spill them every step).
+        for h in 0..2 {
+            let mut part = [_mm256_setzero_ps(); 4];
+            for b in 0..S {
+                for (i, part) in part.iter_mut().enumerate() {
+                    let l = 4 * h + i;
+                    let e = widen(s.add(32 + 256 * b + 32 * l), SHIFTED);
+                    let xl = x.add(32 * b + l);
+                    for (c, &e) in e.iter().enumerate() {
+                        *part = step(b == 0 && c == 0, e, xl.add(8 * c), *part);
+                    }
                 }
             }
+            inner[4 * h..4 * h + 4].copy_from_slice(&part);
         }
         inner
     }
