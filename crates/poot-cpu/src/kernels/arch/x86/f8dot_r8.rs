@@ -239,8 +239,8 @@ unsafe fn one_avx2<const S: usize>(
 }
 
 /// `2..=TILE` tokens over `ns` spans of `S` blocks: each span widened once into `32 S`
-/// vectors on the stack, then every token's 8 lanes take their steps (`inner` in registers,
-/// the accumulators in `acc`, L1).
+/// vectors on the stack in the order the steps read them, then every token's 8 lanes take
+/// their steps, one lane's chain at a time (the accumulators in `acc`, L1).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_avx2<const S: usize>(
     g: &[u8],
@@ -255,30 +255,33 @@ unsafe fn tile_avx2<const S: usize>(
     // SAFETY: as `one_avx2`, for tokens `j < t` at `j * k` and `out[j * 8..]`.
     unsafe {
         let mut acc = [[_mm256_setzero_ps(); 8]; TILE];
-        // `w[32 b + 4 l + c]`: block `b`, lane `l`, element `l + 8c` of the block.
+        // `w[8 (4b + c) + l]`: block `b`, lane `l`, element `l + 8c` of the block, in the order
+        // the tokens' steps read them.
         let mut w = [_mm256_setzero_ps(); 32 * 4];
         for (p, &sh) in shifted.iter().enumerate().take(ns) {
             let s = gp.add(p * sb);
             for b in 0..S {
                 for l in 0..8 {
                     let e = widen(s.add(32 + 256 * b + 32 * l), sh);
-                    w[32 * b + 4 * l..32 * b + 4 * l + 4].copy_from_slice(&e);
+                    for (c, e) in e.into_iter().enumerate() {
+                        w[8 * (4 * b + c) + l] = e;
+                    }
                 }
             }
             let d = scales(s, sh);
             let x = if sh { a.xs } else { a.x };
             for (j, acc) in acc.iter_mut().enumerate().take(t) {
                 let xs = x.as_ptr().add(j * k + 32 * S * p);
-                let mut inner = [_mm256_setzero_ps(); 8];
-                for b in 0..S {
-                    for c in 0..4 {
-                        for (l, inner) in inner.iter_mut().enumerate() {
-                            let e = w[32 * b + 4 * l + c];
-                            *inner = step(b == 0 && c == 0, e, xs.add(32 * b + 8 * c + l), *inner);
+                // One lane's chain at a time (out-of-order execution overlaps the lanes: these
+                // steps are loads and FMAs only).
+                for (l, acc) in acc.iter_mut().enumerate() {
+                    let mut inner = _mm256_setzero_ps();
+                    for b in 0..S {
+                        for c in 0..4 {
+                            let e = w[8 * (4 * b + c) + l];
+                            inner = step(b == 0 && c == 0, e, xs.add(32 * b + 8 * c + l), inner);
                         }
                     }
-                }
-                for (acc, &inner) in acc.iter_mut().zip(&inner) {
                     *acc = _mm256_fmadd_ps(d, inner, *acc);
                 }
             }
