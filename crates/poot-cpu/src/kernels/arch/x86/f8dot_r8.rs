@@ -240,7 +240,7 @@ unsafe fn one_avx2<const S: usize>(
 
 /// `2..=TILE` tokens over `ns` spans of `S` blocks: each span widened once into `32 S`
 /// vectors on the stack in the order the steps read them, then every token's 8 lanes take
-/// their steps, one lane's chain at a time (the accumulators in `acc`, L1).
+/// their steps together (the accumulators in `acc`, L1).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_avx2<const S: usize>(
     g: &[u8],
@@ -272,16 +272,20 @@ unsafe fn tile_avx2<const S: usize>(
             let x = if sh { a.xs } else { a.x };
             for (j, acc) in acc.iter_mut().enumerate().take(t) {
                 let xs = x.as_ptr().add(j * k + 32 * S * p);
-                // One lane's chain at a time (out-of-order execution overlaps the lanes: these
-                // steps are loads and FMAs only).
-                for (l, acc) in acc.iter_mut().enumerate() {
-                    let mut inner = _mm256_setzero_ps();
-                    for b in 0..S {
-                        for c in 0..4 {
+                // The 8 lanes' chains stepped together: each is `4 S` dependent FMAs, so one
+                // chain at a time waits on FMA latency (16 deep at `S = 4`: prefill ran at half
+                // speed); 8 chains in registers keep both FMA pipes busy. Each lane's steps and
+                // their order are unchanged.
+                let mut inner = [_mm256_setzero_ps(); 8];
+                for b in 0..S {
+                    for c in 0..4 {
+                        for (l, inner) in inner.iter_mut().enumerate() {
                             let e = w[8 * (4 * b + c) + l];
-                            inner = step(b == 0 && c == 0, e, xs.add(32 * b + 8 * c + l), inner);
+                            *inner = step(b == 0 && c == 0, e, xs.add(32 * b + 8 * c + l), *inner);
                         }
                     }
+                }
+                for (acc, &inner) in acc.iter_mut().zip(&inner) {
                     *acc = _mm256_fmadd_ps(d, inner, *acc);
                 }
             }

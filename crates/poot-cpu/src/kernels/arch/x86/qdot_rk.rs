@@ -26,8 +26,7 @@
 //! 2^15`; with VNNI the low nibbles give per sub-block `|p| <= 15 * 127 * 32 = 60960`, the high
 //! ones `|16 p| <= 975360`, times a scale below 64 and summed over 4 sub-blocks: below `2^28`
 //! (`vpdpbusd` does not saturate). Scales and mins are below 64 and block sums of 32
-//! activations below `2^12`. Q6_K pairs are at most `2 * 63 * 127` (`16002`): widened at once,
-//! or, for one token without VNNI, two words' pairs added in `i16` first (`32004 < 2^15`);
+//! activations below `2^12`. Q6_K pairs are at most `2 * 63 * 127`, widened at once;
 //! `|scale * (sum - 32 bsum)|` is below `2^24` per sub-block.
 //!
 //! Invariant (soundness): the entry functions are reached only through [`group`] with a
@@ -315,33 +314,19 @@ unsafe fn q6k_body<L: KLanes, const T: usize>(
                     // elements 128n + 32g + 4w..+4, all in sub-block 8n + 2g + half.
                     // Each sub-block's sum starts at its offset term `-32 * bsum` (exact in
                     // `i32`), so `scale * (sum - 32 bsum)` below is one `mullo`.
-                    let mut p: [[L::I; T]; 4] = std::array::from_fn(|g| {
+                    let mut p = [[L::izero(); T]; 4];
+                    for (g, pg) in p.iter_mut().enumerate() {
                         let si = 8 * n + 2 * g + half;
-                        std::array::from_fn(|j| L::word(ab[j].q6_offsets.as_ptr().add(si).cast()))
-                    });
-                    for w0 in (4 * half..4 * half + 4).step_by(2) {
-                        let unpack =
-                            |w: usize| q6k_unpack::<L>(L::at(s, q6k::QS + 96 * (8 * n + w)));
-                        if !L::VNNI && T == 1 {
-                            // One token without VNNI: two words' `maddubs` pairs added in `i16`
-                            // (each at most `2 * 63 * 127`, so two fit) before one widening.
-                            let (q0, q1) = (unpack(w0), unpack(w0 + 1));
-                            let y = ab[0].qs.as_ptr().add(128 * n + 4 * w0);
-                            for g in 0..4 {
-                                let y0 = L::word(y.add(32 * g));
-                                let y1 = L::word(y.add(32 * g + 4));
-                                let s16 = L::add16(L::maddubs(q0[g], y0), L::maddubs(q1[g], y1));
-                                p[g][0] = L::add32(p[g][0], L::widen16(s16));
-                            }
-                            continue;
+                        for (j, v) in pg.iter_mut().enumerate() {
+                            *v = L::word(ab[j].q6_offsets.as_ptr().add(si).cast());
                         }
-                        for w in w0..w0 + 2 {
-                            let qv = unpack(w);
-                            for j in 0..T {
-                                let y = ab[j].qs.as_ptr().add(128 * n + 4 * w);
-                                for (g, &qg) in qv.iter().enumerate() {
-                                    p[g][j] = L::dot(p[g][j], qg, L::word(y.add(32 * g)));
-                                }
+                    }
+                    for w in 4 * half..4 * half + 4 {
+                        let qv = q6k_unpack::<L>(L::at(s, q6k::QS + 96 * (8 * n + w)));
+                        for j in 0..T {
+                            let y = ab[j].qs.as_ptr().add(128 * n + 4 * w);
+                            for (g, &qg) in qv.iter().enumerate() {
+                                p[g][j] = L::dot(p[g][j], qg, L::word(y.add(32 * g)));
                             }
                         }
                     }
