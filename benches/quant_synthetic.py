@@ -3,13 +3,10 @@ random weights, in the layouts GPTQ (AutoGPTQ v1, int4, group 128) and FP8 (``qu
 fp8``, E4M3 with 128 x 128 block scales) export.
 
 As in ``cpu_synthetic.py``, speed depends on shapes and storage types, not values: quants are
-random words with small finite scales, embeddings small f16 normals. FP8 is the exception:
-poot's CPU loop widens a span of codes holding an E4M3 subnormal more slowly (an f32 subnormal
-costs x86 FMAs dearly), so its codes are drawn as a quantizer writes Gaussian weights whose
-block's largest maps to 448 (about 1e-4 of them subnormal), not uniformly (5.5%). The GPTQ
-zero points vary by group and column, as an asymmetric (``sym: false``) export's do: a
-symmetric one's (all 8) would take poot's Q4_0 layout, and the row would not measure the
-zero-point kernel its config names. Every linear layer is quantized, the LM head
+random words with small finite scales, E4M3 codes random with the NaN codes avoided, embeddings
+small f16 normals. The GPTQ zero points vary by group and column, as an asymmetric (``sym:
+false``) export's do: a symmetric one's (all 8) would take poot's Q4_0 layout, and the row would
+not measure the zero-point kernel its config names. Every linear layer is quantized, the LM head
 too (untied, as GPTQModel's ``lm_head: true`` and FP8 exports of tied models write it), so the
 bytes a decode step reads match the GGUF row of the nearest bit width (Q4_0: 4.5 bits a weight,
 Q4_Z 4.75; Q8_0: 8.5, F8_S 9). The tokenizer is SmolLM2's (from its GGUF), padded with unreachable
@@ -33,7 +30,7 @@ LAYOUTS = ("gptq-int4-g128", "fp8-block128")
 GROUP = 128
 # Appended to a cached directory's name when what a layout writes changes, so that an older
 # directory is not reused (the GPTQ zeros became asymmetric).
-REVISION = {"gptq-int4-g128": "-asym", "fp8-block128": "-gauss"}
+REVISION = {"gptq-int4-g128": "-asym"}
 
 
 def cache_dir() -> Path:
@@ -116,43 +113,15 @@ def _gptq(prefix: str, n: int, k: int, rng: np.random.Generator) -> list[Tensor]
     ]
 
 
-def _e4m3_code_odds() -> np.ndarray:
-    """Each E4M3 code's probability for N(0, 1) weights scaled so that a 128 x 128 block's
-    largest magnitude (about 4.5 sigma) is 448, rounded to the nearest code (NaNs: 0)."""
-    from math import erf, sqrt
-
-    def value(c: int) -> float:
-        e, m = (c >> 3) & 15, c & 7
-        v = m / 512 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)
-        return -v if c & 0x80 else v
-
-    finite = [c for c in range(256) if c & 0x7F != 0x7F and c != 0x80]
-    order = sorted(finite, key=value)
-    vals = [value(c) for c in order]
-    sigma = 448 / 4.5
-    cdf = [0.5 * (1 + erf(v / (sigma * sqrt(2)))) for v in vals]
-    odds = np.zeros(256)
-    for i, c in enumerate(order):
-        lo = 0.0 if i == 0 else 0.5 * (cdf[i - 1] + cdf[i])
-        hi = 1.0 if i == len(order) - 1 else 0.5 * (cdf[i] + cdf[i + 1])
-        # Midpoints of the CDF stand in for the value midpoints (close: the grid is fine).
-        odds[c] = hi - lo
-    return odds / odds.sum()
-
-
 def _fp8(prefix: str, n: int, k: int, rng: np.random.Generator) -> list[Tensor]:
-    """One block-FP8 layer: E4M3 codes drawn as a quantizer writes Gaussian weights (see the
-    module docs; no NaN code) and small f32 block scales."""
+    """One block-FP8 layer: random E4M3 codes (the NaN codes 0x7f and 0xff avoided) and small
+    f32 block scales."""
     blocks = (-(-n // GROUP), -(-k // GROUP))
-    cum = np.cumsum(_e4m3_code_odds())
 
     def codes() -> np.ndarray:
-        out = np.empty((n, k), dtype=np.uint8)
-        for r in range(0, n, 4096):  # bounded temporaries for the LM head
-            u = rng.random((min(4096, n - r), k))
-            out[r : r + 4096] = np.minimum(np.searchsorted(cum, u, side="right"), 255)
-        out[(out & 0x7F) == 0x7F] = 0
-        return out
+        c = rng.integers(0, 256, (n, k), dtype=np.uint8)
+        c[(c & 0x7F) == 0x7F] &= 0xFE
+        return c
 
     def scales() -> np.ndarray:
         return rng.uniform(2e-5, 1e-4, blocks).astype(np.float32)

@@ -1,7 +1,6 @@
 //! The FP8 matmul: every ISA and thread count bit-identical to the portable loop, within the
 //! module's bound of the exact float64 product of the dequantized weights (`e4m3(q) * d` in
-//! f64) with the activations; every E4M3 code widened exactly; NaN codes give NaN. The 8-row
-//! layout's tests (`f8r_tests.rs`) share this file's fixtures.
+//! f64) with the activations; every E4M3 code widened exactly; NaN codes give NaN.
 
 use poot_core::quant::hf_fp8::e4m3_to_f32;
 use poot_core::quant::layout::f8_s;
@@ -12,16 +11,7 @@ use crate::kernels::matmul::{matmul_numerics, MatmulPath};
 use crate::testutil::{synthetic_weights, Rng};
 use crate::{Isa, ThreadPool};
 
-/// The stored-layout matmul of `n` `F8_S` rows against `t` tokens on `isa` and `threads`.
-pub(crate) fn run(
-    isa: Isa,
-    threads: usize,
-    x: &[f32],
-    t: usize,
-    k: usize,
-    w: &[u8],
-    n: usize,
-) -> Vec<f32> {
+fn run(isa: Isa, threads: usize, x: &[f32], t: usize, k: usize, w: &[u8], n: usize) -> Vec<f32> {
     let pool = ThreadPool::new(threads).unwrap();
     let mut out = vec![f32::NAN; t * n];
     matmul_numerics(
@@ -40,26 +30,10 @@ pub(crate) fn run(
     out
 }
 
-/// `t` tokens of `k` activations in [-1, 1), every 37th scaled by 8 (a few large terms).
-pub(crate) fn activations(t: usize, k: usize, seed: u32) -> Vec<f32> {
-    let mut rng = Rng::new(seed);
-    (0..t * k)
-        .map(|i| rng.uniform(-1.0, 1.0) * if i % 37 == 0 { 8.0 } else { 1.0 })
-        .collect()
-}
-
-/// Per output: the exact f64 product, and the bound `rounds * 2^-24 * 1.01 * sum |w x|` for
-/// a kernel whose lanes round at most `rounds` times a term.
-pub(crate) fn exact_and_bound(
-    x: &[f32],
-    t: usize,
-    k: usize,
-    w: &[u8],
-    n: usize,
-    rounds: usize,
-) -> (Vec<f64>, Vec<f64>) {
+/// Per output: the exact f64 product and the module's bound.
+fn exact_and_bound(x: &[f32], t: usize, k: usize, w: &[u8], n: usize) -> (Vec<f64>, Vec<f64>) {
     let rb = k / 32 * f8_s::BYTES;
-    let gamma = rounds as f64 * 2f64.powi(-24) * 1.01;
+    let gamma = (k / 32 + 8) as f64 * 2f64.powi(-24) * 1.01;
     let (mut want, mut tol) = (vec![0.0; t * n], vec![0.0; t * n]);
     for tok in 0..t {
         for row in 0..n {
@@ -85,7 +59,10 @@ fn every_isa_is_bit_identical_and_within_the_bound() {
     for (n, k) in [(13, 96), (8, 256)] {
         let w = synthetic_weights(DType::F8_S, n, k, 11);
         for t in [1, 2, 3, 5] {
-            let x = activations(t, k, 40 + t as u32);
+            let mut rng = Rng::new(40 + t as u32);
+            let x: Vec<f32> = (0..t * k)
+                .map(|i| rng.uniform(-1.0, 1.0) * if i % 37 == 0 { 8.0 } else { 1.0 })
+                .collect();
             let first = run(Isa::Scalar, 1, &x, t, k, &w, n);
             for isa in Isa::available() {
                 for threads in [1, 2, 3] {
@@ -100,8 +77,7 @@ fn every_isa_is_bit_identical_and_within_the_bound() {
                     );
                 }
             }
-            // 4 roundings a block and one for its scaled sum, then 3 for the lane sum.
-            let (want, tol) = exact_and_bound(&x, t, k, &w, n, k / 32 + 8);
+            let (want, tol) = exact_and_bound(&x, t, k, &w, n);
             for i in 0..t * n {
                 let err = (f64::from(first[i]) - want[i]).abs();
                 assert!(
@@ -116,9 +92,8 @@ fn every_isa_is_bit_identical_and_within_the_bound() {
     }
 }
 
-/// One row of `k = 256` (scale 1) with code `c` at column `c`, the NaN codes replaced by `nan`
-/// (read as 8 rows of `k = 32`: code `32r + j` at row `r`, column `j`).
-pub(crate) fn every_code(nan: u8) -> Vec<u8> {
+/// One row of `k = 256` (scale 1) with code `c` at column `c`, the NaN codes replaced by `nan`.
+fn every_code(nan: u8) -> Vec<u8> {
     let mut w = vec![0u8; 8 * f8_s::BYTES];
     for (b, blk) in w.chunks_exact_mut(f8_s::BYTES).enumerate() {
         blk[f8_s::D.range()].copy_from_slice(&1.0f32.to_le_bytes());

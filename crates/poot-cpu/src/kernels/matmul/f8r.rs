@@ -1,29 +1,23 @@
 //! The ggml-numerics FP8 matmul over 8-row interleaved weights (`matmul/repack_f8.rs`):
 //! `out[t][n] = dot(W[n], x[t])` with activations as computed, as the stored-layout FP8
-//! matmul (`matmul/f8.rs`).
+//! matmul (`matmul/f8.rs`) and bit-identical to it.
 //!
 //! How: tasks are runs of whole 8-row groups claimed by the pool's threads; each group's
-//! spans are read as one stream. One token (a decode step) runs with the 8 lanes' sums in
-//! registers; more tokens go in passes of up to 8, each span widened once a pass
-//! (`arch/x86/f8dot_r8.rs`; AVX-512 and AMX CPUs run these AVX2 loops: there is no 512-bit
-//! form). Without SIMD, each row is rebuilt in its stored form and dotted by the portable
-//! loop with the layout's scale span.
+//! superblocks are read as one stream. One token (a decode step) runs with the 8 lane
+//! accumulators in registers; more tokens go in passes of up to 8, each superblock widened
+//! once a pass (`arch/x86/f8dot_r8.rs`; AVX-512 and AMX CPUs run these AVX2 loops: there is no
+//! 512-bit form yet). Without SIMD, each row is rebuilt in its stored form
+//! and dotted by the portable loop.
 //!
-//! Numerics: each output is one chain of the reference's float steps for the layout's scale
-//! span and its shifted spans (`arch/generic/f8dot_generic.rs`'s `dot_scalar_span`), whatever
-//! the ISA, token count, pass or thread count, so a token's result does not depend on the
-//! tokens beside it. With a span of one block that is the stored FP8 matmul's result, bit
-//! for bit, but at the extremes that reference names (a product `|w x|` below `2^-70` of the
-//! scale, activations of `2^64` or more). With 4 blocks (a scale constant over 128 values)
-//! the lane sums run over 128 values before the scale step, and the bound is
-//! `|got - exact| <= (k / 128 + 20) * 2^-24 * 1.01 * sum_k |w x|` (in each lane 16 roundings
-//! a span and one for its scaled sum, `k / 128` spans, then 3 for the lane sum; tested).
+//! Numerics: each output is one chain of the stored-row dot's float steps, whatever the token
+//! count, pass or thread count, so a token's result does not depend on the tokens beside it;
+//! the error bound is the stored FP8 matmul's.
 //!
 //! Cost: `2 * t * n * k` flops; the weights read once per pass of 8 tokens (from cache after
-//! the first while the group is hot); scratch: the scaled activations (`t * k` floats), 8
-//! results a pass and, on the portable path, one stored row.
+//! the first while the group is hot); scratch: 8 results a pass and, on the portable path,
+//! one stored row.
 
-use crate::kernels::arch::generic::f8dot_generic::{dot_scalar_span, F8_BLOCK, X_SCALE};
+use crate::kernels::arch::generic::f8dot_generic::{dot_scalar, F8_BLOCK};
 use crate::kernels::blocks::RG;
 use crate::kernels::matmul::groups::{over_segments, over_tokens, Segment, Segments};
 use crate::kernels::matmul::repack_f8::RepackedF8;
@@ -50,12 +44,6 @@ pub(crate) fn matmul_f8r(
         let _ = ck;
         false
     };
-    // Shifted spans read the activations times 2^64 (`arch/generic/f8dot_generic.rs`).
-    let mut scaled = Scratch::<f32>::zeroed(if simd { t * k } else { 0 });
-    for (s, &v) in scaled.iter_mut().zip(x) {
-        *s = v * X_SCALE;
-    }
-    let xs: &[f32] = &scaled;
     let segs: Segments<'_> = [
         Some(Segment {
             groups: w.groups(),
@@ -73,7 +61,6 @@ pub(crate) fn matmul_f8r(
         segs,
         stream.then_some(&|_: usize, g: usize| w.group(g)),
         |_, g, write| {
-            let shifted = w.group_shifted(g);
             if !simd {
                 let mut row = Scratch::<u8>::zeroed(w.nb * F8_BLOCK);
                 let mut res = Scratch::<f32>::zeroed(t * RG);
@@ -81,8 +68,7 @@ pub(crate) fn matmul_f8r(
                 for r in 0..RG.min(w.n - g * RG) {
                     w.stored_row(g * RG + r, &mut row);
                     for tok in 0..t {
-                        let xt = &x[tok * k..(tok + 1) * k];
-                        res[tok * RG + r] = dot_scalar_span(&row, xt, w.span, shifted);
+                        res[tok * RG + r] = dot_scalar(&row, &x[tok * k..(tok + 1) * k]);
                     }
                 }
                 for tok in 0..t {
@@ -92,7 +78,7 @@ pub(crate) fn matmul_f8r(
             }
             #[cfg(target_arch = "x86_64")]
             {
-                use crate::kernels::arch::x86::f8dot_r8::{group_tokens, Acts, TILE};
+                use crate::kernels::arch::x86::f8dot_r8::{group_tokens, TILE};
                 let grp = w.group(g);
                 let mut res = [0.0f32; TILE * RG];
                 over_tokens(
@@ -102,11 +88,7 @@ pub(crate) fn matmul_f8r(
                     &mut res,
                     write,
                     |tok, tt, res| {
-                        let a = Acts {
-                            x: &x[tok * k..],
-                            xs: &xs[tok * k..],
-                        };
-                        group_tokens(grp, shifted, w.nb, w.span, a, tt, res);
+                        group_tokens(grp, w.nb, &x[tok * k..], tt, res);
                     },
                 );
             }

@@ -1,9 +1,9 @@
 //! x86 loop of the FP8 row dot: `F8_S` weight rows against `f32` activations on AVX2 + F16C,
-//! the E4M3 bytes widened in registers (never decoded to memory) by [`widen32`], which the
-//! 8-row layout's loops share (each byte becomes the f16 of its value over 256, which `vcvtph2ps`
-//! widens exactly; NaN codes get the f16 exponent of NaN here). The float steps are
-//! `arch/generic/f8dot_generic.rs`'s with one block a scale span, so results are
-//! bit-identical to it.
+//! the E4M3 bytes widened in registers (never decoded to memory). Each byte, sign-extended to
+//! 16 bits and shifted left 7, is the f16 of its value over 256 (E4M3's 4-bit exponent and 3
+//! mantissa bits land in the f16's exponent and top mantissa bits; subnormals too), which
+//! `vcvtph2ps` widens exactly; NaN codes get the f16 exponent of NaN. The float steps are
+//! `arch/generic/f8dot_generic.rs`'s, so results are bit-identical to it.
 //!
 //! Layout: 4 weight rows against 2 tokens, then 1 (8 accumulators beside the 4 vectors of a
 //! block's widened weights; the activations are read from L1 by the FMAs).
@@ -73,57 +73,27 @@ unsafe fn rows_avx2<const R: usize, const T: usize>(
     unsafe { rows::<R, T>(w, row_bytes, x, k, out) }
 }
 
-/// 32 E4M3 bytes at `p` as four vectors of their values over 256: bytes `0..8`, `8..16`,
-/// `16..24`, `24..32`. The stored loop's block is its 32 elements in order; the 8-row layout
-/// puts one lane's 4 elements of 8 rows there. With `NAN`, E4M3's
-/// NaN codes widen to NaN; without it, the caller holds no NaN code (they would read as 480).
-///
-/// Each byte goes to the high half of a 16-bit word by an in-lane unpack against zero; an
-/// arithmetic shift right by 1 puts its exponent and mantissa in the f16's bits 7..13 and
-/// keeps the sign in bit 15 (copying it into bit 14, which the mask clears): the f16 of the
-/// value over 256 (E4M3's bias 7 against f16's 15; subnormals map to subnormals), which
-/// `vcvtph2ps` widens exactly. The in-lane unpack leaves elements `0..8` and `16..24` in one
-/// register (`8..16`, `24..32` in the other), so no lane-crossing extension is needed.
-///
-/// # Safety
-/// 32 readable bytes at `p`; AVX2 and F16C enabled by the caller.
+/// 16 E4M3 bytes at `p` as two vectors of their values over 256 (elements 0..8, 8..16).
 #[inline(always)]
-pub(crate) unsafe fn widen32<const NAN: bool>(p: *const u8) -> [__m256; 4] {
-    // SAFETY: the caller's contract.
+unsafe fn widen16(p: *const u8) -> (__m256, __m256) {
+    // SAFETY: 16 readable bytes at `p` (caller); AVX2 and F16C enabled by the caller.
     unsafe {
-        let v = _mm256_loadu_si256(p.cast());
-        let z = _mm256_setzero_si256();
-        // Words of bytes 0..8 | 16..24, and 8..16 | 24..32.
-        let lo = f16_bits::<NAN>(_mm256_unpacklo_epi8(z, v));
-        let hi = f16_bits::<NAN>(_mm256_unpackhi_epi8(z, v));
-        [
-            _mm256_cvtph_ps(_mm256_castsi256_si128(lo)),
-            _mm256_cvtph_ps(_mm256_castsi256_si128(hi)),
-            _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(lo)),
-            _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(hi)),
-        ]
-    }
-}
-
-/// Words holding an E4M3 byte in their high half as the f16 of its value over 256 (see
-/// [`widen32`]).
-#[inline(always)]
-unsafe fn f16_bits<const NAN: bool>(w: __m256i) -> __m256i {
-    // SAFETY: register-only AVX2 ops, enabled by the caller.
-    unsafe {
+        let s = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.cast()));
+        // Bits 7..13 the exponent and mantissa, bit 15 the sign (from the sign extension).
         let h = _mm256_and_si256(
-            _mm256_srai_epi16::<1>(w),
+            _mm256_slli_epi16::<7>(s),
             _mm256_set1_epi16(0xBF80u16 as i16),
         );
-        if !NAN {
-            return h;
-        }
-        // 0x7f and 0xff would read as 480: give them an f16 NaN's exponent.
+        // 0x7f and 0xff (E4M3's NaNs) would read as 480: give them an f16 NaN's exponent.
         let nan = _mm256_cmpeq_epi16(
             _mm256_and_si256(h, _mm256_set1_epi16(0x7fff)),
             _mm256_set1_epi16(0x3f80),
         );
-        _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7e00)))
+        let h = _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7e00)));
+        (
+            _mm256_cvtph_ps(_mm256_castsi256_si128(h)),
+            _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(h)),
+        )
     }
 }
 
@@ -152,7 +122,8 @@ unsafe fn rows<const R: usize, const T: usize>(
                 // As in `qdot.rs`: ask for the next 4-row group's bytes now.
                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead).cast());
                 let d = _mm256_set1_ps(p.cast::<f32>().read_unaligned() * 256.0);
-                let [e0, e1, e2, e3] = widen32::<true>(p.add(4));
+                let (e0, e1) = widen16(p.add(4));
+                let (e2, e3) = widen16(p.add(20));
                 for j in 0..T {
                     let xb = xp.add(j * k + 32 * b);
                     let mut inner = _mm256_mul_ps(e0, _mm256_loadu_ps(xb));
