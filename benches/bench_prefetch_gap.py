@@ -9,7 +9,8 @@ decode steps with per-equation spans on. Reported: each side's median ms/token a
 (min-max), the on/off ratio round by round (median and range), and per step the matmul,
 attention and other time from the spans (each equation's median over all steps, summed:
 robust to a step preempted by another process). Alternating makes both sides see the same
-machine load, so the ratio holds up under load better than either side's absolute figure. No thresholds: printed (and ``--json`` saved), not asserted.
+machine load, so the ratio holds up under load better than either side's absolute figure. No
+thresholds: printed (and ``--json`` saved), not asserted.
 
 Run: ``python benches/bench_prefetch_gap.py [--rounds 15] [--gap 262144] [--tokens 64]``.
 """
