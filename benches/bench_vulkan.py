@@ -119,6 +119,9 @@ PAIRS = [
 ]
 
 
+# A lavapipe decode of the Qwen shape without the subgroup matmul takes ~80 s a round: four
+# calls exceed the suite's 300 s case timeout.
+@pytest.mark.timeout(1200)
 @pytest.mark.parametrize(("prefix", "runtime", "impl"), PAIRS)
 @pytest.mark.parametrize(("name", "n_prompt", "max_tokens", "sampling"), WORKLOADS)
 def test_vulkan(

@@ -37,6 +37,26 @@ fn pieces_cover_each_block_once() {
     }
 }
 
+/// Every stored Q6_K triple position survives the bit re-mix, and the re-mixed bytes hold the
+/// quants where the kernel's unpacking reads them (low 6 bits; quant 3 from the top pairs).
+#[test]
+fn q6k_mix_is_exact_and_unpacks_by_masks() {
+    use crate::kernels::matmul::repack_k::{mix_q6k, unmix_q6k};
+    for v in 0u32..1 << 24 {
+        let (b0, b1, h) = (v as u8, (v >> 8) as u8, (v >> 16) as u8);
+        let m = mix_q6k(b0, b1, h);
+        assert_eq!(unmix_q6k(m), (b0, b1, h));
+        let want = [
+            (b0 & 0xf) | (h & 3) << 4,
+            (b1 & 0xf) | (h >> 2 & 3) << 4,
+            (b0 >> 4) | (h >> 4 & 3) << 4,
+            (b1 >> 4) | (h >> 6) << 4,
+        ];
+        let q3 = ((m[0] & 0xc0) >> 2) | ((m[1] & 0xc0) >> 4) | (m[2] >> 6);
+        assert_eq!([m[0] & 63, m[1] & 63, m[2] & 63, q3], want, "{v:#x}");
+    }
+}
+
 /// (stored-layout result, repacked result) as bits, on `isa` with `threads`.
 #[allow(
     clippy::too_many_arguments,

@@ -27,7 +27,6 @@ pub(crate) trait KLanes: RowLanes {
     unsafe fn srli32<const N: u32>(a: Self::I) -> Self::I;
     unsafe fn slli32<const N: u32>(a: Self::I) -> Self::I;
     unsafe fn srli16<const N: u32>(a: Self::I) -> Self::I;
-    unsafe fn slli16<const N: u32>(a: Self::I) -> Self::I;
     unsafe fn fsub(a: Self::F, b: Self::F) -> Self::F;
     /// 8 signed bytes at `src` of every group, one per 32-bit lane (`vpmovsxbd`).
     unsafe fn bytes8(src: Self::Src) -> Self::I;
@@ -73,11 +72,6 @@ impl<const VNNI: bool> KLanes for Ymm<VNNI> {
     unsafe fn srli16<const N: u32>(a: __m256i) -> __m256i {
         // SAFETY: the trait's contract (the width's features enabled).
         unsafe { _mm256_srl_epi16(a, _mm_cvtsi32_si128(N as i32)) }
-    }
-    #[inline(always)]
-    unsafe fn slli16<const N: u32>(a: __m256i) -> __m256i {
-        // SAFETY: the trait's contract (the width's features enabled).
-        unsafe { _mm256_sll_epi16(a, _mm_cvtsi32_si128(N as i32)) }
     }
     #[inline(always)]
     unsafe fn fsub(a: __m256, b: __m256) -> __m256 {
@@ -131,11 +125,6 @@ impl<const VNNI: bool> KLanes for Zmm<VNNI> {
     unsafe fn srli16<const N: u32>(a: __m512i) -> __m512i {
         // SAFETY: the trait's contract (the width's features enabled).
         unsafe { _mm512_srli_epi16::<N>(a) }
-    }
-    #[inline(always)]
-    unsafe fn slli16<const N: u32>(a: __m512i) -> __m512i {
-        // SAFETY: the trait's contract (the width's features enabled).
-        unsafe { _mm512_slli_epi16::<N>(a) }
     }
     #[inline(always)]
     unsafe fn fsub(a: __m512, b: __m512) -> __m512 {

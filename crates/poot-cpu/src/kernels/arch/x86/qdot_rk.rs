@@ -14,9 +14,10 @@
 //! broadcast activation word gives pair sums, the 8 words of a 32-value sub-block are added in
 //! `i16` and the sub-block scale applied with one `madd`; with VNNI, `vpdpbusd` sums the
 //! products in `i32`, the high nibbles dotted in place (`q & 0xf0`, 16 times the nibble, which
-//! saves a shift per vector) and shifted back once per super-block. Q6_K widens each product
-//! word to `i32` (the same `dot` either way) and applies `scale * (sum - 32 * bsum)` per
-//! 16-value sub-block with `mullo`. Every super-block therefore yields, per row, exactly the
+//! saves a shift per vector) and shifted back once per super-block. Q6_K sums two words'
+//! products in `i16` before widening them to `i32` for one token without VNNI (`vpdpbusd`
+//! per word otherwise) and applies `scale * (sum - 32 * bsum)` per 16-value sub-block with
+//! `mullo`. Every super-block therefore yields, per row, exactly the
 //! integers `sumi` (and Q4_K's `summ`) of `matmul::qdot_k::q4k_ints`/`q6k_ints`, and the float
 //! steps are `blocks::finish`'s lane by lane (`acc = fma(d * dy, sumi, acc)` in block order,
 //! one chain per row and token): results are bit-identical to `matmul::qdot_k::dot_scalar` on
@@ -26,7 +27,7 @@
 //! 2^15`; with VNNI the low nibbles give per sub-block `|p| <= 15 * 127 * 32 = 60960`, the high
 //! ones `|16 p| <= 975360`, times a scale below 64 and summed over 4 sub-blocks: below `2^28`
 //! (`vpdpbusd` does not saturate). Scales and mins are below 64 and block sums of 32
-//! activations below `2^12`. Q6_K pairs are at most `2 * 63 * 127`, widened at once;
+//! activations below `2^12`. Q6_K pairs are at most `2 * 63 * 128`, two of them summed in `i16`;
 //! `|scale * (sum - 32 bsum)|` is below `2^24` per sub-block.
 //!
 //! Invariant (soundness): the entry functions are reached only through [`group`] with a
@@ -321,12 +322,27 @@ unsafe fn q6k_body<L: KLanes, const T: usize>(
                             *v = L::word(ab[j].q6_offsets.as_ptr().add(si).cast());
                         }
                     }
-                    for w in 4 * half..4 * half + 4 {
-                        let qv = q6k_unpack::<L>(L::at(s, q6k::QS + 96 * (8 * n + w)));
-                        for j in 0..T {
-                            let y = ab[j].qs.as_ptr().add(128 * n + 4 * w);
-                            for (g, &qg) in qv.iter().enumerate() {
-                                p[g][j] = L::dot(p[g][j], qg, L::word(y.add(32 * g)));
+                    if !L::VNNI && T == 1 {
+                        // Two words' pair sums added in `i16` before one widening: each is
+                        // at most `2 * 63 * 128`, two of them below `2^15`.
+                        for w in (4 * half..4 * half + 4).step_by(2) {
+                            let qa = q6k_unpack::<L>(L::at(s, q6k::QS + 96 * (8 * n + w)));
+                            let qb = q6k_unpack::<L>(L::at(s, q6k::QS + 96 * (8 * n + w + 1)));
+                            let y = ab[0].qs.as_ptr().add(128 * n + 4 * w);
+                            for g in 0..4 {
+                                let pa = L::maddubs(qa[g], L::word(y.add(32 * g)));
+                                let pb = L::maddubs(qb[g], L::word(y.add(32 * g + 4)));
+                                p[g][0] = L::add32(p[g][0], L::widen16(L::add16(pa, pb)));
+                            }
+                        }
+                    } else {
+                        for w in 4 * half..4 * half + 4 {
+                            let qv = q6k_unpack::<L>(L::at(s, q6k::QS + 96 * (8 * n + w)));
+                            for j in 0..T {
+                                let y = ab[j].qs.as_ptr().add(128 * n + 4 * w);
+                                for (g, &qg) in qv.iter().enumerate() {
+                                    p[g][j] = L::dot(p[g][j], qg, L::word(y.add(32 * g)));
+                                }
                             }
                         }
                     }

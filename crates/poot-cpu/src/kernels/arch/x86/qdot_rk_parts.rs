@@ -87,35 +87,27 @@ pub(super) unsafe fn q4k_mins<L: KLanes, const T: usize>(
     }
 }
 
-/// The 6-bit quants (0..63) of the Q6_K word triple at `qs` (layout: `repack_k::q6k::QS`),
-/// 8 rows' 4 bytes each per group and vector: vector `g` holds elements `32 g + 4 w..+4` of
-/// the half.
+/// The 6-bit quants (0..63) of the Q6_K word triple at `qs` (layout: `repack_k::q6k::QS`, its
+/// bits re-mixed by `repack_k::mix_q6k`), 8 rows' 4 bytes each per group and vector: vector
+/// `g` holds elements `32 g + 4 w..+4` of the half.
 #[inline(always)]
 pub(super) unsafe fn q6k_unpack<L: KLanes>(qs: L::Src) -> [L::I; 4] {
     // SAFETY: 96 readable bytes at `qs` in every group (caller); features enabled by it.
     unsafe {
-        let m4 = L::isplat8(0x0f);
-        let ql0 = L::quants(qs);
-        let ql1 = L::quants(L::at(qs, 32));
-        let qh = L::quants(L::at(qs, 64));
-        // As `arch::x86::qdot_k::unpack_q6k`: masks before shifts keep bits in bytes.
+        let low = L::isplat8(0x3f);
+        let top = L::isplat8(0xc0u8 as i8);
+        let b0 = L::quants(qs);
+        let b1 = L::quants(L::at(qs, 32));
+        let b2 = L::quants(L::at(qs, 64));
+        // Quant 3's bit pairs masked before the 16-bit shifts, so no bits cross into the
+        // byte below: bits 4-5 from byte 0, 2-3 from byte 1, 0-1 from byte 2.
+        let t = L::or(L::and(b0, top), L::srli16::<2>(L::and(b1, top)));
+        let t = L::or(t, L::srli16::<4>(L::and(b2, top)));
         [
-            L::or(
-                L::and(ql0, m4),
-                L::slli16::<4>(L::and(qh, L::isplat8(0x03))),
-            ),
-            L::or(
-                L::and(ql1, m4),
-                L::slli16::<2>(L::and(qh, L::isplat8(0x0c))),
-            ),
-            L::or(
-                L::and(L::srli16::<4>(ql0), m4),
-                L::and(qh, L::isplat8(0x30)),
-            ),
-            L::or(
-                L::and(L::srli16::<4>(ql1), m4),
-                L::and(L::srli16::<2>(qh), L::isplat8(0x30)),
-            ),
+            L::and(b0, low),
+            L::and(b1, low),
+            L::and(b2, low),
+            L::srli16::<2>(t),
         ]
     }
 }
