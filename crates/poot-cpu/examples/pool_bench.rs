@@ -3,7 +3,9 @@
 use std::time::Instant;
 
 fn main() {
-    let threads = std::env::args().nth(1).map_or(2, |s| s.parse().expect("threads"));
+    let threads = std::env::args()
+        .nth(1)
+        .map_or(2, |s| s.parse().expect("threads"));
     let pool = poot_cpu::ThreadPool::new(threads).expect("pool");
     for round in 0..3 {
         let n = 200_000;
@@ -14,6 +16,9 @@ fn main() {
             });
         }
         let per = start.elapsed().as_secs_f64() / n as f64;
-        println!("round {round}: {:.2} us per broadcast ({threads} threads)", per * 1e6);
+        println!(
+            "round {round}: {:.2} us per broadcast ({threads} threads)",
+            per * 1e6
+        );
     }
 }

@@ -13,7 +13,8 @@
 //! - Tasks of [`ThreadPool::for_each_init`] are claimed dynamically from an atomic counter, so
 //!   a worker slowed by another process (the cores are shared) simply claims fewer tasks.
 //!
-//! Cost: one broadcast is two condvar round trips when workers are parked. Idle workers (and
+//! Cost: one broadcast is two condvar round trips when workers are parked, and no system call
+//! when none is (a notify is made only to a parked thread). Idle workers (and
 //! a caller waiting for stragglers) first spin briefly, then `yield_now` until
 //! [`PoolConfig::spin`] has passed, then park; so back-to-back kernels (a decode step) wake
 //! them in about a microsecond, and a waiting thread hands its core to a thread that shares it.
@@ -82,6 +83,10 @@ struct State {
     job: Option<JobPtr>,
     generation: u64,
     shutdown: bool,
+    /// Workers parked on `work`, and whether the caller is parked on `done`: a notify is a
+    /// futex system call even with nobody waiting, so it is made only when someone is.
+    parked: usize,
+    caller_parked: bool,
 }
 
 struct Shared {
@@ -253,6 +258,8 @@ impl ThreadPool {
                 job: None,
                 generation: 0,
                 shutdown: false,
+                parked: 0,
+                caller_parked: false,
             }),
             work: Condvar::new(),
             done: Condvar::new(),
@@ -325,13 +332,18 @@ impl ThreadPool {
         let shared = &*self.shared;
         shared.panicked.store(false, Ordering::Relaxed);
         shared.pending.store(self.n_threads - 1, Ordering::Relaxed);
-        {
+        let wake = {
             let mut st = lock(&shared.state);
             st.job = Some(JobPtr(job));
             st.generation += 1;
             shared.generation.store(st.generation, Ordering::Release);
+            // A worker parks only after checking the generation under this lock, so one that
+            // is not counted here sees the new job without a notify.
+            st.parked > 0
+        };
+        if wake {
+            shared.work.notify_all();
         }
-        shared.work.notify_all();
         let mine = {
             let _in = InJob::enter();
             panic::catch_unwind(AssertUnwindSafe(|| f(0)))
@@ -474,9 +486,11 @@ fn wait_pending(shared: &Shared) {
     while shared.pending.load(Ordering::Acquire) != 0 {
         if !backoff.wait() {
             let mut st = lock(&shared.state);
+            st.caller_parked = true;
             while shared.pending.load(Ordering::Acquire) != 0 {
                 st = shared.done.wait(st).unwrap_or_else(PoisonError::into_inner);
             }
+            st.caller_parked = false;
             return;
         }
     }
@@ -497,7 +511,9 @@ fn worker(shared: &Shared, index: usize, idle: usize) {
         let job = {
             let mut st = lock(&shared.state);
             while st.generation == seen && !st.shutdown {
+                st.parked += 1;
                 st = shared.work.wait(st).unwrap_or_else(PoisonError::into_inner);
+                st.parked -= 1;
             }
             if st.shutdown {
                 return;
@@ -514,9 +530,12 @@ fn worker(shared: &Shared, index: usize, idle: usize) {
             }
         }
         if shared.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
-            // Taking the lock orders this notify after a waiter's check of `pending`.
-            let _st = lock(&shared.state);
-            shared.done.notify_all();
+            // Taking the lock orders this check after a parking caller's check of `pending`:
+            // a caller not yet parked will see zero when it checks.
+            let st = lock(&shared.state);
+            if st.caller_parked {
+                shared.done.notify_all();
+            }
         }
     }
 }

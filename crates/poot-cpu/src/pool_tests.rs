@@ -16,6 +16,34 @@ fn broadcast_runs_every_worker_once() {
     }
 }
 
+/// Parked workers and a parked caller are woken (notifies are skipped when nobody is parked):
+/// with no spin budget every idle worker parks between broadcasts, and a slow worker makes the
+/// caller park on its result, in both orders of arrival.
+#[test]
+fn parked_workers_and_a_parked_caller_are_woken() {
+    let pool = ThreadPool::with_config(PoolConfig {
+        threads: 3,
+        spin: Duration::ZERO,
+        tuning: None,
+        hint_bytes: 0,
+    })
+    .unwrap();
+    for round in 0..40u64 {
+        if round % 4 == 0 {
+            // Long enough for the workers to park before the next job.
+            thread::sleep(Duration::from_millis(2));
+        }
+        let hits = AtomicUsize::new(0);
+        pool.broadcast(|w| {
+            if w == (round % 3) as usize && round % 2 == 1 {
+                thread::sleep(Duration::from_millis(1));
+            }
+            hits.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(hits.load(Ordering::Relaxed), 3, "round {round}");
+    }
+}
+
 #[test]
 fn for_each_chunk_mut_covers_everything_once() {
     let pool = ThreadPool::new(3).unwrap();
