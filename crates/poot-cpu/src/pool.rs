@@ -31,8 +31,6 @@
 //! since a prefetch never faults it stays sound when the ranges' memory is freed meanwhile.
 
 use std::cell::Cell;
-use std::marker::PhantomData;
-use std::ops::Range;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -552,51 +550,9 @@ impl Drop for ThreadPool {
     }
 }
 
-/// A mutable slice shared by pool tasks that touch disjoint parts of it.
-pub(crate) struct SharedMut<'a, T> {
-    ptr: *mut T,
-    len: usize,
-    _life: PhantomData<&'a mut [T]>,
-}
-
-// SAFETY: `SharedMut` only hands out access through `unsafe` methods whose callers promise
-// disjointness, so sharing it is as safe as sending `&mut [T]` pieces (`T: Send`).
-unsafe impl<T: Send> Sync for SharedMut<'_, T> {}
-
-impl<'a, T> SharedMut<'a, T> {
-    pub(crate) fn new(data: &'a mut [T]) -> Self {
-        SharedMut {
-            ptr: data.as_mut_ptr(),
-            len: data.len(),
-            _life: PhantomData,
-        }
-    }
-
-    /// The elements in `range`.
-    ///
-    /// # Safety
-    /// No other access to any element of `range` may happen while the result lives.
-    #[allow(clippy::mut_from_ref, reason = "disjointness is the caller's contract")]
-    pub(crate) unsafe fn slice_mut(&self, range: Range<usize>) -> &mut [T] {
-        assert!(
-            range.start <= range.end && range.end <= self.len,
-            "SharedMut range"
-        );
-        // SAFETY: in bounds (checked above) of a slice borrowed mutably for 'a; exclusive by the
-        // caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.len()) }
-    }
-
-    /// Writes `value` at `index`.
-    ///
-    /// # Safety
-    /// No other thread may access `index` concurrently.
-    pub(crate) unsafe fn write(&self, index: usize, value: T) {
-        assert!(index < self.len, "SharedMut index");
-        // SAFETY: in bounds (checked above); exclusive by the caller's contract.
-        unsafe { self.ptr.add(index).write(value) }
-    }
-}
+#[path = "pool_shared.rs"]
+mod shared;
+pub(crate) use shared::SharedMut;
 
 #[cfg(test)]
 #[path = "pool_tests.rs"]
