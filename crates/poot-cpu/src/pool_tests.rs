@@ -16,18 +16,23 @@ fn broadcast_runs_every_worker_once() {
     }
 }
 
+/// A pool whose idle threads park at once (no spin budget).
+fn parking(threads: usize) -> ThreadPool {
+    ThreadPool::with_config(PoolConfig {
+        threads,
+        spin: Duration::ZERO,
+        tuning: None,
+        hint_bytes: 0,
+    })
+    .unwrap()
+}
+
 /// Parked workers and a parked caller are woken (notifies are skipped when nobody is parked):
 /// with no spin budget every idle worker parks between broadcasts, and a slow worker makes the
 /// caller park on its result, in both orders of arrival.
 #[test]
 fn parked_workers_and_a_parked_caller_are_woken() {
-    let pool = ThreadPool::with_config(PoolConfig {
-        threads: 3,
-        spin: Duration::ZERO,
-        tuning: None,
-        hint_bytes: 0,
-    })
-    .unwrap();
+    let pool = parking(3);
     for round in 0..40u64 {
         if round % 4 == 0 {
             // Long enough for the workers to park before the next job.
@@ -76,13 +81,7 @@ fn nested_calls_run_inline() {
 
 #[test]
 fn a_worker_panic_reaches_the_caller_and_the_pool_survives() {
-    let pool = ThreadPool::with_config(PoolConfig {
-        threads: 3,
-        spin: Duration::ZERO,
-        tuning: None,
-        hint_bytes: 0,
-    })
-    .unwrap();
+    let pool = parking(3);
     let r = panic::catch_unwind(AssertUnwindSafe(|| {
         pool.broadcast(|w| assert_ne!(w, 2, "boom"));
     }));
