@@ -93,4 +93,4 @@ pub(crate) fn dot_rows(
 
 #[cfg(test)]
 #[path = "f8_tests.rs"]
-mod tests;
+pub(super) mod tests;

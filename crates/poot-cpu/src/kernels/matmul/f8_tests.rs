@@ -11,7 +11,17 @@ use crate::kernels::matmul::{matmul_numerics, MatmulPath};
 use crate::testutil::{synthetic_weights, Rng};
 use crate::{Isa, ThreadPool};
 
-fn run(isa: Isa, threads: usize, x: &[f32], t: usize, k: usize, w: &[u8], n: usize) -> Vec<f32> {
+/// The stored-layout FP8 matmul under ggml numerics on `isa` with `threads` (also the
+/// reference of `f8r_tests.rs`).
+pub(in crate::kernels::matmul) fn run(
+    isa: Isa,
+    threads: usize,
+    x: &[f32],
+    t: usize,
+    k: usize,
+    w: &[u8],
+    n: usize,
+) -> Vec<f32> {
     let pool = ThreadPool::new(threads).unwrap();
     let mut out = vec![f32::NAN; t * n];
     matmul_numerics(

@@ -8,26 +8,12 @@ use poot_core::DType;
 use crate::kernels::ggml::Numerics;
 use crate::kernels::matmul::repack::Repack;
 use crate::kernels::matmul::repack_f8::RepackedF8;
-use crate::kernels::matmul::{matmul_numerics, matmul_repacked, repack_for};
+use crate::kernels::matmul::{matmul_repacked, repack_for};
 use crate::testutil::{synthetic_weights, Rng};
 use crate::{Isa, ThreadPool};
 
 fn stored(isa: Isa, x: &[f32], t: usize, k: usize, w: &[u8], n: usize) -> Vec<u32> {
-    let pool = ThreadPool::new(1).unwrap();
-    let mut out = vec![f32::NAN; t * n];
-    matmul_numerics(
-        Numerics::Ggml,
-        isa,
-        x,
-        t,
-        k,
-        w,
-        DType::F8_S,
-        n,
-        &mut out,
-        &pool,
-    )
-    .unwrap();
+    let out = crate::kernels::matmul::f8::tests::run(isa, 1, x, t, k, w, n);
     out.iter().map(|v| v.to_bits()).collect()
 }
 
