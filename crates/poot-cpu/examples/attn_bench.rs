@@ -1,6 +1,6 @@
 //! One decode token's ggml paged attention at Llama-3.2-1B's head shape (32 query heads, 8 KV
 //! heads, head_dim 64, f16 cache), one thread: on-CPU microseconds per call at a few context
-//! lengths. `cargo run --release -p poot-cpu --example attn_bench`; `BENCH_T=512` runs a
+//! lengths (`BENCH_CTX=64,128`: others). `cargo run --release -p poot-cpu --example attn_bench`; `BENCH_T=512` runs a
 //! 512-token prefill step instead (positions 0..512, causal), on-CPU ms per call; `BENCH_COLD=1`
 //! evicts the caches between calls, as a decode step does.
 use half::f16;
@@ -28,7 +28,19 @@ fn main() {
     // BENCH_HEADS / BENCH_KV_HEADS / BENCH_THREADS: another head shape (SmolLM2: 9 / 3).
     let (nh, nkv, hd, bs) = (env("BENCH_HEADS", 32), env("BENCH_KV_HEADS", 8), 64, 16);
     let pool = ThreadPool::new(env("BENCH_THREADS", 1)).unwrap();
-    for ctx in [64usize, 256, 1024] {
+    // BENCH_WALL=1: wall-clock time instead (with more than one thread, the caller's on-CPU
+    // time leaves out the others' work).
+    let now: fn() -> u64 = if env("BENCH_WALL", 0) != 0 {
+        wall_ns
+    } else {
+        cpu_ns
+    };
+    // BENCH_CTX=a,b,..: other context lengths.
+    let ctxs: Vec<usize> = std::env::var("BENCH_CTX")
+        .ok()
+        .map(|v| v.split(',').filter_map(|c| c.parse().ok()).collect())
+        .unwrap_or_else(|| vec![64, 256, 1024]);
+    for ctx in ctxs {
         // A prefill step of `t` tokens at positions 0..t, or one decode token at ctx - 1.
         let t: usize = std::env::var("BENCH_T")
             .ok()
@@ -105,14 +117,26 @@ fn main() {
                     *x = x.wrapping_add(i as u8);
                 }
             }
-            let t0 = cpu_ns();
+            let t0 = now();
             run();
-            spent += cpu_ns() - t0;
+            spent += now() - t0;
         }
         std::hint::black_box(&evict);
         println!(
-            "ctx {ctx:>5}: {:>8.1} us/call on-CPU",
-            spent as f64 / 1e3 / n as f64
+            "ctx {ctx:>5}: {:>8.1} us/call {}",
+            spent as f64 / 1e3 / n as f64,
+            if env("BENCH_WALL", 0) != 0 {
+                "wall"
+            } else {
+                "on-CPU"
+            }
         );
     }
+}
+
+/// Nanoseconds since the first call (wall clock: with more than one thread, on-CPU time of
+/// the caller alone says little).
+fn wall_ns() -> u64 {
+    static T0: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    T0.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
 }

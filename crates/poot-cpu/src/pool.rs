@@ -550,6 +550,8 @@ impl Drop for ThreadPool {
     }
 }
 
+#[path = "pool_runs.rs"]
+mod runs;
 #[path = "pool_shared.rs"]
 mod shared;
 pub(crate) use shared::SharedMut;

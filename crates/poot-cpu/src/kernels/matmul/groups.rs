@@ -104,15 +104,22 @@ pub(crate) fn over_tokens(
     }
 }
 
+/// The most units a one-token thread claims at once: small enough that a thread which falls
+/// behind leaves little for the others to wait on (16 Q4_1 groups at k = 576 are 46 KiB).
+const STREAM_CHUNK: usize = 16;
+
 /// The segments of one call: the first ones `Some`, the rest `None`.
 pub(crate) type Segments<'o> = [Option<Segment<'o>>; MAX_SEGMENTS];
 
 /// The task loop: `body(s, g, write)` runs for every `per`-th group `g` of every segment `s`, in
-/// tasks of whole units of `per` groups (about four per thread over all segments together,
-/// which balances load when other processes share the cores); `write(tok, res)` stores `res`
-/// (rows `8g..8g + res.len()` of segment `s`) for token `tok`. With `first`, each task
-/// prefetches the first [`prefetch_ahead`] bytes of its first group (`first(s, g)` gives a
-/// group's bytes) before its stream's own prefetches reach them.
+/// whole units of `per` groups; `write(tok, res)` stores `res` (rows `8g..8g + res.len()` of
+/// segment `s`) for token `tok`. Without `first`, units go in tasks (about four per thread over
+/// all segments together, which balances load when other processes share the cores). With
+/// `first` (one token, whose call streams the weights from DRAM; `first(s, g)` gives a group's
+/// bytes), each thread walks one contiguous run of units and then takes from the back of the
+/// others' (`ThreadPool::for_each_run`), prefetching the first [`prefetch_ahead`] bytes of each
+/// range that does not continue its stream: a thread's stream restarting at every task had made
+/// a small matrix mostly restarts.
 pub(crate) fn over_segments<'w, B>(
     pool: &ThreadPool,
     segs: Segments<'_>,
@@ -137,15 +144,8 @@ pub(crate) fn over_segments<'w, B>(
         let s = (0..count).rfind(|&s| starts[s] <= u).unwrap_or(0);
         (s, (u - starts[s]) * meta[s].1)
     };
-    let (per_task, tasks) = pool.split(units);
-    pool.for_each(tasks, |task| {
-        let begin = task * per_task;
-        if let Some(first) = first {
-            let (s, g) = locate(begin);
-            let bytes = first(s, g);
-            crate::kernels::simd::prefetch_range(bytes.as_ptr(), bytes.len().min(prefetch_ahead()));
-        }
-        for u in begin..(begin + per_task).min(units) {
+    let run = |range: std::ops::Range<usize>| {
+        for u in range {
             let (s, g) = locate(u);
             let (n, _) = meta[s];
             let Some(out) = &outs[s] else {
@@ -153,11 +153,31 @@ pub(crate) fn over_segments<'w, B>(
             };
             body(s, g, &|tok, res| {
                 for (r, &v) in res.iter().enumerate().take(n.saturating_sub(g * RG)) {
-                    // SAFETY: rows of unit u of segment s belong to this task only, so no other
-                    // task writes index tok * n + 8g + r (r < per * 8) of that segment's output.
+                    // SAFETY: rows of unit u of segment s belong to this range only, so no
+                    // other range writes index tok * n + 8g + r (r < per * 8) of that segment's
+                    // output.
                     unsafe { out.write(tok * n + g * RG + r, v) };
                 }
             });
         }
+    };
+    let Some(first) = first else {
+        let (per_task, tasks) = pool.split(units);
+        pool.for_each(tasks, |task| {
+            run(task * per_task..((task + 1) * per_task).min(units))
+        });
+        return;
+    };
+    // One token: each thread streams one contiguous run of the weights (`for_each_run`), in
+    // claims of up to `STREAM_CHUNK` units; a claim that does not continue the thread's last
+    // one (its first, or one taken from another's back) prefetches its first bytes.
+    let chunk = (units / (pool.n_threads() * 8)).clamp(1, STREAM_CHUNK);
+    pool.for_each_run(units, chunk, |range, fresh| {
+        if fresh {
+            let (s, g) = locate(range.start);
+            let bytes = first(s, g);
+            crate::kernels::simd::prefetch_range(bytes.as_ptr(), bytes.len().min(prefetch_ahead()));
+        }
+        run(range);
     });
 }
