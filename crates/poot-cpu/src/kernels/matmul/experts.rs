@@ -32,7 +32,7 @@ use crate::kernels::act_cache::ActCache;
 use crate::kernels::blocks::RG;
 use crate::kernels::format::Format;
 use crate::kernels::matmul::experts_stack::LazyStack;
-use crate::kernels::matmul::groups::over_tokens;
+use crate::kernels::matmul::groups::{over_tokens, stream_units};
 use crate::kernels::matmul::qdot_k::{dot_scalar, quantized_k};
 use crate::kernels::matmul::r8::{corrections, lane_mult};
 use crate::kernels::matmul::repack::Repack;
@@ -261,7 +261,7 @@ fn gathered<T: Parked>(
 /// The one dispatch: `body(i, g, write)` for every 8-row group `g` of every selected expert `i`,
 /// units of (expert, group) claimed by the pool's threads; `write(tok, res)` stores `res` (8
 /// rows' results) for the expert's `tok`-th pair. `group(e, g)` gives a group's bytes, whose
-/// first ones each task prefetches.
+/// first ones each task prefetches. One pair per expert (decode) streams: `stream_units`.
 fn over_experts<'w>(
     pool: &ThreadPool,
     routing: &Routing,
@@ -272,25 +272,32 @@ fn over_experts<'w>(
 ) {
     let per_expert = n / RG;
     let units = routing.len() * per_expert;
-    let (per_task, tasks) = pool.split(units);
     let shared = SharedMut::new(out);
-    pool.for_each(tasks, |task| {
-        let begin = task * per_task;
-        let (e, _, _) = routing.expert(begin / per_expert);
-        let first = group(e, begin % per_expert);
-        prefetch_range(first.as_ptr(), first.len().min(prefetch_ahead()));
-        for u in begin..(begin + per_task).min(units) {
+    let run = |range: std::ops::Range<usize>| {
+        for u in range {
             let (i, g) = (u / per_expert, u % per_expert);
             let (_, first, _) = routing.expert(i);
             body(i, g, &|tok, res| {
                 let s = routing.order[first + tok];
                 for (r, &v) in res.iter().take(RG).enumerate() {
                     // SAFETY: rows 8g..8g + 8 of pair s's output belong to unit (i, g) only (a
-                    // pair reads one expert), so no other task writes index s * n + 8g + r.
+                    // pair reads one expert), so no other range writes index s * n + 8g + r.
                     unsafe { shared.write(s * n + g * RG + r, v) };
                 }
             });
         }
+    };
+    let first = |u: usize| group(routing.expert(u / per_expert).0, u % per_expert);
+    if routing.order.len() == routing.len() {
+        // One pair per selected expert (a decode step): the experts' weights stream from DRAM.
+        return stream_units(pool, units, &first, run);
+    }
+    let (per_task, tasks) = pool.split(units);
+    pool.for_each(tasks, |task| {
+        let begin = task * per_task;
+        let bytes = first(begin);
+        prefetch_range(bytes.as_ptr(), bytes.len().min(prefetch_ahead()));
+        run(begin..(begin + per_task).min(units));
     });
 }
 

@@ -168,14 +168,29 @@ pub(crate) fn over_segments<'w, B>(
         });
         return;
     };
-    // One token: each thread streams one contiguous run of the weights (`for_each_run`), in
-    // claims of up to `STREAM_CHUNK` units; a claim that does not continue the thread's last
-    // one (its first, or one taken from another's back) prefetches its first bytes.
+    let first_of = |u: usize| {
+        let (s, g) = locate(u);
+        first(s, g)
+    };
+    stream_units(pool, units, &first_of, run);
+}
+
+/// The dispatch of a one-token call that streams its weights from DRAM: `run(range)` over
+/// ranges covering `0..units`, each thread walking one contiguous run of units and then taking
+/// from the back of the others' (`ThreadPool::for_each_run`), in claims of up to
+/// [`STREAM_CHUNK`]. A range that does not continue its thread's stream (its first, or one
+/// taken from another's back) first prefetches [`prefetch_ahead`] bytes of its first unit
+/// (`first(u)` gives a unit's bytes).
+pub(crate) fn stream_units<'w>(
+    pool: &ThreadPool,
+    units: usize,
+    first: &(dyn Fn(usize) -> &'w [u8] + Sync),
+    run: impl Fn(std::ops::Range<usize>) + Sync,
+) {
     let chunk = (units / (pool.n_threads() * 8)).clamp(1, STREAM_CHUNK);
     pool.for_each_run(units, chunk, |range, fresh| {
         if fresh {
-            let (s, g) = locate(range.start);
-            let bytes = first(s, g);
+            let bytes = first(range.start);
             crate::kernels::simd::prefetch_range(bytes.as_ptr(), bytes.len().min(prefetch_ahead()));
         }
         run(range);
