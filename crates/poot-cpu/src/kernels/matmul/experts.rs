@@ -325,14 +325,8 @@ fn experts_r8(
         Repack::Q(r) => r.qgroup,
         _ => 1,
     };
-    #[cfg(target_arch = "x86_64")]
-    let simd = matches!(ck.isa(), Isa::Avx2 | Isa::Avx512 | Isa::Amx);
-    #[cfg(not(target_arch = "x86_64"))]
-    let simd = false;
-    #[cfg(target_arch = "x86_64")]
-    let vnni = ck.isa().avx512() && crate::kernels::arch::x86::qdot_r8::has_vnni();
-    #[cfg(not(target_arch = "x86_64"))]
-    let vnni = false;
+    let simd = crate::kernels::matmul::groups::simd_rows(ck);
+    let vnni = crate::kernels::matmul::groups::vnni_rows(ck);
     let (mult, blocks) = (lane_mult(kind, vnni), kind != Format::Q4_1);
     let mut corr = Scratch::<[i32; 8]>::zeroed(0);
     corr.resize(routing.order.len() * nb, [0; 8]);
@@ -407,10 +401,7 @@ fn experts_rk(
     let xq = quantized_k(x, cache, &mut local);
     let xg = gathered(xq, nb, routing, row);
     let xg: &[BlockQ8K] = &xg;
-    #[cfg(target_arch = "x86_64")]
-    let simd = matches!(ck.isa(), Isa::Avx2 | Isa::Avx512 | Isa::Amx);
-    #[cfg(not(target_arch = "x86_64"))]
-    let simd = false;
+    let simd = crate::kernels::matmul::groups::simd_rows(ck);
     let per_expert = n / RG;
     let group = |e: usize, g: usize| w.group(e, g, per_expert);
     over_experts(pool, routing, n, out, &group, |i, g, write| {

@@ -22,7 +22,7 @@ use crate::kernels::blocks::RG;
 use crate::kernels::matmul::groups::{over_segments, over_tokens, Segment, Segments};
 use crate::kernels::matmul::repack_f8::RepackedF8;
 use crate::kernels::scratch::Scratch;
-use crate::kernels::simd::{Checked, Isa};
+use crate::kernels::simd::Checked;
 use crate::pool::ThreadPool;
 
 /// See the module docs. `x` is `[t, k]` with `k = 32 * w.nb`, `out` is `[t, w.n]` (validated by
@@ -37,13 +37,7 @@ pub(crate) fn matmul_f8r(
     pool: &ThreadPool,
 ) {
     debug_assert!(k == 32 * w.nb && x.len() == t * k && out.len() == t * w.n);
-    #[cfg(target_arch = "x86_64")]
-    let simd = matches!(ck.isa(), Isa::Avx2 | Isa::Avx512 | Isa::Amx);
-    #[cfg(not(target_arch = "x86_64"))]
-    let simd = {
-        let _ = ck;
-        false
-    };
+    let simd = crate::kernels::matmul::groups::simd_rows(ck);
     let segs: Segments<'_> = [
         Some(Segment {
             groups: w.groups(),

@@ -20,6 +20,34 @@ use crate::kernels::scratch::Scratch;
 use crate::kernels::simd::{prefetch_ahead, NR};
 use crate::pool::{SharedMut, ThreadPool};
 
+/// Whether `ck`'s ISA runs the 8-row layouts' x86 loops (AVX2 and up; never off x86); the
+/// portable loops run otherwise.
+pub(crate) fn simd_rows(ck: crate::kernels::simd::Checked) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::kernels::simd::Isa;
+        matches!(ck.isa(), Isa::Avx2 | Isa::Avx512 | Isa::Amx)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = ck;
+        false
+    }
+}
+
+/// Whether the 8-row loops take AVX-512 VNNI under `ck` (never off x86).
+pub(crate) fn vnni_rows(ck: crate::kernels::simd::Checked) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        ck.isa().avx512() && crate::kernels::arch::x86::qdot_r8::has_vnni()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = ck;
+        false
+    }
+}
+
 /// How a row dot laid out its results in the group's scratch: `res[tok * tok_stride + r *
 /// row_stride]` holds row `r` dotted with token `tok`.
 #[derive(Clone, Copy)]

@@ -106,14 +106,8 @@ pub(crate) fn matmul_r8_fused(
     debug_assert!(ws.iter().zip(outs.iter()).all(|(w, o)| o.len() == t * w.n));
     let mut local = Scratch::<BlockQ8>::zeroed(0);
     let xq = crate::kernels::matmul::q8::quantized(x, kind.act_sum(), cache, &mut local, pool);
-    #[cfg(target_arch = "x86_64")]
-    let simd = matches!(ck.isa(), Isa::Avx2 | Isa::Avx512 | Isa::Amx);
-    #[cfg(not(target_arch = "x86_64"))]
-    let simd = false;
-    #[cfg(target_arch = "x86_64")]
-    let vnni = ck.isa().avx512() && crate::kernels::arch::x86::qdot_r8::has_vnni();
-    #[cfg(not(target_arch = "x86_64"))]
-    let vnni = false;
+    let simd = crate::kernels::matmul::groups::simd_rows(ck);
+    let vnni = crate::kernels::matmul::groups::vnni_rows(ck);
     let mult = lane_mult(kind, vnni);
     // Every call but Q4_1's takes the block order, whatever `t` is, so that a token's result
     // does not depend on the tokens beside it (see the module docs).

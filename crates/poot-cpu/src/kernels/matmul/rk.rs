@@ -22,7 +22,7 @@ use crate::kernels::matmul::qdot_k::{dot_scalar, quantized_k};
 use crate::kernels::matmul::repack_k::RepackedK;
 use crate::kernels::qact::{BlockQ8K, QK_K};
 use crate::kernels::scratch::Scratch;
-use crate::kernels::simd::{Checked, Isa};
+use crate::kernels::simd::Checked;
 use crate::pool::ThreadPool;
 
 /// `out[t][n] = dot(W[n], Q8_K(x[t]))` with `W` repacked; `x` is `[t, k]` with `k = 256 * nb`
@@ -61,10 +61,7 @@ pub(crate) fn matmul_rk_fused(
     debug_assert!(ws.iter().zip(outs.iter()).all(|(w, o)| o.len() == t * w.n));
     let mut local = Scratch::<BlockQ8K>::zeroed(0);
     let xq = quantized_k(x, cache, &mut local);
-    #[cfg(target_arch = "x86_64")]
-    let simd = matches!(ck.isa(), Isa::Avx2 | Isa::Avx512 | Isa::Amx);
-    #[cfg(not(target_arch = "x86_64"))]
-    let simd = false;
+    let simd = crate::kernels::matmul::groups::simd_rows(ck);
     let stream = simd && t == 1;
     // Q4_K prefill on AVX-512 BW takes two groups per step (`arch/x86/qdot_rk.rs`'s `groups2`): a
     // 256x2048x2048 matmul 9.0-9.1 -> 7.7-8.0 ms. One-token calls measured the same either

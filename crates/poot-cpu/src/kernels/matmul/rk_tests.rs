@@ -5,6 +5,7 @@ use super::*;
 use crate::kernels::format::Format;
 use crate::kernels::matmul::qdot_k::matmul_q8k;
 use crate::testutil::{real_slices, synthetic_weights, Rng};
+use crate::Isa;
 use poot_core::DType;
 
 const KINDS: [DType; 2] = [DType::Q4_K, DType::Q6_K];
