@@ -183,12 +183,12 @@ pub(crate) fn over_segments<'w, B>(
                 unreachable!("every segment below segs.len() has its output")
             };
             body(s, g, &|tok, res| {
-                for (r, &v) in res.iter().enumerate().take(n.saturating_sub(g * RG)) {
-                    // SAFETY: rows of unit u of segment s belong to this range only, so no
-                    // other range writes index tok * n + 8g + r (r < per * 8) of that segment's
-                    // output.
-                    unsafe { out.write(tok * n + g * RG + r, v) };
-                }
+                // The group's rows (padding rows past `n` dropped), stored at once.
+                let rows = res.len().min(n.saturating_sub(g * RG));
+                let at = tok * n + g * RG;
+                // SAFETY: rows of unit u of segment s belong to this range only, so no other
+                // range writes indices tok * n + 8g + r (r < per * 8) of that segment's output.
+                unsafe { out.slice_mut(at..at + rows) }.copy_from_slice(&res[..rows]);
             });
         }
     };
