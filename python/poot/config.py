@@ -74,8 +74,9 @@ class CpuSettings:
             (POOT_CPU_PREFETCH_FLOAT).
         prefetch_next: whether the 16-row quantized dots prefetch the next unit
             (POOT_CPU_PREFETCH_NEXT=0 turns it off).
-        prefetch_gap: bytes of the next matmul's weights idle pool threads prefetch while the
-            small ops between two matmuls run, 0 for none (POOT_CPU_PREFETCH_GAP).
+        prefetch_gap: bytes of the next matmul's weights each idle pool thread prefetches (from
+            where its share starts) while the small ops between two matmuls run, 0 for none
+            (POOT_CPU_PREFETCH_GAP; default 256 KiB).
         huge_pages: whether weight copies ask for transparent huge pages (POOT_CPU_THP=0 turns
             them off).
         profile: time every equation by op kind (POOT_CPU_PROFILE set; its value names where

@@ -26,9 +26,12 @@
 //! Prefetch hints ([`ThreadPool::prefetch_hint`]): the caller may post up to
 //! [`MAX_HINT_RANGES`] byte ranges (the weights the next job will stream); a worker with no job
 //! prefetches them into its L2 a [`HINT_CHUNK`] at a time, checking for a job between chunks,
-//! and after a job it goes on where it stopped until a new hint replaces the old one. Several
-//! idle workers split the chunks. A hint only moves data into caches: it changes no result, and
-//! since a prefetch never faults it stays sound when the ranges' memory is freed meanwhile.
+//! and after a job it goes on where it stopped until a new hint replaces the old one. Worker `i`
+//! of `n` threads takes [`PoolConfig::hint_bytes`] from `i / n` of the way through the ranges
+//! laid end to end, where [`ThreadPool::for_each_run`] starts its run of the next one-token
+//! matmul (the caller, thread 0, is busy with the ops in between). A hint only moves data into
+//! caches: it changes no result, and since a prefetch never faults it stays sound when the
+//! ranges' memory is freed meanwhile.
 
 use std::cell::Cell;
 use std::panic::{self, AssertUnwindSafe};
@@ -50,7 +53,7 @@ pub struct PoolConfig {
     /// `crate::tuning`); `None` leaves them on the process defaults. The caller (worker 0)
     /// keeps its own: a runtime enters its tuning there for each call.
     pub tuning: Option<crate::Tuning>,
-    /// Bytes of each [`ThreadPool::prefetch_hint`] idle workers prefetch (0: hints off).
+    /// Bytes of each [`ThreadPool::prefetch_hint`] each idle worker prefetches (0: hints off).
     pub hint_bytes: usize,
 }
 
@@ -141,23 +144,22 @@ impl HintCursor {
     }
 
     /// Prefetches this worker's next chunk of the current hint; false when nothing is left.
-    /// Worker `index` of `idle` hint-taking workers (`1..=idle`) takes every `idle`-th chunk.
+    /// Worker `index` of `idle` (`1..=idle`; the caller is thread 0 of `idle + 1`) takes the
+    /// first `hint_bytes` bytes from `index / (idle + 1)` of the way through the ranges laid end
+    /// to end: where `ThreadPool::for_each_run` starts its run of the next one-token matmul.
     fn step(&mut self, shared: &Shared, index: usize, idle: usize) -> bool {
         let seq = shared.hint_seq.load(Ordering::Acquire);
         if seq != self.seq {
             self.seq = seq;
             self.hint = *shared.hint.lock().unwrap_or_else(PoisonError::into_inner);
-            self.at = 0;
-            self.total = self.hint.ranges[..self.hint.n].iter().map(|r| r.1).sum();
+            let all: usize = self.hint.ranges[..self.hint.n].iter().map(|r| r.1).sum();
+            self.at = all / (idle + 1) * index + all % (idle + 1) * index / (idle + 1);
+            self.total = (self.at + shared.hint_bytes).min(all);
         }
-        while self.at < self.total {
-            let chunk = self.at / HINT_CHUNK;
+        if self.at < self.total {
             let start = self.at;
-            self.at = (chunk + 1) * HINT_CHUNK;
-            if chunk % idle != index - 1 {
-                continue;
-            }
-            let end = self.at.min(self.total);
+            let end = (start + HINT_CHUNK).min(self.total);
+            self.at = end;
             // Map [start, end) of the ranges laid end to end back onto the ranges.
             let mut base = 0;
             for &(addr, len) in &self.hint.ranges[..self.hint.n] {
@@ -356,9 +358,10 @@ impl ThreadPool {
         }
     }
 
-    /// Posts a prefetch hint (see the module docs): idle workers prefetch the first
+    /// Posts a prefetch hint (see the module docs): each idle worker prefetches
     /// [`PoolConfig::hint_bytes`] bytes of `ranges` ((address, length) pairs, laid end to end;
-    /// the first [`MAX_HINT_RANGES`] of them) into their L2, replacing the previous hint; an
+    /// the first [`MAX_HINT_RANGES`] of them) from its own share's start into its L2,
+    /// replacing the previous hint; an
     /// empty `ranges` withdraws it. The addresses need not stay valid (a prefetch never
     /// faults). Does nothing on a one-thread pool or with `hint_bytes == 0`; never waits.
     pub fn prefetch_hint(&self, ranges: &[(usize, usize)]) {
@@ -367,15 +370,9 @@ impl ThreadPool {
             return;
         }
         let mut hint = Hint::default();
-        let mut left = shared.hint_bytes;
         for &(addr, len) in ranges.iter().take(MAX_HINT_RANGES) {
-            if left == 0 {
-                break;
-            }
-            let len = len.min(left);
             hint.ranges[hint.n] = (addr, len);
             hint.n += 1;
-            left -= len;
         }
         let mut slot = shared.hint.lock().unwrap_or_else(PoisonError::into_inner);
         *slot = hint;

@@ -147,29 +147,37 @@ fn an_idle_worker_prefetches_a_hint_up_to_its_budget_once() {
         pool.broadcast(|_| {});
     }
     assert_eq!(pool.hinted_bytes(), 3 * HINT_CHUNK as u64 + 100);
-    // A range shorter than the budget: the whole range, no more.
+    // A range shorter than the budget: the worker's share (its second half), no more.
     let short = 2 * HINT_CHUNK + 7;
     pool.prefetch_hint(&[span(&data[..short])]);
-    let want = (5 * HINT_CHUNK + 107) as u64;
+    let want = (3 * HINT_CHUNK + 100 + short - short / 2) as u64;
     wait_hinted(&pool, want);
     pool.broadcast(|_| {});
     assert_eq!(pool.hinted_bytes(), want);
 }
 
+/// Each worker takes the budget from where its run of `ThreadPool::for_each_run` starts (worker
+/// `i` of `n` threads: `i / n` of the way through the ranges laid end to end), across ranges.
 #[test]
-fn a_hint_spans_its_ranges_in_order_and_several_workers_split_it() {
+fn each_worker_prefetches_from_its_own_share_across_ranges() {
     let pool = spinning(3, 20_000);
     let (a, b, c) = (vec![1u8; 10_000], vec![2u8; 3_000], vec![3u8; 50_000]);
-    // 10_000 + 3_000 + 7_000 of the third: the budget ends inside a range.
+    // 63_000 bytes: worker 1 from 21_000 (inside c) to 41_000, worker 2 from 42_000 to 62_000.
     pool.prefetch_hint(&[span(&a), span(&b), span(&c)]);
-    wait_hinted(&pool, 20_000);
+    wait_hinted(&pool, 40_000);
     pool.broadcast(|_| {});
-    // Two idle workers took disjoint chunks: the bytes are counted once.
-    assert_eq!(pool.hinted_bytes(), 20_000);
+    assert_eq!(pool.hinted_bytes(), 40_000);
+    // Shares shorter than the budget stop at the end: worker 1 takes 1_000..3_000, worker 2
+    // 2_000..3_000.
+    let small = vec![4u8; 3_000];
+    pool.prefetch_hint(&[span(&small)]);
+    wait_hinted(&pool, 40_000 + 1_000 + 2_000);
+    pool.broadcast(|_| {});
+    assert_eq!(pool.hinted_bytes(), 43_000);
     // An empty hint withdraws the last one.
     pool.prefetch_hint(&[]);
     pool.broadcast(|_| {});
-    assert_eq!(pool.hinted_bytes(), 20_000);
+    assert_eq!(pool.hinted_bytes(), 43_000);
 }
 
 #[test]

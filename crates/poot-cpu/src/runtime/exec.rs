@@ -10,9 +10,10 @@
 //!
 //! Prefetch in the gaps: after each matmul dispatch the run posts the next dispatch's weights
 //! (`CpuPlan::prefetch_next`) as the pool's prefetch hint, so while this thread runs the
-//! norms, RoPE, attention and adds in between, the idle workers stream the first
-//! `CpuOptions::prefetch_gap` bytes of those weights into their caches instead of leaving the
-//! memory bus idle; the last matmul posts the first (the next step's). A hint changes no
+//! norms, RoPE, attention and adds in between, each idle worker streams the first
+//! `CpuOptions::prefetch_gap` bytes of its own run of those weights (where
+//! `ThreadPool::for_each_run` will start it) into its caches instead of leaving the memory bus
+//! idle; the last matmul posts the first (the next step's). A hint changes no
 //! result, only where the next matmul finds its bytes.
 
 use std::borrow::Cow;

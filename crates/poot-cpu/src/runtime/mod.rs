@@ -92,12 +92,15 @@ pub struct CpuOptions {
     pub huge_pages: bool,
     /// Bytes of the next matmul's weights the idle pool workers prefetch into their caches
     /// between two matmuls, while the caller runs the small ops in between (`0`: off; see
-    /// `exec.rs`). Changes no result. Default: `POOT_CPU_PREFETCH_GAP`, else 0.
+    /// `exec.rs`). Changes no result. Default: `POOT_CPU_PREFETCH_GAP`, else 256 KiB.
     pub prefetch_gap: usize,
 }
 
-/// `CpuOptions::prefetch_gap`'s built-in value.
-const DEFAULT_PREFETCH_GAP: usize = 0;
+/// `CpuOptions::prefetch_gap`'s built-in value: each idle worker fetches the first 256 KiB of
+/// its own run of the next matmul (half a Zen 3 core's L2). SmolLM2's decode on 2 threads,
+/// in-process A/B (`benches/bench_prefetch_gap.py`, 8 rounds): 128 KiB 0.90x the time per
+/// token (0.87-1.03), 256 KiB 0.91x (0.88-0.98), 512 KiB 0.98x (0.91-1.03).
+const DEFAULT_PREFETCH_GAP: usize = 256 << 10;
 
 impl Default for CpuOptions {
     /// The built-in values, each overridden by its `POOT_CPU_*` variable where set (see the
