@@ -93,4 +93,4 @@ pub(crate) fn dot_rows(
 
 #[cfg(test)]
 #[path = "f8_tests.rs"]
-pub(super) mod tests;
+mod tests;

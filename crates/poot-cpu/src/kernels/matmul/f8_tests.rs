@@ -7,37 +7,13 @@ use poot_core::quant::layout::f8_s;
 use poot_core::DType;
 
 use crate::kernels::ggml::Numerics;
-use crate::kernels::matmul::{matmul_numerics, MatmulPath};
+use crate::kernels::matmul::MatmulPath;
 use crate::testutil::{synthetic_weights, Rng};
-use crate::{Isa, ThreadPool};
+use crate::Isa;
 
-/// The stored-layout FP8 matmul under ggml numerics on `isa` with `threads` (also the
-/// reference of `f8r_tests.rs`).
-pub(in crate::kernels::matmul) fn run(
-    isa: Isa,
-    threads: usize,
-    x: &[f32],
-    t: usize,
-    k: usize,
-    w: &[u8],
-    n: usize,
-) -> Vec<f32> {
-    let pool = ThreadPool::new(threads).unwrap();
-    let mut out = vec![f32::NAN; t * n];
-    matmul_numerics(
-        Numerics::Ggml,
-        isa,
-        x,
-        t,
-        k,
-        w,
-        DType::F8_S,
-        n,
-        &mut out,
-        &pool,
-    )
-    .unwrap();
-    out
+/// The stored-layout FP8 matmul under ggml numerics on `isa` with `threads`.
+fn run(isa: Isa, threads: usize, x: &[f32], t: usize, k: usize, w: &[u8], n: usize) -> Vec<f32> {
+    crate::kernels::matmul::q8::tests::run(isa, threads, DType::F8_S, x, t, k, w, n)
 }
 
 /// Per output: the exact f64 product and the module's bound.

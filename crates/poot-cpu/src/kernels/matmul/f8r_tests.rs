@@ -13,7 +13,7 @@ use crate::testutil::{synthetic_weights, Rng};
 use crate::{Isa, ThreadPool};
 
 fn stored(isa: Isa, x: &[f32], t: usize, k: usize, w: &[u8], n: usize) -> Vec<u32> {
-    let out = crate::kernels::matmul::f8::tests::run(isa, 1, x, t, k, w, n);
+    let out = crate::kernels::matmul::q8::tests::run(isa, 1, DType::F8_S, x, t, k, w, n);
     out.iter().map(|v| v.to_bits()).collect()
 }
 

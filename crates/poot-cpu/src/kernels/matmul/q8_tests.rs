@@ -58,8 +58,10 @@ fn exact_and_bound(
     (want, tol)
 }
 
+/// The matmul under ggml numerics on `isa` with `threads` (also the FP8 and k-quant tests'
+/// runner, and the reference of `f8r_tests.rs` for FP8).
 #[allow(clippy::too_many_arguments, reason = "mirrors matmul_numerics")]
-fn run(
+pub(in crate::kernels::matmul) fn run(
     isa: Isa,
     threads: usize,
     dt: DType,

@@ -3,11 +3,9 @@
 
 use poot_core::DType;
 
-use crate::kernels::ggml::Numerics;
-use crate::kernels::matmul::matmul_numerics;
 use crate::kernels::qact::{quantize_row_q8k, BlockQ8K, QK_K};
 use crate::testutil::{real_slices, reference, synthetic_weights, Rng};
-use crate::{Isa, ThreadPool};
+use crate::Isa;
 
 #[test]
 fn q8k_rounding_bound_and_block_sums() {
@@ -37,22 +35,7 @@ fn q8k_rounding_bound_and_block_sums() {
     assert_eq!((z[0].d, z[0].qs), (0.0, [0; QK_K]));
 }
 
-#[allow(clippy::too_many_arguments, reason = "mirrors matmul_numerics")]
-fn run(
-    isa: Isa,
-    threads: usize,
-    dt: DType,
-    x: &[f32],
-    t: usize,
-    k: usize,
-    w: &[u8],
-    n: usize,
-) -> Vec<f32> {
-    let pool = ThreadPool::new(threads).unwrap();
-    let mut out = vec![f32::NAN; t * n];
-    matmul_numerics(Numerics::Ggml, isa, x, t, k, w, dt, n, &mut out, &pool).unwrap();
-    out
-}
+use crate::kernels::matmul::q8::tests::run;
 
 /// Exact products in f64 with the module's bound, per output.
 fn exact_and_bound(
