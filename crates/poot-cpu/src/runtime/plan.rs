@@ -88,7 +88,7 @@ impl CpuPlan {
         let key = |w: &Repack| match w {
             Repack::Q(r) => (r.kind, w.k()),
             Repack::K(r) => (r.kind, w.k()),
-            Repack::F8(_) => (crate::kernels::format::Format::F8_S, w.k()),
+            Repack::F8(_) | Repack::F8G(_) => (crate::kernels::format::Format::F8_S, w.k()),
         };
         let mut by_input: HashMap<_, Vec<usize>> = HashMap::new();
         for (i, op) in self.graph.equations.iter().enumerate() {
@@ -149,6 +149,7 @@ impl CpuPlan {
                 Repack::Q(r) => &r.data[..],
                 Repack::K(r) => &r.data[..],
                 Repack::F8(r) => &r.data[..],
+                Repack::F8G(r) => &r.data[..],
             });
         }
         if let Some(c) = self.copy(i) {

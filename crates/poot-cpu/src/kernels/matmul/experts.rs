@@ -125,7 +125,9 @@ impl<'a> Stack<'a> {
         match self {
             Stack::Whole(Repack::Q(w)) => w.group(e * per_expert + g),
             Stack::Whole(Repack::K(w)) => w.group(e * per_expert + g),
-            Stack::Whole(Repack::F8(_)) => unreachable!("FP8 stacks are refused first"),
+            Stack::Whole(Repack::F8(_) | Repack::F8G(_)) => {
+                unreachable!("FP8 stacks are refused first")
+            }
             Stack::Lazy(l) => l.group(e, g),
         }
     }
@@ -238,7 +240,9 @@ pub(crate) fn matmul_experts(
             cache,
         ),
         // `relaid` keeps FP8 stacks in their stored layout, so none reaches here.
-        Repack::F8(_) => return Err(bad("an FP8 expert stack has no 8-row group kernel".into())),
+        Repack::F8(_) | Repack::F8G(_) => {
+            return Err(bad("an FP8 expert stack has no 8-row group kernel".into()))
+        }
     }
     Ok(())
 }

@@ -46,6 +46,7 @@ pub(crate) mod dpbf16_one;
 pub(crate) mod experts;
 pub(crate) mod experts_stack;
 pub(crate) mod f8;
+pub(crate) mod f8g;
 pub(crate) mod f8r;
 pub(crate) mod float;
 pub(crate) mod float_ggml;
@@ -56,6 +57,7 @@ pub(crate) mod qdot_k;
 pub(crate) mod r8;
 pub mod repack;
 pub mod repack_f8;
+pub mod repack_f8g;
 pub mod repack_k;
 pub(crate) mod repack_zg;
 pub(crate) mod rk;
@@ -367,7 +369,12 @@ pub fn repack_for_on(
         }
         (None, None) if format == Some(Format::F8_S) => {
             checked()?;
-            repack_f8::RepackedF8::new_on(w, n, k / 32, pool).map(Repack::F8)
+            // Scales repeated over 128 columns (every FP8 checkpoint layout poot reads): one a
+            // span; otherwise one a block.
+            let nb = k / 32;
+            repack_f8g::RepackedF8G::new_on(w, n, nb, pool)
+                .map(Repack::F8G)
+                .or_else(|| repack_f8::RepackedF8::new_on(w, n, nb, pool).map(Repack::F8))
         }
         (None, None) => None,
     })
@@ -420,6 +427,7 @@ pub(crate) fn matmul_repacked_cached(
         Repack::Q(w) => crate::kernels::matmul::r8::matmul_r8(ck, w, x, t, k, out, pool, cache),
         Repack::K(w) => crate::kernels::matmul::rk::matmul_rk(ck, w, x, t, k, out, pool, cache),
         Repack::F8(w) => f8r::matmul_f8r(ck, w, x, t, k, out, pool),
+        Repack::F8G(w) => f8g::matmul_f8g(ck, w, x, t, k, out, pool),
     }
     Ok(())
 }
@@ -497,7 +505,7 @@ pub(crate) fn matmul_repacked_fused(
             }
         }
         // FP8 reads no quantized activations: one call each costs nothing shared.
-        Repack::F8(_) => {}
+        Repack::F8(_) | Repack::F8G(_) => {}
     }
     for (w, out) in ws.iter().zip(outs.iter_mut()) {
         let c = cache.as_mut().map(|(c, key)| (&mut **c, *key));

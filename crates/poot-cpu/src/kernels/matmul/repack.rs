@@ -267,6 +267,8 @@ pub enum Repack {
     K(RepackedK),
     /// F8_S (FP8 checkpoints).
     F8(crate::kernels::matmul::repack_f8::RepackedF8),
+    /// F8_S whose scales repeat over 128 columns (FP8 checkpoints), one scale a span.
+    F8G(crate::kernels::matmul::repack_f8g::RepackedF8G),
 }
 
 impl Repack {
@@ -276,6 +278,7 @@ impl Repack {
             Repack::Q(r) => r.n,
             Repack::K(r) => r.n,
             Repack::F8(r) => r.n,
+            Repack::F8G(r) => r.n,
         }
     }
 
@@ -285,6 +288,7 @@ impl Repack {
             Repack::Q(r) => r.nb * 32,
             Repack::K(r) => r.nb * crate::kernels::qact::QK_K,
             Repack::F8(r) => r.nb * 32,
+            Repack::F8G(r) => r.nb * 32,
         }
     }
 
@@ -294,7 +298,7 @@ impl Repack {
         match self {
             Repack::Q(r) => r.kind.dtype(),
             Repack::K(r) => r.kind.dtype(),
-            Repack::F8(_) => poot_core::DType::F8_S,
+            Repack::F8(_) | Repack::F8G(_) => poot_core::DType::F8_S,
         }
     }
 
@@ -304,6 +308,7 @@ impl Repack {
             Repack::Q(rp) => rp.stored_row(r, out),
             Repack::K(rp) => rp.stored_row(r, out),
             Repack::F8(rp) => rp.stored_row(r, out),
+            Repack::F8G(rp) => rp.stored_row(r, out),
         }
     }
 
@@ -313,6 +318,7 @@ impl Repack {
             Repack::Q(r) => r.bytes(),
             Repack::K(r) => r.bytes(),
             Repack::F8(r) => r.bytes(),
+            Repack::F8G(r) => r.bytes(),
         }
     }
 }

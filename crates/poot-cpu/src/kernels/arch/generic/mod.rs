@@ -23,6 +23,7 @@
 //! dispatch (only the bottom modules: `format`, `blocks`, `decode`, `ggml`, `qact`).
 
 pub(crate) mod f8dot_generic;
+pub(crate) mod f8g_generic;
 pub(crate) mod fdot_generic;
 pub(crate) mod qdot_generic;
 pub(crate) mod qdot_r8_generic;

@@ -25,6 +25,7 @@ pub(crate) mod amx_bf16;
 pub(crate) mod attention;
 pub(crate) mod decode;
 pub(crate) mod f8dot;
+pub(crate) mod f8dot_g;
 pub(crate) mod f8dot_r8;
 pub(crate) mod fdot;
 pub(crate) mod fdot16;

@@ -1,0 +1,157 @@
+//! x86 loops of the grouped-scale FP8 dot (`matmul/repack_f8g.rs`'s layout), on AVX2 + FMA:
+//! each row's codes in their order against activation vectors held in registers, 8 rows a
+//! group, one scale step per row per span of 128 codes.
+//!
+//! Float steps, per row, are the portable dot's (`arch/generic/f8g_generic.rs`: span lanes
+//! from 0, one FMA a code, `acc = fma(d * 2^72, blk, acc)` per span, `hsum8`), so results are
+//! bit-identical to it (tested).
+//!
+//! Widening: 8 codes sign-extended to 32 bits, shifted left 20 and masked are the `f32`s of
+//! their values times `2^-120` (three integer ops; the F16C route of `f8dot_r8.rs` took five
+//! uops and a conversion port). Activations come prescaled by `2^48`, so products stay normal.
+//!
+//! Invariant (soundness): callers hold a `Checked` AVX2 or AVX-512 token (AVX2 and FMA
+//! detected); the entry function asserts the bounds the loops read.
+
+use std::arch::x86_64::*;
+
+use crate::kernels::arch::generic::f8g_generic::{group_bytes, spans, BLOCK8, D_SCALE, SPAN};
+use crate::kernels::blocks::RG;
+use crate::kernels::ggml::hsum8;
+
+/// Tokens per pass of [`group_tokens`]: each block is widened once per pass, and the pass's
+/// activations (`TILE * k` floats) stay in L2 while the group's blocks stream by.
+pub(crate) const TILE: usize = 8;
+
+/// `out[j * 8 + r]` = row `r` of group `g` (`nb` blocks) dotted with token `j < t`'s
+/// prescaled activations (`xs[j * k..]`, `k = 32 * nb`), for `t <= TILE`.
+///
+/// # Panics
+/// If `g`, `xs` or `out` is shorter than that, or `t > TILE`.
+pub(crate) fn group_tokens(g: &[u8], nb: usize, xs: &[f32], t: usize, out: &mut [f32]) {
+    let k = 32 * nb;
+    assert!(t <= TILE && g.len() >= group_bytes(nb) && xs.len() >= t * k && out.len() >= t * RG);
+    if t == 1 {
+        // SAFETY: AVX2/FMA by the module invariant; bounds asserted above.
+        unsafe { one_avx2(g, nb, xs, out) };
+    } else if t > 1 {
+        // SAFETY: as above.
+        unsafe { tile_avx2(g, nb, xs, k, t, out) };
+    }
+}
+
+/// 8 codes at `p` as their values times `2^-120`.
+#[inline(always)]
+unsafe fn widen8(p: *const u8) -> __m256 {
+    // SAFETY: 8 readable bytes at `p` (caller); AVX2 enabled by the caller.
+    unsafe {
+        let s = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast()));
+        let mask = _mm256_set1_epi32(0x87F0_0000u32 as i32);
+        _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32::<20>(s), mask))
+    }
+}
+
+/// Row `r`'s scale of the span header at `sc`, times `2^72` (exact: the layout bounds it).
+#[inline(always)]
+unsafe fn scale(sc: *const u8, r: usize) -> __m256 {
+    // SAFETY: 32 readable bytes at `sc` (caller), `r < 8`; AVX enabled by the caller.
+    unsafe { _mm256_set1_ps(sc.add(4 * r).cast::<f32>().read_unaligned() * D_SCALE) }
+}
+
+/// The 32 prescaled activations at `xb` as 4 vectors.
+#[inline(always)]
+unsafe fn acts(xb: *const f32) -> [__m256; 4] {
+    // SAFETY: 32 readable floats at `xb` (caller); AVX enabled by the caller.
+    unsafe { [0, 8, 16, 24].map(|o| _mm256_loadu_ps(xb.add(o))) }
+}
+
+/// `hsum8` of each row's lanes into `out[..8]`.
+#[inline(always)]
+unsafe fn store_rows(acc: &[__m256; 8], out: *mut f32) {
+    for (r, a) in acc.iter().enumerate() {
+        // SAFETY: an `__m256` is 8 `f32`s; `out` holds 8 values (caller).
+        unsafe { *out.add(r) = hsum8(&std::mem::transmute::<__m256, [f32; 8]>(*a)) };
+    }
+}
+
+/// One token: each row's span lanes in registers, the activations of a block loaded once for
+/// the 8 rows.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn one_avx2(g: &[u8], nb: usize, xs: &[f32], out: &mut [f32]) {
+    let (gp, xp) = (g.as_ptr(), xs.as_ptr());
+    let ahead = crate::kernels::simd::prefetch_ahead();
+    // SAFETY: every span header and block read is inside the group's `group_bytes(nb)` and
+    // every activation inside `xs[..32 * nb]` (asserted by the caller); features enabled here.
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); RG];
+        let mut at = 0;
+        for s in 0..spans(nb) {
+            let sc = gp.add(at);
+            at += 32;
+            let mut blk = [_mm256_setzero_ps(); RG];
+            for b in SPAN * s..(SPAN * s + SPAN).min(nb) {
+                let p = gp.add(at);
+                crate::kernels::simd::prefetch_stream(p, BLOCK8, ahead);
+                let xv = acts(xp.add(32 * b));
+                for (r, blk) in blk.iter_mut().enumerate() {
+                    let q = p.add(32 * r);
+                    let mut a = *blk;
+                    for (c, xv) in xv.iter().enumerate() {
+                        a = _mm256_fmadd_ps(widen8(q.add(8 * c)), *xv, a);
+                    }
+                    *blk = a;
+                }
+                at += BLOCK8;
+            }
+            for (r, (acc, blk)) in acc.iter_mut().zip(blk).enumerate() {
+                *acc = _mm256_fmadd_ps(scale(sc, r), blk, *acc);
+            }
+        }
+        store_rows(&acc, out.as_mut_ptr());
+    }
+}
+
+/// `2..=TILE` tokens: each block widened once into 32 vectors on the stack, then every
+/// token's span lanes (kept in `blk`, L1) take its steps.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_avx2(g: &[u8], nb: usize, xs: &[f32], k: usize, t: usize, out: &mut [f32]) {
+    let (gp, xp) = (g.as_ptr(), xs.as_ptr());
+    // SAFETY: as `one_avx2`, for tokens `j < t` at `xs[j * k..]` and `out[j * 8..]`.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); RG]; TILE];
+        let mut blk = [[_mm256_setzero_ps(); RG]; TILE];
+        let mut w = [_mm256_setzero_ps(); 4 * RG];
+        let mut at = 0;
+        for s in 0..spans(nb) {
+            let sc = gp.add(at);
+            at += 32;
+            blk[..t].fill([_mm256_setzero_ps(); RG]);
+            for b in SPAN * s..(SPAN * s + SPAN).min(nb) {
+                let p = gp.add(at);
+                for (i, w) in w.iter_mut().enumerate() {
+                    *w = widen8(p.add(8 * i));
+                }
+                for (j, blk) in blk.iter_mut().enumerate().take(t) {
+                    let xv = acts(xp.add(j * k + 32 * b));
+                    for (r, blk) in blk.iter_mut().enumerate() {
+                        let mut a = *blk;
+                        for (c, xv) in xv.iter().enumerate() {
+                            a = _mm256_fmadd_ps(w[4 * r + c], *xv, a);
+                        }
+                        *blk = a;
+                    }
+                }
+                at += BLOCK8;
+            }
+            for r in 0..RG {
+                let d = scale(sc, r);
+                for (acc, blk) in acc.iter_mut().zip(&blk).take(t) {
+                    acc[r] = _mm256_fmadd_ps(d, blk[r], acc[r]);
+                }
+            }
+        }
+        for (j, acc) in acc.iter().enumerate().take(t) {
+            store_rows(acc, out.as_mut_ptr().add(j * RG));
+        }
+    }
+}
