@@ -5,21 +5,23 @@
 //! Why: `F8_S` keeps an `f32` scale per 32 codes (1.125 bytes a weight) because it serves any
 //! scale pattern; the checkpoints that reach it repeat each scale over at least 128 columns,
 //! so one per span is lossless (1.03 bytes a weight: the memory bound of issue 31). And the
-//! kernel reads a row's codes in their order against activation vectors held in registers:
+//! kernel reads a row's codes 32 at a time against activation vectors held in registers:
 //! no broadcast a code, one scale step per 128 codes.
 //!
 //! Layout: rows in groups of 8 (the last padded with zero rows: scale 0, codes 0; their
 //! outputs are never written). Group `g` is its spans in column order; span `s` (blocks
 //! `4s..min(4s + 4, nb)`, so the last may hold fewer) is the 8 rows' `f32` scales as stored
-//! (32 bytes, row `r` at `4r`), then per block, per row `r`, the row's 32 codes in element
-//! order. `data.len() == groups * group_bytes(nb)`; immutable once built.
+//! (32 bytes, row `r` at `4r`), then per block, per row `r`, the row's 32 codes, element
+//! `8c + i` at byte `4i + c` (`code_pos`: the order the x86 loops widen 32 codes in). `data.len() == groups * group_bytes(nb)`; immutable once built.
 //!
 //! Invariants: no code is a NaN code (E4M3 `0x7f`, `0xff`) and every scale is finite with
 //! `|d| < 2^48`, or the tensor is not re-laid here (it keeps `matmul/repack_f8.rs`'s layout):
 //! the kernel widens codes without a NaN fix-up and scales by `d * 2^72` without overflow.
 
 use crate::kernels::arch::generic::f8dot_generic::F8_BLOCK;
-pub(crate) use crate::kernels::arch::generic::f8g_generic::{group_bytes, spans, BLOCK8, SPAN};
+pub(crate) use crate::kernels::arch::generic::f8g_generic::{
+    code_pos, group_bytes, spans, BLOCK8, SPAN,
+};
 use crate::kernels::blocks::{over_groups, RG};
 use crate::kernels::matmul::repack_f8::is_nan_code;
 
@@ -87,7 +89,10 @@ impl RepackedF8G {
                 for b in blocks {
                     for r in 0..RG.min(n - g * RG) {
                         let src = &w[((g * RG + r) * nb + b) * F8_BLOCK + 4..][..32];
-                        out[at + 32 * r..at + 32 * r + 32].copy_from_slice(src);
+                        let dst = &mut out[at + 32 * r..at + 32 * r + 32];
+                        for (e, &q) in src.iter().enumerate() {
+                            dst[code_pos(e)] = q;
+                        }
                     }
                     at += BLOCK8;
                 }
@@ -125,7 +130,10 @@ impl RepackedF8G {
             for b in SPAN * s..(SPAN * s + SPAN).min(self.nb) {
                 let dst = &mut out[b * F8_BLOCK..(b + 1) * F8_BLOCK];
                 dst[..4].copy_from_slice(&d);
-                dst[4..].copy_from_slice(&grp[at + 32 * lane..at + 32 * lane + 32]);
+                let src = &grp[at + 32 * lane..at + 32 * lane + 32];
+                for (e, q) in dst[4..].iter_mut().enumerate() {
+                    *q = src[code_pos(e)];
+                }
                 at += BLOCK8;
             }
         }

@@ -36,6 +36,13 @@ pub(crate) const fn group_bytes(nb: usize) -> usize {
     spans(nb) * 32 + nb * BLOCK8
 }
 
+/// The byte of a row's 32 codes that holds element `e` (`8c + i` at `4i + c`: the x86 loops'
+/// widening order, `arch/x86/f8dot_g.rs`).
+#[inline(always)]
+pub(crate) const fn code_pos(e: usize) -> usize {
+    4 * (e % 8) + e / 8
+}
+
 /// The E4M3 code's value times `2^-120`, as the x86 loops widen it (no NaN code: the
 /// layout's invariant).
 #[inline(always)]
@@ -60,7 +67,7 @@ pub(crate) fn row_dot(grp: &[u8], nb: usize, r: usize, xs: &[f32]) -> f32 {
             );
             for c in 0..4 {
                 for (l, blk) in blk.iter_mut().enumerate() {
-                    *blk = widen(q[8 * c + l]).mul_add(xb[8 * c + l], *blk);
+                    *blk = widen(q[code_pos(8 * c + l)]).mul_add(xb[8 * c + l], *blk);
                 }
             }
             at += BLOCK8;

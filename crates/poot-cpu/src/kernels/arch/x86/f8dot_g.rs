@@ -1,14 +1,19 @@
 //! x86 loops of the grouped-scale FP8 dot (`matmul/repack_f8g.rs`'s layout), on AVX2 + FMA:
-//! each row's codes in their order against activation vectors held in registers, 8 rows a
+//! each row's codes 32 at a time against activation vectors held in registers, 8 rows a
 //! group, one scale step per row per span of 128 codes.
 //!
 //! Float steps, per row, are the portable dot's (`arch/generic/f8g_generic.rs`: span lanes
 //! from 0, one FMA a code, `acc = fma(d * 2^72, blk, acc)` per span, `hsum8`), so results are
 //! bit-identical to it (tested).
 //!
-//! Widening: 8 codes sign-extended to 32 bits, shifted left 20 and masked are the `f32`s of
-//! their values times `2^-120` (three integer ops; the F16C route of `f8dot_r8.rs` took five
-//! uops and a conversion port). Activations come prescaled by `2^48`, so products stay normal.
+//! Widening: a row's 32 codes are one load; each code's byte, its sign copied into 4 bits above
+//! it, shifted to bits 20..27 of a 32-bit lane and masked, is the `f32` of its value times
+//! `2^-120`. The layout puts element `8c + i` at byte `4i + c`, so 16-bit arithmetic shifts by
+//! 4 shape a lane's odd bytes in place and (after a 16-bit shift by 8) its even ones, and a
+//! 32-bit shift by 16 or none brings each to the top: 5 shifts and 4 masks for 4 vectors (the
+//! 8-code widening was 8 shifts, and the F16C route of `f8dot_r8.rs` more, on the two vector
+//! pipes that shift and shuffle). Activations come prescaled by `2^48`, so products stay
+//! normal.
 //!
 //! Invariant (soundness): callers hold a `Checked` AVX2 or AVX-512 token (AVX2 and FMA
 //! detected); the entry function asserts the bounds the loops read.
@@ -40,14 +45,25 @@ pub(crate) fn group_tokens(g: &[u8], nb: usize, xs: &[f32], t: usize, out: &mut 
     }
 }
 
-/// 8 codes at `p` as their values times `2^-120`.
+/// A row's 32 codes at `p` (element `8c + i` at byte `4i + c`) as 4 vectors of their values
+/// times `2^-120`: vector `c` holds elements `8c..8c + 8`.
 #[inline(always)]
-unsafe fn widen8(p: *const u8) -> __m256 {
-    // SAFETY: 8 readable bytes at `p` (caller); AVX2 enabled by the caller.
+unsafe fn widen32(p: *const u8) -> [__m256; 4] {
+    // SAFETY: 32 readable bytes at `p` (caller); AVX2 enabled by the caller.
     unsafe {
-        let s = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast()));
+        let q = _mm256_loadu_si256(p.cast());
         let mask = _mm256_set1_epi32(0x87F0_0000u32 as i32);
-        _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32::<20>(s), mask))
+        // 16-bit lanes: the high byte (`4i + 1`, `4i + 3`) and the low one (`4i`, `4i + 2`)
+        // at bits 4..11 with their sign above.
+        let hi = _mm256_srai_epi16::<4>(q);
+        let lo = _mm256_srai_epi16::<4>(_mm256_slli_epi16::<8>(q));
+        let f = |v: __m256i| _mm256_castsi256_ps(_mm256_and_si256(v, mask));
+        [
+            f(_mm256_slli_epi32::<16>(lo)),
+            f(_mm256_slli_epi32::<16>(hi)),
+            f(lo),
+            f(hi),
+        ]
     }
 }
 
@@ -94,10 +110,10 @@ unsafe fn one_avx2(g: &[u8], nb: usize, xs: &[f32], out: &mut [f32]) {
                 crate::kernels::simd::prefetch_stream(p, BLOCK8, ahead);
                 let xv = acts(xp.add(32 * b));
                 for (r, blk) in blk.iter_mut().enumerate() {
-                    let q = p.add(32 * r);
+                    let w = widen32(p.add(32 * r));
                     let mut a = *blk;
-                    for (c, xv) in xv.iter().enumerate() {
-                        a = _mm256_fmadd_ps(widen8(q.add(8 * c)), *xv, a);
+                    for (w, xv) in w.iter().zip(&xv) {
+                        a = _mm256_fmadd_ps(*w, *xv, a);
                     }
                     *blk = a;
                 }
@@ -128,8 +144,8 @@ unsafe fn tile_avx2(g: &[u8], nb: usize, xs: &[f32], k: usize, t: usize, out: &m
             blk[..t].fill([_mm256_setzero_ps(); RG]);
             for b in SPAN * s..(SPAN * s + SPAN).min(nb) {
                 let p = gp.add(at);
-                for (i, w) in w.iter_mut().enumerate() {
-                    *w = widen8(p.add(8 * i));
+                for (r, w) in w.chunks_exact_mut(4).enumerate() {
+                    w.copy_from_slice(&widen32(p.add(32 * r)));
                 }
                 for (j, blk) in blk.iter_mut().enumerate().take(t) {
                     let xv = acts(xp.add(j * k + 32 * b));
