@@ -1,5 +1,7 @@
 //! The ggml-numerics FP8 matmul over the grouped-scale 8-row layout (`matmul/repack_f8g.rs`):
-//! `out[t][n] = dot(W[n], x[t])` with activations as computed.
+//! `out[t][n] = dot(W[n], x[t])` with activations as computed; several weights that read the
+//! same `x` (a layer's q/k/v, its gate/up) in one pool dispatch, each output bit-identical to
+//! its own call's.
 //!
 //! How: the activations are prescaled by `2^48` once a call (the layout's codes widen to their
 //! values times `2^-120`; see `arch/generic/f8g_generic.rs`), then tasks are runs of whole
@@ -40,7 +42,23 @@ pub(crate) fn matmul_f8g(
     out: &mut [f32],
     pool: &ThreadPool,
 ) {
-    debug_assert!(k == 32 * w.nb && x.len() == t * k && out.len() == t * w.n);
+    matmul_f8g_fused(ck, &[w], x, t, k, &mut [out], pool);
+}
+
+/// [`matmul_f8g`] for up to `MAX_SEGMENTS` weights of the same `k` (`outs[i]` is
+/// `[t, ws[i].n]`), in one dispatch; the activations are prescaled once.
+pub(crate) fn matmul_f8g_fused(
+    ck: Checked,
+    ws: &[&RepackedF8G],
+    x: &[f32],
+    t: usize,
+    k: usize,
+    outs: &mut [&mut [f32]],
+    pool: &ThreadPool,
+) {
+    debug_assert!(ws.iter().all(|w| k == 32 * w.nb) && x.len() == t * k);
+    debug_assert!(ws.len() == outs.len());
+    debug_assert!(ws.iter().zip(outs.iter()).all(|(w, o)| o.len() == t * w.n));
     let simd = crate::kernels::matmul::groups::simd_rows(ck);
     let mut xs = Scratch::<f32>::zeroed(t * k);
     let mut big = Scratch::<usize>::zeroed(0);
@@ -53,23 +71,22 @@ pub(crate) fn matmul_f8g(
         }
     }
     let (xs, big) = (&xs[..], &big[..]);
-    let segs: Segments<'_> = [
-        Some(Segment {
+    let mut segs: Segments<'_> = [None, None, None, None];
+    for ((seg, w), out) in segs.iter_mut().zip(ws).zip(outs.iter_mut()) {
+        *seg = Some(Segment {
             groups: w.groups(),
             per: 1,
             n: w.n,
             out,
-        }),
-        None,
-        None,
-        None,
-    ];
+        });
+    }
     let stream = simd && t == 1;
     over_segments(
         pool,
         segs,
-        stream.then_some(&|_: usize, g: usize| w.group(g)),
-        |_, g, write| {
+        stream.then_some(&|s: usize, g: usize| ws[s].group(g)),
+        |s, g, write| {
+            let w = ws[s];
             let (grp, rows) = (w.group(g), RG.min(w.n - g * RG));
             // The tokens too large for the prescale: the stored rows' dot, row by row.
             let exact = |tok: usize, res: &mut [f32]| {

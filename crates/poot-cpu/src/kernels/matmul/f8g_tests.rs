@@ -221,3 +221,41 @@ fn a_token_too_large_for_the_prescale_takes_the_stored_dot_alone() {
         }
     }
 }
+
+#[test]
+fn a_fused_call_gives_each_weight_its_own_calls_bits() {
+    // q/k/v-like: three weights of one k, ragged row counts; a per-block weight among them
+    // takes its own call.
+    let k = 576;
+    let ws = [grouped(24, k, 21), grouped(13, k, 22), grouped(8, k, 23)];
+    let per_block = synthetic_weights(DType::F8_S, 9, k, 24);
+    for isa in Isa::available() {
+        let mut rps: Vec<Repack> = ws
+            .iter()
+            .map(|w| relaid(isa, w, w.len() / (k / 32 * BB), k))
+            .collect();
+        rps.push(relaid(isa, &per_block, 9, k));
+        assert!(matches!(rps[3], Repack::F8(_)));
+        for (t, m) in [(1, 3), (3, 3), (11, 4)] {
+            let x = acts(t, k, 30 + t as u32);
+            let pool = ThreadPool::new(2).unwrap();
+            let refs: Vec<&Repack> = rps[..m].iter().collect();
+            let mut outs: Vec<Vec<f32>> = refs.iter().map(|w| vec![f32::NAN; t * w.n()]).collect();
+            let mut slices: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o[..]).collect();
+            crate::kernels::matmul::matmul_repacked_fused(
+                isa,
+                &x,
+                t,
+                k,
+                &refs,
+                &mut slices,
+                &pool,
+                None,
+            )
+            .unwrap();
+            for (w, got) in refs.iter().zip(&outs) {
+                assert_eq!(bits(got), bits(&run(isa, 1, w, &x, t, k)), "{isa:?} t={t}");
+            }
+        }
+    }
+}

@@ -504,8 +504,21 @@ pub(crate) fn matmul_repacked_fused(
                 return Ok(());
             }
         }
-        // FP8 reads no quantized activations: one call each costs nothing shared.
-        Repack::F8(_) | Repack::F8G(_) => {}
+        Repack::F8G(first) => {
+            let mut f = [first; groups::MAX_SEGMENTS];
+            for (slot, w) in f.iter_mut().zip(ws) {
+                if let Repack::F8G(r) = w {
+                    *slot = r;
+                }
+            }
+            if ws.iter().all(|w| matches!(w, Repack::F8G(_))) {
+                f8g::matmul_f8g_fused(ck, &f[..m], x, t, k, outs, pool);
+                return Ok(());
+            }
+        }
+        // The per-block FP8 layout reads no quantized activations: one call each costs
+        // nothing shared but the dispatch.
+        Repack::F8(_) => {}
     }
     for (w, out) in ws.iter().zip(outs.iter_mut()) {
         let c = cache.as_mut().map(|(c, key)| (&mut **c, *key));
