@@ -8,10 +8,11 @@ small f16 normals. The GPTQ zero points vary by group and column, as an asymmetr
 false``) export's do: a symmetric one's (all 8) would take poot's Q4_0 layout, and the row would
 not measure the zero-point kernel its config names. Every linear layer is quantized, the LM head
 too (untied, as GPTQModel's ``lm_head: true`` and FP8 exports of tied models write it), so the
-bytes a decode step reads match the GGUF row of the nearest bit width (Q4_0: 4.5 bits a weight,
-Q4_Z 4.75; Q8_0: 8.5, F8_S 9). The tokenizer is SmolLM2's (from its GGUF), padded with unreachable
-tokens to the shape's vocabulary. Directories are cached under
-``$XDG_CACHE_HOME/poot/bench-hf`` (never in the repository) and rebuilt only when missing.
+bytes a decode step reads are near the GGUF row of the nearest bit width (Q4_0: 4.5 bits a
+weight, poot's grouped Q4_Z at group 128 4.19; Q8_0: 8.5, poot's grouped FP8 8.25). The
+tokenizer is SmolLM2's (from its GGUF), padded with unreachable tokens to the shape's
+vocabulary. Directories are cached under ``$XDG_CACHE_HOME/poot/bench-hf`` (never in the
+repository) and rebuilt only when missing.
 """
 
 from __future__ import annotations
@@ -224,10 +225,12 @@ def synthetic_hf(shape: Shape, layout: str, smollm_path: Path) -> Path:
 
 def bytes_per_token(shape: Shape, layout: str, ctx: int, kv_elem: int = 2) -> tuple[int, int]:
     """(bytes of weights one decode step reads as poot holds them, KV bytes at context
-    ``ctx``): every linear layer as Q4_Z (19 bytes a 32-block) or F8_S (36), the norms, one
-    embedding row; KV elements of ``kv_elem`` bytes."""
-    block = 19 if layout == "gptq-int4-g128" else 36
-    weights = sum(n * k // 32 * block for _, n, k in _linears(shape))
+    ``ctx``): every linear layer in poot's grouped re-lays, Q4_Z at group 128 with one scale
+    and zero a row per group (67 bytes a 128-column run, ``matmul/repack_zg.rs``) or FP8 with
+    one f32 scale a row per 128 columns (132, ``matmul/repack_f8g.rs``), the norms, one
+    embedding row; KV elements of ``kv_elem`` bytes. Every shape's inputs are whole 128s."""
+    run = 67 if layout == "gptq-int4-g128" else 132
+    weights = sum(n * k // 128 * run for _, n, k in _linears(shape))
     weights += (2 * shape.layers + 1) * shape.dim * 2 + shape.dim * 2
     hd = shape.dim // shape.heads
     return weights, 2 * shape.layers * ctx * shape.kv_heads * hd * kv_elem
