@@ -10,8 +10,8 @@
 //!
 //! Layout: rows in groups of 8 (the last padded with zero rows: scale 0, codes 0; their
 //! outputs are never written). Group `g` is its spans in column order; span `s` (blocks
-//! `4s..min(4s + 4, nb)`, so the last may hold fewer) is the 8 rows' `f32` scales as stored
-//! (32 bytes, row `r` at `4r`), then per block, per row `r`, the row's 32 codes, element
+//! `4s..min(4s + 4, nb)`, so the last may hold fewer) is the 8 rows' `f32` scales times
+//! `2^72` (exact both ways; 32 bytes, row `r` at `4r`), then per block, per row `r`, the row's 32 codes, element
 //! `8c + i` at byte `4i + c` (`code_pos`: the order the x86 loops widen 32 codes in). `data.len() == groups * group_bytes(nb)`; immutable once built.
 //!
 //! Invariants: no code is a NaN code (E4M3 `0x7f`, `0xff`) and every scale is finite with
@@ -20,7 +20,7 @@
 
 use crate::kernels::arch::generic::f8dot_generic::F8_BLOCK;
 pub(crate) use crate::kernels::arch::generic::f8g_generic::{
-    code_pos, group_bytes, spans, BLOCK8, SPAN,
+    code_pos, group_bytes, spans, BLOCK8, D_SCALE, SPAN,
 };
 use crate::kernels::blocks::{over_groups, RG};
 use crate::kernels::matmul::repack_f8::is_nan_code;
@@ -83,7 +83,8 @@ impl RepackedF8G {
                 let blocks = SPAN * s..(SPAN * s + SPAN).min(nb);
                 for r in 0..RG.min(n - g * RG) {
                     let src = &w[((g * RG + r) * nb + blocks.start) * F8_BLOCK..];
-                    out[at + 4 * r..at + 4 * r + 4].copy_from_slice(&src[..4]);
+                    let d = f32::from_le_bytes([src[0], src[1], src[2], src[3]]) * D_SCALE;
+                    out[at + 4 * r..at + 4 * r + 4].copy_from_slice(&d.to_le_bytes());
                 }
                 at += 32;
                 for b in blocks {
@@ -126,6 +127,7 @@ impl RepackedF8G {
         let mut at = 0;
         for s in 0..spans(self.nb) {
             let d: [u8; 4] = grp[at + 4 * lane..at + 4 * lane + 4].try_into().unwrap();
+            let d = (f32::from_le_bytes(d) / D_SCALE).to_le_bytes();
             at += 32;
             for b in SPAN * s..(SPAN * s + SPAN).min(self.nb) {
                 let dst = &mut out[b * F8_BLOCK..(b + 1) * F8_BLOCK];

@@ -23,7 +23,8 @@ pub(crate) const BLOCK8: usize = RG * 32;
 /// tokens that large).
 pub(crate) const X_SCALE: f32 = (1u64 << 48) as f32;
 
-/// The scales' factor: `2^120` (the codes' offset) over [`X_SCALE`].
+/// The scales' factor: `2^120` (the codes' offset) over [`X_SCALE`]; the layout stores each
+/// scale times it (exact: the layout bounds the scales).
 pub(crate) const D_SCALE: f32 = (1u128 << 72) as f32;
 
 /// Spans of a row of `nb` blocks.
@@ -57,7 +58,8 @@ pub(crate) fn row_dot(grp: &[u8], nb: usize, r: usize, xs: &[f32]) -> f32 {
     let mut at = 0;
     for s in 0..spans(nb) {
         let d = &grp[at + 4 * r..at + 4 * r + 4];
-        let d = f32::from_le_bytes([d[0], d[1], d[2], d[3]]) * D_SCALE;
+        // Stored times 2^72 already (the layout's).
+        let d = f32::from_le_bytes([d[0], d[1], d[2], d[3]]);
         at += 32;
         let mut blk = [0.0f32; 8];
         for b in SPAN * s..(SPAN * s + SPAN).min(nb) {

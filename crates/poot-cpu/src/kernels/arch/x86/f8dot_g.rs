@@ -20,7 +20,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::kernels::arch::generic::f8g_generic::{group_bytes, spans, BLOCK8, D_SCALE, SPAN};
+use crate::kernels::arch::generic::f8g_generic::{group_bytes, spans, BLOCK8, SPAN};
 use crate::kernels::blocks::RG;
 use crate::kernels::ggml::hsum8;
 
@@ -67,11 +67,11 @@ unsafe fn widen32(p: *const u8) -> [__m256; 4] {
     }
 }
 
-/// Row `r`'s scale of the span header at `sc`, times `2^72` (exact: the layout bounds it).
+/// Row `r`'s scale of the span header at `sc` (stored times `2^72`).
 #[inline(always)]
 unsafe fn scale(sc: *const u8, r: usize) -> __m256 {
     // SAFETY: 32 readable bytes at `sc` (caller), `r < 8`; AVX enabled by the caller.
-    unsafe { _mm256_set1_ps(sc.add(4 * r).cast::<f32>().read_unaligned() * D_SCALE) }
+    unsafe { _mm256_set1_ps(sc.add(4 * r).cast::<f32>().read_unaligned()) }
 }
 
 /// The 32 prescaled activations at `xb` as 4 vectors.
