@@ -22,7 +22,7 @@
 use crate::kernels::arch::generic::f8dot_generic::{dot_scalar, F8_BLOCK};
 use crate::kernels::arch::generic::f8g_generic::{row_dot, X_SCALE};
 use crate::kernels::blocks::RG;
-use crate::kernels::matmul::groups::{over_segments, over_tokens, Segment, Segments};
+use crate::kernels::matmul::groups::{over_segments, over_tokens, segments};
 use crate::kernels::matmul::repack_f8g::RepackedF8G;
 use crate::kernels::scratch::Scratch;
 use crate::kernels::simd::Checked;
@@ -71,15 +71,7 @@ pub(crate) fn matmul_f8g_fused(
         }
     }
     let (xs, big) = (&xs[..], &big[..]);
-    let mut segs: Segments<'_> = [None, None, None, None];
-    for ((seg, w), out) in segs.iter_mut().zip(ws).zip(outs.iter_mut()) {
-        *seg = Some(Segment {
-            groups: w.groups(),
-            per: 1,
-            n: w.n,
-            out,
-        });
-    }
+    let segs = segments(ws, outs, |w| (w.groups(), 1, w.n));
     let stream = simd && t == 1;
     over_segments(
         pool,

@@ -142,6 +142,26 @@ const STREAM_CHUNK: usize = 16;
 /// The segments of one call: the first ones `Some`, the rest `None`.
 pub(crate) type Segments<'o> = [Option<Segment<'o>>; MAX_SEGMENTS];
 
+/// One segment per weight of `ws` (at most [`MAX_SEGMENTS`]) writing `outs[i]`, its groups,
+/// groups a unit and rows from `of(w)` as `(groups, per, n)`.
+pub(crate) fn segments<'o, W>(
+    ws: &[W],
+    outs: &'o mut [&mut [f32]],
+    of: impl Fn(&W) -> (usize, usize, usize),
+) -> Segments<'o> {
+    let mut segs: Segments<'o> = [None, None, None, None];
+    for ((seg, w), out) in segs.iter_mut().zip(ws).zip(outs.iter_mut()) {
+        let (groups, per, n) = of(w);
+        *seg = Some(Segment {
+            groups,
+            per,
+            n,
+            out,
+        });
+    }
+    segs
+}
+
 /// The task loop: `body(s, g, write)` runs for every `per`-th group `g` of every segment `s`, in
 /// whole units of `per` groups; `write(tok, res)` stores `res` (rows `8g..8g + res.len()` of
 /// segment `s`) for token `tok`. Without `first`, units go in tasks (about four per thread over

@@ -38,7 +38,7 @@
 use crate::kernels::act_cache::ActCache;
 use crate::kernels::blocks::RG;
 use crate::kernels::format::Format;
-use crate::kernels::matmul::groups::{over_segments, over_tokens, Segment, Segments};
+use crate::kernels::matmul::groups::{over_segments, over_tokens, segments};
 use crate::kernels::matmul::repack::Repacked;
 use crate::kernels::qact::{BlockQ8, QK8};
 use crate::kernels::scratch::Scratch;
@@ -148,15 +148,9 @@ pub(crate) fn matmul_r8_fused(
     };
     #[cfg(not(target_arch = "x86_64"))]
     let pairs = |_: &Repacked| false;
-    let mut segs: Segments<'_> = [None, None, None, None];
-    for ((seg, w), out) in segs.iter_mut().zip(ws).zip(outs.iter_mut()) {
-        *seg = Some(Segment {
-            groups: w.groups(),
-            per: if pairs(w) { 2 } else { 1 },
-            n: w.n,
-            out,
-        });
-    }
+    let segs = segments(ws, outs, |w| {
+        (w.groups(), if pairs(w) { 2 } else { 1 }, w.n)
+    });
     over_segments(
         pool,
         segs,

@@ -17,7 +17,7 @@
 use crate::kernels::act_cache::ActCache;
 use crate::kernels::blocks::RG;
 use crate::kernels::format::Format;
-use crate::kernels::matmul::groups::{over_segments, over_tokens, Segment, Segments};
+use crate::kernels::matmul::groups::{over_segments, over_tokens, segments};
 use crate::kernels::matmul::qdot_k::{dot_scalar, quantized_k};
 use crate::kernels::matmul::repack_k::RepackedK;
 use crate::kernels::qact::{BlockQ8K, QK_K};
@@ -74,15 +74,7 @@ pub(crate) fn matmul_rk_fused(
         && crate::kernels::arch::x86::qdot_rk::available512();
     #[cfg(not(target_arch = "x86_64"))]
     let pairs = false;
-    let mut segs: Segments<'_> = [None, None, None, None];
-    for ((seg, w), out) in segs.iter_mut().zip(ws).zip(outs.iter_mut()) {
-        *seg = Some(Segment {
-            groups: w.groups(),
-            per: if pairs { 2 } else { 1 },
-            n: w.n,
-            out,
-        });
-    }
+    let segs = segments(ws, outs, |w| (w.groups(), if pairs { 2 } else { 1 }, w.n));
     over_segments(
         pool,
         segs,
