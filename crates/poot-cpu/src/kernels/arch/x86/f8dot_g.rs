@@ -12,8 +12,12 @@
 //! 4 shape a lane's odd bytes in place and (after a 16-bit shift by 8) its even ones, and a
 //! 32-bit shift by 16 or none brings each to the top: 5 shifts and 4 masks for 4 vectors (the
 //! 8-code widening was 8 shifts, and the F16C route of `f8dot_r8.rs` more, on the two vector
-//! pipes that shift and shuffle). Activations come prescaled by `2^48`, so products stay
-//! normal.
+//! pipes that shift and shuffle). Byte multiplies (`vpmaddubsw`, then `vpmaddwd` to move a
+//! half up) do it without shifts on other pipes, and llvm-mca (znver3) liked them, but they
+//! ran slower here. The FMAs read the activations from memory (`fma_mem`): four of them held
+//! in registers left too few for the 8 rows' chains and the widening, and LLVM spilled the
+//! widened codes (two threads streaming from DRAM: 1.11x the calls a second, median of 6
+//! alternations). Activations come prescaled by `2^48`, so products stay normal.
 //!
 //! Invariant (soundness): callers hold a `Checked` AVX2 or AVX-512 token (AVX2 and FMA
 //! detected); the entry function asserts the bounds the loops read.
@@ -81,6 +85,25 @@ unsafe fn acts(xb: *const f32) -> [__m256; 4] {
     unsafe { [0, 8, 16, 24].map(|o| _mm256_loadu_ps(xb.add(o))) }
 }
 
+/// `a + w * x[..8]`, the activations read by the FMA itself: held in registers (4 of them, as
+/// LLVM hoists them), they left too few for 8 rows' chains and the widening, which spilled.
+#[inline]
+#[target_feature(enable = "avx,fma")]
+unsafe fn fma_mem(a: __m256, w: __m256, x: *const f32) -> __m256 {
+    let mut a = a;
+    // SAFETY: 8 readable floats at `x` (caller); FMA enabled by the caller; reads only.
+    unsafe {
+        std::arch::asm!(
+            "vfmadd231ps {a}, {w}, ymmword ptr [{x}]",
+            a = inout(ymm_reg) a,
+            w = in(ymm_reg) w,
+            x = in(reg) x,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    a
+}
+
 /// `hsum8` of each row's lanes into `out[..8]`.
 #[inline(always)]
 unsafe fn store_rows(acc: &[__m256; 8], out: *mut f32) {
@@ -108,12 +131,12 @@ unsafe fn one_avx2(g: &[u8], nb: usize, xs: &[f32], out: &mut [f32]) {
             for b in SPAN * s..(SPAN * s + SPAN).min(nb) {
                 let p = gp.add(at);
                 crate::kernels::simd::prefetch_stream(p, BLOCK8, ahead);
-                let xv = acts(xp.add(32 * b));
+                let xb = xp.add(32 * b);
                 for (r, blk) in blk.iter_mut().enumerate() {
                     let w = widen32(p.add(32 * r));
                     let mut a = *blk;
-                    for (w, xv) in w.iter().zip(&xv) {
-                        a = _mm256_fmadd_ps(*w, *xv, a);
+                    for (c, w) in w.iter().enumerate() {
+                        a = fma_mem(a, *w, xb.add(8 * c));
                     }
                     *blk = a;
                 }
