@@ -63,10 +63,13 @@ pub(crate) fn matmul_f8g_fused(
     let mut xs = Scratch::<f32>::zeroed(t * k);
     let mut big = Scratch::<usize>::zeroed(0);
     for (tok, (xs, x)) in xs.chunks_exact_mut(k).zip(x.chunks_exact(k)).enumerate() {
+        // One pass: the prescale and the token's largest magnitude together.
+        let mut most = 0.0f32;
         for (xs, &x) in xs.iter_mut().zip(x) {
             *xs = x * X_SCALE;
+            most = most.max(x.abs());
         }
-        if x.iter().any(|v| v.abs() >= TOO_BIG) {
+        if most >= TOO_BIG {
             big.push(tok);
         }
     }
