@@ -14,7 +14,9 @@ llama.cpp alternating within each round (so both see the same machine load), eve
 fresh prompt (no prefix-cache hits), the median of the rounds; the ratio poot/peer, round by
 round, and its median and range; and the decode roofline: bytes read per token (every weight
 the step reads, plus the KV cache at mid-decode) over the read bandwidth measured before each
-of the row's rounds (numpy, the same thread count), and poot's fraction of it. Resident memory
+of the row's rounds (numpy, the same thread count, reading a buffer of those bytes over and
+over: a model that fits the last-level cache is bounded by its bandwidth, not DRAM's), and
+poot's fraction of it. Resident memory
 is poot's RSS growth while it loads the model and generates, in a fresh interpreter, against
 the GGUF size plus its KV pool.
 
@@ -136,30 +138,43 @@ def _prompt(n: int, vocab: int = 41000) -> list[int]:
     return [1] + [(i * 7919 + salt * 104729) % span + 1000 for i in range(n - 1)]
 
 
-def read_bandwidth(threads: int = THREADS, mib: int = 1024, passes: int = 5) -> float:
-    """Bytes per second `threads` threads read from DRAM: the best of `passes` passes over
-    `mib` MiB for each of three numpy reductions, since which one keeps up with the memory
-    depends on the CPU (on a Zen 5, `np.max` over float32 is compute-bound at 33-35 GB/s where an OR
-    over the same bytes as uint64 reads 45-47, and poot's own decode streamed faster than
-    the float max, so a roofline from it alone read over 100%)."""
-    a = np.ones(mib << 18, dtype=np.float32)
+def read_bandwidth(threads: int = THREADS, nbytes: int = 1 << 30, passes: int = 5) -> float:
+    """Bytes per second `threads` threads read from a buffer of `nbytes` bytes, read over and
+    over: the best of `passes` passes for each of three numpy reductions, since which one keeps
+    up with the memory depends on the CPU (on a Zen 5, `np.max` over float32 is compute-bound at
+    33-35 GB/s where an OR over the same bytes as uint64 reads 45-47, and poot's own decode
+    streamed faster than the float max, so a roofline from it alone read over 100%).
+
+    The buffer is the size of what one decode step reads, because that is where its bytes
+    live: a model smaller than the last-level cache decodes from it, not from DRAM (on an
+    Emerald Rapids with 300 MiB of L3 a fixed 512 MiB probe read 31 GB/s where one of the
+    default model's 100 MB read 50, and SmolLM2's decode read 105% of that DRAM roofline).
+    A pass reads the buffer at least 256 MiB's worth of times, so a small buffer's figure is
+    not the threads' start-up."""
+    a = np.ones(max(nbytes, threads << 12) // 8 * 2, dtype=np.float32)
+    reps = max(1, -(-(256 << 20) // a.nbytes))
     reads: list[tuple[Callable[[Any], Any], Any]] = [
         (np.max, a),
         (np.bitwise_or.reduce, a.view(np.uint64)),
         (np.max, a.view(np.int64)),
     ]
+
+    def again(fn: Callable[[Any], Any], part: Any) -> None:
+        for _ in range(reps):
+            fn(part)
+
     best = float("inf")
     for fn, arr in reads:
         parts = np.array_split(arr, threads)
         for _ in range(passes):
-            ths = [threading.Thread(target=fn, args=(p,)) for p in parts]
+            ths = [threading.Thread(target=again, args=(fn, p)) for p in parts]
             t0 = time.perf_counter()
             for t in ths:
                 t.start()
             for t in ths:
                 t.join()
             best = min(best, time.perf_counter() - t0)
-    return a.nbytes / best
+    return a.nbytes * reps / best
 
 
 def bytes_per_token(path: Path, ctx: int, kv_elem: int = 2) -> tuple[int, int]:
@@ -322,9 +337,11 @@ def run_row(
     # The bandwidth is read before every round, next to the decodes it bounds: on a shared VM
     # it moved by 2x within minutes, so one reading at the start of the run made the later
     # rows' rooflines meaningless.
+    kv_elem = 4 if row.numerics == "exact" else 2
+    weights, kvb = (weight_bytes or (lambda c, e: bytes_per_token(path, c, e)))(64 + 64, kv_elem)
     reads: list[float] = []
     for _ in range(rounds):
-        reads.append(read_bandwidth(mib=512, passes=3))
+        reads.append(read_bandwidth(nbytes=weights + kvb, passes=3))
         for name, make in impls:
             pre[name].append(512 / _timed(make(_prompt(512, vocab), 1)))
             short = _timed(make(_prompt(64, vocab), 1))
@@ -332,8 +349,6 @@ def run_row(
             dec[name].append(128 / max(long - short, 1e-9))
     row.prefill = {k: statistics.median(v) for k, v in pre.items()}
     row.decode = {k: statistics.median(v) for k, v in dec.items()}
-    kv_elem = 4 if row.numerics == "exact" else 2
-    weights, kvb = (weight_bytes or (lambda c, e: bytes_per_token(path, c, e)))(64 + 64, kv_elem)
     row.bandwidth = statistics.median(reads)
     row.roofline = row.bandwidth / (weights + kvb)
     # Ratios are taken round by round, between runs seconds apart, and then their median: the
@@ -375,7 +390,9 @@ def machine() -> str:
 
 def table(rows: list[Row]) -> str:
     lines = [
-        f"Read bandwidth: {THREADS} threads, numpy, measured before every round of a row; the "
+        f"Read bandwidth: {THREADS} threads, numpy, reading a buffer of the row's bytes per "
+        "decode step over and over (from cache where they fit), measured before every round "
+        "of a row; the "
         "roofline column uses the row's median. Ratios and roofline fractions are the median "
         "of the rounds' own (each round's poot and llama.cpp runs, and its bandwidth reading, "
         "are seconds apart), with their range in brackets.",

@@ -162,15 +162,61 @@ pub(crate) fn segments<'o, W>(
     segs
 }
 
+/// The units of a call's segments: `starts[s]` is segment `s`'s first unit (units numbered over
+/// all segments in order), `meta[s]` its `(n, per, groups)`, `outs[s]` its output.
+struct Units<'o> {
+    starts: [usize; MAX_SEGMENTS + 1],
+    meta: [(usize, usize, usize); MAX_SEGMENTS],
+    outs: [Option<SharedMut<'o, f32>>; MAX_SEGMENTS],
+    count: usize,
+}
+
+impl<'o> Units<'o> {
+    fn new(segs: Segments<'o>) -> Self {
+        let mut u = Units {
+            starts: [0; MAX_SEGMENTS + 1],
+            meta: [(0, 1, 0); MAX_SEGMENTS],
+            outs: [None, None, None, None],
+            count: 0,
+        };
+        for (s, seg) in segs.into_iter().map_while(|s| s).enumerate() {
+            u.starts[s + 1] = u.starts[s] + seg.groups.div_ceil(seg.per);
+            u.meta[s] = (seg.n, seg.per, seg.groups);
+            u.outs[s] = Some(SharedMut::new(seg.out));
+            u.count = s + 1;
+        }
+        u
+    }
+
+    fn total(&self) -> usize {
+        self.starts[self.count]
+    }
+
+    /// The segment holding unit `u`.
+    fn segment(&self, u: usize) -> usize {
+        (0..self.count).rfind(|&s| self.starts[s] <= u).unwrap_or(0)
+    }
+
+    /// Unit `u`'s segment and first group.
+    fn locate(&self, u: usize) -> (usize, usize) {
+        let s = self.segment(u);
+        (s, (u - self.starts[s]) * self.meta[s].1)
+    }
+
+    fn out(&self, s: usize) -> &SharedMut<'o, f32> {
+        let Some(out) = &self.outs[s] else {
+            unreachable!("every segment below segs.len() has its output")
+        };
+        out
+    }
+}
+
 /// The task loop: `body(s, g, write)` runs for every `per`-th group `g` of every segment `s`, in
 /// whole units of `per` groups; `write(tok, res)` stores `res` (rows `8g..8g + res.len()` of
 /// segment `s`) for token `tok`. Without `first`, units go in tasks (about four per thread over
 /// all segments together, which balances load when other processes share the cores). With
-/// `first` (one token, whose call streams the weights from DRAM; `first(s, g)` gives a group's
-/// bytes), each thread walks one contiguous run of units and then takes from the back of the
-/// others' (`ThreadPool::for_each_run`), prefetching the first [`prefetch_ahead`] bytes of each
-/// range that does not continue its stream: a thread's stream restarting at every task had made
-/// a small matrix mostly restarts.
+/// `first` (one token, whose call streams the weights; `first(s, g)` gives a group's bytes),
+/// the units go as in [`over_segments_one`], a group per call.
 pub(crate) fn over_segments<'w, B>(
     pool: &ThreadPool,
     segs: Segments<'_>,
@@ -179,29 +225,13 @@ pub(crate) fn over_segments<'w, B>(
 ) where
     B: Fn(usize, usize, &dyn Fn(usize, &[f32])) + Sync,
 {
-    // starts[s]: the first unit of segment s (units numbered over all segments in order).
-    let mut starts = [0usize; MAX_SEGMENTS + 1];
-    let mut meta = [(0usize, 1usize); MAX_SEGMENTS]; // (n, per)
-    let mut outs: [Option<SharedMut<'_, f32>>; MAX_SEGMENTS] = [None, None, None, None];
-    let mut count = 0;
-    for (s, seg) in segs.into_iter().map_while(|s| s).enumerate() {
-        starts[s + 1] = starts[s] + seg.groups.div_ceil(seg.per);
-        meta[s] = (seg.n, seg.per);
-        outs[s] = Some(SharedMut::new(seg.out));
-        count = s + 1;
-    }
-    let units = starts[count];
-    let locate = |u: usize| {
-        let s = (0..count).rfind(|&s| starts[s] <= u).unwrap_or(0);
-        (s, (u - starts[s]) * meta[s].1)
-    };
+    let units = Units::new(segs);
+    let total = units.total();
     let run = |range: std::ops::Range<usize>| {
         for u in range {
-            let (s, g) = locate(u);
-            let (n, _) = meta[s];
-            let Some(out) = &outs[s] else {
-                unreachable!("every segment below segs.len() has its output")
-            };
+            let (s, g) = units.locate(u);
+            let (n, _, _) = units.meta[s];
+            let out = units.out(s);
             body(s, g, &|tok, res| {
                 // The group's rows (padding rows past `n` dropped), stored at once.
                 let rows = res.len().min(n.saturating_sub(g * RG));
@@ -213,17 +243,59 @@ pub(crate) fn over_segments<'w, B>(
         }
     };
     let Some(first) = first else {
-        let (per_task, tasks) = pool.split(units);
+        let (per_task, tasks) = pool.split(total);
         pool.for_each(tasks, |task| {
-            run(task * per_task..((task + 1) * per_task).min(units))
+            run(task * per_task..((task + 1) * per_task).min(total))
         });
         return;
     };
     let first_of = |u: usize| {
-        let (s, g) = locate(u);
+        let (s, g) = units.locate(u);
         first(s, g)
     };
-    stream_units(pool, units, &first_of, run);
+    stream_units(pool, total, &first_of, run);
+}
+
+/// The one-token task loop: `body(s, g0, g1, out)` runs groups `g0..g1` of segment `s` (whole
+/// units, within one segment), `out` being their rows of that segment's output (`[n]`; padding
+/// rows past `n` dropped, so a segment's last group may be short). Each thread walks one
+/// contiguous run of units and then takes from the back of the others'
+/// (`ThreadPool::for_each_run`), prefetching the first [`prefetch_ahead`] bytes of each range
+/// that does not continue its stream (`first(s, g)` gives a group's bytes): a thread's stream
+/// restarting at every task had made a small matrix mostly restarts.
+///
+/// Why a range per call and not a group: a group at SmolLM2's `k = 576` is under 300 cycles of
+/// kernel work, and a call per group (finding its segment, the kernel's entry checks and
+/// set-up, a result store through a closure) had cost a tenth of that.
+pub(crate) fn over_segments_one<'w, B>(
+    pool: &ThreadPool,
+    segs: Segments<'_>,
+    first: &(dyn Fn(usize, usize) -> &'w [u8] + Sync),
+    body: B,
+) where
+    B: Fn(usize, usize, usize, &mut [f32]) + Sync,
+{
+    let units = Units::new(segs);
+    let run = |range: std::ops::Range<usize>| {
+        let mut u = range.start;
+        while u < range.end {
+            let s = units.segment(u);
+            let (n, per, groups) = units.meta[s];
+            let end = units.starts[s + 1].min(range.end);
+            let g0 = (u - units.starts[s]) * per;
+            let g1 = ((end - units.starts[s]) * per).min(groups);
+            // SAFETY: units u..end of segment s belong to this range only, so no other range
+            // writes rows 8 * g0..8 * g1 of that segment's output.
+            let out = unsafe { units.out(s).slice_mut(g0 * RG..(g1 * RG).min(n)) };
+            body(s, g0, g1, out);
+            u = end;
+        }
+    };
+    let first_of = |u: usize| {
+        let (s, g) = units.locate(u);
+        first(s, g)
+    };
+    stream_units(pool, units.total(), &first_of, run);
 }
 
 /// The dispatch of a one-token call that streams its weights from DRAM: `run(range)` over

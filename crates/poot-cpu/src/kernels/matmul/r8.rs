@@ -38,6 +38,8 @@
 use crate::kernels::act_cache::ActCache;
 use crate::kernels::blocks::RG;
 use crate::kernels::format::Format;
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::matmul::groups::over_segments_one;
 use crate::kernels::matmul::groups::{over_segments, over_tokens, segments};
 use crate::kernels::matmul::repack::Repacked;
 use crate::kernels::qact::{BlockQ8, QK8};
@@ -148,9 +150,18 @@ pub(crate) fn matmul_r8_fused(
     };
     #[cfg(not(target_arch = "x86_64"))]
     let pairs = |_: &Repacked| false;
-    let segs = segments(ws, outs, |w| {
-        (w.groups(), if pairs(w) { 2 } else { 1 }, w.n)
-    });
+    let per = |w: &Repacked| if pairs(w) { 2 } else { 1 };
+    #[cfg(target_arch = "x86_64")]
+    if stream {
+        let segs = segments(ws, outs, |w| (w.groups(), per(w), w.n));
+        let first = |s: usize, g: usize| ws[s].group(g);
+        over_segments_one(pool, segs, &first, |s, g0, g1, out| {
+            let w = ws[s];
+            one_token(w, (kind, vnni, blocks, pairs(w)), g0..g1, xq, corr, out);
+        });
+        return;
+    }
+    let segs = segments(ws, outs, |w| (w.groups(), per(w), w.n));
     over_segments(
         pool,
         segs,
@@ -219,6 +230,73 @@ pub(crate) fn matmul_r8_fused(
             }
         },
     );
+}
+
+/// One token over groups `gs` of `w` (whole units of the call), `out` their rows (padding past
+/// `w.n` dropped): the run of groups whose rows are all in `out` (in pairs where `pairs`) in
+/// one kernel call, the rest (a short last group, or a pair's last group alone) one group or
+/// pair at a time as [`matmul_r8_fused`]'s tiles take them, so every row gets the same
+/// kernel, and so the same bits, as in a call of its own.
+#[cfg(target_arch = "x86_64")]
+fn one_token(
+    w: &Repacked,
+    (kind, vnni, blocks, pairs): (Format, bool, bool, bool),
+    gs: std::ops::Range<usize>,
+    xq: &[BlockQ8],
+    corr: &[[i32; 8]],
+    out: &mut [f32],
+) {
+    use crate::kernels::arch::x86::{qdot_r16, qdot_r8};
+    let (nb, g0) = (w.nb, gs.start);
+    // Rows of group `g` in `out` get `res`'s first rows.
+    let put = |out: &mut [f32], g: usize, res: &[f32]| {
+        let at = (g - g0) * RG;
+        let rows = res.len().min(out.len() - at);
+        out[at..at + rows].copy_from_slice(&res[..rows]);
+    };
+    if w.qgroup > 1 {
+        use crate::kernels::arch::x86::qdot_zg::group_z;
+        for g in gs {
+            let mut res = [0.0f32; RG];
+            group_z(vnni, w.qgroup, w.group(g), nb, xq, corr, 1, &mut res);
+            put(out, g, &res);
+        }
+        return;
+    }
+    let step = if pairs { 2 } else { 1 };
+    let run = out.len() / RG / step * step;
+    if run > 0 {
+        let (bytes, gbytes) = (w.groups_at(g0, run), w.group(g0).len());
+        let o = &mut out[..run * RG];
+        if pairs {
+            qdot_r16::pairs_one((kind, blocks), bytes, gbytes, nb, xq, corr, o);
+        } else {
+            qdot_r8::groups_one((vnni, kind, blocks), bytes, gbytes, nb, xq, corr, o);
+        }
+    }
+    let mut g = g0 + run;
+    while g < gs.end {
+        if pairs && g + 1 < w.groups() {
+            let mut res = [0.0f32; 2 * RG];
+            let (a, b) = (w.group(g), w.group(g + 1));
+            if blocks {
+                qdot_r16::groups2_blocks(kind, a, b, nb, xq, corr, 1, &mut res);
+            } else {
+                qdot_r16::groups2(kind, a, b, nb, xq, corr, 1, &mut res);
+            }
+            put(out, g, &res);
+            g += 2;
+        } else {
+            let mut res = [0.0f32; RG];
+            if blocks {
+                qdot_r8::group_blocks(vnni, kind, w.group(g), nb, xq, corr, 1, &mut res);
+            } else {
+                qdot_r8::group(vnni, kind, w.group(g), nb, xq, corr, 1, &mut res);
+            }
+            put(out, g, &res);
+            g += 1;
+        }
+    }
 }
 
 #[cfg(test)]

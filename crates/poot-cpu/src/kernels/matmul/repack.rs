@@ -216,8 +216,13 @@ impl Repacked {
 
     /// The superblocks of group `g`.
     pub(crate) fn group(&self, g: usize) -> &[u8] {
+        self.groups_at(g, 1)
+    }
+
+    /// The bytes of groups `g..g + count` (consecutive: group `g + i` is `i` groups' bytes on).
+    pub(crate) fn groups_at(&self, g: usize, count: usize) -> &[u8] {
         let len = self.nb / self.qgroup * self.superblock_bytes();
-        &self.data[g * len..(g + 1) * len]
+        &self.data[g * len..(g + count) * len]
     }
 
     /// Row `r`'s stored bytes, rebuilt from the layout (the scalar path and the tests read

@@ -179,6 +179,75 @@ unsafe fn body_blocks<const KIND: u8, const T: usize>(
     unsafe { qdot_r::body_blocks::<Zmm, KIND, T>((g0.as_ptr(), g1.as_ptr()), nb, a, corr, out) }
 }
 
+/// [`groups2`] (ggml's order) or, with `blocks`, [`groups2_blocks`] for one token over a run
+/// of consecutive pairs of groups at `grps` (groups `gbytes` apart, `out.len() / 16` pairs):
+/// `out[16 * i + r]` = row `r` of pair `i`; the same body at `t = 1`, so the same bits. One
+/// call per claimed run, as `arch::x86::qdot_r8::groups_one`.
+///
+/// # Panics
+/// If `out.len()` is not a multiple of 16 or a slice is shorter than that (internal
+/// invariant).
+#[allow(clippy::too_many_arguments, reason = "one run's operands")]
+pub(crate) fn pairs_one(
+    (kind, blocks): (Format, bool),
+    grps: &[u8],
+    gbytes: usize,
+    nb: usize,
+    a: &[BlockQ8],
+    corr: &[[i32; 8]],
+    out: &mut [f32],
+) {
+    let pairs = out.len() / (2 * RG);
+    assert!(out.len().is_multiple_of(2 * RG) && gbytes >= nb * superblock_bytes(kind));
+    assert!(grps.len() >= 2 * pairs * gbytes && a.len() >= nb && corr.len() >= nb);
+    assert!(has_vnni512());
+    macro_rules! go {
+        ($k:expr, $b:expr) => {
+            // SAFETY: AVX-512 F/BW/VL/VNNI and F16C detected (asserted above); the asserts
+            // are the bounds every pair reads within.
+            unsafe { run_pairs::<{ $k }, { $b }>(grps, gbytes, nb, a, corr, out) }
+        };
+    }
+    match (kind, blocks) {
+        (Format::Q4_1, false) => go!(id::Q4_1, false),
+        (Format::Q4_0, false) => go!(id::Q4_0, false),
+        (Format::Q5_0, false) => go!(id::Q5_0, false),
+        (Format::Q8_0, false) => go!(id::Q8_0, false),
+        (Format::Q4_0, true) => go!(id::Q4_0, true),
+        (Format::Q5_0, true) => go!(id::Q5_0, true),
+        (Format::Q8_0, true) => go!(id::Q8_0, true),
+        (Format::Q4_Z, true) => go!(id::Q4_Z, true),
+        other => unreachable!("{other:?} has no 8-row one-token run"),
+    }
+}
+
+/// [`pairs_one`]'s loop.
+///
+/// # Safety
+/// As [`body`], with [`pairs_one`]'s bounds.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn run_pairs<const KIND: u8, const BLOCKS: bool>(
+    grps: &[u8],
+    gbytes: usize,
+    nb: usize,
+    a: &[BlockQ8],
+    corr: &[[i32; 8]],
+    out: &mut [f32],
+) {
+    for (i, o) in out.chunks_exact_mut(2 * RG).enumerate() {
+        // SAFETY: pair i's two groups lie inside `grps` (the caller's bounds).
+        unsafe {
+            let g0 = grps.as_ptr().add(2 * i * gbytes);
+            let g = (g0, g0.add(gbytes));
+            if BLOCKS {
+                qdot_r::body_blocks::<Zmm, KIND, 1>(g, nb, a, corr, o);
+            } else {
+                qdot_r::body::<Zmm, KIND, 1>(g, nb, a, corr, o);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

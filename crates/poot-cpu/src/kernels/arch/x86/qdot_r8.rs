@@ -177,3 +177,102 @@ unsafe fn group_vnni<const KIND: u8, const T: usize>(
     // SAFETY: same contract; this function's features cover the body's, VNNI included.
     unsafe { body::<Avx2Vnni, KIND, T>(grp.as_ptr(), nb, a, corr, out) }
 }
+
+/// One token over a run of consecutive groups: `out[8 * i + r]` = row `r` of the `i`-th group
+/// at `grps` (groups `gbytes` apart, `out.len() / 8` of them) dotted with the token (`a`,
+/// corrections `corr`), in ggml's order ([`group`]) or, with `blocks`, the block order
+/// ([`group_blocks`]); the same body as those at `t = 1`, so the same bits.
+///
+/// Why: one call per claimed run (`matmul/groups.rs::over_segments_one`) does the entry's checks
+/// and set-up once instead of once per group.
+///
+/// # Panics
+/// If `out.len()` is not a multiple of 8 or a slice is shorter than that (internal invariant).
+#[allow(clippy::too_many_arguments, reason = "one run's operands")]
+pub(crate) fn groups_one(
+    (vnni, kind, blocks): (bool, Format, bool),
+    grps: &[u8],
+    gbytes: usize,
+    nb: usize,
+    a: &[BlockQ8],
+    corr: &[[i32; 8]],
+    out: &mut [f32],
+) {
+    let count = out.len() / RG;
+    assert!(out.len().is_multiple_of(RG) && gbytes >= nb * superblock_bytes(kind));
+    assert!(grps.len() >= count * gbytes && a.len() >= nb && corr.len() >= nb);
+    macro_rules! go {
+        ($k:expr, $b:expr) => {
+            // SAFETY (both arms): AVX2/FMA/F16C by the module invariant, VNNI/VL by
+            // `has_vnni` when `vnni`; the asserts above are the bounds every group reads within.
+            if vnni {
+                unsafe { run_vnni::<{ $k }, { $b }>(grps, gbytes, nb, a, corr, out) }
+            } else {
+                unsafe { run_avx2::<{ $k }, { $b }>(grps, gbytes, nb, a, corr, out) }
+            }
+        };
+    }
+    match (kind, blocks) {
+        (Format::Q4_1, false) => go!(id::Q4_1, false),
+        (Format::Q4_0, false) => go!(id::Q4_0, false),
+        (Format::Q5_0, false) => go!(id::Q5_0, false),
+        (Format::Q8_0, false) => go!(id::Q8_0, false),
+        (Format::Q4_0, true) => go!(id::Q4_0, true),
+        (Format::Q5_0, true) => go!(id::Q5_0, true),
+        (Format::Q8_0, true) => go!(id::Q8_0, true),
+        (Format::Q4_Z, true) => go!(id::Q4_Z, true),
+        other => unreachable!("{other:?} has no 8-row one-token run"),
+    }
+}
+
+/// [`groups_one`]'s loop on 256-bit registers without VNNI.
+///
+/// # Safety
+/// AVX2, FMA, F16C detected; [`groups_one`]'s bounds.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run_avx2<const KIND: u8, const BLOCKS: bool>(
+    grps: &[u8],
+    gbytes: usize,
+    nb: usize,
+    a: &[BlockQ8],
+    corr: &[[i32; 8]],
+    out: &mut [f32],
+) {
+    for (i, o) in out.chunks_exact_mut(RG).enumerate() {
+        // SAFETY: group i's `nb` superblocks lie inside `grps` (the caller's bounds).
+        unsafe {
+            let g = grps.as_ptr().add(i * gbytes);
+            if BLOCKS {
+                body_blocks::<Avx2, KIND, 1>(g, nb, a, corr, o);
+            } else {
+                body::<Avx2, KIND, 1>(g, nb, a, corr, o);
+            }
+        }
+    }
+}
+
+/// [`groups_one`]'s loop with 256-bit VNNI.
+///
+/// # Safety
+/// As [`run_avx2`], and AVX-512 VNNI/VL detected.
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+unsafe fn run_vnni<const KIND: u8, const BLOCKS: bool>(
+    grps: &[u8],
+    gbytes: usize,
+    nb: usize,
+    a: &[BlockQ8],
+    corr: &[[i32; 8]],
+    out: &mut [f32],
+) {
+    for (i, o) in out.chunks_exact_mut(RG).enumerate() {
+        // SAFETY: group i's `nb` superblocks lie inside `grps` (the caller's bounds).
+        unsafe {
+            let g = grps.as_ptr().add(i * gbytes);
+            if BLOCKS {
+                body_blocks::<Avx2Vnni, KIND, 1>(g, nb, a, corr, o);
+            } else {
+                body::<Avx2Vnni, KIND, 1>(g, nb, a, corr, o);
+            }
+        }
+    }
+}
