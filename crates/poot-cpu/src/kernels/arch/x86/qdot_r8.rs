@@ -203,11 +203,12 @@ pub(crate) fn groups_one(
     assert!(grps.len() >= count * gbytes && a.len() >= nb && corr.len() >= nb);
     macro_rules! go {
         ($k:expr, $b:expr) => {
-            // SAFETY (both arms): AVX2/FMA/F16C by the module invariant, VNNI/VL by
-            // `has_vnni` when `vnni`; the asserts above are the bounds every group reads within.
             if vnni {
+                // SAFETY: AVX2/FMA/F16C by the module invariant, VNNI/VL by `has_vnni` when
+                // `vnni`; the asserts above are the bounds every group reads within.
                 unsafe { run_vnni::<{ $k }, { $b }>(grps, gbytes, nb, a, corr, out) }
             } else {
+                // SAFETY: AVX2/FMA/F16C by the module invariant; the asserts above.
                 unsafe { run_avx2::<{ $k }, { $b }>(grps, gbytes, nb, a, corr, out) }
             }
         };
