@@ -13,8 +13,6 @@ use crate::kernels::arch::x86::attention::{
 use crate::kernels::attention::ggml_heads::softmax_round;
 use crate::kernels::attention::kv::KvElem;
 #[cfg(target_arch = "x86_64")]
-use crate::kernels::ggml::hsum8;
-#[cfg(target_arch = "x86_64")]
 use crate::kernels::scratch::AttnGuard;
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::scratch::AttnScratch as Scratch;
@@ -52,6 +50,59 @@ pub(crate) unsafe fn heads_f16<'q, Q: Fn(usize) -> &'q [f32], F: Fn(usize) -> us
     g: usize,
     q_of: Q,
     lens: &[usize],
+    caches: (&[half::f16], &[half::f16]),
+    row_of: F,
+    scale: f32,
+    s: &mut Scratch,
+    o: &mut [f32],
+) {
+    // AVX-512 widens 16 halves per instruction and runs V 16 outputs at a time.
+    if hd.is_multiple_of(16) && crate::CpuFeatures::get().avx512f {
+        // SAFETY: AVX-512F detected just above, the rest by this function's contract.
+        unsafe { heads_f16_512(hd, g, q_of, lens, caches, row_of, scale, s, o) }
+    } else {
+        // SAFETY: AVX2, FMA and F16C by this function's contract.
+        unsafe { heads_body::<Q, F, false>(hd, g, q_of, lens, caches, row_of, scale, s, o) }
+    }
+}
+
+/// [`heads_f16`] with AVX-512F enabled, so that the row widening inlines into the loops over
+/// a block's rows (a call per 64-half row had been a sixth of a decode step's attention) and
+/// the compiler may use the wider registers elsewhere (the order of every operation stays
+/// the one written, so the bits do not change).
+///
+/// # Safety
+/// The caller detected AVX2, FMA, F16C and AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+#[allow(clippy::too_many_arguments, reason = "one KV head's inputs")]
+unsafe fn heads_f16_512<'q, Q: Fn(usize) -> &'q [f32], F: Fn(usize) -> usize>(
+    hd: usize,
+    g: usize,
+    q_of: Q,
+    lens: &[usize],
+    caches: (&[half::f16], &[half::f16]),
+    row_of: F,
+    scale: f32,
+    s: &mut Scratch,
+    o: &mut [f32],
+) {
+    // SAFETY: the features of this function's contract, AVX-512F included.
+    unsafe { heads_body::<Q, F, true>(hd, g, q_of, lens, caches, row_of, scale, s, o) }
+}
+
+/// [`heads_f16`]'s body; `WIDE`: AVX-512F's widening and V loop (`hd % 16 == 0`).
+///
+/// # Safety
+/// As [`heads_f16`], and AVX-512F detected when `WIDE`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments, reason = "one KV head's inputs")]
+unsafe fn heads_body<'q, Q: Fn(usize) -> &'q [f32], F: Fn(usize) -> usize, const WIDE: bool>(
+    hd: usize,
+    g: usize,
+    q_of: Q,
+    lens: &[usize],
     (k_cache, v_cache): (&[half::f16], &[half::f16]),
     row_of: F,
     scale: f32,
@@ -75,14 +126,14 @@ pub(crate) unsafe fn heads_f16<'q, Q: Fn(usize) -> &'q [f32], F: Fn(usize) -> us
     s.k.resize(PB * hd, 0.0);
     s.scores.clear();
     s.scores.resize(tt * g * stride, 0.0);
-    // AVX-512 widens 16 halves per instruction and runs V 16 outputs at a time.
-    let wide = hd.is_multiple_of(16) && crate::CpuFeatures::get().avx512f;
+    let wide = WIDE;
     let widen = |src: &[half::f16], dst: &mut [f32]| {
-        if wide {
-            // SAFETY: AVX-512F detected (`wide`).
+        if WIDE {
+            // SAFETY: AVX-512F detected (`WIDE`, this function's contract).
             unsafe { widen16(src, dst) }
         } else {
-            crate::kernels::attention::kv::f16_to_f32_f16c(src, dst)
+            // SAFETY: F16C, by this function's contract.
+            unsafe { crate::kernels::attention::kv::f16_to_f32_f16c(src, dst) }
         }
     };
     // Pass 1: scores.
@@ -190,9 +241,20 @@ pub(crate) unsafe fn heads_f16<'q, Q: Fn(usize) -> &'q [f32], F: Fn(usize) -> us
             }
         }
     }
+    // Each output is `hsum8` of its 8 lane accumulators: the same additions, 8 outputs at a
+    // time (`((a0+a4)+(a2+a6))+((a1+a5)+(a3+a7))`, float addition commuting bit for bit).
     for (jh, oh) in o.chunks_exact_mut(hd).enumerate() {
-        for (d, od) in oh.iter_mut().enumerate() {
-            *od = hsum8(&std::array::from_fn(|l| s.acc[(jh * 8 + l) * hd + d]));
+        let acc = &s.acc[jh * 8 * hd..(jh + 1) * 8 * hd];
+        for (d, od) in oh.chunks_exact_mut(8).enumerate() {
+            use std::arch::x86_64::*;
+            // SAFETY: 8 rows of `hd` floats in `acc`, 8 outputs from `8 d < hd` (hd % 8 == 0);
+            // AVX by this function's contract.
+            unsafe {
+                let l = |i: usize| _mm256_loadu_ps(acc.as_ptr().add(i * hd + 8 * d));
+                let lo = _mm256_add_ps(_mm256_add_ps(l(0), l(4)), _mm256_add_ps(l(2), l(6)));
+                let hi = _mm256_add_ps(_mm256_add_ps(l(1), l(5)), _mm256_add_ps(l(3), l(7)));
+                _mm256_storeu_ps(od.as_mut_ptr(), _mm256_add_ps(lo, hi));
+            }
         }
     }
 }

@@ -143,6 +143,7 @@ pub(crate) unsafe fn score_at(kb: &[f32], q: &[f32], pp: usize) -> f32 {
 /// `dst = src` widened 16 halves at a time (`src.len() % 16 == 0`; exact, as every widening).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
+#[inline]
 pub(crate) fn widen16(src: &[half::f16], dst: &mut [f32]) {
     use std::arch::x86_64::*;
     assert!(src.len().is_multiple_of(16) && dst.len() >= src.len());
