@@ -122,6 +122,54 @@ pub(crate) unsafe fn body<L: RowLanes, const KIND: u8, const T: usize>(
     }
 }
 
+/// One token over a run of units (8-row groups, or pairs of them at [`Zmm`] width): `out`'s
+/// `i`-th `L::ROWS` values from the unit at `unit(i)`, in ggml's order ([`body`]) or, with
+/// `BLOCKS`, the block order ([`body_blocks`]), `T = 1`: the entry points' run loop
+/// (`qdot_r8::groups_one`, `qdot_r16::pairs_one`).
+///
+/// [`Zmm`]: crate::kernels::arch::x86::lanes::Zmm
+///
+/// # Safety
+/// As [`body`], for every unit `unit(i)` with `i < out.len() / L::ROWS`.
+#[inline(always)]
+pub(crate) unsafe fn run_one<L: RowLanes, const KIND: u8, const BLOCKS: bool>(
+    unit: impl Fn(usize) -> L::Src,
+    nb: usize,
+    a: &[BlockQ8],
+    corr: &[[i32; 8]],
+    out: &mut [f32],
+) {
+    for (i, o) in out.chunks_exact_mut(L::ROWS).enumerate() {
+        // SAFETY: the contract above.
+        unsafe {
+            if BLOCKS {
+                body_blocks::<L, KIND, 1>(unit(i), nb, a, corr, o);
+            } else {
+                body::<L, KIND, 1>(unit(i), nb, a, corr, o);
+            }
+        }
+    }
+}
+
+/// The one-token runs' kinds: `$go!(KIND id, blocks)` for each `(Format, blocks)` that has one
+/// (every 8-row kind in ggml's order but Q4_Z, every kind but Q4_1 in the block order).
+macro_rules! one_token_kinds {
+    ($kind:expr, $blocks:expr, $go:ident) => {
+        match ($kind, $blocks) {
+            (Format::Q4_1, false) => $go!(id::Q4_1, false),
+            (Format::Q4_0, false) => $go!(id::Q4_0, false),
+            (Format::Q5_0, false) => $go!(id::Q5_0, false),
+            (Format::Q8_0, false) => $go!(id::Q8_0, false),
+            (Format::Q4_0, true) => $go!(id::Q4_0, true),
+            (Format::Q5_0, true) => $go!(id::Q5_0, true),
+            (Format::Q8_0, true) => $go!(id::Q8_0, true),
+            (Format::Q4_Z, true) => $go!(id::Q4_Z, true),
+            other => unreachable!("{other:?} has no 8-row one-token run"),
+        }
+    };
+}
+pub(crate) use one_token_kinds;
+
 /// Chunk `c` of the quants at `q` (after the headers of the superblocks at `s`) as low and
 /// high nibbles, with Q5_0's fifth bits or'd in.
 ///

@@ -208,17 +208,7 @@ pub(crate) fn pairs_one(
             unsafe { run_pairs::<{ $k }, { $b }>(grps, gbytes, nb, a, corr, out) }
         };
     }
-    match (kind, blocks) {
-        (Format::Q4_1, false) => go!(id::Q4_1, false),
-        (Format::Q4_0, false) => go!(id::Q4_0, false),
-        (Format::Q5_0, false) => go!(id::Q5_0, false),
-        (Format::Q8_0, false) => go!(id::Q8_0, false),
-        (Format::Q4_0, true) => go!(id::Q4_0, true),
-        (Format::Q5_0, true) => go!(id::Q5_0, true),
-        (Format::Q8_0, true) => go!(id::Q8_0, true),
-        (Format::Q4_Z, true) => go!(id::Q4_Z, true),
-        other => unreachable!("{other:?} has no 8-row one-token run"),
-    }
+    qdot_r::one_token_kinds!(kind, blocks, go)
 }
 
 /// [`pairs_one`]'s loop.
@@ -234,18 +224,15 @@ unsafe fn run_pairs<const KIND: u8, const BLOCKS: bool>(
     corr: &[[i32; 8]],
     out: &mut [f32],
 ) {
-    for (i, o) in out.chunks_exact_mut(2 * RG).enumerate() {
-        // SAFETY: pair i's two groups lie inside `grps` (the caller's bounds).
-        unsafe {
-            let g0 = grps.as_ptr().add(2 * i * gbytes);
-            let g = (g0, g0.add(gbytes));
-            if BLOCKS {
-                qdot_r::body_blocks::<Zmm, KIND, 1>(g, nb, a, corr, o);
-            } else {
-                qdot_r::body::<Zmm, KIND, 1>(g, nb, a, corr, o);
-            }
-        }
-    }
+    let p = grps.as_ptr();
+    let unit = |i: usize| {
+        (
+            p.wrapping_add(2 * i * gbytes),
+            p.wrapping_add((2 * i + 1) * gbytes),
+        )
+    };
+    // SAFETY: pair i's two groups lie inside `grps` (the caller's bounds).
+    unsafe { qdot_r::run_one::<Zmm, KIND, BLOCKS>(unit, nb, a, corr, out) }
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@
 //! `avx512vl` were detected.
 
 use crate::kernels::arch::x86::lanes::{Avx2, Avx2Vnni};
-use crate::kernels::arch::x86::qdot_r::{body, body_blocks};
+use crate::kernels::arch::x86::qdot_r::{body, body_blocks, one_token_kinds, run_one};
 use crate::kernels::blocks::{superblock_bytes, RG};
 use crate::kernels::format::{id, Format};
 use crate::kernels::qact::BlockQ8;
@@ -213,17 +213,7 @@ pub(crate) fn groups_one(
             }
         };
     }
-    match (kind, blocks) {
-        (Format::Q4_1, false) => go!(id::Q4_1, false),
-        (Format::Q4_0, false) => go!(id::Q4_0, false),
-        (Format::Q5_0, false) => go!(id::Q5_0, false),
-        (Format::Q8_0, false) => go!(id::Q8_0, false),
-        (Format::Q4_0, true) => go!(id::Q4_0, true),
-        (Format::Q5_0, true) => go!(id::Q5_0, true),
-        (Format::Q8_0, true) => go!(id::Q8_0, true),
-        (Format::Q4_Z, true) => go!(id::Q4_Z, true),
-        other => unreachable!("{other:?} has no 8-row one-token run"),
-    }
+    one_token_kinds!(kind, blocks, go)
 }
 
 /// [`groups_one`]'s loop on 256-bit registers without VNNI.
@@ -239,17 +229,9 @@ unsafe fn run_avx2<const KIND: u8, const BLOCKS: bool>(
     corr: &[[i32; 8]],
     out: &mut [f32],
 ) {
-    for (i, o) in out.chunks_exact_mut(RG).enumerate() {
-        // SAFETY: group i's `nb` superblocks lie inside `grps` (the caller's bounds).
-        unsafe {
-            let g = grps.as_ptr().add(i * gbytes);
-            if BLOCKS {
-                body_blocks::<Avx2, KIND, 1>(g, nb, a, corr, o);
-            } else {
-                body::<Avx2, KIND, 1>(g, nb, a, corr, o);
-            }
-        }
-    }
+    let unit = |i: usize| grps.as_ptr().wrapping_add(i * gbytes);
+    // SAFETY: group i's `nb` superblocks lie inside `grps` (the caller's bounds).
+    unsafe { run_one::<Avx2, KIND, BLOCKS>(unit, nb, a, corr, out) }
 }
 
 /// [`groups_one`]'s loop with 256-bit VNNI.
@@ -265,15 +247,7 @@ unsafe fn run_vnni<const KIND: u8, const BLOCKS: bool>(
     corr: &[[i32; 8]],
     out: &mut [f32],
 ) {
-    for (i, o) in out.chunks_exact_mut(RG).enumerate() {
-        // SAFETY: group i's `nb` superblocks lie inside `grps` (the caller's bounds).
-        unsafe {
-            let g = grps.as_ptr().add(i * gbytes);
-            if BLOCKS {
-                body_blocks::<Avx2Vnni, KIND, 1>(g, nb, a, corr, o);
-            } else {
-                body::<Avx2Vnni, KIND, 1>(g, nb, a, corr, o);
-            }
-        }
-    }
+    let unit = |i: usize| grps.as_ptr().wrapping_add(i * gbytes);
+    // SAFETY: group i's `nb` superblocks lie inside `grps` (the caller's bounds).
+    unsafe { run_one::<Avx2Vnni, KIND, BLOCKS>(unit, nb, a, corr, out) }
 }
