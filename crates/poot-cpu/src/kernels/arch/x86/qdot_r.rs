@@ -125,7 +125,7 @@ pub(crate) unsafe fn body<L: RowLanes, const KIND: u8, const T: usize>(
 /// One token over a run of units (8-row groups, or pairs of them at [`Zmm`] width): `out`'s
 /// `i`-th `L::ROWS` values from the unit at `unit(i)`, in ggml's order ([`body`]) or, with
 /// `BLOCKS`, the block order ([`body_blocks`]), `T = 1`: the entry points' run loop
-/// (`qdot_r8::groups_one`, `qdot_r16::pairs_one`).
+/// (`groups_one` in `arch/x86/qdot_r8.rs`, `pairs_one` in `arch/x86/qdot_r16.rs`).
 ///
 /// [`Zmm`]: crate::kernels::arch::x86::lanes::Zmm
 ///
