@@ -42,18 +42,16 @@ import platform
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cpu_synthetic as syn  # noqa: E402
 import quant_synthetic as qsyn  # noqa: E402
+from bandwidth import read_bandwidth  # noqa: E402
 
 THREADS = 2
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,45 +134,6 @@ def _prompt(n: int, vocab: int = 41000) -> list[int]:
     salt = next(_SALT)
     span = min(40000, vocab - 1000)
     return [1] + [(i * 7919 + salt * 104729) % span + 1000 for i in range(n - 1)]
-
-
-def read_bandwidth(threads: int = THREADS, nbytes: int = 1 << 30, passes: int = 5) -> float:
-    """Bytes per second `threads` threads read from a buffer of `nbytes` bytes, read over and
-    over: the best of `passes` passes for each of three numpy reductions, since which one keeps
-    up with the memory depends on the CPU (on a Zen 5, `np.max` over float32 is compute-bound at
-    33-35 GB/s where an OR over the same bytes as uint64 reads 45-47, and poot's own decode
-    streamed faster than the float max, so a roofline from it alone read over 100%).
-
-    The buffer is the size of what one decode step reads, because that is where its bytes
-    live: a model smaller than the last-level cache decodes from it, not from DRAM (on an
-    Emerald Rapids with 300 MiB of L3 a fixed 512 MiB probe read 31 GB/s where one of the
-    default model's 100 MB read 50, and SmolLM2's decode read 105% of that DRAM roofline).
-    A pass reads the buffer at least 256 MiB's worth of times, so a small buffer's figure is
-    not the threads' start-up."""
-    a = np.ones(max(nbytes, threads << 12) // 8 * 2, dtype=np.float32)
-    reps = max(1, -(-(256 << 20) // a.nbytes))
-    reads: list[tuple[Callable[[Any], Any], Any]] = [
-        (np.max, a),
-        (np.bitwise_or.reduce, a.view(np.uint64)),
-        (np.max, a.view(np.int64)),
-    ]
-
-    def again(fn: Callable[[Any], Any], part: Any) -> None:
-        for _ in range(reps):
-            fn(part)
-
-    best = float("inf")
-    for fn, arr in reads:
-        parts = np.array_split(arr, threads)
-        for _ in range(passes):
-            ths = [threading.Thread(target=again, args=(fn, p)) for p in parts]
-            t0 = time.perf_counter()
-            for t in ths:
-                t.start()
-            for t in ths:
-                t.join()
-            best = min(best, time.perf_counter() - t0)
-    return a.nbytes * reps / best
 
 
 def bytes_per_token(path: Path, ctx: int, kv_elem: int = 2) -> tuple[int, int]:
@@ -341,7 +300,7 @@ def run_row(
     weights, kvb = (weight_bytes or (lambda c, e: bytes_per_token(path, c, e)))(64 + 64, kv_elem)
     reads: list[float] = []
     for _ in range(rounds):
-        reads.append(read_bandwidth(nbytes=weights + kvb, passes=3))
+        reads.append(read_bandwidth(THREADS, nbytes=weights + kvb, passes=3))
         for name, make in impls:
             pre[name].append(512 / _timed(make(_prompt(512, vocab), 1)))
             short = _timed(make(_prompt(64, vocab), 1))
