@@ -133,7 +133,6 @@ pub(crate) fn matmul_r8_fused(
         }
     }
     let corr: &[[i32; 8]] = &corr;
-    let stream = simd && t == 1;
     // ggml's order on AVX-512 VNNI takes two groups per step (`arch/x86/qdot_r16.rs`) with two or
     // more tokens (Q4_1's prefill) and for large one-token matrices: decoding the 1B Q8_0
     // model went 15.7-15.8 -> 17.4-18.0 tok/s (alternating runs). Small ones keep one group per
@@ -150,10 +149,12 @@ pub(crate) fn matmul_r8_fused(
     };
     #[cfg(not(target_arch = "x86_64"))]
     let pairs = |_: &Repacked| false;
-    let per = |w: &Repacked| if pairs(w) { 2 } else { 1 };
+    let segs = segments(ws, outs, |w| {
+        (w.groups(), if pairs(w) { 2 } else { 1 }, w.n)
+    });
+    // One token (SIMD rows only exist on x86): a claimed run of groups per kernel call.
     #[cfg(target_arch = "x86_64")]
-    if stream {
-        let segs = segments(ws, outs, |w| (w.groups(), per(w), w.n));
+    if simd && t == 1 {
         let first = |s: usize, g: usize| ws[s].group(g);
         over_segments_one(pool, segs, &first, |s, g0, g1, out| {
             let w = ws[s];
@@ -161,82 +162,76 @@ pub(crate) fn matmul_r8_fused(
         });
         return;
     }
-    let segs = segments(ws, outs, |w| (w.groups(), per(w), w.n));
-    over_segments(
-        pool,
-        segs,
-        stream.then_some(&|s: usize, g: usize| ws[s].group(g)),
-        |s, g, write| {
-            let w = ws[s];
-            if !simd {
-                // The portable loop on the layout as it is (`arch/generic/qdot_r8_generic.rs`).
-                use crate::kernels::arch::generic::qdot_r8_generic;
-                let mut res = Scratch::<f32>::zeroed(t * RG);
-                if w.qgroup > 1 {
-                    use crate::kernels::arch::generic::qdot_zg_generic::group_z;
-                    group_z(w.qgroup, w.group(g), nb, xq, t, &mut res);
-                } else if blocks {
-                    qdot_r8_generic::group_blocks(kind, w.group(g), nb, xq, t, &mut res);
-                } else {
-                    qdot_r8_generic::group(kind, w.group(g), nb, xq, t, &mut res);
-                }
-                for tok in 0..t {
-                    write(tok, &res[tok * RG..(tok + 1) * RG]);
-                }
-                return;
+    over_segments(pool, segs, None, |s, g, write| {
+        let w = ws[s];
+        if !simd {
+            // The portable loop on the layout as it is (`arch/generic/qdot_r8_generic.rs`).
+            use crate::kernels::arch::generic::qdot_r8_generic;
+            let mut res = Scratch::<f32>::zeroed(t * RG);
+            if w.qgroup > 1 {
+                use crate::kernels::arch::generic::qdot_zg_generic::group_z;
+                group_z(w.qgroup, w.group(g), nb, xq, t, &mut res);
+            } else if blocks {
+                qdot_r8_generic::group_blocks(kind, w.group(g), nb, xq, t, &mut res);
+            } else {
+                qdot_r8_generic::group(kind, w.group(g), nb, xq, t, &mut res);
             }
-            #[cfg(target_arch = "x86_64")]
-            if pairs(w) && g + 1 < w.groups() {
-                use crate::kernels::arch::x86::qdot_r16::{
-                    groups2, groups2_blocks, BLOCK_TOKENS, TOKENS,
-                };
-                let (g0, g1) = (w.group(g), w.group(g + 1));
-                let mut res = [0.0f32; BLOCK_TOKENS * 2 * RG];
-                let tile = if blocks { BLOCK_TOKENS } else { TOKENS };
-                over_tokens(
-                    t,
-                    |_| tile,
-                    2 * RG,
-                    &mut res,
-                    write,
-                    |tok, tt, res| {
-                        let (a, c) = (&xq[tok * nb..], &corr[tok * nb..]);
-                        if blocks {
-                            groups2_blocks(kind, g0, g1, nb, a, c, tt, res);
-                        } else {
-                            groups2(kind, g0, g1, nb, a, c, tt, res);
-                        }
-                    },
-                );
-                return;
+            for tok in 0..t {
+                write(tok, &res[tok * RG..(tok + 1) * RG]);
             }
-            #[cfg(target_arch = "x86_64")]
-            {
-                use crate::kernels::arch::x86::qdot_r8::{group, group_blocks, tile_tokens};
-                let grp = w.group(g);
-                let mut res = [0.0f32; 4 * RG];
-                let tile = |_| tile_tokens(vnni, kind, blocks);
-                over_tokens(t, tile, RG, &mut res, write, |tok, tt, res| {
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if pairs(w) && g + 1 < w.groups() {
+            use crate::kernels::arch::x86::qdot_r16::{
+                groups2, groups2_blocks, BLOCK_TOKENS, TOKENS,
+            };
+            let (g0, g1) = (w.group(g), w.group(g + 1));
+            let mut res = [0.0f32; BLOCK_TOKENS * 2 * RG];
+            let tile = if blocks { BLOCK_TOKENS } else { TOKENS };
+            over_tokens(
+                t,
+                |_| tile,
+                2 * RG,
+                &mut res,
+                write,
+                |tok, tt, res| {
                     let (a, c) = (&xq[tok * nb..], &corr[tok * nb..]);
-                    if w.qgroup > 1 {
-                        use crate::kernels::arch::x86::qdot_zg::group_z;
-                        group_z(vnni, w.qgroup, grp, nb, a, c, tt, res);
-                    } else if blocks {
-                        group_blocks(vnni, kind, grp, nb, a, c, tt, res);
+                    if blocks {
+                        groups2_blocks(kind, g0, g1, nb, a, c, tt, res);
                     } else {
-                        group(vnni, kind, grp, nb, a, c, tt, res);
+                        groups2(kind, g0, g1, nb, a, c, tt, res);
                     }
-                });
-            }
-        },
-    );
+                },
+            );
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::kernels::arch::x86::qdot_r8::{group, group_blocks, tile_tokens};
+            let grp = w.group(g);
+            let mut res = [0.0f32; 4 * RG];
+            let tile = |_| tile_tokens(vnni, kind, blocks);
+            over_tokens(t, tile, RG, &mut res, write, |tok, tt, res| {
+                let (a, c) = (&xq[tok * nb..], &corr[tok * nb..]);
+                if w.qgroup > 1 {
+                    use crate::kernels::arch::x86::qdot_zg::group_z;
+                    group_z(vnni, w.qgroup, grp, nb, a, c, tt, res);
+                } else if blocks {
+                    group_blocks(vnni, kind, grp, nb, a, c, tt, res);
+                } else {
+                    group(vnni, kind, grp, nb, a, c, tt, res);
+                }
+            });
+        }
+    });
 }
 
 /// One token over groups `gs` of `w` (whole units of the call), `out` their rows (padding past
 /// `w.n` dropped): the run of groups whose rows are all in `out` (in pairs where `pairs`) in
-/// one kernel call, the rest (a short last group, or a pair's last group alone) one group or
-/// pair at a time as [`matmul_r8_fused`]'s tiles take them, so every row gets the same
-/// kernel, and so the same bits, as in a call of its own.
+/// one kernel call, then the rest (a short last group, or a pair's last group alone) through
+/// the same entry points into a scratch tile, so every row gets the kernel, and so the bits,
+/// the multi-token tiles give it (the same body at `t = 1`).
 #[cfg(target_arch = "x86_64")]
 fn one_token(
     w: &Repacked,
@@ -276,26 +271,17 @@ fn one_token(
     }
     let mut g = g0 + run;
     while g < gs.end {
-        if pairs && g + 1 < w.groups() {
-            let mut res = [0.0f32; 2 * RG];
-            let (a, b) = (w.group(g), w.group(g + 1));
-            if blocks {
-                qdot_r16::groups2_blocks(kind, a, b, nb, xq, corr, 1, &mut res);
-            } else {
-                qdot_r16::groups2(kind, a, b, nb, xq, corr, 1, &mut res);
-            }
-            put(out, g, &res);
-            g += 2;
+        // A pair where both groups exist (the second may be short), else one group.
+        let k = if pairs && g + 1 < w.groups() { 2 } else { 1 };
+        let mut tile = [0.0f32; 2 * RG];
+        let (bytes, res) = (w.groups_at(g, k), &mut tile[..k * RG]);
+        if k == 2 {
+            qdot_r16::pairs_one((kind, blocks), bytes, bytes.len() / 2, nb, xq, corr, res);
         } else {
-            let mut res = [0.0f32; RG];
-            if blocks {
-                qdot_r8::group_blocks(vnni, kind, w.group(g), nb, xq, corr, 1, &mut res);
-            } else {
-                qdot_r8::group(vnni, kind, w.group(g), nb, xq, corr, 1, &mut res);
-            }
-            put(out, g, &res);
-            g += 1;
+            qdot_r8::groups_one((vnni, kind, blocks), bytes, bytes.len(), nb, xq, corr, res);
         }
+        put(out, g, res);
+        g += k;
     }
 }
 
