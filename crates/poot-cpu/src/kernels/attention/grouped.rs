@@ -126,7 +126,6 @@ unsafe fn heads_body<'q, Q: Fn(usize) -> &'q [f32], F: Fn(usize) -> usize, const
     s.k.resize(PB * hd, 0.0);
     s.scores.clear();
     s.scores.resize(tt * g * stride, 0.0);
-    let wide = WIDE;
     let widen = |src: &[half::f16], dst: &mut [f32]| {
         if WIDE {
             // SAFETY: AVX-512F detected (`WIDE`, this function's contract).
@@ -202,7 +201,7 @@ unsafe fn heads_body<'q, Q: Fn(usize) -> &'q [f32], F: Fn(usize) -> usize, const
             }
         }
         for (j, &len) in lens.iter().enumerate() {
-            if !wide {
+            if !WIDE {
                 if len > p0 {
                     let n = PB.min(len - p0);
                     let (scores, acc) = (&s.scores[..], &mut s.acc[..]);
@@ -225,7 +224,7 @@ unsafe fn heads_body<'q, Q: Fn(usize) -> &'q [f32], F: Fn(usize) -> usize, const
             for h in 0..g {
                 let at = (j * g + h) * stride + p0;
                 let acc = &mut s.acc[(j * g + h) * 8 * hd..(j * g + h + 1) * 8 * hd];
-                // SAFETY: AVX-512F detected (`wide`); shapes as asserted by the callee.
+                // SAFETY: AVX-512F detected (`WIDE`); shapes as asserted by the callee.
                 let v = |rows: &[f32], w: &[f32], acc: &mut [f32]| unsafe {
                     v_lanes_avx512(rows, w, hd, acc);
                 };
