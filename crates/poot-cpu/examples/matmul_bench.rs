@@ -9,7 +9,8 @@
 //! calls per second. `BENCH_REPACK=1` runs ggml numerics on the 8-row interleaved layout where the
 //! dtype has one (`kernels::matmul::repack_for`), as the runtime does; `BENCH_COPIES=N` cycles
 //! through N distinct copies of the weights, so a small matrix streams from DRAM as in a decode
-//! step.
+//! step. `BENCH_GAP_US=g` busy-waits g microseconds between calls (untimed), as a decode step's
+//! serial ops leave the pool idle between matmuls.
 
 use std::time::{Duration, Instant};
 
@@ -147,12 +148,28 @@ fn main() {
                     }
                 };
                 run(&mut out); // warm up
+                               // BENCH_GAP_US=g: the caller busy-waits g microseconds between calls (untimed),
+                               // as a decode step's serial ops leave the pool idle between its matmuls.
+                let gap = Duration::from_micros(
+                    std::env::var("BENCH_GAP_US")
+                        .ok()
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0),
+                );
                 let (mut calls, start, cpu0) = (0u32, Instant::now(), cpu_ns());
+                let mut gaps = Duration::ZERO;
                 while start.elapsed() < Duration::from_millis(400) {
                     run(&mut out);
                     calls += 1;
+                    if !gap.is_zero() {
+                        let g0 = Instant::now();
+                        while g0.elapsed() < gap {
+                            std::hint::spin_loop();
+                        }
+                        gaps += g0.elapsed();
+                    }
                 }
-                let per_call = start.elapsed().as_secs_f64() / f64::from(calls);
+                let per_call = (start.elapsed() - gaps).as_secs_f64() / f64::from(calls);
                 let cpu_per_call = cpu0
                     .zip(cpu_ns())
                     .map(|(a, b)| (b - a) as f64 * 1e-9 / f64::from(calls));

@@ -44,31 +44,35 @@ fn a_fused_call_gives_each_weights_own_bits() {
         DType::Q6_K,
     ] {
         // q/k/v-like rows: a large one, two small ones, one not a multiple of 8; 2100 rows takes
-        // Q4_1's two-groups-per-step path for one token.
-        let ns = [2100, 64, 20];
-        let ws: Vec<Repack> = ns
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| {
-                let w = synthetic_weights(dt, n, k, 11 + i as u32);
-                repack_for(Numerics::Ggml, Isa::detect(), &w, dt, n, k)
-                    .unwrap()
-                    .expect("every 8-row kind is re-laid under ggml numerics")
-            })
-            .collect();
-        let refs: Vec<&Repack> = ws.iter().collect();
-        for isa in Isa::available() {
-            for t in [1, 3, 9] {
-                let x = rng.vec(t * k, -2.0, 2.0);
-                let got = fused(isa, &x, t, k, &refs, &pool);
-                for (w, g) in ws.iter().zip(&got) {
-                    assert_eq!(*g, alone(isa, &x, t, k, w, &pool), "{dt} {isa:?} t={t}");
+        // Q4_1's two-groups-per-step path for one token. gate/up-like: two weights each below
+        // that path's size, together above it, so the fused call takes pairs where each
+        // weight alone takes single groups.
+        for ns in [&[2100, 64, 20][..], &[1040, 1040][..]] {
+            let ws: Vec<Repack> = ns
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| {
+                    let w = synthetic_weights(dt, n, k, 11 + i as u32);
+                    repack_for(Numerics::Ggml, Isa::detect(), &w, dt, n, k)
+                        .unwrap()
+                        .expect("every 8-row kind is re-laid under ggml numerics")
+                })
+                .collect();
+            let refs: Vec<&Repack> = ws.iter().collect();
+            for isa in Isa::available() {
+                for t in [1, 3, 9] {
+                    let x = rng.vec(t * k, -2.0, 2.0);
+                    let got = fused(isa, &x, t, k, &refs, &pool);
+                    for (w, g) in ws.iter().zip(&got) {
+                        let want = alone(isa, &x, t, k, w, &pool);
+                        assert_eq!(*g, want, "{dt} {isa:?} t={t} rows {ns:?}");
+                    }
+                    checked += 1;
                 }
-                checked += 1;
             }
         }
     }
-    assert!(checked >= 18, "every kind ran on at least one ISA");
+    assert!(checked >= 36, "every kind ran on at least one ISA");
 }
 
 #[test]

@@ -47,7 +47,8 @@ use crate::kernels::scratch::Scratch;
 use crate::kernels::simd::{Checked, Isa};
 use crate::pool::ThreadPool;
 
-/// Groups (of 8 rows) from which one-token calls take two groups per step: 2048 rows.
+/// Groups (of 8 rows, summed over a fused call's weights) from which one-token calls take two
+/// groups per step: 2048 rows.
 const PAIRS_FROM: usize = 256;
 
 /// Fills `corr[i]` with `-mult * sum(y[4l..4l+4])` for each lane `l` of activation block `i`.
@@ -140,9 +141,13 @@ pub(crate) fn matmul_r8_fused(
     // 200 tok/s), its small matrices splitting into half as many units.
     // The block order takes two groups per step on AVX-512 VNNI too, 8 tokens a pass
     // (`arch::x86::qdot_r16::groups2_blocks`).
+    // A fused call (gate/up) is one dispatch over all its weights' groups, so its size is
+    // what decides: SmolLM2's gate/up (2 x 192 groups) took single groups while one 3072-row
+    // matrix of the same bytes took pairs, about 15% faster from L3.
+    let call_groups: usize = ws.iter().map(|w| w.groups()).sum();
     #[cfg(target_arch = "x86_64")]
     let pairs = |w: &Repacked| {
-        (blocks || t >= 2 || w.groups() >= PAIRS_FROM)
+        (blocks || t >= 2 || call_groups >= PAIRS_FROM)
             && w.qgroup == 1
             && vnni
             && crate::kernels::arch::x86::qdot_r16::has_vnni512()
