@@ -1,8 +1,9 @@
 //! The executor's reusable state: activation buffers parked between runs ([`Arena`]) and the
 //! quantized-activation cache, so a warm decode step allocates only what it returns.
 //!
-//! Invariants: a parked buffer is empty when handed out (`f32s`/`i32s`) or zero-filled
-//! (`zeros`); at most `KEEP` buffers per element type are parked and none over `MAX_BYTES`, so
+//! Invariants: a parked buffer is empty when handed out (`f32s`/`i32s`), zero-filled
+//! (`zeros`), or holds stale values only for a kernel that overwrites every one
+//! (`overwritten`); at most `KEEP` buffers per element type are parked and none over `MAX_BYTES`, so
 //! idle memory is bounded and a long prefill's buffers go back to the allocator; handing out
 //! picks the smallest buffer that fits, so a repeated plan meets the capacities it had.
 
@@ -68,6 +69,16 @@ impl Arena {
         v
     }
 
+    /// `n` values for a kernel that writes every one of them: a parked buffer keeps what its
+    /// last run left (only a part it never held is zeroed), so a warm step does not clear
+    /// its matmul outputs (about 1.4 MB a SmolLM2 decode step) before overwriting them.
+    pub(super) fn overwritten(&mut self, n: usize) -> Vec<f32> {
+        let mut v = take_fit(&mut self.f32s, n);
+        v.truncate(n);
+        v.resize(n, 0.0);
+        v
+    }
+
     /// Bytes parked here (reported as the runtime's scratch memory).
     pub(crate) fn parked_bytes(&self) -> u64 {
         let f: usize = self.f32s.iter().map(|v| v.capacity() * 4).sum();
@@ -79,6 +90,14 @@ impl Arena {
 /// The smallest parked buffer that holds `cap` values (so a run's requests find the buffers
 /// they had last run and nothing grows), else the largest one grown; emptied.
 fn best_fit<T>(parked: &mut Vec<Vec<T>>, cap: usize) -> Vec<T> {
+    let mut v = take_fit(parked, cap);
+    v.clear();
+    v.reserve(cap);
+    v
+}
+
+/// [`best_fit`]'s buffer as it was parked (its values kept), room for `cap` reserved.
+fn take_fit<T>(parked: &mut Vec<Vec<T>>, cap: usize) -> Vec<T> {
     let fit = parked
         .iter()
         .enumerate()
@@ -87,8 +106,7 @@ fn best_fit<T>(parked: &mut Vec<Vec<T>>, cap: usize) -> Vec<T> {
         .or_else(|| parked.iter().enumerate().max_by_key(|(_, v)| v.capacity()))
         .map(|(i, _)| i);
     let mut v = fit.map(|i| parked.swap_remove(i)).unwrap_or_default();
-    v.clear();
-    v.reserve(cap);
+    v.reserve(cap.saturating_sub(v.len()));
     v
 }
 
@@ -130,5 +148,28 @@ pub(super) fn for_each_operand(op: &Op, mut f: impl FnMut(ValueId)) {
         } => std::iter::once(*x).chain(*weight).chain(*bias).for_each(f),
         // Anything else (new ops): the graph's own list.
         _ => op.operands().into_iter().for_each(f),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Arena, Buf};
+
+    /// `overwritten` hands a parked buffer back at the asked length without clearing it, and
+    /// zeroes only what the buffer never held; `zeros` and `f32s` still clear.
+    #[test]
+    fn overwritten_keeps_parked_values_and_zeroes_only_new_ones() {
+        let mut arena = Arena::default();
+        arena.give(Buf::F32(vec![7.0; 8]));
+        let v = arena.overwritten(5);
+        assert_eq!(v, [7.0; 5]);
+        arena.give(Buf::F32(v));
+        let v = arena.overwritten(12);
+        assert_eq!(&v[..5], &[7.0; 5]);
+        assert_eq!(&v[5..], &[0.0; 7]);
+        arena.give(Buf::F32(v));
+        assert_eq!(arena.zeros(3), [0.0; 3]);
+        arena.give(Buf::F32(vec![1.0; 4]));
+        assert!(arena.f32s(4).is_empty());
     }
 }

@@ -19,7 +19,12 @@ impl Exec<'_> {
     ) -> Result<Buf, RuntimeError> {
         let xs = self.shape(x);
         let n = self.graph().info(w).matrix().0; // a 1-D weight is one row
-        let mut out = self.arena.zeros(numel);
+                                                 // The re-laid kernels write every output; the stored paths keep a zeroed buffer.
+        let mut out = if self.plan.repack(w.index()).is_some() {
+            self.arena.overwritten(numel)
+        } else {
+            self.arena.zeros(numel)
+        };
         self.f32(x, "matmul")?; // a typed error unless x is an f32 activation
         let Buf::F32(xv) = &self.bufs[x.index()] else {
             unreachable!("checked just above")
@@ -90,7 +95,7 @@ impl Exec<'_> {
             x = Some(*xj);
             ws[m] = self.plan.repack(w.index());
             if m > 0 {
-                outs[m] = self.arena.zeros(graph.values[j].numel());
+                outs[m] = self.arena.overwritten(graph.values[j].numel());
             }
         }
         let (Some(x), Some(w0)) = (x, ws[0]) else {

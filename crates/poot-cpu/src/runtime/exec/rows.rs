@@ -65,7 +65,7 @@ impl Exec<'_> {
     ) -> Result<Buf, RuntimeError> {
         let d = *shape.last().unwrap_or(&1);
         let numel: usize = shape.iter().product();
-        let mut out = self.arena.zeros(numel);
+        let mut out = self.arena.overwritten(numel);
         let xs = self.f32(x, "rms_norm")?;
         let (wbytes, wdtype): (Cow<'_, [u8]>, DType) = match self.bufs[weight.index()] {
             Buf::Weight => {
@@ -107,7 +107,7 @@ impl Exec<'_> {
         let name = op.name();
         let d = *shape.last().unwrap_or(&1);
         let numel: usize = shape.iter().product();
-        let mut out = self.arena.zeros(numel);
+        let mut out = self.arena.overwritten(numel);
         let bv = self.floats(b, name)?;
         let av = self.f32(a, name)?;
         let add = matches!(op, Op::Add { .. });
@@ -147,7 +147,7 @@ impl Exec<'_> {
     ) -> Result<Buf, RuntimeError> {
         let d = *shape.last().unwrap_or(&1);
         let numel: usize = shape.iter().product();
-        let mut out = self.arena.zeros(numel);
+        let mut out = self.arena.overwritten(numel);
         let xv = self.f32(x, op.name())?;
         let silu = matches!(op, Op::Silu { .. });
         let ggml = self.plan.numerics == Numerics::Ggml;
