@@ -48,12 +48,27 @@ fn argmax(row: &[f32]) -> usize {
         .iter()
         .chain(tail)
         .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    row.iter().position(|&x| x == m).unwrap_or(0)
+    // The first chunk holding `m`, then its first `m`: each chunk's test folds without an
+    // early exit, so it vectorizes (with `has_bad_logit`'s, the sampler went from 0.65% to
+    // 0.30% of a SmolLM2 decode's samples: plain `position`/`any` were scalar loops).
+    let c = row
+        .chunks(SCAN)
+        .position(|c| c.iter().fold(false, |f, &x| f | (x == m)))
+        .unwrap_or(0);
+    let at = row[c * SCAN..].iter().position(|&x| x == m).unwrap_or(0);
+    c * SCAN + at
 }
+
+/// Values per chunk of the sampler's vectorized scans.
+const SCAN: usize = 256;
 
 /// True when `row` holds a NaN or +inf (the model's output is broken).
 pub fn has_bad_logit(row: &[f32]) -> bool {
-    row.iter().any(|x| x.is_nan() || *x == f32::INFINITY)
+    // Per chunk without an early exit, so it vectorizes (see `argmax`).
+    row.chunks(SCAN).any(|c| {
+        c.iter()
+            .fold(false, |f, &x| f | x.is_nan() | (x == f32::INFINITY))
+    })
 }
 
 /// Per-row sampling settings (see the module docs).
@@ -198,7 +213,8 @@ mod tests {
     #[test]
     fn greedy_is_first_argmax() {
         assert_eq!(draw(&[1.0, 3.0, 3.0, -1.0], 0.0, 0, 1.0, 0.0, 0.5), 1);
-        // Against the one-pass definition, over lengths around the 16 lanes and the tail.
+        // Against the one-pass definition, over lengths around the 16 lanes, the tail and the
+        // scan's chunks.
         let naive = |row: &[f32]| {
             let mut best = 0;
             for (i, &x) in row.iter().enumerate() {
@@ -208,7 +224,7 @@ mod tests {
             }
             best
         };
-        for len in [1, 15, 16, 17, 40, 1000] {
+        for len in [1, 15, 16, 17, 40, 255, 256, 257, 1000] {
             for at in [0, len / 2, len - 1] {
                 let mut row: Vec<f32> = (0..len).map(|i| ((i * 37) % 11) as f32).collect();
                 row[at] = 50.0;
@@ -232,6 +248,14 @@ mod tests {
         assert_eq!(draw(&none, 1.0, 0, 1.0, 0.0, 0.0), -1);
         // -inf alone is a masked token, not an error.
         assert_eq!(draw(&[f32::NEG_INFINITY, 0.0], 1.0, 0, 1.0, 0.0, 0.9), 1);
+        // A bad value past the scan's first chunks, or in the last short one.
+        for at in [700, 999] {
+            for bad in [f32::NAN, f32::INFINITY] {
+                let mut row = vec![1.0f32; 1000];
+                row[at] = bad;
+                assert_eq!(draw(&row, 0.0, 0, 1.0, 0.0, 0.0), -1, "{bad} at {at}");
+            }
+        }
     }
 
     #[test]
