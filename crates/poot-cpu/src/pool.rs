@@ -101,13 +101,10 @@ struct Shared {
     pending: AtomicUsize,
     panicked: AtomicBool,
     spin: Duration,
-    /// The current prefetch hint (see the module docs) and its sequence number, which idle
-    /// workers read without the lock to see whether it changed.
-    hint: Mutex<Hint>,
-    hint_seq: AtomicU64,
-    hint_bytes: usize,
+    /// The current prefetch hint (see the module docs), read by idle workers without a lock.
+    hint: hint::HintSlot,
     /// Bytes workers prefetched for hints (for tests and profiles).
-    hinted_bytes: AtomicU64,
+    hinted_bytes: hint::Padded,
 }
 
 /// The most byte ranges one prefetch hint holds (a fused matmul's weights).
@@ -148,13 +145,16 @@ impl HintCursor {
     /// first `hint_bytes` bytes from `index / (idle + 1)` of the way through the ranges laid end
     /// to end: where `ThreadPool::for_each_run` starts its run of the next one-token matmul.
     fn step(&mut self, shared: &Shared, index: usize, idle: usize) -> bool {
-        let seq = shared.hint_seq.load(Ordering::Acquire);
+        let seq = shared.hint.seq();
         if seq != self.seq {
-            self.seq = seq;
-            self.hint = *shared.hint.lock().unwrap_or_else(PoisonError::into_inner);
-            let all: usize = self.hint.ranges[..self.hint.n].iter().map(|r| r.1).sum();
-            self.at = all / (idle + 1) * index + all % (idle + 1) * index / (idle + 1);
-            self.total = (self.at + shared.hint_bytes).min(all);
+            // A post under way: this worker's old hint until the next look.
+            if let Some(hint) = shared.hint.read(seq) {
+                self.seq = seq;
+                self.hint = hint;
+                let all: usize = self.hint.ranges[..self.hint.n].iter().map(|r| r.1).sum();
+                self.at = all / (idle + 1) * index + all % (idle + 1) * index / (idle + 1);
+                self.total = (self.at + shared.hint.bytes).min(all);
+            }
         }
         if self.at < self.total {
             let start = self.at;
@@ -171,6 +171,7 @@ impl HintCursor {
             }
             shared
                 .hinted_bytes
+                .0
                 .fetch_add((end - start) as u64, Ordering::Relaxed);
             return true;
         }
@@ -232,7 +233,7 @@ impl std::fmt::Debug for ThreadPool {
         f.debug_struct("ThreadPool")
             .field("n_threads", &self.n_threads)
             .field("spin", &self.shared.spin)
-            .field("hint_bytes", &self.shared.hint_bytes)
+            .field("hint_bytes", &self.shared.hint.bytes)
             .finish()
     }
 }
@@ -268,10 +269,8 @@ impl ThreadPool {
             pending: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             spin: config.spin,
-            hint: Mutex::new(Hint::default()),
-            hint_seq: AtomicU64::new(0),
-            hint_bytes: config.hint_bytes,
-            hinted_bytes: AtomicU64::new(0),
+            hint: hint::HintSlot::new(config.hint_bytes),
+            hinted_bytes: hint::Padded::default(),
         });
         let mut pool = ThreadPool {
             shared,
@@ -366,7 +365,7 @@ impl ThreadPool {
     /// faults). Does nothing on a one-thread pool or with `hint_bytes == 0`; never waits.
     pub fn prefetch_hint(&self, ranges: &[(usize, usize)]) {
         let shared = &*self.shared;
-        if self.n_threads == 1 || shared.hint_bytes == 0 {
+        if self.n_threads == 1 || shared.hint.bytes == 0 {
             return;
         }
         let mut hint = Hint::default();
@@ -374,15 +373,12 @@ impl ThreadPool {
             hint.ranges[hint.n] = (addr, len);
             hint.n += 1;
         }
-        let mut slot = shared.hint.lock().unwrap_or_else(PoisonError::into_inner);
-        *slot = hint;
-        // Bumped under the lock: a worker that sees the new number then reads the new hint.
-        shared.hint_seq.fetch_add(1, Ordering::Release);
+        shared.hint.post(&hint);
     }
 
     /// Bytes the workers prefetched for hints since the pool started.
     pub fn hinted_bytes(&self) -> u64 {
-        self.shared.hinted_bytes.load(Ordering::Relaxed)
+        self.shared.hinted_bytes.0.load(Ordering::Relaxed)
     }
 
     /// Calls `f(&mut state, i)` for every `i in 0..n_tasks`, spread over the workers; each
@@ -547,6 +543,8 @@ impl Drop for ThreadPool {
     }
 }
 
+#[path = "pool_hint.rs"]
+mod hint;
 #[path = "pool_runs.rs"]
 mod runs;
 #[path = "pool_shared.rs"]

@@ -213,3 +213,36 @@ fn hints_change_no_job_and_a_one_thread_pool_ignores_them() {
 fn span(data: &[u8]) -> (usize, usize) {
     (data.as_ptr() as usize, data.len())
 }
+
+/// The hint's sequence lock never hands a reader a torn hint: a poster writes hints whose
+/// fields all hold the same number while a reader copies them as fast as it can.
+#[test]
+fn a_hint_read_during_posts_is_never_torn() {
+    use super::hint::HintSlot;
+    use super::{Hint, MAX_HINT_RANGES};
+    let slot = HintSlot::new(1);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for k in 1..200_000usize {
+                let hint = Hint {
+                    ranges: [(k, k); MAX_HINT_RANGES],
+                    n: k % (MAX_HINT_RANGES + 1),
+                };
+                slot.post(&hint);
+            }
+            stop.store(true, Ordering::Release);
+        });
+        let (mut seen, mut torn) = (0u64, 0u64);
+        while !stop.load(Ordering::Acquire) {
+            if let Some(h) = slot.read(slot.seq()) {
+                let k = h.ranges[0].0;
+                let whole = h.ranges.iter().all(|&r| r == (k, k));
+                torn += u64::from(!whole || (k > 0 && h.n != k % (MAX_HINT_RANGES + 1)));
+                seen += 1;
+            }
+        }
+        assert_eq!(torn, 0, "torn reads among {seen}");
+        assert!(seen > 0);
+    });
+}
