@@ -18,6 +18,14 @@ pub trait KvElem: Copy + Send + Sync + 'static {
 
     fn from_f32(v: f32) -> Self;
 
+    /// `dst[i] = from_f32(src[i])` (implementations may convert in bulk, with the same
+    /// rounding).
+    fn slice_from_f32(src: &[f32], dst: &mut [Self]) {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = Self::from_f32(s);
+        }
+    }
+
     /// `s` as f16 elements, where this element is f16 (the grouped ggml path reads those).
     fn as_f16(_s: &[Self]) -> Option<&[half::f16]> {
         None
@@ -89,6 +97,14 @@ impl KvElem for f32 {
 impl KvElem for half::f16 {
     fn as_f16(s: &[Self]) -> Option<&[half::f16]> {
         Some(s)
+    }
+
+    /// `half`'s bulk conversion (F16C 8 at a time where the CPU has it; round to nearest
+    /// even, as `from_f32`): a decode step's new K and V rows had been a call per value.
+    fn slice_from_f32(src: &[f32], dst: &mut [Self]) {
+        use half::slice::HalfFloatSliceExt;
+        let n = src.len().min(dst.len());
+        dst[..n].convert_from_f32_slice(&src[..n]);
     }
 
     #[inline(always)]

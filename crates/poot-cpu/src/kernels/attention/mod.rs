@@ -112,9 +112,7 @@ pub fn paged_attention_masked<T: KvElem>(
             let dst = slot as usize * kv_row;
             for (c, src) in [(&mut *cache.k, inputs.k), (&mut *cache.v, inputs.v)] {
                 let row = &src[i * kv_row..(i + 1) * kv_row];
-                for (d, &x) in c[dst..dst + kv_row].iter_mut().zip(row) {
-                    *d = T::from_f32(x);
-                }
+                T::slice_from_f32(row, &mut c[dst..dst + kv_row]);
             }
         }
     }

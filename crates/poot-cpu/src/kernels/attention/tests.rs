@@ -396,3 +396,35 @@ fn an_empty_step_is_fine() {
     };
     run_case(&s, &c).unwrap();
 }
+
+/// The bulk f32 -> f16 store of new K/V rows rounds as `from_f32` does, value by value:
+/// ties, subnormals, overflow, infinities and NaN included, at lengths around 8.
+#[test]
+fn bulk_kv_store_rounds_like_one_value_at_a_time() {
+    use crate::kernels::attention::kv::KvElem;
+    let mut rng = crate::testutil::Rng::new(5);
+    let mut src = rng.vec(37, -70000.0, 70000.0);
+    let specials = [
+        0.0,
+        -0.0,
+        1.0 + 1.0 / 2048.0, // a tie between two halves
+        6.0e-8,             // a subnormal half
+        1.0e-9,             // below the smallest subnormal
+        65520.0,            // rounds to infinity
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+    ];
+    src[..specials.len()].copy_from_slice(&specials);
+    for len in [0, 1, 7, 8, 9, 37] {
+        let mut bulk = vec![half::f16::ZERO; len];
+        half::f16::slice_from_f32(&src[..len], &mut bulk);
+        for (i, (b, &x)) in bulk.iter().zip(&src).enumerate() {
+            assert_eq!(
+                b.to_bits(),
+                half::f16::from_f32(x).to_bits(),
+                "value {i} of {len}"
+            );
+        }
+    }
+}
