@@ -440,7 +440,9 @@ impl ThreadPool {
 /// are shared with other processes, and the pool may be oversubscribed) can run; `done()`
 /// turns true once `limit` has passed and the caller should park on its condvar.
 struct Backoff {
-    start: Instant,
+    /// When the pure spins ran out: the clock is read only by a wait that outlasts them (most
+    /// of a decode step's joins end within them, and each read was a `clock_gettime`).
+    start: Option<Instant>,
     limit: Duration,
     spins: u32,
 }
@@ -450,7 +452,7 @@ impl Backoff {
 
     fn new(limit: Duration) -> Self {
         Backoff {
-            start: Instant::now(),
+            start: None,
             limit,
             spins: 0,
         }
@@ -463,7 +465,7 @@ impl Backoff {
             std::hint::spin_loop();
             return true;
         }
-        if self.start.elapsed() > self.limit {
+        if self.start.get_or_insert_with(Instant::now).elapsed() > self.limit {
             return false;
         }
         thread::yield_now();
