@@ -3,9 +3,10 @@
 //!
 //! Invariants: a parked buffer is empty when handed out (`f32s`/`i32s`), zero-filled
 //! (`zeros`), or holds stale values only for a kernel that overwrites every one
-//! (`overwritten`); at most `KEEP` buffers per element type are parked and none over `MAX_BYTES`, so
-//! idle memory is bounded and a long prefill's buffers go back to the allocator; handing out
-//! picks the smallest buffer that fits, so a repeated plan meets the capacities it had.
+//! (`overwritten`); at most `KEEP` buffers per element type are parked and none over
+//! `MAX_BYTES`, so idle memory is bounded and a long prefill's buffers go back to the
+//! allocator; handing out picks the smallest buffer that fits, so a repeated plan meets the
+//! capacities it had.
 
 use poot_graph::{Op, ValueId};
 
