@@ -147,9 +147,11 @@ fn main() {
                         }
                     }
                 };
-                run(&mut out); // warm up
-                               // BENCH_GAP_US=g: the caller busy-waits g microseconds between calls (untimed),
-                               // as a decode step's serial ops leave the pool idle between its matmuls.
+                // A warm-up call.
+                run(&mut out);
+                // BENCH_GAP_US=g: the caller busy-waits g microseconds between calls
+                // (untimed), as a decode step's serial ops leave the pool idle between its
+                // matmuls.
                 let gap = Duration::from_micros(
                     std::env::var("BENCH_GAP_US")
                         .ok()

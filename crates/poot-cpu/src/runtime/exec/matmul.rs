@@ -18,8 +18,9 @@ impl Exec<'_> {
         numel: usize,
     ) -> Result<Buf, RuntimeError> {
         let xs = self.shape(x);
-        let n = self.graph().info(w).matrix().0; // a 1-D weight is one row
-                                                 // The re-laid kernels write every output; the stored paths keep a zeroed buffer.
+        // A 1-D weight is one row.
+        let n = self.graph().info(w).matrix().0;
+        // The re-laid kernels write every output; the stored paths keep a zeroed buffer.
         let mut out = if self.plan.repack(w.index()).is_some() {
             self.arena.overwritten(numel)
         } else {
