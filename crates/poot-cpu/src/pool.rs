@@ -104,7 +104,7 @@ struct Shared {
     /// The current prefetch hint (see the module docs), read by idle workers without a lock.
     hint: hint::HintSlot,
     /// Bytes workers prefetched for hints (for tests and profiles).
-    hinted_bytes: hint::Padded,
+    hinted_bytes: hint::Padded<AtomicU64>,
 }
 
 /// The most byte ranges one prefetch hint holds (a fused matmul's weights).

@@ -93,7 +93,6 @@ impl Arena {
 fn best_fit<T>(parked: &mut Vec<Vec<T>>, cap: usize) -> Vec<T> {
     let mut v = take_fit(parked, cap);
     v.clear();
-    v.reserve(cap);
     v
 }
 

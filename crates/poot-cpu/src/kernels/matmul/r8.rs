@@ -144,6 +144,7 @@ pub(crate) fn matmul_r8_fused(
     // A fused call (gate/up) is one dispatch over all its weights' groups, so its size is
     // what decides: SmolLM2's gate/up (2 x 192 groups) took single groups while one 3072-row
     // matrix of the same bytes took pairs, about 15% faster from L3.
+    #[cfg(target_arch = "x86_64")]
     let call_groups: usize = ws.iter().map(|w| w.groups()).sum();
     #[cfg(target_arch = "x86_64")]
     let pairs = |w: &Repacked| {

@@ -20,8 +20,10 @@ impl Exec<'_> {
         let xs = self.shape(x);
         // A 1-D weight is one row.
         let n = self.graph().info(w).matrix().0;
+        let plan = self.plan;
+        let repacked = plan.repack(w.index());
         // The re-laid kernels write every output; the stored paths keep a zeroed buffer.
-        let mut out = if self.plan.repack(w.index()).is_some() {
+        let mut out = if repacked.is_some() {
             self.arena.overwritten(numel)
         } else {
             self.arena.zeros(numel)
@@ -35,7 +37,7 @@ impl Exec<'_> {
         if let Some(members) = self.plan.fused.get(&i) {
             return self.fused_matmul(members, out, key);
         }
-        if let Some(rp) = self.plan.repack(w.index()) {
+        if let Some(rp) = repacked {
             kernels::matmul::matmul_repacked_cached(
                 Isa::detect(),
                 xv,
