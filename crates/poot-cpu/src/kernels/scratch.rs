@@ -112,6 +112,8 @@ pub(crate) struct AttnScratch {
     pub(crate) acc: Vec<f32>,
     /// A token tile's outputs (the grouped kernel's).
     pub(crate) o: Vec<f32>,
+    /// The cache row offset of each position (the one-token grouped kernel's).
+    pub(crate) rows: Vec<usize>,
 }
 
 thread_local! {

@@ -56,8 +56,24 @@ pub(crate) unsafe fn heads_f16<'q, Q: Fn(usize) -> &'q [f32], F: Fn(usize) -> us
     s: &mut Scratch,
     o: &mut [f32],
 ) {
-    // AVX-512 widens 16 halves per instruction and runs V 16 outputs at a time.
-    if hd.is_multiple_of(16) && crate::CpuFeatures::get().avx512f {
+    // AVX-512 widens 16 halves per instruction and runs V 16 outputs at a time; one token
+    // reads the rows in place.
+    if hd.is_multiple_of(16) && crate::CpuFeatures::get().avx512f && lens.len() == 1 {
+        // SAFETY: AVX-512F detected just above, the rest by this function's contract.
+        unsafe {
+            crate::kernels::attention::grouped_one::heads_one(
+                hd,
+                g,
+                q_of(0),
+                lens[0],
+                caches,
+                row_of,
+                scale,
+                s,
+                o,
+            )
+        }
+    } else if hd.is_multiple_of(16) && crate::CpuFeatures::get().avx512f {
         // SAFETY: AVX-512F detected just above, the rest by this function's contract.
         unsafe { heads_f16_512(hd, g, q_of, lens, caches, row_of, scale, s, o) }
     } else {

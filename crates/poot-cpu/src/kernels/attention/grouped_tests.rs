@@ -23,37 +23,63 @@ fn grouped_heads_are_bit_identical_to_the_per_head_path() {
         (8, 2, &[300, 1, 299, 64, 65, 130, 7, 8][..]),
         (64, 4, &[129, 130, 131, 132, 133, 134, 135, 136][..]),
     ] {
-        let len = lens.iter().copied().max().unwrap();
-        // Two KV heads per cache row; this group reads the second (offset hd).
-        let (kv_heads, slots) = (2, len + 5);
-        let row = kv_heads * hd;
-        let (kc, vc) = (
-            rng.f16_vec(slots * row, -2.0, 2.0),
-            rng.f16_vec(slots * row, -2.0, 2.0),
-        );
-        // Scattered slots: position p lives at slot (p * 7 + 3) % slots, kept unique.
-        let slot = |p: usize| (p * 7 + 3) % slots;
-        let row_of = |p: usize| slot(p) * row + hd;
-        let tt = lens.len();
-        let q = rng.vec(tt * g * hd, -3.0, 3.0);
-        let scale = (hd as f32).powf(-0.5);
-        let mut want = vec![0.0f32; tt * g * hd];
-        let mut sc = Scratch::default();
-        for (j, &l) in lens.iter().enumerate() {
-            for h in 0..g {
-                let at = (j * g + h) * hd;
-                let (qh, oh) = (&q[at..at + hd], &mut want[at..at + hd]);
-                head(true, qh, &kc, &vc, row_of, l, scale, &mut sc, oh);
+        check(&mut rng, hd, g, lens, 3.0);
+    }
+}
+
+/// `heads_f16` for one tile (`lens`, `g` heads of `hd`, queries in `-qmax..qmax`) against
+/// `head` per token and head, bit for bit.
+fn check(rng: &mut Rng, hd: usize, g: usize, lens: &[usize], qmax: f32) {
+    let len = lens.iter().copied().max().unwrap();
+    // Two KV heads per cache row; this group reads the second (offset hd).
+    let (kv_heads, slots) = (2, len + 5);
+    let row = kv_heads * hd;
+    let (kc, vc) = (
+        rng.f16_vec(slots * row, -2.0, 2.0),
+        rng.f16_vec(slots * row, -2.0, 2.0),
+    );
+    // Scattered slots: position p lives at slot (p * 7 + 3) % slots, kept unique.
+    let slot = |p: usize| (p * 7 + 3) % slots;
+    let row_of = |p: usize| slot(p) * row + hd;
+    let tt = lens.len();
+    let q = rng.vec(tt * g * hd, -qmax, qmax);
+    let scale = (hd as f32).powf(-0.5);
+    let mut want = vec![0.0f32; tt * g * hd];
+    let mut sc = Scratch::default();
+    for (j, &l) in lens.iter().enumerate() {
+        for h in 0..g {
+            let at = (j * g + h) * hd;
+            let (qh, oh) = (&q[at..at + hd], &mut want[at..at + hd]);
+            head(true, qh, &kc, &vc, row_of, l, scale, &mut sc, oh);
+        }
+    }
+    let mut got = vec![f32::NAN; tt * g * hd];
+    let mut gs = Scratch::default();
+    let q_of = |j: usize| &q[j * g * hd..(j + 1) * g * hd];
+    let caches = (&kc[..], &vc[..]);
+    // SAFETY: a SIMD Isa was detected (AVX2, FMA, F16C).
+    unsafe { heads_f16(hd, g, q_of, lens, caches, row_of, scale, &mut gs, &mut got) };
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&got), bits(&want), "hd={hd} g={g} lens={lens:?}");
+}
+
+/// The one-token path (`grouped_one`, AVX-512; the tiled path elsewhere): every tiling of
+/// the heads (1 to 8: tiles of 3, 2 + 2, 3 + 2 + 2, ...), lengths around the 8-position
+/// steps, head sizes of 16 to 128 (72: no 16-wide V, the tiled path), and large queries whose
+/// softmax has zero weights.
+#[test]
+fn one_token_heads_are_bit_identical_to_the_per_head_path() {
+    if crate::Isa::detect() == crate::Isa::Scalar {
+        return;
+    }
+    let mut rng = Rng::new(13);
+    for hd in [16, 64, 72, 128] {
+        for g in 1..=8 {
+            for len in [1, 2, 7, 8, 9, 16, 17, 63, 130] {
+                check(&mut rng, hd, g, &[len], 3.0);
             }
         }
-        let mut got = vec![f32::NAN; tt * g * hd];
-        let mut gs = Scratch::default();
-        let q_of = |j: usize| &q[j * g * hd..(j + 1) * g * hd];
-        let caches = (&kc[..], &vc[..]);
-        // SAFETY: a SIMD Isa was detected (AVX2, FMA, F16C).
-        unsafe { heads_f16(hd, g, q_of, lens, caches, row_of, scale, &mut gs, &mut got) };
-        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&got), bits(&want), "hd={hd} g={g} lens={lens:?}");
+        check(&mut rng, hd, 3, &[100], 60.0);
     }
 }
 

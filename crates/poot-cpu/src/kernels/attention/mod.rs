@@ -29,6 +29,8 @@
 pub(crate) mod exact;
 pub(crate) mod ggml_heads;
 pub(crate) mod grouped;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod grouped_one;
 pub(crate) mod kv;
 pub(crate) mod windowed;
 

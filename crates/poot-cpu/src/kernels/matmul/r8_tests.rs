@@ -207,6 +207,26 @@ fn extreme_weights_and_activations_stay_exact() {
 }
 
 #[test]
+fn largest_nibble_sums_stay_exact() {
+    // Q4_0/Q4_1 nibbles of 15 against activations all at +127 (one token) and -127 (the
+    // other): the largest lane sums (4 * 15 * 127), which VNNI's biased conversion
+    // (`arch/x86/qdot_r.rs`, `LO_BITS`/`HI_BITS`) must carry exactly, high nibbles in place.
+    let (n, k, t) = (17, 64, 2);
+    for (dt, hdr, bytes) in [(DType::Q4_0, 2, 18), (DType::Q4_1, 4, 20)] {
+        let mut w = synthetic_weights(dt, n, k, 5);
+        for (i, b) in w.chunks_exact_mut(bytes).enumerate() {
+            let q = [0xff, 0xf0, 0x0f, 0x00][i % 4];
+            b[hdr..].iter_mut().for_each(|v| *v = q);
+        }
+        let x: Vec<f32> = (0..t * k).map(|i| if i < k { 1e3 } else { -1e3 }).collect();
+        for isa in Isa::available() {
+            let (want, got) = both(isa, dt, &w, n, k, &x, t, 2);
+            assert_eq!(got, want, "{dt} {isa:?}");
+        }
+    }
+}
+
+#[test]
 fn the_block_order_stays_within_f32_rounding_of_ggmls() {
     let mut rng = Rng::new(21);
     for dt in [DType::Q4_0, DType::Q5_0, DType::Q8_0] {

@@ -57,6 +57,10 @@ pub(crate) trait Lanes: Copy {
     fn prefetch_float(p: *const u8);
     /// Each `i32` lane as `f32` (round to nearest).
     unsafe fn to_f(v: Self::I) -> Self::F;
+    /// `a - b`, one rounding.
+    unsafe fn sub(a: Self::F, b: Self::F) -> Self::F;
+    /// Each `i32` lane's bits read as an `f32` (no conversion).
+    unsafe fn bits_f(v: Self::I) -> Self::F;
     unsafe fn izero() -> Self::I;
     unsafe fn isplat(v: i32) -> Self::I;
     unsafe fn isplat8(v: i8) -> Self::I;
@@ -179,6 +183,16 @@ impl<const VNNI: bool> Lanes for Ymm<VNNI> {
     unsafe fn to_f(v: __m256i) -> __m256 {
         // SAFETY: the trait's contract (the width's features enabled).
         unsafe { _mm256_cvtepi32_ps(v) }
+    }
+    #[inline(always)]
+    unsafe fn sub(a: __m256, b: __m256) -> __m256 {
+        // SAFETY: the trait's contract (the width's features enabled).
+        unsafe { _mm256_sub_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn bits_f(v: __m256i) -> __m256 {
+        // SAFETY: the trait's contract (the width's features enabled).
+        unsafe { _mm256_castsi256_ps(v) }
     }
     #[inline(always)]
     unsafe fn izero() -> __m256i {
@@ -365,6 +379,16 @@ impl<const VNNI: bool> Lanes for Zmm<VNNI> {
     unsafe fn to_f(v: __m512i) -> __m512 {
         // SAFETY: the trait's contract (the width's features enabled).
         unsafe { _mm512_cvtepi32_ps(v) }
+    }
+    #[inline(always)]
+    unsafe fn sub(a: __m512, b: __m512) -> __m512 {
+        // SAFETY: the trait's contract (the width's features enabled).
+        unsafe { _mm512_sub_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn bits_f(v: __m512i) -> __m512 {
+        // SAFETY: the trait's contract (the width's features enabled).
+        unsafe { _mm512_castsi512_ps(v) }
     }
     #[inline(always)]
     unsafe fn izero() -> __m512i {

@@ -23,6 +23,7 @@
 pub(crate) mod amx;
 pub(crate) mod amx_bf16;
 pub(crate) mod attention;
+pub(crate) mod attention16;
 pub(crate) mod decode;
 pub(crate) mod f8dot;
 pub(crate) mod f8dot_g;

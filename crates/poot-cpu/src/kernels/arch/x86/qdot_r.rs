@@ -29,6 +29,17 @@ use crate::kernels::blocks::{header_bytes, superblock_bytes};
 use crate::kernels::format::{id, Format};
 use crate::kernels::qact::BlockQ8;
 
+/// `1.5 * 2^23` as `f32` bits: adding an integer `x` with `|x| < 2^22` to them gives the bits
+/// of `1.5 * 2^23 + x` (one unit per mantissa step), so `x` as `f32` is that float less
+/// `1.5 * 2^23`, both steps exact: `cvtdq2ps`'s result for such `x`, bit for bit, from an
+/// integer add folded into the dot's start and a float subtract.
+const LO_BITS: i32 = 0x4B40_0000;
+
+/// `1.5 * 2^19` as `f32` bits: a mantissa step is `1/16` there, so adding `16 x` gives
+/// `1.5 * 2^19 + x`; the high nibbles dotted in place (16 times their value) come out as
+/// their lane sum exactly (`|16 x| < 2^22`).
+const HI_BITS: i32 = 0x4940_0000;
+
 /// The format a `KIND` id names (`Format::X as u8`).
 const fn kind_of(k: u8) -> Format {
     Format::from_id(k)
@@ -56,6 +67,9 @@ pub(crate) unsafe fn body<L: RowLanes, const KIND: u8, const T: usize>(
         let mut acc = [[L::zero(); 8]; T];
         let mut summs = [L::zero(); T];
         let m4 = L::isplat8(0x0f);
+        let mf0 = L::isplat8(0xf0u8 as i8);
+        let (lo_bits, hi_bits) = (L::isplat(LO_BITS), L::isplat(HI_BITS));
+        let (lo_at, hi_at) = (L::bits_f(lo_bits), L::bits_f(hi_bits));
         let ahead = crate::kernels::simd::prefetch_ahead();
         let next = L::next_distance(nb * sb);
         for b in 0..nb {
@@ -83,12 +97,37 @@ pub(crate) unsafe fn body<L: RowLanes, const KIND: u8, const T: usize>(
                     };
                     for j in 0..T {
                         let y = L::word(ab[j].qs.as_ptr().add(4 * c));
-                        let l = if L::VNNI {
-                            L::dot(L::isplat(cj[j][c]), u, y)
+                        let f = if L::VNNI {
+                            let l = L::dot(L::isplat(LO_BITS + cj[j][c]), u, y);
+                            L::sub(L::bits_f(l), lo_at)
                         } else {
-                            L::dot(L::izero(), u, L::sign8(y, w))
+                            L::to_f(L::dot(L::izero(), u, L::sign8(y, w)))
                         };
-                        acc[j][c] = L::fma(sc[j], L::to_f(l), acc[j][c]);
+                        acc[j][c] = L::fma(sc[j], f, acc[j][c]);
+                    }
+                }
+            } else if L::VNNI && KIND != id::Q5_0 {
+                // Q4_0 and Q4_1 on VNNI: the high nibbles stay in place (16 times their value;
+                // `vpdpbusd` does not saturate) and both lane sums come out offset into a
+                // float's mantissa ([`LO_BITS`], [`HI_BITS`]): no shift, no `cvtdq2ps`.
+                for c in 0..4 {
+                    let v = L::quants(L::at(q, 32 * c));
+                    let (lo, hi) = (L::and(v, m4), L::and(v, mf0));
+                    for j in 0..T {
+                        let y = ab[j].qs.as_ptr();
+                        let (il, ih) = if KIND == id::Q4_0 {
+                            (
+                                L::isplat(LO_BITS + cj[j][c]),
+                                L::isplat(HI_BITS + 16 * cj[j][4 + c]),
+                            )
+                        } else {
+                            (lo_bits, hi_bits)
+                        };
+                        let ll = L::dot(il, lo, L::word(y.add(4 * c)));
+                        let lh = L::dot(ih, hi, L::word(y.add(16 + 4 * c)));
+                        let (fl, fh) = (L::sub(L::bits_f(ll), lo_at), L::sub(L::bits_f(lh), hi_at));
+                        acc[j][c] = L::fma(sc[j], fl, acc[j][c]);
+                        acc[j][4 + c] = L::fma(sc[j], fh, acc[j][4 + c]);
                     }
                 }
             } else {
