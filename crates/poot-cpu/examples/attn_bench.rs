@@ -25,8 +25,14 @@ fn main() {
             .and_then(|v| v.parse().ok())
             .unwrap_or(d)
     };
-    // BENCH_HEADS / BENCH_KV_HEADS / BENCH_THREADS: another head shape (SmolLM2: 9 / 3).
-    let (nh, nkv, hd, bs) = (env("BENCH_HEADS", 32), env("BENCH_KV_HEADS", 8), 64, 16);
+    // BENCH_HEADS / BENCH_KV_HEADS / BENCH_HD / BENCH_THREADS: another head shape (SmolLM2: 9 / 3,
+    // head_dim 64).
+    let (nh, nkv, hd, bs) = (
+        env("BENCH_HEADS", 32),
+        env("BENCH_KV_HEADS", 8),
+        env("BENCH_HD", 64),
+        16,
+    );
     let pool = ThreadPool::new(env("BENCH_THREADS", 1)).unwrap();
     // BENCH_WALL=1: wall-clock time instead (with more than one thread, the caller's on-CPU
     // time leaves out the others' work).

@@ -56,9 +56,12 @@ pub(crate) unsafe fn heads_f16<'q, Q: Fn(usize) -> &'q [f32], F: Fn(usize) -> us
     s: &mut Scratch,
     o: &mut [f32],
 ) {
-    // AVX-512 widens 16 halves per instruction and runs V 16 outputs at a time; one token
-    // reads the rows in place.
-    if hd.is_multiple_of(16) && crate::CpuFeatures::get().avx512f && lens.len() == 1 {
+    // AVX-512 widens 16 halves per instruction and runs V 16 outputs at a time. One token
+    // with at most 3 query heads per KV head (one tile) reads the rows in place; with more,
+    // each tile would widen every row again, which was slower than one widened block from
+    // about 2048 positions (`attn_bench`, 4 and 8 heads per KV head).
+    let one = lens.len() == 1 && g <= crate::kernels::attention::grouped_one::MAX_HEADS;
+    if hd.is_multiple_of(16) && crate::CpuFeatures::get().avx512f && one {
         // SAFETY: AVX-512F detected just above, the rest by this function's contract.
         unsafe {
             crate::kernels::attention::grouped_one::heads_one(

@@ -1,21 +1,23 @@
-//! The grouped ggml attention for one token on AVX-512 (every decode step's attention): a KV
-//! head's query heads in tiles of up to 3, each tile's scores, softmax and V sums reading the
-//! f16 cache rows in place (`arch/x86/attention16.rs` has the loops). The multi-token path
-//! (`attention/grouped.rs`) widens blocks of rows into scratch, which a tile of tokens then
-//! shares; one token uses each row once per tile, so there the copy and its zeroed padding
-//! were most of the time. Every head's arithmetic is `attention::ggml_heads::head`'s, so
-//! outputs are bit-identical to it (tested in `attention/grouped_tests.rs`).
+//! The grouped ggml attention for one token on AVX-512 where a KV head has at most 3 query
+//! heads (a decode step's; `heads_f16` picks it): their scores, softmax and V sums together,
+//! reading the f16 cache rows in place (`arch/x86/attention16.rs` has the loops). The
+//! multi-token path (`attention/grouped.rs`) widens blocks of rows into scratch, which a tile
+//! of tokens then shares; one token uses each row once, so there the copy and its zeroed
+//! padding were most of the time. More heads would need a second pass over the rows (the
+//! registers hold 3 heads' V sums), which was slower than the widened block at long contexts.
+//! Every head's arithmetic is `attention::ggml_heads::head`'s, so outputs are bit-identical
+//! to it (tested in `attention/grouped_tests.rs`).
 
 use crate::kernels::arch::x86::attention16::{scores, v_sums};
 use crate::kernels::attention::ggml_heads::softmax_round;
 use crate::kernels::scratch::AttnScratch as Scratch;
 
-/// The most query heads one tile holds (8 lane accumulators each in [`v_sums`], 24 of the 32
+/// The most query heads one call holds (8 lane accumulators each in [`v_sums`], 24 of the 32
 /// registers).
-const TILE_HEADS: usize = 3;
+pub(crate) const MAX_HEADS: usize = 3;
 
-/// `heads_f16` (`attention/grouped.rs`) for one token attending over positions `0..len`: `q` holds
-/// its `g` heads (`g * hd` values), `o` receives them.
+/// `heads_f16` (`attention/grouped.rs`) for one token attending over positions `0..len`: `q`
+/// holds its `g <= 3` heads (`g * hd` values), `o` receives them.
 ///
 /// # Safety
 /// AVX2, FMA, F16C and AVX-512F detected; `hd % 16 == 0`.
@@ -32,7 +34,7 @@ pub(crate) unsafe fn heads_one<F: Fn(usize) -> usize>(
     s: &mut Scratch,
     o: &mut [f32],
 ) {
-    assert!(hd > 0 && hd.is_multiple_of(16) && g > 0);
+    assert!(hd > 0 && hd.is_multiple_of(16) && (1..=MAX_HEADS).contains(&g));
     assert!(q.len() == g * hd && o.len() == g * hd);
     s.q.clear();
     s.q.resize(g * hd, 0.0);
@@ -49,36 +51,24 @@ pub(crate) unsafe fn heads_one<F: Fn(usize) -> usize>(
     assert!(fits(k_cache) && fits(v_cache), "cache rows out of bounds");
     s.scores.clear();
     s.scores.resize(g * len, 0.0);
-    // Tiles as even as 3 at most allows (4 heads: 2 + 2), each reading every row once.
-    let tiles = g.div_ceil(TILE_HEADS);
-    let mut h0 = 0;
-    for t in 0..tiles {
-        let hh = (g - h0).div_ceil(tiles - t);
-        macro_rules! tile {
-            ($h:literal) => {
-                // SAFETY: the features of this function's contract; every row offset checked
-                // above; heads h0..h0 + $h < g.
-                unsafe { tile::<$h>(hd, h0, len, (k_cache, v_cache), scale, s, o) }
-            };
-        }
-        match hh {
-            3 => tile!(3),
-            2 => tile!(2),
-            _ => tile!(1),
-        }
-        h0 += hh;
+    match g {
+        // SAFETY: the features of this function's contract; every row offset checked above.
+        3 => unsafe { heads::<3>(hd, len, (k_cache, v_cache), scale, s, o) },
+        // SAFETY: as above.
+        2 => unsafe { heads::<2>(hd, len, (k_cache, v_cache), scale, s, o) },
+        // SAFETY: as above.
+        _ => unsafe { heads::<1>(hd, len, (k_cache, v_cache), scale, s, o) },
     }
 }
 
-/// Heads `h0..h0 + H` of [`heads_one`]: their scores, softmax (`head`'s) and V sums.
+/// [`heads_one`]'s `H` heads: their scores, softmax (`head`'s) and V sums.
 ///
 /// # Safety
 /// As [`heads_one`], with `s.rows` checked against both caches, `s.q` and `s.scores` sized
 /// for the token's heads.
 #[target_feature(enable = "avx2,fma,f16c,avx512f")]
-unsafe fn tile<const H: usize>(
+unsafe fn heads<const H: usize>(
     hd: usize,
-    h0: usize,
     len: usize,
     (k_cache, v_cache): (&[half::f16], &[half::f16]),
     scale: f32,
@@ -86,17 +76,17 @@ unsafe fn tile<const H: usize>(
     o: &mut [f32],
 ) {
     let (q, rows) = (&s.q, &s.rows);
-    let mut rows_of = s.scores[h0 * len..(h0 + H) * len].chunks_exact_mut(len.max(1));
+    let mut rows_of = s.scores[..H * len].chunks_exact_mut(len.max(1));
     let w: [&mut [f32]; H] = std::array::from_fn(|_| rows_of.next().unwrap_or_default());
-    let qh: [&[f32]; H] = std::array::from_fn(|h| &q[(h0 + h) * hd..(h0 + h + 1) * hd]);
+    let qh: [&[f32]; H] = std::array::from_fn(|h| &q[h * hd..(h + 1) * hd]);
     // SAFETY: this function's contract.
     let maxes = unsafe { scores::<H>(k_cache, rows, hd, qh, scale, w) };
     for (h, &m) in maxes.iter().enumerate() {
-        let at = (h0 + h) * len;
+        let at = h * len;
         softmax_round::<half::f16, true>(&mut s.scores[at..at + len], m);
     }
-    let w: [&[f32]; H] = std::array::from_fn(|h| &s.scores[(h0 + h) * len..(h0 + h + 1) * len]);
-    let mut outs = o[h0 * hd..(h0 + H) * hd].chunks_exact_mut(hd);
+    let w: [&[f32]; H] = std::array::from_fn(|h| &s.scores[h * len..(h + 1) * len]);
+    let mut outs = o.chunks_exact_mut(hd);
     let oh: [&mut [f32]; H] = std::array::from_fn(|_| outs.next().expect("H heads"));
     // SAFETY: this function's contract.
     unsafe { v_sums::<H>(v_cache, &s.rows, hd, w, oh) };

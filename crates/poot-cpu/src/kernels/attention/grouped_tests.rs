@@ -63,10 +63,9 @@ fn check(rng: &mut Rng, hd: usize, g: usize, lens: &[usize], qmax: f32) {
     assert_eq!(bits(&got), bits(&want), "hd={hd} g={g} lens={lens:?}");
 }
 
-/// The one-token path (`grouped_one`, AVX-512; the tiled path elsewhere): every tiling of
-/// the heads (1 to 8: tiles of 3, 2 + 2, 3 + 2 + 2, ...), lengths around the 8-position
-/// steps, head sizes of 16 to 128 (72: no 16-wide V, the tiled path), and large queries whose
-/// softmax has zero weights.
+/// One token: `grouped_one` (AVX-512, 1 to 3 heads; the tiled path elsewhere and for 4 to 8),
+/// lengths around the 8-position steps, head sizes of 16 to 128 (72: no 16-wide V, the tiled
+/// path), and large queries whose softmax has zero weights.
 #[test]
 fn one_token_heads_are_bit_identical_to_the_per_head_path() {
     if crate::Isa::detect() == crate::Isa::Scalar {
