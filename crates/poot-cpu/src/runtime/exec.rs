@@ -254,7 +254,7 @@ impl<'a> Exec<'a> {
             Op::RmsNorm { x, weight, eps } => self.rms_norm(*x, *weight, *eps, &info.shape)?,
             Op::MatMul { x, w } => self.matmul(i, *x, *w, numel)?,
             Op::Add { a, b } | Op::Mul { a, b } => self.binary(op, *a, *b, &info.shape)?,
-            Op::Silu { x } | Op::Gelu { x } => self.activation(op, *x, &info.shape)?,
+            Op::Silu { x } | Op::Gelu { x } => self.activation(i, op, *x, &info.shape)?,
             Op::Softmax { x } => {
                 let mut out = self.arena.f32s(numel);
                 out.extend_from_slice(self.f32(*x, "softmax")?);
@@ -528,7 +528,8 @@ fn run_all(
                 during: format!("equation {i} ({})", op.name()),
             });
         }
-        // A later member of a fused matmul group: its output was made with the first's.
+        // A later member of a fused matmul group (its output was made with the first's) or a
+        // multiply its activation made.
         if !plan.fused_later.get(i).copied().unwrap_or(false) {
             let buf = match profile {
                 None => exec.run_op(i, op, (inputs, late), kv.as_deref_mut(), deadline)?,
@@ -541,7 +542,9 @@ fn run_all(
                     buf
                 }
             };
-            exec.bufs[i] = buf;
+            // An activation that made its multiply's product stores it there.
+            let at = plan.act_mul.get(&i).map_or(i, |m| m.mul);
+            exec.bufs[at] = buf;
             if matches!(op, Op::MatMul { .. }) {
                 if let Some(next) = plan.prefetch_next.get(i) {
                     exec.pool.prefetch_hint(next);

@@ -32,13 +32,15 @@ impl WeightStore for Store {
     }
 }
 
-/// q/k/v-like Q8_0 weights (20 rows: not a multiple of 8), a Q4_K one and an F32 one.
+/// q/k/v-like Q8_0 weights (20 rows: not a multiple of 8; `up` as many rows as `q`), a Q4_K
+/// one and an F32 one.
 fn store() -> Arc<Store> {
     let mut m = HashMap::new();
     for (i, (name, dt, n)) in [
         ("q", DType::Q8_0, 40),
         ("k", DType::Q8_0, 20),
         ("v", DType::Q8_0, 16),
+        ("up", DType::Q8_0, 40),
         ("gate", DType::Q4_K, 24),
         ("f", DType::F32, 8),
     ]
@@ -182,4 +184,77 @@ fn prefetch_hints_name_the_next_dispatch_and_change_no_output() {
         std::thread::yield_now();
     }
     assert_eq!(off.pool.hinted_bytes(), 0);
+}
+
+/// `act(x @ q^T) * (x @ up^T)` (the factors in either order), and the activation itself as a
+/// second output when `keep` (a second reader: the multiply cannot be fused).
+fn glu(t: usize, gelu: bool, act_first: bool, keep: bool) -> Graph {
+    let s: Arc<dyn WeightCatalog> = store();
+    let mut tr = Tracer::new(TraceLimits::default(), 2, s).unwrap();
+    let x = tr.input("x", DType::F32, vec![t, K]).unwrap();
+    let (wg, wu) = (tr.weight("q").unwrap(), tr.weight("up").unwrap());
+    let g = tr.matmul(x, wg).unwrap();
+    let u = tr.matmul(x, wu).unwrap();
+    let a = if gelu { tr.gelu(g) } else { tr.silu(g) }.unwrap();
+    let y = if act_first {
+        tr.mul(a, u)
+    } else {
+        tr.mul(u, a)
+    }
+    .unwrap();
+    tr.output("y", y).unwrap();
+    if keep {
+        tr.output("a", a).unwrap();
+    }
+    tr.finish()
+}
+
+/// A SiLU/GELU whose only reader is a multiply by the (fused) up projection makes the product
+/// itself (`CpuPlan::act_mul`), bit for bit the product of a plan that keeps them apart, under
+/// both numerics, one token and several, either operand order.
+#[test]
+fn an_activation_makes_its_multiply_with_the_same_bits() {
+    let weights = store();
+    let limits = CompileLimits::default();
+    for numerics in [Numerics::Ggml, Numerics::Exact] {
+        let rt = CpuRuntime::new(CpuOptions {
+            threads: 2,
+            numerics,
+            ..CpuOptions::default()
+        })
+        .unwrap();
+        for (t, gelu, act_first) in [
+            (1, false, true),
+            (1, true, false),
+            (5, false, false),
+            (5, true, true),
+        ] {
+            let x = HostTensor::F32 {
+                shape: vec![t, K],
+                data: Rng::new(t as u32).vec(t * K, -2.0, 2.0),
+            };
+            let run = |keep: bool| {
+                let plan = rt
+                    .prepare(&glu(t, gelu, act_first, keep), weights.clone(), &limits)
+                    .unwrap();
+                let cpu = plan.as_any().downcast_ref::<CpuPlan>().unwrap();
+                let fused = cpu.act_mul.len();
+                let out = rt
+                    .run(plan.as_ref(), &[("x", x.clone())], Deadline::never())
+                    .unwrap();
+                let y = out.into_iter().find(|(n, _)| n == "y").unwrap().1;
+                (fused, y)
+            };
+            let ((fused, got), (apart, want)) = (run(false), run(true));
+            let case = format!("{numerics:?} t={t} gelu={gelu} act_first={act_first}");
+            assert_eq!((fused, apart), (1, 0), "{case}");
+            let bits = |h: &HostTensor| match h {
+                HostTensor::F32 { data, .. } => {
+                    data.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                }
+                _ => unreachable!("an f32 output"),
+            };
+            assert_eq!(bits(&got), bits(&want), "{case}");
+        }
+    }
 }

@@ -284,6 +284,7 @@ impl Runtime for CpuRuntime {
         let mut plan = plan::compile(graph, weights.clone(), limits, self.options.numerics)?;
         self.prepare_weights(&mut plan, &weights)?;
         plan.fuse_matmuls();
+        plan.fuse_activation_muls();
         plan.schedule_prefetch();
         Ok(Arc::new(plan))
     }

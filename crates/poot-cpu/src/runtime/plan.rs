@@ -47,14 +47,29 @@ pub struct CpuPlan {
     /// Matmuls run together (`fuse_matmuls`): the first one's equation index to every member's,
     /// in order (the first included).
     pub(crate) fused: HashMap<usize, Vec<usize>>,
-    /// By equation: whether it is a member of a `fused` group other than the first, whose
-    /// output exists before its turn comes (a flag per equation: the run loop asks for each).
+    /// By equation: whether its output exists before its turn comes, made by an earlier
+    /// equation: a member of a `fused` group other than the first, or a multiply in
+    /// `act_mul` (a flag per equation: the run loop asks for each).
     pub(crate) fused_later: Vec<bool>,
+    /// SiLU/GELU equations whose only reader multiplies them by an activation of their shape
+    /// that exists when they run (a SwiGLU's `silu(gate) * up`; `fuse_activation_muls`): the
+    /// activation's equation to the multiply's and the other factor. The activation's run
+    /// makes the product (the multiply's output), in the same pass.
+    pub(crate) act_mul: HashMap<usize, ActMul>,
     /// By equation: for a matmul dispatch (a matmul not in `fused_later`), the (address,
     /// length) byte ranges of the weights the next dispatch streams, in the order it reads
     /// them; the last dispatch names the first (the next run's). Empty for every other
     /// equation and in a plan built by hand (`schedule_prefetch`).
     pub(crate) prefetch_next: Vec<Vec<(usize, usize)>>,
+}
+
+/// A multiply made by the activation it reads (`CpuPlan::act_mul`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ActMul {
+    /// The multiply's equation (its output is made at the activation's).
+    pub(crate) mul: usize,
+    /// The other factor.
+    pub(crate) other: poot_graph::ValueId,
 }
 
 impl CpuPlan {
@@ -109,6 +124,52 @@ impl CpuPlan {
                     self.fused_later[j] = true;
                 }
                 self.fused.insert(chunk[0], chunk.to_vec());
+            }
+        }
+    }
+
+    /// Fills `act_mul` (after `fuse_matmuls`, which decides when a fused matmul's outputs
+    /// exist): a SiLU or GELU read by nothing but one multiply, whose other factor is an
+    /// activation of the same shape made before it, runs the multiply too, in one pass: one
+    /// dispatch and one buffer less per FFN layer. Every product is the rounded `f32` product
+    /// of the same two values, so the bits are the unfused ones (a multiply commutes; neither
+    /// path pins which NaN payload a NaN times a NaN keeps).
+    pub(crate) fn fuse_activation_muls(&mut self) {
+        let eqs = &self.graph.equations;
+        let n = eqs.len();
+        if self.fused_later.len() != n {
+            self.fused_later = vec![false; n];
+        }
+        let mut readers = vec![0usize; n];
+        for op in eqs {
+            super::arena::for_each_operand(op, |v| readers[v.index()] += 1);
+        }
+        for (_, v) in &self.graph.outputs {
+            readers[v.index()] += 1;
+        }
+        // The equation whose run makes each value: its own, or its fused group's first.
+        let mut made: Vec<usize> = (0..n).collect();
+        for (&first, members) in &self.fused {
+            for &m in members {
+                made[m] = first;
+            }
+        }
+        self.act_mul.clear();
+        for (j, op) in eqs.iter().enumerate() {
+            let Op::Mul { a, b } = op else { continue };
+            for (act, other) in [(*a, *b), (*b, *a)] {
+                let i = act.index();
+                let fits = matches!(eqs[i], Op::Silu { .. } | Op::Gelu { .. })
+                    && readers[i] == 1
+                    && !matches!(eqs[other.index()], Op::Weight { .. })
+                    && made[other.index()] < i
+                    && self.graph.info(act).shape == self.graph.info(other).shape
+                    && self.graph.info(other).dtype == poot_core::DType::F32;
+                if fits {
+                    self.act_mul.insert(i, ActMul { mul: j, other });
+                    self.fused_later[j] = true;
+                    break;
+                }
             }
         }
     }
@@ -320,6 +381,7 @@ pub(crate) fn compile(
         matmul_paths,
         fused: HashMap::new(),
         fused_later: Vec::new(),
+        act_mul: HashMap::new(),
         prefetch_next: Vec::new(),
     })
 }

@@ -139,8 +139,12 @@ impl Exec<'_> {
         Ok(Buf::F32(out))
     }
 
+    /// Equation `i`, SiLU or GELU of `x`; where the plan fused the multiply that reads it
+    /// (`CpuPlan::act_mul`), each row is then multiplied by the other factor's in place, and
+    /// the buffer is that multiply's output.
     pub(super) fn activation(
         &mut self,
+        i: usize,
         op: &Op,
         x: ValueId,
         shape: &[usize],
@@ -152,13 +156,26 @@ impl Exec<'_> {
         let silu = matches!(op, Op::Silu { .. });
         let ggml = self.plan.numerics == Numerics::Ggml;
         crate::error::check_len("activation x", numel, xv.len()).map_err(kerr(op.name()))?;
+        let factor = match self.plan.act_mul.get(&i) {
+            Some(m) => {
+                let f = self.f32(m.other, "mul")?;
+                crate::error::check_len("mul factor", numel, f.len()).map_err(kerr("mul"))?;
+                Some(f)
+            }
+            None => None,
+        };
         par_rows(self.pool, &mut out, d, |r, o| {
             let xr = &xv[r.start * d..r.end * d];
             match (silu, ggml) {
                 (true, true) => kernels::ggml::silu_rows_to(xr, d, o),
                 (true, false) => kernels::silu_to(xr, o),
                 (false, _) => kernels::gelu_tanh_to(xr, o),
+            }?;
+            if let Some(f) = factor {
+                let fr = &f[r.start * d..r.end * d];
+                o.iter_mut().zip(fr).for_each(|(y, &v)| *y *= v);
             }
+            Ok(())
         })
         .map_err(kerr(op.name()))?;
         Ok(Buf::F32(out))
