@@ -57,12 +57,13 @@ pub(crate) unsafe fn heads_f16<'q, Q: Fn(usize) -> &'q [f32], F: Fn(usize) -> us
     o: &mut [f32],
 ) {
     // AVX-512 widens 16 halves per instruction and runs V 16 outputs at a time. One token
-    // with at most 3 query heads per KV head (one tile) reads the rows in place; with more,
-    // each tile would widen every row again, which was slower than one widened block from
-    // about 2048 positions (`attn_bench`, 4 and 8 heads per KV head).
+    // with at most 3 query heads per KV head reads the rows in place; more heads would need a
+    // second pass over the rows (registers hold 3 heads' V sums), which was slower than one
+    // widened block from about 2048 positions (`attn_bench`, 4 and 8 heads per KV head).
+    let f = crate::CpuFeatures::get();
     let one = lens.len() == 1 && g <= crate::kernels::attention::grouped_one::MAX_HEADS;
-    if hd.is_multiple_of(16) && crate::CpuFeatures::get().avx512f && one {
-        // SAFETY: AVX-512F detected just above, the rest by this function's contract.
+    if hd.is_multiple_of(16) && f.avx512f && f.avx512vl && one {
+        // SAFETY: AVX-512F and VL detected just above, the rest by this function's contract.
         unsafe {
             crate::kernels::attention::grouped_one::heads_one(
                 hd,
@@ -76,7 +77,7 @@ pub(crate) unsafe fn heads_f16<'q, Q: Fn(usize) -> &'q [f32], F: Fn(usize) -> us
                 o,
             )
         }
-    } else if hd.is_multiple_of(16) && crate::CpuFeatures::get().avx512f {
+    } else if hd.is_multiple_of(16) && f.avx512f {
         // SAFETY: AVX-512F detected just above, the rest by this function's contract.
         unsafe { heads_f16_512(hd, g, q_of, lens, caches, row_of, scale, s, o) }
     } else {

@@ -20,9 +20,9 @@ pub(crate) const MAX_HEADS: usize = 3;
 /// holds its `g <= 3` heads (`g * hd` values), `o` receives them.
 ///
 /// # Safety
-/// AVX2, FMA, F16C and AVX-512F detected; `hd % 16 == 0`.
+/// AVX2, FMA, F16C, AVX-512F and AVX-512VL detected; `hd % 16 == 0`.
 #[allow(clippy::too_many_arguments, reason = "one KV head's inputs")]
-#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
 pub(crate) unsafe fn heads_one<F: Fn(usize) -> usize>(
     hd: usize,
     g: usize,
@@ -70,7 +70,7 @@ pub(crate) unsafe fn heads_one<F: Fn(usize) -> usize>(
 /// # Safety
 /// As [`heads_one`], with `s.rows` checked against both caches, `s.q` and `s.scores` sized
 /// for the token's heads.
-#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
 unsafe fn heads<const H: usize>(
     hd: usize,
     len: usize,

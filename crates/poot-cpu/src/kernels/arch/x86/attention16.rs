@@ -6,7 +6,7 @@
 //! are bit-identical to `attention::ggml_heads::head` (`attention/grouped_tests.rs`).
 //!
 //! Invariant (soundness): every `unsafe fn` here is reached only from `grouped_one`, after the
-//! caller detected AVX2, FMA, F16C and AVX-512F, with every row offset `rows[p] + hd` inside
+//! caller detected AVX2, FMA, F16C, AVX-512F and AVX-512VL, with every row offset `rows[p] + hd` inside
 //! the cache it indexes (checked there once per call).
 
 use std::arch::x86_64::*;
@@ -25,7 +25,7 @@ const STEP: usize = 8;
 /// positions one by one.
 ///
 /// # Safety
-/// AVX2, FMA, F16C and AVX-512F detected; `hd % 8 == 0`; `k[rows[p]..rows[p] + hd]` in bounds
+/// AVX2, FMA, F16C, AVX-512F and AVX-512VL detected; `hd % 8 == 0`; `k[rows[p]..rows[p] + hd]` in bounds
 /// for every `p` (the module invariant); each `out[h]` holds `rows.len()` values.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
 pub(crate) unsafe fn scores<const H: usize>(
@@ -116,7 +116,7 @@ unsafe fn score_at(r: *const half::f16, q: &[f32], hd: usize) -> f32 {
 /// last position changes nothing.
 ///
 /// # Safety
-/// AVX2, FMA, F16C and AVX-512F detected; `hd % 16 == 0`; `v[rows[p]..rows[p] + hd]` in
+/// AVX2, FMA, F16C, AVX-512F and AVX-512VL detected; `hd % 16 == 0`; `v[rows[p]..rows[p] + hd]` in
 /// bounds for every `p` (the module invariant); each `w[h]` holds `rows.len()` weights and
 /// each `o[h]` `hd` values.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
