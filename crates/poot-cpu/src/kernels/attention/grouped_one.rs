@@ -36,25 +36,26 @@ pub(crate) unsafe fn heads_one<F: Fn(usize) -> usize>(
 ) {
     assert!(hd > 0 && hd.is_multiple_of(16) && (1..=MAX_HEADS).contains(&g));
     assert!(q.len() == g * hd && o.len() == g * hd);
-    s.q.clear();
-    s.q.resize(g * hd, 0.0);
+    // The scratch only grows: every value below is written before it is read, so a warm
+    // step clears nothing.
+    grow(&mut s.q, g * hd, 0.0);
+    grow(&mut s.rows, len, 0);
+    grow(&mut s.scores, g * len, 0.0);
     // SAFETY: AVX2 and F16C, as this function's own contract.
-    unsafe { crate::kernels::arch::x86::fdot16::f16_round_into(q, &mut s.q) };
+    unsafe { crate::kernels::arch::x86::fdot16::f16_round_into(q, &mut s.q[..g * hd]) };
     // Through a `&mut` slice, which cannot alias what `row_of` reads, so its loads hoist out
     // of the loop (`extend` reloaded the shape's fields per position: 0.5% of a decode).
-    s.rows.resize(len, 0);
-    for (p, r) in s.rows.iter_mut().enumerate() {
+    let mut last = 0;
+    for (p, r) in s.rows[..len].iter_mut().enumerate() {
         *r = row_of(p);
+        last = last.max(*r);
     }
     // The loops index the caches at these offsets unchecked.
-    let fits = |c: &[half::f16]| {
-        s.rows
-            .iter()
-            .all(|&r| r.checked_add(hd).is_some_and(|e| e <= c.len()))
-    };
-    assert!(fits(k_cache) && fits(v_cache), "cache rows out of bounds");
-    s.scores.clear();
-    s.scores.resize(g * len, 0.0);
+    let end = last.checked_add(hd).expect("cache rows out of bounds");
+    assert!(
+        end <= k_cache.len() && end <= v_cache.len(),
+        "cache rows out of bounds"
+    );
     match g {
         // SAFETY: the features of this function's contract; every row offset checked above.
         3 => unsafe { heads::<3>(hd, len, (k_cache, v_cache), scale, s, o) },
@@ -62,6 +63,13 @@ pub(crate) unsafe fn heads_one<F: Fn(usize) -> usize>(
         2 => unsafe { heads::<2>(hd, len, (k_cache, v_cache), scale, s, o) },
         // SAFETY: as above.
         _ => unsafe { heads::<1>(hd, len, (k_cache, v_cache), scale, s, o) },
+    }
+}
+
+/// `v` at least `n` long, grown with `fill` (never shrunk or cleared).
+fn grow<T: Copy>(v: &mut Vec<T>, n: usize, fill: T) {
+    if v.len() < n {
+        v.resize(n, fill);
     }
 }
 
@@ -79,7 +87,7 @@ unsafe fn heads<const H: usize>(
     s: &mut Scratch,
     o: &mut [f32],
 ) {
-    let (q, rows) = (&s.q, &s.rows);
+    let (q, rows) = (&s.q, &s.rows[..len]);
     let mut rows_of = s.scores[..H * len].chunks_exact_mut(len.max(1));
     let w: [&mut [f32]; H] = std::array::from_fn(|_| rows_of.next().unwrap_or_default());
     let qh: [&[f32]; H] = std::array::from_fn(|h| &q[h * hd..(h + 1) * hd]);
@@ -93,5 +101,5 @@ unsafe fn heads<const H: usize>(
     let mut outs = o.chunks_exact_mut(hd);
     let oh: [&mut [f32]; H] = std::array::from_fn(|_| outs.next().expect("H heads"));
     // SAFETY: this function's contract.
-    unsafe { v_sums::<H>(v_cache, &s.rows, hd, w, oh) };
+    unsafe { v_sums::<H>(v_cache, &s.rows[..len], hd, w, oh) };
 }
