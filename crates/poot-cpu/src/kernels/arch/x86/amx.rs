@@ -312,7 +312,7 @@ unsafe fn lay_panel(w: &Repacked, p: usize, tiles: &mut [u8], scales: &mut [f32]
                     }
                     Format::Q5_0 => {
                         let bits = |g: Option<&[u8]>| match g {
-                            Some(g) => crate::kernels::arch::x86::lanes::fifth_bits(
+                            Some(g) => crate::kernels::arch::x86::lanes_rows::fifth_bits(
                                 g.as_ptr().add(s + 16),
                                 c,
                             ),

@@ -9,7 +9,8 @@
 
 use std::arch::x86_64::*;
 
-use crate::kernels::arch::x86::lanes::{RowLanes, Ymm, Zmm};
+use crate::kernels::arch::x86::lanes::{Ymm, Zmm};
+use crate::kernels::arch::x86::lanes_rows::RowLanes;
 
 /// The k-quant dots' register ops at one width (see the module docs).
 ///

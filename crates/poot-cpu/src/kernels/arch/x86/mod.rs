@@ -2,7 +2,8 @@
 //! say the loop; a `16` suffix is the 512-bit (16-lane or 16-row) form of the 256-bit file
 //! without it (`qdot_r8` / `qdot_r16`, `fdot` / `fdot16`).
 //!
-//! Register widths: `lanes.rs` makes the width a type ([`lanes::Lanes`], [`lanes::RowLanes`];
+//! Register widths: `lanes.rs` makes the width a type ([`lanes::Lanes`]; `lanes_rows.rs`'s
+//! [`lanes_rows::RowLanes`] reads the 8-row layout at it;
 //! `Ymm` 256 bits, `Zmm` 512). Where the two forms of a loop differ only in width, the body is
 //! written once over it (`qdot_r.rs` for `qdot_r8` / `qdot_r16`; `fdot.rs`'s `lanes32`) and each
 //! width's `#[target_feature]` entry function monomorphizes it. `fdot16::chunk16` is a different
@@ -32,6 +33,7 @@ pub(crate) mod fdot;
 pub(crate) mod fdot16;
 pub(crate) mod lanes;
 pub(crate) mod lanes_k;
+pub(crate) mod lanes_rows;
 pub(crate) mod qdot;
 pub(crate) mod qdot_k;
 pub(crate) mod qdot_r;

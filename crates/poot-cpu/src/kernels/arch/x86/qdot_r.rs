@@ -24,7 +24,7 @@
 //! functions of `qdot_r8` / `qdot_r16`, whose `#[target_feature]` covers `L`'s ops and whose
 //! asserts cover the bounds stated on each body.
 
-use crate::kernels::arch::x86::lanes::RowLanes;
+use crate::kernels::arch::x86::lanes_rows::RowLanes;
 use crate::kernels::blocks::{header_bytes, superblock_bytes};
 use crate::kernels::format::{id, Format};
 use crate::kernels::qact::BlockQ8;

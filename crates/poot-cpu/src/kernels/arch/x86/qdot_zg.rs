@@ -25,7 +25,8 @@
 //! matmul) with a `Checked` AVX2 or AVX-512 token, and with `vnni` only after `avx512vnni` and
 //! `avx512vl` were detected. The 512-bit width (`Zmm`) is not instantiated.
 
-use crate::kernels::arch::x86::lanes::{Avx2, Avx2Vnni, RowLanes};
+use crate::kernels::arch::x86::lanes::{Avx2, Avx2Vnni};
+use crate::kernels::arch::x86::lanes_rows::RowLanes;
 use crate::kernels::blocks::{zg_superblock_bytes, RG, ZG_HEADER};
 use crate::kernels::qact::BlockQ8;
 
