@@ -543,7 +543,7 @@ fn run_all(
                 }
             };
             // An activation that made its multiply's product stores it there.
-            let at = plan.act_mul.get(&i).map_or(i, |m| m.mul);
+            let at = plan.act_mul.get(i).copied().flatten().map_or(i, |m| m.mul);
             exec.bufs[at] = buf;
             if matches!(op, Op::MatMul { .. }) {
                 if let Some(next) = plan.prefetch_next.get(i) {

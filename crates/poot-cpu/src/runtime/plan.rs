@@ -51,11 +51,12 @@ pub struct CpuPlan {
     /// equation: a member of a `fused` group other than the first, or a multiply in
     /// `act_mul` (a flag per equation: the run loop asks for each).
     pub(crate) fused_later: Vec<bool>,
-    /// SiLU/GELU equations whose only reader multiplies them by an activation of their shape
-    /// that exists when they run (a SwiGLU's `silu(gate) * up`; `fuse_activation_muls`): the
-    /// activation's equation to the multiply's and the other factor. The activation's run
-    /// makes the product (the multiply's output), in the same pass.
-    pub(crate) act_mul: HashMap<usize, ActMul>,
+    /// By equation: for a SiLU/GELU whose only reader multiplies it by an activation of its
+    /// shape that exists when it runs (a SwiGLU's `silu(gate) * up`; `fuse_activation_muls`),
+    /// the multiply's equation and the other factor; the activation's run makes the product
+    /// (the multiply's output), in the same pass. Indexed, not hashed: the run loop asks for
+    /// every equation.
+    pub(crate) act_mul: Vec<Option<ActMul>>,
     /// By equation: for a matmul dispatch (a matmul not in `fused_later`), the (address,
     /// length) byte ranges of the weights the next dispatch streams, in the order it reads
     /// them; the last dispatch names the first (the next run's). Empty for every other
@@ -154,7 +155,7 @@ impl CpuPlan {
                 made[m] = first;
             }
         }
-        self.act_mul.clear();
+        self.act_mul = vec![None; n];
         for (j, op) in eqs.iter().enumerate() {
             let Op::Mul { a, b } = op else { continue };
             for (act, other) in [(*a, *b), (*b, *a)] {
@@ -166,7 +167,7 @@ impl CpuPlan {
                     && self.graph.info(act).shape == self.graph.info(other).shape
                     && self.graph.info(other).dtype == poot_core::DType::F32;
                 if fits {
-                    self.act_mul.insert(i, ActMul { mul: j, other });
+                    self.act_mul[i] = Some(ActMul { mul: j, other });
                     self.fused_later[j] = true;
                     break;
                 }
@@ -381,7 +382,7 @@ pub(crate) fn compile(
         matmul_paths,
         fused: HashMap::new(),
         fused_later: Vec::new(),
-        act_mul: HashMap::new(),
+        act_mul: Vec::new(),
         prefetch_next: Vec::new(),
     })
 }

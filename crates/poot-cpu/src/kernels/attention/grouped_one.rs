@@ -88,8 +88,8 @@ unsafe fn heads<const H: usize>(
     o: &mut [f32],
 ) {
     let (q, rows) = (&s.q, &s.rows[..len]);
-    let mut rows_of = s.scores[..H * len].chunks_exact_mut(len.max(1));
-    let w: [&mut [f32]; H] = std::array::from_fn(|_| rows_of.next().unwrap_or_default());
+    let mut score_rows = s.scores[..H * len].chunks_exact_mut(len.max(1));
+    let w: [&mut [f32]; H] = std::array::from_fn(|_| score_rows.next().unwrap_or_default());
     let qh: [&[f32]; H] = std::array::from_fn(|h| &q[h * hd..(h + 1) * hd]);
     // SAFETY: this function's contract.
     let maxes = unsafe { scores::<H>(k_cache, rows, hd, qh, scale, w) };

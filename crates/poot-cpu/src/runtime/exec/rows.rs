@@ -156,7 +156,7 @@ impl Exec<'_> {
         let silu = matches!(op, Op::Silu { .. });
         let ggml = self.plan.numerics == Numerics::Ggml;
         crate::error::check_len("activation x", numel, xv.len()).map_err(kerr(op.name()))?;
-        let factor = match self.plan.act_mul.get(&i) {
+        let factor = match self.plan.act_mul.get(i).copied().flatten() {
             Some(m) => {
                 let f = self.f32(m.other, "mul")?;
                 crate::error::check_len("mul factor", numel, f.len()).map_err(kerr("mul"))?;
