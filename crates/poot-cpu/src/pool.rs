@@ -14,7 +14,11 @@
 //!   a worker slowed by another process (the cores are shared) simply claims fewer tasks.
 //!
 //! Cost: one broadcast is two condvar round trips when workers are parked, and no system call
-//! when none is (a notify is made only to a parked thread). Idle workers (and
+//! when none is (a notify is made only to a parked thread). Then the hand-off takes no lock:
+//! the caller writes the job and releases a new generation on a line the idle workers poll,
+//! and each worker reports the generation it finished on a line of its own, so a job's start
+//! and end each move one line between the cores (a mutex at the start and at the end and a
+//! shared counter had moved four or five). The mutex and condvars are only for parking. Idle workers (and
 //! a caller waiting for stragglers) first spin briefly, then `yield_now` until
 //! [`PoolConfig::spin`] has passed, then park; so back-to-back kernels (a decode step) wake
 //! them in about a microsecond, and a waiting thread hands its core to a thread that shares it.
@@ -35,7 +39,7 @@
 
 use std::cell::Cell;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -80,31 +84,56 @@ struct JobPtr(*const Job);
 // alive until every worker has reported back, and workers only dereference it before that.
 unsafe impl Send for JobPtr {}
 
-struct State {
-    job: Option<JobPtr>,
-    generation: u64,
-    shutdown: bool,
-    /// Workers parked on `work`, and whether the caller is parked on `done`: a notify is a
-    /// futex system call even with nobody waiting, so it is made only when someone is.
-    parked: usize,
-    caller_parked: bool,
+/// What the caller writes for each job, on lines of their own that idle workers poll.
+#[repr(align(128))]
+struct Post {
+    generation: AtomicU64,
+    /// The current job. Written by the caller only while no worker can read it (before it
+    /// publishes the next generation, after every worker reported the last one done); read by
+    /// a worker only after it saw that generation.
+    job: std::cell::UnsafeCell<Option<JobPtr>>,
+    shutdown: AtomicBool,
+}
+
+// SAFETY: `job` is written and read only as its doc says: the caller's write happens before
+// its release of the generation, which a worker acquires before reading, and the caller's next
+// write happens after it acquired every worker's done store, which follows that worker's read.
+unsafe impl Sync for Post {}
+
+/// Who is parked, read at every job's start (by the caller) and end (by the workers), written
+/// only on the way into and out of a park: a line that stays shared between the cores.
+#[repr(align(128))]
+#[derive(Default)]
+struct Sleepers {
+    /// Workers parked on `work` (or about to be).
+    workers: AtomicUsize,
+    /// Whether the caller is parked on `done` (or about to be).
+    caller: AtomicBool,
 }
 
 struct Shared {
-    state: Mutex<State>,
+    /// Held only to park and to wake a parked thread; never on a job's way.
+    lock: Mutex<()>,
     work: Condvar,
     done: Condvar,
-    /// Mirrors `State::generation` so idle workers can spin without the lock.
-    generation: AtomicU64,
-    shutdown: AtomicBool,
-    /// Workers that have not finished the current job.
-    pending: AtomicUsize,
-    panicked: AtomicBool,
+    post: Post,
+    sleepers: Sleepers,
+    /// Per worker (index 1..): the last generation it finished, each on its own lines, written
+    /// only by its worker and read by the caller.
+    finished: Box<[hint::Padded<AtomicU64>]>,
+    panicked: hint::Padded<AtomicBool>,
     spin: Duration,
     /// The current prefetch hint (see the module docs), read by idle workers without a lock.
     hint: hint::HintSlot,
     /// Bytes workers prefetched for hints (for tests and profiles).
     hinted_bytes: hint::Padded<AtomicU64>,
+}
+
+impl Shared {
+    /// Whether every worker finished generation `g` (`order` for each load).
+    fn all_finished(&self, g: u64, order: Ordering) -> bool {
+        self.finished[1..].iter().all(|f| f.0.load(order) == g)
+    }
 }
 
 /// The most byte ranges one prefetch hint holds (a fused matmul's weights).
@@ -195,7 +224,7 @@ fn prefetch_l2(addr: usize, len: usize) {
     let _ = (addr, len);
 }
 
-fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+fn lock(m: &Mutex<()>) -> MutexGuard<'_, ()> {
     // Jobs run outside the lock under `catch_unwind`, so poisoning cannot hide a broken state.
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -255,19 +284,17 @@ impl ThreadPool {
             n => n,
         };
         let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                job: None,
-                generation: 0,
-                shutdown: false,
-                parked: 0,
-                caller_parked: false,
-            }),
+            lock: Mutex::new(()),
             work: Condvar::new(),
             done: Condvar::new(),
-            generation: AtomicU64::new(0),
-            shutdown: AtomicBool::new(false),
-            pending: AtomicUsize::new(0),
-            panicked: AtomicBool::new(false),
+            post: Post {
+                generation: AtomicU64::new(0),
+                job: std::cell::UnsafeCell::new(None),
+                shutdown: AtomicBool::new(false),
+            },
+            sleepers: Sleepers::default(),
+            finished: (0..n_threads).map(|_| hint::Padded::default()).collect(),
+            panicked: hint::Padded::default(),
             spin: config.spin,
             hint: hint::HintSlot::new(config.hint_bytes),
             hinted_bytes: hint::Padded::default(),
@@ -329,30 +356,37 @@ impl ThreadPool {
         let job: *const Job =
             unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync + '_), &'static Job>(job) };
         let shared = &*self.shared;
-        shared.panicked.store(false, Ordering::Relaxed);
-        shared.pending.store(self.n_threads - 1, Ordering::Relaxed);
-        let wake = {
-            let mut st = lock(&shared.state);
-            st.job = Some(JobPtr(job));
-            st.generation += 1;
-            shared.generation.store(st.generation, Ordering::Release);
-            // A worker parks only after checking the generation under this lock, so one that
-            // is not counted here sees the new job without a notify.
-            st.parked > 0
-        };
-        if wake {
-            shared.work.notify_all();
-        }
+        let g = shared.post.generation.load(Ordering::Relaxed) + 1;
+        // SAFETY: no worker reads `job` now: each finished the last generation (the last
+        // broadcast returned only then, and the serial lock orders this one after it), and
+        // none reads it again before it sees `g`, stored below (see `Post::job`).
+        unsafe { *shared.post.job.get() = Some(JobPtr(job)) };
+        // A plain (release) store: a sequentially consistent one is a locked exchange, which
+        // would wait here for the line the spinning workers hold.
+        shared.post.generation.store(g, Ordering::Release);
         let mine = {
             let _in = InJob::enter();
             panic::catch_unwind(AssertUnwindSafe(|| f(0)))
         };
-        wait_pending(shared);
-        lock(&shared.state).job = None;
+        // Only now, with the store long visible, a worker that parked meanwhile is woken: the
+        // fence pairs with the one in a parking worker's count (see `worker`), so either it is
+        // counted here or it sees `g` after counting itself. A parked worker (idle for the
+        // whole spin budget) thus joins after the caller's own part.
+        fence(Ordering::SeqCst);
+        if shared.sleepers.workers.load(Ordering::Relaxed) > 0 {
+            let _lock = lock(&shared.lock);
+            shared.work.notify_all();
+        }
+        wait_finished(shared, g);
+        // Cleared here whoever panicked, so a later job does not report this one's.
+        let worker_panicked = shared.panicked.0.load(Ordering::Acquire);
+        if worker_panicked {
+            shared.panicked.0.store(false, Ordering::Relaxed);
+        }
         if let Err(payload) = mine {
             panic::resume_unwind(payload);
         }
-        if shared.panicked.load(Ordering::Acquire) {
+        if worker_panicked {
             panic!("a poot-cpu pool worker panicked");
         }
     }
@@ -473,17 +507,19 @@ impl Backoff {
     }
 }
 
-/// Waits (spinning, then yielding, then parked) until every worker has finished the job.
-fn wait_pending(shared: &Shared) {
+/// Waits (spinning, then yielding, then parked) until every worker has finished generation `g`.
+fn wait_finished(shared: &Shared, g: u64) {
     let mut backoff = Backoff::new(shared.spin);
-    while shared.pending.load(Ordering::Acquire) != 0 {
+    while !shared.all_finished(g, Ordering::Acquire) {
         if !backoff.wait() {
-            let mut st = lock(&shared.state);
-            st.caller_parked = true;
-            while shared.pending.load(Ordering::Acquire) != 0 {
+            let mut st = lock(&shared.lock);
+            // SeqCst with the workers' finished stores and their load of this flag: the last
+            // worker either sees it (and notifies under the lock) or is seen finished here.
+            shared.sleepers.caller.store(true, Ordering::SeqCst);
+            while !shared.all_finished(g, Ordering::SeqCst) {
                 st = shared.done.wait(st).unwrap_or_else(PoisonError::into_inner);
             }
-            st.caller_parked = false;
+            shared.sleepers.caller.store(false, Ordering::Relaxed);
             return;
         }
     }
@@ -492,52 +528,60 @@ fn wait_pending(shared: &Shared) {
 /// Worker `index` (`1..=idle`, `idle` being the pool's spawned workers).
 fn worker(shared: &Shared, index: usize, idle: usize) {
     IN_JOB.with(|c| c.set(true));
+    let post = &shared.post;
     let mut seen = 0u64;
     let mut cursor = HintCursor::new();
     loop {
         let mut backoff = Backoff::new(shared.spin);
         // Idle: the hint's next chunk if any is left, else a spin, yield or park.
-        while shared.generation.load(Ordering::Acquire) == seen
-            && !shared.shutdown.load(Ordering::Relaxed)
+        while post.generation.load(Ordering::Acquire) == seen
+            && !post.shutdown.load(Ordering::Relaxed)
             && (cursor.step(shared, index, idle) || backoff.wait())
         {}
-        let job = {
-            let mut st = lock(&shared.state);
-            while st.generation == seen && !st.shutdown {
-                st.parked += 1;
+        if post.generation.load(Ordering::Acquire) == seen && !post.shutdown.load(Ordering::Relaxed)
+        {
+            let mut st = lock(&shared.lock);
+            // SeqCst (a full fence) with the caller's fence between its generation store and
+            // its load of this count (see `broadcast`); the notify comes under the lock, so
+            // none is lost.
+            shared.sleepers.workers.fetch_add(1, Ordering::SeqCst);
+            while post.generation.load(Ordering::SeqCst) == seen
+                && !post.shutdown.load(Ordering::SeqCst)
+            {
                 st = shared.work.wait(st).unwrap_or_else(PoisonError::into_inner);
-                st.parked -= 1;
             }
-            if st.shutdown {
-                return;
-            }
-            seen = st.generation;
-            st.job
-        };
-        if let Some(job) = job {
-            // SAFETY: `broadcast` keeps the closure alive until `pending` reaches zero, which
-            // cannot happen before this worker's decrement below.
+            shared.sleepers.workers.fetch_sub(1, Ordering::Relaxed);
+        }
+        if post.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        seen = post.generation.load(Ordering::Acquire);
+        // SAFETY: this worker saw `seen` (acquire), after which the caller wrote the job, and
+        // the caller writes it again only after this worker's finished store below.
+        if let Some(job) = unsafe { *post.job.get() } {
+            // SAFETY: `broadcast` keeps the closure alive until every worker finished this
+            // generation, which this worker reports only below.
             let ran = panic::catch_unwind(AssertUnwindSafe(|| unsafe { (*job.0)(index) }));
             if ran.is_err() {
-                shared.panicked.store(true, Ordering::Release);
+                shared.panicked.0.store(true, Ordering::Release);
             }
         }
-        if shared.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
-            // Taking the lock orders this check after a parking caller's check of `pending`:
-            // a caller not yet parked will see zero when it checks.
-            let st = lock(&shared.state);
-            if st.caller_parked {
-                shared.done.notify_all();
-            }
+        // SeqCst with the caller's flag (see `wait_finished`).
+        shared.finished[index].0.store(seen, Ordering::SeqCst);
+        if shared.sleepers.caller.load(Ordering::SeqCst) {
+            let _lock = lock(&shared.lock);
+            shared.done.notify_all();
         }
     }
 }
 
 impl Drop for ThreadPool {
     fn drop(&mut self) {
-        lock(&self.shared.state).shutdown = true;
-        self.shared.shutdown.store(true, Ordering::Relaxed);
-        self.shared.work.notify_all();
+        self.shared.post.shutdown.store(true, Ordering::SeqCst);
+        {
+            let _lock = lock(&self.shared.lock);
+            self.shared.work.notify_all();
+        }
         for w in self.workers.drain(..) {
             // A worker never panics outside `catch_unwind`; nothing to report if one did.
             let _ = w.join();

@@ -95,15 +95,24 @@ impl ThreadPool {
         }
         // Only the first `n` runs are set up: writing all 64 padded lines (4 KiB) had been
         // about 450 cycles of every one-token matmul's start.
+        // The caller's first range is cut before the runs are shared: its first claim would
+        // otherwise be a locked instruction right after the job's post, waiting for the line
+        // the spinning workers hold.
+        let first = 0..chunk.min(units / n);
         let mut slots = [const { std::mem::MaybeUninit::<Run>::uninit() }; MAX_RUNS];
         for (i, slot) in slots.iter_mut().enumerate().take(n) {
-            slot.write(Run::new(i * units / n, (i + 1) * units / n));
+            let lo = if i == 0 { first.end } else { i * units / n };
+            slot.write(Run::new(lo, (i + 1) * units / n));
         }
         // SAFETY: the first `n <= MAX_RUNS` slots were written just above; `Run` has no drop
         // glue, so leaving the slots as `MaybeUninit` leaks nothing.
         let runs: &[Run] = unsafe { std::slice::from_raw_parts(slots.as_ptr().cast::<Run>(), n) };
         self.broadcast(|w| {
             let mut fresh = true;
+            if w == 0 && !first.is_empty() {
+                f(first.clone(), true);
+                fresh = false;
+            }
             while let Some(r) = runs[w].front(chunk) {
                 f(r, fresh);
                 fresh = false;

@@ -91,6 +91,15 @@ fn a_worker_panic_reaches_the_caller_and_the_pool_survives() {
         n.fetch_add(1, Ordering::Relaxed);
     });
     assert_eq!(n.load(Ordering::Relaxed), 100);
+    // The caller and a worker panicking in one job: the caller's panic comes back, and the next
+    // job, which panics nowhere, reports none.
+    let r = panic::catch_unwind(AssertUnwindSafe(|| {
+        pool.broadcast(|w| assert!(w != 0 && w != 1, "boom {w}"));
+    }));
+    let msg = r.expect_err("both panicked");
+    let msg = msg.downcast_ref::<String>().expect("the assert's message");
+    assert!(msg.contains("boom 0"), "{msg}");
+    pool.broadcast(|_| {});
 }
 
 #[test]

@@ -73,8 +73,23 @@ impl Arena {
     /// `n` values for a kernel that writes every one of them: a parked buffer keeps what its
     /// last run left (only a part it never held is zeroed), so a warm step does not clear
     /// its matmul outputs (about 1.4 MB a SmolLM2 decode step) before overwriting them.
+    ///
+    /// A buffer already holding `n` values is preferred, the one holding fewest: a decode
+    /// step's buffers all have the prefill's capacity, so the fit by capacity alone let a
+    /// 192-value output take a buffer a 1536-value one had left, which the next such output
+    /// then zeroed again.
     pub(super) fn overwritten(&mut self, n: usize) -> Vec<f32> {
-        let mut v = take_fit(&mut self.f32s, n);
+        let filled = self
+            .f32s
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.len() >= n)
+            .min_by_key(|(_, v)| (v.len(), v.capacity()))
+            .map(|(i, _)| i);
+        let mut v = match filled {
+            Some(i) => self.f32s.swap_remove(i),
+            None => take_fit(&mut self.f32s, n),
+        };
         v.truncate(n);
         v.resize(n, 0.0);
         v
@@ -169,6 +184,16 @@ mod tests {
         assert_eq!(&v[5..], &[0.0; 7]);
         arena.give(Buf::F32(v));
         assert_eq!(arena.zeros(3), [0.0; 3]);
+        // A buffer holding enough values goes before one left short, and the one holding
+        // fewest goes first: buffers keep the lengths their outputs use.
+        let mut arena = Arena::default();
+        let mut short = Vec::with_capacity(64);
+        short.push(1.0);
+        arena.give(Buf::F32(short));
+        arena.give(Buf::F32(vec![3.0; 32]));
+        arena.give(Buf::F32(vec![2.0; 16]));
+        assert_eq!(arena.overwritten(10), [2.0; 10]);
+        assert_eq!(arena.overwritten(20), [3.0; 20]);
         arena.give(Buf::F32(vec![1.0; 4]));
         assert!(arena.f32s(4).is_empty());
     }
