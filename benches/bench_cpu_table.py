@@ -237,6 +237,13 @@ def _timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
+def _timed_tokens(fn: Callable[[], int]) -> tuple[float, int]:
+    """Seconds ``fn`` took and the tokens it says it generated."""
+    t0 = time.perf_counter()
+    n = fn()
+    return time.perf_counter() - t0, n
+
+
 def run_row(
     label: str,
     path: Path,
@@ -257,9 +264,9 @@ def run_row(
     llm = poot.LLM(str(path), threads=THREADS, max_model_len=1024, numerics=numerics)
     row.numerics = llm.numerics
 
-    def ours(prompt: list[int], n: int) -> Callable[[], Any]:
+    def ours(prompt: list[int], n: int) -> Callable[[], int]:
         params = poot.SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-        return lambda: llm.generate([prompt], params)
+        return lambda: len(llm.generate([prompt], params)[0].outputs[0].token_ids)
 
     ours(_prompt(8, vocab), 4)()  # warm up: plans compiled, pages touched
     peer = None
@@ -268,9 +275,9 @@ def run_row(
         row.peer = f"poot on {peer_gguf.name}"
         row.decode_target = QUANT_DECODE_RATIO
 
-        def theirs(prompt: list[int], n: int) -> Callable[[], Any]:
+        def theirs(prompt: list[int], n: int) -> Callable[[], int]:
             params = poot.SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-            return lambda: peer_llm.generate([prompt], params)
+            return lambda: len(peer_llm.generate([prompt], params)[0].outputs[0].token_ids)
 
         peer = peer_llm
     elif peer_ok:
@@ -278,17 +285,21 @@ def run_row(
 
         peer = llama_cpp.Llama(str(path), n_threads=THREADS, n_ctx=1024, n_batch=512, verbose=False)
 
-        def theirs(prompt: list[int], n: int) -> Callable[[], Any]:
-            def go() -> None:
+        def theirs(prompt: list[int], n: int) -> Callable[[], int]:
+            # llama-cpp-python stops at the end-of-text token: about one synthetic prompt in
+            # 15 ended after 19-27 tokens here, which read as a peer decoding 5x faster unless
+            # its rate counts the tokens it made.
+            def go() -> int:
                 assert peer is not None
                 peer.reset()
-                peer.create_completion(prompt, max_tokens=n, temperature=0.0)
+                out = peer.create_completion(prompt, max_tokens=n, temperature=0.0)
+                return int(out["usage"]["completion_tokens"])
 
             return go
 
     if peer is not None:
         theirs(_prompt(8, vocab), 4)()
-    impls: list[tuple[str, Callable[[list[int], int], Callable[[], Any]]]] = [("poot", ours)]
+    impls: list[tuple[str, Callable[[list[int], int], Callable[[], int]]]] = [("poot", ours)]
     if peer is not None:
         impls.append(("peer", theirs))
     pre: dict[str, list[float]] = {k: [] for k, _ in impls}
@@ -304,8 +315,9 @@ def run_row(
         for name, make in impls:
             pre[name].append(512 / _timed(make(_prompt(512, vocab), 1)))
             short = _timed(make(_prompt(64, vocab), 1))
-            long = _timed(make(_prompt(64, vocab), 129))
-            dec[name].append(128 / max(long - short, 1e-9))
+            # Decode steps: every token after the first (which the prompt's step makes).
+            long, made = _timed_tokens(make(_prompt(64, vocab), 129))
+            dec[name].append(max(made - 1, 0) / max(long - short, 1e-9))
     row.prefill = {k: statistics.median(v) for k, v in pre.items()}
     row.decode = {k: statistics.median(v) for k, v in dec.items()}
     row.bandwidth = statistics.median(reads)
