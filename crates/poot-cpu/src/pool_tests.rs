@@ -49,6 +49,36 @@ fn parked_workers_and_a_parked_caller_are_woken() {
     }
 }
 
+/// A parked worker is woken when the job is posted, not after the caller's own part: the
+/// caller's part here waits (boundedly) for the worker's to start. Waking it after had left
+/// every job that followed a park (a dynamic one: all its tasks) to the caller alone.
+#[test]
+fn a_parked_worker_starts_while_the_caller_runs_its_part() {
+    let pool = parking(2);
+    for round in 0..5 {
+        // Long enough for the worker to park.
+        thread::sleep(Duration::from_millis(5));
+        let started = AtomicUsize::new(0);
+        let seen = AtomicUsize::new(0);
+        pool.broadcast(|w| {
+            if w == 1 {
+                started.store(1, Ordering::Release);
+                return;
+            }
+            let t0 = std::time::Instant::now();
+            while started.load(Ordering::Acquire) == 0 && t0.elapsed() < Duration::from_secs(5) {
+                thread::yield_now();
+            }
+            seen.store(started.load(Ordering::Acquire), Ordering::Relaxed);
+        });
+        assert_eq!(
+            seen.load(Ordering::Relaxed),
+            1,
+            "round {round}: the worker waited for the caller"
+        );
+    }
+}
+
 #[test]
 fn for_each_chunk_mut_covers_everything_once() {
     let pool = ThreadPool::new(3).unwrap();
