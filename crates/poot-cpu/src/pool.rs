@@ -15,11 +15,12 @@
 //!
 //! Cost: one broadcast is two condvar round trips when workers are parked, and no system call
 //! when none is (a notify is made only to a parked thread). Then the hand-off takes no lock:
-//! the caller writes the job and releases a new generation on a line the idle workers poll,
-//! and each worker reports the generation it finished on a line of its own, so a job's start
-//! and end each move one line between the cores (a mutex at the start and at the end and a
-//! shared counter had moved four or five). The mutex and condvars are only for parking. Idle workers (and
-//! a caller waiting for stragglers) first spin briefly, then `yield_now` until
+//! the caller writes the job and stores a new generation on a line the idle workers poll, and
+//! each worker reports the generation it finished on a line of its own, so a job's start and
+//! end each move one line between the cores (a mutex at the start and at the end and a shared
+//! counter had moved four or five). The mutex and condvars are only for parking, and a parked
+//! worker is woken at the post, before the caller runs its own part. Idle workers (and a
+//! caller waiting for stragglers) first spin briefly, then `yield_now` until
 //! [`PoolConfig::spin`] has passed, then park; so back-to-back kernels (a decode step) wake
 //! them in about a microsecond, and a waiting thread hands its core to a thread that shares it.
 //! The default budget (5 ms; `CpuOptions::spin`, `POOT_CPU_SPIN_US` by default) outlasts the

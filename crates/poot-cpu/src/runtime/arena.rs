@@ -5,8 +5,9 @@
 //! (`zeros`), or holds stale values only for a kernel that overwrites every one
 //! (`overwritten`); at most `KEEP` buffers per element type are parked and none over
 //! `MAX_BYTES`, so idle memory is bounded and a long prefill's buffers go back to the
-//! allocator; handing out picks the smallest buffer that fits, so a repeated plan meets the
-//! capacities it had.
+//! allocator; handing out picks the smallest buffer that fits (`overwritten`: the one already
+//! holding the fewest values, at least as many as asked, when there is one), so a repeated
+//! plan meets the buffers it had.
 
 use poot_graph::{Op, ValueId};
 
