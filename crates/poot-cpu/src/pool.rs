@@ -85,6 +85,12 @@ struct JobPtr(*const Job);
 // alive until every worker has reported back, and workers only dereference it before that.
 unsafe impl Send for JobPtr {}
 
+/// A value on lines of its own (128 bytes: the line and the one the adjacent-line prefetcher
+/// pairs with it), so that writing it does not take a line other threads poll.
+#[repr(align(128))]
+#[derive(Default)]
+struct Padded<T>(T);
+
 /// What the caller writes for each job, on lines of their own that idle workers poll.
 #[repr(align(128))]
 struct Post {
@@ -97,8 +103,9 @@ struct Post {
 }
 
 // SAFETY: `job` is written and read only as its doc says: the caller's write happens before
-// its release of the generation, which a worker acquires before reading, and the caller's next
-// write happens after it acquired every worker's done store, which follows that worker's read.
+// its store of the generation (SeqCst, so a release), which a worker acquires before reading,
+// and the caller's next write happens after it acquired every worker's finished store, which
+// follows that worker's read.
 unsafe impl Sync for Post {}
 
 /// Who is parked, read at every job's start (by the caller) and end (by the workers), written
@@ -121,13 +128,13 @@ struct Shared {
     sleepers: Sleepers,
     /// Per worker (index 1..): the last generation it finished, each on its own lines, written
     /// only by its worker and read by the caller.
-    finished: Box<[hint::Padded<AtomicU64>]>,
-    panicked: hint::Padded<AtomicBool>,
+    finished: Box<[Padded<AtomicU64>]>,
+    panicked: Padded<AtomicBool>,
     spin: Duration,
     /// The current prefetch hint (see the module docs), read by idle workers without a lock.
     hint: hint::HintSlot,
     /// Bytes workers prefetched for hints (for tests and profiles).
-    hinted_bytes: hint::Padded<AtomicU64>,
+    hinted_bytes: Padded<AtomicU64>,
 }
 
 impl Shared {
@@ -294,11 +301,11 @@ impl ThreadPool {
                 shutdown: AtomicBool::new(false),
             },
             sleepers: Sleepers::default(),
-            finished: (0..n_threads).map(|_| hint::Padded::default()).collect(),
-            panicked: hint::Padded::default(),
+            finished: (0..n_threads).map(|_| Padded::default()).collect(),
+            panicked: Padded::default(),
             spin: config.spin,
             hint: hint::HintSlot::new(config.hint_bytes),
-            hinted_bytes: hint::Padded::default(),
+            hinted_bytes: Padded::default(),
         });
         let mut pool = ThreadPool {
             shared,
@@ -351,9 +358,9 @@ impl ThreadPool {
         let _serial = self.serial.lock().unwrap_or_else(PoisonError::into_inner);
         let job: &(dyn Fn(usize) + Sync + '_) = &f;
         // SAFETY: only the lifetime is erased (same fat-pointer layout). The pointer is
-        // dereferenced by workers only until they decrement `pending`, and this function does not
-        // return or unwind before `pending` is zero (the caller's own part runs under
-        // `catch_unwind`), so `f` outlives every use.
+        // dereferenced by workers only until they store this job's generation as finished, and
+        // this function does not return or unwind before every worker has (the caller's own
+        // part runs under `catch_unwind`), so `f` outlives every use.
         let job: *const Job =
             unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync + '_), &'static Job>(job) };
         let shared = &*self.shared;

@@ -16,7 +16,7 @@
 
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use super::{Hint, MAX_HINT_RANGES};
+use super::{Hint, Padded, MAX_HINT_RANGES};
 
 /// The current hint and its sequence number, on lines of their own.
 #[repr(align(128))]
@@ -28,12 +28,6 @@ pub(super) struct HintSlot {
     pub(super) bytes: usize,
     writer: Padded<AtomicBool>,
 }
-
-/// A value on lines of its own (128 bytes: the line and the one the adjacent-line prefetcher
-/// pairs with it), so that writing it does not take a line other threads poll.
-#[repr(align(128))]
-#[derive(Default)]
-pub(super) struct Padded<T>(pub(super) T);
 
 impl HintSlot {
     pub(super) fn new(bytes: usize) -> Self {

@@ -51,7 +51,8 @@ fn round_f16(v: f32) -> f32 {
 pub fn quantize_row_q8(x: &[f32], out: &mut [BlockQ8], with_sum: bool) {
     assert_eq!(x.len(), out.len() * QK8, "quantize_row_q8 lengths");
     #[cfg(target_arch = "x86_64")]
-    if crate::CpuFeatures::get().avx2 && crate::CpuFeatures::get().f16c {
+    let f = crate::CpuFeatures::get();
+    if f.avx2 && f.f16c {
         // SAFETY: AVX2 (which implies SSE4.1's `roundps`) and F16C were just detected.
         unsafe { quantize_avx2(x, out, with_sum) };
         return;
@@ -83,6 +84,7 @@ fn quantize_avx2(x: &[f32], out: &mut [BlockQ8], with_sum: bool) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn quantize8_avx2(x: &[f32], out: &mut [BlockQ8], with_sum: bool) {
+    use crate::kernels::arch::x86::fdot16::f16_round8;
     use std::arch::x86_64::*;
     let n = out.len();
     // SAFETY: every load reads inside block `b < n` of `x`, every store inside `out[b].qs` or
@@ -110,9 +112,10 @@ unsafe fn quantize8_avx2(x: &[f32], out: &mut [BlockQ8], with_sum: bool) {
         // `127 / amax`, and 0 where `amax == 0` (never NaN).
         let zero = _mm256_cmp_ps::<_CMP_EQ_OQ>(am, _mm256_setzero_ps());
         let id = _mm256_andnot_ps(zero, _mm256_div_ps(k127, am));
-        let (mut ids, mut ds) = ([0.0f32; 8], [0.0f32; 8]);
+        let (mut ids, mut dv) = ([0.0f32; 8], [0.0f32; 8]);
         _mm256_storeu_ps(ids.as_mut_ptr(), id);
-        _mm256_storeu_ps(ds.as_mut_ptr(), round_f16x8(d));
+        _mm256_storeu_ps(dv.as_mut_ptr(), d);
+        let ds = f16_round8(&dv);
         let mut sums = [0i32; 8];
         for b in 0..n {
             let v = load(b);
@@ -143,21 +146,14 @@ unsafe fn quantize8_avx2(x: &[f32], out: &mut [BlockQ8], with_sum: bool) {
         let mut ss = [0.0f32; 8];
         if with_sum {
             let sum = _mm256_cvtepi32_ps(_mm256_loadu_si256(sums.as_ptr().cast()));
-            _mm256_storeu_ps(ss.as_mut_ptr(), round_f16x8(_mm256_mul_ps(d, sum)));
+            _mm256_storeu_ps(ss.as_mut_ptr(), _mm256_mul_ps(d, sum));
+            ss = f16_round8(&ss);
         }
         for (b, yb) in out.iter_mut().enumerate() {
             yb.d = ds[b];
             yb.s = ss[b];
         }
     }
-}
-
-/// Each lane rounded to f16 (nearest even) and widened back: [`round_f16`] lane by lane.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
-fn round_f16x8(v: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
-    use std::arch::x86_64::*;
-    _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
 }
 
 /// [`quantize_row_q8`] split over the pool when `x` is long (a prefill's rows): blocks are
@@ -321,6 +317,11 @@ mod tests {
         x[32..64].fill(0.0);
         x[70] = f32::NAN;
         x[100] = f32::INFINITY;
+        let bits = |v: &[BlockQ8]| -> Vec<(Vec<i8>, u32, u32)> {
+            v.iter()
+                .map(|b| (b.qs.to_vec(), b.d.to_bits(), b.s.to_bits()))
+                .collect()
+        };
         // Rows of 1 to 19 blocks: the vector path takes 8 blocks at a time, then the rest.
         for blocks in 1..20 {
             for with_sum in [false, true] {
@@ -329,19 +330,7 @@ mod tests {
                 quantize(xs, &mut want, with_sum);
                 let mut got = vec![BlockQ8::default(); blocks];
                 quantize_row_q8(xs, &mut got, with_sum);
-                for (g, w) in got.iter().zip(&want) {
-                    assert_eq!(g.qs, w.qs, "{blocks} blocks, sum {with_sum}");
-                    assert_eq!(
-                        g.d.to_bits(),
-                        w.d.to_bits(),
-                        "{blocks} blocks, sum {with_sum}"
-                    );
-                    assert_eq!(
-                        g.s.to_bits(),
-                        w.s.to_bits(),
-                        "{blocks} blocks, sum {with_sum}"
-                    );
-                }
+                assert_eq!(bits(&got), bits(&want), "{blocks} blocks, sum {with_sum}");
             }
         }
         for with_sum in [false, true] {
@@ -349,11 +338,6 @@ mod tests {
             quantize(&x, &mut want, with_sum);
             let mut got = vec![BlockQ8::default(); 3000];
             quantize_row_q8(&x, &mut got, with_sum);
-            let bits = |v: &[BlockQ8]| -> Vec<(Vec<i8>, u32, u32)> {
-                v.iter()
-                    .map(|b| (b.qs.to_vec(), b.d.to_bits(), b.s.to_bits()))
-                    .collect()
-            };
             let first_diff =
                 |a: &[BlockQ8]| bits(a).iter().zip(bits(&want)).position(|(x, y)| *x != y);
             assert_eq!(first_diff(&got), None, "row path, sum {with_sum}");
