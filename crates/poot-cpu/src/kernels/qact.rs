@@ -84,7 +84,6 @@ fn quantize_avx2(x: &[f32], out: &mut [BlockQ8], with_sum: bool) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn quantize8_avx2(x: &[f32], out: &mut [BlockQ8], with_sum: bool) {
-    use crate::kernels::arch::x86::fdot16::f16_round8;
     use std::arch::x86_64::*;
     let n = out.len();
     // SAFETY: every load reads inside block `b < n` of `x`, every store inside `out[b].qs` or
@@ -112,10 +111,9 @@ unsafe fn quantize8_avx2(x: &[f32], out: &mut [BlockQ8], with_sum: bool) {
         // `127 / amax`, and 0 where `amax == 0` (never NaN).
         let zero = _mm256_cmp_ps::<_CMP_EQ_OQ>(am, _mm256_setzero_ps());
         let id = _mm256_andnot_ps(zero, _mm256_div_ps(k127, am));
-        let (mut ids, mut dv) = ([0.0f32; 8], [0.0f32; 8]);
+        let (mut ids, mut ds) = ([0.0f32; 8], [0.0f32; 8]);
         _mm256_storeu_ps(ids.as_mut_ptr(), id);
-        _mm256_storeu_ps(dv.as_mut_ptr(), d);
-        let ds = f16_round8(&dv);
+        _mm256_storeu_ps(ds.as_mut_ptr(), round_f16x8(d));
         let mut sums = [0i32; 8];
         for b in 0..n {
             let v = load(b);
@@ -146,14 +144,23 @@ unsafe fn quantize8_avx2(x: &[f32], out: &mut [BlockQ8], with_sum: bool) {
         let mut ss = [0.0f32; 8];
         if with_sum {
             let sum = _mm256_cvtepi32_ps(_mm256_loadu_si256(sums.as_ptr().cast()));
-            _mm256_storeu_ps(ss.as_mut_ptr(), _mm256_mul_ps(d, sum));
-            ss = f16_round8(&ss);
+            _mm256_storeu_ps(ss.as_mut_ptr(), round_f16x8(_mm256_mul_ps(d, sum)));
         }
         for (b, yb) in out.iter_mut().enumerate() {
             yb.d = ds[b];
             yb.s = ss[b];
         }
     }
+}
+
+/// Each lane rounded to f16 (nearest even) and widened back: [`round_f16`] lane by lane.
+/// (`arch/x86/fdot16.rs` has the same step on arrays, but it sits above this module: the
+/// kernels' scratch needs the activation blocks defined here.)
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+fn round_f16x8(v: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
 }
 
 /// [`quantize_row_q8`] split over the pool when `x` is long (a prefill's rows): blocks are
