@@ -17,7 +17,7 @@ use poot_core::DType;
 use crate::error::{check_len, mul};
 use crate::kernels::blocks::row_bytes;
 use crate::kernels::format::Format;
-use crate::kernels::simd::{self, Isa};
+use crate::kernels::simd::{self, Checked, Isa};
 use crate::KernelError;
 
 /// Decode chunk: a multiple of every block size (1, 32, 256).
@@ -55,12 +55,55 @@ pub fn rms_norm(
     if d == 0 {
         return Ok(());
     }
+    #[cfg(target_arch = "x86_64")]
+    if ck.isa() != Isa::Scalar {
+        // SAFETY: every ISA but Scalar implies AVX2 (`Checked` holds a detected one).
+        unsafe { rows_avx2(ck, p, x, d, weight, w_dtype, eps, out) };
+        return Ok(());
+    }
+    rows(ck, p, x, d, weight, w_dtype, eps, out);
+    Ok(())
+}
+
+/// [`rows`] compiled for AVX2 (the lanes' sum and the scaling 4 and 8 wide; the same
+/// operations, so the same bits).
+///
+/// # Safety
+/// AVX2 detected.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments, reason = "rms_norm's checked inputs")]
+unsafe fn rows_avx2(
+    ck: Checked,
+    p: Format,
+    x: &[f32],
+    d: usize,
+    weight: &[u8],
+    w_dtype: DType,
+    eps: f32,
+    out: &mut [f32],
+) {
+    rows(ck, p, x, d, weight, w_dtype, eps, out);
+}
+
+/// Every row of [`rms_norm`] (inputs checked there, `d > 0`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments, reason = "rms_norm's checked inputs")]
+fn rows(
+    ck: Checked,
+    p: Format,
+    x: &[f32],
+    d: usize,
+    weight: &[u8],
+    w_dtype: DType,
+    eps: f32,
+    out: &mut [f32],
+) {
     // Bytes per CHUNK values: whole blocks, since CHUNK is a multiple of every block size.
     let chunk_bytes = CHUNK / w_dtype.block_elems() as usize * w_dtype.block_bytes() as usize;
     let mut w = [0.0f32; CHUNK];
     for (xr, yr) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-        let sum: f64 = xr.iter().map(|&v| f64::from(v * v)).sum();
-        let mean = (sum / d as f64) as f32;
+        let mean = mean_square(xr);
         let scale = 1.0 / (mean + eps).sqrt();
         for (c, (xc, yc)) in xr.chunks(CHUNK).zip(yr.chunks_mut(CHUNK)).enumerate() {
             let wb = &weight[c * chunk_bytes..(c * chunk_bytes + chunk_bytes).min(weight.len())];
@@ -71,7 +114,55 @@ pub fn rms_norm(
             }
         }
     }
-    Ok(())
+}
+
+/// Lanes of [`mean_square`]'s unordered sum: 16 short chains instead of one of `d` additions.
+const LANES: usize = 16;
+
+/// ggml's `(sum / d) as f32` of a row, where `sum` adds the `f32` squares to an `f64` one by
+/// one. That sequential chain is `d` dependent additions (about 1 us at d = 576, on the
+/// decode step's serial path), so the sum is first taken in [`LANES`] lanes; any order's sum
+/// of `d` non-negative terms is within `(d - 1) u` of the exact sum (u = 2^-53, up to
+/// second-order terms), so the two sums differ by less than `err` below, and where every sum
+/// in that interval gives the same `f32` mean (rounding is monotone), that mean is the
+/// sequential chain's bits. Otherwise (an interval across an `f32` rounding boundary, about
+/// one row in 10^5 at d = 576, or a square that overflowed) the chain runs.
+#[inline(always)]
+fn mean_square(xr: &[f32]) -> f32 {
+    let d = xr.len() as f64;
+    if let Some(mean) = mean_from_lanes(lanes_sum(xr), d) {
+        return mean;
+    }
+    let sum: f64 = xr.iter().map(|&v| f64::from(v * v)).sum();
+    (sum / d) as f32
+}
+
+/// The `f32` squares of `xr` summed in `f64` in [`LANES`] lanes (order unspecified).
+#[inline(always)]
+fn lanes_sum(xr: &[f32]) -> f64 {
+    let mut acc = [0.0f64; LANES];
+    let mut chunks = xr.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += f64::from(v * v);
+        }
+    }
+    let tail: f64 = chunks.remainder().iter().map(|&v| f64::from(v * v)).sum();
+    acc.iter().sum::<f64>() + tail
+}
+
+/// The mean every sum within twice the worst summation error of `sum` (of `d` non-negative
+/// terms) gives, if they all give the same one.
+fn mean_from_lanes(sum: f64, d: f64) -> Option<f32> {
+    if !sum.is_finite() {
+        return None;
+    }
+    // 2 (d - 1) u bounds the two sums' difference; 4 d u (EPSILON = 2u) leaves room for the
+    // roundings of this bound and of `sum -+ err`.
+    let err = sum * d * (2.0 * f64::EPSILON);
+    let lo = ((sum - err) / d) as f32;
+    let hi = ((sum + err) / d) as f32;
+    (lo.to_bits() == hi.to_bits()).then_some(lo)
 }
 
 #[cfg(test)]
@@ -127,6 +218,92 @@ mod tests {
                 assert_eq!(out[r * d + i].to_bits(), want.to_bits(), "row {r} [{i}]");
             }
         }
+    }
+
+    /// The lanes' shortcut gives the sequential chain's mean on rows of every scale and length,
+    /// including rows with tiny and huge elements together (the chain rounds most there).
+    #[test]
+    fn the_mean_of_squares_is_the_sequential_chains() {
+        let mut rng = Rng::new(11);
+        let mut fell_back = 0;
+        for trial in 0..20_000 {
+            let d = [1, 7, 16, 64, 576, 1536, 2049][trial % 7];
+            let spread = (trial % 13) as i32 - 6;
+            let x: Vec<f32> = (0..d)
+                .map(|_| {
+                    let e = rng.vec(1, -1.0, 1.0)[0] * spread as f32 * 6.0;
+                    rng.vec(1, -1.0, 1.0)[0] * e.exp2()
+                })
+                .collect();
+            let seq: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
+            let want = (seq / d as f64) as f32;
+            assert_eq!(mean_square(&x).to_bits(), want.to_bits(), "trial {trial}");
+            fell_back += usize::from(mean_from_lanes(lanes_sum(&x), d as f64).is_none());
+        }
+        assert!(fell_back < 100, "{fell_back} rows took the chain");
+    }
+
+    /// A sum on an `f32` rounding boundary of the mean cannot be trusted to the lanes, nor a
+    /// square that overflowed; both rows still get the chain's bits.
+    #[test]
+    fn a_mean_on_a_rounding_boundary_takes_the_chain() {
+        // 1 + 2^-24 is halfway between two f32s: any error decides the rounding.
+        let tie = 1.0 + 2f64.powi(-24);
+        assert_eq!(mean_from_lanes(tie * 4.0, 4.0), None);
+        assert_eq!(mean_from_lanes(f64::INFINITY, 4.0), None);
+        assert_eq!(mean_from_lanes(3.0 * 4.0, 4.0), Some(3.0));
+        assert_eq!(mean_from_lanes(0.0, 4.0), Some(0.0));
+        // A real row whose 16-lane sum and sequential chain give different f32 means
+        // (0.03125 against 0.031250004: 1 then 31 squares summing to about 2^-24).
+        let row: Vec<f32> = [
+            0x3f800000u32,
+            0x38374a5d,
+            0x384d5e42,
+            0x3824c90d,
+            0x384d46e1,
+            0x382d397f,
+            0x3832d61c,
+            0x3847307b,
+            0x38322014,
+            0x3839310e,
+            0x381eeaa8,
+            0x3843748d,
+            0x38389d85,
+            0x382e2024,
+            0x38453670,
+            0x382cca37,
+            0x38345add,
+            0x382446ae,
+            0x3831d1a8,
+            0x3827c512,
+            0x382abb75,
+            0x38434bfc,
+            0x382ba49e,
+            0x3835f33b,
+            0x384ee455,
+            0x384dee7c,
+            0x38420276,
+            0x3838c540,
+            0x382b774b,
+            0x38259d8e,
+            0x384e5905,
+            0x38378117,
+        ]
+        .map(f32::from_bits)
+        .to_vec();
+        let seq: f64 = row.iter().map(|&v| f64::from(v * v)).sum();
+        let want = (seq / 32.0) as f32;
+        assert_ne!(
+            (lanes_sum(&row) / 32.0) as f32,
+            want,
+            "the lanes alone differ"
+        );
+        assert_eq!(mean_from_lanes(lanes_sum(&row), 32.0), None);
+        assert_eq!(mean_square(&row).to_bits(), want.to_bits());
+        let big = [f32::MAX, 1.0];
+        assert_eq!(mean_square(&big), f32::INFINITY);
+        let x = [1.0f32, f32::NAN];
+        assert!(mean_square(&x).is_nan());
     }
 
     #[test]
