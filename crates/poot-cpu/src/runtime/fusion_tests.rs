@@ -43,6 +43,12 @@ fn store() -> Arc<Store> {
         ("up", DType::Q8_0, 40),
         ("gate", DType::Q4_K, 24),
         ("f", DType::F32, 8),
+        // Q4_1 gate/up pairs (ggml's order): single groups with a short last one, and enough
+        // groups for two per step on VNNI with claims of two pieces (`matmul/glu.rs`).
+        ("g4", DType::Q4_1, 20),
+        ("u4", DType::Q4_1, 20),
+        ("g4p", DType::Q4_1, 4104),
+        ("u4p", DType::Q4_1, 4104),
     ]
     .into_iter()
     .enumerate()
@@ -189,10 +195,21 @@ fn prefetch_hints_name_the_next_dispatch_and_change_no_output() {
 /// `act(x @ q^T) * (x @ up^T)` (the factors in either order), and the activation itself as a
 /// second output when `keep` (a second reader: the multiply cannot be fused).
 fn glu(t: usize, gelu: bool, act_first: bool, keep: bool) -> Graph {
-    let s: Arc<dyn WeightCatalog> = store();
+    glu_of(t, gelu, act_first, keep, ("q", "up"), store())
+}
+
+/// [`glu`] over the named gate and up weights of `s`.
+fn glu_of(
+    t: usize,
+    gelu: bool,
+    act_first: bool,
+    keep: bool,
+    (gate, up): (&str, &str),
+    s: Arc<dyn WeightCatalog>,
+) -> Graph {
     let mut tr = Tracer::new(TraceLimits::default(), 2, s).unwrap();
     let x = tr.input("x", DType::F32, vec![t, K]).unwrap();
-    let (wg, wu) = (tr.weight("q").unwrap(), tr.weight("up").unwrap());
+    let (wg, wu) = (tr.weight(gate).unwrap(), tr.weight(up).unwrap());
     let g = tr.matmul(x, wg).unwrap();
     let u = tr.matmul(x, wu).unwrap();
     let a = if gelu { tr.gelu(g) } else { tr.silu(g) }.unwrap();
@@ -255,6 +272,60 @@ fn an_activation_makes_its_multiply_with_the_same_bits() {
                 _ => unreachable!("an f32 output"),
             };
             assert_eq!(bits(&got), bits(&want), "{case}");
+        }
+    }
+}
+
+/// A fused gate/up pair read only by its activation's product makes that product in its
+/// dispatch for one token (`CpuPlan::glu`, `kernels::matmul::matmul_glu`), and through the
+/// activation's own run for several: bit for bit the plan that keeps the activation apart, for
+/// Q8_0 (block order, pairs of groups on VNNI) and Q4_1 (ggml's
+/// order; single groups with a short last one, and pairs in claims of two pieces).
+#[test]
+fn a_gated_pair_makes_its_product_with_the_same_bits() {
+    let weights = store();
+    let limits = CompileLimits::default();
+    for numerics in [Numerics::Ggml, Numerics::Exact] {
+        let rt = CpuRuntime::new(CpuOptions {
+            threads: 2,
+            numerics,
+            ..CpuOptions::default()
+        })
+        .unwrap();
+        for (pair, t, gelu, act_first) in [
+            (("q", "up"), 1, false, true),
+            (("up", "q"), 1, true, false),
+            (("g4", "u4"), 1, false, false),
+            (("g4p", "u4p"), 1, false, true),
+            (("g4p", "u4p"), 3, true, true),
+        ] {
+            let x = HostTensor::F32 {
+                shape: vec![t, K],
+                data: Rng::new(7 + t as u32).vec(t * K, -2.0, 2.0),
+            };
+            let run = |keep: bool| {
+                let g = glu_of(t, gelu, act_first, keep, pair, weights.clone());
+                let plan = rt.prepare(&g, weights.clone(), &limits).unwrap();
+                let cpu = plan.as_any().downcast_ref::<CpuPlan>().unwrap();
+                let glus = cpu.glu.iter().flatten().count();
+                let out = rt
+                    .run(plan.as_ref(), &[("x", x.clone())], Deadline::never())
+                    .unwrap();
+                let y = out.into_iter().find(|(n, _)| n == "y").unwrap().1;
+                let HostTensor::F32 { data, .. } = y else {
+                    unreachable!("an f32 output")
+                };
+                (glus, data.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
+            };
+            let ((glus, got), (apart, want)) = (run(false), run(true));
+            let case = format!("{numerics:?} {pair:?} t={t} gelu={gelu} act_first={act_first}");
+            // Exact numerics keep the stored layouts (nothing re-laid, nothing fused): there
+            // the comparison is of two unfused plans.
+            let fusing = usize::from(numerics == Numerics::Ggml);
+            assert_eq!((glus, apart), (fusing, 0), "{case}");
+            assert_eq!(got, want, "{case}");
+            // Run again: the first run's buffers, parked in the arena, are reused.
+            assert_eq!(run(false).1, want, "{case}, second run");
         }
     }
 }

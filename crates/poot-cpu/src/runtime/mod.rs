@@ -285,6 +285,7 @@ impl Runtime for CpuRuntime {
         self.prepare_weights(&mut plan, &weights)?;
         plan.fuse_matmuls();
         plan.fuse_activation_muls();
+        plan.fuse_glu();
         plan.schedule_prefetch();
         Ok(Arc::new(plan))
     }

@@ -57,6 +57,10 @@ pub struct CpuPlan {
     /// (the multiply's output), in the same pass. Indexed, not hashed: the run loop asks for
     /// every equation.
     pub(crate) act_mul: Vec<Option<ActMul>>,
+    /// By equation: for the first matmul of a fused pair whose two outputs are read only by a
+    /// fused activation's product (`act(gate) * up`, see `fuse_glu`), that product's recipe:
+    /// the matmul's run makes it, and the activation's equation is skipped.
+    pub(crate) glu: Vec<Option<Glu>>,
     /// By equation: for a matmul dispatch (a matmul not in `fused_later`), the (address,
     /// length) byte ranges of the weights the next dispatch streams, in the order it reads
     /// them; the last dispatch names the first (the next run's). Empty for every other
@@ -71,6 +75,19 @@ pub(crate) struct ActMul {
     pub(crate) mul: usize,
     /// The other factor.
     pub(crate) other: poot_graph::ValueId,
+}
+
+/// A gated FFN's product made by its fused gate/up matmul (`CpuPlan::glu`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Glu {
+    /// The activation's equation (skipped in the run loop).
+    pub(crate) act: usize,
+    /// The multiply's equation, whose output the matmul makes.
+    pub(crate) mul: usize,
+    /// Whether the fused pair's first member is the gate (the activation's input).
+    pub(crate) gate_first: bool,
+    /// SiLU, or else GELU (tanh).
+    pub(crate) silu: bool,
 }
 
 impl CpuPlan {
@@ -171,6 +188,56 @@ impl CpuPlan {
                     self.fused_later[j] = true;
                     break;
                 }
+            }
+        }
+    }
+
+    /// Fills `glu` (after `fuse_activation_muls`): a fused pair of re-laid 8-row matmuls whose
+    /// outputs nothing reads but one activation's product (`act(gate) * up`) makes that
+    /// product at the pair's turn, each thread applying the activation and the multiply to the
+    /// rows it just computed (`kernels::matmul::matmul_glu`): no pass over the gate and up
+    /// outputs on one thread afterwards, and one equation less. The activation's equation is
+    /// then skipped. Every value is the same rounded operation on the same inputs, so the bits
+    /// are the unfused plan's.
+    pub(crate) fn fuse_glu(&mut self) {
+        use crate::kernels::matmul::repack::Repack;
+        let eqs = &self.graph.equations;
+        let n = eqs.len();
+        self.glu = vec![None; n];
+        if self.act_mul.len() != n {
+            return;
+        }
+        let mut readers = vec![0usize; n];
+        for op in eqs {
+            super::arena::for_each_operand(op, |v| readers[v.index()] += 1);
+        }
+        for (_, v) in &self.graph.outputs {
+            readers[v.index()] += 1;
+        }
+        for (i, op) in eqs.iter().enumerate() {
+            let (Some(m), Op::Silu { x } | Op::Gelu { x }) = (self.act_mul[i], op) else {
+                continue;
+            };
+            let (gate, up) = (x.index(), m.other.index());
+            let Some((&first, _)) = self
+                .fused
+                .iter()
+                .find(|(_, ms)| ms.len() == 2 && ms.contains(&gate) && ms.contains(&up))
+            else {
+                continue;
+            };
+            let r8 = |j: usize| match &eqs[j] {
+                Op::MatMul { w, .. } => matches!(self.repack(w.index()), Some(Repack::Q(_))),
+                _ => false,
+            };
+            if readers[gate] == 1 && readers[up] == 1 && gate != up && r8(gate) && r8(up) {
+                self.glu[first] = Some(Glu {
+                    act: i,
+                    mul: m.mul,
+                    gate_first: first == gate,
+                    silu: matches!(op, Op::Silu { .. }),
+                });
+                self.fused_later[i] = true;
             }
         }
     }
@@ -383,6 +450,7 @@ pub(crate) fn compile(
         fused: HashMap::new(),
         fused_later: Vec::new(),
         act_mul: Vec::new(),
+        glu: Vec::new(),
         prefetch_next: Vec::new(),
     })
 }

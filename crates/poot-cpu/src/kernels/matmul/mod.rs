@@ -50,6 +50,7 @@ pub(crate) mod f8g;
 pub(crate) mod f8r;
 pub(crate) mod float;
 pub(crate) mod float_ggml;
+pub(crate) mod glu;
 pub(crate) mod groups;
 pub(crate) mod lanes8;
 pub(crate) mod q8;
@@ -430,6 +431,30 @@ pub(crate) fn matmul_repacked_cached(
         Repack::F8G(w) => f8g::matmul_f8g(ck, w, x, t, k, out, pool),
     }
     Ok(())
+}
+
+/// One token's gated FFN product `act(x @ gate^T) * (x @ up^T)` into `out` in the gate/up
+/// dispatch (`matmul/glu.rs`; `act(src, dst)` on pieces of the gate row); `Ok(false)` with
+/// nothing written where that path does not apply (several tokens, other re-lays), and the
+/// caller runs the matmuls and the product apart.
+#[allow(clippy::too_many_arguments, reason = "matmul's validated arguments")]
+pub(crate) fn matmul_glu(
+    isa: Isa,
+    x: &[f32],
+    t: usize,
+    (gate, up): (&Repack, &Repack),
+    act: &(dyn Fn(&[f32], &mut [f32]) + Sync),
+    out: &mut [f32],
+    pool: &ThreadPool,
+    cache: Option<(&mut ActCache, u64)>,
+) -> Result<bool, KernelError> {
+    let ck = isa.checked()?;
+    match (t, gate, up) {
+        (1, Repack::Q(g), Repack::Q(u)) => {
+            Ok(glu::matmul_glu_one(ck, (g, u), x, act, out, pool, cache))
+        }
+        _ => Ok(false),
+    }
 }
 
 /// [`matmul_repacked_cached`] for several weights that read the same `x` (`outs[i]` is

@@ -49,7 +49,7 @@ use crate::pool::ThreadPool;
 
 /// Groups (of 8 rows, summed over a fused call's weights) from which one-token calls take two
 /// groups per step: 2048 rows.
-const PAIRS_FROM: usize = 256;
+pub(crate) const PAIRS_FROM: usize = 256;
 
 /// Fills `corr[i]` with `-mult * sum(y[4l..4l+4])` for each lane `l` of activation block `i`.
 pub(crate) fn corrections(a: &[BlockQ8], mult: i32, corr: &mut [[i32; 8]]) {
@@ -239,7 +239,7 @@ pub(crate) fn matmul_r8_fused(
 /// the same entry points into a scratch tile, so every row gets the kernel, and so the bits,
 /// the multi-token tiles give it (the same body at `t = 1`).
 #[cfg(target_arch = "x86_64")]
-fn one_token(
+pub(crate) fn one_token(
     w: &Repacked,
     (kind, vnni, blocks, pairs): (Format, bool, bool, bool),
     gs: std::ops::Range<usize>,

@@ -7,6 +7,8 @@ use poot_runtime::RuntimeError;
 use super::{kerr, Buf, Exec};
 use crate::kernels;
 use crate::kernels::simd::Isa;
+use crate::kernels::Numerics;
+use crate::runtime::plan::Glu;
 
 impl Exec<'_> {
     /// Equation `i`: `x @ W^T` into a fresh buffer of `numel` floats.
@@ -35,6 +37,9 @@ impl Exec<'_> {
         // Matmuls reading the same input (q/k/v, gate/up) quantize it once.
         let key = (self.arena.run << 32) | x.index() as u64;
         if let Some(members) = self.plan.fused.get(&i) {
+            if let Some(g) = self.plan.glu.get(i).copied().flatten() {
+                return self.glu(members, g, out, key);
+            }
             return self.fused_matmul(members, out, key);
         }
         if let Some(rp) = repacked {
@@ -74,6 +79,71 @@ impl Exec<'_> {
         )
         .map_err(kerr("matmul"))?;
         Ok(Buf::F32(out))
+    }
+
+    /// A fused gate/up pair that makes its gated product (`CpuPlan::glu`): into the multiply's
+    /// slot, for one token in the matmuls' dispatch (`kernels::matmul::matmul_glu`); otherwise
+    /// the pair and then the activation's own run (`activation`, which makes the product), so
+    /// the bits are the same either way. Returns the first member's output (or nothing, when
+    /// the product was made in the dispatch).
+    fn glu(
+        &mut self,
+        members: &[usize],
+        g: Glu,
+        out: Vec<f32>,
+        key: u64,
+    ) -> Result<Buf, RuntimeError> {
+        let plan = self.plan;
+        let graph = self.graph();
+        let operands = |j: usize| match &graph.equations[j] {
+            Op::MatMul { x, w } => (*x, plan.repack(w.index())),
+            _ => unreachable!("fuse_glu pairs matmuls"),
+        };
+        let (gate, up) = if g.gate_first {
+            (members[0], members[1])
+        } else {
+            (members[1], members[0])
+        };
+        let ((x, Some(wg)), (_, Some(wu))) = (operands(gate), operands(up)) else {
+            unreachable!("fuse_glu pairs re-laid weights")
+        };
+        let xs = self.shape(x);
+        let Buf::F32(xv) = &self.bufs[x.index()] else {
+            return Err(RuntimeError::Kernel {
+                op: "matmul",
+                detail: format!("value {} is not an f32 activation", x.0),
+            });
+        };
+        let ggml = plan.numerics == Numerics::Ggml;
+        let act = move |src: &[f32], dst: &mut [f32]| {
+            super::rows::act_rows(g.silu, ggml, src, src.len(), dst)
+                .expect("pieces of a row are non-empty and sized alike");
+        };
+        let mut product = out;
+        let made = kernels::matmul::matmul_glu(
+            Isa::detect(),
+            xv,
+            xs[0],
+            (wg, wu),
+            &act,
+            &mut product,
+            self.pool,
+            Some((&mut self.arena.act, key)),
+        )
+        .map_err(kerr("matmul"))?;
+        if made {
+            self.bufs[g.mul] = Buf::F32(product);
+            return Ok(Buf::Empty);
+        }
+        let first = self.fused_matmul(members, product, key)?;
+        self.bufs[members[0]] = first;
+        let act_op = &graph.equations[g.act];
+        let (Op::Silu { x: a } | Op::Gelu { x: a }) = act_op else {
+            unreachable!("fuse_glu names an activation")
+        };
+        let shape = &graph.info(*a).shape;
+        self.bufs[g.mul] = self.activation(g.act, act_op, *a, shape)?;
+        Ok(std::mem::replace(&mut self.bufs[members[0]], Buf::Empty))
     }
 
     /// Runs the fused matmul group `members` (see `CpuPlan::fuse_matmuls`): the first one's

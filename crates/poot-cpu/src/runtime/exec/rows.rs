@@ -55,6 +55,22 @@ where
     }
 }
 
+/// SiLU (ggml's rows of `d` under ggml numerics) or GELU (tanh) of `x` into `o`: the one
+/// definition the activation's run and the gated matmul (`Exec::glu`) share.
+pub(super) fn act_rows(
+    silu: bool,
+    ggml: bool,
+    x: &[f32],
+    d: usize,
+    o: &mut [f32],
+) -> Result<(), KernelError> {
+    match (silu, ggml) {
+        (true, true) => kernels::ggml::silu_rows_to(x, d, o),
+        (true, false) => kernels::silu_to(x, o),
+        (false, _) => kernels::gelu_tanh_to(x, o),
+    }
+}
+
 impl Exec<'_> {
     pub(super) fn rms_norm(
         &mut self,
@@ -165,12 +181,7 @@ impl Exec<'_> {
             None => None,
         };
         par_rows(self.pool, &mut out, d, |r, o| {
-            let xr = &xv[r.start * d..r.end * d];
-            match (silu, ggml) {
-                (true, true) => kernels::ggml::silu_rows_to(xr, d, o),
-                (true, false) => kernels::silu_to(xr, o),
-                (false, _) => kernels::gelu_tanh_to(xr, o),
-            }?;
+            act_rows(silu, ggml, &xv[r.start * d..r.end * d], d, o)?;
             if let Some(f) = factor {
                 let fr = &f[r.start * d..r.end * d];
                 o.iter_mut().zip(fr).for_each(|(y, &v)| *y *= v);
