@@ -192,14 +192,10 @@ fn prefetch_hints_name_the_next_dispatch_and_change_no_output() {
     assert_eq!(off.pool.hinted_bytes(), 0);
 }
 
-/// `act(x @ q^T) * (x @ up^T)` (the factors in either order), and the activation itself as a
-/// second output when `keep` (a second reader: the multiply cannot be fused).
-fn glu(t: usize, gelu: bool, act_first: bool, keep: bool) -> Graph {
-    glu_of(t, gelu, act_first, keep, ("q", "up"), store())
-}
-
-/// [`glu`] over the named gate and up weights of `s`.
-fn glu_of(
+/// `act(x @ gate^T) * (x @ up^T)` over the named weights of `s` (the factors in either order),
+/// and the activation itself as a second output when `keep` (a second reader: neither the
+/// multiply nor the pair can be fused).
+fn glu(
     t: usize,
     gelu: bool,
     act_first: bool,
@@ -227,62 +223,14 @@ fn glu_of(
 }
 
 /// A SiLU/GELU whose only reader is a multiply by the (fused) up projection makes the product
-/// itself (`CpuPlan::act_mul`), bit for bit the product of a plan that keeps them apart, under
-/// both numerics, one token and several, either operand order.
+/// itself (`CpuPlan::act_mul`), and the fused gate/up pair read only by that product makes it
+/// in its dispatch for one token (`CpuPlan::glu`, `kernels::matmul::matmul_glu`; several tokens
+/// take the activation's run): bit for bit the product of a plan that keeps the activation
+/// apart, under both numerics, one token and several, either operand order, for Q8_0 (block
+/// order, pairs of groups on VNNI) and Q4_1 (ggml's order; single groups with a short last one,
+/// and pairs in claims of two pieces).
 #[test]
 fn an_activation_makes_its_multiply_with_the_same_bits() {
-    let weights = store();
-    let limits = CompileLimits::default();
-    for numerics in [Numerics::Ggml, Numerics::Exact] {
-        let rt = CpuRuntime::new(CpuOptions {
-            threads: 2,
-            numerics,
-            ..CpuOptions::default()
-        })
-        .unwrap();
-        for (t, gelu, act_first) in [
-            (1, false, true),
-            (1, true, false),
-            (5, false, false),
-            (5, true, true),
-        ] {
-            let x = HostTensor::F32 {
-                shape: vec![t, K],
-                data: Rng::new(t as u32).vec(t * K, -2.0, 2.0),
-            };
-            let run = |keep: bool| {
-                let plan = rt
-                    .prepare(&glu(t, gelu, act_first, keep), weights.clone(), &limits)
-                    .unwrap();
-                let cpu = plan.as_any().downcast_ref::<CpuPlan>().unwrap();
-                let fused = cpu.act_mul.iter().flatten().count();
-                let out = rt
-                    .run(plan.as_ref(), &[("x", x.clone())], Deadline::never())
-                    .unwrap();
-                let y = out.into_iter().find(|(n, _)| n == "y").unwrap().1;
-                (fused, y)
-            };
-            let ((fused, got), (apart, want)) = (run(false), run(true));
-            let case = format!("{numerics:?} t={t} gelu={gelu} act_first={act_first}");
-            assert_eq!((fused, apart), (1, 0), "{case}");
-            let bits = |h: &HostTensor| match h {
-                HostTensor::F32 { data, .. } => {
-                    data.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-                }
-                _ => unreachable!("an f32 output"),
-            };
-            assert_eq!(bits(&got), bits(&want), "{case}");
-        }
-    }
-}
-
-/// A fused gate/up pair read only by its activation's product makes that product in its
-/// dispatch for one token (`CpuPlan::glu`, `kernels::matmul::matmul_glu`), and through the
-/// activation's own run for several: bit for bit the plan that keeps the activation apart, for
-/// Q8_0 (block order, pairs of groups on VNNI) and Q4_1 (ggml's
-/// order; single groups with a short last one, and pairs in claims of two pieces).
-#[test]
-fn a_gated_pair_makes_its_product_with_the_same_bits() {
     let weights = store();
     let limits = CompileLimits::default();
     for numerics in [Numerics::Ggml, Numerics::Exact] {
@@ -295,6 +243,8 @@ fn a_gated_pair_makes_its_product_with_the_same_bits() {
         for (pair, t, gelu, act_first) in [
             (("q", "up"), 1, false, true),
             (("up", "q"), 1, true, false),
+            (("q", "up"), 5, false, false),
+            (("q", "up"), 5, true, true),
             (("g4", "u4"), 1, false, false),
             (("g4p", "u4p"), 1, false, true),
             (("g4p", "u4p"), 3, true, true),
@@ -304,9 +254,10 @@ fn a_gated_pair_makes_its_product_with_the_same_bits() {
                 data: Rng::new(7 + t as u32).vec(t * K, -2.0, 2.0),
             };
             let run = |keep: bool| {
-                let g = glu_of(t, gelu, act_first, keep, pair, weights.clone());
+                let g = glu(t, gelu, act_first, keep, pair, weights.clone());
                 let plan = rt.prepare(&g, weights.clone(), &limits).unwrap();
                 let cpu = plan.as_any().downcast_ref::<CpuPlan>().unwrap();
+                let fused = cpu.act_mul.iter().flatten().count();
                 let glus = cpu.glu.iter().flatten().count();
                 let out = rt
                     .run(plan.as_ref(), &[("x", x.clone())], Deadline::never())
@@ -315,14 +266,14 @@ fn a_gated_pair_makes_its_product_with_the_same_bits() {
                 let HostTensor::F32 { data, .. } = y else {
                     unreachable!("an f32 output")
                 };
-                (glus, data.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
+                let bits = data.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                ((fused, glus), bits)
             };
-            let ((glus, got), (apart, want)) = (run(false), run(true));
+            let ((fused, got), (apart, want)) = (run(false), run(true));
             let case = format!("{numerics:?} {pair:?} t={t} gelu={gelu} act_first={act_first}");
-            // Exact numerics keep the stored layouts (nothing re-laid, nothing fused): there
-            // the comparison is of two unfused plans.
-            let fusing = usize::from(numerics == Numerics::Ggml);
-            assert_eq!((glus, apart), (fusing, 0), "{case}");
+            // Exact numerics keep the stored layouts (nothing re-laid, no fused pair).
+            let glus = usize::from(numerics == Numerics::Ggml);
+            assert_eq!((fused, apart), ((1, glus), (0, 0)), "{case}");
             assert_eq!(got, want, "{case}");
             // Run again: the first run's buffers, parked in the arena, are reused.
             assert_eq!(run(false).1, want, "{case}, second run");

@@ -14,7 +14,7 @@ use crate::kernels::act_cache::ActCache;
 use crate::kernels::blocks::RG;
 use crate::kernels::format::Format;
 use crate::kernels::matmul::groups::{over_segments_one, segments, simd_rows, vnni_rows};
-use crate::kernels::matmul::r8::{corrections, lane_mult, one_token, PAIRS_FROM};
+use crate::kernels::matmul::r8::{lane_corrections, lane_mult, one_token, PAIRS_FROM};
 use crate::kernels::matmul::repack::Repacked;
 use crate::kernels::qact::BlockQ8;
 use crate::kernels::scratch::Scratch;
@@ -47,75 +47,47 @@ pub(crate) fn matmul_glu_one(
     if x.len() != nb * crate::kernels::qact::QK8 || out.len() != gate.n {
         return false;
     }
-    run(ck, (gate, up), x, act, out, pool, cache);
-    true
-}
-
-#[cfg(target_arch = "x86_64")]
-fn run(
-    ck: Checked,
-    (gate, up): (&Repacked, &Repacked),
-    x: &[f32],
-    act: &(dyn Fn(&[f32], &mut [f32]) + Sync),
-    out: &mut [f32],
-    pool: &ThreadPool,
-    cache: Option<(&mut ActCache, u64)>,
-) {
-    let (kind, nb) = (gate.kind, gate.nb);
-    let mut local = Scratch::<BlockQ8>::zeroed(0);
-    let xq = crate::kernels::matmul::q8::quantized(x, kind.act_sum(), cache, &mut local, pool);
-    let vnni = vnni_rows(ck);
-    let mult = lane_mult(kind, vnni);
-    // As `matmul_r8_fused`: Q4_1 keeps ggml's order, the others the block order.
-    let blocks = kind != Format::Q4_1;
-    let mut corr = Scratch::<[i32; 8]>::zeroed(0);
-    corr.resize(nb, [0; 8]);
-    if mult != 0 {
-        corrections(xq, mult, &mut corr);
-        if blocks {
-            for c in corr.iter_mut() {
-                *c = [c.iter().sum(), 0, 0, 0, 0, 0, 0, 0];
-            }
-        }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (act, pool, cache);
+        false
     }
-    // The fused gate/up's rule: the call's groups over both weights decide.
-    let pairs = (blocks || gate.groups() + up.groups() >= PAIRS_FROM)
-        && vnni
-        && crate::kernels::arch::x86::qdot_r16::has_vnni512();
-    let how = (kind, vnni, blocks, pairs);
-    let mut outs = [out];
-    let segs = segments(&[gate], &mut outs, |w| {
-        (w.groups(), if pairs { 2 } else { 1 }, w.n)
-    });
-    let first = |_: usize, g: usize| gate.group(g);
-    over_segments_one(pool, segs, &first, |_, g0, g1, o| {
-        let (mut tg, mut tu) = ([0.0f32; PIECE * RG], [0.0f32; PIECE * RG]);
-        let mut ta = [0.0f32; PIECE * RG];
-        let mut g = g0;
-        while g < g1 {
-            let end = (g + PIECE).min(g1);
-            let at = (g - g0) * RG;
-            let rows = ((end - g) * RG).min(o.len() - at);
-            one_token(gate, how, g..end, xq, &corr, &mut tg[..rows]);
-            one_token(up, how, g..end, xq, &corr, &mut tu[..rows]);
-            act(&tg[..rows], &mut ta[..rows]);
-            for ((y, &a), &u) in o[at..at + rows].iter_mut().zip(&ta).zip(&tu) {
-                *y = a * u;
+    #[cfg(target_arch = "x86_64")]
+    {
+        let vnni = vnni_rows(ck);
+        let mut local = Scratch::<BlockQ8>::zeroed(0);
+        let xq = crate::kernels::matmul::q8::quantized(x, kind.act_sum(), cache, &mut local, pool);
+        let mult = lane_mult(kind, vnni);
+        // As `matmul_r8_fused`: Q4_1 keeps ggml's order, the others the block order.
+        let blocks = kind != Format::Q4_1;
+        let corr = lane_corrections(xq, nb, mult, blocks);
+        // The fused gate/up's rule: the call's groups over both weights decide.
+        let pairs = (blocks || gate.groups() + up.groups() >= PAIRS_FROM)
+            && vnni
+            && crate::kernels::arch::x86::qdot_r16::has_vnni512();
+        let how = (kind, vnni, blocks, pairs);
+        let mut outs = [out];
+        let segs = segments(&[gate], &mut outs, |w| {
+            (w.groups(), if pairs { 2 } else { 1 }, w.n)
+        });
+        let first = |_: usize, g: usize| gate.group(g);
+        over_segments_one(pool, segs, &first, |_, g0, g1, o| {
+            let (mut tg, mut tu) = ([0.0f32; PIECE * RG], [0.0f32; PIECE * RG]);
+            let mut ta = [0.0f32; PIECE * RG];
+            let mut g = g0;
+            while g < g1 {
+                let end = (g + PIECE).min(g1);
+                let at = (g - g0) * RG;
+                let rows = ((end - g) * RG).min(o.len() - at);
+                one_token(gate, how, g..end, xq, &corr, &mut tg[..rows]);
+                one_token(up, how, g..end, xq, &corr, &mut tu[..rows]);
+                act(&tg[..rows], &mut ta[..rows]);
+                for ((y, &a), &u) in o[at..at + rows].iter_mut().zip(&ta).zip(&tu) {
+                    *y = a * u;
+                }
+                g = end;
             }
-            g = end;
-        }
-    });
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn run(
-    _: Checked,
-    _: (&Repacked, &Repacked),
-    _: &[f32],
-    _: &(dyn Fn(&[f32], &mut [f32]) + Sync),
-    _: &mut [f32],
-    _: &ThreadPool,
-    _: Option<(&mut ActCache, u64)>,
-) {
-    unreachable!("matmul_glu_one answers false off x86")
+        });
+        true
+    }
 }

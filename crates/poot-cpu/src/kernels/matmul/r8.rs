@@ -61,6 +61,27 @@ pub(crate) fn corrections(a: &[BlockQ8], mult: i32, corr: &mut [[i32; 8]]) {
     }
 }
 
+/// The corrections of the first `blocks_n` activation blocks for the SIMD kernels (zeros where
+/// `mult` is 0); in the block order the 8 lanes' sum sits in lane 0.
+pub(crate) fn lane_corrections(
+    xq: &[BlockQ8],
+    blocks_n: usize,
+    mult: i32,
+    blocks: bool,
+) -> Scratch<[i32; 8]> {
+    let mut corr = Scratch::<[i32; 8]>::zeroed(0);
+    corr.resize(blocks_n, [0; 8]);
+    if mult != 0 {
+        corrections(xq, mult, &mut corr);
+        if blocks {
+            for c in corr.iter_mut() {
+                *c = [c.iter().sum(), 0, 0, 0, 0, 0, 0, 0];
+            }
+        }
+    }
+    corr
+}
+
 /// The multiplier of the lane corrections [`corrections`] folds in for `kind` (0: none).
 pub(crate) fn lane_mult(kind: Format, vnni: bool) -> i32 {
     match kind {
@@ -123,16 +144,7 @@ pub(crate) fn matmul_r8_fused(
         }
         return;
     }
-    let mut corr = Scratch::<[i32; 8]>::zeroed(0);
-    corr.resize(t * nb, [0; 8]);
-    if simd && mult != 0 {
-        corrections(xq, mult, &mut corr);
-        if blocks {
-            for c in corr.iter_mut() {
-                *c = [c.iter().sum(), 0, 0, 0, 0, 0, 0, 0];
-            }
-        }
-    }
+    let corr = lane_corrections(xq, t * nb, if simd { mult } else { 0 }, blocks);
     let corr: &[[i32; 8]] = &corr;
     // ggml's order on AVX-512 VNNI takes two groups per step (`arch/x86/qdot_r16.rs`) with two or
     // more tokens (Q4_1's prefill) and for large one-token matrices: decoding the 1B Q8_0
