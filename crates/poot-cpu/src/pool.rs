@@ -144,94 +144,6 @@ impl Shared {
     }
 }
 
-/// The most byte ranges one prefetch hint holds (a fused matmul's weights).
-pub const MAX_HINT_RANGES: usize = 4;
-
-/// Bytes a worker prefetches between two checks for a job: 16 lines, so a job that arrives
-/// waits for at most that many prefetches to issue (each may wait for a free miss buffer).
-pub const HINT_CHUNK: usize = 1024;
-
-/// A prefetch hint: `ranges[..n]` as (address, length), already cut to the poster's budget.
-#[derive(Clone, Copy, Default)]
-struct Hint {
-    ranges: [(usize, usize); MAX_HINT_RANGES],
-    n: usize,
-}
-
-/// A worker's progress through the current hint.
-struct HintCursor {
-    seq: u64,
-    hint: Hint,
-    /// Bytes of the hint (ranges laid end to end) already covered, by this or another worker.
-    at: usize,
-    total: usize,
-}
-
-impl HintCursor {
-    fn new() -> Self {
-        HintCursor {
-            seq: 0,
-            hint: Hint::default(),
-            at: 0,
-            total: 0,
-        }
-    }
-
-    /// Prefetches this worker's next chunk of the current hint; false when nothing is left.
-    /// Worker `index` of `idle` (`1..=idle`; the caller is thread 0 of `idle + 1`) takes the
-    /// first `hint_bytes` bytes from `index / (idle + 1)` of the way through the ranges laid end
-    /// to end: where `ThreadPool::for_each_run` starts its run of the next one-token matmul.
-    fn step(&mut self, shared: &Shared, index: usize, idle: usize) -> bool {
-        let seq = shared.hint.seq();
-        if seq != self.seq {
-            // A post under way: this worker's old hint until the next look.
-            if let Some(hint) = shared.hint.read(seq) {
-                self.seq = seq;
-                self.hint = hint;
-                let all: usize = self.hint.ranges[..self.hint.n].iter().map(|r| r.1).sum();
-                self.at = all / (idle + 1) * index + all % (idle + 1) * index / (idle + 1);
-                self.total = (self.at + shared.hint.bytes).min(all);
-            }
-        }
-        if self.at < self.total {
-            let start = self.at;
-            let end = (start + HINT_CHUNK).min(self.total);
-            self.at = end;
-            // Map [start, end) of the ranges laid end to end back onto the ranges.
-            let mut base = 0;
-            for &(addr, len) in &self.hint.ranges[..self.hint.n] {
-                let (lo, hi) = (start.max(base), end.min(base + len));
-                if lo < hi {
-                    prefetch_l2(addr.wrapping_add(lo - base), hi - lo);
-                }
-                base += len;
-            }
-            shared
-                .hinted_bytes
-                .0
-                .fetch_add((end - start) as u64, Ordering::Relaxed);
-            return true;
-        }
-        false
-    }
-}
-
-/// Prefetches the lines of `addr..addr + len` into L2 (nothing off x86).
-fn prefetch_l2(addr: usize, len: usize) {
-    #[cfg(target_arch = "x86_64")]
-    for off in (0..len).step_by(64) {
-        // SAFETY: SSE is part of x86-64's baseline, and a prefetch never faults, whatever the
-        // address (freed or unmapped memory only gives a useless or no fetch).
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                addr.wrapping_add(off) as *const i8,
-            )
-        };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (addr, len);
-}
-
 fn lock(m: &Mutex<()>) -> MutexGuard<'_, ()> {
     // Jobs run outside the lock under `catch_unwind`, so poisoning cannot hide a broken state.
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -596,6 +508,8 @@ impl Drop for ThreadPool {
 
 #[path = "pool_hint.rs"]
 mod hint;
+use hint::{Hint, HintCursor};
+pub use hint::{HINT_CHUNK, MAX_HINT_RANGES};
 #[path = "pool_runs.rs"]
 mod runs;
 #[path = "pool_shared.rs"]
