@@ -8,7 +8,6 @@ use super::{kerr, Buf, Exec};
 use crate::kernels;
 use crate::kernels::simd::Isa;
 use crate::kernels::Numerics;
-use crate::runtime::plan::Glu;
 
 impl Exec<'_> {
     /// Equation `i`: `x @ W^T` into a fresh buffer of `numel` floats.
@@ -37,8 +36,8 @@ impl Exec<'_> {
         // Matmuls reading the same input (q/k/v, gate/up) quantize it once.
         let key = (self.arena.run << 32) | x.index() as u64;
         if let Some(members) = self.plan.fused.get(&i) {
-            if let Some(g) = self.plan.glu.get(i).copied().flatten() {
-                return self.glu(members, g, out, key);
+            if self.plan.glu.get(i).is_some_and(Option::is_some) {
+                return self.gated_product(i, members, out, key);
             }
             return self.fused_matmul(members, out, key);
         }
@@ -86,14 +85,15 @@ impl Exec<'_> {
     /// the pair and then the activation's own run (`activation`, which makes the product), so
     /// the bits are the same either way. Returns the first member's output (or nothing, when
     /// the product was made in the dispatch).
-    fn glu(
+    fn gated_product(
         &mut self,
+        i: usize,
         members: &[usize],
-        g: Glu,
         out: Vec<f32>,
         key: u64,
     ) -> Result<Buf, RuntimeError> {
         let plan = self.plan;
+        let g = plan.glu[i].expect("matmul() checked that equation i makes a gated product");
         let graph = self.graph();
         let operands = |j: usize| match &graph.equations[j] {
             Op::MatMul { x, w } => (*x, plan.repack(w.index())),

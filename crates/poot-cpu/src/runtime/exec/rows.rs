@@ -56,7 +56,7 @@ where
 }
 
 /// SiLU (ggml's rows of `d` under ggml numerics) or GELU (tanh) of `x` into `o`: the one
-/// definition the activation's run and the gated matmul (`Exec::glu`) share.
+/// definition the activation's run and the gated product (`Exec::gated_product`) share.
 pub(super) fn act_rows(
     silu: bool,
     ggml: bool,
