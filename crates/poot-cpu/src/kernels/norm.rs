@@ -57,14 +57,35 @@ pub fn rms_norm(
     if d == 0 {
         return Ok(());
     }
+    let norm = Norm {
+        ck,
+        p,
+        weight,
+        // Bytes per CHUNK values: whole blocks, since CHUNK is a multiple of every block size.
+        chunk_bytes: CHUNK / w_dtype.block_elems() as usize * w_dtype.block_bytes() as usize,
+        d,
+        eps,
+    };
     #[cfg(target_arch = "x86_64")]
     if ck.isa() != Isa::Scalar {
         // SAFETY: every ISA but Scalar implies AVX2 (`Checked` holds a detected one).
-        unsafe { rows_avx2(ck, p, x, d, weight, w_dtype, eps, out) };
+        unsafe { rows_avx2(&norm, x, out) };
         return Ok(());
     }
-    rows(ck, p, x, d, weight, w_dtype, eps, out);
+    rows(&norm, x, out);
     Ok(())
+}
+
+/// One [`rms_norm`] call's checked operands but the rows.
+struct Norm<'a> {
+    ck: Checked,
+    /// The weight's format and bytes, `chunk_bytes` of them per [`CHUNK`] values.
+    p: Format,
+    weight: &'a [u8],
+    chunk_bytes: usize,
+    /// Values per row (> 0).
+    d: usize,
+    eps: f32,
 }
 
 /// [`rows`] compiled for AVX2 (the lanes' sum and the scaling 4 and 8 wide; the same
@@ -74,43 +95,22 @@ pub fn rms_norm(
 /// AVX2 detected.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-#[allow(clippy::too_many_arguments, reason = "rms_norm's checked inputs")]
-unsafe fn rows_avx2(
-    ck: Checked,
-    p: Format,
-    x: &[f32],
-    d: usize,
-    weight: &[u8],
-    w_dtype: DType,
-    eps: f32,
-    out: &mut [f32],
-) {
-    rows(ck, p, x, d, weight, w_dtype, eps, out);
+unsafe fn rows_avx2(norm: &Norm<'_>, x: &[f32], out: &mut [f32]) {
+    rows(norm, x, out);
 }
 
-/// Every row of [`rms_norm`] (inputs checked there, `d > 0`).
+/// Every row of [`rms_norm`].
 #[inline(always)]
-#[allow(clippy::too_many_arguments, reason = "rms_norm's checked inputs")]
-fn rows(
-    ck: Checked,
-    p: Format,
-    x: &[f32],
-    d: usize,
-    weight: &[u8],
-    w_dtype: DType,
-    eps: f32,
-    out: &mut [f32],
-) {
-    // Bytes per CHUNK values: whole blocks, since CHUNK is a multiple of every block size.
-    let chunk_bytes = CHUNK / w_dtype.block_elems() as usize * w_dtype.block_bytes() as usize;
+fn rows(norm: &Norm<'_>, x: &[f32], out: &mut [f32]) {
+    let (weight, chunk_bytes) = (norm.weight, norm.chunk_bytes);
     let mut w = [0.0f32; CHUNK];
-    for (xr, yr) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+    for (xr, yr) in x.chunks_exact(norm.d).zip(out.chunks_exact_mut(norm.d)) {
         let mean = mean_square(xr);
-        let scale = 1.0 / (mean + eps).sqrt();
+        let scale = 1.0 / (mean + norm.eps).sqrt();
         for (c, (xc, yc)) in xr.chunks(CHUNK).zip(yr.chunks_mut(CHUNK)).enumerate() {
             let wb = &weight[c * chunk_bytes..(c * chunk_bytes + chunk_bytes).min(weight.len())];
             let wc = &mut w[..xc.len()];
-            simd::decode(ck, p, wb, wc);
+            simd::decode(norm.ck, norm.p, wb, wc);
             for ((y, &v), &w) in yc.iter_mut().zip(xc).zip(wc.iter()) {
                 *y = (v * scale) * w;
             }
