@@ -280,3 +280,62 @@ fn an_activation_makes_its_multiply_with_the_same_bits() {
         }
     }
 }
+
+/// A re-laid weight from 64 KiB to 2 MiB (a small model's matrices) is a piece of a shared
+/// huge-page slab where the runtime asks for huge pages (`hugemem`), and an allocator buffer
+/// where it does not; both give the same bits.
+#[test]
+fn small_re_laid_weights_sit_in_huge_page_slabs_with_the_same_bits() {
+    use crate::kernels::matmul::repack::Repack;
+    let runtime = |huge_pages| {
+        CpuRuntime::new(CpuOptions {
+            threads: 2,
+            numerics: Numerics::Ggml,
+            huge_pages,
+            ..CpuOptions::default()
+        })
+        .unwrap()
+    };
+    let (on, off) = (runtime(true), runtime(false));
+    let weights = store();
+    let limits = CompileLimits::default();
+    let names = ["g4p"];
+    let in_slab = |rt: &CpuRuntime, t: usize| {
+        let plan = rt
+            .prepare(&graph(t, &names), weights.clone(), &limits)
+            .unwrap();
+        let cpu = plan.as_any().downcast_ref::<CpuPlan>().unwrap();
+        let slab = cpu
+            .graph
+            .equations
+            .iter()
+            .find_map(|op| match op {
+                poot_graph::Op::MatMul { w, .. } => match cpu.repack(w.index()) {
+                    Some(Repack::Q(r)) => {
+                        assert!((64 << 10..2 << 20).contains(&r.bytes()), "{}", r.bytes());
+                        Some(r.data.in_slab())
+                    }
+                    other => panic!("g4p re-laid 8 rows at a time, not {other:?}"),
+                },
+                _ => None,
+            })
+            .expect("a matmul");
+        (plan, slab)
+    };
+    for t in [1, 3] {
+        let ((plan_on, slab_on), (plan_off, slab_off)) = (in_slab(&on, t), in_slab(&off, t));
+        let want_slab = crate::hugemem::available_with(true);
+        assert_eq!((slab_on, slab_off), (want_slab, false), "t={t}");
+        let x = HostTensor::F32 {
+            shape: vec![t, K],
+            data: Rng::new(t as u32).vec(t * K, -1.0, 1.0),
+        };
+        let want = off
+            .run(plan_off.as_ref(), &[("x", x.clone())], Deadline::never())
+            .unwrap();
+        let got = on
+            .run(plan_on.as_ref(), &[("x", x)], Deadline::never())
+            .unwrap();
+        assert_eq!(got, want, "t={t}");
+    }
+}
