@@ -205,7 +205,16 @@ impl LazyStack {
 
     /// Expert `e` re-laid into its span (called once, from its lock's initializer).
     fn relay(&self, e: usize, stored: &[u8]) -> Result<(), String> {
+        // The re-lay is a temporary, copied into the stack and dropped: off huge pages, since
+        // a piece of a shared huge-page slab (`hugemem`) stays resident until the slab's last
+        // piece goes, and a step's new experts had left a slab's worth of such pieces behind.
+        let plain = crate::tuning::Tuning {
+            huge_pages: false,
+            ..crate::tuning::Tuning::current()
+        }
+        .enter();
         let rp = relay_rows(self.kind, stored, self.n, self.k).map_err(|err| err.to_string())?;
+        drop(plain);
         let data: &[u8] = match (&rp, &self.template) {
             (Repack::Q(r), Repack::Q(t)) if r.kind == t.kind => &r.data[..],
             (Repack::K(r), Repack::K(t)) if r.kind == t.kind => &r.data[..],
