@@ -10,9 +10,9 @@
 //! is full or gone. Resident memory: what the pieces' bytes touch, rounded up to huge pages,
 //! plus the bytes of dropped pieces whose slab still holds a live one (weights are made and
 //! dropped together with their plan, so a slab's pieces usually go together). So a temporary
-//! buffer must not be a piece: one that is made and dropped while weights live takes a tuning
-//! with `huge_pages` off (a MoE step's new experts, `matmul/experts_stack.rs`, had left a
-//! 32 MiB slab resident that way).
+//! buffer must not be a `HugeBytes`: a MoE step's new experts had each been re-laid into one
+//! and copied into their stack, which left a 32 MiB slab resident (`matmul/experts_stack.rs`
+//! now re-lays them in place).
 
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, PoisonError, Weak};

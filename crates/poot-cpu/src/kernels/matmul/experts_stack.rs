@@ -203,32 +203,23 @@ impl LazyStack {
         Ok(())
     }
 
-    /// Expert `e` re-laid into its span (called once, from its lock's initializer).
+    /// Expert `e` re-laid into its span (called once, from its lock's initializer), in place:
+    /// a re-lay made elsewhere and copied in had been a temporary the size of an expert.
     fn relay(&self, e: usize, stored: &[u8]) -> Result<(), String> {
-        // The re-lay is a temporary, copied into the stack and dropped: off huge pages, since
-        // a piece of a shared huge-page slab (`hugemem`) stays resident until the slab's last
-        // piece goes, and a step's new experts had left a slab's worth of such pieces behind.
-        let plain = crate::tuning::Tuning {
-            huge_pages: false,
-            ..crate::tuning::Tuning::current()
-        }
-        .enter();
-        let rp = relay_rows(self.kind, stored, self.n, self.k).map_err(|err| err.to_string())?;
-        drop(plain);
-        let data: &[u8] = match (&rp, &self.template) {
-            (Repack::Q(r), Repack::Q(t)) if r.kind == t.kind => &r.data[..],
-            (Repack::K(r), Repack::K(t)) if r.kind == t.kind => &r.data[..],
-            _ => return Err(format!("re-laid as {}, not {}", rp.dtype(), self.dtype)),
-        };
-        if data.len() != self.span {
-            return Err(format!("{} re-laid bytes, not {}", data.len(), self.span));
-        }
+        let rb = row_bytes("expert stack", self.dtype, self.k).map_err(|err| err.to_string())?;
+        let want = mul(self.n, rb, "expert stack").map_err(|err| err.to_string())?;
+        check_len("expert stack", want, stored.len()).map_err(|err| err.to_string())?;
         // SAFETY: expert e's span lies inside `_data` (`n_exp * span` bytes), is written only
         // here, once (this runs inside `ready[e]`'s initializer), and is not read before that
-        // lock is set; `data` is a separate allocation.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.base.add(e * self.span), self.span)
-        };
+        // lock is set; `stored` is the checkpoint's bytes, not this buffer.
+        let out =
+            unsafe { std::slice::from_raw_parts_mut(self.base.add(e * self.span), self.span) };
+        // The template is this kind's re-lay of 8 rows, so every expert's spans `n / 8` of its
+        // groups: the lengths `relay_into` asserts hold.
+        match &self.template {
+            Repack::Q(_) => Repacked::relay_into(self.kind, stored, self.n, self.k / 32, out, None),
+            _ => RepackedK::relay_into(self.kind, stored, self.n, self.k / QK_K, out, None),
+        }
         self.filled.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }

@@ -114,15 +114,40 @@ impl Repacked {
         nb: usize,
         pool: Option<&crate::ThreadPool>,
     ) -> Repacked {
+        let sb = superblock_bytes(kind);
+        let mut data = crate::hugemem::HugeBytes::zeroed(n.div_ceil(RG) * nb * sb);
+        Repacked::relay_into(kind, w, n, nb, &mut data, pool);
+        Repacked {
+            kind,
+            n,
+            nb,
+            qgroup: 1,
+            data,
+        }
+    }
+
+    /// [`Repacked::new_on`]'s layout written into `out` (zeroed, `n / 8` rounded up groups of
+    /// `nb` super-blocks): where the re-lay has a home already (an expert's span of its stack,
+    /// `matmul/experts_stack.rs`), so no temporary is made and copied.
+    ///
+    /// # Panics
+    /// If `kind` is not [`Repacked::supports`]ed or a length disagrees (callers check them).
+    pub(crate) fn relay_into(
+        kind: Format,
+        w: &[u8],
+        n: usize,
+        nb: usize,
+        out: &mut [u8],
+        pool: Option<&crate::ThreadPool>,
+    ) {
         assert!(Repacked::supports(kind), "no 8-row layout for {kind:?}");
         let bb = kind.block_bytes();
         assert_eq!(w.len(), n * nb * bb, "repack length");
         let sb = superblock_bytes(kind);
+        assert_eq!(out.len(), n.div_ceil(RG) * nb * sb, "re-laid length");
         let hdr = header_bytes(kind);
         // Quants start after the stored block's own header (d; d and m; d and z).
         let qoff = bb - 32 / if kind == Format::Q8_0 { 1 } else { 2 };
-        let groups = n.div_ceil(RG);
-        let mut data = crate::hugemem::HugeBytes::zeroed(groups * nb * sb);
         let fill = |g: usize, out: &mut [u8]| {
             for (b, s) in out.chunks_exact_mut(sb).enumerate() {
                 for r in 0..RG.min(n - g * RG) {
@@ -147,14 +172,7 @@ impl Repacked {
                 }
             }
         };
-        over_groups(&mut data, nb * sb, pool, fill);
-        Repacked {
-            kind,
-            n,
-            nb,
-            qgroup: 1,
-            data,
-        }
+        over_groups(out, nb * sb, pool, fill);
     }
 
     /// `n` stored Q4_Z rows of `nb` blocks whose zero points are all 8 (a symmetric GPTQ/AWQ

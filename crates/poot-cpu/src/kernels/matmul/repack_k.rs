@@ -210,11 +210,30 @@ impl RepackedK {
         nb: usize,
         pool: Option<&crate::ThreadPool>,
     ) -> RepackedK {
+        let sb = RG * kind.block_bytes();
+        let mut data = crate::hugemem::HugeBytes::zeroed(n.div_ceil(RG) * nb * sb);
+        RepackedK::relay_into(kind, w, n, nb, &mut data, pool);
+        RepackedK { kind, n, nb, data }
+    }
+
+    /// [`RepackedK::new_on`]'s layout written into `out` (zeroed, `n / 8` rounded up groups of
+    /// `nb` super-blocks), as `Repacked::relay_into`.
+    ///
+    /// # Panics
+    /// If `kind` is not [`RepackedK::supports`]ed or a length disagrees (callers check them).
+    pub(crate) fn relay_into(
+        kind: Format,
+        w: &[u8],
+        n: usize,
+        nb: usize,
+        out: &mut [u8],
+        pool: Option<&crate::ThreadPool>,
+    ) {
         assert!(RepackedK::supports(kind), "no 8-row layout for {kind:?}");
         let bb = kind.block_bytes();
         assert_eq!(w.len(), n * nb * bb, "repack length");
         let sb = RG * bb;
-        let mut data = crate::hugemem::HugeBytes::zeroed(n.div_ceil(RG) * nb * sb);
+        assert_eq!(out.len(), n.div_ceil(RG) * nb * sb, "re-laid length");
         let fill = |g: usize, out: &mut [u8]| {
             for (b, s) in out.chunks_exact_mut(sb).enumerate() {
                 for r in 0..RG.min(n - g * RG) {
@@ -230,8 +249,7 @@ impl RepackedK {
                 }
             }
         };
-        crate::kernels::blocks::over_groups(&mut data, nb * sb, pool, fill);
-        RepackedK { kind, n, nb, data }
+        crate::kernels::blocks::over_groups(out, nb * sb, pool, fill);
     }
 
     /// Interleaved groups (`n / 8` rounded up).
